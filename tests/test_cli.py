@@ -1,0 +1,38 @@
+from typer.testing import CliRunner
+
+from unipg.cli import app
+
+runner = CliRunner()
+
+
+def test_train_prints_a_result_table(tmp_path):
+    result = runner.invoke(app, ["train", "env.total_steps=512", f"log.output_dir={tmp_path}", "log.tensorboard=false",
+                                 "eval.episodes=2", "--seeds", "0,1"])
+    assert result.exit_code == 0, result.output
+    assert "unipg results" in result.output and "over 2 seeds" in result.output
+    assert len(list(tmp_path.iterdir())) == 2
+
+
+def test_bad_override_exits_2_with_a_message_and_no_traceback(tmp_path):
+    result = runner.invoke(app, ["train", "estimator.clip_rnge=0.1", f"log.output_dir={tmp_path}"])
+    assert result.exit_code == 2
+    assert "did you mean 'estimator.clip_range'" in result.output
+    assert "Traceback" not in result.output
+    assert not any(tmp_path.iterdir()), "a rejected config must not create a run"
+
+
+def test_bad_environment_id_exits_2(tmp_path):
+    result = runner.invoke(app, ["train", "env.id=CartPole-v9", f"log.output_dir={tmp_path}"])
+    assert result.exit_code == 2 and "CartPole-v1" in result.output
+
+
+def test_bad_seeds_option():
+    result = runner.invoke(app, ["train", "--seeds", "0,x"])
+    assert result.exit_code == 2 and "comma-separated integers" in result.output
+
+
+def test_config_and_algorithms_commands():
+    shown = runner.invoke(app, ["config", "algorithm=trpo"])
+    assert shown.exit_code == 0 and "policy_loss: trpo" in shown.output
+    listed = runner.invoke(app, ["algorithms"])
+    assert listed.exit_code == 0 and all(name in listed.output for name in ("ppo", "trpo", "a2c", "reinforce"))

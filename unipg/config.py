@@ -1,0 +1,442 @@
+"""Typed, validated configuration: a YAML file plus dotted command-line overrides.
+
+A config is built in four steps, each of which can reject it with a message that says what to fix:
+
+1. the YAML file and the overrides (``estimator.clip_range=0.1``) are merged into one nested dict; the flat
+   keys of seed 000's reference configuration (``learning_rate``, ``clip_range``, ...) are moved to their
+   structured place;
+2. every key is checked against the schema; an unknown key names the nearest valid one;
+3. the algorithm preset fills the keys the user did not set;
+4. field types and ranges, then cross-field rules, are validated.
+
+A key that the chosen algorithm does not use is reported as a warning (``Config.warnings``), so no key is
+ever a silent no-op.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from unipg.presets import ALGORITHMS, algorithm_names
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message lists every problem and its fix."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class EnvConfig(Section):
+    """Where classic-control data comes from: a vector of gymnasium environments."""
+
+    id: str = "CartPole-v1"
+    """gymnasium environment id (any registered id with a Box observation space)."""
+    num_envs: int = Field(4, ge=1)
+    """environments stepped in lock-step; each contributes batch_size / num_envs steps per update."""
+    total_steps: int = Field(100_000, ge=1)
+    """environment steps (summed over all environments) after which training stops."""
+    max_episode_steps: int | None = Field(None, ge=1)
+    """override of the environment's time limit (None keeps the registered one)."""
+
+
+class PolicyConfig(Section):
+    """The MLP actor-critic used for gymnasium environments."""
+
+    hidden_sizes: list[int] = Field(default_factory=lambda: [64, 64])
+    """widths of the hidden layers of both the actor and the critic."""
+    activation: Literal["tanh", "relu"] = "tanh"
+    """hidden-layer non-linearity."""
+    log_std_init: float = 0.0
+    """initial log standard deviation of the Gaussian policy (continuous actions only)."""
+
+    @field_validator("hidden_sizes")
+    @classmethod
+    def _positive_widths(cls, sizes: list[int]) -> list[int]:
+        if not sizes or any(size < 1 for size in sizes):
+            raise ValueError("hidden_sizes must be a non-empty list of positive widths, e.g. [64, 64]")
+        return sizes
+
+
+class EstimatorConfig(Section):
+    """How the gradient is estimated (Q2): advantages, the policy loss and its regularisers."""
+
+    advantage: str = "gae"
+    """advantage estimator, a name from unipg.estimate.ADVANTAGES (gae, td, reward_to_go, ...)."""
+    policy_loss: str = "ppo"
+    """policy loss, a name from unipg.estimate.POLICY_LOSSES (vanilla, ppo, decoupled_ppo) or 'trpo'."""
+    gamma: float = Field(0.99, ge=0.0, le=1.0)
+    """discount factor γ."""
+    lambda_gae: float = Field(0.95, ge=0.0, le=1.0)
+    """GAE λ: 0 is the one-step TD residual, 1 the Monte-Carlo return minus the value."""
+    clip_range: float = Field(0.2, gt=0.0, lt=1.0)
+    """PPO ε (the lower side ε_low when clip_range_high is set)."""
+    clip_range_high: float | None = Field(None, gt=0.0)
+    """upper clip ε_high for asymmetric clipping (DAPO 'clip-higher'); None = clip_range."""
+    dual_clip: float | None = Field(None, gt=1.0)
+    """dual-clip constant c > 1 bounding the loss of negative-advantage samples (Ye et al. 2020)."""
+    normalize_advantages: bool = True
+    """whiten advantages per mini-batch (mean 0, std 1)."""
+    normalize_rewards: bool = False
+    """scale rewards by a running estimate of the std of the discounted return."""
+    entropy_coef: float = Field(0.0, ge=0.0)
+    """weight of the entropy bonus."""
+    value_loss_coef: float = Field(0.5, ge=0.0)
+    """weight of the critic's loss when actor and critic share one optimizer step."""
+    value_clip_range: float | None = Field(None, gt=0.0)
+    """clip the value update around the rollout-time value (PPO2); None = plain MSE."""
+    loss_agg_mode: str = "token-mean"
+    """how per-sample losses are reduced: token-mean, seq-mean-token-mean, seq-mean-token-sum, ..."""
+    kl_coef: float = Field(0.0, ge=0.0)
+    """weight of the KL penalty to the reference model (language models)."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """per-token KL estimator for the reference penalty."""
+    kl_control: Literal["fixed", "adaptive"] = "fixed"
+    """fixed kl_coef, or adapt it so the observed KL tracks target_kl (Ziegler et al. 2019)."""
+    target_kl: float | None = Field(None, gt=0.0)
+    """target KL for adaptive KL control."""
+    kl_horizon: int = Field(10_000, ge=1)
+    """horizon (in samples) of the adaptive KL controller."""
+    off_policy_weight: str = "none"
+    """weight w(ρ, age) of the unified objective, a name from unipg.estimate.OFF_POLICY_WEIGHTS."""
+    sample_age_decay: float = Field(0.99, gt=0.0, le=1.0)
+    """γ_age of the age-decay weight w = γ_age^age (seed 000: 0.99)."""
+    is_truncation: float = Field(2.0, gt=0.0)
+    """truncated importance sampling: w = min(ρ, is_truncation)."""
+    kl_filter_threshold: float = Field(0.1, gt=0.0)
+    """KL filter: sequences whose KL(μ‖π) exceeds this are dropped or down-weighted."""
+    kl_filter_mode: Literal["drop", "downweight"] = "drop"
+    """KL filter: drop offending sequences (w = 0) or scale them by threshold / KL."""
+    version_window: int = Field(4, ge=0)
+    """version window: keep samples at most this many policy versions old."""
+    max_kl: float = Field(0.01, gt=0.0)
+    """TRPO trust-region radius δ on the mean KL(π_old‖π_new)."""
+    cg_iterations: int = Field(10, ge=1)
+    """TRPO conjugate-gradient iterations."""
+    cg_damping: float = Field(0.1, ge=0.0)
+    """TRPO damping added to the Fisher-vector product."""
+    line_search_steps: int = Field(10, ge=1)
+    """TRPO backtracking line-search attempts."""
+    backtrack_coef: float = Field(0.8, gt=0.0, lt=1.0)
+    """TRPO step shrink factor per line-search attempt."""
+
+
+class TrainConfig(Section):
+    """The learner: optimisation of the actor and the critic."""
+
+    learning_rate: float = Field(3e-4, gt=0.0)
+    """actor learning rate (and critic's, unless critic_learning_rate is set)."""
+    critic_learning_rate: float | None = Field(None, gt=0.0)
+    """critic learning rate when it should differ from learning_rate (TRPO: the only optimizer)."""
+    lr_schedule: Literal["constant", "linear"] = "constant"
+    """constant, or linear decay to 0 over training."""
+    adam_eps: float = Field(1e-5, gt=0.0)
+    """Adam ε."""
+    batch_size: int = Field(512, ge=1)
+    """samples per learner update: environment transitions for gymnasium tasks (num_envs × steps per env)."""
+    mini_batch_size: int = Field(128, ge=1)
+    """samples per optimizer step; must divide batch_size."""
+    num_epochs: int = Field(4, ge=1)
+    """passes over each batch."""
+    max_grad_norm: float | None = Field(0.5, gt=0.0)
+    """global gradient-norm clip; None disables it."""
+    critic_updates: int = Field(5, ge=1)
+    """TRPO: epochs of critic regression per update (the actor takes one natural-gradient step)."""
+
+
+class SampleConfig(Section):
+    """The rollout side in asynchronous mode (text tasks); unused by synchronous gymnasium training."""
+
+    rollout_steps: int = Field(512, ge=1)
+    """trajectories the rollout side produces per learner step."""
+    replay_buffer_size: int = Field(4096, ge=1)
+    """capacity of the replay buffer in trajectories."""
+
+
+class EvalConfig(Section):
+    """Periodic evaluation on fresh environments."""
+
+    every_steps: int = Field(10_000, ge=1)
+    """evaluate every this many environment steps (and once at the end)."""
+    episodes: int = Field(20, ge=1)
+    """evaluation episodes."""
+    deterministic: bool = True
+    """act greedily (mode of the policy) during evaluation."""
+
+
+class LogConfig(Section):
+    """Where and how a run records itself."""
+
+    output_dir: str = "runs"
+    """directory under which each run gets its own folder."""
+    run_name: str | None = None
+    """folder name of the run; default: <algorithm>-<env>-seed<seed>-<time>."""
+    tensorboard: bool = True
+    """also write TensorBoard event files (metrics.jsonl is always written)."""
+    progress: bool = True
+    """show a progress bar on a terminal (plain lines when output is not a terminal)."""
+    log_every_updates: int = Field(1, ge=1)
+    """write training metrics every this many learner updates."""
+
+
+class Config(Section):
+    """A complete run: one answer to each of the three questions plus run settings."""
+
+    algorithm: str = "ppo"
+    """named preset (ppo, trpo, a2c, reinforce, ...) that fills defaults the user did not set."""
+    seed: int = 0
+    """seed of every random number generator of the run."""
+    deterministic: bool = False
+    """use deterministic torch kernels and a single thread (bitwise-reproducible on CPU)."""
+    device: str = "cpu"
+    """torch device of the learner."""
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    estimator: EstimatorConfig = Field(default_factory=EstimatorConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    sample: SampleConfig = Field(default_factory=SampleConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+
+    # Not part of the schema: keys the user set that the chosen algorithm does not use.
+    warnings: list[str] = Field(default_factory=list, exclude=True)
+
+    @property
+    def steps_per_env(self) -> int:
+        """Environment steps each environment takes per learner update."""
+        return self.train.batch_size // self.env.num_envs
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+# Advantage estimators defined on per-step rewards with episode boundaries (gymnasium environments).
+STEP_ADVANTAGES = frozenset({"gae", "td", "reward_to_go", "batch_mean_baseline", "value_baseline"})
+
+# Seed 000 section 6.2 uses flat keys; each maps onto one structured key.
+FLAT_ALIASES: dict[str, str] = {
+    "learning_rate": "train.learning_rate",
+    "clip_range": "estimator.clip_range",
+    "kl_coef": "estimator.kl_coef",
+    "entropy_coef": "estimator.entropy_coef",
+    "gamma": "estimator.gamma",
+    "lambda_gae": "estimator.lambda_gae",
+    "batch_size": "train.batch_size",
+    "mini_batch_size": "train.mini_batch_size",
+    "rollout_steps": "sample.rollout_steps",
+    "replay_buffer_size": "sample.replay_buffer_size",
+    "sample_age_decay": "estimator.sample_age_decay",
+    "num_epochs": "train.num_epochs",
+    "max_grad_norm": "train.max_grad_norm",
+    "value_loss_coef": "estimator.value_loss_coef",
+    "target_kl": "estimator.target_kl",
+}
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Build a validated Config from an optional YAML file and ``key=value`` overrides."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        raw = read_yaml(Path(path))
+    for override in overrides or []:
+        key, value = parse_override(override)
+        set_dotted(raw, key, value)
+    return build_config(raw)
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"config file '{path}' does not exist; pass the path of a YAML file")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as error:
+        raise ConfigError(f"config file '{path}' is not valid YAML: {error}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file '{path}' is not UTF-8 text; save it as UTF-8") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file '{path}' must hold a mapping of keys to values, got {type(data).__name__}")
+    return data
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``estimator.clip_range=0.1`` → ("estimator.clip_range", 0.1); values are parsed as YAML scalars."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override '{text}' must look like key=value, e.g. estimator.clip_range=0.1")
+    try:
+        parsed = yaml.safe_load(value) if value.strip() else None
+    except yaml.YAMLError:
+        parsed = value
+    return key.strip(), parsed
+
+
+def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"cannot set '{dotted}': '{part}' is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def build_config(raw: dict[str, Any]) -> Config:
+    tree = apply_flat_aliases(copy.deepcopy(raw))
+    check_known_keys(tree)
+    user_keys = flatten_keys(tree)
+    algorithm = tree.get("algorithm", Config.model_fields["algorithm"].default)
+    if algorithm not in ALGORITHMS:
+        close = difflib.get_close_matches(str(algorithm), algorithm_names(), n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise ConfigError(f"unknown algorithm '{algorithm}'{hint} Valid: {', '.join(algorithm_names())}")
+    merged = deep_merge(copy.deepcopy(ALGORITHMS[algorithm].preset), tree)
+    try:
+        config = Config.model_validate(merged)
+    except ValidationError as error:
+        raise ConfigError(format_validation_error(error)) from None
+    problems = cross_field_problems(config)
+    if problems:
+        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+    unused = sorted(key for key in user_keys if not ALGORITHMS[algorithm].uses(key))
+    config.warnings = [
+        f"'{key}' has no effect with algorithm '{algorithm}' on a gymnasium environment; remove it" for key in unused
+    ]
+    return config
+
+
+def apply_flat_aliases(tree: dict[str, Any]) -> dict[str, Any]:
+    for flat, dotted in FLAT_ALIASES.items():
+        if flat not in tree:
+            continue
+        section, name = dotted.split(".")
+        if isinstance(tree.get(section), dict) and name in tree[section]:
+            raise ConfigError(f"'{flat}' and '{dotted}' are both set; keep one of them")
+        set_dotted(tree, dotted, tree.pop(flat))
+    return tree
+
+
+def schema_keys(model: type[BaseModel] = Config, prefix: str = "") -> dict[str, type[BaseModel] | None]:
+    """Every valid dotted key → its section model (None for leaves)."""
+    keys: dict[str, type[BaseModel] | None] = {}
+    for name, field in model.model_fields.items():
+        if field.exclude:
+            continue
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            keys[prefix + name] = annotation
+            keys.update(schema_keys(annotation, prefix + name + "."))
+        else:
+            keys[prefix + name] = None
+    return keys
+
+
+def check_known_keys(tree: dict[str, Any]) -> None:
+    valid = schema_keys()
+    structured = [key for key, section in valid.items() if section is None]
+    problems = []
+    for key, value in iter_items(tree):
+        if key in valid:
+            if valid[key] is not None and not isinstance(value, dict):
+                problems.append(f"'{key}' is a section; give it a mapping such as {key}: {{...}}")
+            continue
+        leaves = structured if "." in key else structured + list(FLAT_ALIASES)
+        close = difflib.get_close_matches(key, leaves, n=1, cutoff=0.6)
+        if not close:  # a misspelt leaf under the right section, or the right leaf under the wrong one
+            tail = key.rsplit(".", 1)[-1]
+            close = [leaf for leaf in leaves if leaf.rsplit(".", 1)[-1] == tail][:1]
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        problems.append(f"unknown key '{key}'{hint}")
+    if problems:
+        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+
+
+def iter_items(tree: dict[str, Any], prefix: str = ""):
+    """(dotted key, value) pairs, descending into sections the schema knows."""
+    valid = schema_keys()
+    for name, value in tree.items():
+        key = prefix + str(name)
+        yield key, value
+        if isinstance(value, dict) and valid.get(key) is not None:
+            yield from iter_items(value, key + ".")
+
+
+def flatten_keys(tree: dict[str, Any], prefix: str = "") -> set[str]:
+    keys = set()
+    for name, value in tree.items():
+        key = prefix + str(name)
+        if isinstance(value, dict):
+            keys |= flatten_keys(value, key + ".")
+        else:
+            keys.add(key)
+    return keys
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            deep_merge(base[key], value)
+        else:
+            base[key] = value
+    return base
+
+
+def format_validation_error(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        key = ".".join(str(part) for part in item["loc"])
+        lines.append(f"'{key}': {item['msg']} (got {item.get('input')!r})")
+    return "invalid configuration:\n  - " + "\n  - ".join(lines)
+
+
+def cross_field_problems(config: Config) -> list[str]:
+    """Rules that involve more than one field, each phrased as how to fix it."""
+    from unipg.estimate import ADVANTAGES, OFF_POLICY_WEIGHTS, POLICY_LOSSES
+    from unipg.estimate.registry import unknown_name_message
+
+    problems = []
+    train, est = config.train, config.estimator
+    if train.batch_size % train.mini_batch_size:
+        problems.append(
+            f"train.mini_batch_size ({train.mini_batch_size}) must divide train.batch_size ({train.batch_size})"
+        )
+    if train.batch_size % config.env.num_envs:
+        problems.append(
+            f"env.num_envs ({config.env.num_envs}) must divide train.batch_size ({train.batch_size}): "
+            "each environment takes batch_size / num_envs steps per update"
+        )
+    if est.advantage not in ADVANTAGES:
+        problems.append("estimator.advantage: " + unknown_name_message("advantage estimator", est.advantage, ADVANTAGES.names()))
+    elif est.advantage not in STEP_ADVANTAGES:
+        problems.append(
+            f"estimator.advantage '{est.advantage}' works on groups of sampled completions (text tasks); "
+            f"for gymnasium environments use one of: {', '.join(sorted(STEP_ADVANTAGES))}"
+        )
+    if est.policy_loss != "trpo" and est.policy_loss not in POLICY_LOSSES:
+        valid = POLICY_LOSSES.names() + ["trpo"]
+        problems.append("estimator.policy_loss: " + unknown_name_message("policy loss", est.policy_loss, valid))
+    if est.off_policy_weight not in OFF_POLICY_WEIGHTS:
+        names = OFF_POLICY_WEIGHTS.names()
+        problems.append("estimator.off_policy_weight: " + unknown_name_message("off-policy weight", est.off_policy_weight, names))
+    if est.kl_control == "adaptive" and est.target_kl is None:
+        problems.append("estimator.kl_control is 'adaptive' but estimator.target_kl is not set; set target_kl (e.g. 0.02)")
+    if est.clip_range_high is not None and est.clip_range_high < est.clip_range:
+        problems.append(
+            f"estimator.clip_range_high ({est.clip_range_high}) is below clip_range ({est.clip_range}); "
+            "clip-higher needs ε_high ≥ ε_low"
+        )
+    if train.batch_size > config.env.total_steps:
+        problems.append(
+            f"train.batch_size ({train.batch_size}) exceeds env.total_steps ({config.env.total_steps}); "
+            "no update would run — raise total_steps or lower batch_size"
+        )
+    return problems

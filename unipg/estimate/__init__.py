@@ -1,0 +1,22 @@
+"""Q2 — how the gradient is estimated: pure tensor functions and their registries.
+
+Layout convention: batch first, time last — every per-step tensor is (B, T) with a ``mask`` of the same
+shape that is 1 on valid steps/tokens and 0 on padding.
+"""
+
+from unipg.estimate.advantages import ADVANTAGES
+from unipg.estimate.kl import KL_ESTIMATORS
+from unipg.estimate.losses import POLICY_LOSSES, LossOutput
+from unipg.estimate.registry import Registry, RegistryError
+from unipg.estimate.weights import OFF_POLICY_WEIGHTS, OffPolicyWeights
+
+__all__ = [
+    "ADVANTAGES",
+    "KL_ESTIMATORS",
+    "OFF_POLICY_WEIGHTS",
+    "POLICY_LOSSES",
+    "LossOutput",
+    "OffPolicyWeights",
+    "Registry",
+    "RegistryError",
+]

@@ -1,0 +1,101 @@
+"""MLP actor-critic for gymnasium environments: a categorical or diagonal-Gaussian policy and a critic.
+
+Actor and critic are separate networks (no shared trunk), the usual choice for classic control because the
+two losses then cannot fight over shared features. Initialisation follows the PPO implementation details
+(Huang et al. 2022): orthogonal weights with gain √2, 0.01 on the policy head, 1 on the value head.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import gymnasium as gym
+import torch
+from torch import nn
+from torch.distributions import Categorical, Distribution, Independent, Normal
+
+ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
+
+
+def mlp(sizes: list[int], activation: str, output_gain: float) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for index, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+        linear = nn.Linear(fan_in, fan_out)
+        last = index == len(sizes) - 2
+        nn.init.orthogonal_(linear.weight, gain=output_gain if last else math.sqrt(2))
+        nn.init.zeros_(linear.bias)
+        layers.append(linear)
+        if not last:
+            layers.append(ACTIVATIONS[activation]())
+    return nn.Sequential(*layers)
+
+
+@dataclass
+class ActionSample:
+    actions: torch.Tensor  # (N,) int64 for discrete, (N, A) float for continuous
+    logprobs: torch.Tensor  # (N,) log π(a|s) of the sampled actions
+    values: torch.Tensor  # (N,) V(s)
+
+
+class MLPActorCritic(nn.Module):
+    """π_θ(a|s) and V_φ(s) for a Box observation space and a Discrete or Box action space."""
+
+    def __init__(
+        self,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        *,
+        hidden_sizes: list[int],
+        activation: str = "tanh",
+        log_std_init: float = 0.0,
+    ):
+        super().__init__()
+        if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
+            raise ValueError(
+                f"MLP policies need a flat Box observation space, got {observation_space}; "
+                "wrap the environment with gymnasium.wrappers.FlattenObservation"
+            )
+        obs_dim = observation_space.shape[0]
+        self.discrete = isinstance(action_space, gym.spaces.Discrete)
+        if self.discrete:
+            out_dim = int(action_space.n)
+        elif isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
+            out_dim = action_space.shape[0]
+            self.log_std = nn.Parameter(torch.full((out_dim,), float(log_std_init)))
+        else:
+            raise ValueError(f"MLP policies support Discrete or flat Box action spaces, got {action_space}")
+        self.actor = mlp([obs_dim, *hidden_sizes, out_dim], activation, output_gain=0.01)
+        self.critic = mlp([obs_dim, *hidden_sizes, 1], activation, output_gain=1.0)
+
+    def actor_parameters(self) -> list[nn.Parameter]:
+        params = list(self.actor.parameters())
+        return params + [self.log_std] if not self.discrete else params
+
+    def critic_parameters(self) -> list[nn.Parameter]:
+        return list(self.critic.parameters())
+
+    def distribution(self, observations: torch.Tensor) -> Distribution:
+        """π_θ(·|s) for a batch of observations (N, obs_dim)."""
+        out = self.actor(observations)
+        if self.discrete:
+            return Categorical(logits=out, validate_args=False)
+        return Independent(Normal(out, self.log_std.exp().expand_as(out), validate_args=False), 1, validate_args=False)
+
+    def value(self, observations: torch.Tensor) -> torch.Tensor:
+        """V_φ(s), shape (N,)."""
+        return self.critic(observations).squeeze(-1)
+
+    @torch.no_grad()
+    def act(self, observations: torch.Tensor, *, deterministic: bool = False) -> ActionSample:
+        dist = self.distribution(observations)
+        if deterministic:
+            actions = dist.probs.argmax(-1) if self.discrete else dist.mean
+        else:
+            actions = dist.sample()
+        return ActionSample(actions, dist.log_prob(actions), self.value(observations))
+
+    def evaluate(self, observations: torch.Tensor, actions: torch.Tensor):
+        """(log π_θ(a|s), entropy of π_θ(·|s), V_φ(s)), each (N,), differentiable."""
+        dist = self.distribution(observations)
+        return dist.log_prob(actions), dist.entropy(), self.value(observations)

@@ -1,0 +1,237 @@
+"""The learner step for MLP policies: advantages from the registry, then a gradient or a trust-region update.
+
+Two update rules cover the classic algorithms, and both read their math from ``unipg.estimate``:
+
+- ``GradientLearner``: epochs of shuffled mini-batches; the policy loss is any registered one (``vanilla``
+  for REINFORCE and A2C, ``ppo`` for PPO, ``decoupled_ppo``) weighted by the configured off-policy weight;
+  the critic's squared error and the entropy bonus are added with their coefficients.
+- ``TRPOLearner``: one natural-gradient step for the actor in a KL trust region, then critic regression.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+from typing import Callable
+
+import torch
+from torch.distributions import kl_divergence
+
+from unipg.config import Config
+from unipg.estimate import ADVANTAGES, OFF_POLICY_WEIGHTS, POLICY_LOSSES
+from unipg.estimate.losses import aggregate, explained_variance, value_loss
+from unipg.estimate.masked import masked_mean, masked_whiten
+from unipg.estimate.trpo import trpo_step
+from unipg.policy.mlp import MLPActorCritic
+from unipg.sample.gym_rollout import RolloutBatch
+
+# Estimators that need no critic: their returns are Monte-Carlo and cannot be bootstrapped.
+MONTE_CARLO_ESTIMATORS = frozenset({"reward_to_go", "batch_mean_baseline"})
+
+
+def call_with_available(fn: Callable, **available):
+    """Call a registered function with the subset of ``available`` arguments its signature names."""
+    parameters = parameter_names(fn)
+    return fn(**{name: value for name, value in available.items() if name in parameters})
+
+
+@functools.cache
+def parameter_names(fn: Callable) -> frozenset[str]:
+    return frozenset(inspect.signature(fn).parameters)
+
+
+def uses_critic(config: Config) -> bool:
+    return config.estimator.advantage not in MONTE_CARLO_ESTIMATORS
+
+
+def bootstraps(config: Config) -> bool:
+    """Whether unfinished episodes are completed with the critic's value (else they are masked out)."""
+    return uses_critic(config) and config.estimator.advantage != "value_baseline"
+
+
+def compute_advantages(batch: RolloutBatch, config: Config) -> tuple[torch.Tensor, torch.Tensor]:
+    """(advantages, returns), each (N, T), from the configured estimator."""
+    estimator = ADVANTAGES.get(config.estimator.advantage)
+    advantages, returns = call_with_available(
+        estimator, rewards=batch.rewards, values=batch.values, dones=batch.dones, mask=batch.mask,
+        gamma=config.estimator.gamma, lam=config.estimator.lambda_gae, bootstrap_value=batch.bootstrap_value,
+    )
+    return advantages * batch.mask, returns
+
+
+def flatten_batch(batch: RolloutBatch, advantages: torch.Tensor, returns: torch.Tensor) -> dict[str, torch.Tensor]:
+    """(N, T, ...) → (N·T, ...) samples; the learner treats every step as one sample."""
+    n, t = batch.rewards.shape
+    flat = lambda x: x.reshape(n * t, *x.shape[2:])  # noqa: E731
+    return {"observations": flat(batch.observations), "actions": flat(batch.actions),
+            "behaviour_logprobs": flat(batch.behaviour_logprobs), "values": flat(batch.values),
+            "mask": flat(batch.mask), "advantages": flat(advantages), "returns": flat(returns)}
+
+
+def as_tokens(x: torch.Tensor) -> torch.Tensor:
+    """A flat batch of steps (M,) viewed as M one-step sequences (M, 1) for the (B, T) loss functions."""
+    return x.unsqueeze(-1)
+
+
+class GradientLearner:
+    """PPO, A2C and REINFORCE: stochastic gradient steps on policy loss + c_v·value loss − c_e·entropy."""
+
+    def __init__(self, policy: MLPActorCritic, config: Config):
+        self.policy, self.config = policy, config
+        critic_lr = config.train.critic_learning_rate or config.train.learning_rate
+        self.optimizer = torch.optim.Adam(
+            [{"params": policy.actor_parameters(), "lr": config.train.learning_rate, "base_lr": config.train.learning_rate},
+             {"params": policy.critic_parameters(), "lr": critic_lr, "base_lr": critic_lr}],
+            eps=config.train.adam_eps, fused=True,
+        )
+        self.generator = torch.Generator().manual_seed(config.seed)
+
+    def update(self, samples: dict[str, torch.Tensor]) -> dict[str, float]:
+        train, est = self.config.train, self.config.estimator
+        valid = samples["mask"].nonzero().squeeze(-1)
+        history: dict[str, list[float]] = {}
+        mini = min(train.mini_batch_size, len(valid))
+        for _ in range(train.num_epochs):
+            order = valid[torch.randperm(len(valid), generator=self.generator)]
+            for start in range(0, len(order) - mini + 1, mini):
+                metrics = self._step({k: v[order[start:start + mini]] for k, v in samples.items()})
+                for key, value in metrics.items():
+                    history.setdefault(key, []).append(value)
+        return {key: sum(values) / len(values) for key, values in history.items()}
+
+    def _step(self, mini: dict[str, torch.Tensor]) -> dict[str, float]:
+        est, train = self.config.estimator, self.config.train
+        logprobs, entropy, values = self.policy.evaluate(mini["observations"], mini["actions"])
+        mask = as_tokens(torch.ones_like(logprobs))
+        advantages = mini["advantages"]
+        if est.normalize_advantages and advantages.numel() > 1:
+            advantages = masked_whiten(advantages, torch.ones_like(advantages))
+        weights = None if est.off_policy_weight == "none" else call_with_available(
+            OFF_POLICY_WEIGHTS.get(est.off_policy_weight), logprobs=as_tokens(logprobs.detach()),
+            behaviour_logprobs=as_tokens(mini["behaviour_logprobs"]), mask=mask,
+            age=torch.zeros_like(mask), decay=est.sample_age_decay, truncation=est.is_truncation,
+            max_kl=est.kl_filter_threshold, mode=est.kl_filter_mode, window=est.version_window,
+        )
+        policy_out = call_with_available(
+            POLICY_LOSSES.get(est.policy_loss), logprobs=as_tokens(logprobs),
+            behaviour_logprobs=as_tokens(mini["behaviour_logprobs"]),
+            proximal_logprobs=as_tokens(mini["behaviour_logprobs"]), advantages=as_tokens(advantages),
+            mask=mask, clip_low=est.clip_range, clip_high=est.clip_range_high, dual_clip=est.dual_clip,
+            agg_mode=est.loss_agg_mode, weights=weights.weights if weights is not None else None,
+        )
+        loss = policy_out.loss
+        metrics = {"policy_loss": policy_out.loss.item(), **{k: float(v) for k, v in policy_out.metrics.items()}}
+        if uses_critic(self.config):
+            critic_out = value_loss(as_tokens(values), as_tokens(mini["returns"]), mask,
+                                    old_values=as_tokens(mini["values"]), clip_range=est.value_clip_range)
+            loss = loss + est.value_loss_coef * critic_out.loss
+            metrics["value_loss"] = critic_out.loss.item()
+        entropy_mean = aggregate(as_tokens(entropy), mask, mode="token-mean")
+        loss = loss - est.entropy_coef * entropy_mean
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = clip_grad_norm(self.policy.parameters(), train.max_grad_norm)
+        self.optimizer.step()
+        with torch.no_grad():
+            log_ratio = logprobs.detach() - mini["behaviour_logprobs"]
+            approx_kl = ((log_ratio.exp() - 1) - log_ratio).mean().item()
+        metrics.update(entropy=entropy_mean.item(), grad_norm=grad_norm, approx_kl=approx_kl,
+                       loss=loss.item())
+        if weights is not None:
+            metrics.update({f"weights_{k}": float(v) for k, v in weights.metrics.items()})
+        return metrics
+
+    def set_lr_fraction(self, fraction: float) -> float:
+        for group in self.optimizer.param_groups:
+            group["lr"] = group["base_lr"] * fraction
+        return self.optimizer.param_groups[0]["lr"]
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.generator.set_state(state["generator"])
+
+
+class TRPOLearner:
+    """TRPO: a natural-gradient actor step constrained to mean KL ≤ δ, then Adam epochs on the critic."""
+
+    def __init__(self, policy: MLPActorCritic, config: Config):
+        self.policy, self.config = policy, config
+        critic_lr = config.train.critic_learning_rate or config.train.learning_rate
+        self.base_lr = critic_lr
+        self.critic_optimizer = torch.optim.Adam(policy.critic_parameters(), lr=critic_lr,
+                                                 eps=config.train.adam_eps, fused=True)
+        self.generator = torch.Generator().manual_seed(config.seed)
+
+    def update(self, samples: dict[str, torch.Tensor]) -> dict[str, float]:
+        est = self.config.estimator
+        valid = samples["mask"].nonzero().squeeze(-1)
+        observations, actions = samples["observations"][valid], samples["actions"][valid]
+        advantages = samples["advantages"][valid]
+        if est.normalize_advantages and advantages.numel() > 1:
+            advantages = masked_whiten(advantages, torch.ones_like(advantages))
+        with torch.no_grad():
+            old_dist = self.policy.distribution(observations)
+            old_logprobs = old_dist.log_prob(actions)
+
+        def surrogate() -> torch.Tensor:  # L(θ) = E[π_θ/π_old · A], to maximise
+            return (torch.exp(self.policy.distribution(observations).log_prob(actions) - old_logprobs) * advantages).mean()
+
+        def mean_kl() -> torch.Tensor:  # E_s[KL(π_old(·|s) ‖ π_θ(·|s))], old detached
+            return kl_divergence(old_dist, self.policy.distribution(observations)).mean()
+
+        result = trpo_step(self.policy.actor_parameters(), surrogate, mean_kl, max_kl=est.max_kl,
+                           damping=est.cg_damping, cg_iterations=est.cg_iterations,
+                           backtrack_coef=est.backtrack_coef, max_backtracks=est.line_search_steps)
+        with torch.no_grad():
+            entropy = self.policy.distribution(observations).entropy().mean().item()
+        metrics = {"kl": result.kl, "step_accepted": float(result.accepted), "step_fraction": result.step_fraction,
+                   "surrogate_improvement": result.surrogate_improvement, "line_search_steps": result.line_search_steps,
+                   "entropy": entropy, "approx_kl": result.kl}
+        metrics.update(self._fit_critic(samples, valid))
+        return metrics
+
+    def _fit_critic(self, samples: dict[str, torch.Tensor], valid: torch.Tensor) -> dict[str, float]:
+        train = self.config.train
+        mini = min(train.mini_batch_size, len(valid))
+        losses, grad_norms = [], []
+        for _ in range(train.critic_updates):
+            order = valid[torch.randperm(len(valid), generator=self.generator)]
+            for start in range(0, len(order) - mini + 1, mini):
+                index = order[start:start + mini]
+                values = self.policy.value(samples["observations"][index])
+                out = value_loss(as_tokens(values), as_tokens(samples["returns"][index]), as_tokens(torch.ones_like(values)))
+                self.critic_optimizer.zero_grad(set_to_none=True)
+                out.loss.backward()
+                grad_norms.append(clip_grad_norm(self.policy.critic_parameters(), train.max_grad_norm))
+                self.critic_optimizer.step()
+                losses.append(out.loss.item())
+        return {"value_loss": sum(losses) / len(losses), "grad_norm": sum(grad_norms) / len(grad_norms)}
+
+    def set_lr_fraction(self, fraction: float) -> float:
+        for group in self.critic_optimizer.param_groups:
+            group["lr"] = self.base_lr * fraction
+        return self.base_lr * fraction
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.critic_optimizer.state_dict(), "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.critic_optimizer.load_state_dict(state["optimizer"])
+        self.generator.set_state(state["generator"])
+
+
+def clip_grad_norm(parameters, max_norm: float | None) -> float:
+    """Clip the global gradient norm to ``max_norm`` (None: only measure it); returns the pre-clip norm."""
+    parameters = [p for p in parameters if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm if max_norm is not None else math.inf)
+    return float(norm)
+
+
+def make_learner(policy: MLPActorCritic, config: Config):
+    if config.estimator.policy_loss == "trpo":
+        return TRPOLearner(policy, config)
+    return GradientLearner(policy, config)

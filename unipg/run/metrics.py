@@ -1,0 +1,119 @@
+"""One metrics stream: JSONL always, TensorBoard optionally, and a terminal progress display.
+
+Metric names are namespaced (``train/``, ``eval/``, ``rollout/``, ``timing/``). ``metrics.jsonl`` holds one
+JSON object per line: ``{"step": <env steps>, "time": <seconds since start>, "<name>": <value>, ...}``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import yaml
+
+
+class MetricsLogger:
+    """Appends metrics to ``run_dir/metrics.jsonl`` and, if enabled, TensorBoard event files."""
+
+    def __init__(self, run_dir: Path, *, tensorboard: bool = True):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.start = time.time()
+        self._jsonl = (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8")
+        self._tensorboard = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter  # lazy: TensorBoard is slow to import
+
+            self._tensorboard = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        clean = {key: finite_or_none(value) for key, value in metrics.items()}
+        record = {"step": int(step), "time": round(time.time() - self.start, 3), **clean}
+        self._jsonl.write(json.dumps(record) + "\n")
+        self._jsonl.flush()
+        if self._tensorboard is not None:
+            for key, value in clean.items():
+                if value is not None:
+                    self._tensorboard.add_scalar(key, value, step)
+
+    def write_config(self, config: dict) -> None:
+        """The resolved configuration the run used, for reproduction (``unipg train --config`` reads it)."""
+        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+        if self._tensorboard is not None:
+            self._tensorboard.add_text("config", "```\n" + yaml.safe_dump(config, sort_keys=False) + "\n```")
+
+    def close(self) -> None:
+        self._jsonl.close()
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+
+
+def finite_or_none(value) -> float | None:
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    """The records of a run's metrics.jsonl, skipping a torn last line (a run killed mid-write)."""
+    records = []
+    for line in (Path(run_dir) / "metrics.jsonl").read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+class Timer:
+    """Accumulates wall time per phase: ``with timer("rollout"): ...``; ``pop()`` returns timing/<phase>."""
+
+    def __init__(self):
+        self.totals: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.totals[phase] = self.totals.get(phase, 0.0) + time.perf_counter() - start
+
+    def pop(self) -> dict[str, float]:
+        totals, self.totals = self.totals, {}
+        return {f"timing/{phase}": seconds for phase, seconds in totals.items()}
+
+
+class Progress:
+    """A rich progress bar with the latest return on a terminal; a plain line per update otherwise."""
+
+    def __init__(self, total_steps: int, *, enabled: bool = True, description: str = "train"):
+        self.total, self.enabled = total_steps, enabled
+        self.interactive = enabled and sys.stdout.isatty()
+        self.description = description
+        self._last_plain = 0.0
+        self._bar = None
+        if self.interactive:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress
+            from rich.progress import TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+            self._bar = RichProgress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                     TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
+                                     TextColumn("eta"), TimeRemainingColumn())
+            self._task = self._bar.add_task(description, total=total_steps, status="")
+            self._bar.start()
+
+    def update(self, step: int, status: str) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, completed=step, status=status)
+        elif self.enabled and (time.time() - self._last_plain > 5.0 or step >= self.total):
+            self._last_plain = time.time()
+            print(f"[{self.description}] step {step}/{self.total} {status}", flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()

@@ -1,0 +1,191 @@
+"""Rollouts from a vector of gymnasium environments, in the time-last layout of the estimator library.
+
+Two details decide whether classic-control results match the published ones:
+
+- **Time limits are not terminal states.** When an episode is cut by its time limit (truncated), the value
+  of the state it was cut in is still worth having, so the reward of that step is increased by
+  γ·V(s_final) and the step is marked done (Pardo et al. 2018, "Time limits in reinforcement learning").
+  Estimators that bootstrap from the critic need this; Monte-Carlo estimators do not use it.
+- **Monte-Carlo returns need complete episodes.** Without a critic to bootstrap from, the steps of an
+  episode still running when the rollout ends have no return yet; they are masked out of the loss
+  (``mask`` = 0) rather than given a truncated, biased return.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+from unipg.policy.mlp import MLPActorCritic
+
+
+@dataclass
+class RolloutBatch:
+    """One rollout of N environments for T steps; every tensor is (N, T, ...) with time second."""
+
+    observations: torch.Tensor  # (N, T, obs_dim) s_t
+    actions: torch.Tensor  # (N, T) or (N, T, A) a_t
+    behaviour_logprobs: torch.Tensor  # (N, T) log μ(a_t|s_t), μ = the policy that acted
+    values: torch.Tensor  # (N, T) V(s_t) at rollout time
+    rewards: torch.Tensor  # (N, T) r_t (+ γ·V(s_final) on time-limit truncation when bootstrapping)
+    dones: torch.Tensor  # (N, T) 1 when the episode ended at step t
+    mask: torch.Tensor  # (N, T) 1 on steps that enter the loss
+    bootstrap_value: torch.Tensor  # (N,) V(s_T), the state after the last step
+    episode_returns: list[float] = field(default_factory=list)  # undiscounted returns of finished episodes
+    episode_lengths: list[int] = field(default_factory=list)
+
+    @property
+    def num_steps(self) -> int:
+        return self.rewards.numel()
+
+
+def make_env(env_id: str, max_episode_steps: int | None = None) -> gym.Env:
+    """gym.make with an error that suggests the nearest registered id."""
+    try:
+        return gym.make(env_id, max_episode_steps=max_episode_steps)
+    except gym.error.Error as error:
+        close = difflib.get_close_matches(env_id, list(gym.registry), n=3)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        raise ValueError(f"cannot make gymnasium environment '{env_id}': {error}.{hint}") from None
+
+
+def make_vector_env(env_id: str, num_envs: int, max_episode_steps: int | None = None) -> SyncVectorEnv:
+    make_env(env_id, max_episode_steps).close()  # fail early, with the helpful message
+    return SyncVectorEnv(
+        [lambda: make_env(env_id, max_episode_steps) for _ in range(num_envs)],
+        autoreset_mode=AutoresetMode.SAME_STEP,
+    )
+
+
+class RewardScaler:
+    """Divides rewards by a running std of the discounted return (the 'reward normalisation' of PPO codes)."""
+
+    def __init__(self, num_envs: int, gamma: float, epsilon: float = 1e-8):
+        self.gamma, self.epsilon = gamma, epsilon
+        self.discounted = np.zeros(num_envs)
+        self.count, self.mean, self.m2 = 0, 0.0, 0.0
+
+    def __call__(self, rewards: np.ndarray, dones: np.ndarray) -> np.ndarray:
+        self.discounted = self.discounted * self.gamma + rewards
+        for value in self.discounted:  # Welford's online variance
+            self.count += 1
+            delta = value - self.mean
+            self.mean += delta / self.count
+            self.m2 += delta * (value - self.mean)
+        self.discounted[dones] = 0.0
+        variance = self.m2 / self.count if self.count > 1 else 1.0
+        return rewards / np.sqrt(variance + self.epsilon)
+
+    def state_dict(self) -> dict:
+        return {"discounted": self.discounted.tolist(), "count": self.count, "mean": self.mean, "m2": self.m2}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.discounted = np.asarray(state["discounted"], dtype=float)
+        self.count, self.mean, self.m2 = state["count"], state["mean"], state["m2"]
+
+
+class GymRollout:
+    """Steps a vector of environments with the current policy and returns RolloutBatch-es."""
+
+    def __init__(self, env_id: str, num_envs: int, *, seed: int, gamma: float,
+                 max_episode_steps: int | None = None, normalize_rewards: bool = False):
+        self.envs = make_vector_env(env_id, num_envs, max_episode_steps)
+        self.num_envs, self.gamma = num_envs, gamma
+        self.reward_scaler = RewardScaler(num_envs, gamma) if normalize_rewards else None
+        observations, _ = self.envs.reset(seed=seed)
+        self.envs.action_space.seed(seed)
+        self.observations = torch.as_tensor(observations, dtype=torch.float32)
+        self.running_returns = np.zeros(num_envs)
+        self.running_lengths = np.zeros(num_envs, dtype=int)
+
+    @property
+    def observation_space(self) -> gym.Space:
+        return self.envs.single_observation_space
+
+    @property
+    def action_space(self) -> gym.Space:
+        return self.envs.single_action_space
+
+    def collect(self, policy: MLPActorCritic, steps_per_env: int, *, bootstrap: bool) -> RolloutBatch:
+        """Run every environment for ``steps_per_env`` steps with ``policy``.
+
+        ``bootstrap``: the advantage estimator uses the critic (time limits are bootstrapped); otherwise
+        steps of unfinished episodes are masked out.
+        """
+        steps: dict[str, list] = {k: [] for k in ("obs", "act", "logp", "val", "rew", "done")}
+        episode_returns, episode_lengths = [], []
+        for _ in range(steps_per_env):
+            sample = policy.act(self.observations)
+            actions = sample.actions.cpu().numpy()
+            env_actions = np.clip(actions, self.action_space.low, self.action_space.high) \
+                if isinstance(self.action_space, gym.spaces.Box) else actions
+            next_obs, rewards, terminated, truncated, info = self.envs.step(env_actions)
+            dones = terminated | truncated
+            self.running_returns += rewards
+            self.running_lengths += 1
+            for env_index in np.flatnonzero(dones):
+                episode_returns.append(float(self.running_returns[env_index]))
+                episode_lengths.append(int(self.running_lengths[env_index]))
+            self.running_returns[dones], self.running_lengths[dones] = 0.0, 0
+            rewards = rewards.astype(np.float64)
+            if self.reward_scaler is not None:
+                rewards = self.reward_scaler(rewards, dones)
+            if bootstrap:
+                rewards = rewards + self._truncation_bootstrap(policy, terminated, truncated, info)
+            for key, value in zip(steps, (self.observations, sample.actions, sample.logprobs, sample.values,
+                                          torch.as_tensor(rewards, dtype=torch.float32),
+                                          torch.as_tensor(dones, dtype=torch.float32))):
+                steps[key].append(value)
+            self.observations = torch.as_tensor(next_obs, dtype=torch.float32)
+        with torch.no_grad():
+            bootstrap_value = policy.value(self.observations)
+        batch = {key: torch.stack(values, dim=1) for key, values in steps.items()}  # (N, T, ...)
+        mask = torch.ones_like(batch["rew"]) if bootstrap else complete_episode_mask(batch["done"])
+        return RolloutBatch(batch["obs"], batch["act"], batch["logp"], batch["val"], batch["rew"],
+                            batch["done"], mask, bootstrap_value if bootstrap else torch.zeros_like(bootstrap_value),
+                            episode_returns, episode_lengths)
+
+    def _truncation_bootstrap(self, policy, terminated, truncated, info) -> np.ndarray:
+        extra = np.zeros(self.num_envs)
+        cut = truncated & ~terminated
+        if cut.any():
+            final = torch.as_tensor(np.stack([info["final_obs"][i] for i in np.flatnonzero(cut)]),
+                                    dtype=torch.float32)
+            with torch.no_grad():
+                extra[cut] = self.gamma * policy.value(final).cpu().numpy()
+        return extra
+
+    def close(self) -> None:
+        self.envs.close()
+
+
+def complete_episode_mask(dones: torch.Tensor) -> torch.Tensor:
+    """(N, T) mask that is 1 up to and including each row's last done, 0 after it."""
+    steps = torch.arange(dones.shape[1])
+    last_done = torch.where(dones.bool(), steps, torch.full_like(steps, -1)).amax(dim=1)  # (N,)
+    return (steps.unsqueeze(0) <= last_done.unsqueeze(1)).float()
+
+
+def evaluate_policy(policy: MLPActorCritic, env_id: str, *, episodes: int, seed: int,
+                    deterministic: bool = True, max_episode_steps: int | None = None) -> list[float]:
+    """Undiscounted returns of ``episodes`` fresh episodes, one per environment, run side by side."""
+    envs = SyncVectorEnv([lambda: make_env(env_id, max_episode_steps) for _ in range(episodes)],
+                         autoreset_mode=AutoresetMode.SAME_STEP)
+    observations, _ = envs.reset(seed=seed)
+    returns = np.zeros(episodes)
+    running = np.ones(episodes, dtype=bool)
+    while running.any():
+        sample = policy.act(torch.as_tensor(observations, dtype=torch.float32), deterministic=deterministic)
+        actions = sample.actions.cpu().numpy()
+        if isinstance(envs.single_action_space, gym.spaces.Box):
+            actions = np.clip(actions, envs.single_action_space.low, envs.single_action_space.high)
+        observations, rewards, terminated, truncated, _ = envs.step(actions)
+        returns += rewards * running
+        running &= ~(terminated | truncated)
+    envs.close()
+    return returns.tolist()
