@@ -132,3 +132,12 @@ def test_parse_override():
     assert parse_override("env.id=CartPole-v1") == ("env.id", "CartPole-v1")
     with pytest.raises(ConfigError, match=r"key=value"):
         parse_override("estimator.clip_range")
+
+
+def test_hyperparameters_of_an_unchosen_option_are_reported():
+    warnings = load_config(None, ["estimator.is_truncation=1.5", "estimator.sample_age_decay=0.9"]).warnings
+    assert any("is_truncation" in w and "off_policy_weight is truncated_is" in w for w in warnings)
+    assert any("sample_age_decay" in w for w in warnings)
+    chosen = load_config(None, ["estimator.off_policy_weight=truncated_is", "estimator.is_truncation=1.5"])
+    assert chosen.warnings == []
+    assert any("lambda_gae" in w for w in load_config(None, ["estimator.advantage=td", "estimator.lambda_gae=0.9"]).warnings)

@@ -23,7 +23,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from unipg.presets import ALGORITHMS, algorithm_names
+from unipg.presets import ALGORITHMS, algorithm_names, ignored_keys
 
 
 class ConfigError(ValueError):
@@ -307,10 +307,7 @@ def build_config(raw: dict[str, Any]) -> Config:
     problems = cross_field_problems(config)
     if problems:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
-    unused = sorted(key for key in user_keys if not ALGORITHMS[algorithm].uses(key))
-    config.warnings = [
-        f"'{key}' has no effect with algorithm '{algorithm}' on a gymnasium environment; remove it" for key in unused
-    ]
+    config.warnings = ignored_keys(config, user_keys)
     return config
 
 

@@ -10,9 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-# Keys synchronous classic-control training never reads: no reference model, no replay buffer.
+# Keys synchronous classic-control training never reads: no reference model, no replay buffer, MLPs on the
+# CPU, and one-step samples for which every loss aggregation mode gives the same result.
 _GYM_UNUSED = frozenset(
     {
+        "device",
+        "estimator.loss_agg_mode",
         "estimator.kl_coef",
         "estimator.kl_estimator",
         "estimator.kl_control",
@@ -81,7 +84,8 @@ _define(
         "train": {"learning_rate": 1e-3, "batch_size": 1024, "mini_batch_size": 128, "critic_updates": 10,
                   "max_grad_norm": None},
     },
-    _GYM_UNUSED | _CLIP_ONLY | {"estimator.value_loss_coef", "estimator.value_clip_range", "train.num_epochs"},
+    _GYM_UNUSED | _CLIP_ONLY | {"estimator.value_loss_coef", "estimator.value_clip_range", "train.num_epochs",
+                                "estimator.entropy_coef", "estimator.off_policy_weight"},
 )
 _define(
     "a2c",
@@ -107,3 +111,37 @@ _define(
     },
     _GYM_UNUSED | _TRPO_ONLY | _CLIP_ONLY | {"estimator.lambda_gae", "estimator.value_clip_range"},
 )
+
+
+# Hyperparameters that only matter for one choice of another key: key → (governing key, value it needs).
+_CONDITIONAL = {
+    "estimator.lambda_gae": ("estimator.advantage", {"gae"}),
+    "estimator.is_truncation": ("estimator.off_policy_weight", {"truncated_is"}),
+    "estimator.kl_filter_threshold": ("estimator.off_policy_weight", {"kl_filter"}),
+    "estimator.kl_filter_mode": ("estimator.off_policy_weight", {"kl_filter"}),
+    "estimator.version_window": ("estimator.off_policy_weight", {"version_window"}),
+    "estimator.sample_age_decay": ("estimator.off_policy_weight", {"age_decay"}),
+    "estimator.clip_range": ("estimator.policy_loss", {"ppo", "decoupled_ppo"}),
+    "estimator.clip_range_high": ("estimator.policy_loss", {"ppo", "decoupled_ppo"}),
+    "estimator.dual_clip": ("estimator.policy_loss", {"ppo", "decoupled_ppo"}),
+}
+
+
+def ignored_keys(config, user_keys: set[str]) -> list[str]:
+    """A warning for each key the user set that this configuration never reads."""
+    algorithm = ALGORITHMS[config.algorithm]
+    warnings = []
+    for key in sorted(user_keys):
+        if not algorithm.uses(key):
+            warnings.append(f"'{key}' has no effect with algorithm '{config.algorithm}' on a gymnasium "
+                            "environment; remove it")
+        elif key in _CONDITIONAL:
+            governing, needed = _CONDITIONAL[key]
+            section, name = governing.split(".")
+            if getattr(getattr(config, section), name) not in needed:
+                options = " or ".join(sorted(needed))
+                warnings.append(f"'{key}' has no effect unless {governing} is {options}; remove it or set {governing}")
+    if config.estimator.off_policy_weight in {"age_decay", "version_window"}:
+        warnings.append(f"estimator.off_policy_weight '{config.estimator.off_policy_weight}' has no effect in "
+                        "synchronous training: every sample comes from the current policy (age 0)")
+    return warnings
