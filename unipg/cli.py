@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import statistics
+import sys
 from pathlib import Path
 from typing import List, Optional
 
@@ -19,7 +20,7 @@ from unipg.config import Config, ConfigError, load_config
 from unipg.presets import ALGORITHMS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="unipg: policy-gradient RL from CartPole to LLM agents.")
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 120)
 errors = Console(stderr=True)
 
 
@@ -54,7 +55,7 @@ def train(
             errors.print(f"[bold red]error:[/] {error}", highlight=False)
             raise typer.Exit(2) from None
         results.append((config, result))
-    console.print(result_table(results))
+    console.print(result_table(results, threshold))
 
 
 def parse_seeds(text: Optional[str]) -> list[int]:
@@ -67,20 +68,25 @@ def parse_seeds(text: Optional[str]) -> list[int]:
         raise typer.Exit(2) from None
 
 
-def result_table(results) -> Table:
+def result_table(results, threshold: Optional[float] = None) -> Table:
     table = Table(title="unipg results")
-    for column in ("algorithm", "env", "seed", "env steps", "episodes", "train return (last 100)",
-                   "eval return", "steps to threshold", "steps/s", "run dir"):
-        table.add_column(column)
+    columns = ["algorithm", "env", "seed", "env steps", "episodes", "train return", "eval return", "steps/s"]
+    if threshold is not None:
+        columns.insert(7, f"steps to eval ≥ {threshold:g}")
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("algorithm", "env") else "right")
     for config, result in results:
-        table.add_row(config.algorithm, config.env.id, str(config.seed), f"{result.env_steps:,}", str(result.episodes),
-                      f"{result.final_train_return:.1f}" if result.final_train_return is not None else "-",
-                      f"{result.final_eval_mean:.1f} ± {result.final_eval_std:.1f}",
-                      f"{result.steps_to_threshold:,}" if result.steps_to_threshold else "-",
-                      f"{result.steps_per_second:,.0f}", str(result.run_dir))
+        row = [config.algorithm, config.env.id, str(config.seed), f"{result.env_steps:,}", str(result.episodes),
+               f"{result.final_train_return:.1f}" if result.final_train_return is not None else "-",
+               f"{result.final_eval_mean:.1f} ± {result.final_eval_std:.1f}", f"{result.steps_per_second:,.0f}"]
+        if threshold is not None:
+            row.insert(7, f"{result.steps_to_eval_threshold:,}" if result.steps_to_eval_threshold else "not reached")
+        table.add_row(*row)
+    captions = [f"runs in: {', '.join(str(result.run_dir) for _, result in results)}"]
     if len(results) > 1:
         means = [result.final_eval_mean for _, result in results]
-        table.caption = f"eval return over {len(means)} seeds: {statistics.fmean(means):.1f} ± {statistics.pstdev(means):.1f}"
+        captions.insert(0, f"eval return over {len(means)} seeds: {statistics.fmean(means):.1f} ± {statistics.pstdev(means):.1f}")
+    table.caption = "\n".join(captions)
     return table
 
 

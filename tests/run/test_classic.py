@@ -69,3 +69,18 @@ def test_ppo_learns_cartpole(tmp_path):
     config = short_config(tmp_path, "algorithm=ppo", "env.total_steps=15360", "eval.episodes=10")
     result = train_classic(config)
     assert result.final_eval_mean >= 150, result.eval_history
+
+
+def test_an_existing_run_is_never_appended_to(tmp_path):
+    config = short_config(tmp_path, "algorithm=ppo", "env.total_steps=256")
+    first = train_classic(config)
+    before = (first.run_dir / "metrics.jsonl").read_bytes()
+    with pytest.raises(ValueError, match="already holds a run"):
+        train_classic(config)
+    assert (first.run_dir / "metrics.jsonl").read_bytes() == before
+
+
+def test_automatic_run_names_do_not_collide(tmp_path):
+    config = load_config(None, [f"log.output_dir={tmp_path}", "log.progress=false", "log.tensorboard=false",
+                                "env.total_steps=256", "eval.episodes=2"])
+    assert train_classic(config).run_dir != train_classic(config).run_dir

@@ -22,7 +22,7 @@ from unipg.policy.mlp import MLPActorCritic
 from unipg.run.learner import bootstraps, compute_advantages, flatten_batch, make_learner
 from unipg.estimate.losses import explained_variance
 from unipg.run.metrics import MetricsLogger, Progress, Timer
-from unipg.sample.gym_rollout import GymRollout, evaluate_policy
+from unipg.sample.gym_rollout import GymRollout, RolloutBatch, evaluate_policy
 
 
 @dataclass
@@ -35,7 +35,8 @@ class TrainResult:
     wall_seconds: float
     final_eval_mean: float
     final_eval_std: float
-    steps_to_threshold: int | None  # first evaluation step whose mean reached the threshold
+    steps_to_eval_threshold: int | None  # first evaluation step whose mean reached the threshold
+    steps_to_train_threshold: int | None  # first step at which the last 100 training episodes averaged ≥ it
     eval_history: list[tuple[int, float]] = field(default_factory=list)  # (step, mean return)
     final_train_return: float | None = None
 
@@ -53,12 +54,59 @@ def seed_everything(seed: int, deterministic: bool) -> None:
 
 
 def run_dir_for(config: Config) -> Path:
-    name = config.log.run_name or f"{config.algorithm}-{config.env.id}-seed{config.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
-    return Path(config.log.output_dir) / name
+    """A fresh folder for the run; an existing run is never appended to or overwritten."""
+    root = Path(config.log.output_dir)
+    if config.log.run_name:
+        run_dir = root / config.log.run_name
+        if (run_dir / "metrics.jsonl").exists():
+            raise ValueError(f"run directory '{run_dir}' already holds a run; choose another log.run_name "
+                             "or move that run away")
+        return run_dir
+    stem = f"{config.algorithm}-{config.env.id}-seed{config.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir, suffix = root / stem, 1
+    while run_dir.exists():
+        suffix += 1
+        run_dir = root / f"{stem}-{suffix}"
+    return run_dir
+
+
+@dataclass
+class Progression:
+    """Counters of a run and the first steps at which it reached a return threshold."""
+
+    threshold: float | None
+    env_steps: int = 0
+    episodes: int = 0
+    recent_returns: list[float] = field(default_factory=list)  # the last 100 training episodes
+    eval_history: list[tuple[int, float]] = field(default_factory=list)
+    last_eval: list[float] = field(default_factory=lambda: [float("nan")])
+    steps_to_eval_threshold: int | None = None
+    steps_to_train_threshold: int | None = None
+
+    def add_rollout(self, batch: RolloutBatch) -> None:
+        self.env_steps += batch.num_steps
+        self.episodes += len(batch.episode_returns)
+        self.recent_returns = (self.recent_returns + batch.episode_returns)[-100:]
+        if (self.threshold is not None and self.steps_to_train_threshold is None and len(self.recent_returns) == 100
+                and statistics.fmean(self.recent_returns) >= self.threshold):
+            self.steps_to_train_threshold = self.env_steps
+
+    def add_eval(self, returns: list[float]) -> dict[str, float]:
+        self.last_eval = returns
+        mean = statistics.fmean(returns)
+        self.eval_history.append((self.env_steps, mean))
+        if self.threshold is not None and self.steps_to_eval_threshold is None and mean >= self.threshold:
+            self.steps_to_eval_threshold = self.env_steps
+        return {"eval/return_mean": mean, "eval/return_std": statistics.pstdev(returns)}
+
+    @property
+    def train_return(self) -> float | None:
+        return statistics.fmean(self.recent_returns) if self.recent_returns else None
 
 
 def train_classic(config: Config, *, return_threshold: float | None = None) -> TrainResult:
-    """Train an MLP policy on ``config.env.id``; ``return_threshold`` marks the first evaluation ≥ it."""
+    """Train an MLP policy on ``config.env.id``; ``return_threshold`` marks when the return first reaches it."""
+    run_dir = run_dir_for(config)
     seed_everything(config.seed, config.deterministic)
     # MLPs this small run fastest on one thread: intra-op parallelism costs more than it saves.
     torch.set_num_threads(1)
@@ -69,56 +117,46 @@ def train_classic(config: Config, *, return_threshold: float | None = None) -> T
                             hidden_sizes=config.policy.hidden_sizes, activation=config.policy.activation,
                             log_std_init=config.policy.log_std_init)
     learner = make_learner(policy, config)
-    logger = MetricsLogger(run_dir_for(config), tensorboard=config.log.tensorboard)
+    logger = MetricsLogger(run_dir, tensorboard=config.log.tensorboard)
     logger.write_config(config.to_dict())
     progress = Progress(config.env.total_steps, enabled=config.log.progress, description=config.algorithm)
-    timer, start = Timer(), time.time()
-    num_updates = config.env.total_steps // config.train.batch_size
-    env_steps, episodes, recent_returns = 0, 0, []
-    eval_history: list[tuple[int, float]] = []
-    next_eval, steps_to_threshold, last_eval = config.eval.every_steps, None, [float("nan")]
+    run, timer, start = Progression(return_threshold), Timer(), time.time()
+    num_updates, next_eval = config.env.total_steps // config.train.batch_size, config.eval.every_steps
     try:
         for update in range(1, num_updates + 1):
             lr = learner.set_lr_fraction(1.0 - (update - 1) / num_updates
                                          if config.train.lr_schedule == "linear" else 1.0)
             with timer("rollout"):
                 batch = rollout.collect(policy, config.steps_per_env, bootstrap=bootstraps(config))
-            env_steps += batch.num_steps
-            episodes += len(batch.episode_returns)
-            recent_returns = (recent_returns + batch.episode_returns)[-100:]
+            run.add_rollout(batch)
             with timer("advantage"):
                 advantages, returns = compute_advantages(batch, config)
             with timer("update"):
                 metrics = learner.update(flatten_batch(batch, advantages, returns))
             is_last = update == num_updates
-            if env_steps >= next_eval or is_last:
+            if run.env_steps >= next_eval or is_last:
                 with timer("eval"):
-                    last_eval = evaluate_policy(policy, config.env.id, episodes=config.eval.episodes,
-                                                seed=config.seed + 10_000 + env_steps,
-                                                deterministic=config.eval.deterministic,
-                                                max_episode_steps=config.env.max_episode_steps)
-                eval_mean = statistics.fmean(last_eval)
-                eval_history.append((env_steps, eval_mean))
-                logger.log(env_steps, {"eval/return_mean": eval_mean, "eval/return_std": statistics.pstdev(last_eval)})
-                if return_threshold is not None and steps_to_threshold is None and eval_mean >= return_threshold:
-                    steps_to_threshold = env_steps
+                    returns_eval = evaluate_policy(policy, config.env.id, episodes=config.eval.episodes,
+                                                   seed=config.seed + 10_000 + run.env_steps,
+                                                   deterministic=config.eval.deterministic,
+                                                   max_episode_steps=config.env.max_episode_steps)
+                logger.log(run.env_steps, run.add_eval(returns_eval))
                 next_eval += config.eval.every_steps
             if update % config.log.log_every_updates == 0 or is_last:
                 record = {f"train/{k}": v for k, v in metrics.items()}
-                record.update(rollout_metrics(batch, advantages, returns, recent_returns))
-                record.update({"train/learning_rate": lr, "train/update": update, "train/episodes": episodes,
-                               "timing/steps_per_second": env_steps / (time.time() - start)})
+                record.update(rollout_metrics(batch, advantages, returns, run.recent_returns))
+                record.update({"train/learning_rate": lr, "train/update": update, "train/episodes": run.episodes,
+                               "timing/steps_per_second": run.env_steps / (time.time() - start)})
                 record.update(timer.pop())
-                logger.log(env_steps, record)
-            status = f"return {statistics.fmean(recent_returns):.1f}" if recent_returns else ""
-            progress.update(env_steps, status)
+                logger.log(run.env_steps, record)
+            progress.update(run.env_steps, f"return {run.train_return:.1f}" if run.recent_returns else "")
     finally:
         progress.close()
         logger.close()
         rollout.close()
-    return TrainResult(logger.run_dir, env_steps, episodes, time.time() - start, statistics.fmean(last_eval),
-                       statistics.pstdev(last_eval), steps_to_threshold, eval_history,
-                       statistics.fmean(recent_returns) if recent_returns else None)
+    return TrainResult(run_dir, run.env_steps, run.episodes, time.time() - start, statistics.fmean(run.last_eval),
+                       statistics.pstdev(run.last_eval), run.steps_to_eval_threshold, run.steps_to_train_threshold,
+                       run.eval_history, run.train_return)
 
 
 def rollout_metrics(batch, advantages: torch.Tensor, returns: torch.Tensor, recent_returns: list[float]) -> dict:
