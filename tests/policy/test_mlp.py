@@ -39,3 +39,12 @@ def test_unsupported_spaces_are_rejected_with_advice():
         MLPActorCritic(gym.spaces.Box(-1, 1, (2, 2)), gym.spaces.Discrete(2), hidden_sizes=[8])
     with pytest.raises(ValueError, match="Discrete or flat Box"):
         MLPActorCritic(gym.spaces.Box(-1, 1, (2,)), gym.spaces.MultiDiscrete([2, 2]), hidden_sizes=[8])
+
+
+def test_fast_discrete_evaluation_matches_the_distribution():
+    policy = MLPActorCritic(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(5), hidden_sizes=[16])
+    observations, actions = torch.randn(7, 4), torch.randint(0, 5, (7,))
+    logprobs, entropy, _ = policy.evaluate(observations, actions)
+    dist = policy.distribution(observations)
+    torch.testing.assert_close(logprobs, dist.log_prob(actions))
+    torch.testing.assert_close(entropy, dist.entropy())

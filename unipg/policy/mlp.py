@@ -97,5 +97,10 @@ class MLPActorCritic(nn.Module):
 
     def evaluate(self, observations: torch.Tensor, actions: torch.Tensor):
         """(log π_θ(a|s), entropy of π_θ(·|s), V_φ(s)), each (N,), differentiable."""
+        if self.discrete:  # the learner's hot path: log-softmax once, without a Distribution object
+            logprobs_all = torch.log_softmax(self.actor(observations), dim=-1)  # (N, n_actions)
+            logprobs = logprobs_all.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+            entropy = -(logprobs_all.exp() * logprobs_all).sum(-1)
+            return logprobs, entropy, self.value(observations)
         dist = self.distribution(observations)
         return dist.log_prob(actions), dist.entropy(), self.value(observations)

@@ -79,6 +79,7 @@ class GradientLearner:
 
     def __init__(self, policy: MLPActorCritic, config: Config):
         self.policy, self.config = policy, config
+        self.parameters = list(policy.parameters())
         critic_lr = config.train.critic_learning_rate or config.train.learning_rate
         self.optimizer = torch.optim.Adam(
             [{"params": policy.actor_parameters(), "lr": config.train.learning_rate, "base_lr": config.train.learning_rate},
@@ -131,7 +132,7 @@ class GradientLearner:
         loss = loss - est.entropy_coef * entropy_mean
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = clip_grad_norm(self.policy.parameters(), train.max_grad_norm)
+        grad_norm = clip_grad_norm(self.parameters, train.max_grad_norm)
         self.optimizer.step()
         with torch.no_grad():
             log_ratio = logprobs.detach() - mini["behaviour_logprobs"]
@@ -224,10 +225,14 @@ class TRPOLearner:
         self.generator.set_state(state["generator"])
 
 
-def clip_grad_norm(parameters, max_norm: float | None) -> float:
+def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float | None) -> float:
     """Clip the global gradient norm to ``max_norm`` (None: only measure it); returns the pre-clip norm."""
-    parameters = [p for p in parameters if p.grad is not None]
-    norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm if max_norm is not None else math.inf)
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return 0.0
+    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    if max_norm is not None:
+        torch._foreach_mul_(grads, torch.clamp(max_norm / (norm + 1e-6), max=1.0))
     return float(norm)
 
 

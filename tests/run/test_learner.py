@@ -1,0 +1,18 @@
+import pytest
+import torch
+
+from unipg.run.learner import clip_grad_norm
+
+
+def test_clip_grad_norm_returns_the_pre_clip_norm_and_clips_to_the_limit():
+    a, b = torch.zeros(3, requires_grad=True), torch.zeros(2, requires_grad=True)
+    a.grad, b.grad = torch.tensor([3.0, 0.0, 0.0]), torch.tensor([0.0, 4.0])
+    assert clip_grad_norm([a, b], 1.0) == pytest.approx(5.0)
+    assert torch.linalg.vector_norm(torch.cat([a.grad, b.grad])).item() == pytest.approx(1.0, rel=1e-5)
+    assert clip_grad_norm([a, b], 10.0) == pytest.approx(1.0, rel=1e-5)  # below the limit: untouched
+    assert torch.linalg.vector_norm(torch.cat([a.grad, b.grad])).item() == pytest.approx(1.0, rel=1e-5)
+    assert clip_grad_norm([a, b], None) == pytest.approx(1.0, rel=1e-5)
+
+
+def test_clip_grad_norm_without_gradients_is_zero():
+    assert clip_grad_norm([torch.zeros(2, requires_grad=True)], 1.0) == 0.0
