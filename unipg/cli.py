@@ -54,6 +54,9 @@ def train(
         except ValueError as error:  # bad environment ids and the like: say what, not where
             errors.print(f"[bold red]error:[/] {error}", highlight=False)
             raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            errors.print(f"interrupted; the metrics written so far are kept under {config.log.output_dir}/")
+            raise typer.Exit(130) from None
         results.append((config, result))
     console.print(result_table(results, threshold))
 
