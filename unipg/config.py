@@ -23,6 +23,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from unipg.estimate import ADVANTAGES, OFF_POLICY_WEIGHTS, POLICY_LOSSES
+from unipg.estimate.registry import unknown_name_message
 from unipg.presets import ALGORITHMS, algorithm_names, ignored_keys
 
 
@@ -397,9 +399,6 @@ def format_validation_error(error: ValidationError) -> str:
 
 def cross_field_problems(config: Config) -> list[str]:
     """Rules that involve more than one field, each phrased as how to fix it."""
-    from unipg.estimate import ADVANTAGES, OFF_POLICY_WEIGHTS, POLICY_LOSSES
-    from unipg.estimate.registry import unknown_name_message
-
     problems = []
     train, est = config.train, config.estimator
     if train.batch_size % train.mini_batch_size:

@@ -63,7 +63,10 @@ def compute_advantages(batch: RolloutBatch, config: Config) -> tuple[torch.Tenso
 def flatten_batch(batch: RolloutBatch, advantages: torch.Tensor, returns: torch.Tensor) -> dict[str, torch.Tensor]:
     """(N, T, ...) → (N·T, ...) samples; the learner treats every step as one sample."""
     n, t = batch.rewards.shape
-    flat = lambda x: x.reshape(n * t, *x.shape[2:])  # noqa: E731
+
+    def flat(x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(n * t, *x.shape[2:])
+
     return {"observations": flat(batch.observations), "actions": flat(batch.actions),
             "behaviour_logprobs": flat(batch.behaviour_logprobs), "values": flat(batch.values),
             "mask": flat(batch.mask), "advantages": flat(advantages), "returns": flat(returns)}
@@ -92,11 +95,11 @@ class GradientLearner:
         train, est = self.config.train, self.config.estimator
         valid = samples["mask"].nonzero().squeeze(-1)
         history: dict[str, list[float]] = {}
-        mini = min(train.mini_batch_size, len(valid))
         for _ in range(train.num_epochs):
             order = valid[torch.randperm(len(valid), generator=self.generator)]
-            for start in range(0, len(order) - mini + 1, mini):
-                metrics = self._step({k: v[order[start:start + mini]] for k, v in samples.items()})
+            # Masked (Monte-Carlo) batches need not divide evenly: the last mini-batch may be smaller.
+            for index in torch.split(order, train.mini_batch_size):
+                metrics = self._step({key: value[index] for key, value in samples.items()})
                 for key, value in metrics.items():
                     history.setdefault(key, []).append(value)
         return {key: sum(values) / len(values) for key, values in history.items()}
@@ -134,11 +137,11 @@ class GradientLearner:
         loss.backward()
         grad_norm = clip_grad_norm(self.parameters, train.max_grad_norm)
         self.optimizer.step()
-        with torch.no_grad():
-            log_ratio = logprobs.detach() - mini["behaviour_logprobs"]
-            approx_kl = ((log_ratio.exp() - 1) - log_ratio).mean().item()
-        metrics.update(entropy=entropy_mean.item(), grad_norm=grad_norm, approx_kl=approx_kl,
-                       loss=loss.item())
+        if "approx_kl" not in metrics:  # the clipped losses report it; k3 estimate of KL(μ‖π) otherwise
+            with torch.no_grad():
+                log_ratio = logprobs.detach() - mini["behaviour_logprobs"]
+                metrics["approx_kl"] = ((log_ratio.exp() - 1) - log_ratio).mean().item()
+        metrics.update(entropy=entropy_mean.item(), grad_norm=grad_norm, loss=loss.item())
         if weights is not None:
             metrics.update({f"weights_{k}": float(v) for k, v in weights.metrics.items()})
         return metrics
@@ -189,9 +192,10 @@ class TRPOLearner:
                            backtrack_coef=est.backtrack_coef, max_backtracks=est.line_search_steps)
         with torch.no_grad():
             entropy = self.policy.distribution(observations).entropy().mean().item()
-        metrics = {"kl": result.kl, "step_accepted": float(result.accepted), "step_fraction": result.step_fraction,
+        # approx_kl is the exact mean KL(π_old‖π_new) here, named as in the other learners.
+        metrics = {"approx_kl": result.kl, "step_accepted": float(result.accepted), "step_fraction": result.step_fraction,
                    "surrogate_improvement": result.surrogate_improvement, "line_search_steps": result.line_search_steps,
-                   "entropy": entropy, "approx_kl": result.kl}
+                   "entropy": entropy}
         metrics.update(self._fit_critic(samples, valid))
         return metrics
 

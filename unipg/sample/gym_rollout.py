@@ -117,38 +117,43 @@ class GymRollout:
         ``bootstrap``: the advantage estimator uses the critic (time limits are bootstrapped); otherwise
         steps of unfinished episodes are masked out.
         """
-        steps: dict[str, list] = {k: [] for k in ("obs", "act", "logp", "val", "rew", "done")}
+        observations, actions, logprobs, values, rewards, dones = [], [], [], [], [], []
         episode_returns, episode_lengths = [], []
         for _ in range(steps_per_env):
             sample = policy.act(self.observations)
-            actions = sample.actions.cpu().numpy()
-            env_actions = np.clip(actions, self.action_space.low, self.action_space.high) \
-                if isinstance(self.action_space, gym.spaces.Box) else actions
-            next_obs, rewards, terminated, truncated, info = self.envs.step(env_actions)
-            dones = terminated | truncated
-            self.running_returns += rewards
+            next_obs, reward, terminated, truncated, info = self.envs.step(self._env_actions(sample.actions))
+            done = terminated | truncated
+            self.running_returns += reward
             self.running_lengths += 1
-            for env_index in np.flatnonzero(dones):
-                episode_returns.append(float(self.running_returns[env_index]))
-                episode_lengths.append(int(self.running_lengths[env_index]))
-            self.running_returns[dones], self.running_lengths[dones] = 0.0, 0
-            rewards = rewards.astype(np.float64)
+            episode_returns += self.running_returns[done].tolist()
+            episode_lengths += self.running_lengths[done].tolist()
+            self.running_returns[done], self.running_lengths[done] = 0.0, 0
+            reward = reward.astype(np.float64)
             if self.reward_scaler is not None:
-                rewards = self.reward_scaler(rewards, dones)
+                reward = self.reward_scaler(reward, done)
             if bootstrap:
-                rewards = rewards + self._truncation_bootstrap(policy, terminated, truncated, info)
-            for key, value in zip(steps, (self.observations, sample.actions, sample.logprobs, sample.values,
-                                          torch.as_tensor(rewards, dtype=torch.float32),
-                                          torch.as_tensor(dones, dtype=torch.float32))):
-                steps[key].append(value)
+                reward = reward + self._truncation_bootstrap(policy, terminated, truncated, info)
+            observations.append(self.observations)
+            actions.append(sample.actions)
+            logprobs.append(sample.logprobs)
+            values.append(sample.values)
+            rewards.append(torch.as_tensor(reward, dtype=torch.float32))
+            dones.append(torch.as_tensor(done, dtype=torch.float32))
             self.observations = torch.as_tensor(next_obs, dtype=torch.float32)
         with torch.no_grad():
-            bootstrap_value = policy.value(self.observations)
-        batch = {key: torch.stack(values, dim=1) for key, values in steps.items()}  # (N, T, ...)
-        mask = torch.ones_like(batch["rew"]) if bootstrap else complete_episode_mask(batch["done"])
-        return RolloutBatch(batch["obs"], batch["act"], batch["logp"], batch["val"], batch["rew"],
-                            batch["done"], mask, bootstrap_value if bootstrap else torch.zeros_like(bootstrap_value),
-                            episode_returns, episode_lengths)
+            bootstrap_value = policy.value(self.observations) if bootstrap else torch.zeros(self.num_envs)
+        done_steps = torch.stack(dones, dim=1)  # (N, T)
+        mask = torch.ones_like(done_steps) if bootstrap else complete_episode_mask(done_steps)
+        return RolloutBatch(torch.stack(observations, dim=1), torch.stack(actions, dim=1),
+                            torch.stack(logprobs, dim=1), torch.stack(values, dim=1), torch.stack(rewards, dim=1),
+                            done_steps, mask, bootstrap_value, episode_returns, episode_lengths)
+
+    def _env_actions(self, actions: torch.Tensor) -> np.ndarray:
+        """Actions as the environments take them: Gaussian samples are clipped to the action bounds."""
+        actions = actions.cpu().numpy()
+        if isinstance(self.action_space, gym.spaces.Box):
+            return np.clip(actions, self.action_space.low, self.action_space.high)
+        return actions
 
     def _truncation_bootstrap(self, policy, terminated, truncated, info) -> np.ndarray:
         extra = np.zeros(self.num_envs)
