@@ -77,6 +77,22 @@ def as_tokens(x: torch.Tensor) -> torch.Tensor:
     return x.unsqueeze(-1)
 
 
+def shuffled_minibatches(valid: torch.Tensor, size: int, *, epochs: int, generator: torch.Generator):
+    """Index tensors of mini-batches over the ``valid`` sample indices, reshuffled every epoch.
+
+    Masked (Monte-Carlo) batches need not divide evenly: the last mini-batch of an epoch may be smaller.
+    """
+    for _ in range(epochs):
+        yield from torch.split(valid[torch.randperm(len(valid), generator=generator)], size)
+
+
+def normalized(advantages: torch.Tensor, config: Config) -> torch.Tensor:
+    """Advantages whitened over the (mini-)batch when ``estimator.normalize_advantages`` is on."""
+    if config.estimator.normalize_advantages and advantages.numel() > 1:
+        return masked_whiten(advantages, torch.ones_like(advantages))
+    return advantages
+
+
 class GradientLearner:
     """PPO, A2C and REINFORCE: stochastic gradient steps on policy loss + c_v·value loss − c_e·entropy."""
 
@@ -92,25 +108,21 @@ class GradientLearner:
         self.generator = torch.Generator().manual_seed(config.seed)
 
     def update(self, samples: dict[str, torch.Tensor]) -> dict[str, float]:
-        train, est = self.config.train, self.config.estimator
+        train = self.config.train
         valid = samples["mask"].nonzero().squeeze(-1)
         history: dict[str, list[float]] = {}
-        for _ in range(train.num_epochs):
-            order = valid[torch.randperm(len(valid), generator=self.generator)]
-            # Masked (Monte-Carlo) batches need not divide evenly: the last mini-batch may be smaller.
-            for index in torch.split(order, train.mini_batch_size):
-                metrics = self._step({key: value[index] for key, value in samples.items()})
-                for key, value in metrics.items():
-                    history.setdefault(key, []).append(value)
+        for index in shuffled_minibatches(valid, train.mini_batch_size, epochs=train.num_epochs,
+                                          generator=self.generator):
+            metrics = self._step({key: value[index] for key, value in samples.items()})
+            for key, value in metrics.items():
+                history.setdefault(key, []).append(value)
         return {key: sum(values) / len(values) for key, values in history.items()}
 
     def _step(self, mini: dict[str, torch.Tensor]) -> dict[str, float]:
         est, train = self.config.estimator, self.config.train
         logprobs, entropy, values = self.policy.evaluate(mini["observations"], mini["actions"])
         mask = as_tokens(torch.ones_like(logprobs))
-        advantages = mini["advantages"]
-        if est.normalize_advantages and advantages.numel() > 1:
-            advantages = masked_whiten(advantages, torch.ones_like(advantages))
+        advantages = normalized(mini["advantages"], self.config)
         weights = None if est.off_policy_weight == "none" else call_with_available(
             OFF_POLICY_WEIGHTS.get(est.off_policy_weight), logprobs=as_tokens(logprobs.detach()),
             behaviour_logprobs=as_tokens(mini["behaviour_logprobs"]), mask=mask,
@@ -174,9 +186,7 @@ class TRPOLearner:
         est = self.config.estimator
         valid = samples["mask"].nonzero().squeeze(-1)
         observations, actions = samples["observations"][valid], samples["actions"][valid]
-        advantages = samples["advantages"][valid]
-        if est.normalize_advantages and advantages.numel() > 1:
-            advantages = masked_whiten(advantages, torch.ones_like(advantages))
+        advantages = normalized(samples["advantages"][valid], self.config)
         with torch.no_grad():
             old_dist = self.policy.distribution(observations)
             old_logprobs = old_dist.log_prob(actions)
@@ -201,19 +211,16 @@ class TRPOLearner:
 
     def _fit_critic(self, samples: dict[str, torch.Tensor], valid: torch.Tensor) -> dict[str, float]:
         train = self.config.train
-        mini = min(train.mini_batch_size, len(valid))
         losses, grad_norms = [], []
-        for _ in range(train.critic_updates):
-            order = valid[torch.randperm(len(valid), generator=self.generator)]
-            for start in range(0, len(order) - mini + 1, mini):
-                index = order[start:start + mini]
-                values = self.policy.value(samples["observations"][index])
-                out = value_loss(as_tokens(values), as_tokens(samples["returns"][index]), as_tokens(torch.ones_like(values)))
-                self.critic_optimizer.zero_grad(set_to_none=True)
-                out.loss.backward()
-                grad_norms.append(clip_grad_norm(self.policy.critic_parameters(), train.max_grad_norm))
-                self.critic_optimizer.step()
-                losses.append(out.loss.item())
+        for index in shuffled_minibatches(valid, train.mini_batch_size, epochs=train.critic_updates,
+                                          generator=self.generator):
+            values = self.policy.value(samples["observations"][index])
+            out = value_loss(as_tokens(values), as_tokens(samples["returns"][index]), as_tokens(torch.ones_like(values)))
+            self.critic_optimizer.zero_grad(set_to_none=True)
+            out.loss.backward()
+            grad_norms.append(clip_grad_norm(self.policy.critic_parameters(), train.max_grad_norm))
+            self.critic_optimizer.step()
+            losses.append(out.loss.item())
         return {"value_loss": sum(losses) / len(losses), "grad_norm": sum(grad_norms) / len(grad_norms)}
 
     def set_lr_fraction(self, fraction: float) -> float:
