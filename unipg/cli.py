@@ -1,4 +1,4 @@
-"""Command line: ``unipg train | config | algorithms``.
+"""Command line: ``unipg train | sft | config | algorithms``.
 
 ``unipg train [--config FILE] [key=value ...]`` trains; overrides use dotted keys
 (``estimator.clip_range=0.1``) or the flat keys of seed 000's reference config (``learning_rate=1e-3``).
@@ -43,22 +43,72 @@ def train(
     threshold: Optional[float] = typer.Option(None, help="report the first step whose eval mean return ≥ this"),
 ) -> None:
     """Train a policy; prints a result table at the end."""
-    from unipg.run.classic import train_classic
-
     seed_list = parse_seeds(seeds)
     results = []
     for seed in seed_list or [None]:
         config = resolve(config_path, list(overrides or []) + ([f"seed={seed}"] if seed is not None else []))
-        try:
-            result = train_classic(config, return_threshold=threshold)
-        except ValueError as error:  # bad environment ids and the like: say what, not where
-            errors.print(f"[bold red]error:[/] {error}", highlight=False)
-            raise typer.Exit(2) from None
-        except KeyboardInterrupt:
-            errors.print(f"interrupted; the metrics written so far are kept under {config.log.output_dir}/")
-            raise typer.Exit(130) from None
-        results.append((config, result))
-    console.print(result_table(results, threshold))
+        results.append((config, run_guarded(config, threshold)))
+    if results[0][0].is_text:
+        console.print(text_result_table(results))
+    else:
+        console.print(result_table(results, threshold))
+
+
+def run_guarded(config: Config, threshold: Optional[float]):
+    """Run one training job; bad input (a model path, an environment id) ends with its message, not a traceback."""
+    from unipg.run.classic import train_classic
+    from unipg.run.text import train_text
+
+    try:
+        return train_text(config) if config.is_text else train_classic(config, return_threshold=threshold)
+    except ValueError as error:
+        errors.print(f"[bold red]error:[/] {error}", highlight=False)
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        errors.print(f"interrupted; the metrics written so far are kept under {config.log.output_dir}/")
+        raise typer.Exit(130) from None
+
+
+def text_result_table(results) -> Table:
+    table = Table(title="unipg results")
+    keys = [key for key in results[0][1].final_eval if key.startswith("eval/pass@")]
+    columns = ["algorithm", "task", "model", "seed", "updates", "samples"]
+    columns += [f"{key[5:]} before → after" for key in keys] + ["samples/s"]
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("algorithm", "task", "model") else "right")
+    for config, result in results:
+        row = [config.algorithm, config.task.name, Path(config.model.name).name or config.model.name, str(config.seed),
+               str(result.updates), f"{result.samples:,}"]
+        row += [f"{result.initial_eval[key]:.3f} → {result.final_eval[key]:.3f}" for key in keys]
+        table.add_row(*row, f"{result.samples_per_second:.1f}")
+    table.caption = f"runs in: {', '.join(str(result.run_dir) for _, result in results)}"
+    if len(results) > 1:
+        gains = [result.final_eval["eval/pass@1"] - result.initial_eval["eval/pass@1"] for _, result in results]
+        table.caption = (f"pass@1 gain over {len(gains)} seeds: {statistics.fmean(gains):+.3f} ± "
+                         f"{statistics.pstdev(gains):.3f}\n" + table.caption)
+    return table
+
+
+@app.command()
+def sft(
+    overrides: List[str] = typer.Argument(None, help="dotted overrides, e.g. sft.steps=1000"),
+    config_path: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config file (task, model, sft)"),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="folder for the fine-tuned model"),
+) -> None:
+    """Supervised fine-tuning on the task's demonstrations (completion-only loss); the warm start before RL."""
+    from unipg.run.sft_job import run_sft
+
+    config = resolve(config_path, list(overrides or []))
+    if not config.is_text:
+        errors.print("[bold red]error:[/] sft needs a text task; set task.name (e.g. task.name=arithmetic)")
+        raise typer.Exit(2)
+    try:
+        report = run_sft(config, output)
+    except ValueError as error:
+        errors.print(f"[bold red]error:[/] {error}", highlight=False)
+        raise typer.Exit(2) from None
+    console.print(f"held-out greedy accuracy {report['before']:.3f} → {report['after']:.3f}; "
+                  f"model saved to {report['output']}")
 
 
 def parse_seeds(text: Optional[str]) -> list[int]:

@@ -67,6 +67,61 @@ class PolicyConfig(Section):
         return sizes
 
 
+class ModelConfig(Section):
+    """The language model trained on text tasks (Q1 for text): any Hugging Face causal LM."""
+
+    name: str = "embedded"
+    """hub id or local path of an AutoModelForCausalLM, or 'embedded' / 'embedded:small' for the built-in model."""
+    warm_start: bool = False
+    """fine-tune the model on the task's demonstrations (section sft) before RL; the result is cached."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """parameter dtype of the policy, critic and reference."""
+    value_head: bool = False
+    """add a value head (critic) on the policy's last hidden state; PPO needs a critic."""
+    critic: str | None = None
+    """hub id or path of a separate critic model (its own backbone + value head) instead of a shared head."""
+    reference: Literal["auto", "copy", "none"] = "auto"
+    """frozen reference for the KL penalty: auto = needed only when kl_coef > 0 or KL is adaptive (with LoRA the
+    adapter-disabled model is the reference and no copy is held)."""
+    lora_rank: int = Field(0, ge=0)
+    """LoRA rank; 0 trains all weights (LoRA needs the peft extra)."""
+    lora_alpha: float = Field(16.0, gt=0.0)
+    """LoRA scaling α."""
+    lora_target_modules: str | list[str] = "all-linear"
+    """modules LoRA adapts ('all-linear' or a list of module names)."""
+    gradient_checkpointing: bool = False
+    """recompute activations in the backward pass to save memory."""
+    trust_remote_code: bool = False
+    """allow model code from the hub repository (only for models you trust)."""
+
+
+class TaskConfig(Section):
+    """A single-turn text task with rule-based rewards; setting ``name`` switches training to language models."""
+
+    name: str | None = None
+    """task name (arithmetic, gsm8k); None trains on the gymnasium environment of section env."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """task options, e.g. {digits: 3} for arithmetic or {path: data/gsm8k.jsonl} for gsm8k."""
+    rewards: list[dict[str, Any]] | None = None
+    """reward functions and weights, e.g. [{name: math, weight: 1.0}, {name: format, weight: 0.1}];
+    None = the task's default."""
+    system_prompt: str | None = None
+    """system message put before every prompt (None = the task's own, if any)."""
+
+
+class SFTConfig(Section):
+    """Supervised warm start on the task's demonstrations (completion-only loss)."""
+
+    steps: int = Field(600, ge=1)
+    """optimizer steps."""
+    batch_size: int = Field(64, ge=1)
+    """demonstrations per step."""
+    learning_rate: float = Field(3e-3, gt=0.0)
+    """peak learning rate (linear warm-up, then decay)."""
+    examples: int | None = Field(None, ge=1)
+    """use only the first this many training demonstrations (None = all)."""
+
+
 class EstimatorConfig(Section):
     """How the gradient is estimated (Q2): advantages, the policy loss and its regularisers."""
 
@@ -106,6 +161,9 @@ class EstimatorConfig(Section):
     """target KL for adaptive KL control."""
     kl_horizon: int = Field(10_000, ge=1)
     """horizon (in samples) of the adaptive KL controller."""
+    kl_in_reward: bool = False
+    """text tasks: subtract kl_coef·KL_t from each token's reward (classic RLHF PPO, REINFORCE++) instead of
+    adding the KL as a loss term (GRPO)."""
     off_policy_weight: str = "none"
     """weight w(ρ, age) of the unified objective, a name from unipg.estimate.OFF_POLICY_WEIGHTS."""
     sample_age_decay: float = Field(0.99, gt=0.0, le=1.0)
@@ -151,11 +209,31 @@ class TrainConfig(Section):
     """global gradient-norm clip; None disables it."""
     critic_updates: int = Field(5, ge=1)
     """TRPO: epochs of critic regression per update (the actor takes one natural-gradient step)."""
+    updates: int = Field(100, ge=1)
+    """text tasks: learner updates after which training stops (gymnasium tasks stop at env.total_steps)."""
+    micro_batch_size: int = Field(64, ge=1)
+    """text tasks: sequences per forward pass; gradients of a mini-batch are accumulated over micro-batches."""
+    weight_decay: float = Field(0.0, ge=0.0)
+    """text tasks: AdamW weight decay."""
 
 
 class SampleConfig(Section):
-    """The rollout side in asynchronous mode (text tasks); unused by synchronous gymnasium training."""
+    """How completions are sampled for text tasks (unused by gymnasium training)."""
 
+    samples_per_prompt: int = Field(8, ge=1)
+    """completions sampled per prompt: the group of GRPO and RLOO; batch_size / samples_per_prompt prompts per update."""
+    max_new_tokens: int = Field(64, ge=1)
+    """longest completion in tokens."""
+    temperature: float = Field(1.0, ge=0.0)
+    """sampling temperature (0 = greedy); log-probs are those of softmax(logits / temperature)."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """nucleus sampling: keep the smallest token set with probability ≥ top_p."""
+    top_k: int | None = Field(None, ge=1)
+    """keep only the k most likely tokens (None = all)."""
+    stop: list[str] = Field(default_factory=list)
+    """strings that end a completion (besides the EOS token); the text is cut before them."""
+    max_prompt_length: int = Field(512, ge=1)
+    """prompts longer than this many tokens keep their last max_prompt_length tokens."""
     rollout_steps: int = Field(512, ge=1)
     """trajectories the rollout side produces per learner step."""
     replay_buffer_size: int = Field(4096, ge=1)
@@ -171,6 +249,12 @@ class EvalConfig(Section):
     """evaluation episodes."""
     deterministic: bool = True
     """act greedily (mode of the policy) during evaluation."""
+    every_updates: int = Field(10, ge=1)
+    """text tasks: evaluate on the held-out split every this many learner updates (and before and after)."""
+    pass_k: int = Field(4, ge=0)
+    """text tasks: also report sampled pass@k with this k (0 = greedy pass@1 only)."""
+    max_examples: int | None = Field(None, ge=1)
+    """text tasks: evaluate on the first this many held-out examples (None = all)."""
 
 
 class LogConfig(Section):
@@ -199,8 +283,14 @@ class Config(Section):
     """use deterministic torch kernels and a single thread (bitwise-reproducible on CPU)."""
     device: str = "cpu"
     """torch device of the learner."""
+    threads: int | None = Field(None, ge=1)
+    """torch intra-op CPU threads; None = 1 for MLPs and the embedded model (their small matrix products run
+    fastest on one thread, and extra threads only contend), torch's default for other models."""
     env: EnvConfig = Field(default_factory=EnvConfig)
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
     estimator: EstimatorConfig = Field(default_factory=EstimatorConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     sample: SampleConfig = Field(default_factory=SampleConfig)
@@ -209,6 +299,16 @@ class Config(Section):
 
     # Not part of the schema: keys the user set that the chosen algorithm does not use.
     warnings: list[str] = Field(default_factory=list, exclude=True)
+
+    @property
+    def is_text(self) -> bool:
+        """Whether this run trains a language model on a text task (else an MLP on a gymnasium env)."""
+        return self.task.name is not None
+
+    @property
+    def prompts_per_step(self) -> int:
+        """Text tasks: distinct prompts per learner update."""
+        return self.train.batch_size // self.sample.samples_per_prompt
 
     @property
     def steps_per_env(self) -> int:
@@ -301,7 +401,12 @@ def build_config(raw: dict[str, Any]) -> Config:
         close = difflib.get_close_matches(str(algorithm), algorithm_names(), n=1)
         hint = f"; did you mean '{close[0]}'?" if close else ""
         raise ConfigError(f"unknown algorithm '{algorithm}'{hint} Valid: {', '.join(algorithm_names())}")
-    merged = deep_merge(copy.deepcopy(ALGORITHMS[algorithm].preset), tree)
+    text = isinstance(tree.get("task"), dict) and tree["task"].get("name") is not None
+    try:
+        preset = ALGORITHMS[algorithm].preset_for(text)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    merged = deep_merge(copy.deepcopy(preset), tree)
     try:
         config = Config.model_validate(merged)
     except ValidationError as error:
@@ -405,18 +510,7 @@ def cross_field_problems(config: Config) -> list[str]:
         problems.append(
             f"train.mini_batch_size ({train.mini_batch_size}) must divide train.batch_size ({train.batch_size})"
         )
-    if train.batch_size % config.env.num_envs:
-        problems.append(
-            f"env.num_envs ({config.env.num_envs}) must divide train.batch_size ({train.batch_size}): "
-            "each environment takes batch_size / num_envs steps per update"
-        )
-    if est.advantage not in ADVANTAGES:
-        problems.append("estimator.advantage: " + unknown_name_message("advantage estimator", est.advantage, ADVANTAGES.names()))
-    elif est.advantage not in STEP_ADVANTAGES:
-        problems.append(
-            f"estimator.advantage '{est.advantage}' works on groups of sampled completions (text tasks); "
-            f"for gymnasium environments use one of: {', '.join(sorted(STEP_ADVANTAGES))}"
-        )
+    problems += text_problems(config) if config.is_text else gym_problems(config)
     if est.policy_loss != "trpo" and est.policy_loss not in POLICY_LOSSES:
         valid = POLICY_LOSSES.names() + ["trpo"]
         problems.append("estimator.policy_loss: " + unknown_name_message("policy loss", est.policy_loss, valid))
@@ -430,9 +524,63 @@ def cross_field_problems(config: Config) -> list[str]:
             f"estimator.clip_range_high ({est.clip_range_high}) is below clip_range ({est.clip_range}); "
             "clip-higher needs ε_high ≥ ε_low"
         )
+    return problems
+
+
+def gym_problems(config: Config) -> list[str]:
+    problems = []
+    train, est = config.train, config.estimator
+    if train.batch_size % config.env.num_envs:
+        problems.append(
+            f"env.num_envs ({config.env.num_envs}) must divide train.batch_size ({train.batch_size}): "
+            "each environment takes batch_size / num_envs steps per update"
+        )
+    if est.advantage not in ADVANTAGES:
+        problems.append("estimator.advantage: " + unknown_name_message("advantage estimator", est.advantage, ADVANTAGES.names()))
+    elif est.advantage not in STEP_ADVANTAGES:
+        problems.append(
+            f"estimator.advantage '{est.advantage}' works on groups of sampled completions (text tasks); "
+            f"for gymnasium environments use one of: {', '.join(sorted(STEP_ADVANTAGES))}"
+        )
     if train.batch_size > config.env.total_steps:
         problems.append(
             f"train.batch_size ({train.batch_size}) exceeds env.total_steps ({config.env.total_steps}); "
             "no update would run — raise total_steps or lower batch_size"
         )
+    return problems
+
+
+# Estimators that need a learned value V(s_t) on text tasks.
+CRITIC_ADVANTAGES = frozenset({"gae", "td", "value_baseline"})
+
+
+def text_problems(config: Config) -> list[str]:
+    problems = []
+    train, est, sample, model = config.train, config.estimator, config.sample, config.model
+    if train.batch_size % sample.samples_per_prompt:
+        problems.append(
+            f"sample.samples_per_prompt ({sample.samples_per_prompt}) must divide train.batch_size "
+            f"({train.batch_size}): every prompt contributes a full group of completions"
+        )
+    if train.mini_batch_size % train.micro_batch_size and train.micro_batch_size < train.mini_batch_size:
+        problems.append(
+            f"train.micro_batch_size ({train.micro_batch_size}) must divide train.mini_batch_size "
+            f"({train.mini_batch_size}): gradients are accumulated over whole micro-batches"
+        )
+    if est.advantage not in ADVANTAGES:
+        problems.append("estimator.advantage: " + unknown_name_message("advantage estimator", est.advantage, ADVANTAGES.names()))
+    elif est.advantage in {"grpo", "dr_grpo", "rloo"} and sample.samples_per_prompt < 2:
+        problems.append(
+            f"estimator.advantage '{est.advantage}' compares completions of the same prompt; set "
+            "sample.samples_per_prompt to at least 2 (e.g. 8)"
+        )
+    if est.advantage in CRITIC_ADVANTAGES and not (model.value_head or model.critic):
+        problems.append(
+            f"estimator.advantage '{est.advantage}' needs a critic; set model.value_head=true or model.critic=<model>"
+        )
+    if model.warm_start and not model.name.startswith("embedded"):
+        problems.append("model.warm_start builds a cached warm start of the embedded model only; for another "
+                        "model run `unipg sft` and point model.name at its output")
+    if est.policy_loss == "trpo":
+        problems.append("estimator.policy_loss 'trpo' is implemented for MLP policies only; use ppo for language models")
     return problems

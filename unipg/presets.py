@@ -38,29 +38,81 @@ _TRPO_ONLY = frozenset(
 _CLIP_ONLY = frozenset({"estimator.clip_range", "estimator.clip_range_high", "estimator.dual_clip"})
 
 
+# Keys that only language-model training on text tasks reads.
+_TEXT_ONLY = frozenset({"task.*", "model.*", "sft.*", "sample.samples_per_prompt", "sample.max_new_tokens",
+                        "sample.temperature", "sample.top_p", "sample.top_k", "sample.stop", "sample.max_prompt_length",
+                        "train.updates", "train.micro_batch_size", "train.weight_decay", "estimator.kl_in_reward",
+                        "eval.every_updates", "eval.pass_k", "eval.max_examples"})
+# Keys that language-model training never reads: the gymnasium environment, the MLP, the classic evaluation,
+# the asynchronous runtime's knobs, and TRPO.
+_TEXT_UNUSED = frozenset({"env.*", "policy.*", "eval.every_steps", "eval.episodes", "eval.deterministic",
+                          "sample.rollout_steps", "sample.replay_buffer_size", "train.critic_updates"}) | _TRPO_ONLY
+
+
 @dataclass(frozen=True)
 class Algorithm:
     name: str
     summary: str
-    preset: dict[str, Any]
+    preset: dict[str, Any] | None  # defaults on gymnasium environments; None: text tasks only
     unused: frozenset[str] = field(default_factory=frozenset)
+    text_preset: dict[str, Any] | None = None  # defaults on text tasks; None: gymnasium environments only
+    text_unused: frozenset[str] = field(default_factory=frozenset)
 
-    def uses(self, dotted_key: str) -> bool:
-        return dotted_key not in self.unused
+    def preset_for(self, text: bool) -> dict[str, Any]:
+        preset = self.text_preset if text else self.preset
+        if preset is None:
+            if text:
+                raise ValueError(f"algorithm '{self.name}' trains MLP policies on gymnasium environments, not "
+                                 f"language models; pick one of: {', '.join(text_algorithm_names())}")
+            raise ValueError(f"algorithm '{self.name}' trains language models on text tasks; set task.name "
+                             "(e.g. task.name=arithmetic) or pick one of: " + ", ".join(gym_algorithm_names()))
+        return preset
+
+    def uses(self, dotted_key: str, text: bool = False) -> bool:
+        unused = (self.text_unused | _TEXT_UNUSED) if text else (self.unused | _TEXT_ONLY)
+        section = dotted_key.split(".", 1)[0] + ".*"
+        return dotted_key not in unused and section not in unused
 
 
 ALGORITHMS: dict[str, Algorithm] = {}
 
 
-def _define(name: str, summary: str, preset: dict[str, Any], unused: frozenset[str]) -> None:
+def _define(name: str, summary: str, preset: dict[str, Any] | None, unused: frozenset[str] = frozenset(),
+            text_preset: dict[str, Any] | None = None, text_unused: frozenset[str] = frozenset()) -> None:
     if name in ALGORITHMS:
         raise ValueError(f"algorithm '{name}' is defined twice")
-    ALGORITHMS[name] = Algorithm(name, summary, preset, unused)
+    ALGORITHMS[name] = Algorithm(name, summary, preset, unused, text_preset, text_unused)
 
 
 def algorithm_names() -> list[str]:
     return sorted(ALGORITHMS)
 
+
+def gym_algorithm_names() -> list[str]:
+    return sorted(name for name, algorithm in ALGORITHMS.items() if algorithm.preset is not None)
+
+
+def text_algorithm_names() -> list[str]:
+    return sorted(name for name, algorithm in ALGORITHMS.items() if algorithm.text_preset is not None)
+
+
+def _text(estimator: dict[str, Any], train: dict[str, Any] | None = None, **sections: dict[str, Any]) -> dict[str, Any]:
+    """A text-task preset: shared language-model defaults plus the algorithm's own choices."""
+    preset = {
+        "estimator": {"gamma": 1.0, "lambda_gae": 0.95, "normalize_advantages": False, "entropy_coef": 0.0,
+                      "kl_estimator": "k3", **estimator},
+        "train": {"learning_rate": 1e-6, "lr_schedule": "constant", "batch_size": 64, "mini_batch_size": 64,
+                  "num_epochs": 1, "max_grad_norm": 1.0, "adam_eps": 1e-8, **(train or {})},
+        "sample": {"samples_per_prompt": 8, "max_new_tokens": 256, "temperature": 1.0},
+    }
+    for name, values in sections.items():
+        preset.setdefault(name, {}).update(values)
+    return preset
+
+
+# Keys without effect when the advantage comes from a group of completions and no critic is trained.
+_CRITIC_FREE = frozenset({"estimator.value_loss_coef", "estimator.value_clip_range", "train.critic_learning_rate",
+                          "model.value_head", "model.critic"})
 
 _define(
     "ppo",
@@ -73,6 +125,12 @@ _define(
                   "num_epochs": 10, "max_grad_norm": 0.5},
     },
     _GYM_UNUSED | _TRPO_ONLY,
+    # RLHF-style PPO (Ziegler et al. 2019; Ouyang et al. 2022): value head, token-level GAE with γ = 1,
+    # the KL to the reference folded into each token's reward.
+    _text({"advantage": "gae", "policy_loss": "ppo", "clip_range": 0.2, "normalize_advantages": True,
+           "kl_coef": 0.05, "kl_in_reward": True, "value_loss_coef": 0.5, "value_clip_range": 0.2,
+           "loss_agg_mode": "token-mean"},
+          {"num_epochs": 2, "mini_batch_size": 32}, model={"value_head": True}),
 )
 _define(
     "trpo",
@@ -110,6 +168,51 @@ _define(
                   "max_grad_norm": 0.5},
     },
     _GYM_UNUSED | _TRPO_ONLY | _CLIP_ONLY | {"estimator.lambda_gae", "estimator.value_clip_range"},
+    # On text: the sequence reward on every token minus the batch mean, no critic.
+    _text({"advantage": "batch_mean_baseline", "policy_loss": "vanilla", "kl_coef": 0.0}),
+    _CRITIC_FREE | _CLIP_ONLY,
+)
+_define(
+    "grpo",
+    "GRPO: group-normalised advantages over samples_per_prompt completions, PPO-clip, k3 KL to the "
+    "reference as a loss term, no critic (Shao et al. 2024)",
+    None, frozenset(),
+    _text({"advantage": "grpo", "policy_loss": "ppo", "clip_range": 0.2, "kl_coef": 0.04,
+           "loss_agg_mode": "seq-mean-token-mean"}),
+    _CRITIC_FREE,
+)
+_define(
+    "dr_grpo",
+    "Dr.GRPO: GRPO without the std division and with a constant token-sum normaliser (Liu et al. 2025)",
+    None, frozenset(),
+    _text({"advantage": "dr_grpo", "policy_loss": "ppo", "clip_range": 0.2, "kl_coef": 0.0,
+           "loss_agg_mode": "seq-mean-token-sum-norm"}),
+    _CRITIC_FREE,
+)
+_define(
+    "dapo",
+    "DAPO-style GRPO: token-level loss, asymmetric clip-higher (ε_low 0.2, ε_high 0.28), no KL (Yu et al. 2025)",
+    None, frozenset(),
+    _text({"advantage": "grpo", "policy_loss": "ppo", "clip_range": 0.2, "clip_range_high": 0.28,
+           "kl_coef": 0.0, "loss_agg_mode": "token-mean"}),
+    _CRITIC_FREE,
+)
+_define(
+    "rloo",
+    "RLOO: leave-one-out baseline over samples_per_prompt completions, no critic (Ahmadian et al. 2024)",
+    None, frozenset(),
+    _text({"advantage": "rloo", "policy_loss": "ppo", "clip_range": 0.2, "kl_coef": 0.05, "kl_in_reward": True,
+           "loss_agg_mode": "seq-mean-token-mean"}),
+    _CRITIC_FREE,
+)
+_define(
+    "reinforce_pp",
+    "REINFORCE++: token-level reward-to-go with the KL in the reward, whitened over the batch, PPO-clip, no "
+    "critic (Hu 2025)",
+    None, frozenset(),
+    _text({"advantage": "reinforce_plus_plus", "policy_loss": "ppo", "clip_range": 0.2, "kl_coef": 0.01,
+           "kl_in_reward": True, "loss_agg_mode": "token-mean"}),
+    _CRITIC_FREE | {"estimator.lambda_gae"},
 )
 
 
@@ -130,11 +233,14 @@ _CONDITIONAL = {
 def ignored_keys(config, user_keys: set[str]) -> list[str]:
     """A warning for each key the user set that this configuration never reads."""
     algorithm = ALGORITHMS[config.algorithm]
+    text = config.is_text
+    where = "on a text task" if text else "on a gymnasium environment"
     warnings = []
     for key in sorted(user_keys):
-        if not algorithm.uses(key):
-            warnings.append(f"'{key}' has no effect with algorithm '{config.algorithm}' on a gymnasium "
-                            "environment; remove it")
+        if key == "task.name":
+            continue
+        if not algorithm.uses(key, text):
+            warnings.append(f"'{key}' has no effect with algorithm '{config.algorithm}' {where}; remove it")
         elif key in _CONDITIONAL:
             governing, needed = _CONDITIONAL[key]
             section, name = governing.split(".")

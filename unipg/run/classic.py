@@ -62,7 +62,8 @@ def run_dir_for(config: Config) -> Path:
             raise ValueError(f"run directory '{run_dir}' already holds a run; choose another log.run_name "
                              "or move that run away")
         return run_dir
-    stem = f"{config.algorithm}-{config.env.id}-seed{config.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+    subject = config.task.name if config.is_text else config.env.id
+    stem = f"{config.algorithm}-{subject}-seed{config.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir, suffix = root / stem, 1
     while run_dir.exists():
         suffix += 1
@@ -109,7 +110,7 @@ def train_classic(config: Config, *, return_threshold: float | None = None) -> T
     run_dir = run_dir_for(config)
     seed_everything(config.seed, config.deterministic)
     # MLPs this small run fastest on one thread: intra-op parallelism costs more than it saves.
-    torch.set_num_threads(1)
+    torch.set_num_threads(config.threads or 1)
     rollout = GymRollout(config.env.id, config.env.num_envs, seed=config.seed, gamma=config.estimator.gamma,
                          max_episode_steps=config.env.max_episode_steps,
                          normalize_rewards=config.estimator.normalize_rewards)

@@ -86,6 +86,22 @@ def shuffled_minibatches(valid: torch.Tensor, size: int, *, epochs: int, generat
         yield from torch.split(valid[torch.randperm(len(valid), generator=generator)], size)
 
 
+def off_policy_weights(est, logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor,
+                       age: torch.Tensor | None = None):
+    """The configured off-policy weight w(ρ, age) (B, T) of the unified objective, or None for 'none'.
+
+    ``age`` (B,) or (B, T) is the current policy version minus the behaviour version (0 when synchronous).
+    """
+    if est.off_policy_weight == "none":
+        return None
+    return call_with_available(
+        OFF_POLICY_WEIGHTS.get(est.off_policy_weight), logprobs=logprobs, behaviour_logprobs=behaviour_logprobs,
+        mask=mask, age=torch.zeros_like(mask) if age is None else age, decay=est.sample_age_decay,
+        truncation=est.is_truncation, max_kl=est.kl_filter_threshold, mode=est.kl_filter_mode,
+        window=est.version_window,
+    )
+
+
 def normalized(advantages: torch.Tensor, config: Config) -> torch.Tensor:
     """Advantages whitened over the (mini-)batch when ``estimator.normalize_advantages`` is on."""
     if config.estimator.normalize_advantages and advantages.numel() > 1:
@@ -123,12 +139,7 @@ class GradientLearner:
         logprobs, entropy, values = self.policy.evaluate(mini["observations"], mini["actions"])
         mask = as_tokens(torch.ones_like(logprobs))
         advantages = normalized(mini["advantages"], self.config)
-        weights = None if est.off_policy_weight == "none" else call_with_available(
-            OFF_POLICY_WEIGHTS.get(est.off_policy_weight), logprobs=as_tokens(logprobs.detach()),
-            behaviour_logprobs=as_tokens(mini["behaviour_logprobs"]), mask=mask,
-            age=torch.zeros_like(mask), decay=est.sample_age_decay, truncation=est.is_truncation,
-            max_kl=est.kl_filter_threshold, mode=est.kl_filter_mode, window=est.version_window,
-        )
+        weights = off_policy_weights(est, as_tokens(logprobs.detach()), as_tokens(mini["behaviour_logprobs"]), mask)
         policy_out = call_with_available(
             POLICY_LOSSES.get(est.policy_loss), logprobs=as_tokens(logprobs),
             behaviour_logprobs=as_tokens(mini["behaviour_logprobs"]),

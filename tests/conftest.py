@@ -1,0 +1,27 @@
+"""Shared fixtures: the embedded model is built once per test session into a temporary cache."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_cache(tmp_path_factory):
+    """Keep built models and warm starts out of the user's real cache folder."""
+    previous = os.environ.get("UNIPG_CACHE")
+    os.environ["UNIPG_CACHE"] = str(tmp_path_factory.mktemp("unipg-cache"))
+    yield
+    if previous is None:
+        os.environ.pop("UNIPG_CACHE", None)
+    else:
+        os.environ["UNIPG_CACHE"] = previous
+
+
+@pytest.fixture(scope="session")
+def embedded_path(private_cache) -> str:
+    """Folder of the embedded model (built on first use), loadable with from_pretrained."""
+    from unipg.policy.embedded import embedded_model_path
+
+    return str(embedded_model_path())

@@ -1,0 +1,121 @@
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from unipg.policy.chat import render_prompt
+from unipg.policy.embedded import build_model, build_tokenizer
+from unipg.run.sft import (
+    IGNORE_INDEX,
+    build_sft_batch,
+    completion_loss,
+    greedy_completions,
+    left_padded,
+    sft_accuracy,
+    sft_learning_rate,
+    sft_train,
+    shuffled_batches,
+    tokenize_pairs,
+)
+
+PAD = 0
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+def test_labels_cover_the_completion_only():
+    batch = build_sft_batch([([5, 6, 7], [8, 1]), ([5], [9, 1])], pad_token_id=PAD)
+    X = IGNORE_INDEX
+    assert batch.input_ids.tolist() == [[5, 6, 7, 8, 1], [5, 9, 1, PAD, PAD]]
+    assert batch.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]
+    assert batch.labels.tolist() == [[X, X, X, 8, 1], [X, 9, 1, X, X]]
+
+
+def test_rows_are_cut_to_their_longest_sequence():
+    batch = build_sft_batch([([5, 6, 7], [8, 1]), ([5], [9, 1]), ([4], [1])], pad_token_id=PAD)
+    subset = batch.rows(torch.tensor([2, 1]))
+    assert subset.input_ids.tolist() == [[4, 1, PAD], [5, 9, 1]]
+    assert subset.labels.tolist() == [[IGNORE_INDEX, 1, IGNORE_INDEX], [IGNORE_INDEX, 9, 1]]
+
+
+def test_prompt_and_completion_are_tokenised_apart_and_the_eos_is_appended(tokenizer):
+    prompt = render_prompt(tokenizer, "37+48=")
+    [(prompt_ids, completion_ids)] = tokenize_pairs(tokenizer, [(prompt, "85")])
+    assert prompt_ids == tokenizer.encode(prompt, add_special_tokens=False) and len(prompt_ids) == 9
+    assert completion_ids == tokenizer.convert_tokens_to_ids(["8", "5", "<|end|>"])
+
+
+def test_completion_loss_matches_a_hand_computation():
+    logits = torch.tensor([[[2.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 3.0], [1.0, 1.0, 1.0]]])
+    labels = torch.tensor([[IGNORE_INDEX, IGNORE_INDEX, 2, 0]])
+    loss, token_accuracy = completion_loss(logits, labels)
+    # Position 1 predicts token 2 and position 2 predicts token 0; position 0's target is ignored.
+    expected = (-F.log_softmax(logits[0, 1], -1)[2] - F.log_softmax(logits[0, 2], -1)[0]) / 2
+    torch.testing.assert_close(loss, expected)
+    assert token_accuracy.item() == 0.0  # argmax is 1 then 2, targets are 2 then 0
+
+
+def test_learning_rate_warms_up_then_decays_to_a_tenth():
+    schedule = [sft_learning_rate(step, peak=1.0, warmup_steps=4, total_steps=20) for step in range(20)]
+    assert schedule[:4] == [0.25, 0.5, 0.75, 1.0]
+    assert all(later <= earlier for earlier, later in zip(schedule[4:], schedule[5:]))
+    assert math.isclose(schedule[-1], 0.1)
+
+
+def test_batches_walk_through_every_example_each_epoch():
+    batches = shuffled_batches(10, 4, torch.Generator().manual_seed(0))
+    first_epochs = torch.cat([next(batches) for _ in range(5)])
+    assert sorted(first_epochs.tolist()) == sorted(list(range(10)) * 2)
+    again = shuffled_batches(10, 4, torch.Generator().manual_seed(0))
+    assert torch.equal(next(again), first_epochs[:4])
+
+
+def test_left_padding_ends_every_prompt_at_the_last_column():
+    input_ids, attention_mask = left_padded([[7, 8, 9], [5]], pad_token_id=PAD)
+    assert input_ids.tolist() == [[7, 8, 9], [PAD, PAD, 5]]
+    assert attention_mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+
+
+def test_a_tokenizer_without_pad_token_is_refused_with_the_fix(tokenizer):
+    no_pad = copy.deepcopy(tokenizer)
+    no_pad.pad_token = None
+    with pytest.raises(ValueError, match="check_tokenizer"):
+        sft_train(build_model(tokenizer), no_pad, [("<|user|>1+1=<|end|><|assistant|>", "2")], steps=1)
+
+
+@pytest.fixture
+def one_thread():
+    """Run on one intra-op thread, restoring the count afterwards.
+
+    With two threads on a two-core machine, a step slows down by an order of magnitude or more whenever
+    another process holds a core, because every parallel region waits for its descheduled thread. One
+    thread is about as fast on matrices this small and keeps the test's time stable.
+    """
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def test_short_sft_learns_single_digit_addition(tokenizer, one_thread):
+    pairs = [(render_prompt(tokenizer, f"{a}+{b}="), str(a + b)) for a in range(10) for b in range(10)]
+    model = build_model(tokenizer, seed=0)
+    logged = []
+    result = sft_train(model, tokenizer, pairs, steps=120, batch_size=32, learning_rate=3e-3, seed=0,
+                       log_every=10, on_log=lambda step, metrics: logged.append((step, metrics)))
+    assert [step for step, _ in logged] == list(range(10, 121, 10))
+    assert result["steps"] == 120 and not model.training
+    assert result["loss"] < 0.25 * logged[0][1]["loss"]
+    assert result["token_accuracy"] > 0.8
+    assert sft_accuracy(model, tokenizer, pairs) >= 0.8
+
+    # Left padding must not change what a prompt decodes to: the two short prompts are padded in the batch.
+    short_prompts = [pairs[5][0], pairs[42][0]]
+    longer_prompt = render_prompt(tokenizer, "3+4=", system_prompt="Add the numbers.")
+    batched = greedy_completions(model, tokenizer, [*short_prompts, longer_prompt])
+    assert batched[:2] == [greedy_completions(model, tokenizer, [prompt])[0] for prompt in short_prompts]

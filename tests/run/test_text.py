@@ -1,0 +1,71 @@
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from unipg.cli import app
+from unipg.config import load_config
+from unipg.policy.loading import load_lm_policy
+from unipg.run.metrics import read_metrics
+from unipg.run.text import train_text
+from unipg.run.warm_start import MARKER, resolve_warm_start
+from unipg.sample.tasks import make_task
+
+SMALL = ["task.name=arithmetic", "task.options={digits: 1, num_train: 40, num_test: 8}", "train.batch_size=8",
+         "train.mini_batch_size=8", "train.micro_batch_size=4", "sample.samples_per_prompt=4",
+         "sample.max_new_tokens=4", "train.updates=2", "eval.every_updates=1", "eval.pass_k=2",
+         "log.progress=false", "log.tensorboard=false"]
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_training_run_logs_the_step_metrics_and_saves_the_policy(embedded_path, tmp_path, algorithm):
+    config = load_config(None, SMALL + [f"algorithm={algorithm}", f"model.name={embedded_path}",
+                                        f"log.output_dir={tmp_path}", "estimator.kl_coef=0.05"])
+    result = train_text(config)
+    assert result.updates == 2 and result.samples == 16 and result.samples_per_second > 0
+    assert set(result.final_eval) == {"eval/pass@1", "eval/pass@2", "eval/response_length"}
+    records = read_metrics(result.run_dir)
+    train_record = next(r for r in records if "rollout/reward_mean" in r)
+    for key in ["rollout/reward_std", "rollout/response_length", "train/kl_to_reference", "train/clip_fraction",
+                "train/approx_kl", "train/entropy", "train/advantage_mean", "train/advantage_std", "train/grad_norm",
+                "train/learning_rate", "timing/generate", "timing/reward", "timing/logprob", "timing/update",
+                "timing/tokens_per_second", "timing/samples_per_second"]:
+        assert key in train_record, key
+    if algorithm == "ppo":
+        assert "train/value_loss" in train_record and "train/explained_variance" in train_record
+    policy = load_lm_policy(str(result.run_dir / "policy"), value_head=algorithm == "ppo")
+    assert policy.model.config.vocab_size > 0
+
+
+def test_warm_start_is_built_once_and_reused(embedded_path, tmp_path):
+    config = load_config(None, SMALL + ["model.warm_start=true", "sft.steps=3", "sft.batch_size=4"])
+    task = make_task("arithmetic", digits=1, num_train=40, num_test=8)
+    messages = []
+    first = resolve_warm_start(config, task, root=tmp_path, log=messages.append)
+    folder = first.model.name
+    assert json.loads(open(f"{folder}/{MARKER}").read())["task"] == "arithmetic"
+    second = resolve_warm_start(config, task, root=tmp_path, log=messages.append)
+    assert second.model.name == folder and len(messages) == 1  # the second call found the cache
+    other = load_config(None, SMALL + ["model.warm_start=true", "sft.steps=4", "sft.batch_size=4"])
+    assert resolve_warm_start(other, task, root=tmp_path, log=messages.append).model.name != folder
+
+
+def test_cli_trains_a_text_task_and_reports_before_and_after(embedded_path, tmp_path):
+    result = CliRunner().invoke(app, ["train", *SMALL, f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
+                                      "algorithm=rloo", "train.updates=1"])
+    assert result.exit_code == 0, result.output
+    assert "pass@1" in result.output and "→" in result.output
+
+
+def test_cli_bad_model_path_is_a_clear_error(tmp_path):
+    result = CliRunner().invoke(app, ["train", *SMALL, f"model.name={tmp_path}/missing", f"log.output_dir={tmp_path}"])
+    assert result.exit_code == 2
+    assert "not found" in result.output and "Traceback" not in result.output
+
+
+def test_cli_sft_saves_a_loadable_model(embedded_path, tmp_path):
+    result = CliRunner().invoke(app, ["sft", *SMALL, f"model.name={embedded_path}", "sft.steps=3", "sft.batch_size=4",
+                                      "--output", str(tmp_path / "sft")])
+    assert result.exit_code == 0, result.output
+    assert "held-out greedy accuracy" in result.output
+    load_lm_policy(str(tmp_path / "sft"))

@@ -1,0 +1,123 @@
+import pytest
+import torch
+
+from unipg.config import load_config
+from unipg.policy.loading import load_lm_policy
+from unipg.run.text_learner import TextBatch, TextLearner, episode_ends, text_advantages, token_rewards
+
+GROUP = 4
+
+
+def make_config(algorithm="grpo", *overrides):
+    return load_config(None, ["task.name=arithmetic", f"algorithm={algorithm}", "train.batch_size=16",
+                              "train.mini_batch_size=16", "train.micro_batch_size=16",
+                              f"sample.samples_per_prompt={GROUP}", "sample.max_new_tokens=8",
+                              "train.learning_rate=1e-3", *overrides])
+
+
+def make_batch(policy, seed=0):
+    tokenizer = policy.tokenizer
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": f"{i}+{2 * i}="}], tokenize=False,
+                                           add_generation_prompt=True) for i in range(7, 16, 2)][:4]
+    ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts for _ in range(GROUP)]
+    generation = policy.sample(ids, max_new_tokens=8, generator=torch.Generator().manual_seed(seed))
+    scores = [float(i % 3 == 0) + 0.1 * i for i in range(len(ids))]
+    return TextBatch.from_generation(generation, scores)
+
+
+@pytest.fixture
+def policy(embedded_path):
+    torch.manual_seed(0)
+    return load_lm_policy(embedded_path, value_head=True, needs_reference=True)
+
+
+def test_sequence_reward_sits_on_the_last_sampled_token():
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    rewards = token_rewards(torch.tensor([2.0, -1.0]), mask, torch.full_like(mask, 0.5), kl_coef=0.1)
+    assert torch.allclose(rewards, torch.tensor([[-0.05, -0.05, 1.95, 0.0], [-1.05, 0.0, 0.0, 0.0]]))
+    assert torch.equal(episode_ends(mask), torch.tensor([[0.0, 0.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]]))
+
+
+def test_grpo_advantages_have_zero_mean_within_each_group(policy):
+    batch = make_batch(policy)
+    advantages, _ = text_advantages(batch, make_config("grpo"), kl_coef=0.0)
+    per_sequence = advantages.sum(1) / batch.completion_mask.sum(1)
+    assert torch.allclose(per_sequence.reshape(-1, GROUP).mean(1), torch.zeros(4), atol=1e-5)
+    assert (advantages[batch.completion_mask == 0] == 0).all()
+
+
+def test_ppo_token_gae_uses_the_critic(policy):
+    config = make_config("ppo", "estimator.kl_coef=0.0", "estimator.lambda_gae=1.0")
+    learner = TextLearner(policy, config)
+    batch = make_batch(policy)
+    learner.prepare(batch)
+    mask = batch.completion_mask
+    # γ = λ = 1: the return of every token is the sequence score; advantages are whitened over valid tokens
+    assert torch.allclose(batch.returns[mask.bool()], batch.scores[:, None].expand_as(mask)[mask.bool()], atol=1e-5)
+    assert abs(float(batch.advantages[mask.bool()].mean())) < 1e-5
+
+
+def test_kl_to_reference_is_exactly_zero_before_the_first_update(policy):
+    from unipg.estimate.kl import kl_penalty
+
+    learner = TextLearner(policy, make_config("grpo", "estimator.kl_coef=0.1"))
+    batch = make_batch(policy)
+    learner.prepare(batch)
+    same = batch.rows(torch.arange(len(batch.scores)))  # the rows exactly as the reference pass saw them
+    with torch.no_grad():  # the same forward computation on the same weights
+        current = policy.evaluate(same.input_ids, same.attention_mask, same.completion_length).logprobs
+    kl = kl_penalty(current, same.reference_logprobs, estimator="k3") * same.completion_mask
+    assert float(kl.abs().max()) < 1e-12  # zero up to the rounding of two model copies' kernels
+    # the training forward (autograd on) may pick other attention kernels: equal up to float rounding
+    assert learner.update(batch)["kl_to_reference"] < 1e-12
+
+
+def surrogate(policy, batch, config):
+    out = policy.evaluate(batch.input_ids, batch.attention_mask, batch.completion_length)
+    mask = batch.completion_mask
+    ratio = torch.exp(out.logprobs - batch.behaviour_logprobs)
+    return float((ratio * batch.advantages * mask).sum() / mask.sum())
+
+
+def test_one_update_changes_the_parameters_and_improves_the_surrogate(policy):
+    config = make_config("grpo", "estimator.kl_coef=0.0", "train.learning_rate=3e-4")
+    learner = TextLearner(policy, config)
+    batch = make_batch(policy)
+    learner.prepare(batch)
+    before_params = [p.detach().clone() for p in policy.actor_parameters()]
+    with torch.no_grad():
+        before = surrogate(policy, batch, config)
+    metrics = learner.update(batch)
+    with torch.no_grad():
+        after = surrogate(policy, batch, config)
+    assert any(not torch.equal(b, p) for b, p in zip(before_params, policy.actor_parameters()))
+    assert after > before
+    assert metrics["grad_norm"] > 0 and 0.0 <= metrics["clip_fraction"] <= 1.0
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_micro_batch_accumulation_gives_the_full_batch_gradient(embedded_path, mode):
+    grads = []
+    for micro in (16, 4):
+        torch.manual_seed(0)
+        policy = load_lm_policy(embedded_path)
+        config = make_config("grpo", "estimator.kl_coef=0.0", f"estimator.loss_agg_mode={mode}",
+                             f"train.micro_batch_size={micro}", "train.max_grad_norm=null")
+        learner = TextLearner(policy, config)
+        batch = make_batch(policy)
+        learner.prepare(batch)
+        learner.optimizer.step = lambda: None  # keep the weights; only the accumulated gradient is compared
+        learner.update(batch)
+        grads.append(torch.cat([p.grad.flatten() for p in policy.actor_parameters() if p.grad is not None]))
+    assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4)
+
+
+def test_rows_drop_only_all_padding_columns(policy):
+    batch = make_batch(policy)
+    batch.advantages = torch.randn_like(batch.completion_mask) * batch.completion_mask
+    sub = batch.rows(torch.tensor([1, 2]))
+    full = policy.evaluate(batch.input_ids[[1, 2]], batch.attention_mask[[1, 2]], batch.completion_length).logprobs
+    trimmed = policy.evaluate(sub.input_ids, sub.attention_mask, sub.completion_length).logprobs
+    width = sub.completion_length
+    assert torch.allclose(full[:, :width] * sub.completion_mask, trimmed * sub.completion_mask, atol=1e-5)
+    assert batch.completion_mask[[1, 2], width:].sum() == 0

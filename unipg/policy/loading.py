@@ -1,0 +1,120 @@
+"""Loading a language-model policy from a hub id, a local folder or the embedded model.
+
+Loading goes through ``from_pretrained`` exactly as for any Hugging Face model; what this module adds is
+errors that say what to fix (a missing folder, a tokenizer without a pad token, a missing optional
+package) instead of a traceback from deep inside transformers, and the assembly of the policy's parts:
+value head or separate critic, frozen reference, LoRA adapters.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from unipg.policy.chat import check_tokenizer
+from unipg.policy.embedded import resolve_model_name
+from unipg.policy.lm import VALUE_HEAD_FILE, CriticModel, LMPolicy
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _looks_like_path(name: str) -> bool:
+    """A hub id is 'name' or 'org/name'; anything else (./x, /x, ~/x, a/b/c) is meant as a folder."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or Path(name).exists()
+
+
+def _check_exists(name: str, resolved: str) -> None:
+    if _looks_like_path(resolved) and not Path(resolved).expanduser().exists():
+        raise ValueError(f"model '{name}' not found: '{resolved}' is not a folder; pass an existing folder written "
+                         "by save_pretrained, a Hugging Face hub id, or 'embedded'")
+
+
+def load_tokenizer(name: str, *, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
+    resolved = resolve_model_name(name)
+    _check_exists(name, resolved)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(resolved, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, TypeError) as error:
+        raise ValueError(f"could not load a tokenizer for model '{name}' ({resolved}): {first_line(error)}. "
+                         "Check the hub id or that the folder holds tokenizer files") from None
+    return check_tokenizer(tokenizer, name)
+
+
+def load_causal_lm(name: str, *, dtype: str = "float32", trust_remote_code: bool = False):
+    from transformers import AutoModelForCausalLM
+
+    resolved = resolve_model_name(name)
+    _check_exists(name, resolved)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(resolved, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, TypeError, KeyError) as error:
+        raise ValueError(f"could not load a causal language model from '{name}' ({resolved}): {first_line(error)}. "
+                         "Pass a hub id or a folder written by save_pretrained") from None
+    return model
+
+
+def first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def apply_lora(model, *, rank: int, alpha: float, target_modules):
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise ValueError("model.lora_rank > 0 needs the peft package: pip install 'unipg[peft]'") from None
+    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=target_modules, lora_dropout=0.0, bias="none",
+                        task_type="CAUSAL_LM")
+    return get_peft_model(model, config)
+
+
+def reference_mode(requested: str, *, needs_reference: bool, lora: bool) -> str:
+    """'auto' holds a reference only when the KL needs one; with LoRA the reference is the base model."""
+    if requested == "none" or (requested == "auto" and not needs_reference):
+        return "none"
+    return "adapter" if lora else "copy"
+
+
+def load_lm_policy(name: str, *, dtype: str = "float32", value_head: bool = False, critic: str | None = None,
+                   reference: str = "auto", needs_reference: bool = False, lora_rank: int = 0,
+                   lora_alpha: float = 16.0, lora_target_modules="all-linear", gradient_checkpointing: bool = False,
+                   trust_remote_code: bool = False) -> LMPolicy:
+    """Assemble an ``LMPolicy``; a value head saved beside the model (``LMPolicy.save``) is loaded back."""
+    tokenizer = load_tokenizer(name, trust_remote_code=trust_remote_code)
+    model = load_causal_lm(name, dtype=dtype, trust_remote_code=trust_remote_code)
+    if model.config.vocab_size < len(tokenizer):
+        raise ValueError(f"tokenizer of '{name}' has {len(tokenizer)} tokens but the model only "
+                         f"{model.config.vocab_size} embeddings; load a matching tokenizer")
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    if lora_rank > 0:
+        model = apply_lora(model, rank=lora_rank, alpha=lora_alpha, target_modules=lora_target_modules)
+    critic_model = None
+    if critic is not None:
+        critic_model = CriticModel(load_causal_lm(critic, dtype=dtype, trust_remote_code=trust_remote_code))
+        _load_head(critic_model.head, Path(resolve_model_name(critic)))
+    policy = LMPolicy(model.eval(), tokenizer, value_head=value_head, critic=critic_model,
+                      reference=reference_mode(reference, needs_reference=needs_reference, lora=lora_rank > 0))
+    if policy.value_head is not None:
+        _load_head(policy.value_head, Path(resolve_model_name(name)))
+    return policy
+
+
+def _load_head(head: torch.nn.Module, folder: Path) -> None:
+    path = folder / VALUE_HEAD_FILE
+    if path.is_file():
+        head.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+
+
+def policy_from_config(config) -> LMPolicy:
+    """The policy a text-task ``Config`` asks for (after any warm start has resolved ``model.name``)."""
+    model, est = config.model, config.estimator
+    needs_reference = est.kl_coef > 0 or est.kl_control == "adaptive"
+    return load_lm_policy(model.name, dtype=model.dtype, value_head=model.value_head, critic=model.critic,
+                          reference=model.reference, needs_reference=needs_reference, lora_rank=model.lora_rank,
+                          lora_alpha=model.lora_alpha, lora_target_modules=model.lora_target_modules,
+                          gradient_checkpointing=model.gradient_checkpointing,
+                          trust_remote_code=model.trust_remote_code)

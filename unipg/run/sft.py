@@ -1,0 +1,248 @@
+"""Supervised fine-tuning on (prompt, completion) pairs with a completion-only loss: the warm start before RL.
+
+A randomly initialised policy almost never produces a correct answer, so RL from scratch gets no reward to
+learn from. A short SFT phase on demonstrations fixes that. The loss is the usual next-token cross-entropy,
+averaged over completion tokens only: the prompt is context, not something the policy should learn to write.
+The EOS suffix is part of the completion and is trained, so the model learns to stop after its answer.
+
+Prompt and completion are tokenised separately and their ids concatenated, so the prompt/completion
+boundary is exact even when a tokenizer would merge characters across it. All pairs are tokenised and padded
+once up front; a training step only indexes rows of that table.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from unipg.policy.chat import completion_suffix
+
+IGNORE_INDEX = -100  # label of positions that do not enter the loss (prompt and padding)
+
+
+@dataclass
+class SFTBatch:
+    """Right-padded token sequences `prompt ⧺ completion ⧺ padding` with their completion-only labels."""
+
+    input_ids: torch.Tensor  # (B, T) int64 token ids, pad_token_id after each sequence's end
+    attention_mask: torch.Tensor  # (B, T) int64, 1 on real tokens and 0 on padding
+    labels: torch.Tensor  # (B, T) int64, the token id on completion tokens, IGNORE_INDEX on prompt and padding
+
+    def rows(self, indices: torch.Tensor) -> SFTBatch:
+        """The selected rows, cut to the longest of them so that a batch carries no all-padding column."""
+        length = int(self.attention_mask[indices].sum(dim=1).max())
+        return SFTBatch(self.input_ids[indices, :length], self.attention_mask[indices, :length],
+                        self.labels[indices, :length])
+
+    def to(self, device: torch.device) -> SFTBatch:
+        return SFTBatch(self.input_ids.to(device), self.attention_mask.to(device), self.labels.to(device))
+
+
+def tokenize_pairs(tokenizer: PreTrainedTokenizerBase,
+                   pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
+    """Token ids of each (rendered prompt, completion + EOS suffix), tokenised separately.
+
+    `add_special_tokens=False` because the rendered prompt already holds every marker the template wants;
+    letting the tokenizer add a BOS would put one where sampling has none.
+    """
+    suffix = completion_suffix(tokenizer)
+    prompts = tokenizer([prompt for prompt, _ in pairs], add_special_tokens=False)["input_ids"]
+    completions = tokenizer([completion + suffix for _, completion in pairs], add_special_tokens=False)["input_ids"]
+    return list(zip(prompts, completions))
+
+
+def build_sft_batch(examples: list[tuple[list[int], list[int]]], pad_token_id: int) -> SFTBatch:
+    """Concatenate each example's prompt and completion ids, right-pad, and label the completion tokens only.
+
+    Labels are aligned with `input_ids` (not shifted); `completion_loss` does the next-token shift.
+    """
+    length = max(len(prompt) + len(completion) for prompt, completion in examples)
+    input_ids = torch.full((len(examples), length), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(examples), length), dtype=torch.long)
+    labels = torch.full((len(examples), length), IGNORE_INDEX, dtype=torch.long)
+    for row, (prompt, completion) in enumerate(examples):
+        end = len(prompt) + len(completion)
+        input_ids[row, :end] = torch.tensor(prompt + completion, dtype=torch.long)
+        attention_mask[row, :end] = 1
+        labels[row, len(prompt):end] = torch.tensor(completion, dtype=torch.long)
+    return SFTBatch(input_ids, attention_mask, labels)
+
+
+def completion_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-mean cross-entropy −(1/N) Σ log π(y_t | y_<t) over labelled tokens, and next-token accuracy.
+
+    logits: (B, T, V) scores for the token after each position; labels: (B, T) with IGNORE_INDEX where the
+    token does not count. Position t predicts token t+1, hence the shift by one.
+    """
+    predicted = logits[:, :-1].float()  # (B, T-1, V)
+    targets = labels[:, 1:]  # (B, T-1)
+    loss = F.cross_entropy(predicted.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
+    counted = targets != IGNORE_INDEX
+    correct = (predicted.argmax(dim=-1) == targets) & counted
+    token_accuracy = correct.sum() / counted.sum().clamp(min=1)
+    return loss, token_accuracy
+
+
+def sft_learning_rate(step: int, *, peak: float, warmup_steps: int, total_steps: int,
+                      final_fraction: float = 0.1) -> float:
+    """Learning rate at 0-based `step`: linear warmup to `peak`, then cosine decay to `final_fraction · peak`.
+
+    lr(s) = peak · (s+1)/W for s < W, else peak · (f + (1−f) · ½(1 + cos(π · (s−W)/(S−W−1)))).
+    """
+    if step < warmup_steps:
+        return peak * (step + 1) / warmup_steps
+    decay_steps = max(total_steps - warmup_steps - 1, 1)
+    progress = min((step - warmup_steps) / decay_steps, 1.0)
+    return peak * (final_fraction + (1 - final_fraction) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def shuffled_batches(num_examples: int, batch_size: int, generator: torch.Generator):
+    """Yield index tensors of `batch_size` rows forever, walking through one random permutation per epoch."""
+    pending = torch.empty(0, dtype=torch.long)
+    while True:
+        while len(pending) < batch_size:
+            pending = torch.cat([pending, torch.randperm(num_examples, generator=generator)])
+        yield pending[:batch_size]
+        pending = pending[batch_size:]
+
+
+def require_pad_token(tokenizer: PreTrainedTokenizerBase) -> int:
+    if tokenizer.pad_token_id is None:
+        raise ValueError("the tokenizer has no pad token, so batches cannot be padded; "
+                         "call unipg.policy.chat.check_tokenizer(tokenizer, name) first")
+    return tokenizer.pad_token_id
+
+
+def make_optimizer(model: torch.nn.Module, learning_rate: float, weight_decay: float) -> torch.optim.AdamW:
+    parameters = [parameter for parameter in model.parameters() if parameter.requires_grad]
+    # The fused kernel is several times faster than the per-tensor loop for a model of many small tensors.
+    fused = all(parameter.device.type in ("cpu", "cuda") for parameter in parameters)
+    return torch.optim.AdamW(parameters, lr=learning_rate, weight_decay=weight_decay, fused=fused)
+
+
+def sft_train(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    pairs: list[tuple[str, str]],
+    *,
+    steps: int,
+    batch_size: int = 64,
+    learning_rate: float = 3e-3,
+    warmup_steps: int = 20,
+    weight_decay: float = 0.0,
+    max_grad_norm: float = 1.0,
+    seed: int = 0,
+    log_every: int = 50,
+    on_log: Callable[[int, dict], None] | None = None,
+) -> dict:
+    """Fine-tune `model` in place on (rendered prompt, completion) pairs; return the final metrics.
+
+    The caller renders prompts with `render_prompt`; the EOS suffix is appended here. Mini-batches are drawn
+    by a generator seeded with `seed`. `on_log(step, metrics)` is called every `log_every` steps with the
+    mean loss and token accuracy of the last `log_every` steps; the returned dict holds the same means at the
+    end (`loss`, `token_accuracy`), the number of `steps` and the wall-clock `seconds` spent training (time
+    inside `on_log` excluded). The model is left in eval mode.
+    """
+    if not pairs:
+        raise ValueError("sft_train needs at least one (prompt, completion) pair")
+    device = next(model.parameters()).device
+    dataset = build_sft_batch(tokenize_pairs(tokenizer, pairs), pad_token_id=require_pad_token(tokenizer))
+    batches = shuffled_batches(len(pairs), batch_size, torch.Generator().manual_seed(seed))
+    optimizer = make_optimizer(model, learning_rate, weight_decay)
+    recent_losses: deque[torch.Tensor] = deque(maxlen=log_every)
+    recent_accuracies: deque[torch.Tensor] = deque(maxlen=log_every)
+
+    def window_metrics() -> dict:
+        return {"loss": torch.stack(list(recent_losses)).mean().item(),
+                "token_accuracy": torch.stack(list(recent_accuracies)).mean().item()}
+
+    model.train()
+    training_seconds, window_start = 0.0, time.perf_counter()
+    for step in range(steps):
+        for group in optimizer.param_groups:
+            group["lr"] = sft_learning_rate(step, peak=learning_rate, warmup_steps=warmup_steps,
+                                            total_steps=steps)
+        loss, token_accuracy = sft_step(model, optimizer, dataset.rows(next(batches)).to(device), max_grad_norm)
+        recent_losses.append(loss)
+        recent_accuracies.append(token_accuracy)
+        if on_log is not None and (step + 1) % log_every == 0:
+            window_seconds = time.perf_counter() - window_start
+            training_seconds += window_seconds
+            on_log(step + 1, {**window_metrics(), "learning_rate": optimizer.param_groups[0]["lr"],
+                              "steps_per_second": log_every / window_seconds})
+            window_start = time.perf_counter()  # time spent in the callback is not training time
+    training_seconds += time.perf_counter() - window_start
+    model.eval()
+    final = window_metrics() if steps > 0 else {"loss": float("nan"), "token_accuracy": float("nan")}
+    return {**final, "steps": steps, "seconds": training_seconds}
+
+
+def sft_step(model: PreTrainedModel, optimizer: torch.optim.Optimizer, batch: SFTBatch,
+             max_grad_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """One gradient step on the completion loss; returns the (detached) loss and token accuracy."""
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
+    loss, token_accuracy = completion_loss(logits, batch.labels)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    return loss.detach(), token_accuracy.detach()
+
+
+def left_padded(prompts: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask), both (B, T), with padding on the left so that every prompt ends at T."""
+    length = max(len(prompt) for prompt in prompts)
+    input_ids = torch.full((len(prompts), length), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(prompts), length), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        input_ids[row, length - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+        attention_mask[row, length - len(prompt):] = 1
+    return input_ids, attention_mask
+
+
+@torch.no_grad()
+def greedy_completions(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[str], *,
+                       batch_size: int = 128, max_new_tokens: int = 16) -> list[str]:
+    """Greedy continuation of each rendered prompt, cut at the first EOS, special tokens dropped, stripped.
+
+    Prompts are left-padded here, from their ids, so the tokenizer's own `padding_side` is never changed.
+    """
+    pad_token_id = require_pad_token(tokenizer)
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
+    completions: list[str] = []
+    for first in range(0, len(prompt_ids), batch_size):
+        input_ids, attention_mask = left_padded(prompt_ids[first:first + batch_size], pad_token_id)
+        generated = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                                   max_new_tokens=max_new_tokens, do_sample=False,
+                                   pad_token_id=pad_token_id, eos_token_id=tokenizer.eos_token_id)
+        for row in generated[:, input_ids.shape[1]:].tolist():
+            if tokenizer.eos_token_id in row:
+                row = row[:row.index(tokenizer.eos_token_id)]
+            completions.append(tokenizer.decode(row, skip_special_tokens=True).strip())
+    model.train(was_training)
+    return completions
+
+
+def sft_accuracy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pairs: list[tuple[str, str]], *,
+                 batch_size: int = 128, max_new_tokens: int = 16) -> float:
+    """Fraction of (rendered prompt, completion) pairs whose greedy completion equals the expected one.
+
+    Both sides are compared stripped of surrounding whitespace. A quick exact-match check for tests and the
+    warm start, not a sampler.
+    """
+    if not pairs:
+        raise ValueError("sft_accuracy needs at least one (prompt, completion) pair")
+    completions = greedy_completions(model, tokenizer, [prompt for prompt, _ in pairs],
+                                     batch_size=batch_size, max_new_tokens=max_new_tokens)
+    matches = sum(completion == expected.strip() for completion, (_, expected) in zip(completions, pairs))
+    return matches / len(pairs)

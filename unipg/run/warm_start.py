@@ -1,0 +1,70 @@
+"""A cached supervised warm start of the embedded model on a task's demonstrations.
+
+RL improves a policy that already sometimes succeeds; a randomly initialised model never does. So before
+RL the embedded model is fine-tuned on the task's training demonstrations (completion-only loss), and the
+result is saved under the cache folder, keyed by everything that determines it: the base model, the task
+and its options, and the SFT settings. Later runs with the same key load it instantly. The warm start does
+not depend on the run's seed, so runs with different seeds start from the same model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+from unipg.config import Config
+from unipg.policy.chat import render_prompt
+from unipg.policy.embedded import cache_dir, resolve_model_name
+from unipg.sample.tasks import Task
+
+WARM_START_VERSION = 1
+MARKER = "unipg-warm-start.json"
+
+
+def warm_start_key(config: Config) -> dict:
+    return {"version": WARM_START_VERSION, "model": config.model.name, "task": config.task.name,
+            "options": config.task.options, "system_prompt": config.task.system_prompt,
+            "sft": config.sft.model_dump()}
+
+
+def warm_start_folder(config: Config, root: Path | None = None) -> Path:
+    key = json.dumps(warm_start_key(config), sort_keys=True, default=str)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return (root or cache_dir()) / "warm-start" / f"{config.task.name}-{digest}"
+
+
+def resolve_warm_start(config: Config, task: Task, *, root: Path | None = None, log=print) -> Config:
+    """The config with ``model.name`` pointing at the warm-started model (built now if not cached)."""
+    if not config.model.warm_start:
+        return config
+    folder = warm_start_folder(config, root)
+    if not (folder / MARKER).is_file():
+        log(f"warm start: fine-tuning {config.model.name} on {task.name} demonstrations "
+            f"({config.sft.steps} steps); cached in {folder}")
+        build_warm_start(config, task, folder)
+    model = config.model.model_copy(update={"name": str(folder), "warm_start": False})
+    return config.model_copy(update={"model": model})
+
+
+def build_warm_start(config: Config, task: Task, folder: Path) -> None:
+    from unipg.policy.loading import load_causal_lm, load_tokenizer
+    from unipg.run.sft import sft_train
+
+    tokenizer = load_tokenizer(config.model.name)
+    model = load_causal_lm(config.model.name, dtype=config.model.dtype)
+    examples = task.train[: config.sft.examples] if config.sft.examples else task.train
+    system_prompt = config.task.system_prompt or task.system_prompt
+    pairs = [(render_prompt(tokenizer, example.prompt, system_prompt), example.solution) for example in examples]
+    metrics = sft_train(model, tokenizer, pairs, steps=config.sft.steps, batch_size=config.sft.batch_size,
+                        learning_rate=config.sft.learning_rate, seed=0)
+    scratch = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
+    model.save_pretrained(scratch)
+    tokenizer.save_pretrained(scratch)
+    (scratch / MARKER).write_text(json.dumps({**warm_start_key(config), "final": metrics}, default=str))
+    try:
+        os.replace(scratch, folder)
+    except OSError:  # another process finished the same warm start first; keep theirs
+        shutil.rmtree(scratch, ignore_errors=True)

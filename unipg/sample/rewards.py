@@ -1,0 +1,472 @@
+"""Rewards for text completions, with the reward-function contract of TRL's ``GRPOTrainer``.
+
+A reward function is a plain callable ``reward(prompts, completions, **columns) -> list[float | None]``:
+one value per completion, ``None`` meaning "not applicable to this sample". Prompts and completions are
+strings or conversations (lists of ``{"role", "content"}`` messages); ``columns`` are lists aligned with
+the completions, e.g. ``answer=[...]`` from the task's ``Example.columns``. A reward function may be an
+``async def``; ``CombinedReward`` awaits those concurrently.
+
+``REWARDS`` holds factories: ``REWARDS.get("math")(tolerance=1e-6)`` returns a reward function.
+``build_rewards([{"name": "math", "weight": 1.0}, {"name": "format", "weight": 0.1}])`` combines several
+into a weighted sum.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import os
+import re
+import threading
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Callable
+
+from unipg.estimate.registry import Registry
+from unipg.sample.tasks import extract_final_answer, normalize_answer, validate_options
+
+RewardFunction = Callable[..., Any]  # (prompts, completions, **columns) -> list[float | None] (or awaitable)
+REWARDS = Registry("reward")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Text of plain and conversational samples
+
+
+def text_of(sample: Any, role: str | None = None) -> str:
+    """The text of a prompt or completion: the string itself, or the content of a conversation's last message.
+
+    With ``role`` (e.g. "assistant"), the last message of that role when there is one.
+    """
+    if isinstance(sample, str):
+        return sample
+    if isinstance(sample, dict):
+        return _content_text(sample.get("content"))
+    if isinstance(sample, (list, tuple)):
+        if not sample:
+            return ""
+        of_role = [message for message in sample if role is not None and message.get("role") == role]
+        return _content_text((of_role or list(sample))[-1].get("content"))
+    kind = type(sample).__name__
+    raise TypeError(f"expected a string or a list of {{'role', 'content'}} messages, got {kind}")
+
+
+def _content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, list):  # multimodal content: [{"type": "text", "text": ...}, ...]
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return str(content)
+
+
+def _reference_answers(reward: str, completions: list, columns: dict) -> list:
+    if "answer" not in columns:
+        raise ValueError(
+            f"reward '{reward}' needs an 'answer' column (one reference answer per completion); "
+            f"got columns: {', '.join(sorted(columns)) or 'none'}"
+        )
+    return list(columns["answer"])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Answer equivalence
+
+
+def answers_equivalent(predicted: str, reference: str, *, tolerance: float = 1e-6) -> bool:
+    """Whether two final answers denote the same number or expression.
+
+    Fast path, deciding most calls in microseconds: when both strings are integers they must be equal; when
+    both are numbers (decimals or fractions ``p/q``), |predicted − reference| ≤ tolerance. Only otherwise
+    (LaTeX, radicals, expressions) fall back to ``math_verify`` when installed, else to sympy.
+    """
+    predicted, reference = normalize_answer(predicted), normalize_answer(reference)
+    if predicted == reference:
+        return True
+    predicted_number, reference_number = _as_number(predicted), _as_number(reference)
+    if predicted_number is not None and reference_number is not None:
+        if isinstance(predicted_number, int) and isinstance(reference_number, int):
+            return predicted_number == reference_number  # exact, even beyond float precision
+        try:
+            return abs(float(predicted_number) - float(reference_number)) <= tolerance
+        except OverflowError:  # a number too large for a float is not within tolerance of a smaller one
+            return False
+    verifier = _math_verify()
+    if verifier is not None:
+        return _math_verify_equal(verifier, predicted, reference)
+    return _sympy_equal(predicted, reference, tolerance=tolerance)
+
+
+def _as_number(text: str) -> int | float | Fraction | None:
+    for parse in (int, float, Fraction):  # Fraction reads "3/4"; float also reads "1e3"
+        try:
+            return parse(text)
+        except (ValueError, ZeroDivisionError, OverflowError):
+            continue
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _math_verify() -> tuple[Callable, Callable] | None:
+    try:
+        from math_verify import parse, verify
+    except ImportError:
+        return None
+    return parse, verify
+
+
+def _math_verify_equal(verifier: tuple[Callable, Callable], predicted: str, reference: str) -> bool:
+    parse, verify = verifier
+    # math_verify enforces its timeouts with SIGALRM, which only the main thread may install.
+    timeout = 5 if threading.current_thread() is threading.main_thread() else None
+    try:
+        gold = parse(reference, parsing_timeout=timeout) or parse(f"${reference}$", parsing_timeout=timeout)
+        target = parse(predicted, parsing_timeout=timeout) or parse(f"${predicted}$", parsing_timeout=timeout)
+        return bool(gold and target and verify(gold, target, timeout_seconds=timeout))
+    except Exception:  # any failure to parse or compare means "not shown equal"
+        return False
+
+
+# sympy parses by evaluating Python, so only plain arithmetic is let through: digits, operators, brackets,
+# sqrt and pi. Powers are left out because "9**9**9**9" would hang the comparison.
+_SAFE_EXPRESSION = re.compile(r"[\d\s.+\-*/()]+")
+
+
+def _sympy_equal(predicted: str, reference: str, *, tolerance: float) -> bool:
+    """|predicted − reference| ≤ tolerance after sympy evaluates both plain arithmetic expressions."""
+    import sympy
+
+    for text in (predicted, reference):
+        if len(text) > 100 or "**" in text or not _SAFE_EXPRESSION.fullmatch(re.sub(r"sqrt|pi", "", text)):
+            return False
+    try:
+        difference = sympy.sympify(predicted, rational=True) - sympy.sympify(reference, rational=True)
+        return abs(complex(sympy.N(difference))) <= tolerance
+    except Exception:  # SympifyError, TypeError, SyntaxError, ZeroDivisionError, ...: not shown equal
+        return False
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Rule-based rewards
+
+
+@REWARDS.register("exact_match")
+def exact_match() -> RewardFunction:
+    """1.0 when the completion's final answer (``extract_final_answer``) equals the reference, else 0.0."""
+
+    def exact_match_reward(prompts: list, completions: list, **columns) -> list[float | None]:
+        references = _reference_answers("exact_match", completions, columns)
+        scores: list[float | None] = []
+        for completion, reference in zip(completions, references):
+            predicted = extract_final_answer(text_of(completion, "assistant"))
+            if reference is None:
+                scores.append(None)
+            else:
+                scores.append(float(predicted is not None and predicted == normalize_answer(str(reference))))
+        return scores
+
+    return exact_match_reward
+
+
+@REWARDS.register("math")
+def math_reward(tolerance: float = 1e-6) -> RewardFunction:
+    """1.0 when the completion's final answer is numerically or symbolically equal to the reference, else 0.0.
+
+    See ``answers_equivalent``; a completion without a final answer scores 0.0, a sample whose reference
+    answer is None gets None.
+    """
+
+    def math_equivalence_reward(prompts: list, completions: list, **columns) -> list[float | None]:
+        references = _reference_answers("math", completions, columns)
+        scores: list[float | None] = []
+        for completion, reference in zip(completions, references):
+            predicted = extract_final_answer(text_of(completion, "assistant"))
+            if reference is None:
+                scores.append(None)
+            elif predicted is None:
+                scores.append(0.0)
+            else:
+                scores.append(float(answers_equivalent(predicted, str(reference), tolerance=tolerance)))
+        return scores
+
+    return math_equivalence_reward
+
+
+@REWARDS.register("format")
+def format_reward(pattern: str = r"####\s*-?[\d,]*\.?\d+\s*$") -> RewardFunction:
+    """1.0 when ``re.search(pattern, completion.strip())`` matches, else 0.0; by default ``#### <number>``."""
+    try:
+        compiled = re.compile(pattern)
+    except re.error as err:
+        message = f"reward 'format': pattern {pattern!r} is not a valid regular expression: {err}"
+        raise ValueError(message) from None
+
+    def format_match_reward(prompts: list, completions: list, **columns) -> list[float | None]:
+        return [float(compiled.search(text_of(c, "assistant").strip()) is not None) for c in completions]
+
+    return format_match_reward
+
+
+@REWARDS.register("length")
+def length_penalty(max_length: int, penalty: float = 1.0) -> RewardFunction:
+    """Soft overlong penalty in the style of DAPO (Yu et al. 2025, eq. 13), measured in characters.
+
+    r = −penalty · min(1, max(0, len − max_length) / max_length): 0 up to ``max_length`` characters,
+    falling linearly to −penalty at twice that length, and staying there.
+    """
+    if not isinstance(max_length, int) or max_length <= 0:
+        raise ValueError(f"reward 'length': max_length must be a positive integer, got {max_length!r}")
+
+    def overlong_penalty(prompts: list, completions: list, **columns) -> list[float | None]:
+        overshoots = [max(0, len(text_of(c, "assistant")) - max_length) / max_length for c in completions]
+        return [-penalty * min(1.0, overshoot) for overshoot in overshoots]
+
+    return overlong_penalty
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Learned reward model
+
+
+class RewardModel:
+    """A reward function scoring ``prompt + completion`` with a Hugging Face sequence-classification model.
+
+    The score is ``logits[:, 0]``. Conversational samples are rendered with the tokenizer's chat template
+    when it has one (the format reward models are trained on), else their message texts are concatenated.
+    """
+
+    def __init__(self, name_or_path: str, *, batch_size: int = 16, device: str = "cpu", max_length: int = 1024):
+        self.name_or_path = name_or_path
+        self.batch_size = batch_size
+        self.device = device
+        self.max_length = max_length
+        self.tokenizer, self.model = _load_sequence_classifier(name_or_path)
+        self.model.to(device).eval()
+        self.__name__ = "reward_model"  # how CombinedReward.from_callables names it
+
+    def __call__(self, prompts: list, completions: list, **columns) -> list[float]:
+        conversational = bool(completions) and not isinstance(completions[0], str)
+        if conversational and getattr(self.tokenizer, "chat_template", None):
+            texts = [
+                self.tokenizer.apply_chat_template(_as_messages(p) + _as_messages(c), tokenize=False)
+                for p, c in zip(prompts, completions)
+            ]
+            return self.score(texts, add_special_tokens=False)  # the template already holds them
+        return self.score([text_of(p) + text_of(c, "assistant") for p, c in zip(prompts, completions)])
+
+    def score(self, texts: list[str], *, add_special_tokens: bool = True) -> list[float]:
+        """logits[:, 0] of each text, in batches of ``batch_size``, truncated to ``max_length`` tokens."""
+        import torch
+
+        scores: list[float] = []
+        with torch.no_grad():
+            for start in range(0, len(texts), self.batch_size):
+                encoded = self.tokenizer(
+                    texts[start : start + self.batch_size],
+                    padding=True,
+                    truncation=True,
+                    max_length=self.max_length,
+                    add_special_tokens=add_special_tokens,
+                    return_tensors="pt",
+                ).to(self.device)
+                logits = self.model(**encoded).logits  # (batch, num_labels)
+                scores.extend(logits[:, 0].float().tolist())
+        return scores
+
+
+def _as_messages(sample: Any) -> list[dict]:
+    return [{"role": "user", "content": sample}] if isinstance(sample, str) else list(sample)
+
+
+def _load_sequence_classifier(name_or_path: str) -> tuple[Any, Any]:
+    """(tokenizer, model) from a local folder or hub id, with a pad token set so batches can be padded."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    location = os.path.expanduser(name_or_path)
+    if location.startswith(("/", ".")) or os.path.exists(location):  # a local folder, not a hub id
+        fix = "check the path: it must be a folder written by save_pretrained"
+        problem = None if os.path.isdir(location) else "no such directory"
+        if problem is None and not os.path.isfile(os.path.join(location, "config.json")):
+            problem = "the folder holds no config.json"
+        if problem:
+            raise ValueError(f"reward model '{name_or_path}' could not be loaded: {problem}; {fix}")
+    else:
+        fix = "check the hub id, and that the model is downloaded when working offline"
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(location)
+        model = AutoModelForSequenceClassification.from_pretrained(location)
+    except Exception as err:  # OSError, ValueError, hub errors...: all mean "cannot load this"
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"reward model '{name_or_path}' could not be loaded ({reason}); {fix}") from None
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is not None:
+            tokenizer.pad_token = tokenizer.eos_token
+        else:  # no token to reuse: add one, and a row for it in the embedding
+            tokenizer.add_special_tokens({"pad_token": "<pad>"})
+            model.resize_token_embeddings(len(tokenizer))
+    model.config.pad_token_id = tokenizer.pad_token_id
+    return tokenizer, model
+
+
+@REWARDS.register("reward_model")
+def reward_model(path: str, batch_size: int = 16, device: str = "cpu", max_length: int = 1024) -> RewardModel:
+    """A ``RewardModel`` loaded from ``path`` (a local folder or a Hugging Face hub id)."""
+    return RewardModel(path, batch_size=batch_size, device=device, max_length=max_length)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Weighted combination
+
+
+@dataclass
+class RewardResult:
+    """The combined reward of a batch of completions and what each reward function said."""
+
+    total: list[float]  # (N,) Σ_f w_f · r_f over the functions that applied (non-None); 0.0 if none did
+    per_function: dict[str, list[float | None]]  # name -> (N,) unweighted rewards, None = not applicable
+    not_applicable: int  # samples that no function applied to (their total is 0.0)
+
+    def means(self) -> dict[str, float]:
+        """Mean of each function's applicable (non-None) rewards, for logging; skips functions with none."""
+        means = {}
+        for name, values in self.per_function.items():
+            applicable = [value for value in values if value is not None]
+            if applicable:
+                means[name] = sum(applicable) / len(applicable)
+        return means
+
+
+class CombinedReward:
+    """A weighted sum of reward functions; sync ones are called in turn, async ones awaited concurrently."""
+
+    def __init__(self, functions: list[tuple[str, RewardFunction, float]]):
+        self.functions: list[tuple[str, RewardFunction, float]] = []
+        used: set[str] = set()
+        for name, function, weight in functions:
+            if not callable(function):
+                raise TypeError(f"reward '{name}' is not callable: {function!r}")
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+                raise ValueError(f"reward '{name}': weight must be a number, got {weight!r}")
+            unique = name
+            for suffix in range(2, len(functions) + 2):  # two "length" rewards log as length, length_2
+                if unique not in used:
+                    break
+                unique = f"{name}_{suffix}"
+            used.add(unique)
+            self.functions.append((unique, function, float(weight)))
+
+    @classmethod
+    def from_callables(cls, functions: list[tuple[RewardFunction, float]]) -> CombinedReward:
+        """Combine user-written reward functions, each named by its ``__name__``."""
+        return cls([(getattr(fn, "__name__", type(fn).__name__), fn, weight) for fn, weight in functions])
+
+    @property
+    def names(self) -> list[str]:
+        return [name for name, _, _ in self.functions]
+
+    def __call__(self, prompts: list, completions: list, **columns) -> RewardResult:
+        started = self._start(prompts, completions, columns)
+        if any(inspect.isawaitable(output) for output in started):
+            if _event_loop_running():
+                _close_coroutines(started)
+                raise RuntimeError(
+                    "async reward functions cannot be run from inside a running event loop by calling the "
+                    "combined reward; use `await combined_reward.acall(prompts, completions, **columns)`"
+                )
+            started = asyncio.run(self._settle(started))
+        return self._combine(started, len(completions))
+
+    async def acall(self, prompts: list, completions: list, **columns) -> RewardResult:
+        """Like calling the combined reward, from inside a running event loop."""
+        started = self._start(prompts, completions, columns)
+        return self._combine(await self._settle(started), len(completions))
+
+    def _start(self, prompts: list, completions: list, columns: dict) -> list:
+        """Each function's output: its rewards, or for an async function the coroutine producing them."""
+        started = []
+        for name, function, _ in self.functions:
+            try:
+                started.append(function(prompts, completions, **columns))
+            except Exception as err:
+                _close_coroutines(started)
+                raise RuntimeError(f"reward function '{name}' failed: {err}") from err
+        return started
+
+    async def _settle(self, started: list) -> list:
+        async def settle_one(name: str, output: Any) -> Any:
+            if not inspect.isawaitable(output):
+                return output
+            try:
+                return await output
+            except Exception as err:
+                raise RuntimeError(f"reward function '{name}' failed: {err}") from err
+
+        return await asyncio.gather(*(settle_one(name, output) for name, output in zip(self.names, started)))
+
+    def _combine(self, outputs: list, num_samples: int) -> RewardResult:
+        per_function = {
+            name: _checked_rewards(name, out, num_samples) for name, out in zip(self.names, outputs)
+        }
+        total, not_applicable = [], 0
+        for sample in range(num_samples):
+            applicable = [
+                (weight, per_function[name][sample])
+                for name, _, weight in self.functions
+                if per_function[name][sample] is not None
+            ]
+            if not applicable:
+                not_applicable += 1
+            total.append(sum(weight * value for weight, value in applicable))
+        return RewardResult([float(value) for value in total], per_function, not_applicable)
+
+
+def _checked_rewards(name: str, output: Any, num_samples: int) -> list[float | None]:
+    """``output`` as a list of floats or None, one per completion, or a ValueError naming the function."""
+    try:
+        length = len(output)
+    except TypeError:
+        length = None
+    if length != num_samples:
+        got = f"{length} values" if length is not None else f"a {type(output).__name__}"
+        raise ValueError(
+            f"reward function '{name}' returned {got} for {num_samples} completions; "
+            "it must return a list with one float (or None) per completion"
+        )
+    try:
+        return [None if value is None else float(value) for value in output]
+    except (TypeError, ValueError) as err:
+        message = f"reward function '{name}' returned a value that is not a float or None: {err}"
+        raise ValueError(message) from None
+
+
+def _event_loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _close_coroutines(outputs: list) -> None:
+    for output in outputs:
+        if inspect.iscoroutine(output):
+            output.close()  # never awaited: close it so Python does not warn
+
+
+def build_rewards(spec: list[dict]) -> CombinedReward:
+    """A CombinedReward from ``[{"name": ..., "weight": 1.0, **options}, ...]`` using the ``REWARDS`` registry.
+
+    An unknown name raises RegistryError listing the valid ones; an unknown or missing option raises
+    ValueError naming the reward and the options it accepts.
+    """
+    functions = []
+    for item in spec:
+        if not isinstance(item, dict) or "name" not in item:
+            example = {"name": "math", "weight": 1.0}
+            raise ValueError(f"each reward must be a dict with a 'name', e.g. {example}; got {item!r}")
+        options = dict(item)
+        name, weight = options.pop("name"), options.pop("weight", 1.0)
+        factory = REWARDS.get(name)
+        validate_options("reward", name, factory, options)
+        functions.append((name, factory(**options), weight))
+    return CombinedReward(functions)
