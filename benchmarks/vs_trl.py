@@ -43,8 +43,8 @@ Same settings, in each framework's terms (unipg key → ``GRPOConfig`` field):
 
 Both sample U · B completions in total; with mini_batch_size == batch_size and num_epochs == 1 each takes
 one optimizer step per generation batch. TRL's generation and loss run through its usual path
-(``model.generate``, its fused log-prob head); the optimizer is plain ``torch.optim.AdamW`` in both
-(``optim="adamw_torch"``). Given the same completions, advantages and reference log-probs, the two losses
+(``model.generate``, its fused log-prob head); the optimizer is ``torch.optim.AdamW`` in both
+(``optim="adamw_torch_fused"``, as unipg uses the fused AdamW kernel). Given the same completions, advantages and reference log-probs, the two losses
 and their gradients agree to float precision (relative difference about 1e-6, loss types grpo and dapo);
 what differs is each framework's own sampling and prompt order. Remaining differences, none of which moves
 the comparison: the GRPO std epsilon (TRL 1e-4, unipg 1e-6); unipg's ``sample.max_prompt_length`` has no
@@ -161,7 +161,7 @@ def trl_arguments(config, output_dir: str):
         max_completion_length=sample.max_new_tokens, temperature=sample.temperature, top_p=sample.top_p,
         top_k=sample.top_k or 0,
         learning_rate=train.learning_rate, lr_scheduler_type=train.lr_schedule, warmup_steps=0,
-        optim="adamw_torch", adam_epsilon=train.adam_eps, weight_decay=train.weight_decay,
+        optim="adamw_torch_fused", adam_epsilon=train.adam_eps, weight_decay=train.weight_decay,
         max_grad_norm=train.max_grad_norm or 0.0,
         beta=est.kl_coef, use_bias_correction_kl=False, epsilon=est.clip_range, epsilon_high=est.clip_range_high,
         loss_type=LOSS_TYPES[est.loss_agg_mode], scale_rewards=SCALE_REWARDS[est.advantage],

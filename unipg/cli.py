@@ -165,7 +165,21 @@ def algorithms() -> None:
 
 
 def main() -> None:
+    quiet_libraries()
     app()
+
+
+def quiet_libraries() -> None:
+    """Keep transformers' per-file progress bars and advisory warnings out of the run's output."""
+    import os
+
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        return
+    hf_logging.disable_progress_bar()
 
 
 if __name__ == "__main__":

@@ -205,11 +205,13 @@ class LMPolicy(nn.Module):
         return self.reference_mode != "none"
 
     def actor_parameters(self) -> list[nn.Parameter]:
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        return params + (list(self.value_head.parameters()) if self.value_head is not None else [])
+        """The trainable weights of π_θ (with LoRA: the adapters only)."""
+        return [p for p in self.model.parameters() if p.requires_grad]
 
     def critic_parameters(self) -> list[nn.Parameter]:
-        return [p for p in self.critic.parameters() if p.requires_grad] if self.critic is not None else []
+        """The value head, or the separate critic model; trained with the critic's learning rate."""
+        modules = [m for m in (self.value_head, self.critic) if m is not None]
+        return [p for module in modules for p in module.parameters() if p.requires_grad]
 
     # ------------------------------------------------------------------------------------------------
     # Generation
