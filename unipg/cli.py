@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from unipg.config import Config, ConfigError, load_config
+from unipg.estimate.registry import RegistryError
 from unipg.presets import ALGORITHMS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="unipg: policy-gradient RL from CartPole to LLM agents.")
@@ -61,7 +62,7 @@ def run_guarded(config: Config, threshold: Optional[float]):
 
     try:
         return train_text(config) if config.is_text else train_classic(config, return_threshold=threshold)
-    except ValueError as error:
+    except (ValueError, RegistryError) as error:  # an unknown task or reward name is a RegistryError
         errors.print(f"[bold red]error:[/] {error}", highlight=False)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
@@ -104,7 +105,7 @@ def sft(
         raise typer.Exit(2)
     try:
         report = run_sft(config, output)
-    except ValueError as error:
+    except (ValueError, RegistryError) as error:
         errors.print(f"[bold red]error:[/] {error}", highlight=False)
         raise typer.Exit(2) from None
     console.print(f"held-out greedy accuracy {report['before']:.3f} → {report['after']:.3f}; "

@@ -116,8 +116,8 @@ class SFTConfig(Section):
     """optimizer steps."""
     batch_size: int = Field(64, ge=1)
     """demonstrations per step."""
-    learning_rate: float = Field(3e-3, gt=0.0)
-    """peak learning rate (linear warm-up, then decay)."""
+    learning_rate: float = Field(1e-3, gt=0.0)
+    """peak learning rate (linear warm-up, then cosine decay to 10%)."""
     examples: int | None = Field(None, ge=1)
     """use only the first this many training demonstrations (None = all)."""
 

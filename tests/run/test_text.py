@@ -70,3 +70,12 @@ def test_cli_sft_saves_a_loadable_model(embedded_path, tmp_path):
     assert result.exit_code == 0, result.output
     assert "held-out greedy accuracy" in result.output
     load_lm_policy(str(tmp_path / "sft"))
+
+
+def test_cli_unknown_task_or_reward_names_the_valid_ones(tmp_path):
+    for override, expected in [("task.name=arithmetc", "arithmetic"), ("task.rewards=[{name: mth}]", "math")]:
+        args = [a for a in SMALL if not (override.startswith("task.name") and a.startswith("task."))]
+        result = CliRunner().invoke(app, ["train", *args, override, f"log.output_dir={tmp_path}"])
+        output = " ".join(result.output.split())
+        assert result.exit_code == 2, result.output
+        assert "did you mean" in output and expected in output and "Traceback" not in output
