@@ -17,7 +17,7 @@ from pathlib import Path
 
 from unipg.config import Config
 from unipg.policy.chat import render_prompt
-from unipg.policy.embedded import cache_dir, resolve_model_name
+from unipg.policy.embedded import cache_dir
 from unipg.sample.tasks import Task
 
 WARM_START_VERSION = 1
@@ -44,12 +44,12 @@ def resolve_warm_start(config: Config, task: Task, *, root: Path | None = None, 
     if not (folder / MARKER).is_file():
         log(f"warm start: fine-tuning {config.model.name} on {task.name} demonstrations "
             f"({config.sft.steps} steps); cached in {folder}")
-        build_warm_start(config, task, folder)
+        build_warm_start(config, task, folder, log=log)
     model = config.model.model_copy(update={"name": str(folder), "warm_start": False})
     return config.model_copy(update={"model": model})
 
 
-def build_warm_start(config: Config, task: Task, folder: Path) -> None:
+def build_warm_start(config: Config, task: Task, folder: Path, *, log=print) -> None:
     from unipg.policy.loading import load_causal_lm, load_tokenizer
     from unipg.run.sft import sft_train
 
@@ -59,7 +59,8 @@ def build_warm_start(config: Config, task: Task, folder: Path) -> None:
     system_prompt = config.task.system_prompt or task.system_prompt
     pairs = [(render_prompt(tokenizer, example.prompt, system_prompt), example.solution) for example in examples]
     metrics = sft_train(model, tokenizer, pairs, steps=config.sft.steps, batch_size=config.sft.batch_size,
-                        learning_rate=config.sft.learning_rate, seed=0)
+                        learning_rate=config.sft.learning_rate, seed=0, log_every=250,
+                        on_log=lambda step, m: log(f"warm start: step {step}/{config.sft.steps} loss {m['loss']:.3f}"))
     scratch = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
     model.save_pretrained(scratch)
     tokenizer.save_pretrained(scratch)
