@@ -150,20 +150,27 @@ def _sympy_equal(predicted: str, reference: str, *, tolerance: float) -> bool:
 # Rule-based rewards
 
 
+def _score_final_answers(name: str, completions: list, columns: dict,
+                         matches: Callable[[str, str], bool]) -> list[float | None]:
+    """1.0 where the completion's final answer matches the reference, 0.0 where not (or none is given),
+    None where the reference answer is None."""
+    scores: list[float | None] = []
+    for completion, reference in zip(completions, _reference_answers(name, completions, columns)):
+        if reference is None:
+            scores.append(None)
+            continue
+        predicted = extract_final_answer(text_of(completion, "assistant"))
+        scores.append(float(predicted is not None and matches(predicted, str(reference))))
+    return scores
+
+
 @REWARDS.register("exact_match")
 def exact_match() -> RewardFunction:
     """1.0 when the completion's final answer (``extract_final_answer``) equals the reference, else 0.0."""
 
     def exact_match_reward(prompts: list, completions: list, **columns) -> list[float | None]:
-        references = _reference_answers("exact_match", completions, columns)
-        scores: list[float | None] = []
-        for completion, reference in zip(completions, references):
-            predicted = extract_final_answer(text_of(completion, "assistant"))
-            if reference is None:
-                scores.append(None)
-            else:
-                scores.append(float(predicted is not None and predicted == normalize_answer(str(reference))))
-        return scores
+        return _score_final_answers("exact_match", completions, columns,
+                                    lambda predicted, reference: predicted == normalize_answer(reference))
 
     return exact_match_reward
 
@@ -177,17 +184,9 @@ def math_reward(tolerance: float = 1e-6) -> RewardFunction:
     """
 
     def math_equivalence_reward(prompts: list, completions: list, **columns) -> list[float | None]:
-        references = _reference_answers("math", completions, columns)
-        scores: list[float | None] = []
-        for completion, reference in zip(completions, references):
-            predicted = extract_final_answer(text_of(completion, "assistant"))
-            if reference is None:
-                scores.append(None)
-            elif predicted is None:
-                scores.append(0.0)
-            else:
-                scores.append(float(answers_equivalent(predicted, str(reference), tolerance=tolerance)))
-        return scores
+        return _score_final_answers(
+            "math", completions, columns,
+            lambda predicted, reference: answers_equivalent(predicted, reference, tolerance=tolerance))
 
     return math_equivalence_reward
 
