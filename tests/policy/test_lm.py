@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from unipg.policy.lm import LMPolicy
+from unipg.policy.lm import LMPolicy, left_pad
 from unipg.policy.loading import load_lm_policy, load_tokenizer
 
 
@@ -68,11 +68,10 @@ def test_max_new_tokens_and_stop_strings_end_generation(policy):
     assert all(reason in ("stop", "length") for reason in generation.finish_reasons)
     # every character is one token in the embedded tokenizer, so a stop string of any sampled character fires
     long = policy.sample(ids, max_new_tokens=20, temperature=1.0, generator=torch.Generator().manual_seed(5))
-    text = long.texts[1]
-    if len(text) >= 2:
-        stop = text[1]
-        cut = policy.sample(ids, max_new_tokens=20, temperature=1.0, stop=[stop], generator=torch.Generator().manual_seed(5))
-        assert stop not in cut.texts[1] and cut.finish_reasons[1] == "stop"
+    row = next(row for row, text in enumerate(long.texts) if len(text) >= 2)  # StopIteration fails the test
+    stop = long.texts[row][1]
+    cut = policy.sample(ids, max_new_tokens=20, temperature=1.0, stop=[stop], generator=torch.Generator().manual_seed(5))
+    assert stop not in cut.texts[row] and cut.finish_reasons[row] == "stop"
 
 
 def test_save_and_load_round_trip_keeps_policy_and_critic(policy, tmp_path):
@@ -137,3 +136,9 @@ def test_policy_wraps_any_causal_lm_object(embedded_path):
     policy = LMPolicy(AutoModelForCausalLM.from_pretrained(embedded_path), AutoTokenizer.from_pretrained(embedded_path))
     generation = policy.sample(prompts(policy.tokenizer), max_new_tokens=4, temperature=0.0)
     assert len(generation.texts) == 4 and not policy.has_critic and not policy.has_reference
+
+
+def test_left_padding_ends_every_prompt_at_the_last_column():
+    input_ids, attention_mask = left_pad([[7, 8, 9], [5]], pad_id=0)
+    assert input_ids.tolist() == [[7, 8, 9], [0, 0, 5]]
+    assert attention_mask.tolist() == [[1, 1, 1], [0, 0, 1]]

@@ -12,7 +12,6 @@ from unipg.run.sft import (
     build_sft_batch,
     completion_loss,
     greedy_completions,
-    left_padded,
     sft_accuracy,
     sft_learning_rate,
     sft_train,
@@ -73,12 +72,6 @@ def test_batches_walk_through_every_example_each_epoch():
     assert sorted(first_epochs.tolist()) == sorted(list(range(10)) * 2)
     again = shuffled_batches(10, 4, torch.Generator().manual_seed(0))
     assert torch.equal(next(again), first_epochs[:4])
-
-
-def test_left_padding_ends_every_prompt_at_the_last_column():
-    input_ids, attention_mask = left_padded([[7, 8, 9], [5]], pad_token_id=PAD)
-    assert input_ids.tolist() == [[7, 8, 9], [PAD, PAD, 5]]
-    assert attention_mask.tolist() == [[1, 1, 1], [0, 0, 1]]
 
 
 def test_a_tokenizer_without_pad_token_is_refused_with_the_fix(tokenizer):

@@ -22,6 +22,7 @@ from; top-k / top-p truncation is not reflected in them (as in vLLM and TRL).
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import json
 from dataclasses import dataclass
@@ -76,7 +77,12 @@ class ValueHead(nn.Module):
 
 def _cache_keyword(model: nn.Module) -> str:
     """Newer transformers name the KV-cache argument ``cache``; older ones ``past_key_values``."""
-    parameters = inspect.signature(model.forward).parameters
+    return _cache_keyword_of(type(model))
+
+
+@functools.cache
+def _cache_keyword_of(model_class: type) -> str:  # signature inspection is slow; every forward asks
+    parameters = inspect.signature(model_class.forward).parameters
     return "cache" if "cache" in parameters else "past_key_values"
 
 
@@ -131,27 +137,53 @@ def completion_forward(model: nn.Module, input_ids: torch.Tensor, attention_mask
     model's cache cannot be gathered.
     """
     width = input_ids.shape[1] - completion_length
-    unique, inverse = torch.unique(input_ids[:, :width], dim=0, return_inverse=True)
-    cache = _new_cache(model) if share_prompts and len(unique) < len(input_ids) else None
-    if cache is None or not _plain_cache(cache) or width == 0:
+    cache = _new_cache(model) if share_prompts and width > 0 else None
+    if cache is None or not _plain_cache(cache) or not _repeats(input_ids[:, :width]):
         out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions(attention_mask),
                     use_cache=False, logits_to_keep=completion_length + 1, output_hidden_states=hidden)
         return CompletionForward(out.logits[:, :-1], out.hidden_states[-1][:, -(completion_length + 1):-1] if hidden else None)
-    first = torch.zeros(len(unique), dtype=torch.long, device=input_ids.device)
-    first.scatter_(0, inverse, torch.arange(len(inverse), device=input_ids.device))  # a row holding each prompt
-    prompt_mask = attention_mask[first, :width]
-    keyword = _cache_keyword(model)
-    prefix = model(input_ids=unique, attention_mask=prompt_mask, position_ids=positions(prompt_mask), use_cache=True,
-                   logits_to_keep=1, output_hidden_states=hidden, **{keyword: cache})
-    cache.batch_select_indices(inverse)
+    first_logits, first_hidden = prefill(model, input_ids[:, :width], attention_mask[:, :width], cache, hidden=hidden)
     rest = model(input_ids=input_ids[:, width:], attention_mask=attention_mask,
                  position_ids=positions(attention_mask)[:, width:], use_cache=True, output_hidden_states=hidden,
-                 **{keyword: cache})
-    logits = torch.cat([prefix.logits[inverse, -1:], rest.logits[:, :-1]], dim=1)
-    states = None
-    if hidden:
-        states = torch.cat([prefix.hidden_states[-1][inverse, -1:], rest.hidden_states[-1][:, :-1]], dim=1)
+                 **{_cache_keyword(model): cache})
+    logits = torch.cat([first_logits[:, None], rest.logits[:, :-1]], dim=1)
+    states = torch.cat([first_hidden[:, None], rest.hidden_states[-1][:, :-1]], dim=1) if hidden else None
     return CompletionForward(logits, states)
+
+
+def _repeats(prompt_ids: torch.Tensor) -> bool:
+    return len(torch.unique(prompt_ids, dim=0)) < len(prompt_ids)
+
+
+def prefill(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, cache, *, share: bool = True,
+            hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Run left-padded prompts (B, P) into ``cache``; each distinct prompt once when ``share`` and the cache's
+    rows can be gathered. Returns the last position's logits (B, V) and last hidden state (B, H) or None.
+    """
+    keyword = _cache_keyword(model)
+    unique, inverse = torch.unique(prompt_ids, dim=0, return_inverse=True)
+    if share and len(unique) < len(prompt_ids) and _plain_cache(cache):
+        first = torch.zeros(len(unique), dtype=torch.long, device=prompt_ids.device)
+        first.scatter_(0, inverse, torch.arange(len(inverse), device=prompt_ids.device))  # a row of each prompt
+        prompt_ids, prompt_mask, rows = unique, prompt_mask[first], inverse
+    else:
+        rows = torch.arange(len(prompt_ids), device=prompt_ids.device)
+    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions(prompt_mask), use_cache=True,
+                logits_to_keep=1, output_hidden_states=hidden, **{keyword: cache})
+    if len(rows) > len(prompt_ids):
+        cache.batch_select_indices(rows)
+    return out.logits[rows, -1], out.hidden_states[-1][rows, -1] if hidden else None
+
+
+def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Logits in float32, divided by the sampling temperature (greedy, 0, keeps them as they are)."""
+    logits = logits.float()
+    return logits / temperature if temperature > 0 and temperature != 1.0 else logits
+
+
+def _token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits) at the target tokens: (B, C, V), (B, C) → (B, C)."""
+    return torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
 
 
 def _filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor:
@@ -181,7 +213,6 @@ class LMPolicy(nn.Module):
         self.critic = critic  # a separate ``CriticModel``, trained beside the policy
         self.reference_mode = reference
         self._reference = copy.deepcopy(model).eval().requires_grad_(False) if reference == "copy" else None
-        self._cache_keyword = _cache_keyword(model)
         self.share_prompts = True  # run each distinct prompt once per forward pass (see completion_forward)
         self.pad_id = tokenizer.pad_token_id
         self.eos_ids = self._eos_ids()
@@ -232,7 +263,7 @@ class LMPolicy(nn.Module):
         ids, mask = ids.to(self.device), mask.to(self.device)
         batch = ids.shape[0]
         cache, pos = _new_cache(self.model), positions(mask)
-        logits = self._prefill(ids, mask, cache)
+        logits, _ = prefill(self.model, ids, mask, cache, share=self.share_prompts)
         eos = torch.tensor(self.eos_ids, device=self.device)
         finished = torch.zeros(batch, dtype=torch.bool, device=self.device)
         stopped_by_string = [False] * batch
@@ -258,7 +289,7 @@ class LMPolicy(nn.Module):
             mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=self.device)], dim=-1)
             pos = pos[:, -1:] + 1
             logits = self.model(input_ids=token[:, None], attention_mask=mask, position_ids=pos, use_cache=True,
-                                **{self._cache_keyword: cache}).logits[:, -1]
+                                **{_cache_keyword(self.model): cache}).logits[:, -1]
         completion_ids = torch.stack(tokens, 1)
         completion_mask = torch.stack(alive, 1).long()
         behaviour = torch.stack(logprobs, 1) * completion_mask
@@ -266,20 +297,6 @@ class LMPolicy(nn.Module):
         reasons = ["stop" if finished[row] else "length" for row in range(batch)]
         return Generation(ids.cpu(), mask[:, : ids.shape[1]].cpu(), completion_ids.cpu(), completion_mask.cpu(),
                           behaviour.cpu(), texts, reasons)
-
-    def _prefill(self, ids: torch.Tensor, mask: torch.Tensor, cache) -> torch.Tensor:
-        """Run the prompts into the cache, each distinct prompt once; returns the next-token logits (B, V)."""
-        unique, inverse = torch.unique(ids, dim=0, return_inverse=True)
-        if self.share_prompts and len(unique) < len(ids) and _plain_cache(cache):
-            first = torch.zeros(len(unique), dtype=torch.long, device=ids.device)
-            first.scatter_(0, inverse, torch.arange(len(inverse), device=ids.device))
-            out = self.model(input_ids=unique, attention_mask=mask[first], position_ids=positions(mask[first]),
-                             use_cache=True, logits_to_keep=1, **{self._cache_keyword: cache})
-            cache.batch_select_indices(inverse)
-            return out.logits[inverse, -1]
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=True,
-                         logits_to_keep=1, **{self._cache_keyword: cache})
-        return out.logits[:, -1]
 
     def _apply_stop_strings(self, completion_ids: torch.Tensor, finished: torch.Tensor, stop: list[str],
                             stopped: list[bool]) -> torch.Tensor:
@@ -316,12 +333,8 @@ class LMPolicy(nn.Module):
         needs_hidden = with_values and self.value_head is not None
         out = completion_forward(self.model, input_ids, attention_mask, completion_length, hidden=needs_hidden,
                                  share_prompts=self.share_prompts)
-        logits = out.logits.float()
-        if temperature > 0 and temperature != 1.0:
-            logits = logits / temperature
-        targets = input_ids[:, -completion_length:]
-        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
-        result = Evaluation(logprobs=logprobs)
+        logits = _scaled(out.logits, temperature)
+        result = Evaluation(logprobs=_token_logprobs(logits, input_ids[:, -completion_length:]))
         if with_entropy:
             result.entropy = entropy_from_logits(logits if entropy_grad else logits.detach())
         if with_values:
@@ -352,11 +365,8 @@ class LMPolicy(nn.Module):
         else:
             raise ValueError("this policy holds no reference model; set model.reference to 'copy' or use LoRA")
         logits = completion_forward(model, input_ids, attention_mask, completion_length,
-                                    share_prompts=self.share_prompts).logits.float()
-        if temperature > 0 and temperature != 1.0:
-            logits = logits / temperature
-        targets = input_ids[:, -completion_length:]
-        return torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
+                                    share_prompts=self.share_prompts).logits
+        return _token_logprobs(_scaled(logits, temperature), input_ids[:, -completion_length:])
 
     # ------------------------------------------------------------------------------------------------
     # Persistence

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from unipg.policy.chat import completion_suffix
+from unipg.policy.lm import LMPolicy
 
 IGNORE_INDEX = -100  # label of positions that do not enter the loss (prompt and padding)
 
@@ -200,39 +201,23 @@ def sft_step(model: PreTrainedModel, optimizer: torch.optim.Optimizer, batch: SF
     return loss.detach(), token_accuracy.detach()
 
 
-def left_padded(prompts: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(input_ids, attention_mask), both (B, T), with padding on the left so that every prompt ends at T."""
-    length = max(len(prompt) for prompt in prompts)
-    input_ids = torch.full((len(prompts), length), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(prompts), length), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        input_ids[row, length - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-        attention_mask[row, length - len(prompt):] = 1
-    return input_ids, attention_mask
-
-
 @torch.no_grad()
 def greedy_completions(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[str], *,
                        batch_size: int = 128, max_new_tokens: int = 16) -> list[str]:
     """Greedy continuation of each rendered prompt, cut at the first EOS, special tokens dropped, stripped.
 
-    Prompts are left-padded here, from their ids, so the tokenizer's own `padding_side` is never changed.
+    Uses the project's sampler (``LMPolicy.sample`` at temperature 0), which left-pads from the ids, so the
+    tokenizer's own ``padding_side`` is never changed.
     """
-    pad_token_id = require_pad_token(tokenizer)
-    device = next(model.parameters()).device
+    require_pad_token(tokenizer)
     was_training = model.training
-    model.eval()
+    policy = LMPolicy(model.eval(), tokenizer)
     prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
     completions: list[str] = []
     for first in range(0, len(prompt_ids), batch_size):
-        input_ids, attention_mask = left_padded(prompt_ids[first:first + batch_size], pad_token_id)
-        generated = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
-                                   max_new_tokens=max_new_tokens, do_sample=False,
-                                   pad_token_id=pad_token_id, eos_token_id=tokenizer.eos_token_id)
-        for row in generated[:, input_ids.shape[1]:].tolist():
-            if tokenizer.eos_token_id in row:
-                row = row[:row.index(tokenizer.eos_token_id)]
-            completions.append(tokenizer.decode(row, skip_special_tokens=True).strip())
+        generation = policy.sample(prompt_ids[first:first + batch_size], max_new_tokens=max_new_tokens,
+                                   temperature=0.0)
+        completions += [text.strip() for text in generation.texts]
     model.train(was_training)
     return completions
 
