@@ -15,6 +15,7 @@ from unipg.policy.embedded import (
     build_model,
     build_tokenizer,
     cache_dir,
+    embedded_folder_name,
     embedded_model_path,
     resolve_model_name,
 )
@@ -132,7 +133,7 @@ def test_simultaneous_builders_agree_on_one_folder(tmp_path):
 
 
 def test_incomplete_folder_is_reported_not_loaded(tmp_path):
-    (tmp_path / "embedded-v1-tiny-seed0").mkdir()
+    (tmp_path / embedded_folder_name("tiny", 0)).mkdir()
     with pytest.raises(RuntimeError, match="delete the folder"):
         embedded_model_path(root=tmp_path)
 
@@ -150,3 +151,14 @@ def test_cache_dir_defaults_to_the_home_cache(monkeypatch, tmp_path):
     monkeypatch.delenv("UNIPG_CACHE")
     monkeypatch.setenv("HOME", str(tmp_path))
     assert cache_dir() == tmp_path / ".cache" / "unipg"
+
+
+def test_saved_tokenizer_loads_back_character_for_character(embedded_path, tmp_path):
+    from unipg.policy.loading import load_tokenizer
+
+    text = '<|user|>What is 3 * 4?\nA {"x": 1}<|end|>'
+    for folder in (embedded_path, tmp_path / "again"):
+        tokenizer = load_tokenizer(str(folder))
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert tokenizer.decode(ids) == text and len(ids) == len(text) - len("<|user|><|end|>") + 2
+        tokenizer.save_pretrained(tmp_path / "again")  # a saved policy's tokenizer keeps the flag

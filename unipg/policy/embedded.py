@@ -27,7 +27,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 # Bump whenever the tokenizer, the architecture or the initialisation changes: the version is part of the
 # cache folder's name, so a changed builder never loads a model built by an older one.
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 
 # Written last into a built folder; its presence is what marks the folder complete.
 MARKER_FILE = "unipg-embedded.json"
@@ -49,6 +49,7 @@ CHAT_TEMPLATE = (
 )
 
 MAX_POSITIONS = 512
+CHARACTER_TOKENIZER_FLAG = "unipg_character_tokenizer"
 
 EMBEDDED_SIZES: dict[str, dict] = {
     # ≈1.0M parameters: the default, fast enough to train on two CPU cores.
@@ -86,6 +87,10 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
         clean_up_tokenization_spaces=False,
     )
     tokenizer.chat_template = CHAT_TEMPLATE
+    # Saved into tokenizer_config.json: AutoTokenizer would rebuild a Qwen2 model's tokenizer with Qwen2's
+    # byte-level pre-tokenizer (dropping spaces and newlines here); `load_tokenizer` sees this flag and
+    # loads tokenizer.json as written.
+    tokenizer.init_kwargs[CHARACTER_TOKENIZER_FLAG] = True
     return tokenizer
 
 

@@ -8,6 +8,8 @@ value head or separate critic, frozen reference, LoRA adapters.
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 
 import torch
@@ -36,11 +38,27 @@ def load_tokenizer(name: str, *, trust_remote_code: bool = False):
     resolved = resolve_model_name(name)
     _check_exists(name, resolved)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(resolved, trust_remote_code=trust_remote_code)
+        if _is_character_tokenizer(resolved):
+            from transformers import PreTrainedTokenizerFast
+
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(resolved)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(resolved, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, TypeError) as error:
         raise ValueError(f"could not load a tokenizer for model '{name}' ({resolved}): {first_line(error)}. "
                          "Check the hub id or that the folder holds tokenizer files") from None
     return check_tokenizer(tokenizer, name)
+
+
+def _is_character_tokenizer(resolved: str) -> bool:
+    """Whether a local folder holds the embedded character-level tokenizer (to be loaded as written)."""
+    from unipg.policy.embedded import CHARACTER_TOKENIZER_FLAG
+
+    config = Path(resolved) / "tokenizer_config.json"
+    try:
+        return bool(json.loads(config.read_text(encoding="utf-8")).get(CHARACTER_TOKENIZER_FLAG))
+    except (OSError, ValueError):
+        return False
 
 
 def load_causal_lm(name: str, *, dtype: str = "float32", trust_remote_code: bool = False):
