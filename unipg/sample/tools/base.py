@@ -1,0 +1,192 @@
+"""Tools an agent can call: typed Python functions with a JSON schema taken from their signature.
+
+A ``Tool`` wraps a function (sync or async). Its name, description and parameter schema come from the
+function itself: the name from ``__name__``, the description from the docstring's first paragraph, each
+parameter's JSON type from its annotation and its description from the docstring's ``Args:`` section::
+
+    @tool
+    def calculator(expression: str) -> str:
+        \"\"\"Evaluate an arithmetic expression exactly.
+
+        Args:
+            expression: digits, + - * / // % ** and parentheses, e.g. "4738*29".
+        \"\"\"
+
+``tool.schema()`` is the OpenAI function-calling description, the same object chat templates accept in
+``apply_chat_template(..., tools=[...])``. A tool may declare a ``latency`` model (``LatencyModel``) that
+delays every call, for experiments with slow tools; the environment service applies it.
+
+``TOOLS`` maps a name to a factory ``(**options) -> Tool``, so configs can build tools with options
+(``{"name": "python", "options": {"timeout": 5}}``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import random
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from unipg.estimate.registry import Registry
+
+TOOLS = Registry("tool")
+
+
+class ToolError(Exception):
+    """A call the tool understood and refused (bad expression, no result): shown to the agent as an error
+    observation and not retried. Any other exception counts as the tool failing (retried, then the default
+    observation and the failure penalty)."""
+
+OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"  # the call format of OpenAI-style chat models
+
+
+def format_tool_call(name: str, arguments: dict) -> str:
+    """The text of a well-formed call, as demonstrations write it."""
+    return f"{OPEN_TAG}{json.dumps({'name': name, 'arguments': arguments})}{CLOSE_TAG}"
+
+
+_JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}
+
+
+@dataclass(frozen=True)
+class LatencyModel:
+    """Extra wall-clock delay of every call, drawn per call: for experiments with slow and uneven tools.
+
+    - ``fixed``: always ``seconds``;
+    - ``lognormal``: median ``seconds``, log-space standard deviation ``sigma``;
+    - ``pareto``: heavy-tailed, ``seconds`` times a Pareto(``alpha``) draw (≥ 1), so a few calls take many
+      times the typical latency, as seed-style "milliseconds to seconds" tool fleets do.
+    """
+
+    kind: str = "fixed"
+    seconds: float = 0.0
+    sigma: float = 1.0
+    alpha: float = 1.5
+
+    def __post_init__(self):
+        if self.kind not in ("fixed", "lognormal", "pareto"):
+            raise ValueError(f"latency kind must be 'fixed', 'lognormal' or 'pareto', got '{self.kind}'")
+        if self.seconds < 0 or self.sigma < 0 or self.alpha <= 0:
+            raise ValueError("latency seconds and sigma must be >= 0 and alpha > 0")
+
+    def draw(self, rng: random.Random) -> float:
+        if self.kind == "fixed":
+            return self.seconds
+        if self.kind == "lognormal":
+            return self.seconds * math.exp(rng.gauss(0.0, self.sigma))
+        return self.seconds * rng.paretovariate(self.alpha)
+
+
+@dataclass
+class Tool:
+    """A callable the agent can invoke by name with JSON arguments."""
+
+    name: str
+    description: str
+    parameters: dict  # JSON schema of the arguments object
+    function: Callable[..., Any]  # sync or async; returns a string or something JSON-serializable
+    latency: LatencyModel | None = None
+    required: list[str] = field(default_factory=list)
+
+    def schema(self) -> dict:
+        """The OpenAI-style function description used in system prompts and chat templates."""
+        return {"type": "function",
+                "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.function)
+
+    def check_arguments(self, arguments: object) -> str | None:
+        """What is wrong with ``arguments`` for this tool, or None when they fit the schema."""
+        if not isinstance(arguments, dict):
+            return f"arguments must be a JSON object, got {type(arguments).__name__}"
+        properties = self.parameters.get("properties", {})
+        unknown = [name for name in arguments if name not in properties]
+        if unknown:
+            return f"unknown argument(s) {', '.join(unknown)}; {self.name} takes {', '.join(properties) or 'none'}"
+        missing = [name for name in self.required if name not in arguments]
+        if missing:
+            return f"missing argument(s) {', '.join(missing)}"
+        for name, value in arguments.items():
+            expected = properties[name].get("type")
+            if expected and not _json_type_matches(value, expected):
+                return f"argument '{name}' must be {expected}, got {type(value).__name__}"
+        return None
+
+
+def _json_type_matches(value: object, expected: str) -> bool:
+    if expected == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if expected == "integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    python = {"string": str, "boolean": bool, "array": list, "object": dict}.get(expected)
+    return python is None or isinstance(value, python)
+
+
+def tool(function: Callable | None = None, *, name: str | None = None,
+         latency: LatencyModel | None = None) -> Tool | Callable[[Callable], Tool]:
+    """Make a ``Tool`` from a typed function; usable as ``@tool`` or ``@tool(name=..., latency=...)``."""
+
+    def build(fn: Callable) -> Tool:
+        description, argument_docs = parse_docstring(inspect.getdoc(fn) or "")
+        hints = typing.get_type_hints(fn)
+        properties, required = {}, []
+        for parameter in inspect.signature(fn).parameters.values():
+            if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+                continue
+            spec = json_schema_of(hints.get(parameter.name, str))
+            if parameter.name in argument_docs:
+                spec["description"] = argument_docs[parameter.name]
+            properties[parameter.name] = spec
+            if parameter.default is inspect.Parameter.empty:
+                required.append(parameter.name)
+        schema = {"type": "object", "properties": properties, "required": required}
+        return Tool(name or fn.__name__, description, schema, fn, latency, required)
+
+    return build(function) if function is not None else build
+
+
+def json_schema_of(annotation: Any) -> dict:
+    """JSON schema of a Python annotation: str/int/float/bool/list[...]/dict/Optional/Literal."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Literal:
+        return {"type": _JSON_TYPES.get(type(args[0]), "string"), "enum": list(args)}
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in args if a is not type(None)]
+        return json_schema_of(options[0]) if len(options) == 1 else {"anyOf": [json_schema_of(a) for a in options]}
+    if origin is list:
+        return {"type": "array", "items": json_schema_of(args[0])} if args else {"type": "array"}
+    if origin is dict:
+        return {"type": "object"}
+    if annotation in _JSON_TYPES:
+        return {"type": _JSON_TYPES[annotation]}
+    raise TypeError(f"tool parameters must be str, int, float, bool, list, dict, Optional or Literal; "
+                    f"got {annotation!r}")
+
+
+def parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
+    """(description, {argument: description}) from a Google-style docstring."""
+    description = doc.split("\n\n", 1)[0].strip().replace("\n", " ")
+    arguments: dict[str, str] = {}
+    section = re.search(r"^(?:Args|Arguments|Parameters):\s*\n((?:[ \t]+.*\n?)+)", doc, re.MULTILINE)
+    if section:
+        current = None
+        for line in section.group(1).splitlines():
+            match = re.match(r"\s+(\w+)(?:\s*\([^)]*\))?:\s*(.*)", line)
+            if match and (current is None or len(line) - len(line.lstrip()) <= _indent_of(section.group(1))):
+                current = match.group(1)
+                arguments[current] = match.group(2).strip()
+            elif current and line.strip():
+                arguments[current] += " " + line.strip()
+    return description, arguments
+
+
+def _indent_of(block: str) -> int:
+    first = block.splitlines()[0]
+    return len(first) - len(first.lstrip())
