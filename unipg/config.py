@@ -105,6 +105,38 @@ class TaskConfig(Section):
     None = the task's default."""
     system_prompt: str | None = None
     """system message put before every prompt (None = the task's own, if any)."""
+    tools: list[dict[str, Any]] | None = None
+    """tools the agent may call, e.g. [{name: calculator}, {name: python, options: {timeout: 5}}];
+    None = the task's default (single-turn tasks have none)."""
+
+
+class AgentConfig(Section):
+    """Multi-turn episodes: turn budget, the environment service's failure policy, process rewards."""
+
+    max_turns: int | None = Field(None, ge=1)
+    """policy turns per episode (generate → tool → generate ...); None = the task's default."""
+    max_total_tokens: int = Field(384, ge=1)
+    """token budget of an episode after its prompt (sampled + inserted tokens); the episode ends when spent."""
+    concurrency: int = Field(256, ge=1)
+    """episodes in flight at once; their generation requests are batched together."""
+    batch_wait_ms: float = Field(5.0, ge=0.0)
+    """how long the inference batcher waits for more requests while some episodes are busy with tools."""
+    tool_timeout: float = Field(10.0, gt=0.0)
+    """seconds one tool call may take before it counts as failed."""
+    tool_retries: int = Field(2, ge=0)
+    """extra attempts after a failed or timed-out tool call."""
+    retry_backoff: float = Field(0.05, ge=0.0)
+    """seconds before the first retry, doubled after each further failure."""
+    default_observation: str = "tool unavailable"
+    """what the agent sees when a tool failed on every attempt."""
+    failure_penalty: float = Field(0.1, ge=0.0)
+    """reward subtracted on a turn whose tool call failed on every attempt."""
+    process_weight: float = Field(0.1, ge=0.0)
+    """weight of process rewards (valid call and tool success: +; malformed call: −) relative to a final
+    reward of 1; positive process reward is capped at this weight per episode, so extra calls never pay."""
+    tool_prompt: bool = True
+    """describe the tools to the model: through the chat template's tools argument when it has one, else in
+    the system message."""
 
 
 class SFTConfig(Section):
@@ -289,6 +321,7 @@ class Config(Section):
     task: TaskConfig = Field(default_factory=TaskConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
+    agent: AgentConfig = Field(default_factory=AgentConfig)
     estimator: EstimatorConfig = Field(default_factory=EstimatorConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     sample: SampleConfig = Field(default_factory=SampleConfig)

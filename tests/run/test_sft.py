@@ -44,7 +44,7 @@ def test_rows_are_cut_to_their_longest_sequence():
 
 def test_prompt_and_completion_are_tokenised_apart_and_the_eos_is_appended(tokenizer):
     prompt = render_prompt(tokenizer, "37+48=")
-    [(prompt_ids, completion_ids)] = tokenize_pairs(tokenizer, [(prompt, "85")])
+    [(prompt_ids, completion_ids, trained)] = tokenize_pairs(tokenizer, [(prompt, "85")])
     assert prompt_ids == tokenizer.encode(prompt, add_special_tokens=False) and len(prompt_ids) == 9
     assert completion_ids == tokenizer.convert_tokens_to_ids(["8", "5", "<|end|>"])
 

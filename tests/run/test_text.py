@@ -23,12 +23,13 @@ def test_training_run_logs_the_step_metrics_and_saves_the_policy(embedded_path, 
                                         f"log.output_dir={tmp_path}", "estimator.kl_coef=0.05"])
     result = train_text(config)
     assert result.updates == 2 and result.samples == 16 and result.samples_per_second > 0
-    assert set(result.final_eval) == {"eval/pass@1", "eval/pass@2", "eval/response_length"}
+    assert set(result.final_eval) == {"eval/pass@1", "eval/pass@2", "eval/response_length", "eval/turns",
+                                      "eval/truncated_fraction"}
     records = read_metrics(result.run_dir)
     train_record = next(r for r in records if "rollout/reward_mean" in r)
     for key in ["rollout/reward_std", "rollout/response_length", "train/kl_to_reference", "train/clip_fraction",
                 "train/approx_kl", "train/entropy", "train/advantage_mean", "train/advantage_std", "train/grad_norm",
-                "train/learning_rate", "timing/generate", "timing/reward", "timing/logprob", "timing/update",
+                "train/learning_rate", "timing/generate", "timing/env", "timing/logprob", "timing/update",
                 "timing/tokens_per_second", "timing/samples_per_second"]:
         assert key in train_record, key
     if algorithm == "ppo":

@@ -31,11 +31,56 @@ def policy(embedded_path):
     return load_lm_policy(embedded_path, value_head=True, needs_reference=True)
 
 
+def bare_batch(mask, scores, **fields):
+    """A TextBatch with only the fields the reward layout reads."""
+    mask = torch.as_tensor(mask, dtype=torch.float32)
+    width = mask.shape[1]
+    return TextBatch(input_ids=torch.zeros((len(mask), width + 1), dtype=torch.long),
+                     attention_mask=torch.ones((len(mask), width + 1), dtype=torch.long), completion_mask=mask,
+                     behaviour_logprobs=torch.zeros_like(mask), scores=torch.tensor(scores), **fields)
+
+
 def test_sequence_reward_sits_on_the_last_sampled_token():
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
-    rewards = token_rewards(torch.tensor([2.0, -1.0]), mask, torch.full_like(mask, 0.5), kl_coef=0.1)
+    rewards = token_rewards(bare_batch(mask, [2.0, -1.0]), torch.full_like(mask, 0.5), kl_coef=0.1)
     assert torch.allclose(rewards, torch.tensor([[-0.05, -0.05, 1.95, 0.0], [-1.05, 0.0, 0.0, 0.0]]))
     assert torch.equal(episode_ends(mask), torch.tensor([[0.0, 0.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]]))
+
+
+def two_turn_batch():
+    """Two episodes; sampled tokens (mask 1) of turn 0, then inserted tool tokens (mask 0), then turn 1."""
+    mask = torch.tensor([[1.0, 1.0, 0.0, 0.0, 1.0, 1.0], [1.0, 0.0, 0.0, 1.0, 0.0, 0.0]])
+    turns = torch.tensor([[0, 0, -1, -1, 1, 1], [0, -1, -1, 1, -1, -1]])
+    turn_rewards = torch.tensor([[0.1, 1.0], [-0.1, 0.0]])
+    return bare_batch(mask, [1.1, -0.1], token_turns=turns, turn_rewards=turn_rewards,
+                      turn_mask=torch.ones((2, 2)))
+
+
+def test_turn_rewards_sit_on_the_last_sampled_token_of_each_turn():
+    batch = two_turn_batch()
+    rewards = token_rewards(batch, None, kl_coef=0.0)
+    assert torch.allclose(rewards, torch.tensor([[0.0, 0.1, 0.0, 0.0, 0.0, 1.0], [-0.1, 0.0, 0.0, 0.0, 0.0, 0.0]]))
+    # the episode ends on the last sampled token, not on the last inserted one
+    assert torch.equal(episode_ends(batch.completion_mask)[1], torch.tensor([0.0, 0.0, 0.0, 1.0, 0.0, 0.0]))
+
+
+def test_turn_level_advantages_credit_each_turn_with_what_followed():
+    config = make_config("grpo", "sample.samples_per_prompt=2", "estimator.advantage=turn_level",
+                         "estimator.normalize_advantages=false", "estimator.gamma=1.0")
+    advantages, _ = text_advantages(two_turn_batch(), config, kl_coef=0.0)
+    # returns: episode 0 turns (1.1, 1.0), episode 1 turns (-0.1, 0.0); baseline = the other episode, same turn
+    expected = torch.tensor([[1.2, 1.2, 0.0, 0.0, 1.0, 1.0], [-1.2, 0.0, 0.0, -1.0, 0.0, 0.0]])
+    assert torch.allclose(advantages, expected, atol=1e-6)
+
+
+def test_gae_skips_inserted_tokens():
+    config = make_config("ppo", "estimator.normalize_advantages=false", "estimator.gamma=0.5",
+                         "estimator.lambda_gae=1.0", "sample.samples_per_prompt=2")
+    batch = two_turn_batch()
+    batch.values = torch.zeros_like(batch.completion_mask)
+    advantages, _ = text_advantages(batch, config, kl_coef=0.0)
+    # episode 0's sampled tokens are 4 consecutive steps with rewards (0, 0.1, 0, 1.0) and γ = 0.5
+    assert torch.allclose(advantages[0], torch.tensor([0.175, 0.35, 0.0, 0.0, 0.5, 1.0]), atol=1e-6)
 
 
 def test_grpo_advantages_have_zero_mean_within_each_group(policy):

@@ -233,6 +233,34 @@ def reinforce_plus_plus_advantages(
     return masked_whiten(returns, mask, eps=eps), returns
 
 
+@ADVANTAGES.register("turn_level")
+def turn_level_advantages(
+    turn_rewards: torch.Tensor, turn_mask: torch.Tensor, *, group_size: int, gamma: float = 1.0
+) -> torch.Tensor:
+    """Per-turn advantages of multi-turn episodes: discounted return over turns minus a per-turn baseline.
+
+        G_{i,k} = Σ_{j ≥ k} γ^{j−k} r_{i,j},     A_{i,k} = G_{i,k} − mean_{i' ≠ i, turn k exists} G_{i',k},
+
+    with r_{i,k} the reward of turn k of episode i (process rewards, tool penalties, and the final reward
+    on the last turn). The baseline averages the same turn index over the *other* episodes of the group
+    (leave-one-out, as in RLOO), so it does not depend on episode i and the estimate stays unbiased; where
+    no other episode of the group reached turn k it falls back to the others' episode returns G_{·,0}.
+    A turn is credited with what followed it, not with what preceded it, which lowers variance compared
+    with one episode-level advantage on every token; γ < 1 lowers it further at the price of bias toward
+    near rewards. ``turn_rewards``, ``turn_mask`` (N, K): N episodes in consecutive groups of
+    ``group_size``; returns (N, K), 0 on missing turns.
+    """
+    valid = turn_mask.to(turn_rewards.dtype)  # (N, K)
+    returns = reward_to_go(turn_rewards * valid, torch.zeros_like(valid), gamma=gamma) * valid  # (N, K)
+    n, k = returns.shape
+    grouped, grouped_valid = returns.reshape(-1, group_size, k), valid.reshape(-1, group_size, k)
+    peers_sum = grouped.sum(1, keepdim=True) - grouped  # (N/G, G, K) Σ over the other episodes
+    peers_count = grouped_valid.sum(1, keepdim=True) - grouped_valid
+    episode_peers = (peers_sum[..., :1] / (group_size - 1)) if group_size > 1 else torch.zeros_like(peers_sum[..., :1])
+    baseline = torch.where(peers_count > 0, peers_sum / peers_count.clamp(min=1), episode_peers)
+    return ((grouped - baseline) * grouped_valid).reshape(n, k)
+
+
 def broadcast_to_tokens(sequence_values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """(B,) per-sequence value → (B, T): repeated on every valid token, 0 on padding."""
     if not sequence_values.is_floating_point():

@@ -42,3 +42,28 @@ def masked_whiten(
     std = masked_var(values, mask).clamp(min=0.0).sqrt()
     centred = values - mean if shift_mean else values
     return centred / (std + eps) * mask.to(values.dtype)
+
+
+def pack_masked(values: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Move each row's valid entries to the front, keeping their order: (B, T) → (B, T') and its mask.
+
+    Multi-turn episodes interleave the policy's tokens with inserted tool tokens; step-wise estimators
+    (GAE, TD) must see the policy's tokens as consecutive steps, so they run on the packed tensor.
+    ``unpack_masked`` puts results back in place.
+    """
+    valid = mask.bool()
+    width = max(int(valid.sum(1).max()), 1) if valid.numel() else 1
+    slots = valid.long().cumsum(1) - 1  # (B, T) packed position of each valid entry
+    packed = values.new_zeros((values.shape[0], width))
+    packed_mask = mask.new_zeros((values.shape[0], width))
+    rows = torch.arange(values.shape[0])[:, None].expand_as(valid)
+    packed[rows[valid], slots[valid]] = values[valid]
+    packed_mask[rows[valid], slots[valid]] = 1
+    return packed, packed_mask
+
+
+def unpack_masked(packed: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Inverse of ``pack_masked``: (B, T') → (B, T), 0 where ``mask`` is 0."""
+    valid = mask.bool()
+    slots = (valid.long().cumsum(1) - 1).clamp(min=0)
+    return packed.gather(1, slots.clamp(max=packed.shape[1] - 1)) * valid.to(packed.dtype)

@@ -62,3 +62,87 @@ def check_tokenizer(tokenizer: PreTrainedTokenizerBase, name: str) -> PreTrained
         )
     tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def render_tools(tools: list[dict]) -> str:
+    """A compact description of the tools and the call format, for models whose template has no tools slot."""
+    lines = ['Tools (call one as <tool_call>{"name": ..., "arguments": {...}}</tool_call>):']
+    for schema in tools:
+        function = schema["function"]
+        arguments = ", ".join(f"{name}: {spec.get('type', 'any')}"
+                              for name, spec in function["parameters"].get("properties", {}).items())
+        lines.append(f"- {function['name']}({arguments}): {function['description']}")
+    return "\n".join(lines)
+
+
+def render_agent_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, system_prompt: str | None,
+                        tools: list[dict] | None) -> str:
+    """``render_prompt`` with tool descriptions: through the chat template's ``tools`` argument when the
+    template uses it (Qwen, Llama 3.1, Hermes), else appended to the system message."""
+    if not tools:
+        return render_prompt(tokenizer, prompt, system_prompt)
+    template = getattr(tokenizer, "chat_template", None) or ""
+    if isinstance(template, str) and "tools" in template:
+        return tokenizer.apply_chat_template(as_messages(prompt, system_prompt), tools=tools, tokenize=False,
+                                             add_generation_prompt=True)
+    described = render_tools(tools) if system_prompt is None else f"{system_prompt}\n{render_tools(tools)}"
+    return render_prompt(tokenizer, prompt, described)
+
+
+_CONTENT = "\x02CONTENT\x03"  # a placeholder no template rewrites, replaced by the real text afterwards
+
+
+class TurnTemplate:
+    """The text an environment inserts between two policy turns, taken from the chat template.
+
+    After the policy's turn the conversation continues with the rest of the assistant turn's closing text
+    (``<|im_end|>\\n`` for Qwen; the part the policy did not write itself when it stopped at EOS), then the
+    observation rendered as a message of its role, then the opening of the next assistant turn. All of it is
+    inserted as tokens with loss mask 0; the policy's own tokens are never re-tokenized, so the log-probs
+    recorded at sampling time stay those of the exact tokens trained on.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase):
+        self.tokenizer = tokenizer
+        self.eos_text = tokenizer.eos_token or ""
+        if getattr(tokenizer, "chat_template", None):
+            head = [{"role": "user", "content": "q"}, {"role": "assistant", "content": _CONTENT}]
+            base = tokenizer.apply_chat_template(head, tokenize=False)
+            self.turn_suffix = base[base.rindex(_CONTENT) + len(_CONTENT):]
+            self._observations = {}
+            for role in ("tool", "user"):
+                full = tokenizer.apply_chat_template(head + [{"role": role, "content": _CONTENT}], tokenize=False,
+                                                     add_generation_prompt=True).replace(_CONTENT, "\x04", 1)
+                base_once = base.replace(_CONTENT, "\x04", 1)
+                if not full.startswith(base_once):
+                    raise ValueError(f"the chat template of this tokenizer rewrites earlier turns when a '{role}' "
+                                     "message follows; multi-turn rollouts need a template that only appends")
+                self._observations[role] = full[len(base_once):]
+        else:  # base models: a newline-separated transcript
+            self.turn_suffix = "\n"
+            self._observations = {role: _CONTENT + "\n" for role in ("tool", "user")}
+
+    def closing(self, ended_with_eos: bool) -> str:
+        """What completes the policy's turn: the closing text minus the EOS the policy already wrote."""
+        if ended_with_eos and self.eos_text and self.turn_suffix.startswith(self.eos_text):
+            return self.turn_suffix[len(self.eos_text):]
+        return self.turn_suffix
+
+    def observation(self, content: str, role: str = "tool") -> str:
+        """The observation as a message of ``role``, followed by the opening of the next assistant turn."""
+        if role not in self._observations:
+            raise ValueError(f"observations can be 'tool' or 'user' messages, got '{role}'")
+        return self._observations[role].replace(_CONTENT, content, 1)
+
+    def demonstration(self, messages: list[dict]) -> list[tuple[str, bool]]:
+        """(text, trained) segments of a multi-turn demonstration, laid out exactly as rollouts lay out turns:
+        assistant turns + EOS are trained, closing text and observations are not."""
+        segments: list[tuple[str, bool]] = []
+        for index, message in enumerate(messages):
+            if message["role"] == "assistant":
+                segments.append((message["content"] + self.eos_text, True))
+                if index + 1 < len(messages):
+                    segments.append((self.closing(ended_with_eos=bool(self.eos_text)), False))
+            else:
+                segments.append((self.observation(message["content"], message["role"]), False))
+        return [(text, trained) for text, trained in segments if text]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 from typing import Callable
 
 import torch
@@ -20,8 +19,8 @@ from torch.distributions import kl_divergence
 
 from unipg.config import Config
 from unipg.estimate import ADVANTAGES, OFF_POLICY_WEIGHTS, POLICY_LOSSES
-from unipg.estimate.losses import aggregate, explained_variance, value_loss
-from unipg.estimate.masked import masked_mean, masked_whiten
+from unipg.estimate.losses import aggregate, value_loss
+from unipg.estimate.masked import masked_whiten
 from unipg.estimate.trpo import trpo_step
 from unipg.policy.mlp import MLPActorCritic
 from unipg.sample.gym_rollout import RolloutBatch

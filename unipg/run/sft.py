@@ -46,33 +46,51 @@ class SFTBatch:
         return SFTBatch(self.input_ids.to(device), self.attention_mask.to(device), self.labels.to(device))
 
 
-def tokenize_pairs(tokenizer: PreTrainedTokenizerBase,
-                   pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
-    """Token ids of each (rendered prompt, completion + EOS suffix), tokenised separately.
+Completion = str | list[tuple[str, bool]]  # a completion text, or (text, trained) segments of several turns
 
-    `add_special_tokens=False` because the rendered prompt already holds every marker the template wants;
-    letting the tokenizer add a BOS would put one where sampling has none.
+
+def tokenize_pairs(tokenizer: PreTrainedTokenizerBase,
+                   pairs: list[tuple[str, Completion]]) -> list[tuple[list[int], list[int], list[bool]]]:
+    """Token ids of each (rendered prompt, completion), and which completion tokens are trained.
+
+    A text completion gets the EOS suffix and is trained entirely. A multi-turn demonstration comes as
+    (text, trained) segments (``TurnTemplate.demonstration``): the policy's turns are trained, tool outputs
+    and template text are context, exactly as the loss mask of a rollout. Segments are tokenised separately,
+    the way rollouts insert them. `add_special_tokens=False` because the rendered prompt already holds every
+    marker the template wants; letting the tokenizer add a BOS would put one where sampling has none.
     """
     suffix = completion_suffix(tokenizer)
     prompts = tokenizer([prompt for prompt, _ in pairs], add_special_tokens=False)["input_ids"]
-    completions = tokenizer([completion + suffix for _, completion in pairs], add_special_tokens=False)["input_ids"]
-    return list(zip(prompts, completions))
+    tokenized = []
+    for prompt_ids, (_, completion) in zip(prompts, pairs):
+        segments = [(completion + suffix, True)] if isinstance(completion, str) else completion
+        ids, trained = [], []
+        for text, is_trained in segments:
+            segment_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            ids += segment_ids
+            trained += [is_trained] * len(segment_ids)
+        tokenized.append((prompt_ids, ids, trained))
+    return tokenized
 
 
-def build_sft_batch(examples: list[tuple[list[int], list[int]]], pad_token_id: int) -> SFTBatch:
-    """Concatenate each example's prompt and completion ids, right-pad, and label the completion tokens only.
+def build_sft_batch(examples: list[tuple], pad_token_id: int) -> SFTBatch:
+    """Concatenate each example's prompt and completion ids, right-pad, and label the trained completion tokens.
 
-    Labels are aligned with `input_ids` (not shifted); `completion_loss` does the next-token shift.
+    Examples are (prompt_ids, completion_ids) or (prompt_ids, completion_ids, trained) with ``trained`` one
+    flag per completion token. Labels are aligned with `input_ids` (not shifted); `completion_loss` shifts.
     """
-    length = max(len(prompt) + len(completion) for prompt, completion in examples)
+    length = max(len(example[0]) + len(example[1]) for example in examples)
     input_ids = torch.full((len(examples), length), pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros((len(examples), length), dtype=torch.long)
     labels = torch.full((len(examples), length), IGNORE_INDEX, dtype=torch.long)
-    for row, (prompt, completion) in enumerate(examples):
+    for row, (prompt, completion, *trained) in enumerate(examples):
         end = len(prompt) + len(completion)
         input_ids[row, :end] = torch.tensor(prompt + completion, dtype=torch.long)
         attention_mask[row, :end] = 1
-        labels[row, len(prompt):end] = torch.tensor(completion, dtype=torch.long)
+        completion_labels = torch.tensor(completion, dtype=torch.long)
+        if trained:
+            completion_labels[~torch.tensor(trained[0], dtype=torch.bool)] = IGNORE_INDEX
+        labels[row, len(prompt):end] = completion_labels
     return SFTBatch(input_ids, attention_mask, labels)
 
 
@@ -131,7 +149,7 @@ def make_optimizer(model: torch.nn.Module, learning_rate: float, weight_decay: f
 def sft_train(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
-    pairs: list[tuple[str, str]],
+    pairs: list[tuple[str, Completion]],
     *,
     steps: int,
     batch_size: int = 64,

@@ -6,9 +6,9 @@ import time
 from pathlib import Path
 
 from unipg.config import Config
-from unipg.policy.chat import render_prompt
 from unipg.policy.loading import load_causal_lm, load_tokenizer
-from unipg.run.sft import sft_accuracy, sft_train
+from unipg.run.episodes import demonstration_pairs, greedy_completion_rate
+from unipg.run.sft import sft_train
 from unipg.sample.tasks import make_task
 
 
@@ -21,18 +21,14 @@ def run_sft(config: Config, output: Path | None = None, *, log=print) -> dict:
     tokenizer = load_tokenizer(config.model.name, trust_remote_code=config.model.trust_remote_code)
     model = load_causal_lm(config.model.name, dtype=config.model.dtype,
                            trust_remote_code=config.model.trust_remote_code)
-    system_prompt = config.task.system_prompt or task.system_prompt
-
-    def pairs(examples):
-        return [(render_prompt(tokenizer, example.prompt, system_prompt), example.solution) for example in examples]
-
     train = task.train[: config.sft.examples] if config.sft.examples else task.train
-    test = pairs(task.test[: config.eval.max_examples] if config.eval.max_examples else task.test)
-    before = sft_accuracy(model, tokenizer, test, max_new_tokens=config.sample.max_new_tokens)
-    metrics = sft_train(model, tokenizer, pairs(train), steps=config.sft.steps, batch_size=config.sft.batch_size,
+    test = task.test[: config.eval.max_examples] if config.eval.max_examples else task.test
+    before = greedy_completion_rate(model, tokenizer, task, config, test)
+    metrics = sft_train(model, tokenizer, demonstration_pairs(tokenizer, task, config, train),
+                        steps=config.sft.steps, batch_size=config.sft.batch_size,
                         learning_rate=config.sft.learning_rate, seed=config.seed,
                         on_log=lambda step, m: log(f"[sft] step {step}/{config.sft.steps} loss {m['loss']:.4f}"))
-    after = sft_accuracy(model, tokenizer, test, max_new_tokens=config.sample.max_new_tokens)
+    after = greedy_completion_rate(model, tokenizer, task, config, test)
     model.save_pretrained(output)
     tokenizer.save_pretrained(output)
     return {"before": before, "after": after, "output": output, "metrics": metrics}

@@ -20,13 +20,12 @@ from pathlib import Path
 import torch
 
 from unipg.config import Config
-from unipg.policy.chat import render_prompt
-from unipg.policy.lm import LMPolicy
 from unipg.policy.loading import policy_from_config
 from unipg.run.classic import run_dir_for, seed_everything
+from unipg.run.episodes import EpisodeRunner, PromptEncoder, episode_metrics, reward_term_metrics  # noqa: F401
 from unipg.run.metrics import MetricsLogger, Progress, Timer
 from unipg.run.text_learner import TextBatch, TextLearner
-from unipg.sample.rewards import REWARDS, build_rewards
+from unipg.sample.rewards import build_rewards
 from unipg.sample.tasks import Example, Task, make_task
 
 
@@ -46,21 +45,6 @@ class TextTrainResult:
     @property
     def samples_per_second(self) -> float:
         return self.samples / max(self.train_seconds, 1e-9)
-
-
-class PromptEncoder:
-    """Renders (chat template) and tokenises task prompts once each; keeps the last max_length tokens."""
-
-    def __init__(self, tokenizer, *, system_prompt: str | None, max_length: int):
-        self.tokenizer, self.system_prompt, self.max_length = tokenizer, system_prompt, max_length
-        self._cache: dict[str, list[int]] = {}
-
-    def __call__(self, prompt: str) -> list[int]:
-        if prompt not in self._cache:
-            text = render_prompt(self.tokenizer, prompt, self.system_prompt)
-            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-            self._cache[prompt] = ids[-self.max_length:]
-        return self._cache[prompt]
 
 
 class PromptSampler:
@@ -87,62 +71,48 @@ def columns_of(examples: list[Example]) -> dict[str, list]:
     return {name: [example.columns.get(name) for example in examples] for name in sorted(names)}
 
 
-@torch.no_grad()
-def evaluate_text(policy: LMPolicy, encode: PromptEncoder, examples: list[Example], config: Config, *,
-                  seed: int) -> dict[str, float]:
-    """Greedy pass@1 and sampled pass@k on held-out examples; correct = the final answer is equivalent."""
-    is_correct = REWARDS.get("math")()
-    sample, k = config.sample, config.eval.pass_k
-    prompts = [example.prompt for example in examples]
-    answers = columns_of(examples)
-    chunk = max(config.train.micro_batch_size, 64)
-    greedy, lengths = [], []
-    for start in range(0, len(examples), chunk):
-        generation = policy.sample([encode(p) for p in prompts[start:start + chunk]],
-                                   max_new_tokens=sample.max_new_tokens, temperature=0.0, stop=sample.stop)
-        greedy += generation.texts
-        lengths += generation.completion_lengths.tolist()
-    correct = is_correct(prompts, greedy, **answers)
-    metrics = {"eval/pass@1": statistics.fmean(correct), "eval/response_length": statistics.fmean(lengths)}
+def evaluate_text(runner: EpisodeRunner, examples: list[Example], config: Config, *, seed: int) -> dict[str, float]:
+    """Greedy episodes on held-out examples — pass@1 is the task completion rate (the final answer equals the
+    reference), with turns and tool use — and sampled pass@k (solved by any of k sampled episodes)."""
+    greedy = runner.run(examples, params=runner.sampling(greedy=True), generator=None)
+    metrics = {"eval/pass@1": statistics.fmean(t.correct for t in greedy)}
+    metrics.update({key: value for key, value in episode_metrics(greedy, "eval").items()
+                    if key != "eval/completion_rate"})
+    metrics.update(runner.pop_service_metrics("eval"))
+    k = config.eval.pass_k
     if k > 0:
         generator = torch.Generator().manual_seed(seed)
-        solved = [False] * len(examples)
-        for _ in range(k):
-            texts = []
-            for start in range(0, len(examples), chunk):
-                texts += policy.sample([encode(p) for p in prompts[start:start + chunk]],
-                                       max_new_tokens=sample.max_new_tokens, temperature=sample.temperature or 1.0,
-                                       top_p=sample.top_p, top_k=sample.top_k, stop=sample.stop,
-                                       generator=generator).texts
-            solved = [s or bool(c) for s, c in zip(solved, is_correct(prompts, texts, **answers))]
+        sampled = runner.run([example for example in examples for _ in range(k)], params=runner.sampling(),
+                             generator=generator)
+        solved = [any(t.correct for t in sampled[i * k:(i + 1) * k]) for i in range(len(examples))]
         metrics[f"eval/pass@{k}"] = statistics.fmean(solved)
+        runner.pop_service_metrics("eval")
     return metrics
 
 
-def rollout(policy: LMPolicy, encode: PromptEncoder, examples: list[Example], reward_fn, config: Config,
-            generator: torch.Generator, timer: Timer) -> tuple[TextBatch, dict[str, float]]:
-    """Sample ``samples_per_prompt`` completions of each example and score them."""
-    sample, group = config.sample, config.sample.samples_per_prompt
-    repeated = [example for example in examples for _ in range(group)]  # a prompt's samples are consecutive
-    with timer("generate"):
-        generation = policy.sample([encode(example.prompt) for example in repeated],
-                                   max_new_tokens=sample.max_new_tokens, temperature=sample.temperature,
-                                   top_p=sample.top_p, top_k=sample.top_k, stop=sample.stop, generator=generator)
-    with timer("reward"):
-        scored = reward_fn([example.prompt for example in repeated], generation.texts, **columns_of(repeated))
-    lengths = generation.completion_lengths.float()
-    scores = torch.tensor(scored.total)
+def rollout(runner: EpisodeRunner, examples: list[Example], config: Config, generator: torch.Generator,
+            policy_version: int = 0) -> tuple[TextBatch, dict[str, float]]:
+    """Run ``samples_per_prompt`` episodes of each example (consecutive, a GRPO group) and batch them."""
+    group = config.sample.samples_per_prompt
+    repeated = [example for example in examples for _ in range(group)]
+    start = time.perf_counter()
+    trajectories = runner.run(repeated, params=runner.sampling(), generator=generator, policy_version=policy_version)
+    elapsed = time.perf_counter() - start
+    batch = TextBatch.from_trajectories(trajectories, runner.policy.pad_id)
+    scores = batch.scores
+    lengths = batch.completion_mask.sum(1)
     metrics = {"rollout/reward_mean": float(scores.mean()), "rollout/reward_std": float(scores.std()),
-               "rollout/response_length": float(lengths.mean()), "rollout/response_length_max": float(lengths.max()),
-               "rollout/truncated_fraction": statistics.fmean(r == "length" for r in generation.finish_reasons),
-               "rollout/generated_tokens": float(lengths.sum())}
-    for name, values in scored.per_function.items():
-        applicable = [v for v in values if v is not None]
-        if applicable:
-            metrics[f"rollout/reward_{name}"] = statistics.fmean(applicable)
+               "rollout/response_length_max": float(lengths.max()), "rollout/generated_tokens": float(lengths.sum()),
+               "rollout/generate_batch_mean": statistics.fmean(runner.last_batch_sizes),
+               # generation and environment steps interleave: env is the rollout time not spent generating
+               "timing/generate": runner.last_generate_seconds,
+               "timing/env": max(elapsed - runner.last_generate_seconds, 0.0)}
+    metrics.update(episode_metrics(trajectories, "rollout", group_size=group))
+    metrics.update(reward_term_metrics(trajectories, "rollout"))
+    metrics.update(runner.pop_service_metrics("rollout"))
     solved = scores.reshape(-1, group).std(dim=1) == 0 if group > 1 else torch.zeros(1, dtype=torch.bool)
     metrics["rollout/uniform_group_fraction"] = float(solved.float().mean())  # groups with no learning signal
-    return TextBatch.from_generation(generation, scored.total), metrics
+    return batch, metrics
 
 
 def set_threads(config: Config) -> None:
@@ -162,8 +132,7 @@ def train_text(config: Config, *, task: Task | None = None) -> TextTrainResult:
     config = resolve_warm_start(config, task)
     reward_fn = build_rewards(config.task.rewards or task.rewards)
     policy = policy_from_config(config)
-    encode = PromptEncoder(policy.tokenizer, system_prompt=config.task.system_prompt or task.system_prompt,
-                           max_length=config.sample.max_prompt_length)
+    runner = EpisodeRunner(policy, task, config, reward_fn)
     test = task.test[: config.eval.max_examples] if config.eval.max_examples else task.test
     learner = TextLearner(policy, config)
     sampler, generator = PromptSampler(task.train, config.seed), torch.Generator().manual_seed(config.seed)
@@ -174,15 +143,15 @@ def train_text(config: Config, *, task: Task | None = None) -> TextTrainResult:
     progress = Progress(updates, enabled=config.log.progress, description=f"{config.algorithm} {task.name}")
     timer, start, train_seconds, samples = Timer(), time.time(), 0.0, 0
     try:
-        initial = evaluate_text(policy, encode, test, config, seed=config.seed + 10_000)
+        initial = evaluate_text(runner, test, config, seed=config.seed + 10_000)
         history = [(0, initial)]
         logger.log(0, initial)
         for update in range(1, updates + 1):
             step_start = time.time()
             fraction = 1.0 - (update - 1) / updates if config.train.lr_schedule == "linear" else 1.0
             lr = learner.set_lr_fraction(fraction)
-            batch, record = rollout(policy, encode, sampler.next(config.prompts_per_step), reward_fn, config,
-                                    generator, timer)
+            batch, record = rollout(runner, sampler.next(config.prompts_per_step), config, generator,
+                                    policy_version=update - 1)
             with timer("logprob"):
                 record.update({f"train/{k}": v for k, v in learner.prepare(batch).items()})
             with timer("update"):
@@ -196,7 +165,7 @@ def train_text(config: Config, *, task: Task | None = None) -> TextTrainResult:
                            "timing/tokens_per_second": record["rollout/generated_tokens"] / step_seconds})
             if update % config.eval.every_updates == 0 or update == updates:
                 with timer("eval"):
-                    evaluation = evaluate_text(policy, encode, test, config, seed=config.seed + 10_000 + update)
+                    evaluation = evaluate_text(runner, test, config, seed=config.seed + 10_000 + update)
                 history.append((update, evaluation))
                 record.update(evaluation)
             if update % config.log.log_every_updates == 0 or update == updates or "eval/pass@1" in record:
@@ -204,6 +173,7 @@ def train_text(config: Config, *, task: Task | None = None) -> TextTrainResult:
             progress.update(update, f"reward {record['rollout/reward_mean']:.3f} pass@1 {history[-1][1]['eval/pass@1']:.3f}")
         policy.save(run_dir / "policy")
     finally:
+        runner.close()
         progress.close()
         logger.close()
     return TextTrainResult(run_dir, updates, samples, time.time() - start, history[0][1], history[-1][1], history,

@@ -16,17 +16,17 @@ import shutil
 from pathlib import Path
 
 from unipg.config import Config
-from unipg.policy.chat import render_prompt
-from unipg.policy.embedded import cache_dir
+from unipg.policy.embedded import BUILDER_VERSION, cache_dir
 from unipg.sample.tasks import Task
 
-WARM_START_VERSION = 1
+WARM_START_VERSION = 2
 MARKER = "unipg-warm-start.json"
 
 
 def warm_start_key(config: Config) -> dict:
-    return {"version": WARM_START_VERSION, "model": config.model.name, "task": config.task.name,
-            "options": config.task.options, "system_prompt": config.task.system_prompt,
+    return {"version": WARM_START_VERSION, "model": config.model.name, "embedded_builder": BUILDER_VERSION,
+            "task": config.task.name, "options": config.task.options, "system_prompt": config.task.system_prompt, "tools": config.task.tools,
+            "tool_prompt": config.agent.tool_prompt,
             "sft": config.sft.model_dump()}
 
 
@@ -51,13 +51,13 @@ def resolve_warm_start(config: Config, task: Task, *, root: Path | None = None, 
 
 def build_warm_start(config: Config, task: Task, folder: Path, *, log=print) -> None:
     from unipg.policy.loading import load_causal_lm, load_tokenizer
+    from unipg.run.episodes import demonstration_pairs
     from unipg.run.sft import sft_train
 
     tokenizer = load_tokenizer(config.model.name)
     model = load_causal_lm(config.model.name, dtype=config.model.dtype)
     examples = task.train[: config.sft.examples] if config.sft.examples else task.train
-    system_prompt = config.task.system_prompt or task.system_prompt
-    pairs = [(render_prompt(tokenizer, example.prompt, system_prompt), example.solution) for example in examples]
+    pairs = demonstration_pairs(tokenizer, task, config, examples)
     metrics = sft_train(model, tokenizer, pairs, steps=config.sft.steps, batch_size=config.sft.batch_size,
                         learning_rate=config.sft.learning_rate, seed=0, log_every=250,
                         on_log=lambda step, m: log(f"warm start: step {step}/{config.sft.steps} loss {m['loss']:.3f}"))

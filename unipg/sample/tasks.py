@@ -33,7 +33,8 @@ class Example:
 
     prompt: str  # the user message (question text), without chat formatting
     answer: str  # the reference final answer as a canonical string, e.g. "85" or "-12"
-    solution: str  # a demonstration completion (what a perfect policy writes), used for SFT
+    solution: str | list[dict]  # a demonstration, used for SFT: the completion text, or for agent tasks the
+    # turns after the prompt as chat messages ({"role": "assistant" | "tool", "content": ...})
     columns: dict = field(default_factory=dict)  # extra per-example columns handed to reward functions
 
 
@@ -46,6 +47,8 @@ class Task:
     test: list[Example]
     system_prompt: str | None  # optional system message placed before every prompt
     rewards: list[dict]  # default reward spec for ``rewards.build_rewards``, e.g. [{"name": "math"}]
+    tools: list[dict] = field(default_factory=list)  # tools an agent may call, e.g. [{"name": "calculator"}]
+    max_turns: int = 1  # policy turns per episode; 1 = single-turn (the completion is the answer)
 
 
 TASKS = Registry("task")
@@ -463,3 +466,7 @@ def _draw_problems(rng: random.Random, count: int, seen: set[str]) -> list[Examp
     if len(examples) == count:
         return examples
     raise ValueError(f"gsm8k: could not generate {count} distinct word problems; request fewer")
+
+
+# Tasks defined in their own modules register themselves on import.
+from unipg.sample import agent_tasks, multihop  # noqa: E402,F401

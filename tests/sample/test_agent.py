@@ -1,0 +1,99 @@
+import asyncio
+
+import pytest
+import torch
+
+from unipg.policy.chat import TurnTemplate
+from unipg.policy.loading import load_lm_policy
+from unipg.run.text_learner import TextBatch
+from unipg.sample.agent import AgentLoop
+from unipg.sample.envs.base import StepResult
+from unipg.sample.inference import InferenceEngine, SamplingParams
+from unipg.sample.tasks import Example
+
+OBSERVATION = "tool says 42"
+
+
+class TwoTurnEnv:
+    """Whatever the policy writes, the first turn gets an observation and the second ends the episode."""
+
+    observation_role = "tool"
+
+    def __init__(self, delay: float = 0.0):
+        self.delay, self.turns = delay, 0
+
+    async def reset(self, example):
+        self.turns = 0
+        return example.prompt
+
+    async def step(self, action):
+        self.turns += 1
+        await asyncio.sleep(self.delay)
+        if self.turns == 1:
+            return StepResult(OBSERVATION, 0.1, False, {"tool_status": "ok"})
+        return StepResult("", 1.0, True, {"final": True, "correct": True})
+
+
+@pytest.fixture(scope="module")
+def policy(embedded_path):
+    torch.manual_seed(0)
+    return load_lm_policy(embedded_path)
+
+
+def make_loop(policy, *, temperature=1.0, seed=0, batch_wait=None, max_total_tokens=200):
+    engine = InferenceEngine(policy, SamplingParams(temperature=temperature),
+                             generator=torch.Generator().manual_seed(seed), batch_wait=batch_wait)
+    template = TurnTemplate(policy.tokenizer)
+    encode = lambda text: policy.tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    return AgentLoop(engine, template, encode, max_turns=3, max_new_tokens=12, max_total_tokens=max_total_tokens)
+
+
+def run(loop, count=1, delay=0.0):
+    examples = [Example(f"<|user|>question {i}<|end|><|assistant|>", "42", "") for i in range(count)]
+    return asyncio.run(loop.run_episodes([TwoTurnEnv(delay) for _ in examples], examples))
+
+
+def test_loss_mask_is_one_exactly_on_sampled_tokens_of_a_two_turn_episode(policy):
+    loop = make_loop(policy)
+    [trajectory] = run(loop)
+    assert trajectory.turns == 2 and trajectory.finish == "done" and trajectory.step_rewards == [0.1, 1.0]
+    tokens, mask = trajectory.token_ids, trajectory.loss_mask
+    first = trajectory.turn_of_token.count(0)
+    second = trajectory.turn_of_token.count(1)
+    inserted = tokens[first: len(tokens) - second]
+    # the environment inserted the closing of the turn, the observation message and the next assistant opening
+    expected = loop.template.closing(tokens[first - 1] in policy.eos_ids) + loop.template.observation(OBSERVATION)
+    assert policy.tokenizer.decode(inserted) == expected
+    assert mask == [1] * first + [0] * len(inserted) + [1] * second
+    assert all(lp == 0.0 for lp, m in zip(trajectory.behaviour_logprobs, mask) if m == 0)
+    assert all(lp < 0.0 for lp, m in zip(trajectory.behaviour_logprobs, mask) if m == 1)
+
+
+def test_training_forward_reproduces_the_behaviour_logprobs_of_every_turn(policy):
+    trajectories = run(make_loop(policy, seed=3), count=4)
+    batch = TextBatch.from_trajectories(trajectories, policy.pad_id)
+    with torch.no_grad():
+        logprobs = policy.evaluate(batch.input_ids, batch.attention_mask, batch.completion_length).logprobs
+    sampled = batch.completion_mask.bool()
+    assert torch.allclose(logprobs[sampled], batch.behaviour_logprobs[sampled], atol=1e-4)
+    assert torch.equal(batch.turn_rewards, torch.tensor([[0.1, 1.0]] * 4))
+    assert set(batch.token_turns[~sampled].tolist()) <= {-1}
+
+
+def test_concurrent_episodes_share_generate_calls(policy):
+    loop = make_loop(policy, batch_wait=None)
+    trajectories = run(loop, count=6, delay=0.05)
+    assert len(trajectories) == 6 and all(t.turns == 2 for t in trajectories)
+    assert loop.engine.batches == [6, 6]  # two turns, each one batched call for all six episodes
+
+
+def test_seeded_rollouts_are_reproducible(policy):
+    first = run(make_loop(policy, seed=5), count=3)
+    second = run(make_loop(policy, seed=5), count=3)
+    assert [t.token_ids for t in first] == [t.token_ids for t in second]
+
+
+def test_an_episode_that_runs_out_of_tokens_ends_without_a_final_reward(policy):
+    [trajectory] = run(make_loop(policy, max_total_tokens=14))
+    assert trajectory.finish == "max_tokens" and trajectory.step_rewards == [0.1]
+    assert len(trajectory.token_ids) <= 14

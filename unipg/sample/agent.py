@@ -1,0 +1,130 @@
+"""The agent rollout loop: generate → parse → environment step → append the observation → generate …
+
+An episode's tokens after its prompt interleave what the policy sampled with what the environment
+inserted (the closing of the assistant turn, the observation message, the opening of the next assistant
+turn). ``loss_mask`` is 1 exactly on sampled tokens, so tool output never enters the loss, and the policy's
+tokens are kept as sampled (never re-tokenized), so their behaviour log-probs stay exact.
+
+An episode ends when the environment says done, after ``max_turns`` policy turns, or when its token budget
+``max_total_tokens`` (sampled + inserted tokens after the prompt) is spent; an episode cut short gets no
+final reward. Many episodes run concurrently; their generation requests meet in the ``InferenceEngine``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from unipg.policy.chat import TurnTemplate
+from unipg.sample.envs.base import Env
+from unipg.sample.inference import InferenceEngine
+from unipg.sample.tasks import Example
+
+
+@dataclass
+class Trajectory:
+    """One episode, token by token after the prompt, with its per-turn rewards and facts."""
+
+    example: Example
+    prompt_ids: list[int]  # the rendered first observation (system prompt, tools, user message)
+    token_ids: list[int] = field(default_factory=list)  # every token after the prompt, sampled or inserted
+    loss_mask: list[int] = field(default_factory=list)  # 1 on tokens the policy sampled, 0 on inserted ones
+    behaviour_logprobs: list[float] = field(default_factory=list)  # log μ on sampled tokens, 0 elsewhere
+    turn_of_token: list[int] = field(default_factory=list)  # policy turn a sampled token belongs to; -1 inserted
+    step_rewards: list[float] = field(default_factory=list)  # reward of each policy turn (final one included)
+    policy_versions: list[int] = field(default_factory=list)  # weights version that sampled each turn
+    turn_texts: list[str] = field(default_factory=list)
+    infos: list[dict] = field(default_factory=list)  # the environment's info of each turn
+    finish: str = "running"  # "done", "max_turns", "max_tokens"
+
+    @property
+    def turns(self) -> int:
+        return len(self.turn_texts)
+
+    @property
+    def reward(self) -> float:
+        """The episode return: the sum of the step rewards."""
+        return sum(self.step_rewards)
+
+    @property
+    def correct(self) -> bool:
+        """The task was completed: the final answer equals the reference answer."""
+        return bool(self.infos and self.infos[-1].get("correct", False))
+
+    @property
+    def tool_calls(self) -> int:
+        return sum(1 for info in self.infos if "tool_status" in info)
+
+    def tool_status_count(self, status: str) -> int:
+        return sum(1 for info in self.infos if info.get("tool_status") == status)
+
+    def add_sampled(self, token_ids: list[int], logprobs: list[float], turn: int) -> None:
+        self.token_ids += token_ids
+        self.loss_mask += [1] * len(token_ids)
+        self.behaviour_logprobs += logprobs
+        self.turn_of_token += [turn] * len(token_ids)
+
+    def add_inserted(self, token_ids: list[int]) -> None:
+        self.token_ids += token_ids
+        self.loss_mask += [0] * len(token_ids)
+        self.behaviour_logprobs += [0.0] * len(token_ids)
+        self.turn_of_token += [-1] * len(token_ids)
+
+
+@dataclass
+class AgentLoop:
+    """How episodes are run: the engine that samples, the template and tokenizer that lay out turns."""
+
+    engine: InferenceEngine
+    template: TurnTemplate
+    encode_prompt: Callable[[str], list[int]]  # first observation → prompt token ids (rendered, truncated)
+    max_turns: int
+    max_new_tokens: int  # per policy turn
+    max_total_tokens: int  # per episode, after the prompt
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.template.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+
+    async def run_episode(self, env: Env, example: Example, order: int) -> Trajectory:
+        first = await env.reset(example)
+        trajectory = Trajectory(example, self.encode_prompt(first))
+        async with self.engine.episode():
+            for turn in range(self.max_turns):
+                budget = min(self.max_new_tokens, self.max_total_tokens - len(trajectory.token_ids))
+                if budget <= 0:
+                    trajectory.finish = "max_tokens"
+                    break
+                out = await self.engine.generate(trajectory.prompt_ids + trajectory.token_ids,
+                                                 max_new_tokens=budget, order=order)
+                trajectory.add_sampled(out.token_ids, out.behaviour_logprobs, turn)
+                trajectory.turn_texts.append(out.text)
+                trajectory.policy_versions.append(out.policy_version)
+                observation, reward, done, info = await env.step(out.text)
+                trajectory.step_rewards.append(float(reward))
+                trajectory.infos.append(info)
+                if done:
+                    trajectory.finish = "done"
+                    break
+                if turn == self.max_turns - 1:
+                    trajectory.finish = "max_turns"
+                    break
+                inserted = self.tokenize(self.template.closing(out.ended_with_eos)
+                                         + self.template.observation(observation, env.observation_role))
+                if len(trajectory.token_ids) + len(inserted) >= self.max_total_tokens:
+                    trajectory.finish = "max_tokens"  # no room left to answer after this observation
+                    break
+                trajectory.add_inserted(inserted)
+        return trajectory
+
+    async def run_episodes(self, envs: list[Env], examples: list[Example], *,
+                           concurrency: int | None = None) -> list[Trajectory]:
+        """Run one episode per (env, example) concurrently; results in input order."""
+        limit = asyncio.Semaphore(concurrency or len(examples))
+
+        async def bounded(index: int) -> Trajectory:
+            async with limit:
+                return await self.run_episode(envs[index], examples[index], order=index)
+
+        async with self.engine.running():
+            return list(await asyncio.gather(*(bounded(i) for i in range(len(examples)))))

@@ -1,0 +1,56 @@
+"""The multi-turn text environment protocol and its registry.
+
+An episode is ``observation = await env.reset(example)`` followed by turns of
+``observation, reward, done, info = await env.step(action_text)``: the policy writes ``action_text``, the
+environment answers with the next observation (a tool's output, an error message, a game state) and a
+reward for that step. Both methods are coroutines so that many episodes can wait on slow tools at once.
+
+``ENVS`` maps a name to a factory ``(task, reward_fn, service, **options) -> Env``; a fresh environment is
+built per episode, so environments may keep per-episode state. ``observation_role`` is the chat role the
+observations are rendered with (``tool`` for tool outputs, ``user`` for a game or a simulated user).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol, runtime_checkable
+
+from unipg.estimate.registry import Registry
+from unipg.sample.tasks import Example
+
+ENVS = Registry("environment")
+
+
+class StepResult(NamedTuple):
+    observation: str  # text the policy sees next ("" when done)
+    reward: float  # reward of this step: process rewards, failure penalties, and the final reward when done
+    done: bool  # the episode is over
+    info: dict  # per-step facts for metrics: tool name and status, whether the final answer was correct, ...
+
+
+@runtime_checkable
+class Env(Protocol):
+    observation_role: str
+
+    async def reset(self, example: Example) -> str:
+        """Start an episode on ``example``; returns the first observation (the user prompt)."""
+        ...
+
+    async def step(self, action: str) -> StepResult:
+        """Apply the policy's turn ``action``; returns (observation, reward, done, info)."""
+        ...
+
+
+async def final_answer_reward(reward_fn, example: Example, completion: str) -> tuple[float, dict]:
+    """The reward of a final answer under the task's reward functions, and the info facts about it: whether
+    the extracted final answer equals the example's reference answer (the task-completion criterion of
+    evaluation) and each reward function's value."""
+    from unipg.sample.rewards import answers_equivalent
+    from unipg.sample.tasks import extract_final_answer
+
+    columns = {name: [value] for name, value in example.columns.items()}
+    scored = await reward_fn.acall([example.prompt], [completion], **columns)
+    predicted = extract_final_answer(completion)
+    correct = predicted is not None and answers_equivalent(predicted, example.answer)
+    reward = float(scored.total[0])
+    terms = {name: values[0] for name, values in scored.per_function.items() if values[0] is not None}
+    return reward, {"final": True, "correct": correct, "final_reward": reward, "reward_terms": terms}

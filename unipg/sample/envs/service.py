@@ -1,0 +1,163 @@
+"""The environment service: the one place tool calls go through, so one bad tool never stalls training.
+
+Agents in a batch call tools whose latency ranges from milliseconds to seconds and which time out, raise,
+or answer with something that is not text. The service turns every one of those outcomes into an
+observation the episode can continue from:
+
+- each attempt runs under ``timeout`` seconds (the tool's declared latency model included);
+- a failed attempt (timeout, exception, an answer that is neither text nor JSON-serializable) is retried
+  up to ``retries`` more times, waiting ``backoff`` seconds and doubling the wait after each failure;
+- after the last failure the episode gets ``default_observation`` and a reward of ``-failure_penalty``;
+- a ``ToolError`` is the tool refusing a call it understood (bad expression, empty query): its message is
+  the observation, it is not retried, and it does not cost the failure penalty.
+
+Synchronous tools run on the service's own thread pool. A synchronous tool that hangs keeps its thread
+busy after the timeout (Python cannot kill a thread), so tools that may hang should be ``async`` or run
+in a subprocess, as the Python sandbox does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from unipg.sample.tools.base import TOOLS, Tool, ToolError
+
+
+@dataclass
+class ToolCallResult:
+    """What one tool call gave the episode."""
+
+    observation: str  # the text the agent sees next
+    status: str  # "ok", "error" (the tool refused the call: ToolError) or "failed" (every attempt failed)
+    attempts: int  # 1 + retries used
+    timeouts: int  # attempts that ran past the timeout
+    seconds: float  # wall time of the call, retries and backoff included
+    penalty: float  # reward to add for this call (−failure_penalty when failed, else 0)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+@dataclass
+class ServiceStats:
+    """Counts since the last ``pop``; logged as rollout metrics."""
+
+    calls: int = 0
+    successes: int = 0
+    errors: int = 0
+    failures: int = 0
+    timeouts: int = 0
+    retries: int = 0
+    seconds: float = 0.0
+    by_tool: dict[str, int] = field(default_factory=dict)
+
+    def add(self, name: str, result: ToolCallResult) -> None:
+        self.calls += 1
+        self.successes += result.status == "ok"
+        self.errors += result.status == "error"
+        self.failures += result.status == "failed"
+        self.timeouts += result.timeouts
+        self.retries += result.attempts - 1
+        self.seconds += result.seconds
+        self.by_tool[name] = self.by_tool.get(name, 0) + 1
+
+
+def build_tools(specs: list[dict]) -> dict[str, Tool]:
+    """Tools by name, built from ``[{"name": ..., "options": {...}}]`` with the ``TOOLS`` registry."""
+    import unipg.sample.tools  # noqa: F401  (registers the built-in tools)
+
+    tools = {}
+    for spec in specs:
+        unknown = set(spec) - {"name", "options"}
+        if not isinstance(spec, dict) or "name" not in spec or unknown:
+            raise ValueError(f"a tool spec is {{name: ..., options: {{...}}}}, got {spec}")
+        built = TOOLS.get(spec["name"])(**spec.get("options", {}))
+        tools[built.name] = built
+    return tools
+
+
+class _Garbage(Exception):
+    """The tool returned something that is neither text nor JSON-serializable."""
+
+
+class EnvironmentService:
+    """Runs tool calls with a timeout, bounded retries with backoff, and a default observation on failure."""
+
+    def __init__(self, tools: dict[str, Tool], *, timeout: float = 10.0, retries: int = 2, backoff: float = 0.05,
+                 default_observation: str = "tool unavailable", failure_penalty: float = 0.1,
+                 max_output_chars: int = 1000, max_threads: int = 64, seed: int = 0):
+        self.tools = dict(tools)
+        self.timeout, self.retries, self.backoff = timeout, retries, backoff
+        self.default_observation, self.failure_penalty = default_observation, failure_penalty
+        self.max_output_chars = max_output_chars
+        self.stats = ServiceStats()
+        self._rng = random.Random(seed)  # latency draws: reproducible experiments
+        self._threads = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="unipg-tool")
+
+    @classmethod
+    def from_specs(cls, specs: list[dict], **options) -> EnvironmentService:
+        """A service over the tools named in ``[{"name": ..., "options": {...}}]``."""
+        return cls(build_tools(specs), **options)
+
+    async def call(self, name: str, arguments: dict) -> ToolCallResult:
+        """Run tool ``name``; never raises for anything the tool does."""
+        start, attempts, timeouts = time.monotonic(), 0, 0
+        tool = self.tools[name]
+        while True:
+            attempts += 1
+            try:
+                output = await asyncio.wait_for(self._attempt(tool, arguments), self.timeout)
+                result = ToolCallResult(output, "ok", attempts, timeouts, time.monotonic() - start, 0.0)
+                break
+            except ToolError as refusal:
+                result = ToolCallResult(self._clip(f"error: {refusal}"), "error", attempts, timeouts,
+                                        time.monotonic() - start, 0.0)
+                break
+            except Exception as failure:  # noqa: BLE001 — any tool failure must become an observation
+                timeouts += isinstance(failure, (asyncio.TimeoutError, TimeoutError))
+                if attempts > self.retries:
+                    result = ToolCallResult(self.default_observation, "failed", attempts, timeouts,
+                                            time.monotonic() - start, -self.failure_penalty)
+                    break
+                await asyncio.sleep(self.backoff * 2 ** (attempts - 1))
+        self.stats.add(name, result)
+        return result
+
+    async def _attempt(self, tool: Tool, arguments: dict) -> str:
+        if tool.latency is not None:
+            await asyncio.sleep(tool.latency.draw(self._rng))
+        if tool.is_async:
+            output = await tool.function(**arguments)
+        else:
+            loop = asyncio.get_running_loop()
+            output = await loop.run_in_executor(self._threads, lambda: tool.function(**arguments))
+        return self._clip(self._as_text(output))
+
+    @staticmethod
+    def _as_text(output: object) -> str:
+        if isinstance(output, str):
+            return output
+        if output is None:
+            raise _Garbage("the tool returned nothing")
+        try:
+            return json.dumps(output)
+        except (TypeError, ValueError):
+            raise _Garbage(f"the tool returned a {type(output).__name__}, not text") from None
+
+    def _clip(self, text: str) -> str:
+        if len(text) <= self.max_output_chars:
+            return text
+        return text[: self.max_output_chars] + f"... [{len(text) - self.max_output_chars} more characters]"
+
+    def pop_stats(self) -> ServiceStats:
+        stats, self.stats = self.stats, ServiceStats()
+        return stats
+
+    def close(self) -> None:
+        self._threads.shutdown(wait=False, cancel_futures=True)
