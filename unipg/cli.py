@@ -70,17 +70,23 @@ def run_guarded(config: Config, threshold: Optional[float]):
         raise typer.Exit(130) from None
 
 
+TEXT_COLUMN_NAMES = {"eval/pass@1": "completion (pass@1)", "eval/tool_calls": "tool calls",
+                     "eval/tool_success_rate": "tool success", "eval/turns": "turns"}
+
+
 def text_result_table(results) -> Table:
     table = Table(title="unipg results")
-    keys = [key for key in results[0][1].final_eval if key.startswith("eval/pass@")]
+    final = results[0][1].final_eval
+    keys = [key for key in final if key.startswith("eval/pass@")]
+    keys += [key for key in ("eval/tool_calls", "eval/tool_success_rate", "eval/turns") if key in final]
     columns = ["algorithm", "task", "model", "seed", "updates", "samples"]
-    columns += [f"{key[5:]} before → after" for key in keys] + ["samples/s"]
+    columns += [f"{TEXT_COLUMN_NAMES.get(key, key[5:])} before → after" for key in keys] + ["samples/s"]
     for column in columns:
         table.add_column(column, justify="left" if column in ("algorithm", "task", "model") else "right")
     for config, result in results:
         row = [config.algorithm, config.task.name, Path(config.model.name).name or config.model.name, str(config.seed),
                str(result.updates), f"{result.samples:,}"]
-        row += [f"{result.initial_eval[key]:.3f} → {result.final_eval[key]:.3f}" for key in keys]
+        row += [f"{result.initial_eval.get(key, float('nan')):.3f} → {result.final_eval[key]:.3f}" for key in keys]
         table.add_row(*row, f"{result.samples_per_second:.1f}")
     table.caption = f"runs in: {', '.join(str(result.run_dir) for _, result in results)}"
     if len(results) > 1:
@@ -163,6 +169,45 @@ def algorithms() -> None:
     for name in sorted(ALGORITHMS):
         table.add_row(name, ALGORITHMS[name].summary)
     console.print(table)
+
+
+@app.command()
+def doctor(
+    run_dir: Path = typer.Argument(..., help="folder of a training run (holds metrics.jsonl)"),
+    as_json: bool = typer.Option(False, "--json", help="print the findings as a JSON list"),
+) -> None:
+    """Diagnose a run from its metrics: flat or oscillating reward, KL spikes, entropy collapse, slow steps, ..."""
+    from rich.markup import escape  # the message may hold brackets, e.g. a path or "unipg[plot]"
+
+    from unipg.run.doctor import diagnose_run, findings_json, format_report
+
+    try:
+        findings = diagnose_run(run_dir)
+    except ValueError as error:
+        errors.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False)
+        raise typer.Exit(2) from None
+    typer.echo(findings_json(findings) if as_json else format_report(findings))
+
+
+@app.command()
+def plot(
+    run_dirs: List[Path] = typer.Argument(..., help="run folders; runs that differ only in seed are averaged"),
+    out: Path = typer.Option(Path("plots"), "--out", "-o", help="folder for the PNG files"),
+    metric: Optional[List[str]] = typer.Option(None, "--metric", "-m",
+                                               help="metric group (reward, eval, kl, ...) or metric; repeatable"),
+) -> None:
+    """Plot learning curves, one PNG per metric group, with mean and min-max band over seeds."""
+    from rich.markup import escape
+
+    from unipg.run.plots import plot_runs
+
+    try:
+        paths = plot_runs(list(run_dirs), out, metrics=list(metric) if metric else None)
+    except ValueError as error:
+        errors.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False)
+        raise typer.Exit(2) from None
+    for path in paths:
+        typer.echo(str(path))
 
 
 def main() -> None:

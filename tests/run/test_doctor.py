@@ -1,0 +1,229 @@
+"""The run doctor: each troubleshooting condition fires on a synthetic stream that shows it, and only then."""
+
+import json
+import math
+import random
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from unipg.cli import app
+from unipg.estimate.registry import RegistryError
+from unipg.run.doctor import CHECKS, Finding, Monitor, diagnose, format_report
+
+runner = CliRunner()
+STEPS = 100
+
+
+def healthy(steps: int = STEPS, seed: int = 0) -> list[dict]:
+    """A run that learns: noisy rising reward, stable KL, slowly falling entropy, balanced step timing."""
+    rng = random.Random(seed)
+    records = []
+    for i in range(steps):
+        record = {
+            "step": i, "time": float(i),
+            "rollout/reward_mean": 0.1 + 0.7 * i / steps + rng.gauss(0, 0.03),
+            "rollout/uniform_group_fraction": 0.3 + rng.uniform(-0.05, 0.05),
+            "rollout/distinct_2": 0.6 + rng.uniform(-0.02, 0.02),
+            "rollout/duplicate_fraction": 0.1 + rng.uniform(-0.02, 0.02),
+            "train/approx_kl": 0.01 * (1 + 0.4 * rng.uniform(-1, 1)),
+            "train/kl_to_reference": 0.02 * (1 + 0.3 * rng.uniform(-1, 1)),
+            "train/entropy": 2.0 - 0.5 * i / steps + rng.gauss(0, 0.02),
+            "train/clip_fraction": 0.1 + rng.uniform(-0.03, 0.03),
+            "train/grad_norm": 1.0 + rng.uniform(-0.3, 0.3),
+            "train/learning_rate": 1e-5,
+            "timing/generate": 0.5 + rng.uniform(-0.05, 0.05), "timing/reward": 0.05,
+            "timing/logprob": 0.2, "timing/update": 0.4, "timing/step": 1.15, "timing/samples_per_second": 55.0,
+            "system/rss_mb": 2000 + rng.uniform(-20, 20),
+        }
+        if i % 10 == 0:
+            record["eval/pass@1"] = 0.1 + 0.7 * i / steps
+        records.append(record)
+    return records
+
+
+def with_series(records: list[dict], name: str, value_at) -> list[dict]:
+    """A copy of ``records`` whose ``name`` at step i is ``value_at(i, old_value)``."""
+    return [{**record, name: value_at(record["step"], record.get(name))} for record in records]
+
+
+def fired(findings: list[Finding]) -> set[str]:
+    return {finding.check for finding in findings}
+
+
+def test_a_healthy_run_has_no_findings():
+    for seed in range(3):
+        findings = diagnose(healthy(seed=seed))
+        assert findings == [], format_report(findings)
+    assert format_report([]) == "no problems found"
+
+
+def noise(scale: float, seed: int = 1):
+    rng = random.Random(seed)
+    return lambda i, old: old + rng.gauss(0, scale)
+
+
+CONDITIONS = {
+    "reward_flat": ("rollout/reward_mean", lambda i, old: 0.2 + 0.01 * math.sin(i * 1.7)),
+    "reward_oscillating": ("rollout/reward_mean", lambda i, old: 0.5 + 0.3 * (-1) ** i),
+    "kl_spike": ("train/approx_kl", lambda i, old: 0.2 if i == 70 else old),
+    "entropy_collapse": ("train/entropy", lambda i, old: 2.0 * math.exp(-i / 10)),
+    "clip_fraction_high": ("train/clip_fraction", lambda i, old: 0.45 + 0.01 * math.sin(i)),
+    "grad_norm_exploding": ("train/grad_norm", lambda i, old: 500.0 if i == 60 else old),
+    "non_finite_values": ("train/grad_norm", lambda i, old: None if i >= 80 else old),
+    "slow_training": ("timing/generate", lambda i, old: 6.0),
+    "memory_growth": ("system/rss_mb", lambda i, old: 2000 + 15 * i),
+}
+
+
+@pytest.mark.parametrize("check", sorted(CONDITIONS))
+def test_each_condition_fires_only_its_check_and_quotes_the_metric(check):
+    metric, value_at = CONDITIONS[check]
+    findings = diagnose(with_series(healthy(), metric, value_at))
+    assert fired(findings) == {check}, format_report(findings)
+    assert all(metric in finding.evidence and finding.remedy for finding in findings)
+    assert all(finding.steps is not None and finding.steps[0] <= finding.steps[1] for finding in findings)
+
+
+def test_evidence_quotes_steps_and_values():
+    kl = diagnose(with_series(healthy(), "train/approx_kl", CONDITIONS["kl_spike"][1]))[0]
+    assert kl.metric == "train/approx_kl" and kl.steps == (70, 70) and "step 70" in kl.evidence
+    assert "0.2" in kl.evidence and kl.severity == "warning"
+    nan = diagnose(with_series(healthy(), "train/grad_norm", CONDITIONS["non_finite_values"][1]))[0]
+    assert nan.severity == "error" and "steps 80-99" in nan.evidence and "20 record(s)" in nan.evidence
+    memory = diagnose(with_series(healthy(), "system/rss_mb", CONDITIONS["memory_growth"][1]))[0]
+    assert memory.metric == "system/rss_mb" and "rose from" in memory.evidence
+
+
+def test_kl_above_the_configured_target_fires_only_with_the_config():
+    records = healthy()  # train/kl_to_reference hovers at 0.02
+    assert diagnose(records) == []
+    findings = diagnose(records, config={"estimator": {"target_kl": 0.005}})
+    assert fired(findings) == {"kl_spike"}
+    assert {finding.metric for finding in findings} == {"train/kl_to_reference"}
+    assert "target_kl 0.005" in findings[0].evidence
+
+
+def test_tiny_kl_jumps_are_noise():
+    records = with_series(healthy(), "train/approx_kl", lambda i, old: 1e-5 if i != 70 else 5e-4)
+    assert diagnose(records) == []
+
+
+def test_a_gradient_appearing_after_zero_gradients_is_not_an_explosion():
+    records = with_series(healthy(), "train/grad_norm", lambda i, old: 0.0 if i < 30 else old)
+    assert diagnose(records) == []
+
+
+def test_learner_idle_fraction_and_diversity_metrics_are_used_when_present():
+    idle = with_series(healthy(), "timing/learner_idle_fraction", lambda i, old: 0.7)
+    assert [(f.check, f.metric) for f in diagnose(idle)] == [("slow_training", "timing/learner_idle_fraction")]
+    distinct = with_series(healthy(), "rollout/distinct_2", lambda i, old: 0.6 * math.exp(-i / 20))
+    duplicates = with_series(healthy(), "rollout/duplicate_fraction", lambda i, old: min(0.9, 0.1 + i / 50))
+    assert [f.metric for f in diagnose(distinct)] == ["rollout/distinct_2"]
+    assert [f.metric for f in diagnose(duplicates)] == ["rollout/duplicate_fraction"]
+    assert fired(diagnose(distinct)) == {"low_diversity"}
+
+
+def test_reward_at_its_ceiling_is_not_flat():
+    solved = with_series(healthy(), "rollout/reward_mean", lambda i, old: min(1.0, i / 40))
+    assert diagnose(solved) == []
+    gym = [{"step": 512 * i, "rollout/episode_return": min(500.0, 20.0 + 12 * i)} for i in range(80)]
+    assert diagnose(gym, config={"env": {"id": "CartPole-v1"}}) == []
+    assert diagnose(gym) == []  # no config: constant at the run's best after rising counts as the ceiling
+    stuck = [{"step": 512 * i, "rollout/episode_return": 22.0 + math.sin(i)} for i in range(80)]
+    findings = diagnose(stuck, config={"env": {"id": "CartPole-v1"}})
+    assert fired(findings) == {"reward_flat"} and "ceiling 475" in findings[0].evidence
+
+
+def test_a_continuous_policys_negative_entropy_is_not_a_collapse():
+    records = [{"step": i, "train/entropy": 1.4 - 0.02 * i} for i in range(100)]  # Gaussian, ends at -0.58
+    assert diagnose(records) == []
+
+
+def test_flat_reward_mentions_groups_without_learning_signal():
+    records = with_series(healthy(), "rollout/reward_mean", CONDITIONS["reward_flat"][1])
+    records = with_series(records, "rollout/uniform_group_fraction", lambda i, old: 0.95)
+    assert "95% of prompt groups" in diagnose(records)[0].evidence
+
+
+def test_users_can_register_checks_and_unknown_names_list_the_valid_ones(monkeypatch):
+    monkeypatch.setattr(CHECKS, "_entries", dict(CHECKS._entries))  # registration undone after the test
+
+    @CHECKS.register("too_short")
+    def too_short(history):
+        return [Finding("too_short", "warning", f"{len(history.records)} records", "train longer")]
+
+    assert fired(diagnose(healthy(steps=30))) == {"too_short"}
+    with pytest.raises(RegistryError, match="kl_spike"):
+        diagnose(healthy(), checks=["kl_spiek"])
+    with pytest.raises(RegistryError, match="already registered"):
+        CHECKS.register("kl_spike")(too_short)
+
+
+def replay(monitor: Monitor, records: list[dict]) -> list[tuple[int, str]]:
+    """(step, check) of every finding the monitor reports while the records stream in."""
+    reported = []
+    for record in records:
+        metrics = {key: value for key, value in record.items() if key not in ("step", "time")}
+        reported += [(record["step"], finding.check) for finding in monitor.observe(record["step"], metrics)]
+    return reported
+
+
+def test_monitor_is_silent_on_a_healthy_run():
+    assert replay(Monitor(window=20), healthy()) == []
+
+
+def test_monitor_reports_a_persistent_condition_once():
+    records = with_series(healthy(), "train/clip_fraction", lambda i, old: 0.5 if i >= 40 else old)
+    reported = replay(Monitor(window=20), records)
+    # fires once the window's mean clip fraction passes the threshold, and not again while it stays high
+    assert len(reported) == 1 and reported[0][1] == "clip_fraction_high" and 40 < reported[0][0] < 60
+
+
+def test_monitor_reports_each_onset():
+    records = with_series(healthy(), "train/approx_kl", lambda i, old: 0.3 if i in (30, 80) else old)
+    assert replay(Monitor(window=20, rearm_after=5), records) == [(30, "kl_spike"), (80, "kl_spike")]
+
+
+def test_monitor_treats_nan_as_non_finite():
+    monitor = Monitor(window=10)
+    assert monitor.observe(0, {"train/loss": 1.0}) == []
+    first = monitor.observe(1, {"train/loss": float("nan")})
+    assert [finding.check for finding in first] == ["non_finite_values"]
+    assert monitor.observe(2, {"train/loss": float("inf")}) == []
+
+
+def write_run(run_dir, records, config=None):
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
+    if config is not None:
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    return run_dir
+
+
+def test_cli_doctor_prints_the_report(tmp_path):
+    good = write_run(tmp_path / "good", healthy())
+    result = runner.invoke(app, ["doctor", str(good)])
+    assert result.exit_code == 0 and "no problems found" in result.output
+    bad = write_run(tmp_path / "bad", with_series(healthy(), "train/grad_norm", CONDITIONS["non_finite_values"][1]))
+    result = runner.invoke(app, ["doctor", str(bad)])
+    assert result.exit_code == 0, result.output
+    assert "[error] non_finite_values" in result.output and "train/grad_norm" in result.output
+
+
+def test_cli_doctor_reads_target_kl_from_the_run_config_and_prints_json(tmp_path):
+    run_dir = write_run(tmp_path / "run", healthy(), config={"estimator": {"target_kl": 0.005}})
+    result = runner.invoke(app, ["doctor", str(run_dir), "--json"])
+    assert result.exit_code == 0, result.output
+    findings = json.loads(result.output)
+    assert [finding["check"] for finding in findings] == ["kl_spike"]
+    assert set(findings[0]) >= {"check", "severity", "evidence", "remedy"}
+
+
+def test_cli_doctor_on_a_missing_or_empty_run_exits_2(tmp_path):
+    result = runner.invoke(app, ["doctor", str(tmp_path / "nowhere")])
+    assert result.exit_code == 2 and "does not exist" in result.output and "Traceback" not in result.output
+    empty = write_run(tmp_path / "empty", [])
+    result = runner.invoke(app, ["doctor", str(empty)])
+    assert result.exit_code == 2 and "no records" in result.output

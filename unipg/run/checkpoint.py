@@ -1,0 +1,457 @@
+"""Crash-safe training checkpoints: safetensors for tensors, JSON for everything else, never pickle.
+
+Layout on disk::
+
+    root/
+      step-00000120/
+        policy.safetensors      one file per tensor group ("policy", "optimizer", "critic", "value_head", ...)
+        optimizer.safetensors
+        state.json              everything else: step, policy version, KL coefficient, data position, RNG states
+        manifest.json           format version, step, metrics, every file's size and sha256, tied-tensor aliases
+      step-00000160/
+      .tmp-step-00000200-4711/  a save in progress (or interrupted): ignored by loaders, removed by the next save
+
+Atomicity. A save writes the whole checkpoint into ``.tmp-step-<step>-<pid>``, fsyncs every file and that
+folder, then ``os.rename``s it to ``step-<step>`` and fsyncs ``root`` so the rename itself is durable. A
+rename within one filesystem is atomic, so at any instant a ``step-*`` folder is either absent or complete;
+a crash (even SIGKILL or power loss) before the rename leaves only a ``.tmp-*`` folder, and the checkpoints
+saved earlier are untouched. Rotation renames a doomed checkpoint to ``.tmp-*`` before deleting it, so a
+half-deleted checkpoint never looks like a real one. Bit rot or a truncated copy is caught by the sha256 of
+every file in the manifest: ``CheckpointStore.latest`` skips a checkpoint that fails it, with a warning.
+
+One process writes to a given ``root`` at a time (on several ranks, save from one of them); the next save
+removes every ``.tmp-*`` folder it finds.
+
+Tensors that share memory (tied embeddings) are stored once and recorded as aliases in the manifest, so a
+load gives back one tensor under both names. ``optimizer_tensors``/``load_optimizer`` flatten an optimizer's
+``state_dict`` into tensors plus JSON, and ``rng_state``/``restore_rng`` encode the global random generators
+as JSON, so that a resumed run continues bit for bit like an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import math
+import os
+import random
+import re
+import shutil
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+FORMAT_VERSION = 1
+MANIFEST_FILE = "manifest.json"
+STATE_FILE = "state.json"
+TMP_PREFIX = ".tmp-"
+_STEP_DIR = re.compile(r"step-(\d+)")
+_GROUP_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+
+
+@dataclass
+class Checkpoint:
+    """A loaded, checksum-verified checkpoint."""
+
+    path: Path
+    step: int
+    tensors: dict[str, dict[str, torch.Tensor]]  # group ("policy", "optimizer", ...) → name → tensor
+    state: dict  # the JSON state given to save()
+    metrics: dict[str, float]
+
+
+# --- durable files -----------------------------------------------------------------------------------
+
+
+def _fsync_path(path: Path) -> None:
+    """Flush a file's or a folder's data and metadata to the disk (a folder's fsync makes its entries durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_durably(path: Path, data: bytes) -> None:
+    with open(path, "wb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while chunk := file.read(1 << 23):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _json_bytes(value, what: str) -> bytes:
+    try:
+        return json.dumps(value, indent=1, sort_keys=True).encode()
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"the checkpoint {what} must be JSON-serializable ({error}); put tensors in a tensor "
+                        "group and encode RNG states with rng_state()/generator_state()") from None
+
+
+# --- tensor groups -----------------------------------------------------------------------------------
+
+
+def _storable(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Tensors safetensors accepts (CPU, contiguous, no shared memory) and the aliases left out (name → stored name).
+
+    Two names for one view of memory (tied weights) are stored once and aliased, so the tie survives a load.
+    Different views of one storage (a slice and its whole) cannot be aliased; each is copied, so the values
+    survive but the sharing does not.
+    """
+    stored: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    first_name_of_view: dict[tuple, str] = {}
+    users_of_storage: dict[tuple, int] = {}
+    for name, tensor in tensors.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"tensor group entry {name!r} is a {type(tensor).__name__}, not a torch.Tensor; "
+                            "put non-tensor values in the JSON state instead")
+        tensor = tensor.detach()
+        if tensor.numel() == 0:  # empty tensors have no memory to share
+            stored[name] = tensor.cpu()
+            continue
+        storage = (str(tensor.device), tensor.untyped_storage().data_ptr())
+        view = (*storage, tensor.storage_offset(), tuple(tensor.shape), tensor.stride(), tensor.dtype)
+        if view in first_name_of_view:
+            aliases[name] = first_name_of_view[view]
+            continue
+        first_name_of_view[view] = name
+        users_of_storage[storage] = users_of_storage.get(storage, 0) + 1
+        stored[name] = tensor
+    for name, tensor in stored.items():
+        if tensor.device.type != "cpu":
+            stored[name] = tensor.cpu().contiguous()  # the copy to the CPU owns its memory
+        elif tensor.numel() and users_of_storage[(str(tensor.device), tensor.untyped_storage().data_ptr())] > 1:
+            stored[name] = tensor.clone(memory_format=torch.contiguous_format)
+        else:
+            stored[name] = tensor.contiguous()
+    return stored, aliases
+
+
+def _write_checkpoint_files(directory: Path, step: int, tensors: dict[str, dict[str, torch.Tensor]],
+                            state_bytes: bytes, metrics: dict[str, float]) -> None:
+    """Every file of a checkpoint into ``directory``, each fsynced; the manifest last."""
+    groups = {}
+    for group, group_tensors in tensors.items():
+        stored, aliases = _storable(group_tensors)
+        file = directory / f"{group}.safetensors"
+        save_file(stored, file)
+        _fsync_path(file)
+        groups[group] = {"file": file.name, "aliases": aliases}
+        del stored  # a group's CPU copies need not outlive its file
+    _write_durably(directory / STATE_FILE, state_bytes)
+    files = {path.name: {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+             for path in sorted(directory.iterdir())}
+    manifest = {"format_version": FORMAT_VERSION, "step": step, "metrics": metrics, "files": files,
+                "tensor_groups": groups}
+    _write_durably(directory / MANIFEST_FILE, _json_bytes(manifest, "manifest"))
+
+
+# --- verifying and loading ---------------------------------------------------------------------------
+
+
+def _corrupted(path: Path, problem: str) -> ValueError:
+    return ValueError(f"checkpoint {path} is corrupted or incomplete: {problem}; load an older checkpoint "
+                      "(CheckpointStore.latest() skips corrupted ones)")
+
+
+def _read_manifest(path: Path) -> dict:
+    manifest_file = Path(path) / MANIFEST_FILE
+    if not manifest_file.is_file():
+        raise _corrupted(path, f"{manifest_file.name} is missing")
+    try:
+        manifest = json.loads(manifest_file.read_text())
+    except (ValueError, UnicodeDecodeError) as error:
+        raise _corrupted(path, f"{manifest_file.name} is not valid JSON ({error})") from None
+    version = manifest.get("format_version") if isinstance(manifest, dict) else None
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise ValueError(f"checkpoint {path} has format version {version!r}; this code reads versions up to "
+                         f"{FORMAT_VERSION}: load it with a newer unipg")
+    return manifest
+
+
+def verify_checkpoint(path: str | Path) -> dict:
+    """The checkpoint's manifest, after checking every file's size and sha256; ``ValueError`` if any differs."""
+    path = Path(path)
+    manifest = _read_manifest(path)
+    for name, entry in manifest["files"].items():
+        file = path / name
+        if name != Path(name).name or not file.is_file():
+            raise _corrupted(path, f"file {name!r} listed in the manifest is missing")
+        if file.stat().st_size != entry["bytes"] or _sha256(file) != entry["sha256"]:
+            raise _corrupted(path, f"{name} does not match the sha256 checksum in its manifest")
+    return manifest
+
+
+def load_checkpoint(path: str | Path, *, device: str = "cpu") -> Checkpoint:
+    """Load and verify a checkpoint folder; tensors go to ``device``. ``ValueError`` if it is corrupted."""
+    path = Path(path)
+    manifest = verify_checkpoint(path)
+    tensors = {}
+    for group, entry in manifest["tensor_groups"].items():
+        loaded = load_file(path / entry["file"], device=device)
+        for alias, stored_name in entry["aliases"].items():
+            loaded[alias] = loaded[stored_name]  # one tensor under both names, as when saved
+        tensors[group] = loaded
+    state = json.loads((path / STATE_FILE).read_text())
+    return Checkpoint(path=path, step=manifest["step"], tensors=tensors, state=state, metrics=manifest["metrics"])
+
+
+# --- the store ---------------------------------------------------------------------------------------
+
+
+class CheckpointStore:
+    """Numbered checkpoints under ``root``: atomic saves, rotation, and the newest or best valid one.
+
+    After each save it keeps the ``keep_last`` newest checkpoints, the ``keep_best`` best by the metric
+    ``best_metric`` ("max": higher is better, "min": lower) and the one just written; it deletes the rest.
+    """
+
+    def __init__(self, root: str | Path, *, keep_last: int = 3, keep_best: int = 1, best_metric: str | None = None,
+                 mode: Literal["max", "min"] = "max"):
+        if keep_last < 0 or keep_best < 0:
+            raise ValueError(f"keep_last ({keep_last}) and keep_best ({keep_best}) must be ≥ 0")
+        if mode not in ("max", "min"):
+            raise ValueError(f"mode ({mode!r}) must be 'max' (higher {best_metric} is better) or 'min'")
+        self.root = Path(root)
+        self.keep_last, self.keep_best, self.best_metric, self.mode = keep_last, keep_best, best_metric, mode
+
+    def save(self, step: int, tensors: dict[str, dict[str, torch.Tensor]], state: dict, *,
+             metrics: dict[str, float] | None = None) -> Path:
+        """Write ``root/step-{step:08d}`` atomically, then rotate; returns its path.
+
+        ``tensors`` maps a group name to a flat ``name → tensor`` dict (one safetensors file per group);
+        ``state`` must be JSON-serializable. Saving a step that exists replaces it.
+        """
+        if step < 0:
+            raise ValueError(f"step ({step}) must be ≥ 0")
+        for group in tensors:
+            if not _GROUP_NAME.fullmatch(group):
+                raise ValueError(f"tensor group name {group!r} must be a plain file name: letters, digits, _ . -")
+        # Check everything that can be checked before touching the disk.
+        state_bytes = _json_bytes(state, "state")
+        metrics = {str(name): float(value) for name, value in (metrics or {}).items()}
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._remove_stray_tmp()
+        final = self.root / f"step-{step:08d}"
+        tmp = self.root / f"{TMP_PREFIX}{final.name}-{os.getpid()}"
+        tmp.mkdir()
+        try:
+            _write_checkpoint_files(tmp, step, tensors, state_bytes, metrics)
+            _fsync_path(tmp)
+            self._publish(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        self._rotate(just_written=final)
+        return final
+
+    def list(self) -> list[Path]:
+        """Complete checkpoints (manifest present), oldest first. Checksums are not verified here."""
+        if not self.root.is_dir():
+            return []
+        found = []
+        for entry in self.root.iterdir():
+            match = _STEP_DIR.fullmatch(entry.name)
+            if match and (entry / MANIFEST_FILE).is_file():
+                found.append((int(match[1]), entry))
+        return [path for _, path in sorted(found)]
+
+    def latest(self) -> Path | None:
+        """The newest checkpoint whose checksums verify; corrupted newer ones are skipped with a warning."""
+        return self._first_valid(reversed(self.list()))
+
+    def best(self) -> Path | None:
+        """The valid checkpoint with the best ``best_metric``; ties go to the newer one."""
+        if self.best_metric is None:
+            raise ValueError("best() needs a metric: create the store with best_metric='...'")
+        return self._first_valid(self._ranked(self.list()))
+
+    def _first_valid(self, paths) -> Path | None:
+        for path in paths:
+            try:
+                verify_checkpoint(path)
+                return path
+            except ValueError as error:
+                warnings.warn(f"skipping checkpoint {path.name}: {error}", RuntimeWarning, stacklevel=3)
+        return None
+
+    def _ranked(self, paths: list[Path]) -> list[Path]:
+        """Checkpoints that report a finite ``best_metric``, best first."""
+        sign = 1.0 if self.mode == "max" else -1.0
+        scored = []
+        for age, path in enumerate(paths):  # paths come oldest first, so a larger index is newer
+            try:
+                value = float(_read_manifest(path)["metrics"][self.best_metric])
+            except (ValueError, KeyError, TypeError):
+                continue
+            if math.isfinite(value):
+                scored.append((sign * value, age, path))
+        return [path for *_, path in sorted(scored, key=lambda item: item[:2], reverse=True)]
+
+    def _publish(self, tmp: Path, final: Path) -> None:
+        displaced = None
+        if final.exists():
+            # A resumed run re-reaching a saved step: move the old one aside under a .tmp- name (rename
+            # cannot replace a non-empty folder); a crash in between loses only this step, no older one.
+            displaced = self.root / f"{TMP_PREFIX}replaced-{final.name}-{os.getpid()}"
+            os.rename(final, displaced)
+        os.rename(tmp, final)
+        _fsync_path(self.root)  # make the rename itself durable
+        if displaced is not None:
+            shutil.rmtree(displaced, ignore_errors=True)
+
+    def _rotate(self, just_written: Path) -> None:
+        checkpoints = self.list()
+        keep = {just_written}
+        if self.keep_last:
+            keep.update(checkpoints[-self.keep_last:])
+        if self.best_metric is not None and self.keep_best:
+            keep.update(self._ranked(checkpoints)[:self.keep_best])
+        for path in checkpoints:
+            if path not in keep:
+                self._remove(path)
+
+    def _remove(self, path: Path) -> None:
+        # Renamed first so that a crash mid-delete leaves a .tmp- folder, never a partial step- folder.
+        doomed = self.root / f"{TMP_PREFIX}removed-{path.name}-{os.getpid()}"
+        os.rename(path, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+
+    def _remove_stray_tmp(self) -> None:
+        for entry in self.root.glob(f"{TMP_PREFIX}*"):
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+
+
+# --- random generators as JSON -----------------------------------------------------------------------
+
+
+def _encode_bytes(tensor: torch.Tensor) -> str:
+    return base64.b64encode(tensor.cpu().numpy().tobytes()).decode("ascii")
+
+
+def _decode_bytes(text: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+
+
+def generator_state(generator: torch.Generator) -> str:
+    """A ``torch.Generator``'s state (a uint8 tensor) as a base64 string for the JSON state."""
+    return _encode_bytes(generator.get_state())
+
+
+def restore_generator(generator: torch.Generator, state: str) -> torch.Generator:
+    """Set ``generator`` back to a state from ``generator_state``; returns it."""
+    generator.set_state(_decode_bytes(state))
+    return generator
+
+
+def rng_state() -> dict:
+    """The global Python, NumPy, torch CPU and (if present) CUDA generator states, as JSON-ready values."""
+    version, internal, gauss_next = random.getstate()
+    kind, keys, position, has_gauss, cached_gaussian = np.random.get_state()
+    state = {"python": {"version": version, "internal": list(internal), "gauss_next": gauss_next},
+             "numpy": {"kind": kind, "keys": keys.tolist(), "position": int(position), "has_gauss": int(has_gauss),
+                       "cached_gaussian": float(cached_gaussian)},
+             "torch": _encode_bytes(torch.get_rng_state())}
+    if torch.cuda.is_available():
+        state["cuda"] = [_encode_bytes(device_state) for device_state in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def restore_rng(state: dict) -> None:
+    """Set the global generators back to a state from ``rng_state``."""
+    python = state["python"]
+    random.setstate((python["version"], tuple(python["internal"]), python["gauss_next"]))
+    numpy = state["numpy"]
+    np.random.set_state((numpy["kind"], np.asarray(numpy["keys"], dtype=np.uint32), numpy["position"],
+                         numpy["has_gauss"], numpy["cached_gaussian"]))
+    torch.set_rng_state(_decode_bytes(state["torch"]))
+    saved_cuda = state.get("cuda", [])
+    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if len(saved_cuda) != available:
+        warnings.warn(f"the checkpoint holds RNG states of {len(saved_cuda)} CUDA devices and this machine has "
+                      f"{available}; restoring the first {min(len(saved_cuda), available)}", RuntimeWarning)
+    for device, device_state in enumerate(saved_cuda[:available]):
+        torch.cuda.set_rng_state(_decode_bytes(device_state), device=device)
+
+
+# --- optimizer state ---------------------------------------------------------------------------------
+
+
+def _to_json(value, where: str):
+    """A JSON-ready copy of an optimizer value; tuples (AdamW's betas) are tagged so they come back as tuples."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, tuple):
+        return {"__tuple__": [_to_json(item, where) for item in value]}
+    if isinstance(value, list):
+        return [_to_json(item, where) for item in value]
+    raise TypeError(f"optimizer value {where} is a {type(value).__name__}; a checkpoint stores only tensors, "
+                    "numbers, strings, None and lists or tuples of them")
+
+
+def _from_json(value):
+    if isinstance(value, dict) and "__tuple__" in value:
+        return tuple(_from_json(item) for item in value["__tuple__"])
+    if isinstance(value, list):
+        return [_from_json(item) for item in value]
+    return value
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
+    """``optimizer.state_dict()`` as a flat tensor group plus JSON metadata, for ``CheckpointStore.save``.
+
+    Per-parameter state tensors are named ``state.{param_index}.{key}`` (``state.3.exp_avg``); a tensor
+    hyperparameter is ``param_groups.{group_index}.{key}``. Everything else (a float ``step``, the groups'
+    hyperparameters and parameter indices) goes into the metadata.
+    """
+    state_dict = optimizer.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    per_param: dict[str, dict] = {}
+    for index, param_state in state_dict["state"].items():
+        per_param[str(index)] = {}
+        for key, value in param_state.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"state.{index}.{key}"] = value
+            else:
+                per_param[str(index)][key] = _to_json(value, f"state[{index}][{key!r}]")
+    groups = []
+    for group_index, group in enumerate(state_dict["param_groups"]):
+        groups.append({})
+        for key, value in group.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"param_groups.{group_index}.{key}"] = value
+            else:
+                groups[-1][key] = _to_json(value, f"param_groups[{group_index}][{key!r}]")
+    return tensors, {"state": per_param, "param_groups": groups}
+
+
+def load_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+    """Restore ``optimizer`` from the output of ``optimizer_tensors`` (hyperparameters included)."""
+    state = {int(index): {key: _from_json(value) for key, value in values.items()}
+             for index, values in meta["state"].items()}
+    groups = [{key: _from_json(value) for key, value in group.items()} for group in meta["param_groups"]]
+    for name, tensor in tensors.items():
+        section, index, key = name.split(".", 2)
+        if section == "state":
+            state.setdefault(int(index), {})[key] = tensor
+        elif section == "param_groups":
+            groups[int(index)][key] = tensor
+        else:
+            raise ValueError(f"optimizer tensor {name!r} is neither 'state.<param>.<key>' nor "
+                             "'param_groups.<group>.<key>'; was it written by optimizer_tensors()?")
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
