@@ -139,8 +139,23 @@ class AgentConfig(Section):
     the system message."""
 
 
+class SFTStage(Section):
+    """An earlier supervised stage on the same task built with other options (a curriculum)."""
+
+    steps: int = Field(..., ge=1)
+    """optimizer steps of this stage."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """task options that replace the run's task.options for this stage, e.g. {tool_demonstrations: 1.0}."""
+    learning_rate: float | None = Field(None, gt=0.0)
+    """peak learning rate of this stage (None = sft.learning_rate)."""
+
+
 class SFTConfig(Section):
     """Supervised warm start on the task's demonstrations (completion-only loss)."""
+
+    stages: list[SFTStage] = Field(default_factory=list)
+    """stages run in order before the main stage, each on the task rebuilt with its own options: e.g. first
+    only demonstrations that use a tool (to learn the skill quickly), then the run's own mixture."""
 
     steps: int = Field(600, ge=1)
     """optimizer steps."""
@@ -150,6 +165,8 @@ class SFTConfig(Section):
     """peak learning rate (linear warm-up, then cosine decay to 10%)."""
     examples: int | None = Field(None, ge=1)
     """use only the first this many training demonstrations (None = all)."""
+    group_by_length: bool = False
+    """batch demonstrations of similar length together: much less padding when lengths vary widely."""
 
 
 class EstimatorConfig(Section):

@@ -12,9 +12,11 @@ from unipg.run.sft import (
     build_sft_batch,
     completion_loss,
     greedy_completions,
+    length_grouped_batches,
     sft_accuracy,
     sft_learning_rate,
     sft_train,
+    sft_step,
     shuffled_batches,
     tokenize_pairs,
 )
@@ -72,6 +74,31 @@ def test_batches_walk_through_every_example_each_epoch():
     assert sorted(first_epochs.tolist()) == sorted(list(range(10)) * 2)
     again = shuffled_batches(10, 4, torch.Generator().manual_seed(0))
     assert torch.equal(next(again), first_epochs[:4])
+
+
+def test_length_grouped_batches_hold_rows_of_one_length_band_and_cover_each_epoch():
+    lengths = [120 if row % 5 == 0 else 40 for row in range(200)]
+    batches = length_grouped_batches(lengths, 8, torch.Generator().manual_seed(0), group=25)
+    epoch = [next(batches) for _ in range(25)]
+    assert sorted(torch.cat(epoch).tolist()) == list(range(200))
+    mixed = [batch for batch in epoch if len({lengths[row] for row in batch}) > 1]
+    assert len(mixed) <= 1 and all(len(batch) == 8 for batch in epoch)
+
+
+def test_a_fixed_token_normaliser_weighs_each_token_the_same_in_any_batch(tokenizer):
+    """Grouped by length, a batch's loss is its token sum over a fixed count, so a batch of short rows gets a
+    proportionally smaller gradient than a batch of long rows, as in an ungrouped batch holding both."""
+    pairs = [(render_prompt(tokenizer, "2+2="), "4"), (render_prompt(tokenizer, "2+2="), "4444444444")]
+    batch = build_sft_batch(tokenize_pairs(tokenizer, pairs), pad_token_id=tokenizer.pad_token_id)
+    short = batch.rows(torch.tensor([0]))
+    gradients = []
+    for tokens_per_batch in (None, 8.0):
+        model = build_model(tokenizer, seed=0)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+        sft_step(model, optimizer, short, max_grad_norm=1e9, tokens_per_batch=tokens_per_batch)
+        gradients.append(model.lm_head.weight.grad.clone())
+    trained = int((short.labels[:, 1:] != IGNORE_INDEX).sum())  # "4" and the end token
+    torch.testing.assert_close(gradients[1], gradients[0] * trained / 8.0)
 
 
 def test_a_tokenizer_without_pad_token_is_refused_with_the_fix(tokenizer):

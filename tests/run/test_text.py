@@ -51,6 +51,24 @@ def test_warm_start_is_built_once_and_reused(embedded_path, tmp_path):
     assert resolve_warm_start(other, task, root=tmp_path, log=messages.append).model.name != folder
 
 
+def test_sft_stages_run_in_order_each_on_the_task_built_with_its_options(embedded_path, monkeypatch):
+    import unipg.run.sft_job as sft_job
+
+    config = load_config(None, [
+        "task.name=calculator", "task.options={digits: 2, num_train: 40, num_test: 4, tool_demonstrations: 0.0}",
+        "sft.stages=[{steps: 2, options: {tool_demonstrations: 1.0}, learning_rate: 0.01}]", "sft.steps=3"])
+    seen = []
+    monkeypatch.setattr(sft_job, "sft_train", lambda model, tokenizer, pairs, **kw: seen.append((pairs, kw)) or {})
+    policy = load_lm_policy(embedded_path)
+    task = make_task("calculator", digits=2, num_train=40, num_test=4, tool_demonstrations=0.0)
+    sft_job.fine_tune_on_demonstrations(policy.model, policy.tokenizer, task, config, seed=0, log_every=1)
+    (first, first_kw), (main, main_kw) = seen
+    assert all(len(completion) == 3 for _, completion in first)  # every demonstration calls the calculator
+    assert all(isinstance(completion, str) or len(completion) == 1 for _, completion in main)
+    assert (first_kw["steps"], first_kw["learning_rate"]) == (2, 0.01)
+    assert (main_kw["steps"], main_kw["learning_rate"]) == (3, config.sft.learning_rate)
+
+
 def test_cli_trains_a_text_task_and_reports_before_and_after(embedded_path, tmp_path):
     result = CliRunner().invoke(app, ["train", *SMALL, f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
                                       "algorithm=rloo", "train.updates=1"])

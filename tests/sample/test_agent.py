@@ -8,7 +8,7 @@ from unipg.policy.loading import load_lm_policy
 from unipg.run.text_learner import TextBatch
 from unipg.sample.agent import AgentLoop
 from unipg.sample.envs.base import StepResult
-from unipg.sample.inference import InferenceEngine, SamplingParams
+from unipg.sample.inference import InferenceEngine, SamplingParams, cut_at_stop
 from unipg.sample.tasks import Example
 
 OBSERVATION = "tool says 42"
@@ -97,3 +97,29 @@ def test_an_episode_that_runs_out_of_tokens_ends_without_a_final_reward(policy):
     [trajectory] = run(make_loop(policy, max_total_tokens=14))
     assert trajectory.finish == "max_tokens" and trajectory.step_rewards == [0.1]
     assert len(trajectory.token_ids) <= 14
+
+
+def test_cut_at_stop_cuts_at_the_earliest_stop_string_and_keeps_it_when_asked():
+    assert cut_at_stop("a</call>b\n\nc", ["\n\n", "</call>"]) == "a"
+    assert cut_at_stop("a</call>b\n\nc", ["\n\n", "</call>"], keep=("</call>",)) == "a</call>"
+    assert cut_at_stop("abc", ["x"]) == "abc" and cut_at_stop("abc", None) == "abc"
+
+
+def test_a_kept_stop_string_reaches_the_environment(policy):
+    """A tool call stopped at its closing tag must still hold the tag, or the parser sees an unclosed call."""
+    prompt = policy.tokenizer("<|user|>question<|end|><|assistant|>", add_special_tokens=False)["input_ids"]
+
+    def turn(params):
+        engine = InferenceEngine(policy, params, generator=torch.Generator().manual_seed(3), batch_wait=None)
+
+        async def one_turn():
+            async with engine.running(), engine.episode():
+                return await engine.generate(prompt, max_new_tokens=24)
+        return asyncio.run(one_turn())
+
+    free = turn(SamplingParams())  # same seed, so the same tokens up to wherever a stop string ends the turn
+    stop = free.text[3]
+    cut = turn(SamplingParams(stop=[stop]))
+    kept = turn(SamplingParams(stop=[stop], keep_stop=(stop,)))
+    assert cut.text == free.text[: free.text.index(stop)]
+    assert kept.text == cut.text + stop and kept.finish_reason == "stop"

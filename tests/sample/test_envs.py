@@ -172,6 +172,15 @@ def test_tool_specs_build_registered_tools_with_options():
     assert json.loads(json.dumps(service.tools["calculator"].schema()))["function"]["name"] == "calculator"
 
 
+def test_a_tool_spec_can_give_the_tool_a_latency_model():
+    service = EnvironmentService.from_specs([{"name": "calculator", "latency": {"kind": "fixed", "seconds": 0.2}}])
+    start = time.perf_counter()
+    result = asyncio.run(service.call("calculator", {"expression": "2+3"}))
+    assert result.observation == "5" and time.perf_counter() - start >= 0.2
+    with pytest.raises(ValueError, match="latency takes kind, seconds"):
+        EnvironmentService.from_specs([{"name": "calculator", "latency": {"median": 1}}])
+
+
 def test_gymnasium_environments_speak_the_same_protocol():
     env = ENVS.get("gym")(None, env_id="CartPole-v1", max_episode_steps=3)
     first, steps = run_episode(env, Example("", "", "", {"seed": 0}), ["push 1", "0", "action 1", "1"])

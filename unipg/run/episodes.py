@@ -22,6 +22,7 @@ from unipg.sample.envs import ENVS, EnvironmentService
 from unipg.sample.envs.service import build_tools
 from unipg.sample.inference import InferenceEngine, SamplingParams
 from unipg.sample.tasks import Example, Task
+from unipg.sample.tools.base import CLOSE_TAG
 
 
 class PromptEncoder:
@@ -89,14 +90,15 @@ class EpisodeRunner:
 
     def sampling(self, *, greedy: bool = False) -> SamplingParams:
         sample = self.config.sample
+        keep = (CLOSE_TAG,) if self.service is not None else ()  # the parser needs a call's closing tag
         if greedy:
-            return SamplingParams(temperature=0.0, stop=self._stop())
-        return SamplingParams(sample.temperature, sample.top_p, sample.top_k, self._stop())
+            return SamplingParams(temperature=0.0, stop=self._stop(), keep_stop=keep)
+        return SamplingParams(sample.temperature, sample.top_p, sample.top_k, self._stop(), keep)
 
     def _stop(self) -> list[str] | None:
         stop = list(self.config.sample.stop)
-        if self.service is not None and "</tool_call>" not in stop:
-            stop.append("</tool_call>")  # a call is complete at its closing tag; the tool can run right away
+        if self.service is not None and CLOSE_TAG not in stop:
+            stop.append(CLOSE_TAG)  # a call is complete at its closing tag; the tool can run right away
         return stop or None
 
     def run(self, examples: list[Example], *, params: SamplingParams, generator: torch.Generator | None,

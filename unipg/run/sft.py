@@ -132,6 +132,31 @@ def shuffled_batches(num_examples: int, batch_size: int, generator: torch.Genera
         pending = pending[batch_size:]
 
 
+def length_grouped_batches(lengths: list[int], batch_size: int, generator: torch.Generator, *, group: int = 16):
+    """Like `shuffled_batches`, but rows of similar length share a batch, so little of it is padding.
+
+    Each epoch's random permutation is cut into pools of `group` batches; a pool is sorted by length and cut
+    into batches, and the batches are yielded in random order. A batch still draws its rows from across the
+    dataset (within one length band). The rows left over after the epoch's last full batch wait for the next
+    epoch, so every batch has `batch_size` rows. On demonstrations of mixed lengths (one-turn answers beside
+    multi-turn tool calls) this cuts the padded tokens per step by up to half.
+    """
+    if len(lengths) < batch_size:
+        yield from shuffled_batches(len(lengths), batch_size, generator)
+        return
+    lengths_tensor = torch.as_tensor(lengths)
+    while True:
+        order = torch.randperm(len(lengths), generator=generator)
+        order = order[: len(order) - len(order) % batch_size]
+        batches = []
+        for start in range(0, len(order), batch_size * group):
+            pool = order[start:start + batch_size * group]
+            pool = pool[torch.argsort(lengths_tensor[pool], stable=True)]
+            batches.extend(pool.split(batch_size))
+        for index in torch.randperm(len(batches), generator=generator):
+            yield batches[index]
+
+
 def require_pad_token(tokenizer: PreTrainedTokenizerBase) -> int:
     if tokenizer.pad_token_id is None:
         raise ValueError("the tokenizer has no pad token, so batches cannot be padded; "
@@ -158,13 +183,15 @@ def sft_train(
     weight_decay: float = 0.0,
     max_grad_norm: float = 1.0,
     seed: int = 0,
+    group_by_length: bool = False,
     log_every: int = 50,
     on_log: Callable[[int, dict], None] | None = None,
 ) -> dict:
     """Fine-tune `model` in place on (rendered prompt, completion) pairs; return the final metrics.
 
     The caller renders prompts with `render_prompt`; the EOS suffix is appended here. Mini-batches are drawn
-    by a generator seeded with `seed`. `on_log(step, metrics)` is called every `log_every` steps with the
+    by a generator seeded with `seed`, grouped by length when `group_by_length` (see
+    `length_grouped_batches`). `on_log(step, metrics)` is called every `log_every` steps with the
     mean loss and token accuracy of the last `log_every` steps; the returned dict holds the same means at the
     end (`loss`, `token_accuracy`), the number of `steps` and the wall-clock `seconds` spent training (time
     inside `on_log` excluded). The model is left in eval mode.
@@ -176,8 +203,18 @@ def sft_train(
     if not pairs:
         raise ValueError("sft_train needs at least one (prompt, completion) pair")
     device = next(model.parameters()).device
-    dataset = build_sft_batch(tokenize_pairs(tokenizer, pairs), pad_token_id=require_pad_token(tokenizer))
-    batches = shuffled_batches(len(pairs), batch_size, torch.Generator().manual_seed(seed))
+    tokenized = tokenize_pairs(tokenizer, pairs)
+    dataset = build_sft_batch(tokenized, pad_token_id=require_pad_token(tokenizer))
+    generator = torch.Generator().manual_seed(seed)
+    tokens_per_batch = None
+    if group_by_length:
+        batches = length_grouped_batches([len(prompt) + len(completion) for prompt, completion, _ in tokenized],
+                                         batch_size, generator)
+        # A batch of short rows must not weigh as much as a batch of long ones: divide by the token count
+        # of an average batch, not by this batch's own.
+        tokens_per_batch = batch_size * float((dataset.labels[:, 1:] != IGNORE_INDEX).sum()) / len(pairs)
+    else:
+        batches = shuffled_batches(len(pairs), batch_size, generator)
     optimizer = make_optimizer(model, learning_rate, weight_decay)
     recent_losses: deque[torch.Tensor] = deque(maxlen=log_every)
     recent_accuracies: deque[torch.Tensor] = deque(maxlen=log_every)
@@ -192,7 +229,8 @@ def sft_train(
         for group in optimizer.param_groups:
             group["lr"] = sft_learning_rate(step, peak=learning_rate, warmup_steps=warmup_steps,
                                             total_steps=steps)
-        loss, token_accuracy = sft_step(model, optimizer, dataset.rows(next(batches)).to(device), max_grad_norm)
+        loss, token_accuracy = sft_step(model, optimizer, dataset.rows(next(batches)).to(device), max_grad_norm,
+                                        tokens_per_batch)
         recent_losses.append(loss)
         recent_accuracies.append(token_accuracy)
         if on_log is not None and (step + 1) % log_every == 0:
@@ -208,12 +246,19 @@ def sft_train(
 
 
 def sft_step(model: PreTrainedModel, optimizer: torch.optim.Optimizer, batch: SFTBatch,
-             max_grad_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """One gradient step on the completion loss; returns the (detached) loss and token accuracy."""
+             max_grad_norm: float, tokens_per_batch: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One gradient step on the completion loss; returns the (detached) token-mean loss and token accuracy.
+
+    With `tokens_per_batch` the step minimises the token sum divided by that constant instead of by the
+    batch's own token count, so that each token weighs the same whatever else shares its batch.
+    """
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
     loss, token_accuracy = completion_loss(logits, batch.labels)
+    objective = loss
+    if tokens_per_batch is not None:
+        objective = loss * (batch.labels[:, 1:] != IGNORE_INDEX).sum() / tokens_per_batch
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    objective.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     optimizer.step()
     return loss.detach(), token_accuracy.detach()

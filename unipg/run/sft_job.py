@@ -9,7 +9,27 @@ from unipg.config import Config
 from unipg.policy.loading import load_causal_lm, load_tokenizer
 from unipg.run.episodes import demonstration_pairs, greedy_completion_rate
 from unipg.run.sft import sft_train
-from unipg.sample.tasks import make_task
+from unipg.sample.tasks import Task, make_task
+
+
+def fine_tune_on_demonstrations(model, tokenizer, task: Task, config: Config, *, seed: int, log_every: int,
+                                log=print) -> dict:
+    """Fine-tune on the task's demonstrations: each of ``sft.stages`` in order (the task rebuilt with the
+    stage's options), then ``sft.steps`` on the task itself; returns the last stage's final metrics."""
+    sft = config.sft
+    stages = [(make_task(config.task.name, **{**config.task.options, **stage.options}), stage.steps,
+               stage.learning_rate or sft.learning_rate, f"stage {index + 1} ")
+              for index, stage in enumerate(sft.stages)]
+    stages.append((task, sft.steps, sft.learning_rate, "stage main " if stages else ""))
+    metrics = {}
+    for stage_task, steps, learning_rate, name in stages:
+        train = stage_task.train[: sft.examples] if sft.examples else stage_task.train
+        metrics = sft_train(model, tokenizer, demonstration_pairs(tokenizer, stage_task, config, train),
+                            steps=steps, batch_size=sft.batch_size, learning_rate=learning_rate,
+                            group_by_length=sft.group_by_length, seed=seed, log_every=log_every,
+                            on_log=lambda step, m, name=name, steps=steps:
+                            log(f"{name}step {step}/{steps} loss {m['loss']:.4f}"))
+    return metrics
 
 
 def run_sft(config: Config, output: Path | None = None, *, log=print) -> dict:
@@ -21,13 +41,10 @@ def run_sft(config: Config, output: Path | None = None, *, log=print) -> dict:
     tokenizer = load_tokenizer(config.model.name, trust_remote_code=config.model.trust_remote_code)
     model = load_causal_lm(config.model.name, dtype=config.model.dtype,
                            trust_remote_code=config.model.trust_remote_code)
-    train = task.train[: config.sft.examples] if config.sft.examples else task.train
     test = task.test[: config.eval.max_examples] if config.eval.max_examples else task.test
     before = greedy_completion_rate(model, tokenizer, task, config, test)
-    metrics = sft_train(model, tokenizer, demonstration_pairs(tokenizer, task, config, train),
-                        steps=config.sft.steps, batch_size=config.sft.batch_size,
-                        learning_rate=config.sft.learning_rate, seed=config.seed,
-                        on_log=lambda step, m: log(f"[sft] step {step}/{config.sft.steps} loss {m['loss']:.4f}"))
+    metrics = fine_tune_on_demonstrations(model, tokenizer, task, config, seed=config.seed, log_every=50,
+                                          log=lambda text: log(f"[sft] {text}"))
     after = greedy_completion_rate(model, tokenizer, task, config, test)
     model.save_pretrained(output)
     tokenizer.save_pretrained(output)

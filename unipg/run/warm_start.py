@@ -42,8 +42,9 @@ def resolve_warm_start(config: Config, task: Task, *, root: Path | None = None, 
         return config
     folder = warm_start_folder(config, root)
     if not (folder / MARKER).is_file():
+        steps = config.sft.steps + sum(stage.steps for stage in config.sft.stages)
         log(f"warm start: fine-tuning {config.model.name} on {task.name} demonstrations "
-            f"({config.sft.steps} steps); cached in {folder}")
+            f"({steps} steps); cached in {folder}")
         build_warm_start(config, task, folder, log=log)
     model = config.model.model_copy(update={"name": str(folder), "warm_start": False})
     return config.model_copy(update={"model": model})
@@ -51,16 +52,12 @@ def resolve_warm_start(config: Config, task: Task, *, root: Path | None = None, 
 
 def build_warm_start(config: Config, task: Task, folder: Path, *, log=print) -> None:
     from unipg.policy.loading import load_causal_lm, load_tokenizer
-    from unipg.run.episodes import demonstration_pairs
-    from unipg.run.sft import sft_train
+    from unipg.run.sft_job import fine_tune_on_demonstrations
 
     tokenizer = load_tokenizer(config.model.name)
     model = load_causal_lm(config.model.name, dtype=config.model.dtype)
-    examples = task.train[: config.sft.examples] if config.sft.examples else task.train
-    pairs = demonstration_pairs(tokenizer, task, config, examples)
-    metrics = sft_train(model, tokenizer, pairs, steps=config.sft.steps, batch_size=config.sft.batch_size,
-                        learning_rate=config.sft.learning_rate, seed=0, log_every=250,
-                        on_log=lambda step, m: log(f"warm start: step {step}/{config.sft.steps} loss {m['loss']:.3f}"))
+    metrics = fine_tune_on_demonstrations(model, tokenizer, task, config, seed=0, log_every=250,
+                                          log=lambda text: log(f"warm start: {text}"))
     scratch = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
     model.save_pretrained(scratch)
     tokenizer.save_pretrained(scratch)

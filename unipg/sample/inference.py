@@ -28,7 +28,7 @@ class TurnOutput:
 
     token_ids: list[int]  # sampled tokens, EOS included when the turn stopped on it
     behaviour_logprobs: list[float]  # log μ of each sampled token
-    text: str  # decoded turn, cut before a stop string, special tokens removed
+    text: str  # decoded turn, special tokens removed, cut before a stop string (after one of `keep_stop`)
     finish_reason: str  # "stop" (EOS or stop string) or "length"
     ended_with_eos: bool
     policy_version: int  # the weights version that sampled this turn
@@ -40,6 +40,16 @@ class SamplingParams:
     top_p: float | None = None
     top_k: int | None = None
     stop: list[str] | None = None
+    keep_stop: tuple[str, ...] = ()  # stop strings that belong to the turn's text (a call's closing tag)
+
+
+def cut_at_stop(text: str, stop: list[str] | None, keep: tuple[str, ...] = ()) -> str:
+    """``text`` up to its earliest stop string: cut before it, or after it if the stop string is in ``keep``."""
+    found = [(index, s) for s in stop or [] if (index := text.find(s)) >= 0]
+    if not found:
+        return text
+    index, matched = min(found)
+    return text[: index + len(matched)] if matched in keep else text[:index]
 
 
 class InferenceEngine:
@@ -134,10 +144,10 @@ class InferenceEngine:
             length = int(generation.completion_mask[row].sum())
             ids = generation.completion_ids[row, :length].tolist()
             finish = generation.finish_reasons[row]
-            text = generation.texts[row]
             if length > budget:  # a shorter budget than the batch's: cut this row at its own budget
                 ids, finish = ids[:budget], "length"
-                text = self.policy.tokenizer.decode(ids, skip_special_tokens=True)
+            text = cut_at_stop(self.policy.tokenizer.decode(ids, skip_special_tokens=True), params.stop,
+                               params.keep_stop)
             outputs.append(TurnOutput(ids, generation.behaviour_logprobs[row, :len(ids)].tolist(), text, finish,
                                       bool(ids) and ids[-1] in eos, self.policy_version))
         self.generate_seconds += time.perf_counter() - start

@@ -69,15 +69,24 @@ class ServiceStats:
 
 
 def build_tools(specs: list[dict]) -> dict[str, Tool]:
-    """Tools by name, built from ``[{"name": ..., "options": {...}}]`` with the ``TOOLS`` registry."""
+    """Tools by name, built from ``[{"name": ..., "options": {...}, "latency": {...}}]`` with the ``TOOLS``
+    registry; ``latency`` (optional) takes ``LatencyModel`` fields, e.g. ``{kind: lognormal, seconds: 0.2}``."""
+    import dataclasses
+
     import unipg.sample.tools  # noqa: F401  (registers the built-in tools)
+    from unipg.sample.tools.base import LatencyModel
 
     tools = {}
     for spec in specs:
-        unknown = set(spec) - {"name", "options"}
-        if not isinstance(spec, dict) or "name" not in spec or unknown:
-            raise ValueError(f"a tool spec is {{name: ..., options: {{...}}}}, got {spec}")
+        if not isinstance(spec, dict) or "name" not in spec or set(spec) - {"name", "options", "latency"}:
+            raise ValueError(f"a tool spec is {{name: ..., options: {{...}}, latency: {{...}}}}, got {spec}")
         built = TOOLS.get(spec["name"])(**spec.get("options", {}))
+        if spec.get("latency") is not None:
+            try:
+                built = dataclasses.replace(built, latency=LatencyModel(**spec["latency"]))
+            except TypeError as error:
+                raise ValueError(f"tool '{spec['name']}': latency takes kind, seconds, sigma, alpha; "
+                                 f"got {spec['latency']}") from error
         tools[built.name] = built
     return tools
 
