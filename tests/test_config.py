@@ -141,3 +141,14 @@ def test_hyperparameters_of_an_unchosen_option_are_reported():
     chosen = load_config(None, ["estimator.off_policy_weight=truncated_is", "estimator.is_truncation=1.5"])
     assert chosen.warnings == []
     assert any("lambda_gae" in w for w in load_config(None, ["estimator.advantage=td", "estimator.lambda_gae=0.9"]).warnings)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda path: path.name)
+def test_every_shipped_config_loads_and_builds_its_task(path):
+    from unipg.sample.tasks import make_task
+
+    config = load_config(path)
+    if config.task.name:
+        make_task(config.task.name, **config.task.options)
+        for stage in config.sft.stages:
+            make_task(config.task.name, **{**config.task.options, **stage.options})

@@ -70,23 +70,35 @@ def run_guarded(config: Config, threshold: Optional[float]):
         raise typer.Exit(130) from None
 
 
-TEXT_COLUMN_NAMES = {"eval/pass@1": "completion (pass@1)", "eval/tool_calls": "tool calls",
+TEXT_COLUMN_NAMES = {"eval/pass@1": "completion", "eval/tool_calls": "tool calls",
                      "eval/tool_success_rate": "tool success", "eval/turns": "turns"}
 
 
+def value_text(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3f}"  # e.g. the tool success rate of a policy that never called
+
+
 def text_result_table(results) -> Table:
-    table = Table(title="unipg results")
+    """One row per run; what all runs share (algorithm, task, model, updates) goes into the title."""
+    described = [(config.algorithm, config.task.name, Path(config.model.name).name or config.model.name,
+                  str(result.updates), f"{result.samples:,}") for config, result in results]
+    shared = len(set(described)) == 1
+    title = "unipg results: held-out, greedy, before → after training"
+    if shared:
+        algorithm, task, model, updates, samples = described[0]
+        title = f"{algorithm} on {task} with {model}: {updates} updates, {samples} samples\n{title}"
+    table = Table(title=title)
     final = results[0][1].final_eval
     keys = [key for key in final if key.startswith("eval/pass@")]
-    keys += [key for key in ("eval/tool_calls", "eval/tool_success_rate", "eval/turns") if key in final]
-    columns = ["algorithm", "task", "model", "seed", "updates", "samples"]
-    columns += [f"{TEXT_COLUMN_NAMES.get(key, key[5:])} before → after" for key in keys] + ["samples/s"]
+    if "eval/tool_calls" in final:
+        keys += ["eval/tool_calls", "eval/tool_success_rate", "eval/turns"]
+    columns = ["seed"] if shared else ["algorithm", "task", "model", "seed", "updates", "samples"]
+    columns += [TEXT_COLUMN_NAMES.get(key, key[5:]) for key in keys] + ["samples/s"]
     for column in columns:
         table.add_column(column, justify="left" if column in ("algorithm", "task", "model") else "right")
-    for config, result in results:
-        row = [config.algorithm, config.task.name, Path(config.model.name).name or config.model.name, str(config.seed),
-               str(result.updates), f"{result.samples:,}"]
-        row += [f"{result.initial_eval.get(key, float('nan')):.3f} → {result.final_eval[key]:.3f}" for key in keys]
+    for (config, result), description in zip(results, described):
+        row = [str(config.seed)] if shared else [*description[:3], str(config.seed), *description[3:]]
+        row += [f"{value_text(result.initial_eval.get(key))} → {value_text(result.final_eval.get(key))}" for key in keys]
         table.add_row(*row, f"{result.samples_per_second:.1f}")
     table.caption = f"runs in: {', '.join(str(result.run_dir) for _, result in results)}"
     if len(results) > 1:

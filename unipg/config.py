@@ -148,6 +148,8 @@ class SFTStage(Section):
     """task options that replace the run's task.options for this stage, e.g. {tool_demonstrations: 1.0}."""
     learning_rate: float | None = Field(None, gt=0.0)
     """peak learning rate of this stage (None = sft.learning_rate)."""
+    batch_size: int | None = Field(None, ge=1)
+    """demonstrations per step in this stage (None = sft.batch_size)."""
 
 
 class SFTConfig(Section):
@@ -166,7 +168,9 @@ class SFTConfig(Section):
     examples: int | None = Field(None, ge=1)
     """use only the first this many training demonstrations (None = all)."""
     group_by_length: bool = False
-    """batch demonstrations of similar length together: much less padding when lengths vary widely."""
+    """batch demonstrations of similar length together: much less padding when lengths vary widely. Batches
+    then alternate between kinds of demonstration (short answers, long tool calls), which can swing a choice
+    the mixture decides, such as how often to call a tool; keep it off for such mixtures."""
 
 
 class EstimatorConfig(Section):

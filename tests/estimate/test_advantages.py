@@ -259,7 +259,7 @@ def test_normalize_advantages_whitens_valid_entries_and_keeps_signs_without_shif
 def test_registered_advantage_estimators():
     expected = {
         "gae", "td", "reward_to_go", "batch_mean_baseline", "value_baseline",
-        "grpo", "dr_grpo", "rloo", "reinforce_plus_plus",
+        "grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "turn_level",
     }
     assert set(ADVANTAGES.names()) == expected
     assert ADVANTAGES.get("gae") is gae

@@ -142,18 +142,20 @@ def greedy_completion_rate(model, tokenizer, task: Task, config: Config, example
         runner.close()
 
 
-def episode_metrics(trajectories: list[Trajectory], prefix: str, *, group_size: int = 1) -> dict[str, float]:
-    """Task completion, turns, tool use, lengths and diversity of a list of episodes."""
+def episode_metrics(trajectories: list[Trajectory], prefix: str, *, group_size: int = 1,
+                    tools: bool = False) -> dict[str, float]:
+    """Task completion, turns, tool use (with ``tools``, or whenever a tool was called), lengths and diversity
+    of a list of episodes. The tool success rate is reported only when there were calls."""
     calls = sum(t.tool_calls for t in trajectories)
     sampled = [sum(t.loss_mask) for t in trajectories]
     metrics = {f"{prefix}/completion_rate": statistics.fmean(t.correct for t in trajectories),
                f"{prefix}/turns": statistics.fmean(t.turns for t in trajectories),
                f"{prefix}/response_length": statistics.fmean(sampled),
                f"{prefix}/truncated_fraction": statistics.fmean(t.finish != "done" for t in trajectories)}
-    if any(t.tool_calls or t.finish == "max_turns" for t in trajectories) or calls:
+    if tools or calls:
         metrics[f"{prefix}/tool_calls"] = calls / len(trajectories)
-        metrics[f"{prefix}/tool_success_rate"] = (sum(t.tool_status_count("ok") for t in trajectories) / calls
-                                                  if calls else 0.0)
+        if calls:
+            metrics[f"{prefix}/tool_success_rate"] = sum(t.tool_status_count("ok") for t in trajectories) / calls
         metrics[f"{prefix}/malformed_call_rate"] = (sum(t.tool_status_count("malformed") for t in trajectories)
                                                     / max(sum(t.turns for t in trajectories), 1))
     finals = [t.turn_texts[-1] if t.turn_texts else "" for t in trajectories]

@@ -18,14 +18,14 @@ def fine_tune_on_demonstrations(model, tokenizer, task: Task, config: Config, *,
     stage's options), then ``sft.steps`` on the task itself; returns the last stage's final metrics."""
     sft = config.sft
     stages = [(make_task(config.task.name, **{**config.task.options, **stage.options}), stage.steps,
-               stage.learning_rate or sft.learning_rate, f"stage {index + 1} ")
+               stage.learning_rate or sft.learning_rate, stage.batch_size or sft.batch_size, f"stage {index + 1} ")
               for index, stage in enumerate(sft.stages)]
-    stages.append((task, sft.steps, sft.learning_rate, "stage main " if stages else ""))
+    stages.append((task, sft.steps, sft.learning_rate, sft.batch_size, "stage main " if stages else ""))
     metrics = {}
-    for stage_task, steps, learning_rate, name in stages:
+    for stage_task, steps, learning_rate, batch_size, name in stages:
         train = stage_task.train[: sft.examples] if sft.examples else stage_task.train
         metrics = sft_train(model, tokenizer, demonstration_pairs(tokenizer, stage_task, config, train),
-                            steps=steps, batch_size=sft.batch_size, learning_rate=learning_rate,
+                            steps=steps, batch_size=batch_size, learning_rate=learning_rate,
                             group_by_length=sft.group_by_length, seed=seed, log_every=log_every,
                             on_log=lambda step, m, name=name, steps=steps:
                             log(f"{name}step {step}/{steps} loss {m['loss']:.4f}"))

@@ -76,7 +76,7 @@ def evaluate_text(runner: EpisodeRunner, examples: list[Example], config: Config
     reference), with turns and tool use — and sampled pass@k (solved by any of k sampled episodes)."""
     greedy = runner.run(examples, params=runner.sampling(greedy=True), generator=None)
     metrics = {"eval/pass@1": statistics.fmean(t.correct for t in greedy)}
-    metrics.update({key: value for key, value in episode_metrics(greedy, "eval").items()
+    metrics.update({key: value for key, value in episode_metrics(greedy, "eval", tools=runner.service is not None).items()
                     if key != "eval/completion_rate"})
     metrics.update(runner.pop_service_metrics("eval"))
     k = config.eval.pass_k
@@ -107,7 +107,8 @@ def rollout(runner: EpisodeRunner, examples: list[Example], config: Config, gene
                # generation and environment steps interleave: env is the rollout time not spent generating
                "timing/generate": runner.last_generate_seconds,
                "timing/env": max(elapsed - runner.last_generate_seconds, 0.0)}
-    metrics.update(episode_metrics(trajectories, "rollout", group_size=group))
+    metrics.update(episode_metrics(trajectories, "rollout", group_size=group,
+                                   tools=runner.service is not None))
     metrics.update(reward_term_metrics(trajectories, "rollout"))
     metrics.update(runner.pop_service_metrics("rollout"))
     solved = scores.reshape(-1, group).std(dim=1) == 0 if group > 1 else torch.zeros(1, dtype=torch.bool)
