@@ -42,8 +42,18 @@ def train(
     config_path: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config file"),
     seeds: Optional[str] = typer.Option(None, help="comma-separated seeds to run one after another, e.g. 0,1,2"),
     threshold: Optional[float] = typer.Option(None, help="report the first step whose eval mean return ≥ this"),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="continue the text run in this folder from its "
+                                          "newest checkpoint; overrides apply on top of its config.yaml"),
 ) -> None:
     """Train a policy; prints a result table at the end."""
+    if resume is not None:
+        if config_path is not None or seeds:
+            errors.print("[bold red]error:[/] --resume continues a run with its own config.yaml; drop --config "
+                         "and --seeds (key=value overrides still apply)", highlight=False)
+            raise typer.Exit(2)
+        config = resolve_resumed(resume, list(overrides or []))
+        console.print(text_result_table([(config, run_guarded(config, threshold, resume=resume))]))
+        return
     seed_list = parse_seeds(seeds)
     results = []
     for seed in seed_list or [None]:
@@ -55,16 +65,43 @@ def train(
         console.print(result_table(results, threshold))
 
 
-def run_guarded(config: Config, threshold: Optional[float]):
+def resolve_resumed(run_dir: Path, overrides: List[str]) -> Config:
+    """The configuration of the run in ``run_dir`` (its config.yaml) with ``overrides`` applied."""
+    from rich.markup import escape
+
+    config_file = run_dir / "config.yaml"
+    if not config_file.is_file():
+        errors.print(f"[bold red]error:[/] cannot resume from '{escape(str(run_dir))}': it is not a run folder (no "
+                     "config.yaml); pass the folder that `unipg train` created for the run", highlight=False)
+        raise typer.Exit(2)
+    try:
+        config = load_config(config_file, overrides)
+    except ConfigError as error:
+        errors.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False)
+        raise typer.Exit(2) from None
+    if not config.is_text:
+        errors.print(f"[bold red]error:[/] --resume continues text runs only; '{escape(str(run_dir))}' trained "
+                     f"on {config.env.id}", highlight=False)
+        raise typer.Exit(2)
+    # config.warnings are not printed: config.yaml sets every key, so they would list all the unused ones.
+    return config
+
+
+def run_guarded(config: Config, threshold: Optional[float], resume: Optional[Path] = None):
     """Run one training job; bad input (a model path, an environment id) ends with its message, not a traceback."""
     from unipg.run.classic import train_classic
-    from unipg.run.text import train_text
+    from unipg.run.text import TrainingStopped, train_text
 
     try:
-        return train_text(config) if config.is_text else train_classic(config, return_threshold=threshold)
+        if config.is_text:
+            return train_text(config, resume=resume)
+        return train_classic(config, return_threshold=threshold)
     except (ValueError, RegistryError) as error:  # an unknown task or reward name is a RegistryError
         errors.print(f"[bold red]error:[/] {error}", highlight=False)
         raise typer.Exit(2) from None
+    except TrainingStopped as stopped:
+        errors.print(f"{stopped}; a checkpoint was saved in {stopped.run_dir}/checkpoints", highlight=False)
+        raise typer.Exit(128 + stopped.signal_number) from None
     except KeyboardInterrupt:
         errors.print(f"interrupted; the metrics written so far are kept under {config.log.output_dir}/")
         raise typer.Exit(130) from None

@@ -308,6 +308,20 @@ class EvalConfig(Section):
     """text tasks: evaluate on the first this many held-out examples (None = all)."""
 
 
+class CheckpointConfig(Section):
+    """Text tasks: checkpoints under <run>/checkpoints, from which ``unipg train --resume RUN_DIR`` continues."""
+
+    every_updates: int = Field(0, ge=0)
+    """save a checkpoint every this many learner updates (0 = only at the end and when interrupted)."""
+    keep_last: int = Field(2, ge=1)
+    """keep this many newest checkpoints; older ones are deleted (the best one is kept too, see keep_best)."""
+    keep_best: bool = True
+    """also keep the checkpoint with the best best_metric, however old."""
+    best_metric: str = "eval/pass@1"
+    """metric, higher is better, that ranks checkpoints for keep_best; only checkpoints saved at an update
+    with an evaluation carry it."""
+
+
 class LogConfig(Section):
     """Where and how a run records itself."""
 
@@ -321,6 +335,14 @@ class LogConfig(Section):
     """show a progress bar on a terminal (plain lines when output is not a terminal)."""
     log_every_updates: int = Field(1, ge=1)
     """write training metrics every this many learner updates."""
+    wandb: bool = False
+    """also log to Weights & Biases (pip install 'unipg[wandb]'); the configuration is the run's config."""
+    wandb_mode: Literal["offline", "online"] = "offline"
+    """offline writes under the run folder with no network (upload later with `wandb sync`)."""
+    wandb_project: str = "unipg"
+    """Weights & Biases project of the run."""
+    monitor: bool = True
+    """run the doctor's checks live on the logged metrics and warn when a condition begins."""
 
 
 class Config(Section):
@@ -348,6 +370,7 @@ class Config(Section):
     sample: SampleConfig = Field(default_factory=SampleConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     log: LogConfig = Field(default_factory=LogConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
 
     # Not part of the schema: keys the user set that the chosen algorithm does not use.
     warnings: list[str] = Field(default_factory=list, exclude=True)

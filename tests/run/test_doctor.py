@@ -194,6 +194,41 @@ def test_monitor_treats_nan_as_non_finite():
     assert monitor.observe(2, {"train/loss": float("inf")}) == []
 
 
+def test_monitor_holds_warnings_for_its_first_records_but_not_errors():
+    flat = with_series(healthy(30), "rollout/reward_mean", lambda i, old: 0.1)
+    reported = replay(Monitor(window=10, min_records=20), flat)
+    assert reported and reported[0] == (19, "reward_flat")  # the 20th record, not the 10th
+    assert Monitor(min_records=20).observe(0, {"train/loss": float("nan")})  # an error is reported at once
+
+
+def test_the_metrics_logger_warns_live_and_records_the_event(tmp_path):
+    from unipg.run.metrics import MetricsLogger
+
+    warnings = []
+    logger = MetricsLogger(tmp_path, tensorboard=False, warn=warnings.append)
+    logger.write_config({"log": {"monitor": True}})
+    logger.log(0, {"train/loss": 1.0})
+    logger.log(1, {"train/loss": float("nan")})
+    logger.close()
+    assert len(warnings) == 1 and "non_finite_values" in warnings[0]
+    event = json.loads((tmp_path / "events.jsonl").read_text())
+    assert event["step"] == 1 and event["check"] == "non_finite_values" and event["remedy"]
+
+
+def test_weights_and_biases_offline_logs_the_metrics_and_config_without_network(tmp_path, monkeypatch):
+    from unipg.run.metrics import MetricsLogger
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    logger = MetricsLogger(tmp_path, tensorboard=False)
+    logger.write_config({"seed": 3, "log": {"wandb": True, "wandb_mode": "offline", "wandb_project": "p"}})
+    logger.log(1, {"train/loss": 0.5, "eval/pass@1": 0.25})
+    logger.close()
+    logs = list((tmp_path / "wandb").glob("offline-run-*/*.wandb"))  # the local log `wandb sync` uploads
+    assert len(logs) == 1
+    record = logs[0].read_bytes()
+    assert b"train/loss" in record and b"eval/pass@1" in record and b"wandb_project" in record
+
+
 def write_run(run_dir, records, config=None):
     run_dir.mkdir(parents=True)
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))

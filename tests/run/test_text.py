@@ -71,6 +71,21 @@ def test_sft_stages_run_in_order_each_on_the_task_built_with_its_options(embedde
                                                                                config.sft.batch_size)
 
 
+def test_deterministic_agent_runs_with_the_same_seed_log_identical_metrics(embedded_path, tmp_path):
+    """Tool-calling episodes included: deterministic mode batches generation in a fixed order."""
+    runs = []
+    for name in ("a", "b"):
+        config = load_config(None, SMALL + [
+            "task.name=calculator", "task.options={digits: 2, num_train: 40, num_test: 8, tool_demonstrations: 1.0}",
+            "sample.max_new_tokens=8", "agent.max_total_tokens=40", "deterministic=true", f"model.name={embedded_path}",
+            f"log.output_dir={tmp_path}", f"log.run_name={name}"])
+        records = read_metrics(train_text(config).run_dir)
+        runs.append([{key: value for key, value in record.items()
+                      if not key.startswith("timing/") and key != "time" and not key.endswith("tool_seconds")}
+                     for record in records])
+    assert len(runs[0]) == 3 and json.dumps(runs[0]) == json.dumps(runs[1])
+
+
 def test_cli_trains_a_text_task_and_reports_before_and_after(embedded_path, tmp_path):
     result = CliRunner().invoke(app, ["train", *SMALL, f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
                                       "algorithm=rloo", "train.updates=1"])

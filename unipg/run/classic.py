@@ -51,6 +51,7 @@ def seed_everything(seed: int, deterministic: bool) -> None:
     torch.manual_seed(seed)
     if deterministic:
         torch.use_deterministic_algorithms(True)
+        torch.set_num_threads(1)  # a reduction split across threads may sum in a different order
 
 
 def run_dir_for(config: Config) -> Path:

@@ -194,18 +194,24 @@ class Monitor:
 
     The checks see the last ``window`` records. A condition (check, metric) is reported when it first fires and
     again only after it has stayed clear for ``rearm_after`` observations, so a persistent problem warns once.
+    Warnings wait for ``min_records`` records (early in a run a trend is mostly noise: a reward that takes ten
+    updates to start rising is not flat); errors, such as a non-finite loss, are reported at once.
     """
 
     def __init__(self, window: int = MONITOR_WINDOW, *, config: dict | None = None,
-                 rearm_after: int = REARM_AFTER, checks: list[str] | None = None):
+                 rearm_after: int = REARM_AFTER, checks: list[str] | None = None, min_records: int = DEFAULT_WINDOW):
         self.window, self.config, self.rearm_after, self.checks = window, config or {}, rearm_after, checks
+        self.min_records, self.observed = min_records, 0
         self.records: deque[dict] = deque(maxlen=window)
         self._clear_for: dict[tuple[str, str], int] = {}  # active condition → observations it has been clear
 
     def observe(self, step: int, metrics: dict[str, float | None]) -> list[Finding]:
         self.records.append({"step": int(step), **{key: None if value is None else finite_or_none(value)
                                                   for key, value in metrics.items()}})
+        self.observed += 1
         current = diagnose(self.records, config=self.config, window=self.window, checks=self.checks)
+        if self.observed < self.min_records:
+            current = [finding for finding in current if finding.severity == "error"]
         new = [finding for finding in current if (finding.check, finding.metric) not in self._clear_for]
         fired = {(finding.check, finding.metric) for finding in current}
         for key in list(self._clear_for):

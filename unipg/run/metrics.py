@@ -1,4 +1,5 @@
-"""One metrics stream: JSONL always, TensorBoard optionally, and a terminal progress display.
+"""One metrics stream: JSONL always, TensorBoard and Weights & Biases optionally, live diagnosis, and a
+terminal progress display.
 
 Metric names are namespaced (``train/``, ``eval/``, ``rollout/``, ``timing/``). ``metrics.jsonl`` holds one
 JSON object per line: ``{"step": <env steps>, "time": <seconds since start>, "<name>": <value>, ...}``.
@@ -18,13 +19,22 @@ import yaml
 
 
 class MetricsLogger:
-    """Appends metrics to ``run_dir/metrics.jsonl`` and, if enabled, TensorBoard event files."""
+    """Appends metrics to ``run_dir/metrics.jsonl`` and, if enabled, TensorBoard event files.
 
-    def __init__(self, run_dir: Path, *, tensorboard: bool = True):
+    ``write_config`` records the run's settings and starts what needs them: a Weights & Biases run when
+    ``log.wandb`` is set (``log.wandb_mode: offline`` writes under ``run_dir/wandb`` with no network; upload it
+    later with ``wandb sync``), and the live ``doctor`` checks when ``log.monitor`` is set, whose warnings go to
+    ``warn`` (standard error by default) and to ``run_dir/events.jsonl``.
+    """
+
+    def __init__(self, run_dir: Path, *, tensorboard: bool = True, warn=None):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.start = time.time()
         self._jsonl = (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8")
+        self._wandb = None
+        self._monitor = None
+        self._warn = warn or (lambda text: print(text, file=sys.stderr, flush=True))
         self._tensorboard = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter  # lazy: TensorBoard is slow to import
@@ -40,17 +50,49 @@ class MetricsLogger:
             for key, value in clean.items():
                 if value is not None:
                     self._tensorboard.add_scalar(key, value, step)
+        if self._wandb is not None:
+            self._wandb.log({key: value for key, value in clean.items() if value is not None}, step=int(step))
+        if self._monitor is not None:
+            for finding in self._monitor.observe(step, clean):
+                self._warn(f"doctor {finding.severity}: {finding.check}: {finding.evidence} — {finding.remedy}")
+                with (self.run_dir / "events.jsonl").open("a", encoding="utf-8") as events:
+                    events.write(json.dumps({"step": int(step), "event": "diagnosis", **finding.to_dict()}) + "\n")
 
     def write_config(self, config: dict) -> None:
         """The resolved configuration the run used, for reproduction (``unipg train --config`` reads it)."""
         (self.run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
         if self._tensorboard is not None:
             self._tensorboard.add_text("config", "```\n" + yaml.safe_dump(config, sort_keys=False) + "\n```")
+        log = config.get("log", {})
+        if log.get("wandb") and self._wandb is None:
+            self._wandb = start_wandb(self.run_dir, config)
+        if log.get("monitor") and self._monitor is None:
+            from unipg.run.doctor import Monitor
+
+            self._monitor = Monitor(config=config)
 
     def close(self) -> None:
         self._jsonl.close()
         if self._tensorboard is not None:
             self._tensorboard.close()
+        if self._wandb is not None:
+            import wandb
+
+            self._wandb.finish()
+            wandb.teardown()  # stop W&B's background service: a finished run leaves no process behind
+            self._wandb = None
+
+
+def start_wandb(run_dir: Path, config: dict):
+    """A Weights & Biases run for this run folder, with the whole configuration as its hyperparameters."""
+    try:
+        import wandb
+    except ImportError as error:
+        raise ValueError("log.wandb is set but wandb is not installed: pip install 'unipg[wandb]' "
+                         "(or set log.wandb=false)") from error
+    log = config.get("log", {})
+    return wandb.init(project=log.get("wandb_project") or "unipg", name=Path(run_dir).name, dir=str(run_dir),
+                      mode=log.get("wandb_mode", "offline"), config=config, reinit="create_new")
 
 
 def finite_or_none(value) -> float | None:

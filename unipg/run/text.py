@@ -8,22 +8,35 @@ training, every ``eval.every_updates`` updates and at the end.
 
 This is the staleness-0 case of the unified objective: every sample's behaviour policy μ is the policy
 that the update starts from, so ρ = 1 at the first mini-batch step.
+
+Checkpoints (``run/checkpoints/step-<update>``) are saved every ``checkpoint.every_updates`` updates, at the
+end, and when Ctrl-C or SIGTERM stops the run after its current update. ``train_text(config, resume=RUN_DIR)``
+continues from the newest one exactly as the uninterrupted run would have: weights, optimizer, KL coefficient,
+learning-rate fraction, the prompt order and every random generator are restored.
 """
 
 from __future__ import annotations
 
+import json
+import signal
 import statistics
+import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from unipg.config import Config
+from unipg.policy.lm import LMPolicy
 from unipg.policy.loading import policy_from_config
+from unipg.run.checkpoint import (Checkpoint, CheckpointStore, generator_state, load_checkpoint, restore_generator,
+                                  restore_rng, rng_state)
 from unipg.run.classic import run_dir_for, seed_everything
 from unipg.run.episodes import EpisodeRunner, PromptEncoder, episode_metrics, reward_term_metrics  # noqa: F401
-from unipg.run.metrics import MetricsLogger, Progress, Timer
+from unipg.run.metrics import MetricsLogger, Progress, Timer, read_metrics
 from unipg.run.text_learner import TextBatch, TextLearner
 from unipg.sample.rewards import build_rewards
 from unipg.sample.tasks import Example, Task, make_task
@@ -41,6 +54,7 @@ class TextTrainResult:
     final_eval: dict[str, float]
     eval_history: list[tuple[int, dict[str, float]]] = field(default_factory=list)
     train_seconds: float = 0.0  # wall time of the updates alone, evaluation excluded
+    resumed_from: int = 0  # the update of the checkpoint the run continued from (0: a fresh run)
 
     @property
     def samples_per_second(self) -> float:
@@ -63,6 +77,137 @@ class PromptSampler:
                 self._order = torch.randperm(len(self.examples), generator=self.generator).tolist()
             chosen.append(self.examples[self._order.pop()])
         return chosen
+
+    def state(self) -> dict:
+        """The position in the current pass and the shuffling generator, as JSON."""
+        return {"order": list(self._order), "generator": generator_state(self.generator)}
+
+    def load_state(self, state: dict) -> None:
+        """Continue from a position given by ``state``."""
+        self._order = list(state["order"])
+        restore_generator(self.generator, state["generator"])
+
+
+CHECKPOINT_DIR = "checkpoints"
+
+
+class TrainingStopped(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM stopped a run after an update, and a checkpoint of that update was saved."""
+
+    def __init__(self, run_dir: Path, update: int, signal_number: int):
+        super().__init__(f"stopped after update {update}; continue with: unipg train --resume {run_dir}")
+        self.run_dir, self.update, self.signal_number = run_dir, update, signal_number
+
+
+class StopRequest:
+    """Within ``with``: the first SIGINT or SIGTERM asks the run to stop after its current update (so that the
+    checkpoint is of a whole update); a second SIGINT raises ``KeyboardInterrupt`` at once, saving nothing.
+
+    Signal handlers can only be installed in the main thread; elsewhere signals keep their usual effect.
+    """
+
+    def __init__(self):
+        self.signal_number: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            for number in (signal.SIGINT, signal.SIGTERM):
+                self._previous[number] = signal.signal(number, self._handle)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+
+    def _handle(self, number: int, frame) -> None:
+        if self.signal_number is not None and number == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signal_number = number
+        print(f"\n{signal.Signals(number).name}: stopping after the current update to save a checkpoint "
+              "(Ctrl-C again stops at once, without saving)", file=sys.stderr, flush=True)
+
+
+class TextCheckpointer:
+    """Saves and restores everything a text run needs to continue bit for bit, under ``run_dir/checkpoints``.
+
+    Not saved: the reference model, which is the frozen initial model; the state records its name
+    (``reference_model``) and a resumed run rebuilds it from the configuration.
+    """
+
+    def __init__(self, run_dir: Path, config: Config, policy: LMPolicy, learner: TextLearner, sampler: PromptSampler,
+                 generator: torch.Generator):
+        settings = config.checkpoint
+        self.store = CheckpointStore(run_dir / CHECKPOINT_DIR, keep_last=settings.keep_last,
+                                     keep_best=int(settings.keep_best), best_metric=settings.best_metric)
+        self.config, self.policy, self.learner = config, policy, learner
+        self.sampler, self.generator = sampler, generator
+
+    def save(self, update: int, *, samples: int, train_seconds: float,
+             history: list[tuple[int, dict[str, float]]], metrics: dict[str, float]) -> Path:
+        """A checkpoint of the run after ``update``; ``metrics`` (this update's evaluation, if any) rank it."""
+        optimizer, learner_state = self.learner.checkpoint()
+        tensors = {"policy": self.policy.model.state_dict(), "optimizer": optimizer}
+        if self.policy.value_head is not None:
+            tensors["value_head"] = self.policy.value_head.state_dict()
+        if self.policy.critic is not None:
+            tensors["critic"] = self.policy.critic.state_dict()
+        state = {"update": update, "policy_version": update, "samples": samples, "train_seconds": train_seconds,
+                 "eval_history": [[at, evaluation] for at, evaluation in history], "learner": learner_state,
+                 "sampler": self.sampler.state(), "rollout_generator": generator_state(self.generator),
+                 "rng": rng_state(), "reference_model": self.config.model.name}
+        return self.store.save(update, tensors, state, metrics=metrics)
+
+    def restore(self, checkpoint: Checkpoint) -> tuple[int, float, list[tuple[int, dict[str, float]]]]:
+        """Load ``checkpoint`` into the run's objects; returns (samples, train_seconds, eval history)."""
+        state = checkpoint.state
+        try:
+            self.policy.model.load_state_dict(checkpoint.tensors["policy"])
+            for group in ("value_head", "critic"):
+                module = getattr(self.policy, group)
+                if (module is None) != (group not in checkpoint.tensors):
+                    raise ValueError(f"the run's model.{group} setting changed since the checkpoint was saved")
+                if module is not None:
+                    module.load_state_dict(checkpoint.tensors[group])
+            self.learner.restore(checkpoint.tensors["optimizer"], state["learner"])
+        except (RuntimeError, KeyError, ValueError) as error:
+            raise ValueError(f"checkpoint {checkpoint.path} does not fit the model {self.config.model.name} "
+                             f"({str(error).splitlines()[0]}); resume with the run's own config.yaml") from None
+        self.sampler.load_state(state["sampler"])
+        restore_generator(self.generator, state["rollout_generator"])
+        restore_rng(state["rng"])
+        history = [(at, evaluation) for at, evaluation in state["eval_history"]]
+        return state["samples"], state["train_seconds"], history
+
+
+def latest_checkpoint(run_dir: Path) -> Checkpoint:
+    """The newest intact checkpoint of an earlier run; ``ValueError`` saying what to do if there is none."""
+    if not (run_dir / "config.yaml").is_file():
+        raise ValueError(f"cannot resume from '{run_dir}': it is not a run folder (no config.yaml); pass the folder "
+                         "that `unipg train` created for the run, e.g. runs/grpo-arithmetic-seed0-<time>")
+    store = CheckpointStore(run_dir / CHECKPOINT_DIR)
+    path = store.latest()
+    if path is None:
+        found = len(store.list())
+        problem = (f"none of its {found} checkpoints is intact (see the warnings above)" if found else
+                   f"it holds no checkpoint ({run_dir / CHECKPOINT_DIR} is missing or empty: the run stopped "
+                   "before its first save)")
+        raise ValueError(f"cannot resume from '{run_dir}': {problem}; start a new run instead, or set "
+                         "checkpoint.every_updates so that runs save checkpoints as they go")
+    return load_checkpoint(path)
+
+
+def drop_metrics_after(run_dir: Path, update: int) -> None:
+    """Remove the records of updates after ``update`` from metrics.jsonl: a resumed run writes them again."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return
+    records = read_metrics(run_dir)
+    kept = [record for record in records if record["step"] <= update]
+    if len(kept) < len(records):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(json.dumps(record) + "\n" for record in kept), encoding="utf-8")
+        tmp.replace(path)
 
 
 def columns_of(examples: list[Example]) -> dict[str, list]:
@@ -123,10 +268,24 @@ def set_threads(config: Config) -> None:
         torch.set_num_threads(1)
 
 
-def train_text(config: Config, *, task: Task | None = None) -> TextTrainResult:
-    """Train ``config.model.name`` on ``config.task.name`` with the configured estimator."""
+def train_text(config: Config, *, task: Task | None = None, resume: str | Path | None = None,
+               log: Callable[[str], None] = print) -> TextTrainResult:
+    """Train ``config.model.name`` on ``config.task.name`` with the configured estimator.
+
+    With ``resume`` (the folder of an earlier run), continue that run from its newest checkpoint, appending to
+    its metrics.jsonl; a run whose checkpoint is already at ``train.updates`` is reported and not trained.
+    """
     from unipg.run.warm_start import resolve_warm_start
 
+    updates = config.train.updates
+    checkpoint = latest_checkpoint(Path(resume)) if resume is not None else None
+    if checkpoint is not None and checkpoint.step >= updates:
+        log(f"run {resume} already finished at update {checkpoint.step} of {updates}; raise train.updates "
+            "to train further")
+        history = [(at, evaluation) for at, evaluation in checkpoint.state["eval_history"]]
+        return TextTrainResult(Path(resume), checkpoint.step, checkpoint.state["samples"], 0.0, history[0][1],
+                               history[-1][1], history, checkpoint.state["train_seconds"],
+                               resumed_from=checkpoint.step)
     seed_everything(config.seed, config.deterministic)
     set_threads(config)
     task = task or make_task(config.task.name, **config.task.options)
@@ -137,45 +296,64 @@ def train_text(config: Config, *, task: Task | None = None) -> TextTrainResult:
     test = task.test[: config.eval.max_examples] if config.eval.max_examples else task.test
     learner = TextLearner(policy, config)
     sampler, generator = PromptSampler(task.train, config.seed), torch.Generator().manual_seed(config.seed)
-    run_dir = run_dir_for(config)
+    run_dir = Path(resume) if resume is not None else run_dir_for(config)
+    checkpointer = TextCheckpointer(run_dir, config, policy, learner, sampler, generator)
+    first, samples, train_seconds = 1, 0, 0.0
+    if checkpoint is not None:
+        if checkpoint.state["reference_model"] != config.model.name:
+            log(f"warning: the checkpoint's reference model was {checkpoint.state['reference_model']}, the "
+                f"configuration now loads {config.model.name}; the KL term is measured against the latter")
+        samples, train_seconds, history = checkpointer.restore(checkpoint)
+        first = checkpoint.step + 1
+        drop_metrics_after(run_dir, checkpoint.step)
+        log(f"resuming {run_dir} from update {checkpoint.step} of {updates}")
     logger = MetricsLogger(run_dir, tensorboard=config.log.tensorboard)
     logger.write_config(config.to_dict())
-    updates = config.train.updates
     progress = Progress(updates, enabled=config.log.progress, description=f"{config.algorithm} {task.name}")
-    timer, start, train_seconds, samples = Timer(), time.time(), 0.0, 0
+    timer, start, every = Timer(), time.time(), config.checkpoint.every_updates
     try:
-        initial = evaluate_text(runner, test, config, seed=config.seed + 10_000)
-        history = [(0, initial)]
-        logger.log(0, initial)
-        for update in range(1, updates + 1):
-            step_start = time.time()
-            fraction = 1.0 - (update - 1) / updates if config.train.lr_schedule == "linear" else 1.0
-            lr = learner.set_lr_fraction(fraction)
-            batch, record = rollout(runner, sampler.next(config.prompts_per_step), config, generator,
-                                    policy_version=update - 1)
-            with timer("logprob"):
-                record.update({f"train/{k}": v for k, v in learner.prepare(batch).items()})
-            with timer("update"):
-                record.update({f"train/{k}": v for k, v in learner.update(batch).items()})
-            step_seconds = time.time() - step_start
-            train_seconds += step_seconds
-            samples += len(batch.scores)
-            record.update(timer.pop())
-            record.update({"train/learning_rate": lr, "train/samples": samples,
-                           "timing/step": step_seconds, "timing/samples_per_second": len(batch.scores) / step_seconds,
-                           "timing/tokens_per_second": record["rollout/generated_tokens"] / step_seconds})
-            if update % config.eval.every_updates == 0 or update == updates:
-                with timer("eval"):
-                    evaluation = evaluate_text(runner, test, config, seed=config.seed + 10_000 + update)
-                history.append((update, evaluation))
-                record.update(evaluation)
-            if update % config.log.log_every_updates == 0 or update == updates or "eval/pass@1" in record:
-                logger.log(update, record)
-            progress.update(update, f"reward {record['rollout/reward_mean']:.3f} pass@1 {history[-1][1]['eval/pass@1']:.3f}")
+        with StopRequest() as stop:
+            if checkpoint is None:
+                initial = evaluate_text(runner, test, config, seed=config.seed + 10_000)
+                history = [(0, initial)]
+                logger.log(0, initial)
+            for update in range(first, updates + 1):
+                step_start = time.time()
+                fraction = 1.0 - (update - 1) / updates if config.train.lr_schedule == "linear" else 1.0
+                lr = learner.set_lr_fraction(fraction)
+                batch, record = rollout(runner, sampler.next(config.prompts_per_step), config, generator,
+                                        policy_version=update - 1)
+                with timer("logprob"):
+                    record.update({f"train/{k}": v for k, v in learner.prepare(batch).items()})
+                with timer("update"):
+                    record.update({f"train/{k}": v for k, v in learner.update(batch).items()})
+                step_seconds = time.time() - step_start
+                train_seconds += step_seconds
+                samples += len(batch.scores)
+                record.update(timer.pop())
+                record.update({"train/learning_rate": lr, "train/samples": samples, "timing/step": step_seconds,
+                               "timing/samples_per_second": len(batch.scores) / step_seconds,
+                               "timing/tokens_per_second": record["rollout/generated_tokens"] / step_seconds})
+                evaluation = {}
+                if update % config.eval.every_updates == 0 or update == updates:
+                    with timer("eval"):
+                        evaluation = evaluate_text(runner, test, config, seed=config.seed + 10_000 + update)
+                    history.append((update, evaluation))
+                    record.update(evaluation)
+                if update % config.log.log_every_updates == 0 or update == updates or "eval/pass@1" in record:
+                    logger.log(update, record)
+                progress.update(update, f"reward {record['rollout/reward_mean']:.3f} "
+                                        f"pass@1 {history[-1][1]['eval/pass@1']:.3f}")
+                stopping = stop.signal_number is not None and update < updates
+                if stopping or update == updates or (every and update % every == 0):
+                    checkpointer.save(update, samples=samples, train_seconds=train_seconds, history=history,
+                                      metrics=evaluation)
+                if stopping:
+                    raise TrainingStopped(run_dir, update, stop.signal_number)
         policy.save(run_dir / "policy")
     finally:
         runner.close()
         progress.close()
         logger.close()
     return TextTrainResult(run_dir, updates, samples, time.time() - start, history[0][1], history[-1][1], history,
-                           train_seconds)
+                           train_seconds, resumed_from=first - 1)

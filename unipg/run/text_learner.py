@@ -26,6 +26,7 @@ from unipg.estimate.kl_control import make_kl_controller
 from unipg.estimate.losses import aggregate, explained_variance, value_loss
 from unipg.estimate.masked import masked_mean, masked_var, masked_whiten, pack_masked, unpack_masked
 from unipg.policy.lm import Generation, LMPolicy, left_pad
+from unipg.run.checkpoint import generator_state, load_optimizer, optimizer_tensors, restore_generator
 from unipg.run.learner import call_with_available, clip_grad_norm, off_policy_weights, shuffled_minibatches
 
 GROUP_ADVANTAGES = frozenset({"grpo", "dr_grpo", "rloo"})
@@ -203,6 +204,7 @@ class TextLearner:
         self.kl_controller = make_kl_controller(est.kl_control, coef=est.kl_coef, target_kl=est.target_kl,
                                                 horizon=est.kl_horizon)
         self.generator = torch.Generator().manual_seed(config.seed)
+        self.lr_fraction = 1.0
 
     @property
     def kl_coef(self) -> float:
@@ -316,15 +318,22 @@ class TextLearner:
         return loss, metrics
 
     def set_lr_fraction(self, fraction: float) -> float:
+        """Scale every group's learning rate to ``fraction`` of its base rate; returns the policy's rate."""
+        self.lr_fraction = fraction
         for group in self.optimizer.param_groups:
             group["lr"] = group["base_lr"] * fraction
         return self.optimizer.param_groups[0]["lr"]
 
-    def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state(),
-                "kl_controller": self.kl_controller.state_dict()}
+    def checkpoint(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """The optimizer's tensors, and as JSON the rest of the learner's state: the optimizer's metadata, the
+        KL controller, the mini-batch shuffling generator and the learning-rate fraction."""
+        tensors, optimizer_meta = optimizer_tensors(self.optimizer)
+        return tensors, {"optimizer": optimizer_meta, "kl_controller": self.kl_controller.state_dict(),
+                         "generator": generator_state(self.generator), "lr_fraction": self.lr_fraction}
 
-    def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.generator.set_state(state["generator"])
+    def restore(self, tensors: dict[str, torch.Tensor], state: dict) -> None:
+        """Set the learner back to a state from ``checkpoint``."""
+        load_optimizer(self.optimizer, tensors, state["optimizer"])
         self.kl_controller.load_state_dict(state["kl_controller"])
+        restore_generator(self.generator, state["generator"])
+        self.lr_fraction = state["lr_fraction"]

@@ -1,0 +1,134 @@
+"""Checkpointed text runs: ``train_text(..., resume=RUN_DIR)`` and ``unipg train --resume`` continue bit for bit."""
+
+import os
+import signal
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import unipg.run.text as text
+from unipg.cli import app
+from unipg.config import load_config
+from unipg.run.checkpoint import CheckpointStore, load_checkpoint
+from unipg.run.metrics import read_metrics
+from unipg.run.text import TrainingStopped, train_text
+
+SMALL = ["task.name=arithmetic", "task.options={digits: 1, num_train: 40, num_test: 8}", "train.batch_size=8",
+         "train.mini_batch_size=4", "train.micro_batch_size=4", "sample.samples_per_prompt=4",
+         "sample.max_new_tokens=4", "eval.every_updates=1", "eval.pass_k=2", "log.progress=false",
+         "log.tensorboard=false", "deterministic=true", "algorithm=ppo", "estimator.kl_coef=0.05",
+         "checkpoint.every_updates=1", "checkpoint.keep_last=2", "checkpoint.keep_best=false"]
+
+
+def small_config(embedded_path, output_dir, name, updates, *extra):
+    return load_config(None, SMALL + [f"model.name={embedded_path}", f"log.output_dir={output_dir}",
+                                      f"log.run_name={name}", f"train.updates={updates}", *extra])
+
+
+def comparable(record: dict) -> dict:
+    """A metrics record without its wall-clock entries."""
+    return {key: value for key, value in record.items() if key != "time" and not key.startswith("timing/")}
+
+
+def final_tensors(run_dir) -> dict:
+    return load_checkpoint(CheckpointStore(run_dir / "checkpoints").latest()).tensors
+
+
+@pytest.fixture(scope="module")
+def full_run(embedded_path, tmp_path_factory):
+    """An uninterrupted run of 4 updates, checkpointing after each."""
+    return train_text(small_config(embedded_path, tmp_path_factory.mktemp("runs"), "full", 4))
+
+
+def assert_continues_like(full_run, resumed):
+    assert resumed.updates == 4 and resumed.samples == full_run.samples
+    full, other = final_tensors(full_run.run_dir), final_tensors(resumed.run_dir)
+    assert set(full) == set(other) == {"policy", "optimizer", "value_head"}
+    for group in full:
+        assert full[group].keys() == other[group].keys()
+        for name in full[group]:
+            assert torch.equal(full[group][name], other[group][name]), (group, name)
+    full_records = [comparable(r) for r in read_metrics(full_run.run_dir)]
+    resumed_records = [comparable(r) for r in read_metrics(resumed.run_dir)]
+    assert [r["step"] for r in resumed_records] == [0, 1, 2, 3, 4]  # appended to the same metrics.jsonl
+    assert resumed_records == full_records
+    assert resumed.eval_history == full_run.eval_history
+
+
+def test_two_updates_resumed_to_four_equal_four_updates_bit_for_bit(embedded_path, tmp_path, full_run):
+    first = train_text(small_config(embedded_path, tmp_path, "split", 2))
+    messages = []
+    resumed = train_text(small_config(embedded_path, tmp_path, "split", 4), resume=first.run_dir,
+                         log=messages.append)
+    assert resumed.run_dir == first.run_dir and resumed.resumed_from == 2
+    assert any("resuming" in message for message in messages)
+    assert_continues_like(full_run, resumed)
+
+
+def test_sigterm_saves_a_checkpoint_after_the_current_update_and_the_run_resumes_exactly(
+        embedded_path, tmp_path, full_run, monkeypatch):
+    calls = []
+    original = text.rollout
+
+    def rollout_then_sigterm(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # mid-way through update 2
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(text, "rollout", rollout_then_sigterm)
+    config = small_config(embedded_path, tmp_path, "stopped", 4, "checkpoint.every_updates=0")
+    handler = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(TrainingStopped) as stopped:
+        train_text(config)
+    assert stopped.value.update == 2 and stopped.value.signal_number == signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) == handler  # the run's handler is removed again
+    run_dir = stopped.value.run_dir
+    assert [path.name for path in CheckpointStore(run_dir / "checkpoints").list()] == ["step-00000002"]
+    monkeypatch.setattr(text, "rollout", original)
+    assert_continues_like(full_run, train_text(config, resume=run_dir))
+
+
+def test_resuming_a_finished_run_trains_nothing_and_says_so_until_updates_is_raised(embedded_path, tmp_path):
+    run = train_text(small_config(embedded_path, tmp_path, "done", 2))
+    before = (run.run_dir / "metrics.jsonl").read_text()
+    messages = []
+    again = train_text(small_config(embedded_path, tmp_path, "done", 2), resume=run.run_dir, log=messages.append)
+    assert again.resumed_from == 2 and again.updates == 2 and again.samples == run.samples
+    assert messages == [f"run {run.run_dir} already finished at update 2 of 2; raise train.updates to train further"]
+    assert (run.run_dir / "metrics.jsonl").read_text() == before
+    result = CliRunner().invoke(app, ["train", "--resume", str(run.run_dir)])
+    assert result.exit_code == 0, result.output
+    assert "already finished at update 2 of 2" in " ".join(result.output.split())
+    assert (run.run_dir / "metrics.jsonl").read_text() == before
+    result = CliRunner().invoke(app, ["train", "--resume", str(run.run_dir), "train.updates=3"])
+    assert result.exit_code == 0, result.output
+    assert [record["step"] for record in read_metrics(run.run_dir)] == [0, 1, 2, 3]
+
+
+def test_rotation_keeps_the_last_k_checkpoints(full_run):
+    names = [path.name for path in CheckpointStore(full_run.run_dir / "checkpoints").list()]
+    assert names == ["step-00000003", "step-00000004"]
+    state = load_checkpoint(full_run.run_dir / "checkpoints" / "step-00000004").state
+    assert state["update"] == state["policy_version"] == 4 and state["samples"] == full_run.samples
+
+
+def test_resume_from_a_bad_folder_is_a_clear_error(embedded_path, tmp_path):
+    missing = tmp_path / "no-such-run"
+    result = CliRunner().invoke(app, ["train", "--resume", str(missing)])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 2 and str(missing) in output and "not a run folder" in output
+    assert "Traceback" not in output
+
+    run = train_text(small_config(embedded_path, tmp_path, "corrupt", 1))
+    (checkpoint,) = CheckpointStore(run.run_dir / "checkpoints").list()
+    weights = checkpoint / "policy.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.warns(RuntimeWarning, match="skipping checkpoint"):
+        result = CliRunner().invoke(app, ["train", "--resume", str(run.run_dir), "train.updates=2"])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 2 and str(run.run_dir) in output and "intact" in output
+    assert "Traceback" not in output
