@@ -59,10 +59,16 @@ def train(
     for seed in seed_list or [None]:
         config = resolve(config_path, list(overrides or []) + ([f"seed={seed}"] if seed is not None else []))
         results.append((config, run_guarded(config, threshold)))
-    if results[0][0].is_text:
-        console.print(text_result_table(results))
-    else:
-        console.print(result_table(results, threshold))
+    table = text_result_table(results) if results[0][0].is_text else result_table(results, threshold)
+    if len(results) > 1:
+        from unipg.run.seeds import write_seed_summary
+
+        first = results[0][0]
+        name = f"{first.algorithm}-{first.task.name if first.is_text else first.env.id}"
+        summary = write_seed_summary(Path(first.log.output_dir), name, [config.seed for config, _ in results],
+                                     [result.run_dir for _, result in results])
+        table.caption += f"\nmean ± std of every final metric: {summary} (and .md)"
+    console.print(table)
 
 
 def resolve_resumed(run_dir: Path, overrides: List[str]) -> Config:

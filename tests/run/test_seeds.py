@@ -1,0 +1,43 @@
+import json
+
+from typer.testing import CliRunner
+
+from unipg.cli import app
+from unipg.run.seeds import aggregate, final_metrics, write_seed_summary
+
+
+def write_run(run_dir, records):
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
+    return run_dir
+
+
+def test_final_metrics_take_each_metrics_last_value(tmp_path):
+    run = write_run(tmp_path / "a", [{"step": 0, "time": 0.1, "eval/pass@1": 0.1},
+                                     {"step": 1, "time": 0.2, "train/loss": 2.0},
+                                     {"step": 2, "time": 0.3, "eval/pass@1": 0.4, "train/loss": None}])
+    assert final_metrics(run) == {"eval/pass@1": 0.4, "train/loss": 2.0}
+
+
+def test_aggregate_is_mean_and_std_over_the_metrics_every_seed_logged(tmp_path):
+    runs = [write_run(tmp_path / "a", [{"step": 1, "eval/pass@1": 0.2, "only/a": 1.0}]),
+            write_run(tmp_path / "b", [{"step": 1, "eval/pass@1": 0.6}])]
+    summary = aggregate(runs)
+    assert set(summary) == {"eval/pass@1"}
+    assert summary["eval/pass@1"]["values"] == [0.2, 0.6]
+    assert abs(summary["eval/pass@1"]["mean"] - 0.4) < 1e-12 and abs(summary["eval/pass@1"]["std"] - 0.2) < 1e-12
+    path = write_seed_summary(tmp_path / "out", "grpo-x", [0, 1], runs)
+    assert json.loads(path.read_text())["final"]["eval/pass@1"]["mean"] == summary["eval/pass@1"]["mean"]
+    assert "| eval/pass@1 | 0.4 ± 0.2 | 0.2, 0.6 |" in path.with_suffix(".md").read_text()
+
+
+def test_cli_seeds_writes_the_aggregate(embedded_path, tmp_path):
+    from tests.run.test_text import SMALL
+
+    result = CliRunner().invoke(app, ["train", *SMALL, f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
+                                      "train.updates=1", "--seeds", "0,1"])
+    assert result.exit_code == 0, result.output
+    summaries = list(tmp_path.glob("*-seeds-0-1-*.json"))
+    assert len(summaries) == 1
+    final = json.loads(summaries[0].read_text())["final"]
+    assert len(final["eval/pass@1"]["values"]) == 2
