@@ -10,7 +10,8 @@ def test_train_prints_a_result_table(tmp_path):
                                  "eval.episodes=2", "--seeds", "0,1"])
     assert result.exit_code == 0, result.output
     assert "unipg results" in result.output and "over 2 seeds" in result.output
-    assert len(list(tmp_path.iterdir())) == 2
+    assert len([path for path in tmp_path.iterdir() if path.is_dir()]) == 2  # one run folder per seed
+    assert len(list(tmp_path.glob("ppo-CartPole-v1-seeds-0-1-*.json"))) == 1  # and their aggregate
 
 
 def test_bad_override_exits_2_with_a_message_and_no_traceback(tmp_path):

@@ -40,7 +40,9 @@ def resolve(config_path: Optional[Path], overrides: List[str]) -> Config:
 def train(
     overrides: List[str] = typer.Argument(None, help="dotted overrides, e.g. estimator.clip_range=0.1"),
     config_path: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config file"),
-    seeds: Optional[str] = typer.Option(None, help="comma-separated seeds to run one after another, e.g. 0,1,2"),
+    seeds: Optional[str] = typer.Option(None, help="comma-separated seeds, e.g. 0,1,2"),
+    jobs: int = typer.Option(1, "--jobs", "-j", min=1, help="with --seeds: how many seeds train at once, each in "
+                             "its own process (one thread each for the embedded model)"),
     threshold: Optional[float] = typer.Option(None, help="report the first step whose eval mean return ≥ this"),
     resume: Optional[Path] = typer.Option(None, "--resume", help="continue the text run in this folder from its "
                                           "newest checkpoint; overrides apply on top of its config.yaml"),
@@ -55,10 +57,12 @@ def train(
         console.print(text_result_table([(config, run_guarded(config, threshold, resume=resume))]))
         return
     seed_list = parse_seeds(seeds)
-    results = []
-    for seed in seed_list or [None]:
-        config = resolve(config_path, list(overrides or []) + ([f"seed={seed}"] if seed is not None else []))
-        results.append((config, run_guarded(config, threshold)))
+    configs = [resolve(config_path, list(overrides or []) + ([f"seed={seed}"] if seed is not None else []))
+               for seed in seed_list or [None]]
+    if jobs > 1 and len(configs) > 1:
+        results = list(zip(configs, run_in_parallel(configs, threshold, jobs)))
+    else:
+        results = [(config, run_guarded(config, threshold)) for config in configs]
     table = text_result_table(results) if results[0][0].is_text else result_table(results, threshold)
     if len(results) > 1:
         from unipg.run.seeds import write_seed_summary
@@ -69,6 +73,45 @@ def train(
                                      [result.run_dir for _, result in results])
         table.caption += f"\nmean ± std of every final metric: {summary} (and .md)"
     console.print(table)
+
+
+def run_in_parallel(configs: list[Config], threshold: Optional[float], jobs: int) -> list:
+    """Train each config in a process of its own, ``jobs`` at a time; results in the order of ``configs``.
+
+    A shared warm start is built once, here, before the processes start, so they all find it cached.
+    """
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    if configs[0].is_text and configs[0].model.warm_start:
+        from unipg.run.warm_start import resolve_warm_start
+        from unipg.sample.tasks import make_task
+
+        try:
+            resolve_warm_start(configs[0], make_task(configs[0].task.name, **configs[0].task.options))
+        except ValueError as error:
+            errors.print(f"[bold red]error:[/] {error}", highlight=False)
+            raise typer.Exit(2) from None
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        outcomes = list(pool.map(train_in_child, configs, [threshold] * len(configs)))
+    failed = [(config.seed, outcome) for config, outcome in zip(configs, outcomes) if isinstance(outcome, str)]
+    for seed, message in failed:
+        errors.print(f"[bold red]error:[/] seed {seed}: {message}", highlight=False)
+    if failed:
+        raise typer.Exit(2)
+    return outcomes
+
+
+def train_in_child(config: Config, threshold: Optional[float]):
+    """One seed of ``run_in_parallel``: the result, or the message of the error that stopped it."""
+    from unipg.run.classic import train_classic
+    from unipg.run.text import train_text
+
+    quiet_libraries()
+    try:
+        return train_text(config) if config.is_text else train_classic(config, return_threshold=threshold)
+    except (ValueError, RegistryError) as error:
+        return str(error)
 
 
 def resolve_resumed(run_dir: Path, overrides: List[str]) -> Config:

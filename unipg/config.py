@@ -311,8 +311,9 @@ class EvalConfig(Section):
 class CheckpointConfig(Section):
     """Text tasks: checkpoints under <run>/checkpoints, from which ``unipg train --resume RUN_DIR`` continues."""
 
-    every_updates: int = Field(0, ge=0)
-    """save a checkpoint every this many learner updates (0 = only at the end and when interrupted)."""
+    every_updates: int = Field(50, ge=0)
+    """save a checkpoint every this many learner updates (0 = only at the end and when interrupted); a
+    rollback goes back to the newest checkpoint."""
     keep_last: int = Field(2, ge=1)
     """keep this many newest checkpoints; older ones are deleted (the best one is kept too, see keep_best)."""
     keep_best: bool = True
@@ -320,6 +321,23 @@ class CheckpointConfig(Section):
     best_metric: str = "eval/pass@1"
     """metric, higher is better, that ranks checkpoints for keep_best; only checkpoints saved at an update
     with an evaluation carry it."""
+
+
+class RollbackConfig(Section):
+    """Text tasks: skip updates that blow up and, when they keep doing so, go back to the last checkpoint."""
+
+    enabled: bool = True
+    """skip an optimizer step whose loss or gradient norm is not finite, revert an update whose KL spikes (see
+    kl_multiple), and roll back to the newest checkpoint after max_trips such updates in a row."""
+    kl_multiple: float = Field(10.0, gt=0.0)
+    """an update whose approx KL exceeds kl_multiple × estimator.target_kl is reverted (only when target_kl is
+    set; the learner then keeps a copy of the parameters and optimizer state during each update)."""
+    max_trips: int = Field(3, ge=1)
+    """consecutive skipped or reverted updates after which the run rolls back to its newest checkpoint."""
+    lr_factor: float = Field(0.5, gt=0.0, le=1.0)
+    """multiply the learning rate by this after each rollback (kept in checkpoints, so a resumed run keeps it)."""
+    max_rollbacks: int = Field(5, ge=0)
+    """stop the run with an error when it would roll back more often than this."""
 
 
 class LogConfig(Section):
@@ -371,6 +389,7 @@ class Config(Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    rollback: RollbackConfig = Field(default_factory=RollbackConfig)
 
     # Not part of the schema: keys the user set that the chosen algorithm does not use.
     warnings: list[str] = Field(default_factory=list, exclude=True)

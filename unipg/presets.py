@@ -39,7 +39,8 @@ _CLIP_ONLY = frozenset({"estimator.clip_range", "estimator.clip_range_high", "es
 
 
 # Keys that only language-model training on text tasks reads.
-_TEXT_ONLY = frozenset({"task.*", "model.*", "sft.*", "agent.*", "sample.samples_per_prompt", "sample.max_new_tokens",
+_TEXT_ONLY = frozenset({"task.*", "model.*", "sft.*", "agent.*", "checkpoint.*", "rollback.*",
+                        "sample.samples_per_prompt", "sample.max_new_tokens",
                         "sample.temperature", "sample.top_p", "sample.top_k", "sample.stop", "sample.max_prompt_length",
                         "train.updates", "train.micro_batch_size", "train.weight_decay", "estimator.kl_in_reward",
                         "eval.every_updates", "eval.pass_k", "eval.max_examples"})

@@ -41,3 +41,18 @@ def test_cli_seeds_writes_the_aggregate(embedded_path, tmp_path):
     assert len(summaries) == 1
     final = json.loads(summaries[0].read_text())["final"]
     assert len(final["eval/pass@1"]["values"]) == 2
+
+
+def test_cli_seeds_in_parallel_processes_give_the_sequential_results(embedded_path, tmp_path):
+    from tests.run.test_text import SMALL
+
+    common = ["train", *SMALL, f"model.name={embedded_path}", "train.updates=1", "deterministic=true", "--seeds", "0,1"]
+    finals = []
+    for jobs in ("1", "2"):
+        output = tmp_path / jobs
+        result = CliRunner().invoke(app, [*common, f"log.output_dir={output}", "--jobs", jobs])
+        assert result.exit_code == 0, result.output
+        summary = json.loads(next(output.glob("*-seeds-0-1-*.json")).read_text())["final"]
+        finals.append({key: entry["values"] for key, entry in summary.items() if not key.startswith("timing/")
+                       and not key.endswith("seconds")})
+    assert finals[0] == finals[1]

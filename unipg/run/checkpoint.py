@@ -280,6 +280,12 @@ class CheckpointStore:
             raise ValueError("best() needs a metric: create the store with best_metric='...'")
         return self._first_valid(self._ranked(self.list()))
 
+    def remove(self, step: int) -> None:
+        """Delete the checkpoint of ``step`` if there is one (renamed to ``.tmp-*`` first, as rotation does)."""
+        path = self.root / f"step-{step:08d}"
+        if path.is_dir():
+            self._remove(path)
+
     def _first_valid(self, paths) -> Path | None:
         for path in paths:
             try:

@@ -13,6 +13,14 @@ Checkpoints (``run/checkpoints/step-<update>``) are saved every ``checkpoint.eve
 end, and when Ctrl-C or SIGTERM stops the run after its current update. ``train_text(config, resume=RUN_DIR)``
 continues from the newest one exactly as the uninterrupted run would have: weights, optimizer, KL coefficient,
 learning-rate fraction, the prompt order and every random generator are restored.
+
+With ``rollback.enabled``, an update that trips (an optimizer step skipped for a non-finite loss or gradient, or
+the whole update reverted for a KL spike, see ``unipg.run.text_learner``) is logged as a ``skipped_update``
+event in ``run/events.jsonl`` with a warning on standard error. After ``rollback.max_trips`` tripped updates in
+a row the run goes back to its newest checkpoint (a fresh run saves one of update 0 for this, deleted when it
+saves the next), multiplies the learning rate by ``rollback.lr_factor``, logs a ``rollback`` event and trains on
+from there; the checkpoint's prompt order and random generators come back with it. metrics.jsonl keeps the
+records of the updates given up, so its steps repeat after a rollback.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from unipg.config import Config
+from unipg.config import Config, RollbackConfig
 from unipg.policy.lm import LMPolicy
 from unipg.policy.loading import policy_from_config
 from unipg.run.checkpoint import (Checkpoint, CheckpointStore, generator_state, load_checkpoint, restore_generator,
@@ -156,7 +164,10 @@ class TextCheckpointer:
                  "eval_history": [[at, evaluation] for at, evaluation in history], "learner": learner_state,
                  "sampler": self.sampler.state(), "rollout_generator": generator_state(self.generator),
                  "rng": rng_state(), "reference_model": self.config.model.name}
-        return self.store.save(update, tensors, state, metrics=metrics)
+        path = self.store.save(update, tensors, state, metrics=metrics)
+        if update > 0:  # the checkpoint of update 0 (see rollback) is needed only until the run saves its own
+            self.store.remove(0)
+        return path
 
     def restore(self, checkpoint: Checkpoint) -> tuple[int, float, list[tuple[int, dict[str, float]]]]:
         """Load ``checkpoint`` into the run's objects; returns (samples, train_seconds, eval history)."""
@@ -178,6 +189,54 @@ class TextCheckpointer:
         restore_rng(state["rng"])
         history = [(at, evaluation) for at, evaluation in state["eval_history"]]
         return state["samples"], state["train_seconds"], history
+
+
+class TripCounter:
+    """Counts consecutive tripped updates and records them and rollbacks in ``run_dir/events.jsonl``."""
+
+    def __init__(self, run_dir: Path, settings: RollbackConfig, target_kl: float | None):
+        self.events, self.settings, self.target_kl = run_dir / "events.jsonl", settings, target_kl
+        self.trips, self.rollbacks = 0, 0
+
+    def observe(self, update: int, record: dict[str, float]) -> bool:
+        """Count ``update`` by its metrics (``train/skipped_steps``, ``train/reverted``); whether the run must
+        now roll back."""
+        reasons = []
+        if record.get("train/skipped_steps", 0.0) > 0:
+            reasons.append(f"{record['train/skipped_steps']:.0f} optimizer step(s) with a non-finite loss or "
+                           "gradient norm skipped")
+        if record.get("train/reverted", 0.0) > 0:
+            reasons.append(f"approx KL {record['train/approx_kl']:.3g} beyond {self.settings.kl_multiple:g} × "
+                           f"target_kl {self.target_kl:g}, update reverted")
+        if not reasons:
+            self.trips = 0
+            return False
+        self.trips += 1
+        reason = "; ".join(reasons)
+        self._event(update, "skipped_update", reason=reason, trips=self.trips)
+        print(f"warning: update {update} tripped ({self.trips} of {self.settings.max_trips} in a row): {reason}",
+              file=sys.stderr, flush=True)
+        return self.trips >= self.settings.max_trips
+
+    def rolled_back(self, update: int, to_update: int, learning_rate_factor: float) -> None:
+        """Record a rollback at ``update`` to the checkpoint of ``to_update``, and start counting afresh.
+
+        Raises ValueError once the run has rolled back more than ``max_rollbacks`` times: it keeps diverging
+        at ever smaller learning rates, so something other than the step size is wrong.
+        """
+        self.trips, self.rollbacks = 0, self.rollbacks + 1
+        if self.rollbacks > self.settings.max_rollbacks:
+            self._event(update, "gave_up", rollbacks=self.rollbacks - 1)
+            raise ValueError(f"updates keep tripping after {self.rollbacks - 1} rollbacks (learning rate now × "
+                             f"{learning_rate_factor / self.settings.lr_factor:g}); see {self.events} — check the "
+                             "rewards for non-finite values, or lower train.learning_rate")
+        self._event(update, "rollback", to_update=to_update, learning_rate_factor=learning_rate_factor)
+        print(f"warning: {self.settings.max_trips} tripped updates in a row; rolled back to update {to_update} "
+              f"with the learning rate × {learning_rate_factor:g}", file=sys.stderr, flush=True)
+
+    def _event(self, update: int, event: str, **fields) -> None:
+        with self.events.open("a", encoding="utf-8") as events:
+            events.write(json.dumps({"step": update, "event": event, **fields}) + "\n")
 
 
 def latest_checkpoint(run_dir: Path) -> Checkpoint:
@@ -311,13 +370,17 @@ def train_text(config: Config, *, task: Task | None = None, resume: str | Path |
     logger.write_config(config.to_dict())
     progress = Progress(updates, enabled=config.log.progress, description=f"{config.algorithm} {task.name}")
     timer, start, every = Timer(), time.time(), config.checkpoint.every_updates
+    trips = TripCounter(run_dir, config.rollback, config.estimator.target_kl)
     try:
         with StopRequest() as stop:
             if checkpoint is None:
                 initial = evaluate_text(runner, test, config, seed=config.seed + 10_000)
                 history = [(0, initial)]
                 logger.log(0, initial)
-            for update in range(first, updates + 1):
+                if config.rollback.enabled:  # something to roll back to before the first periodic checkpoint
+                    checkpointer.save(0, samples=0, train_seconds=0.0, history=history, metrics={})
+            update = first
+            while update <= updates:
                 step_start = time.time()
                 fraction = 1.0 - (update - 1) / updates if config.train.lr_schedule == "linear" else 1.0
                 lr = learner.set_lr_fraction(fraction)
@@ -344,12 +407,21 @@ def train_text(config: Config, *, task: Task | None = None, resume: str | Path |
                     logger.log(update, record)
                 progress.update(update, f"reward {record['rollout/reward_mean']:.3f} "
                                         f"pass@1 {history[-1][1]['eval/pass@1']:.3f}")
+                if trips.observe(update, record):
+                    factor = learner.lr_factor * config.rollback.lr_factor
+                    good = load_checkpoint(checkpointer.store.latest())
+                    samples, _, history = checkpointer.restore(good)
+                    learner.lr_factor = factor
+                    trips.rolled_back(update, good.step, factor)
+                    update = good.step + 1
+                    continue
                 stopping = stop.signal_number is not None and update < updates
                 if stopping or update == updates or (every and update % every == 0):
                     checkpointer.save(update, samples=samples, train_seconds=train_seconds, history=history,
                                       metrics=evaluation)
                 if stopping:
                     raise TrainingStopped(run_dir, update, stop.signal_number)
+                update += 1
         policy.save(run_dir / "policy")
     finally:
         runner.close()

@@ -9,11 +9,16 @@ token tensors and decides which registered function to call:
   ``samples_per_prompt``; token estimators (gae, reinforce_plus_plus, batch_mean_baseline, ...) see the
   (B, C) token rewards with the episode ending at the last sampled token;
 - a mini-batch's gradient is accumulated over micro-batches, each weighted so that the sum equals the loss
-  of the whole mini-batch under the configured aggregation mode.
+  of the whole mini-batch under the configured aggregation mode;
+- with ``rollback.enabled``, an optimizer step whose loss or gradient norm is not finite is skipped, and with
+  ``estimator.target_kl`` also set, an update whose approx KL exceeds ``rollback.kl_multiple × target_kl`` is
+  undone; ``unipg.run.text`` counts such tripped updates and rolls back to a checkpoint when they persist.
 """
 
 from __future__ import annotations
 
+import copy
+import math
 from dataclasses import dataclass
 
 import torch
@@ -189,7 +194,13 @@ def turn_table(batch: TextBatch, rewards: torch.Tensor) -> tuple[torch.Tensor, t
 
 
 class TextLearner:
-    """Epochs of mini-batch updates of an ``LMPolicy`` (and its critic) on a ``TextBatch``."""
+    """Epochs of mini-batch updates of an ``LMPolicy`` (and its critic) on a ``TextBatch``.
+
+    With ``rollback.enabled`` and ``estimator.target_kl`` set, every update first copies the trainable parameters
+    and the optimizer's state, so that an update whose KL spikes can be undone. The copy lives on the parameters'
+    device for the length of the update: about three times the trainable parameters' memory with AdamW (the
+    parameters and both moment estimates). Without target_kl, or with rollback disabled, nothing is copied.
+    """
 
     def __init__(self, policy: LMPolicy, config: Config):
         self.policy, self.config = policy, config
@@ -205,6 +216,9 @@ class TextLearner:
                                                 horizon=est.kl_horizon)
         self.generator = torch.Generator().manual_seed(config.seed)
         self.lr_fraction = 1.0
+        self.lr_factor = 1.0  # the product of rollback.lr_factor over the run's rollbacks
+        rollback = config.rollback
+        self.kl_spike = rollback.kl_multiple * est.target_kl if rollback.enabled and est.target_kl else None
 
     @property
     def kl_coef(self) -> float:
@@ -240,22 +254,53 @@ class TextLearner:
         return metrics
 
     def update(self, batch: TextBatch) -> dict[str, float]:
-        """num_epochs passes of shuffled mini-batches; each optimizer step accumulates micro-batches."""
+        """num_epochs passes of shuffled mini-batches; each optimizer step accumulates micro-batches.
+
+        With ``rollback.enabled`` the metrics hold ``skipped_steps``, the optimizer steps skipped for a
+        non-finite loss or gradient norm; with target_kl also set, ``reverted`` is 1 when the update's approx KL
+        (the mean over its optimizer steps, each measured before the step) was above ``rollback.kl_multiple ×
+        target_kl`` or not finite, and the parameters and optimizer state were set back to where the update
+        began. A tripped update (a step skipped, or reverted) does not move the KL controller.
+        """
         train = self.config.train
+        start = self._snapshot() if self.kl_spike is not None else None
         history: dict[str, list[float]] = {}
+        skipped = 0
         rows = torch.arange(len(batch.scores))
         for mini_rows in shuffled_minibatches(rows, train.mini_batch_size, epochs=train.num_epochs,
                                               generator=self.generator):
-            for key, value in self._optimizer_step(batch, mini_rows).items():
+            step_metrics, stepped = self._optimizer_step(batch, mini_rows)
+            skipped += not stepped
+            for key, value in step_metrics.items():
                 history.setdefault(key, []).append(value)
-        if "kl_to_reference" in history:
-            self.kl_controller.update(sum(history["kl_to_reference"]) / len(history["kl_to_reference"]),
-                                      len(batch.scores))
         metrics = {key: sum(values) / len(values) for key, values in history.items()}
+        reverted = start is not None and not metrics["approx_kl"] <= self.kl_spike
+        if reverted:
+            self._revert(start)
+        if "kl_to_reference" in metrics and not (skipped or reverted):
+            self.kl_controller.update(metrics["kl_to_reference"], len(batch.scores))
         metrics["kl_coef"] = self.kl_coef
+        if self.config.rollback.enabled:
+            metrics["skipped_steps"] = float(skipped)
+        if start is not None:
+            metrics["reverted"] = float(reverted)
         return metrics
 
-    def _optimizer_step(self, batch: TextBatch, mini_rows: torch.Tensor) -> dict[str, float]:
+    def _snapshot(self) -> tuple[list[torch.Tensor], dict]:
+        """Copies of the trainable parameters and of the optimizer's state, for ``_revert``."""
+        return [p.detach().clone() for p in self.parameters], copy.deepcopy(self.optimizer.state_dict())
+
+    def _revert(self, snapshot: tuple[list[torch.Tensor], dict]) -> None:
+        """Set the trainable parameters and the optimizer's state back, bit for bit, to a ``_snapshot``."""
+        parameters, optimizer_state = snapshot
+        with torch.no_grad():
+            for parameter, saved in zip(self.parameters, parameters):
+                parameter.copy_(saved)
+        self.optimizer.load_state_dict(optimizer_state)
+
+    def _optimizer_step(self, batch: TextBatch, mini_rows: torch.Tensor) -> tuple[dict[str, float], bool]:
+        """One optimizer step on a mini-batch; returns its metrics and whether the step was taken (with
+        ``rollback.enabled``, a step whose loss or gradient norm is not finite is not: its gradient is dropped)."""
         mini_mask = batch.completion_mask[mini_rows]
         totals: dict[str, float] = {}
         self.optimizer.zero_grad(set_to_none=True)
@@ -267,8 +312,11 @@ class TextLearner:
             for key, value in metrics.items():
                 totals[key] = totals.get(key, 0.0) + value * share
         totals["grad_norm"] = clip_grad_norm(self.parameters, self.config.train.max_grad_norm)
+        if self.config.rollback.enabled and not (math.isfinite(totals["loss"]) and math.isfinite(totals["grad_norm"])):
+            self.optimizer.zero_grad(set_to_none=True)
+            return totals, False
         self.optimizer.step()
-        return totals
+        return totals, True
 
     def _micro_share(self, micro_mask: torch.Tensor, mini_mask: torch.Tensor) -> float:
         """Weight of a micro-batch's loss so that the weighted sum is the mini-batch's loss."""
@@ -318,18 +366,20 @@ class TextLearner:
         return loss, metrics
 
     def set_lr_fraction(self, fraction: float) -> float:
-        """Scale every group's learning rate to ``fraction`` of its base rate; returns the policy's rate."""
+        """Scale every group's learning rate to ``fraction`` of its base rate (times ``lr_factor``, lowered by
+        rollbacks); returns the policy's rate."""
         self.lr_fraction = fraction
         for group in self.optimizer.param_groups:
-            group["lr"] = group["base_lr"] * fraction
+            group["lr"] = group["base_lr"] * fraction * self.lr_factor
         return self.optimizer.param_groups[0]["lr"]
 
     def checkpoint(self) -> tuple[dict[str, torch.Tensor], dict]:
         """The optimizer's tensors, and as JSON the rest of the learner's state: the optimizer's metadata, the
-        KL controller, the mini-batch shuffling generator and the learning-rate fraction."""
+        KL controller, the mini-batch shuffling generator and the learning-rate fraction and factor."""
         tensors, optimizer_meta = optimizer_tensors(self.optimizer)
         return tensors, {"optimizer": optimizer_meta, "kl_controller": self.kl_controller.state_dict(),
-                         "generator": generator_state(self.generator), "lr_fraction": self.lr_fraction}
+                         "generator": generator_state(self.generator), "lr_fraction": self.lr_fraction,
+                         "lr_factor": self.lr_factor}
 
     def restore(self, tensors: dict[str, torch.Tensor], state: dict) -> None:
         """Set the learner back to a state from ``checkpoint``."""
@@ -337,3 +387,4 @@ class TextLearner:
         self.kl_controller.load_state_dict(state["kl_controller"])
         restore_generator(self.generator, state["generator"])
         self.lr_fraction = state["lr_fraction"]
+        self.lr_factor = state.get("lr_factor", 1.0)  # checkpoints from before rollbacks existed lack it
