@@ -37,3 +37,24 @@ def test_config_and_algorithms_commands():
     assert shown.exit_code == 0 and "policy_loss: trpo" in shown.output
     listed = runner.invoke(app, ["algorithms"])
     assert listed.exit_code == 0 and all(name in listed.output for name in ("ppo", "trpo", "a2c", "reinforce"))
+
+
+def test_eval_scores_the_policy_a_run_saved(embedded_path, tmp_path):
+    import json
+
+    from tests.run.test_text import SMALL
+
+    trained = runner.invoke(app, ["train", *SMALL, f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
+                                  "train.updates=1"])
+    assert trained.exit_code == 0, trained.output
+    run_dir = next(path for path in tmp_path.iterdir() if path.is_dir())
+    result = runner.invoke(app, ["eval", "--run", str(run_dir), "eval.pass_k=0", "-o", str(tmp_path / "eval.json")])
+    assert result.exit_code == 0, result.output
+    assert "completion" in result.output
+    metrics = json.loads((tmp_path / "eval.json").read_text())
+    assert 0.0 <= metrics["eval/pass@1"] <= 1.0 and metrics["eval/turns"] == 1.0
+
+
+def test_eval_of_a_folder_that_is_not_a_run_says_what_to_pass(tmp_path):
+    result = runner.invoke(app, ["eval", "--run", str(tmp_path)])
+    assert result.exit_code == 2 and "not a finished text run" in " ".join(result.output.split())

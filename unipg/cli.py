@@ -1,4 +1,4 @@
-"""Command line: ``unipg train | sft | config | algorithms``.
+"""Command line: ``unipg train | eval | sft | doctor | plot | config | algorithms``.
 
 ``unipg train [--config FILE] [key=value ...]`` trains; overrides use dotted keys
 (``estimator.clip_range=0.1``) or the flat keys of seed 000's reference config (``learning_rate=1e-3``).
@@ -267,6 +267,41 @@ def algorithms() -> None:
     for name in sorted(ALGORITHMS):
         table.add_row(name, ALGORITHMS[name].summary)
     console.print(table)
+
+
+@app.command("eval")
+def evaluate(
+    overrides: List[str] = typer.Argument(None, help="dotted overrides, e.g. eval.max_examples=500"),
+    config_path: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config file (task, model, eval)"),
+    run: Optional[Path] = typer.Option(None, "--run", help="a finished run folder: evaluate the policy it saved"),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="also write the metrics to this JSON file"),
+) -> None:
+    """Evaluate a model on a text task's held-out split: completion (pass@1), pass@k, turns, tool use."""
+    import json
+
+    from rich.markup import escape
+
+    from unipg.run.evaluation import evaluate_model, run_config
+
+    try:
+        if run is not None:
+            if config_path is not None:
+                raise ValueError("--run evaluates with the run's own config.yaml; drop --config")
+            config = run_config(run, list(overrides or []))
+        else:
+            config = resolve(config_path, list(overrides or []))
+        metrics = evaluate_model(config)
+    except (ValueError, ConfigError, RegistryError) as error:
+        errors.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False)
+        raise typer.Exit(2) from None
+    table = Table(title=f"held-out evaluation on {config.task.name}", caption=f"model: {escape(config.model.name)}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in metrics.items():
+        table.add_row(TEXT_COLUMN_NAMES.get(key, key), value_text(value))
+    console.print(table)
+    if output is not None:
+        output.write_text(json.dumps(metrics, indent=2), encoding="utf-8")
 
 
 @app.command()
