@@ -312,7 +312,8 @@ class TextLearner:
             for key, value in metrics.items():
                 totals[key] = totals.get(key, 0.0) + value * share
         totals["grad_norm"] = clip_grad_norm(self.parameters, self.config.train.max_grad_norm)
-        if self.config.rollback.enabled and not (math.isfinite(totals["loss"]) and math.isfinite(totals["grad_norm"])):
+        finite = math.isfinite(totals["loss"]) and math.isfinite(totals["grad_norm"])
+        if self.config.rollback.enabled and not finite:
             self.optimizer.zero_grad(set_to_none=True)
             return totals, False
         self.optimizer.step()
@@ -387,4 +388,4 @@ class TextLearner:
         self.kl_controller.load_state_dict(state["kl_controller"])
         restore_generator(self.generator, state["generator"])
         self.lr_fraction = state["lr_fraction"]
-        self.lr_factor = state.get("lr_factor", 1.0)  # checkpoints from before rollbacks existed lack it
+        self.lr_factor = state["lr_factor"]
