@@ -199,6 +199,15 @@ def _filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None)
     return logits
 
 
+def cut_at_stop(text: str, stop: list[str] | None, keep: tuple[str, ...] = ()) -> str:
+    """``text`` up to its earliest stop string: cut before it, or after it if the stop string is in ``keep``."""
+    found = [(index, s) for s in stop or [] if (index := text.find(s)) >= 0]
+    if not found:
+        return text
+    index, matched = min(found)
+    return text[: index + len(matched)] if matched in keep else text[:index]
+
+
 class LMPolicy(nn.Module):
     """π_θ over a causal LM, with an optional value head or critic model and an optional reference."""
 
@@ -250,11 +259,12 @@ class LMPolicy(nn.Module):
     @torch.no_grad()
     def sample(self, prompt_ids: list[list[int]], *, max_new_tokens: int, temperature: float = 1.0,
                top_p: float | None = None, top_k: int | None = None, stop: list[str] | None = None,
-               generator: torch.Generator | None = None) -> Generation:
+               keep_stop: tuple[str, ...] = (), generator: torch.Generator | None = None) -> Generation:
         """Sample one completion per prompt (temperature 0 = greedy), with a KV cache.
 
         Generation of a row ends at an EOS token, at a stop string, or after ``max_new_tokens``; the
-        batch ends when every row has. Behaviour log-probs are those of softmax(logits / temperature)
+        batch ends when every row has. A row's text is cut before the stop string it ended on, or after it
+        for stop strings in ``keep_stop`` (a tool call's closing tag belongs to the call). Behaviour log-probs are those of softmax(logits / temperature)
         (of softmax(logits) when greedy).
         """
         if not prompt_ids or any(len(ids) == 0 for ids in prompt_ids):
@@ -293,7 +303,7 @@ class LMPolicy(nn.Module):
         completion_ids = torch.stack(tokens, 1)
         completion_mask = torch.stack(alive, 1).long()
         behaviour = torch.stack(logprobs, 1) * completion_mask
-        texts = self._decode(completion_ids, completion_mask, stop)
+        texts = self._decode(completion_ids, completion_mask, stop, keep_stop)
         reasons = ["stop" if finished[row] else "length" for row in range(batch)]
         return Generation(ids.cpu(), mask[:, : ids.shape[1]].cpu(), completion_ids.cpu(), completion_mask.cpu(),
                           behaviour.cpu(), texts, reasons)
@@ -308,15 +318,14 @@ class LMPolicy(nn.Module):
                 stopped[row] = True
         return finished
 
-    def _decode(self, completion_ids: torch.Tensor, completion_mask: torch.Tensor, stop: list[str] | None) -> list[str]:
-        texts = []
-        for row in range(completion_ids.shape[0]):
-            length = int(completion_mask[row].sum())
-            text = self.tokenizer.decode(completion_ids[row, :length].tolist(), skip_special_tokens=True)
-            for s in stop or []:
-                text = text.split(s, 1)[0]
-            texts.append(text)
-        return texts
+    def _decode(self, completion_ids: torch.Tensor, completion_mask: torch.Tensor, stop: list[str] | None,
+                keep_stop: tuple[str, ...] = ()) -> list[str]:
+        return [cut_at_stop(self.decode(completion_ids[row, : int(completion_mask[row].sum())].tolist()), stop,
+                            keep_stop) for row in range(completion_ids.shape[0])]
+
+    def decode(self, ids: list[int]) -> str:
+        """The text of sampled token ids, special tokens (EOS, chat markers) removed."""
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     # ------------------------------------------------------------------------------------------------
     # Log-probs, entropy, values of given completions

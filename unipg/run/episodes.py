@@ -48,6 +48,11 @@ def tool_specs(config: Config, task: Task) -> list[dict]:
     return config.task.tools if config.task.tools is not None else task.tools
 
 
+def held_out(task: Task, config: Config) -> list[Example]:
+    """The examples evaluation runs on: the task's test split, cut to ``eval.max_examples``."""
+    return task.test[: config.eval.max_examples] if config.eval.max_examples else task.test
+
+
 def demonstration_pairs(tokenizer, task: Task, config: Config, examples: list[Example]) -> list[tuple]:
     """(rendered prompt, completion) pairs for SFT, rendered exactly as rollouts render them: the same
     system prompt and tool descriptions, and multi-turn demonstrations as the loop lays out turns."""

@@ -24,7 +24,7 @@ def evaluate_model(config: Config) -> dict[str, float]:
     """Held-out metrics of ``config.model.name`` on ``config.task.name`` (``eval.max_examples`` of its test split)."""
     from unipg.policy.loading import load_lm_policy
     from unipg.run.classic import seed_everything
-    from unipg.run.episodes import EpisodeRunner
+    from unipg.run.episodes import EpisodeRunner, held_out
     from unipg.run.text import evaluate_text, set_threads
     from unipg.sample.rewards import build_rewards
     from unipg.sample.tasks import make_task
@@ -42,7 +42,7 @@ def evaluate_model(config: Config) -> dict[str, float]:
     policy = load_lm_policy(config.model.name, dtype=config.model.dtype,
                             trust_remote_code=config.model.trust_remote_code)
     runner = EpisodeRunner(policy, task, config, build_rewards(config.task.rewards or task.rewards))
-    test = task.test[: config.eval.max_examples] if config.eval.max_examples else task.test
+    test = held_out(task, config)
     try:
         return evaluate_text(runner, test, config, seed=config.seed + 10_000)
     finally:

@@ -54,9 +54,19 @@ class MetricsLogger:
             self._wandb.log({key: value for key, value in clean.items() if value is not None}, step=int(step))
         if self._monitor is not None:
             for finding in self._monitor.observe(step, clean):
-                self._warn(f"doctor {finding.severity}: {finding.check}: {finding.evidence} — {finding.remedy}")
-                with (self.run_dir / "events.jsonl").open("a", encoding="utf-8") as events:
-                    events.write(json.dumps({"step": int(step), "event": "diagnosis", **finding.to_dict()}) + "\n")
+                self.event(step, "diagnosis", warning=f"doctor {finding.severity}: {finding.check}: "
+                           f"{finding.evidence} — {finding.remedy}", **finding.to_dict())
+
+    def event(self, step: int, event: str, *, warning: str | None = None, **fields) -> None:
+        """Append ``{"step", "event", **fields}`` to ``run_dir/events.jsonl``; show ``warning`` if given."""
+        if warning is not None:
+            self._warn(warning)
+        with self.events_path.open("a", encoding="utf-8") as events:
+            events.write(json.dumps({"step": int(step), "event": event, **fields}) + "\n")
+
+    @property
+    def events_path(self) -> Path:
+        return self.run_dir / "events.jsonl"
 
     def write_config(self, config: dict) -> None:
         """The resolved configuration the run used, for reproduction (``unipg train --config`` reads it)."""

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from unipg.config import Config
 from unipg.policy.loading import load_causal_lm, load_tokenizer
-from unipg.run.episodes import demonstration_pairs, greedy_completion_rate
+from unipg.run.episodes import demonstration_pairs, greedy_completion_rate, held_out
 from unipg.run.sft import sft_train
 from unipg.sample.tasks import Task, make_task
 
@@ -41,7 +41,7 @@ def run_sft(config: Config, output: Path | None = None, *, log=print) -> dict:
     tokenizer = load_tokenizer(config.model.name, trust_remote_code=config.model.trust_remote_code)
     model = load_causal_lm(config.model.name, dtype=config.model.dtype,
                            trust_remote_code=config.model.trust_remote_code)
-    test = task.test[: config.eval.max_examples] if config.eval.max_examples else task.test
+    test = held_out(task, config)
     before = greedy_completion_rate(model, tokenizer, task, config, test)
     metrics = fine_tune_on_demonstrations(model, tokenizer, task, config, seed=config.seed, log_every=50,
                                           log=lambda text: log(f"[sft] {text}"))

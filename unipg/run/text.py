@@ -43,7 +43,13 @@ from unipg.policy.loading import policy_from_config
 from unipg.run.checkpoint import (Checkpoint, CheckpointStore, generator_state, load_checkpoint, restore_generator,
                                   restore_rng, rng_state)
 from unipg.run.classic import run_dir_for, seed_everything
-from unipg.run.episodes import EpisodeRunner, PromptEncoder, episode_metrics, reward_term_metrics  # noqa: F401
+from unipg.run.episodes import (  # noqa: F401
+    EpisodeRunner,
+    PromptEncoder,
+    episode_metrics,
+    held_out,
+    reward_term_metrics,
+)
 from unipg.run.metrics import MetricsLogger, Progress, Timer, read_metrics
 from unipg.run.text_learner import TextBatch, TextLearner
 from unipg.sample.rewards import build_rewards
@@ -192,10 +198,10 @@ class TextCheckpointer:
 
 
 class TripCounter:
-    """Counts consecutive tripped updates and records them and rollbacks in ``run_dir/events.jsonl``."""
+    """Counts consecutive tripped updates and records them and rollbacks as events of the run's logger."""
 
-    def __init__(self, run_dir: Path, settings: RollbackConfig, target_kl: float | None):
-        self.events, self.settings, self.target_kl = run_dir / "events.jsonl", settings, target_kl
+    def __init__(self, logger: MetricsLogger, settings: RollbackConfig, target_kl: float | None):
+        self.logger, self.settings, self.target_kl = logger, settings, target_kl
         self.trips, self.rollbacks = 0, 0
 
     def observe(self, update: int, record: dict[str, float]) -> bool:
@@ -213,9 +219,9 @@ class TripCounter:
             return False
         self.trips += 1
         reason = "; ".join(reasons)
-        self._event(update, "skipped_update", reason=reason, trips=self.trips)
-        print(f"warning: update {update} tripped ({self.trips} of {self.settings.max_trips} in a row): {reason}",
-              file=sys.stderr, flush=True)
+        self.logger.event(update, "skipped_update", reason=reason, trips=self.trips,
+                          warning=f"warning: update {update} tripped ({self.trips} of {self.settings.max_trips} "
+                                  f"in a row): {reason}")
         return self.trips >= self.settings.max_trips
 
     def rolled_back(self, update: int, to_update: int, learning_rate_factor: float) -> None:
@@ -226,17 +232,13 @@ class TripCounter:
         """
         self.trips, self.rollbacks = 0, self.rollbacks + 1
         if self.rollbacks > self.settings.max_rollbacks:
-            self._event(update, "gave_up", rollbacks=self.rollbacks - 1)
+            self.logger.event(update, "gave_up", rollbacks=self.rollbacks - 1)
             raise ValueError(f"updates keep tripping after {self.rollbacks - 1} rollbacks (learning rate now × "
-                             f"{learning_rate_factor / self.settings.lr_factor:g}); see {self.events} — check the "
-                             "rewards for non-finite values, or lower train.learning_rate")
-        self._event(update, "rollback", to_update=to_update, learning_rate_factor=learning_rate_factor)
-        print(f"warning: {self.settings.max_trips} tripped updates in a row; rolled back to update {to_update} "
-              f"with the learning rate × {learning_rate_factor:g}", file=sys.stderr, flush=True)
-
-    def _event(self, update: int, event: str, **fields) -> None:
-        with self.events.open("a", encoding="utf-8") as events:
-            events.write(json.dumps({"step": update, "event": event, **fields}) + "\n")
+                             f"{learning_rate_factor / self.settings.lr_factor:g}); see {self.logger.events_path} — "
+                             "check the rewards for non-finite values, or lower train.learning_rate")
+        self.logger.event(update, "rollback", to_update=to_update, learning_rate_factor=learning_rate_factor,
+                          warning=f"warning: {self.settings.max_trips} tripped updates in a row; rolled back to "
+                                  f"update {to_update} with the learning rate × {learning_rate_factor:g}")
 
 
 def latest_checkpoint(run_dir: Path) -> Checkpoint:
@@ -352,7 +354,7 @@ def train_text(config: Config, *, task: Task | None = None, resume: str | Path |
     reward_fn = build_rewards(config.task.rewards or task.rewards)
     policy = policy_from_config(config)
     runner = EpisodeRunner(policy, task, config, reward_fn)
-    test = task.test[: config.eval.max_examples] if config.eval.max_examples else task.test
+    test = held_out(task, config)
     learner = TextLearner(policy, config)
     sampler, generator = PromptSampler(task.train, config.seed), torch.Generator().manual_seed(config.seed)
     run_dir = Path(resume) if resume is not None else run_dir_for(config)
@@ -370,7 +372,7 @@ def train_text(config: Config, *, task: Task | None = None, resume: str | Path |
     logger.write_config(config.to_dict())
     progress = Progress(updates, enabled=config.log.progress, description=f"{config.algorithm} {task.name}")
     timer, start, every = Timer(), time.time(), config.checkpoint.every_updates
-    trips = TripCounter(run_dir, config.rollback, config.estimator.target_kl)
+    trips = TripCounter(logger, config.rollback, config.estimator.target_kl)
     try:
         with StopRequest() as stop:
             if checkpoint is None:

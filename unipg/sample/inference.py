@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from unipg.policy.lm import LMPolicy
+from unipg.policy.lm import LMPolicy, cut_at_stop
 
 
 @dataclass
@@ -41,15 +41,6 @@ class SamplingParams:
     top_k: int | None = None
     stop: list[str] | None = None
     keep_stop: tuple[str, ...] = ()  # stop strings that belong to the turn's text (a call's closing tag)
-
-
-def cut_at_stop(text: str, stop: list[str] | None, keep: tuple[str, ...] = ()) -> str:
-    """``text`` up to its earliest stop string: cut before it, or after it if the stop string is in ``keep``."""
-    found = [(index, s) for s in stop or [] if (index := text.find(s)) >= 0]
-    if not found:
-        return text
-    index, matched = min(found)
-    return text[: index + len(matched)] if matched in keep else text[:index]
 
 
 class InferenceEngine:
@@ -137,17 +128,16 @@ class InferenceEngine:
         params = self.params
         generation = self.policy.sample(contexts, max_new_tokens=max(budgets), temperature=params.temperature,
                                         top_p=params.top_p, top_k=params.top_k, stop=params.stop,
-                                        generator=self.generator)
+                                        keep_stop=params.keep_stop, generator=self.generator)
         eos = set(self.policy.eos_ids)
         outputs = []
         for row, budget in enumerate(budgets):
             length = int(generation.completion_mask[row].sum())
             ids = generation.completion_ids[row, :length].tolist()
-            finish = generation.finish_reasons[row]
+            finish, text = generation.finish_reasons[row], generation.texts[row]
             if length > budget:  # a shorter budget than the batch's: cut this row at its own budget
                 ids, finish = ids[:budget], "length"
-            text = cut_at_stop(self.policy.tokenizer.decode(ids, skip_special_tokens=True), params.stop,
-                               params.keep_stop)
+                text = cut_at_stop(self.policy.decode(ids), params.stop, params.keep_stop)
             outputs.append(TurnOutput(ids, generation.behaviour_logprobs[row, :len(ids)].tolist(), text, finish,
                                       bool(ids) and ids[-1] in eos, self.policy_version))
         self.generate_seconds += time.perf_counter() - start
