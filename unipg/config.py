@@ -276,6 +276,25 @@ class SampleConfig(Section):
     """capacity of the replay buffer in trajectories."""
 
 
+class RuntimeConfig(Section):
+    """How rollout and learner share the work (``unipg.run.runtime``, ``unipg.sample.replay``)."""
+
+    max_staleness: int = Field(0, ge=0)
+    """η: the most learner versions a trajectory may lag behind the learner that trains on it, enforced when
+    episodes are started (AReaL's max_head_offpolicyness); 0 is synchronous training."""
+    schedule: Literal["auto", "sequential", "concurrent"] = "auto"
+    """sequential: rollout fills the buffer between learner steps (reproducible; exactly η versions old data);
+    concurrent: rollout runs in a background thread on its own copy of the weights; auto: sequential when
+    max_staleness is 0 or ``deterministic`` is set, else concurrent."""
+    sampling: Literal["fifo", "fresh", "weighted"] = "fifo"
+    """Which buffered groups a learner step takes: oldest first, newest first, or at random with probability
+    ∝ freshness_decay ** age."""
+    freshness_decay: float = Field(0.5, gt=0.0, le=1.0)
+    """Per-version weight of the ``weighted`` sampling preference."""
+    eviction: Literal["oldest", "probabilistic"] = "oldest"
+    """What makes room in a full buffer: the oldest group, or a random one with probability ∝ age + 1."""
+
+
 class EvalConfig(Section):
     """Periodic evaluation on fresh environments."""
 
@@ -372,6 +391,7 @@ class Config(Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     sample: SampleConfig = Field(default_factory=SampleConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     rollback: RollbackConfig = Field(default_factory=RollbackConfig)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-# Keys synchronous classic-control training never reads: no reference model, no replay buffer, MLPs on the
+# Keys classic-control training never reads: no reference model, MLPs on the
 # CPU, and one-step samples for which every loss aggregation mode gives the same result.
 _GYM_UNUSED = frozenset(
     {
@@ -22,7 +22,6 @@ _GYM_UNUSED = frozenset(
         "estimator.target_kl",
         "estimator.kl_horizon",
         "sample.rollout_steps",
-        "sample.replay_buffer_size",
     }
 )
 _TRPO_ONLY = frozenset(
@@ -45,9 +44,9 @@ _TEXT_ONLY = frozenset({"task.*", "model.*", "sft.*", "agent.*", "checkpoint.*",
                         "train.updates", "train.micro_batch_size", "train.weight_decay", "estimator.kl_in_reward",
                         "eval.every_updates", "eval.pass_k", "eval.max_examples"})
 # Keys that language-model training never reads: the gymnasium environment, the MLP, the classic evaluation,
-# the asynchronous runtime's knobs, and TRPO.
+# the gym rollout length, and TRPO.
 _TEXT_UNUSED = frozenset({"env.*", "policy.*", "eval.every_steps", "eval.episodes", "eval.deterministic",
-                          "sample.rollout_steps", "sample.replay_buffer_size", "train.critic_updates"}) | _TRPO_ONLY
+                          "sample.rollout_steps", "train.critic_updates"}) | _TRPO_ONLY
 
 
 @dataclass(frozen=True)

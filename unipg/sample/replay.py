@@ -1,0 +1,245 @@
+"""The replay buffer between rollout and learner, and the admission gate that bounds staleness.
+
+Rollout writes whole groups (a GRPO group of ``samples_per_prompt`` episodes of one prompt, or one rollout
+segment of a gym run); the learner takes whole groups, so a group is never split. Every group carries the
+policy version that started it and the time it was written.
+
+Staleness is bounded where it is cheapest and least biased: at admission. ``StalenessGate`` lets rollout
+start a new group only while the trajectories started so far fit in ``(version + max_staleness + 1)``
+learner steps' worth, the rule AReaL calls ``max_head_offpolicyness``. Episodes that run long are therefore
+never dropped for being slow — which would bias the data toward easy, fast episodes — and a learner that
+takes groups oldest first sees data at most ``max_staleness`` versions behind. With ``max_staleness = 0``
+rollout for step k starts only once step k−1 is published: synchronous training.
+
+Sampling preferences (``sampling``):
+
+- ``fifo``: oldest first, the order the gate's bound is computed for;
+- ``fresh``: newest first, which leaves old groups to eviction;
+- ``weighted``: random without replacement, P(group) ∝ ``freshness_decay ** age``.
+
+Eviction when a write would exceed ``capacity`` trajectories (``eviction``): ``oldest`` drops the oldest
+groups, ``probabilistic`` drops groups at random with probability ∝ age + 1. Groups older than the hard bound
+are dropped when the learner takes a batch (only possible with ``fresh`` or ``weighted`` sampling). Every
+dropped group is counted and releases its admission slots, so rollout replaces it.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+SAMPLING = ("fifo", "fresh", "weighted")
+EVICTION = ("oldest", "probabilistic")
+
+
+@dataclass
+class Group:
+    """Trajectories that train together, stamped with the policy version that started them."""
+
+    items: list[Any]  # trajectories (or one rollout segment)
+    version: int  # the learner version whose weights started the group
+    size: int  # trajectories it counts for, against capacity and admission
+    created: float = field(default_factory=time.monotonic)
+
+    def age(self, version: int) -> int:
+        return version - self.version
+
+
+class ProducerFailed(RuntimeError):
+    """Rollout stopped with an error; raised on the learner's side so the run fails loudly."""
+
+
+class StalenessGate:
+    """Admission control: at most ``(version + max_staleness + 1) * per_step`` trajectories are ever started.
+
+    ``version`` is the number of learner steps published; ``per_step`` the trajectories a learner step
+    consumes. Trajectories dropped without training (``release``) give their slots back.
+    """
+
+    def __init__(self, max_staleness: int, per_step: int):
+        if max_staleness < 0:
+            raise ValueError(f"max_staleness ({max_staleness}) must be ≥ 0; 0 is synchronous training")
+        self.max_staleness, self.per_step = max_staleness, per_step
+        self.version, self.started = 0, 0
+        self._condition = threading.Condition()
+        self._closed = False
+
+    def room(self) -> int:
+        """Trajectories that may be started now."""
+        with self._condition:
+            return self._room()
+
+    def _room(self) -> int:
+        return (self.version + self.max_staleness + 1) * self.per_step - self.started
+
+    def admit(self, size: int, timeout: float | None = None) -> int | None:
+        """Wait until ``size`` trajectories may start, count them started and return the version that starts
+        them; None when the gate was closed (or the wait timed out)."""
+        with self._condition:
+            if not self._condition.wait_for(lambda: self._closed or self._room() >= size, timeout):
+                return None
+            if self._closed:
+                return None
+            self.started += size
+            return self.version
+
+    def take_room(self, size: int) -> int:
+        """Count ``size`` trajectories started without waiting (the caller checked ``room``)."""
+        with self._condition:
+            if self._room() < size:
+                raise RuntimeError(f"no room for {size} trajectories: {self._room()} may start now")
+            self.started += size
+            return self.version
+
+    def publish(self, version: int) -> None:
+        with self._condition:
+            self.version = version
+            self._condition.notify_all()
+
+    def release(self, size: int) -> None:
+        """``size`` started trajectories were dropped without training: rollout may replace them."""
+        with self._condition:
+            self.started -= size
+            self._condition.notify_all()
+
+    def reset(self, version: int) -> None:
+        """Start counting afresh at ``version`` (after a rollback, nothing in flight)."""
+        with self._condition:
+            self.version, self.started, self._closed = version, version * self.per_step, False
+            self._condition.notify_all()
+
+    def close(self) -> None:
+        with self._condition:
+            self._closed = True
+            self._condition.notify_all()
+
+
+@dataclass
+class BufferStats:
+    """Counters since the last ``pop_stats``."""
+
+    evicted: int = 0  # trajectories dropped to stay within capacity
+    dropped_stale: int = 0  # trajectories dropped for exceeding the staleness bound
+    taken: int = 0  # trajectories handed to the learner
+    wait_seconds: float = 0.0  # time the learner waited for enough groups
+
+
+class ReplayBuffer:
+    """Bounded, thread-safe store of ``Group``s; see the module docstring for sampling and eviction."""
+
+    def __init__(self, capacity: int, *, max_staleness: int | None = None, sampling: str = "fifo",
+                 eviction: str = "oldest", freshness_decay: float = 0.5, seed: int = 0,
+                 on_drop: Callable[[int], None] | None = None):
+        if capacity < 1:
+            raise ValueError(f"replay buffer capacity ({capacity}) must be ≥ 1 trajectory")
+        if sampling not in SAMPLING:
+            raise ValueError(f"replay sampling '{sampling}' is not known; use one of {', '.join(SAMPLING)}")
+        if eviction not in EVICTION:
+            raise ValueError(f"replay eviction '{eviction}' is not known; use one of {', '.join(EVICTION)}")
+        if not 0 < freshness_decay <= 1:
+            raise ValueError(f"freshness_decay ({freshness_decay}) must be in (0, 1]; 1 samples uniformly")
+        self.capacity, self.max_staleness = capacity, max_staleness
+        self.sampling, self.eviction, self.freshness_decay = sampling, eviction, freshness_decay
+        self.on_drop = on_drop or (lambda size: None)
+        self.random = random.Random(seed)
+        self.groups: list[Group] = []  # in write order
+        self.stats = BufferStats()
+        self._condition = threading.Condition()
+        self._failure: BaseException | None = None
+        self._version = 0  # the newest version seen, for ages at eviction time
+
+    def __len__(self) -> int:
+        """Trajectories held."""
+        with self._condition:
+            return sum(group.size for group in self.groups)
+
+    def put(self, group: Group) -> None:
+        if group.size > self.capacity:
+            raise ValueError(f"a group of {group.size} trajectories cannot fit a replay buffer of {self.capacity}; "
+                             "raise sample.replay_buffer_size")
+        with self._condition:
+            self.groups.append(group)
+            held = sum(g.size for g in self.groups)
+            while held > self.capacity:
+                victim = self._victim()
+                self.groups.remove(victim)
+                held -= victim.size
+                self.stats.evicted += victim.size
+                self.on_drop(victim.size)
+            self._condition.notify_all()
+
+    def _victim(self) -> Group:
+        if self.eviction == "oldest":
+            return self.groups[0]
+        newest = max(self._version, max(g.version for g in self.groups))
+        weights = [newest - g.version + 1 for g in self.groups]
+        return self.random.choices(self.groups, weights=weights)[0]
+
+    def fail(self, error: BaseException) -> None:
+        """Rollout died: wake the learner, whose ``take`` raises ``ProducerFailed``."""
+        with self._condition:
+            self._failure = error
+            self._condition.notify_all()
+
+    def take(self, count: int, version: int, timeout: float | None = None) -> list[Group] | None:
+        """Remove and return ``count`` groups for the learner at ``version``, waiting until that many are held.
+
+        Groups beyond the staleness bound are dropped first. Returns None if ``timeout`` passed.
+        """
+        start = time.perf_counter()
+        with self._condition:
+            self._version = version
+            while True:
+                if self._failure is not None:
+                    raise ProducerFailed(f"rollout failed: {self._failure!r}") from self._failure
+                self._drop_stale(version)
+                if len(self.groups) >= count:
+                    break
+                remaining = None if timeout is None else timeout - (time.perf_counter() - start)
+                if remaining is not None and remaining <= 0:
+                    self.stats.wait_seconds += time.perf_counter() - start
+                    return None
+                self._condition.wait(remaining)
+            chosen = self._choose(count, version)
+            taken = {id(g) for g in chosen}
+            self.groups = [g for g in self.groups if id(g) not in taken]
+            self.stats.taken += sum(g.size for g in chosen)
+            self.stats.wait_seconds += time.perf_counter() - start
+        return chosen
+
+    def _drop_stale(self, version: int) -> None:
+        if self.max_staleness is None:
+            return
+        stale = [g for g in self.groups if g.age(version) > self.max_staleness]
+        for group in stale:
+            self.groups.remove(group)
+            self.stats.dropped_stale += group.size
+            self.on_drop(group.size)
+
+    def _choose(self, count: int, version: int) -> list[Group]:
+        if self.sampling == "fifo":
+            return self.groups[:count]
+        if self.sampling == "fresh":
+            return sorted(self.groups, key=lambda g: (-g.version, -g.created))[:count]
+        pool, chosen = list(self.groups), []
+        for _ in range(count):
+            weights = [self.freshness_decay ** g.age(version) for g in pool]
+            pick = self.random.choices(range(len(pool)), weights=weights)[0]
+            chosen.append(pool.pop(pick))
+        return sorted(chosen, key=lambda g: g.created)
+
+    def clear(self) -> int:
+        """Drop every group (after a rollback: their data belongs to updates given up); returns trajectories."""
+        with self._condition:
+            dropped = sum(g.size for g in self.groups)
+            self.groups = []
+            return dropped
+
+    def pop_stats(self) -> BufferStats:
+        with self._condition:
+            stats, self.stats = self.stats, BufferStats()
+            return stats
