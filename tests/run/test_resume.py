@@ -69,7 +69,7 @@ def test_two_updates_resumed_to_four_equal_four_updates_bit_for_bit(embedded_pat
 def test_sigterm_saves_a_checkpoint_after_the_current_update_and_the_run_resumes_exactly(
         embedded_path, tmp_path, full_run, monkeypatch):
     calls = []
-    original = text.rollout
+    original = text.rollout_batch
 
     def rollout_then_sigterm(*args, **kwargs):
         calls.append(1)
@@ -77,7 +77,7 @@ def test_sigterm_saves_a_checkpoint_after_the_current_update_and_the_run_resumes
             os.kill(os.getpid(), signal.SIGTERM)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(text, "rollout", rollout_then_sigterm)
+    monkeypatch.setattr(text, "rollout_batch", rollout_then_sigterm)
     config = small_config(embedded_path, tmp_path, "stopped", 4, "checkpoint.every_updates=0")
     handler = signal.getsignal(signal.SIGTERM)
     with pytest.raises(TrainingStopped) as stopped:
@@ -86,7 +86,7 @@ def test_sigterm_saves_a_checkpoint_after_the_current_update_and_the_run_resumes
     assert signal.getsignal(signal.SIGTERM) == handler  # the run's handler is removed again
     run_dir = stopped.value.run_dir
     assert [path.name for path in CheckpointStore(run_dir / "checkpoints").list()] == ["step-00000002"]
-    monkeypatch.setattr(text, "rollout", original)
+    monkeypatch.setattr(text, "rollout_batch", original)
     assert_continues_like(full_run, train_text(config, resume=run_dir))
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 from collections import Counter
+from collections.abc import Callable
 
 import torch
 
@@ -106,19 +107,27 @@ class EpisodeRunner:
             stop.append(CLOSE_TAG)  # a call is complete at its closing tag; the tool can run right away
         return stop or None
 
-    def run(self, examples: list[Example], *, params: SamplingParams, generator: torch.Generator | None,
-            policy_version: int = 0) -> list[Trajectory]:
-        """One episode per example (repeat examples for groups); trajectories in input order."""
+    def engine(self, params: SamplingParams, generator: torch.Generator | None, *,
+               sync: Callable[[], int | None] | None = None) -> InferenceEngine:
+        """An inference engine on this runner's policy (``sync``: pull newer weights between generate calls)."""
         wait = None if self.config.deterministic else self.config.agent.batch_wait_ms / 1000
-        engine = InferenceEngine(self.policy, params, generator=generator, batch_wait=wait,
-                                 max_batch=self.config.agent.concurrency)
-        engine.policy_version = policy_version
-        loop = AgentLoop(engine, self.template, self.encode, max_turns=self.max_turns,
+        return InferenceEngine(self.policy, params, generator=generator, batch_wait=wait,
+                               max_batch=self.config.agent.concurrency, sync=sync)
+
+    def agent_loop(self, engine: InferenceEngine) -> AgentLoop:
+        return AgentLoop(engine, self.template, self.encode, max_turns=self.max_turns,
                          max_new_tokens=self.config.sample.max_new_tokens,
                          max_total_tokens=self.config.agent.max_total_tokens if self.max_turns > 1
                          else self.config.sample.max_new_tokens)
+
+    def run(self, examples: list[Example], *, params: SamplingParams, generator: torch.Generator | None,
+            policy_version: int = 0) -> list[Trajectory]:
+        """One episode per example (repeat examples for groups); trajectories in input order."""
+        engine = self.engine(params, generator)
+        engine.policy_version = policy_version
         envs = [self.make_env() for _ in examples]
-        trajectories = asyncio.run(loop.run_episodes(envs, examples, concurrency=self.config.agent.concurrency))
+        trajectories = asyncio.run(self.agent_loop(engine).run_episodes(envs, examples,
+                                                                        concurrency=self.config.agent.concurrency))
         self.last_batch_sizes, self.last_generate_seconds = engine.batches, engine.generate_seconds
         return trajectories
 

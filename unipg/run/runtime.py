@@ -49,10 +49,10 @@ def serve_one_by_one(rollout: Rollout, gate: StalenessGate, buffer: ReplayBuffer
                      group_size: int) -> None:
     """``serve`` for a rollout without inner concurrency: produce admitted groups one at a time."""
     while not stop.is_set():
-        version = gate.admit(group_size, timeout=0.1)
-        if version is None:
+        admitted = gate.admit(group_size, timeout=0.1)
+        if admitted is None:
             continue
-        for group in rollout.produce(1, version):
+        for group in rollout.produce(1, admitted[0]):
             buffer.put(group)
 
 
@@ -65,7 +65,7 @@ class WeightSync:
 
     def __init__(self, source: torch.nn.Module, target: torch.nn.Module):
         self.source, self.target = source, target
-        self.version, self.loaded = 0, 0
+        self.version, self._serial, self._loaded = 0, 0, 0  # serial: publications, even of an older version
         self.publish_seconds, self.pull_seconds = 0.0, 0.0
         self._state: dict[str, torch.Tensor] | None = None
         self._lock = threading.Lock()
@@ -75,18 +75,18 @@ class WeightSync:
         with torch.no_grad():
             state = {name: tensor.detach().clone() for name, tensor in self.source.state_dict().items()}
         with self._lock:
-            self._state, self.version = state, version
+            self._state, self.version, self._serial = state, version, self._serial + 1
         self.publish_seconds += time.perf_counter() - start
 
     def pull(self) -> int | None:
         """Load the newest published weights; returns their version, or None if already loaded."""
         with self._lock:
-            if self._state is None or self.version == self.loaded:
+            if self._state is None or self._serial == self._loaded:
                 return None
-            state, version = self._state, self.version
+            state, version, serial = self._state, self.version, self._serial
         start = time.perf_counter()
         self.target.load_state_dict(state)
-        self.loaded = version
+        self._loaded = serial
         self.pull_seconds += time.perf_counter() - start
         return version
 
@@ -112,9 +112,10 @@ class Runtime:
             raise ValueError(f"runtime schedule '{schedule}' is not known; use sequential or concurrent")
         self.rollout, self.schedule = rollout, schedule
         self.groups_per_step, self.group_size, self.max_staleness = groups_per_step, group_size, max_staleness
-        self.gate = StalenessGate(max_staleness, groups_per_step * group_size)
         self.buffer = ReplayBuffer(capacity, max_staleness=max_staleness, sampling=sampling, eviction=eviction,
-                                   freshness_decay=freshness_decay, seed=seed, on_drop=self.gate.release)
+                                   freshness_decay=freshness_decay, seed=seed)
+        self.gate = StalenessGate(max_staleness, groups_per_step * group_size, on_admit=self.buffer.expect)
+        self.buffer.on_drop = self.gate.release
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._since = time.perf_counter()  # start of the current learner period (wait + train)
@@ -160,8 +161,8 @@ class Runtime:
             rollout_idle = getattr(self.rollout, "pop_idle_seconds", lambda: 0.0)()
         else:  # rollout runs only while the learner waits for it
             rollout_idle = period - produced
-        metrics = {"async/learner_idle_fraction": waited / period, "async/learner_wait_seconds": waited,
-                   "async/rollout_idle_fraction": min(max(rollout_idle / period, 0.0), 1.0),
+        metrics = {"timing/learner_idle_fraction": waited / period, "timing/learner_wait": waited,
+                   "timing/rollout_idle_fraction": min(max(rollout_idle / period, 0.0), 1.0),
                    "async/buffer_occupancy": occupancy / self.buffer.capacity, "async/buffer_trajectories": occupancy,
                    "async/evicted": stats.evicted, "async/dropped_stale": stats.dropped_stale,
                    "async/staleness_trajectory_mean": sum(ages) / len(ages),

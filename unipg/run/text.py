@@ -51,7 +51,9 @@ from unipg.run.episodes import (  # noqa: F401
     reward_term_metrics,
 )
 from unipg.run.metrics import MetricsLogger, Progress, Timer, read_metrics
-from unipg.run.text_learner import TextBatch, TextLearner
+from unipg.run.runtime import Runtime, WeightSync, resolve_schedule
+from unipg.run.text_learner import TextLearner
+from unipg.run.text_rollout import TextRollout, inference_copy, rollout_batch
 from unipg.sample.rewards import build_rewards
 from unipg.sample.tasks import Example, Task, make_task
 
@@ -296,30 +298,22 @@ def evaluate_text(runner: EpisodeRunner, examples: list[Example], config: Config
     return metrics
 
 
-def rollout(runner: EpisodeRunner, examples: list[Example], config: Config, generator: torch.Generator,
-            policy_version: int = 0) -> tuple[TextBatch, dict[str, float]]:
-    """Run ``samples_per_prompt`` episodes of each example (consecutive, a GRPO group) and batch them."""
-    group = config.sample.samples_per_prompt
-    repeated = [example for example in examples for _ in range(group)]
-    start = time.perf_counter()
-    trajectories = runner.run(repeated, params=runner.sampling(), generator=generator, policy_version=policy_version)
-    elapsed = time.perf_counter() - start
-    batch = TextBatch.from_trajectories(trajectories, runner.policy.pad_id)
-    scores = batch.scores
-    lengths = batch.completion_mask.sum(1)
-    metrics = {"rollout/reward_mean": float(scores.mean()), "rollout/reward_std": float(scores.std()),
-               "rollout/response_length_max": float(lengths.max()), "rollout/generated_tokens": float(lengths.sum()),
-               "rollout/generate_batch_mean": statistics.fmean(runner.last_batch_sizes),
-               # generation and environment steps interleave: env is the rollout time not spent generating
-               "timing/generate": runner.last_generate_seconds,
-               "timing/env": max(elapsed - runner.last_generate_seconds, 0.0)}
-    metrics.update(episode_metrics(trajectories, "rollout", group_size=group,
-                                   tools=runner.service is not None))
-    metrics.update(reward_term_metrics(trajectories, "rollout"))
-    metrics.update(runner.pop_service_metrics("rollout"))
-    solved = scores.reshape(-1, group).std(dim=1) == 0 if group > 1 else torch.zeros(1, dtype=torch.bool)
-    metrics["rollout/uniform_group_fraction"] = float(solved.float().mean())  # groups with no learning signal
-    return batch, metrics
+def build_runtime(config: Config, runner: EpisodeRunner, sampler: PromptSampler, generator: torch.Generator,
+                  task: Task, reward_fn) -> Runtime:
+    """The runtime of a text run: sequential on the learner's own weights, or concurrent on a synced copy
+    with its own episode runner (tools and environment service included)."""
+    settings = config.runtime
+    schedule = resolve_schedule(settings.schedule, settings.max_staleness, config.deterministic)
+    if schedule == "concurrent":
+        copy = inference_copy(runner.policy)
+        rollout = TextRollout(EpisodeRunner(copy, task, config, reward_fn), sampler, config, generator,
+                              WeightSync(runner.policy.model, copy.model))
+    else:
+        rollout = TextRollout(runner, sampler, config, generator)
+    return Runtime(rollout, groups_per_step=config.prompts_per_step, group_size=config.sample.samples_per_prompt,
+                   max_staleness=settings.max_staleness, capacity=config.sample.replay_buffer_size,
+                   schedule=schedule, sampling=settings.sampling, eviction=settings.eviction,
+                   freshness_decay=settings.freshness_decay, seed=config.seed)
 
 
 def set_threads(config: Config) -> None:
@@ -357,6 +351,7 @@ def train_text(config: Config, *, task: Task | None = None, resume: str | Path |
     test = held_out(task, config)
     learner = TextLearner(policy, config)
     sampler, generator = PromptSampler(task.train, config.seed), torch.Generator().manual_seed(config.seed)
+    runtime = build_runtime(config, runner, sampler, generator, task, reward_fn)
     run_dir = Path(resume) if resume is not None else run_dir_for(config)
     checkpointer = TextCheckpointer(run_dir, config, policy, learner, sampler, generator)
     first, samples, train_seconds = 1, 0, 0.0
@@ -375,6 +370,7 @@ def train_text(config: Config, *, task: Task | None = None, resume: str | Path |
     trips = TripCounter(logger, config.rollback, config.estimator.target_kl)
     try:
         with StopRequest() as stop:
+            runtime.reset(first - 1)
             if checkpoint is None:
                 initial = evaluate_text(runner, test, config, seed=config.seed + 10_000)
                 history = [(0, initial)]
@@ -386,12 +382,15 @@ def train_text(config: Config, *, task: Task | None = None, resume: str | Path |
                 step_start = time.time()
                 fraction = 1.0 - (update - 1) / updates if config.train.lr_schedule == "linear" else 1.0
                 lr = learner.set_lr_fraction(fraction)
-                batch, record = rollout(runner, sampler.next(config.prompts_per_step), config, generator,
-                                        policy_version=update - 1)
+                groups, record = runtime.next_groups(update - 1)
+                batch, rollout_record = rollout_batch(groups, runtime.rollout, update - 1,
+                                                      record["timing/learner_wait"])
+                record.update(rollout_record)
                 with timer("logprob"):
                     record.update({f"train/{k}": v for k, v in learner.prepare(batch).items()})
                 with timer("update"):
                     record.update({f"train/{k}": v for k, v in learner.update(batch).items()})
+                runtime.publish(update)
                 step_seconds = time.time() - step_start
                 train_seconds += step_seconds
                 samples += len(batch.scores)
@@ -412,9 +411,11 @@ def train_text(config: Config, *, task: Task | None = None, resume: str | Path |
                 if trips.observe(update, record):
                     factor = learner.lr_factor * config.rollback.lr_factor
                     good = load_checkpoint(checkpointer.store.latest())
+                    runtime.close()  # rollout stops before its prompt order and weights are set back
                     samples, _, history = checkpointer.restore(good)
                     learner.lr_factor = factor
                     trips.rolled_back(update, good.step, factor)
+                    runtime.reset(good.step)
                     update = good.step + 1
                     continue
                 stopping = stop.signal_number is not None and update < updates
@@ -426,7 +427,10 @@ def train_text(config: Config, *, task: Task | None = None, resume: str | Path |
                 update += 1
         policy.save(run_dir / "policy")
     finally:
+        runtime.close()
         runner.close()
+        if runtime.rollout.runner is not runner:
+            runtime.rollout.runner.close()
         progress.close()
         logger.close()
     return TextTrainResult(run_dir, updates, samples, time.time() - start, history[0][1], history[-1][1], history,

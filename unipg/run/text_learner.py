@@ -29,6 +29,7 @@ from unipg.estimate.advantages import broadcast_to_tokens
 from unipg.estimate.kl import kl_penalty
 from unipg.estimate.kl_control import make_kl_controller
 from unipg.estimate.losses import aggregate, explained_variance, value_loss
+from unipg.estimate.weights import weight_metrics
 from unipg.estimate.masked import masked_mean, masked_var, masked_whiten, pack_masked, unpack_masked
 from unipg.policy.lm import Generation, LMPolicy, left_pad
 from unipg.run.checkpoint import generator_state, load_optimizer, optimizer_tensors, restore_generator
@@ -54,6 +55,9 @@ class TextBatch:
     token_turns: torch.Tensor | None = None  # (B, C) long, the policy turn of each sampled token, -1 elsewhere
     turn_rewards: torch.Tensor | None = None  # (B, K) reward of each policy turn, 0 past the last
     turn_mask: torch.Tensor | None = None  # (B, K) 1 on turns the episode had
+    # Off-policy data (asynchronous training): None when every sample is from the learner's current weights.
+    ages: torch.Tensor | None = None  # (B, C) learner version − version that sampled the token, 0 elsewhere
+    proximal_logprobs: torch.Tensor | None = None  # (B, C) log π_prox: the weights the update starts from
 
     @classmethod
     def from_generation(cls, generation: Generation, scores: list[float]) -> "TextBatch":
@@ -64,9 +68,10 @@ class TextBatch:
                    scores=torch.tensor(scores, dtype=torch.float32))
 
     @classmethod
-    def from_trajectories(cls, trajectories: list, pad_id: int) -> "TextBatch":
+    def from_trajectories(cls, trajectories: list, pad_id: int, version: int | None = None) -> "TextBatch":
         """Episodes of the agent loop: the prompt left-padded, every later token right-padded; the loss mask
-        (1 on sampled tokens only) is the completion mask."""
+        (1 on sampled tokens only) is the completion mask. With the learner's ``version``, ``ages`` holds each
+        sampled token's age (each turn records the weights version that sampled it)."""
         prompt_ids, prompt_mask = left_pad([t.prompt_ids for t in trajectories], pad_id)
         width = max(max(len(t.token_ids) for t in trajectories), 1)
         turns = max(max(t.turns for t in trajectories), 1)
@@ -76,6 +81,7 @@ class TextBatch:
                                       (torch.long, torch.float32, torch.float32))
         token_turns = torch.full((batch, width), -1, dtype=torch.long)
         turn_rewards, turn_mask = torch.zeros((batch, turns)), torch.zeros((batch, turns))
+        ages = torch.zeros((batch, width)) if version is not None else None
         for row, t in enumerate(trajectories):
             n = len(t.token_ids)
             ids[row, :n] = torch.tensor(t.token_ids, dtype=torch.long)
@@ -85,10 +91,13 @@ class TextBatch:
             token_turns[row, :n] = torch.tensor(t.turn_of_token, dtype=torch.long)
             turn_rewards[row, :t.turns] = torch.tensor(t.step_rewards, dtype=torch.float32)
             turn_mask[row, :t.turns] = 1
+            if ages is not None and t.turns:
+                turn_ages = torch.tensor([version - v for v in t.policy_versions], dtype=torch.float32)
+                ages[row, :n] = turn_ages[token_turns[row, :n].clamp(min=0)] * loss_mask[row, :n]
         return cls(input_ids=torch.cat([prompt_ids, ids], dim=1), attention_mask=torch.cat([prompt_mask, real], dim=1),
                    completion_mask=loss_mask, behaviour_logprobs=behaviour,
                    scores=torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
-                   token_turns=token_turns, turn_rewards=turn_rewards, turn_mask=turn_mask)
+                   token_turns=token_turns, turn_rewards=turn_rewards, turn_mask=turn_mask, ages=ages)
 
     @property
     def completion_length(self) -> int:
@@ -113,7 +122,7 @@ class TextBatch:
             end = sub.input_ids.shape[1] - drop
             sub.input_ids, sub.attention_mask = sub.input_ids[:, first_real:end], sub.attention_mask[:, first_real:end]
             for name in ("completion_mask", "behaviour_logprobs", "reference_logprobs", "values", "advantages", "returns",
-                         "token_turns"):
+                         "token_turns", "ages", "proximal_logprobs"):
                 value = getattr(sub, name)
                 if value is not None:
                     setattr(sub, name, value[:, :keep])
@@ -235,6 +244,10 @@ class TextLearner:
             return torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1])) for t in tensors])
 
         temperature = self.config.sample.temperature
+        if self.config.estimator.policy_loss == "decoupled_ppo":  # π_prox: the weights this update starts from
+            batch.proximal_logprobs = padded([self.policy.evaluate(
+                c.input_ids, c.attention_mask, c.completion_length, temperature=temperature).logprobs
+                for c in chunks]) * batch.completion_mask
         if self.policy.has_reference:
             batch.reference_logprobs = padded([self.policy.reference_logprobs(
                 c.input_ids, c.attention_mask, c.completion_length, temperature=temperature) for c in chunks])
@@ -336,10 +349,11 @@ class TextLearner:
                                    temperature=self.config.sample.temperature, with_entropy=True,
                                    entropy_grad=est.entropy_coef > 0,
                                    with_values=self.policy.has_critic)
-        weights = off_policy_weights(est, out.logprobs.detach(), micro.behaviour_logprobs, mask)
+        weights = off_policy_weights(est, out.logprobs.detach(), micro.behaviour_logprobs, mask, age=micro.ages)
+        proximal = micro.proximal_logprobs if micro.proximal_logprobs is not None else micro.behaviour_logprobs
         policy_out = call_with_available(
             POLICY_LOSSES.get(est.policy_loss), logprobs=out.logprobs, behaviour_logprobs=micro.behaviour_logprobs,
-            proximal_logprobs=micro.behaviour_logprobs, advantages=micro.advantages, mask=mask,
+            proximal_logprobs=proximal, advantages=micro.advantages, mask=mask,
             clip_low=est.clip_range, clip_high=est.clip_range_high, dual_clip=est.dual_clip,
             agg_mode=est.loss_agg_mode, weights=weights.weights if weights is not None else None)
         loss = policy_out.loss
@@ -363,6 +377,11 @@ class TextLearner:
             metrics["value_loss"] = critic.loss.item()
         if weights is not None:
             metrics.update({f"weights_{k}": float(v) for k, v in weights.metrics.items()})
+        if micro.ages is not None:  # effective sample size of the importance weights ρ·w of stale data
+            rho = (out.logprobs.detach() - micro.behaviour_logprobs).exp() * mask
+            if weights is not None:
+                rho = rho * weights.weights
+            metrics["importance_ess"] = float(weight_metrics(rho, mask)["ess"])
         metrics["loss"] = loss.item()
         return loss, metrics
 

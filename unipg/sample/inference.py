@@ -8,12 +8,16 @@ on a worker thread (torch releases the GIL), so tool calls proceed while the mod
 
 With ``batch_wait=None`` the engine only generates when every running episode is waiting: batches are then
 a function of the episodes alone, not of tool timing, which makes seeded runs reproducible.
+
+With ``sync`` (asynchronous training: ``WeightSync.pull``), the engine loads newer weights between generate
+calls, so an episode's turns may come from different versions; each turn records the version that sampled it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -47,8 +51,8 @@ class InferenceEngine:
     """Batches ``generate`` requests of concurrent episodes into ``LMPolicy.sample`` calls."""
 
     def __init__(self, policy: LMPolicy, params: SamplingParams, *, generator: torch.Generator | None = None,
-                 batch_wait: float | None = 0.005, max_batch: int = 512):
-        self.policy, self.params, self.generator = policy, params, generator
+                 batch_wait: float | None = 0.005, max_batch: int = 512, sync: Callable[[], int | None] | None = None):
+        self.policy, self.params, self.generator, self.sync = policy, params, generator, sync
         self.batch_wait, self.max_batch = batch_wait, max_batch
         self.policy_version = 0  # bumped by the driver whenever the weights change
         self.batches: list[int] = []  # size of every generate call, for the batching metrics
@@ -123,6 +127,10 @@ class InferenceEngine:
             await self._wakeup.wait()
 
     def _sample(self, contexts: list[list[int]], budgets: list[int]) -> list[TurnOutput]:
+        if self.sync is not None:  # between generate calls: take the learner's newest weights
+            version = self.sync()
+            if version is not None:
+                self.policy_version = version
         self.batches.append(len(contexts))
         start = time.perf_counter()
         params = self.params

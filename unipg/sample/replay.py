@@ -6,10 +6,15 @@ policy version that started it and the time it was written.
 
 Staleness is bounded where it is cheapest and least biased: at admission. ``StalenessGate`` lets rollout
 start a new group only while the trajectories started so far fit in ``(version + max_staleness + 1)``
-learner steps' worth, the rule AReaL calls ``max_head_offpolicyness``. Episodes that run long are therefore
-never dropped for being slow — which would bias the data toward easy, fast episodes — and a learner that
-takes groups oldest first sees data at most ``max_staleness`` versions behind. With ``max_staleness = 0``
-rollout for step k starts only once step k−1 is published: synchronous training.
+learner steps' worth, the rule AReaL calls ``max_head_offpolicyness``. The buffer completes the bound on
+the learner's side. A group started at version v is *due* at learner version v + η: the step at version k
+takes every due group, and also enough of the oldest groups that none can fall due later than its step —
+for every h ≤ η, the groups started at k + h − η or before that remain after this step must fit in the h
+steps before they fall due. It waits for running groups only when that requires them. So a long, slow
+episode is never dropped for being slow — which would bias the data toward easy, fast episodes — no
+trajectory is trained on more than η versions after the weights that started it, and the learner does not
+wait on a slow episode that can still be trained on later. With ``max_staleness = 0`` rollout for step k
+starts only once step k − 1 is published, and the step waits for all of it: synchronous training.
 
 Sampling preferences (``sampling``):
 
@@ -18,9 +23,10 @@ Sampling preferences (``sampling``):
 - ``weighted``: random without replacement, P(group) ∝ ``freshness_decay ** age``.
 
 Eviction when a write would exceed ``capacity`` trajectories (``eviction``): ``oldest`` drops the oldest
-groups, ``probabilistic`` drops groups at random with probability ∝ age + 1. Groups older than the hard bound
-are dropped when the learner takes a batch (only possible with ``fresh`` or ``weighted`` sampling). Every
-dropped group is counted and releases its admission slots, so rollout replaces it.
+groups, ``probabilistic`` drops groups at random with probability ∝ age + 1 (a buffer smaller than
+``(max_staleness + 1)`` steps' worth of trajectories evicts). Groups found past the bound (left over after a
+rollback) are dropped when the learner takes a batch. Every dropped group is counted and releases its
+admission slots, so rollout replaces it. Sampling preferences apply to what the bound leaves free.
 """
 
 from __future__ import annotations
@@ -60,11 +66,12 @@ class StalenessGate:
     consumes. Trajectories dropped without training (``release``) give their slots back.
     """
 
-    def __init__(self, max_staleness: int, per_step: int):
+    def __init__(self, max_staleness: int, per_step: int, on_admit: Callable[[int, int], None] | None = None):
         if max_staleness < 0:
             raise ValueError(f"max_staleness ({max_staleness}) must be ≥ 0; 0 is synchronous training")
         self.max_staleness, self.per_step = max_staleness, per_step
         self.version, self.started = 0, 0
+        self.on_admit = on_admit or (lambda version, size: None)  # told (version, size) of every admission
         self._condition = threading.Condition()
         self._closed = False
 
@@ -76,16 +83,20 @@ class StalenessGate:
     def _room(self) -> int:
         return (self.version + self.max_staleness + 1) * self.per_step - self.started
 
-    def admit(self, size: int, timeout: float | None = None) -> int | None:
-        """Wait until ``size`` trajectories may start, count them started and return the version that starts
-        them; None when the gate was closed (or the wait timed out)."""
+    def admit(self, size: int, timeout: float | None = None, *, most: int = 1) -> tuple[int, int] | None:
+        """Wait until a group of ``size`` trajectories may start, then admit as many such groups as fit, up to
+        ``most``; returns (the version that starts them, how many), or None if the gate was closed or the wait
+        timed out. Admitting together what fits together lets a batch of groups start in one go."""
         with self._condition:
             if not self._condition.wait_for(lambda: self._closed or self._room() >= size, timeout):
                 return None
             if self._closed:
                 return None
-            self.started += size
-            return self.version
+            count = min(self._room() // size, most)
+            self.started += count * size
+            for _ in range(count):
+                self.on_admit(self.version, size)
+            return self.version, count
 
     def take_room(self, size: int) -> int:
         """Count ``size`` trajectories started without waiting (the caller checked ``room``)."""
@@ -93,6 +104,7 @@ class StalenessGate:
             if self._room() < size:
                 raise RuntimeError(f"no room for {size} trajectories: {self._room()} may start now")
             self.started += size
+            self.on_admit(self.version, size)
             return self.version
 
     def publish(self, version: int) -> None:
@@ -147,6 +159,7 @@ class ReplayBuffer:
         self.on_drop = on_drop or (lambda size: None)
         self.random = random.Random(seed)
         self.groups: list[Group] = []  # in write order
+        self.pending: dict[int, int] = {}  # groups admitted but not yet written, by start version
         self.stats = BufferStats()
         self._condition = threading.Condition()
         self._failure: BaseException | None = None
@@ -157,20 +170,33 @@ class ReplayBuffer:
         with self._condition:
             return sum(group.size for group in self.groups)
 
+    def expect(self, version: int, size: int) -> None:
+        """A group of ``size`` trajectories was admitted at ``version`` and will be written
+        (``StalenessGate.on_admit``)."""
+        with self._condition:
+            self.pending[version] = self.pending.get(version, 0) + 1
+
     def put(self, group: Group) -> None:
         if group.size > self.capacity:
             raise ValueError(f"a group of {group.size} trajectories cannot fit a replay buffer of {self.capacity}; "
                              "raise sample.replay_buffer_size")
+        dropped = 0
         with self._condition:
+            if self.pending.get(group.version, 0) > 0:
+                self.pending[group.version] -= 1
+                if not self.pending[group.version]:
+                    del self.pending[group.version]
             self.groups.append(group)
             held = sum(g.size for g in self.groups)
             while held > self.capacity:
                 victim = self._victim()
                 self.groups.remove(victim)
                 held -= victim.size
-                self.stats.evicted += victim.size
-                self.on_drop(victim.size)
+                dropped += victim.size
+            self.stats.evicted += dropped
             self._condition.notify_all()
+        if dropped:  # outside the lock: the gate's lock is taken in the other order on admission
+            self.on_drop(dropped)
 
     def _victim(self) -> Group:
         if self.eviction == "oldest":
@@ -186,57 +212,83 @@ class ReplayBuffer:
             self._condition.notify_all()
 
     def take(self, count: int, version: int, timeout: float | None = None) -> list[Group] | None:
-        """Remove and return ``count`` groups for the learner at ``version``, waiting until that many are held.
-
-        Groups beyond the staleness bound are dropped first. Returns None if ``timeout`` passed.
-        """
+        """Remove and return ``count`` groups for the learner at ``version``: the oldest groups the staleness
+        bound requires (module docstring), then the preferred ones. Waits until ``count`` groups are held and the
+        required ones have finished. Returns None if ``timeout`` passed."""
         start = time.perf_counter()
+        dropped = 0
         with self._condition:
             self._version = version
             while True:
                 if self._failure is not None:
                     raise ProducerFailed(f"rollout failed: {self._failure!r}") from self._failure
-                self._drop_stale(version)
-                if len(self.groups) >= count:
+                dropped += self._drop_stale(version)
+                required = self._required(count, version) if len(self.groups) >= count else None
+                if required is not None:
                     break
                 remaining = None if timeout is None else timeout - (time.perf_counter() - start)
                 if remaining is not None and remaining <= 0:
                     self.stats.wait_seconds += time.perf_counter() - start
-                    return None
+                    chosen = None
+                    break
                 self._condition.wait(remaining)
-            chosen = self._choose(count, version)
-            taken = {id(g) for g in chosen}
-            self.groups = [g for g in self.groups if id(g) not in taken]
-            self.stats.taken += sum(g.size for g in chosen)
-            self.stats.wait_seconds += time.perf_counter() - start
+            if required is not None:
+                chosen = self._choose(count, version, required)
+                taken = {id(g) for g in chosen}
+                self.groups = [g for g in self.groups if id(g) not in taken]
+                self.stats.taken += sum(g.size for g in chosen)
+                self.stats.wait_seconds += time.perf_counter() - start
+        if dropped:  # outside the lock, as in ``put``
+            self.on_drop(dropped)
         return chosen
 
-    def _drop_stale(self, version: int) -> None:
+    def _required(self, count: int, version: int) -> int | None:
+        """How many of the oldest held groups this step must take so that every group is trained on by the
+        step it falls due; None when that needs groups still running."""
         if self.max_staleness is None:
-            return
+            return 0
+        versions = [g.version for g in self.groups]
+        required = 0
+        for ahead in range(self.max_staleness + 1):
+            limit = version + ahead - self.max_staleness  # groups started at limit or before fall due by then
+            held = sum(1 for v in versions if v <= limit)
+            running = sum(n for v, n in self.pending.items() if v <= limit)
+            need = held + running - ahead * count  # what the `ahead` later steps cannot take
+            if need > min(held, count):
+                return None
+            required = max(required, need)
+        return required
+
+    def _drop_stale(self, version: int) -> int:
+        """Drop groups past the bound (left over after a rollback, say); returns the trajectories dropped."""
+        if self.max_staleness is None:
+            return 0
         stale = [g for g in self.groups if g.age(version) > self.max_staleness]
         for group in stale:
             self.groups.remove(group)
-            self.stats.dropped_stale += group.size
-            self.on_drop(group.size)
+        dropped = sum(g.size for g in stale)
+        self.stats.dropped_stale += dropped
+        return dropped
 
-    def _choose(self, count: int, version: int) -> list[Group]:
+    def _choose(self, count: int, version: int, required: int) -> list[Group]:
+        oldest_first = sorted(self.groups, key=lambda g: (g.version, g.created))
+        chosen, pool = oldest_first[:required], oldest_first[required:]
         if self.sampling == "fifo":
-            return self.groups[:count]
+            return chosen + pool[:count - len(chosen)]
         if self.sampling == "fresh":
-            return sorted(self.groups, key=lambda g: (-g.version, -g.created))[:count]
-        pool, chosen = list(self.groups), []
-        for _ in range(count):
+            newest = sorted(pool, key=lambda g: (-g.version, -g.created))[:count - len(chosen)]
+            return chosen + sorted(newest, key=lambda g: (g.version, g.created))
+        for _ in range(count - len(chosen)):
             weights = [self.freshness_decay ** g.age(version) for g in pool]
             pick = self.random.choices(range(len(pool)), weights=weights)[0]
             chosen.append(pool.pop(pick))
-        return sorted(chosen, key=lambda g: g.created)
+        return sorted(chosen, key=lambda g: (g.version, g.created))
 
     def clear(self) -> int:
         """Drop every group (after a rollback: their data belongs to updates given up); returns trajectories."""
         with self._condition:
             dropped = sum(g.size for g in self.groups)
-            self.groups = []
+            self.groups, self.pending = [], {}
             return dropped
 
     def pop_stats(self) -> BufferStats:

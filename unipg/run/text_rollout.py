@@ -1,0 +1,167 @@
+"""The rollout side of a text run, for ``unipg.run.runtime``: groups of episodes of one prompt each.
+
+A group is the ``samples_per_prompt`` episodes of one prompt (the GRPO group), written to the replay buffer
+when its last episode ends, so a group is never split.
+
+- ``produce(count, version)`` (sequential schedule): draw ``count`` prompts and run all their episodes
+  together through one inference engine on the learner's own weights — exactly the rollout of synchronous
+  training.
+- ``serve(gate, buffer, stop)`` (concurrent schedule): an asyncio loop on a background thread. It starts a
+  new group whenever the gate admits one (and fewer than ``agent.concurrency`` episodes run), so episodes of
+  many groups interleave in one inference engine with dynamic batching, on a copy of the weights that the
+  engine refreshes from ``WeightSync`` between generate calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import statistics
+import threading
+import time
+
+import torch
+
+from unipg.config import Config
+from unipg.policy.lm import LMPolicy
+from unipg.run.episodes import EpisodeRunner, episode_metrics, reward_term_metrics
+from unipg.run.runtime import WeightSync, staleness_histogram
+from unipg.run.text_learner import TextBatch
+from unipg.sample.replay import Group, ReplayBuffer, StalenessGate
+
+
+def inference_copy(policy: LMPolicy) -> LMPolicy:
+    """A sampling-only copy of ``policy``'s language model (no reference, no critic) for the rollout thread."""
+    model = copy.deepcopy(policy.model).eval()
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    return LMPolicy(model, policy.tokenizer)
+
+
+class TextRollout:
+    """Runs groups of episodes for the runtime (module docstring)."""
+
+    def __init__(self, runner: EpisodeRunner, sampler, config: Config, generator: torch.Generator,
+                 weights: WeightSync | None = None):
+        self.runner, self.sampler, self.config, self.generator, self.weights = runner, sampler, config, generator, weights
+        self.group_size = config.sample.samples_per_prompt
+        self.batch_sizes: list[int] = []
+        self.generate_seconds = 0.0
+        self.idle_seconds = 0.0
+        self._engine = None  # the concurrent schedule's inference engine while it serves
+        self._lock = threading.Lock()
+
+    def produce(self, count: int, version: int) -> list[Group]:
+        examples = self.sampler.next(count)
+        repeated = [example for example in examples for _ in range(self.group_size)]
+        trajectories = self.runner.run(repeated, params=self.runner.sampling(), generator=self.generator,
+                                       policy_version=version)
+        self.batch_sizes += self.runner.last_batch_sizes
+        self.generate_seconds += self.runner.last_generate_seconds
+        size = self.group_size
+        return [Group(trajectories[i * size:(i + 1) * size], version, size) for i in range(count)]
+
+    def publish(self, version: int) -> None:
+        if self.weights is not None:
+            self.weights.publish(version)
+
+    def serve(self, gate: StalenessGate, buffer: ReplayBuffer, stop: threading.Event) -> None:
+        asyncio.run(self._serve(gate, buffer, stop))
+
+    async def _serve(self, gate: StalenessGate, buffer: ReplayBuffer, stop: threading.Event) -> None:
+        engine = self.runner.engine(self.runner.sampling(), self.generator,
+                                    sync=self.weights.pull if self.weights is not None else None)
+        self._engine = engine
+        loop = self.runner.agent_loop(engine)
+        running: set[asyncio.Task] = set()
+        most = max(self.config.agent.concurrency // self.group_size, 1)  # groups running at once
+        idle_since = time.perf_counter()
+        failure: list[BaseException] = []
+
+        async def run_group(example, version: int, order: int) -> None:
+            envs = [self.runner.make_env() for _ in range(self.group_size)]
+            episodes = [loop.run_episode(env, example, order=order * self.group_size + i) for i, env in enumerate(envs)]
+            buffer.put(Group(list(await asyncio.gather(*episodes)), version, self.group_size))
+
+        def finished(task: asyncio.Task) -> None:
+            nonlocal idle_since
+            running.discard(task)
+            if not task.cancelled() and task.exception() is not None:
+                failure.append(task.exception())
+            if not running:
+                idle_since = time.perf_counter()
+            wakeup.set()
+
+        wakeup = asyncio.Event()
+        async with engine.running():
+            order = 0
+            try:
+                while not stop.is_set() and not failure:
+                    if len(running) >= most:
+                        wakeup.clear()
+                        await wakeup.wait()
+                        continue
+                    admitted = await asyncio.to_thread(gate.admit, self.group_size, 0.05, most=most - len(running))
+                    if admitted is None:
+                        continue
+                    version, count = admitted
+                    if not running:
+                        with self._lock:
+                            self.idle_seconds += time.perf_counter() - idle_since
+                    for example in self.sampler.next(count):  # all admitted groups start in this one step
+                        task = asyncio.create_task(run_group(example, version, order))
+                        order += 1
+                        running.add(task)
+                        task.add_done_callback(finished)
+                if failure:
+                    raise failure[0]
+            finally:
+                for task in list(running):
+                    task.cancel()
+                await asyncio.gather(*running, return_exceptions=True)
+                self.pop_generation()  # the counts of a run that stopped are not reported
+                self._engine = None
+
+    def pop_idle_seconds(self) -> float:
+        with self._lock:
+            seconds, self.idle_seconds = self.idle_seconds, 0.0
+            return seconds
+
+    def pop_generation(self) -> tuple[list[int], float]:
+        """Sizes of the generate calls and their seconds since the last call."""
+        engine = self._engine
+        if engine is not None:  # the concurrent schedule's engine, counting on the rollout thread
+            sizes, seconds = engine.batches, engine.generate_seconds
+            engine.batches, engine.generate_seconds = [], 0.0
+            return sizes, seconds
+        sizes, seconds = self.batch_sizes, self.generate_seconds
+        self.batch_sizes, self.generate_seconds = [], 0.0
+        return sizes, seconds
+
+
+def rollout_batch(groups: list[Group], rollout: TextRollout, version: int,
+                  seconds: float) -> tuple[TextBatch, dict[str, float]]:
+    """The learner's batch from ``groups`` (group after group) and the rollout metrics of the step;
+    ``seconds`` is the step's time spent waiting for rollout."""
+    config, runner = rollout.config, rollout.runner
+    group = config.sample.samples_per_prompt
+    trajectories = [t for g in groups for t in g.items]
+    batch = TextBatch.from_trajectories(trajectories, runner.policy.pad_id, version=version)
+    scores, lengths = batch.scores, batch.completion_mask.sum(1)
+    sizes, generate_seconds = rollout.pop_generation()
+    metrics = {"rollout/reward_mean": float(scores.mean()), "rollout/reward_std": float(scores.std()),
+               "rollout/response_length_max": float(lengths.max()), "rollout/generated_tokens": float(lengths.sum()),
+               "timing/generate": generate_seconds,
+               # generation and environment steps interleave: env is the rollout time not spent generating
+               "timing/env": max(seconds - generate_seconds, 0.0)}
+    if sizes:
+        metrics["rollout/generate_batch_mean"] = statistics.fmean(sizes)
+    metrics.update(episode_metrics(trajectories, "rollout", group_size=group, tools=runner.service is not None))
+    metrics.update(reward_term_metrics(trajectories, "rollout"))
+    metrics.update(runner.pop_service_metrics("rollout"))
+    solved = scores.reshape(-1, group).std(dim=1) == 0 if group > 1 else torch.zeros(1, dtype=torch.bool)
+    metrics["rollout/uniform_group_fraction"] = float(solved.float().mean())  # groups with no learning signal
+    metrics.update(staleness_histogram(batch.ages, batch.completion_mask, "async/staleness_token"))
+    if rollout.weights is not None:
+        metrics["timing/weight_sync"] = rollout.weights.pop_seconds()
+    return batch, metrics
