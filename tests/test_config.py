@@ -47,7 +47,7 @@ def test_seed_reference_loads_unchanged_onto_structured_keys():
 def test_keys_the_algorithm_ignores_are_reported_not_silent():
     config = load_config(ROOT / "configs" / "seed_reference.yaml")
     flagged = {warning.split("'")[1] for warning in config.warnings}
-    assert {"estimator.kl_coef", "sample.replay_buffer_size", "estimator.target_kl"} <= flagged
+    assert {"estimator.kl_coef", "sample.rollout_steps", "estimator.target_kl"} <= flagged
     assert "train.learning_rate" not in flagged
     assert load_config(None, ["algorithm=ppo", "estimator.clip_range=0.1"]).warnings == []
     assert any("clip_range" in w for w in load_config(None, ["algorithm=a2c", "estimator.clip_range=0.1"]).warnings)

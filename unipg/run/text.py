@@ -370,13 +370,13 @@ def train_text(config: Config, *, task: Task | None = None, resume: str | Path |
     trips = TripCounter(logger, config.rollback, config.estimator.target_kl)
     try:
         with StopRequest() as stop:
-            runtime.reset(first - 1)
             if checkpoint is None:
                 initial = evaluate_text(runner, test, config, seed=config.seed + 10_000)
                 history = [(0, initial)]
                 logger.log(0, initial)
                 if config.rollback.enabled:  # something to roll back to before the first periodic checkpoint
                     checkpointer.save(0, samples=0, train_seconds=0.0, history=history, metrics={})
+            runtime.reset(first - 1)  # rollout starts from the weights (and prompt order) training starts from
             update = first
             while update <= updates:
                 step_start = time.time()

@@ -32,7 +32,7 @@ from unipg.sample.replay import Group, ReplayBuffer, StalenessGate
 
 def inference_copy(policy: LMPolicy) -> LMPolicy:
     """A sampling-only copy of ``policy``'s language model (no reference, no critic) for the rollout thread."""
-    model = copy.deepcopy(policy.model).eval()
+    model = copy.deepcopy(policy.model)
     for parameter in model.parameters():
         parameter.requires_grad_(False)
     return LMPolicy(model, policy.tokenizer)

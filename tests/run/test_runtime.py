@@ -1,0 +1,117 @@
+"""The text runtime: synchronous training is its staleness-0 case; the bound holds with real episodes."""
+
+import threading
+
+import pytest
+import torch
+
+from unipg.config import load_config
+from unipg.policy.loading import load_lm_policy, policy_from_config
+from unipg.run.classic import seed_everything
+from unipg.run.episodes import EpisodeRunner
+from unipg.run.metrics import read_metrics
+from unipg.run.text import PromptSampler, set_threads, train_text
+from unipg.run.text_learner import TextBatch, TextLearner
+from unipg.sample.replay import ProducerFailed
+from unipg.sample.rewards import build_rewards
+from unipg.sample.tasks import make_task
+
+SMALL = ["task.name=arithmetic", "task.options={digits: 1, num_train: 40, num_test: 4}", "train.batch_size=8",
+         "train.mini_batch_size=4", "train.micro_batch_size=4", "sample.samples_per_prompt=4",
+         "sample.max_new_tokens=4", "eval.every_updates=100", "eval.pass_k=0", "log.progress=false",
+         "log.tensorboard=false", "deterministic=true", "algorithm=ppo", "estimator.kl_coef=0.05",
+         "checkpoint.every_updates=0", "rollback.enabled=false", "train.updates=3"]
+
+AGENT = ["task.name=calculator", "task.options={digits: 2, num_train: 40, num_test: 4, tool_demonstrations: 1.0}",
+         "task.tools=[{name: calculator, latency: {kind: lognormal, seconds: 0.005, sigma: 1.5}}]",
+         "sample.max_new_tokens=8", "agent.max_total_tokens=40", "algorithm=grpo", "train.batch_size=8",
+         "train.mini_batch_size=8", "train.micro_batch_size=8", "sample.samples_per_prompt=4",
+         "eval.every_updates=100", "eval.pass_k=0", "eval.max_examples=4", "log.progress=false",
+         "log.tensorboard=false", "checkpoint.every_updates=0", "train.updates=4"]
+
+
+def synchronous_reference(config):
+    """The textbook synchronous loop, written out: sample a batch with the current weights, prepare, update."""
+    seed_everything(config.seed, config.deterministic)
+    set_threads(config)
+    task = make_task(config.task.name, **config.task.options)
+    policy = policy_from_config(config)
+    runner = EpisodeRunner(policy, task, config, build_rewards(task.rewards))
+    learner = TextLearner(policy, config)
+    sampler, generator = PromptSampler(task.train, config.seed), torch.Generator().manual_seed(config.seed)
+    losses = []
+    for update in range(1, config.train.updates + 1):
+        learner.set_lr_fraction(1.0)
+        examples = sampler.next(config.prompts_per_step)
+        group = config.sample.samples_per_prompt
+        trajectories = runner.run([e for e in examples for _ in range(group)], params=runner.sampling(),
+                                  generator=generator, policy_version=update - 1)
+        batch = TextBatch.from_trajectories(trajectories, policy.pad_id)
+        learner.prepare(batch)
+        losses.append(learner.update(batch)["loss"])
+    return policy, losses
+
+
+@pytest.mark.parametrize("schedule", ["sequential", "concurrent"])
+def test_staleness_zero_gives_the_same_updates_as_synchronous_training(embedded_path, tmp_path, schedule):
+    """Sequential: bit for bit. Concurrent (rollout on its own thread and weight copy): the same samples, and
+    losses and parameters equal to float32 rounding (the copy's forward passes differ in the last bits)."""
+    config = load_config(None, SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
+                                        f"runtime.schedule={schedule}", "runtime.max_staleness=0"])
+    reference, reference_losses = synchronous_reference(config)
+    result = train_text(config)
+    records = [r for r in read_metrics(result.run_dir) if "train/loss" in r]
+    assert all(r["async/staleness_trajectory_max"] == 0 and r["async/staleness_token_max"] == 0 for r in records)
+    trained = load_lm_policy(str(result.run_dir / "policy"), value_head=True).model.state_dict()
+    if schedule == "sequential":
+        assert [r["train/loss"] for r in records] == reference_losses
+        assert all(torch.equal(trained[name], value) for name, value in reference.model.state_dict().items())
+    else:
+        assert [r["train/loss"] for r in records] == pytest.approx(reference_losses, rel=1e-4, abs=1e-6)
+        for name, value in reference.model.state_dict().items():
+            torch.testing.assert_close(trained[name], value, rtol=1e-4, atol=1e-5)
+
+
+def test_sequential_staleness_trains_every_step_on_data_exactly_eta_versions_old(embedded_path, tmp_path):
+    config = load_config(None, SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
+                                        "runtime.max_staleness=2", "runtime.schedule=sequential", "train.updates=5",
+                                        "estimator.policy_loss=decoupled_ppo", "estimator.off_policy_weight=age_decay"])
+    records = [r for r in read_metrics(train_text(config).run_dir) if "train/loss" in r]
+    assert [r["async/staleness_trajectory_max"] for r in records] == [0, 1, 2, 2, 2]
+    assert [r["async/staleness_token_mean"] for r in records] == [0, 1, 2, 2, 2]
+    last = records[-1]
+    assert last["async/buffer_trajectories"] == 3 * 8  # η + 1 steps' worth before the step takes its own
+    assert last["train/weights_weight_mean"] == pytest.approx(0.99 ** 2)
+    assert 0 < last["train/importance_ess"] <= 1
+
+
+def test_concurrent_agent_training_keeps_every_token_within_the_bound(embedded_path, tmp_path):
+    """Episodes with heavy-tailed tool latency run on a background thread while the learner trains."""
+    config = load_config(None, AGENT + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
+                                        "runtime.max_staleness=1", "runtime.schedule=concurrent"])
+    records = [r for r in read_metrics(train_text(config).run_dir) if "train/loss" in r]
+    assert len(records) == 4
+    for record in records:
+        assert record["async/staleness_trajectory_max"] <= 1 and record["async/staleness_token_max"] <= 1
+        assert record["async/buffer_occupancy"] <= 1 and record["async/dropped_stale"] == 0
+        assert 0 <= record["timing/learner_idle_fraction"] <= 1 and "timing/weight_sync" in record
+        assert "rollout/tool_calls" in record and record["rollout/turns"] >= 1
+
+
+def test_a_failing_rollout_stops_the_run_with_its_error(embedded_path, tmp_path, monkeypatch):
+    import unipg.run.text_rollout as text_rollout
+
+    config = load_config(None, SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
+                                        "runtime.max_staleness=1", "runtime.schedule=concurrent",
+                                        "deterministic=false"])
+
+    make_env = text_rollout.EpisodeRunner.make_env
+
+    def broken(self, *args, **kwargs):  # evaluation (main thread) works, rollout (its own thread) fails
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("environment crashed")
+        return make_env(self, *args, **kwargs)
+
+    monkeypatch.setattr(text_rollout.EpisodeRunner, "make_env", broken)
+    with pytest.raises(ProducerFailed, match="environment crashed"):
+        train_text(config)
