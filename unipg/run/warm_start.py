@@ -24,10 +24,12 @@ MARKER = "unipg-warm-start.json"
 
 
 def warm_start_key(config: Config) -> dict:
+    # a tool's simulated latency changes no demonstration
+    tools = [{k: v for k, v in spec.items() if k != "latency"} if isinstance(spec, dict) else spec
+             for spec in config.task.tools] if config.task.tools is not None else None
     return {"version": WARM_START_VERSION, "model": config.model.name, "embedded_builder": BUILDER_VERSION,
-            "task": config.task.name, "options": config.task.options, "system_prompt": config.task.system_prompt, "tools": config.task.tools,
-            "tool_prompt": config.agent.tool_prompt,
-            "sft": config.sft.model_dump()}
+            "task": config.task.name, "options": config.task.options, "system_prompt": config.task.system_prompt,
+            "tools": tools, "tool_prompt": config.agent.tool_prompt, "sft": config.sft.model_dump()}
 
 
 def warm_start_folder(config: Config, root: Path | None = None) -> Path:
