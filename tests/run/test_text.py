@@ -51,6 +51,15 @@ def test_warm_start_is_built_once_and_reused(embedded_path, tmp_path):
     assert resolve_warm_start(other, task, root=tmp_path, log=messages.append).model.name != folder
 
 
+def test_a_tools_simulated_latency_does_not_change_the_warm_start():
+    from unipg.run.warm_start import warm_start_folder
+
+    plain = load_config(None, SMALL + ["task.tools=[{name: calculator}]"])
+    slow = load_config(None, SMALL + ["task.tools=[{name: calculator, latency: {kind: fixed, seconds: 1}}]"])
+    other = load_config(None, SMALL + ["task.tools=[{name: search}]"])
+    assert warm_start_folder(plain) == warm_start_folder(slow) != warm_start_folder(other)
+
+
 def test_sft_stages_run_in_order_each_on_the_task_built_with_its_options(embedded_path, monkeypatch):
     import unipg.run.sft_job as sft_job
 
