@@ -262,3 +262,12 @@ def test_cli_doctor_on_a_missing_or_empty_run_exits_2(tmp_path):
     empty = write_run(tmp_path / "empty", [])
     result = runner.invoke(app, ["doctor", str(empty)])
     assert result.exit_code == 2 and "no records" in result.output
+
+
+def test_frequent_clipping_on_stale_data_points_at_the_staleness_bound():
+    clipping = with_series(healthy(), "train/clip_fraction", lambda i, old: 0.45)
+    (plain,) = [f for f in diagnose(clipping) if f.check == "clip_fraction_high"]
+    assert "max_staleness" not in plain.remedy
+    stale = with_series(clipping, "async/staleness_trajectory_mean", lambda i, old: 2.0)
+    (finding,) = [f for f in diagnose(stale) if f.check == "clip_fraction_high"]
+    assert "2.0 versions old" in finding.remedy and "runtime.max_staleness" in finding.remedy

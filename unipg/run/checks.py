@@ -352,6 +352,11 @@ def clip_fraction_high(history: History) -> list[Finding]:
     remedy = ("Most ratios hit the clip, so the policy that sampled the data and the one being updated are too far "
               "apart - too much happens between sampling and updating: fewer epochs or samples per update "
               "(train.num_epochs, train.batch_size), sample more often, or lower train.learning_rate.")
+    stale_steps, staleness = history.finite("async/staleness_trajectory_mean")
+    if staleness and statistics.fmean(staleness[-history.window:]) > 0:
+        remedy += (f" The data is also {statistics.fmean(staleness[-history.window:]):.1f} versions old on average: "
+                   "lower runtime.max_staleness, or clip against the learner's own weights with "
+                   "estimator.policy_loss=decoupled_ppo.")
     return [Finding("clip_fraction_high", "warning", evidence, remedy, "train/clip_fraction", span(steps))]
 
 
