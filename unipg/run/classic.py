@@ -1,8 +1,15 @@
-"""Synchronous training of MLP policies on gymnasium environments.
+"""Training of MLP policies on gymnasium environments, synchronous or with bounded staleness.
 
-The loop reads top to bottom: collect a rollout with the current policy, estimate advantages, update,
-evaluate now and then, log. Which algorithm runs is decided entirely by the config (advantage estimator,
-policy loss, update rule), so REINFORCE, A2C, PPO and TRPO share this one loop.
+The loop reads top to bottom: take the next rollout segment from the runtime, estimate advantages,
+update, publish the new weights, evaluate now and then, log. Which algorithm runs is decided entirely by the
+config (advantage estimator, policy loss, update rule), so REINFORCE, A2C, PPO and TRPO share this one loop.
+
+Segments come from ``unipg.run.runtime.Runtime`` (see ``unipg.run.gym_runtime``): with
+``runtime.max_staleness`` = 0, the default, each segment is collected with the weights the learner step
+starts from — synchronous training; with η > 0 a segment may be up to η learner versions old (exactly η
+in the ``sequential`` schedule once the first η steps are done), and the learner corrects for it
+(``unipg.run.learner.prepare_segment``, the off-policy weight, ``decoupled_ppo``). Environment steps
+count when the learner trains on them.
 """
 
 from __future__ import annotations
@@ -17,11 +24,13 @@ import numpy as np
 import torch
 
 from unipg.config import Config
+from unipg.estimate.losses import explained_variance
 from unipg.estimate.masked import masked_mean, masked_var
 from unipg.policy.mlp import MLPActorCritic
-from unipg.run.learner import bootstraps, compute_advantages, flatten_batch, make_learner
-from unipg.estimate.losses import explained_variance
+from unipg.run.gym_runtime import GymSegments
+from unipg.run.learner import bootstraps, make_learner, prepare_segment
 from unipg.run.metrics import MetricsLogger, Progress, Timer
+from unipg.run.runtime import Runtime, resolve_schedule, staleness_histogram
 from unipg.sample.gym_rollout import GymRollout, RolloutBatch, evaluate_policy
 
 
@@ -119,22 +128,27 @@ def train_classic(config: Config, *, return_threshold: float | None = None) -> T
                             hidden_sizes=config.policy.hidden_sizes, activation=config.policy.activation,
                             log_std_init=config.policy.log_std_init)
     learner = make_learner(policy, config)
+    runtime = make_runtime(config, rollout, policy)
     logger = MetricsLogger(run_dir, tensorboard=config.log.tensorboard)
     logger.write_config(config.to_dict())
     progress = Progress(config.env.total_steps, enabled=config.log.progress, description=config.algorithm)
-    run, timer, start = Progression(return_threshold), Timer(), time.time()
+    run, timer, meter, start = Progression(return_threshold), Timer(), RuntimeMeter(), time.time()
     num_updates, next_eval = config.env.total_steps // config.train.batch_size, config.eval.every_steps
     try:
+        runtime.start()
         for update in range(1, num_updates + 1):
+            version = update - 1  # learner steps published so far
             lr = learner.set_lr_fraction(1.0 - (update - 1) / num_updates
                                          if config.train.lr_schedule == "linear" else 1.0)
-            with timer("rollout"):
-                batch = rollout.collect(policy, config.steps_per_env, bootstrap=bootstraps(config))
+            with timer("rollout"):  # collecting (sequential) or waiting for a segment (concurrent)
+                (group,), runtime_record = runtime.next_groups(version)
+            batch = group.items[0]
             run.add_rollout(batch)
             with timer("advantage"):
-                advantages, returns = compute_advantages(batch, config)
+                segment = prepare_segment(policy, batch, config, age=group.age(version))
             with timer("update"):
-                metrics = learner.update(flatten_batch(batch, advantages, returns))
+                metrics = learner.update(segment.samples)
+            meter.add(runtime_record, segment.samples)
             is_last = update == num_updates
             if run.env_steps >= next_eval or is_last:
                 with timer("eval"):
@@ -144,21 +158,74 @@ def train_classic(config: Config, *, return_threshold: float | None = None) -> T
                                                    max_episode_steps=config.env.max_episode_steps)
                 logger.log(run.env_steps, run.add_eval(returns_eval))
                 next_eval += config.eval.every_steps
+            # Published after evaluating: a concurrent rollout then never draws random numbers while a
+            # stochastic evaluation does, so at η = 0 both schedules give the same run.
+            runtime.publish(update)
             if update % config.log.log_every_updates == 0 or is_last:
                 record = {f"train/{k}": v for k, v in metrics.items()}
-                record.update(rollout_metrics(batch, advantages, returns, run.recent_returns))
+                record.update(rollout_metrics(segment.batch, segment.advantages, segment.returns, run.recent_returns))
                 record.update({"train/learning_rate": lr, "train/update": update, "train/episodes": run.episodes,
                                "timing/steps_per_second": run.env_steps / (time.time() - start)})
                 record.update(timer.pop())
+                record.update(meter.pop())
                 logger.log(run.env_steps, record)
             progress.update(run.env_steps, f"return {run.train_return:.1f}" if run.recent_returns else "")
     finally:
+        runtime.close()  # the concurrent schedule's rollout thread stops before its environments close
         progress.close()
         logger.close()
         rollout.close()
     return TrainResult(run_dir, run.env_steps, run.episodes, time.time() - start, statistics.fmean(run.last_eval),
                        statistics.pstdev(run.last_eval), run.steps_to_eval_threshold, run.steps_to_train_threshold,
                        run.eval_history, run.train_return)
+
+
+def make_runtime(config: Config, rollout: GymRollout, policy: MLPActorCritic) -> Runtime:
+    """The runtime of a classic run: one segment per learner step, ``sample.replay_buffer_size`` segments
+    of buffer, the schedule resolved from ``runtime.schedule`` (``auto``: sequential when η = 0)."""
+    settings = config.runtime
+    schedule = resolve_schedule(settings.schedule, settings.max_staleness, config.deterministic)
+    segments = GymSegments(rollout, policy, steps_per_env=config.steps_per_env, bootstrap=bootstraps(config),
+                           concurrent=schedule == "concurrent")
+    return Runtime(segments, groups_per_step=1, group_size=1, max_staleness=settings.max_staleness,
+                   capacity=config.sample.replay_buffer_size, schedule=schedule, sampling=settings.sampling,
+                   eviction=settings.eviction, freshness_decay=settings.freshness_decay, seed=config.seed)
+
+
+class RuntimeMeter:
+    """The runtime's figures over the learner steps between two log lines.
+
+    Maxima stay maxima, counters and waiting times add up, the other figures are averaged; the staleness
+    histogram (``async/staleness_step_*``) is over every environment step trained on in the interval.
+    """
+
+    SUMMED = ("evicted", "dropped_stale", "_wait", "_seconds")
+
+    def __init__(self):
+        self.records: list[dict[str, float]] = []
+        self.ages: list[torch.Tensor] = []
+        self.masks: list[torch.Tensor] = []
+
+    def add(self, record: dict[str, float], samples: dict[str, torch.Tensor]) -> None:
+        self.records.append(record)
+        self.ages.append(samples["age"])
+        self.masks.append(samples["mask"])
+
+    def pop(self) -> dict[str, float]:
+        if not self.records:
+            return {}
+        merged: dict[str, float] = {}
+        for key in self.records[0]:
+            values = [record[key] for record in self.records if key in record]
+            if key.endswith("_max"):
+                merged[key] = max(values)
+            elif key.endswith(self.SUMMED):
+                merged[key] = sum(values)
+            else:
+                merged[key] = sum(values) / len(values)
+        merged.update(staleness_histogram(torch.cat(self.ages), torch.cat(self.masks), "async/staleness_step"))
+        self.records, self.ages, self.masks = [], [], []
+        return merged
 
 
 def rollout_metrics(batch, advantages: torch.Tensor, returns: torch.Tensor, recent_returns: list[float]) -> dict:

@@ -6,13 +6,20 @@ Two update rules cover the classic algorithms, and both read their math from ``u
   for REINFORCE and A2C, ``ppo`` for PPO, ``decoupled_ppo``) weighted by the configured off-policy weight;
   the critic's squared error and the entropy bonus are added with their coefficients.
 - ``TRPOLearner``: one natural-gradient step for the actor in a KL trust region, then critic regression.
+
+Segments may arrive some learner versions after they were collected (``runtime.max_staleness`` > 0).
+``prepare_segment`` then re-evaluates the critic's values before computing advantages, every sample carries
+its age for the age-aware off-policy weights, and ``decoupled_ppo`` anchors its trust region at the current
+policy (``GradientLearner.proximal_logprobs``). TRPO's trust region is always around the current policy; it
+applies no correction for the behaviour policy.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-from typing import Callable
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch.distributions import kl_divergence
@@ -59,8 +66,12 @@ def compute_advantages(batch: RolloutBatch, config: Config) -> tuple[torch.Tenso
     return advantages * batch.mask, returns
 
 
-def flatten_batch(batch: RolloutBatch, advantages: torch.Tensor, returns: torch.Tensor) -> dict[str, torch.Tensor]:
-    """(N, T, ...) → (N·T, ...) samples; the learner treats every step as one sample."""
+def flatten_batch(batch: RolloutBatch, advantages: torch.Tensor, returns: torch.Tensor,
+                  age: int = 0) -> dict[str, torch.Tensor]:
+    """(N, T, ...) → (N·T, ...) samples; the learner treats every step as one sample.
+
+    ``age`` is the learner's version minus the version that collected the segment; every sample carries it.
+    """
     n, t = batch.rewards.shape
 
     def flat(x: torch.Tensor) -> torch.Tensor:
@@ -68,7 +79,32 @@ def flatten_batch(batch: RolloutBatch, advantages: torch.Tensor, returns: torch.
 
     return {"observations": flat(batch.observations), "actions": flat(batch.actions),
             "behaviour_logprobs": flat(batch.behaviour_logprobs), "values": flat(batch.values),
-            "mask": flat(batch.mask), "advantages": flat(advantages), "returns": flat(returns)}
+            "mask": flat(batch.mask), "advantages": flat(advantages), "returns": flat(returns),
+            "age": torch.full((n * t,), float(age))}
+
+
+@dataclass
+class PreparedSegment:
+    """A rollout segment as the learner trains on it: critic values as of now, advantages and flat samples."""
+
+    batch: RolloutBatch
+    advantages: torch.Tensor  # (N, T)
+    returns: torch.Tensor  # (N, T)
+    samples: dict[str, torch.Tensor]  # flat (N·T, ...), for ``update``
+
+
+def prepare_segment(policy: MLPActorCritic, batch: RolloutBatch, config: Config, *, age: int = 0) -> PreparedSegment:
+    """Advantages of a segment collected ``age`` learner versions ago, computed on the learner's side.
+
+    A fresh segment (age 0) keeps the values its rollout recorded, which are the current critic's. A stale
+    one has its values V(s_t), its bootstrap value V(s_T) and its time-limit bootstraps re-evaluated with
+    the current critic first: the actions stay μ's, but the baseline and the bootstrapped returns should be
+    the best estimates available now, not those of a critic ``age`` updates old.
+    """
+    if age > 0 and uses_critic(config):
+        batch = batch.with_values(policy.value, config.estimator.gamma)
+    advantages, returns = compute_advantages(batch, config)
+    return PreparedSegment(batch, advantages, returns, flatten_batch(batch, advantages, returns, age))
 
 
 def as_tokens(x: torch.Tensor) -> torch.Tensor:
@@ -124,6 +160,7 @@ class GradientLearner:
 
     def update(self, samples: dict[str, torch.Tensor]) -> dict[str, float]:
         train = self.config.train
+        samples = dict(samples, proximal_logprobs=self.proximal_logprobs(samples))
         valid = samples["mask"].nonzero().squeeze(-1)
         history: dict[str, list[float]] = {}
         for index in shuffled_minibatches(valid, train.mini_batch_size, epochs=train.num_epochs,
@@ -133,16 +170,33 @@ class GradientLearner:
                 history.setdefault(key, []).append(value)
         return {key: sum(values) / len(values) for key, values in history.items()}
 
+    def proximal_logprobs(self, samples: dict[str, torch.Tensor]) -> torch.Tensor:
+        """log π_prox(a|s) of every sample, the anchor of ``decoupled_ppo``'s trust region.
+
+        It is the current policy's, computed once as the batch arrives (before any gradient step), on the
+        samples that are stale (age > 0); on fresh samples the current policy is the behaviour policy μ and
+        the recorded log μ is used as is. Other losses anchor at μ, so for them this is log μ throughout.
+        """
+        behaviour = samples["behaviour_logprobs"]
+        stale = samples["age"] > 0 if "age" in samples else torch.zeros_like(behaviour, dtype=torch.bool)
+        if self.config.estimator.policy_loss != "decoupled_ppo" or not bool(stale.any()):
+            return behaviour
+        with torch.no_grad():
+            current, _, _ = self.policy.evaluate(samples["observations"], samples["actions"])
+        return torch.where(stale, current, behaviour)
+
     def _step(self, mini: dict[str, torch.Tensor]) -> dict[str, float]:
         est, train = self.config.estimator, self.config.train
         logprobs, entropy, values = self.policy.evaluate(mini["observations"], mini["actions"])
         mask = as_tokens(torch.ones_like(logprobs))
         advantages = normalized(mini["advantages"], self.config)
-        weights = off_policy_weights(est, as_tokens(logprobs.detach()), as_tokens(mini["behaviour_logprobs"]), mask)
+        age = as_tokens(mini["age"]) if "age" in mini else None
+        weights = off_policy_weights(est, as_tokens(logprobs.detach()), as_tokens(mini["behaviour_logprobs"]), mask,
+                                     age=age)
         policy_out = call_with_available(
             POLICY_LOSSES.get(est.policy_loss), logprobs=as_tokens(logprobs),
             behaviour_logprobs=as_tokens(mini["behaviour_logprobs"]),
-            proximal_logprobs=as_tokens(mini["behaviour_logprobs"]), advantages=as_tokens(advantages),
+            proximal_logprobs=as_tokens(mini["proximal_logprobs"]), advantages=as_tokens(advantages),
             mask=mask, clip_low=est.clip_range, clip_high=est.clip_range_high, dual_clip=est.dual_clip,
             agg_mode=est.loss_agg_mode, weights=weights.weights if weights is not None else None,
         )

@@ -14,7 +14,8 @@ Two details decide whether classic-control results match the published ones:
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 import gymnasium as gym
 import numpy as np
@@ -38,10 +39,37 @@ class RolloutBatch:
     bootstrap_value: torch.Tensor  # (N,) V(s_T), the state after the last step
     episode_returns: list[float] = field(default_factory=list)  # undiscounted returns of finished episodes
     episode_lengths: list[int] = field(default_factory=list)
+    # What a learner needs to re-evaluate the critic's part of a stale segment (``with_values``):
+    final_observations: torch.Tensor | None = None  # (N, obs_dim) s_T, whose value is ``bootstrap_value``
+    truncated: torch.Tensor | None = None  # (N, T) 1 where a time limit cut the episode (and γ·V was added)
+    truncation_observations: torch.Tensor | None = None  # (N, T, obs_dim) the state it was cut in, 0 elsewhere
+    truncation_values: torch.Tensor | None = None  # (N, T) V(s_final) added (times γ) to those rewards, 0 elsewhere
 
     @property
     def num_steps(self) -> int:
         return self.rewards.numel()
+
+    def with_values(self, value_fn: Callable[[torch.Tensor], torch.Tensor], gamma: float) -> RolloutBatch:
+        """This segment with every critic value replaced by ``value_fn``'s: V(s_t), V(s_T) and the γ·V(s_final)
+        added to rewards of time-limit cuts.
+
+        A segment trained on some versions after it was collected keeps its actions and behaviour log-probs
+        (they are what μ did), but advantages from a critic that has moved on since are better estimates
+        than those of the critic that collected it.
+        """
+        n, t = self.rewards.shape
+        with torch.no_grad():
+            values = value_fn(self.observations.reshape(n * t, *self.observations.shape[2:])).reshape(n, t)
+            bootstrap_value = self.bootstrap_value
+            if self.final_observations is not None:
+                bootstrap_value = value_fn(self.final_observations)
+            rewards = self.rewards
+            if self.truncated is not None and bool(self.truncated.any()):
+                cut = self.truncated.bool()
+                fresh = value_fn(self.truncation_observations[cut])
+                rewards = rewards.clone()
+                rewards[cut] += gamma * (fresh - self.truncation_values[cut])
+        return replace(self, values=values, bootstrap_value=bootstrap_value, rewards=rewards)
 
 
 def make_env(env_id: str, max_episode_steps: int | None = None) -> gym.Env:
@@ -118,6 +146,7 @@ class GymRollout:
         steps of unfinished episodes are masked out.
         """
         observations, actions, logprobs, values, rewards, dones = [], [], [], [], [], []
+        cuts, cut_observations, cut_values = [], [], []
         episode_returns, episode_lengths = [], []
         for _ in range(steps_per_env):
             sample = policy.act(self.observations)
@@ -132,7 +161,11 @@ class GymRollout:
             if self.reward_scaler is not None:
                 reward = self.reward_scaler(reward, done)
             if bootstrap:
-                reward = reward + self._truncation_bootstrap(policy, terminated, truncated, info)
+                cut, final_obs, final_values = self._truncation_bootstrap(policy, terminated, truncated, info)
+                reward = reward + self.gamma * final_values.numpy()  # float32 product, as γ·V always was
+                cuts.append(torch.as_tensor(cut, dtype=torch.float32))
+                cut_observations.append(final_obs)
+                cut_values.append(final_values)
             observations.append(self.observations)
             actions.append(sample.actions)
             logprobs.append(sample.logprobs)
@@ -144,9 +177,15 @@ class GymRollout:
             bootstrap_value = policy.value(self.observations) if bootstrap else torch.zeros(self.num_envs)
         done_steps = torch.stack(dones, dim=1)  # (N, T)
         mask = torch.ones_like(done_steps) if bootstrap else complete_episode_mask(done_steps)
+        critic_inputs = {}  # for re-evaluating the critic's values later (RolloutBatch.with_values)
+        if bootstrap:
+            critic_inputs = {"final_observations": self.observations, "truncated": torch.stack(cuts, dim=1),
+                             "truncation_observations": torch.stack(cut_observations, dim=1),
+                             "truncation_values": torch.stack(cut_values, dim=1)}
         return RolloutBatch(torch.stack(observations, dim=1), torch.stack(actions, dim=1),
                             torch.stack(logprobs, dim=1), torch.stack(values, dim=1), torch.stack(rewards, dim=1),
-                            done_steps, mask, bootstrap_value, episode_returns, episode_lengths)
+                            done_steps, mask, bootstrap_value, episode_returns, episode_lengths,
+                            **critic_inputs)
 
     def _env_actions(self, actions: torch.Tensor) -> np.ndarray:
         """Actions as the environments take them: Gaussian samples are clipped to the action bounds."""
@@ -155,15 +194,19 @@ class GymRollout:
             return np.clip(actions, self.action_space.low, self.action_space.high)
         return actions
 
-    def _truncation_bootstrap(self, policy, terminated, truncated, info) -> np.ndarray:
-        extra = np.zeros(self.num_envs)
+    def _truncation_bootstrap(self, policy, terminated, truncated, info):
+        """(cut (N,) bool, final observations (N, obs_dim), V(s_final) (N,)) for the episodes a time limit cut
+        at this step; observations and values are 0 for the others."""
         cut = truncated & ~terminated
+        final_obs = torch.zeros_like(self.observations)
+        final_values = torch.zeros(self.num_envs)
         if cut.any():
-            final = torch.as_tensor(np.stack([info["final_obs"][i] for i in np.flatnonzero(cut)]),
-                                    dtype=torch.float32)
+            index = torch.as_tensor(np.flatnonzero(cut))
+            final_obs[index] = torch.as_tensor(np.stack([info["final_obs"][i] for i in index.tolist()]),
+                                               dtype=torch.float32)
             with torch.no_grad():
-                extra[cut] = self.gamma * policy.value(final).cpu().numpy()
-        return extra
+                final_values[index] = policy.value(final_obs[index])
+        return cut, final_obs, final_values
 
     def close(self) -> None:
         self.envs.close()
