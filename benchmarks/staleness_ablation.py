@@ -7,6 +7,7 @@ staleness. Objectives (how the learner treats the stale segment):
 
 - ``naive_ppo``: PPO-clip against the behaviour policy μ, as if the data were fresh;
 - ``decoupled_ppo``: clip against the current (proximal) policy, corrected by π_prox / μ;
+- ``decoupled_ppo_cap5``: the same with π_prox / μ truncated at 5;
 - ``truncated_is``: PPO-clip against μ times min(ρ, 2), ρ = π_θ / μ;
 - ``age_decay_0.9`` / ``age_decay_0.99``: PPO-clip against μ times γ_age^η.
 
@@ -34,13 +35,14 @@ THRESHOLD = 475.0
 OBJECTIVES = {
     "naive_ppo": [],
     "decoupled_ppo": ["estimator.policy_loss=decoupled_ppo"],
+    "decoupled_ppo_cap5": ["estimator.policy_loss=decoupled_ppo", "estimator.behaviour_weight_cap=5"],
     "truncated_is": ["estimator.off_policy_weight=truncated_is"],
     "age_decay_0.9": ["estimator.off_policy_weight=age_decay", "estimator.sample_age_decay=0.9"],
     "age_decay_0.99": ["estimator.off_policy_weight=age_decay", "estimator.sample_age_decay=0.99"],
 }
 DEFAULT_OBJECTIVES = ["naive_ppo", "decoupled_ppo", "truncated_is", "age_decay_0.9"]
 # At η = 0 these are naive PPO exactly (π_prox = μ; γ_age^0 = 1), bit for bit, so its runs are reused.
-SAME_AS_NAIVE_WHEN_FRESH = {"decoupled_ppo", "age_decay_0.9", "age_decay_0.99"}
+SAME_AS_NAIVE_WHEN_FRESH = {"decoupled_ppo", "decoupled_ppo_cap5", "age_decay_0.9", "age_decay_0.99"}
 
 
 def run_one(job: tuple[str, int, int, int, int]) -> dict:

@@ -202,6 +202,8 @@ class EstimatorConfig(Section):
     adding the KL as a loss term (GRPO)."""
     off_policy_weight: str = "none"
     """weight w(ρ, age) of the unified objective, a name from unipg.estimate.OFF_POLICY_WEIGHTS."""
+    behaviour_weight_cap: float | None = Field(None, gt=0.0)
+    """decoupled_ppo: truncate the behaviour weight π_prox/μ at this value (None: no cap; AReaL uses 5)."""
     sample_age_decay: float = Field(0.99, gt=0.0, le=1.0)
     """γ_age of the age-decay weight w = γ_age^age (seed 000: 0.99)."""
     is_truncation: float = Field(2.0, gt=0.0)

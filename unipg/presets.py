@@ -227,6 +227,7 @@ _CONDITIONAL = {
     "estimator.clip_range": ("estimator.policy_loss", {"ppo", "decoupled_ppo"}),
     "estimator.clip_range_high": ("estimator.policy_loss", {"ppo", "decoupled_ppo"}),
     "estimator.dual_clip": ("estimator.policy_loss", {"ppo", "decoupled_ppo"}),
+    "estimator.behaviour_weight_cap": ("estimator.policy_loss", {"decoupled_ppo"}),
 }
 
 

@@ -294,3 +294,16 @@ def test_entropy_with_masked_vocabulary_has_no_nan_in_value_or_gradient():
     entropy.sum().backward()
     assert torch.isfinite(entropy).all() and torch.isfinite(logits.grad).all()
     assert torch.all(logits.grad[:, 3] == 0)
+
+
+def test_decoupled_ppo_caps_the_behaviour_weight():
+    logprobs = torch.zeros(1, 3)
+    behaviour = torch.tensor([[0.0, -3.0, 0.0]])  # the middle token: π_prox/μ = e³ ≈ 20
+    proximal, advantages, mask = torch.zeros(1, 3), torch.ones(1, 3), torch.ones(1, 3)
+    free = decoupled_ppo_loss(logprobs, proximal, behaviour, advantages, mask)
+    capped = decoupled_ppo_loss(logprobs, proximal, behaviour, advantages, mask, behaviour_weight_cap=5.0)
+    assert free.loss.item() == pytest.approx(-(1 + math.exp(3) + 1) / 3)
+    assert capped.loss.item() == pytest.approx(-(1 + 5 + 1) / 3)
+    assert capped.metrics["behaviour_weight_capped"].item() == pytest.approx(1 / 3)
+    with pytest.raises(ValueError, match="behaviour_weight_cap"):
+        decoupled_ppo_loss(logprobs, proximal, behaviour, advantages, mask, behaviour_weight_cap=0.0)

@@ -215,6 +215,7 @@ def decoupled_ppo_loss(
     dual_clip: float | None = None,
     agg_mode: str = "token-mean",
     weights: torch.Tensor | None = None,
+    behaviour_weight_cap: float | None = None,
 ) -> LossOutput:
     """Decoupled PPO (Hilton et al. 2022; AReaL, Fu et al. 2025): the behaviour policy μ corrects the
     sampling, the proximal policy π_prox anchors the trust region:
@@ -225,19 +226,27 @@ def decoupled_ppo_loss(
     ``proximal_logprobs`` (B, T) log π_prox(a_t|s_t), usually the current weights before this update,
     and ``behaviour_logprobs`` (B, T) log μ(a_t|s_t) are constants. With π_prox = μ this is
     ``ppo_clip_loss``.
-    Metrics as ``ppo_clip_loss`` (for r, i.e. against π_prox) plus behaviour_weight_mean / _max.
+    ``behaviour_weight_cap`` c truncates the behaviour weight to min(π_prox / μ, c): with very stale samples
+    a few tokens the behaviour policy found unlikely would otherwise carry most of the gradient.
+    Metrics as ``ppo_clip_loss`` (for r, i.e. against π_prox) plus behaviour_weight_mean / _max (before the cap)
+    and, with a cap, behaviour_weight_capped (the share of tokens truncated).
     """
     clip_high = clip_low if clip_high is None else clip_high
     _check_clip(clip_low, clip_high, dual_clip)
+    if behaviour_weight_cap is not None and behaviour_weight_cap <= 0:
+        raise ValueError(f"behaviour_weight_cap ({behaviour_weight_cap}) must be > 0; AReaL uses 5, None for no cap")
     behaviour_weight = torch.exp(proximal_logprobs - behaviour_logprobs).detach()  # (B, T) π_prox / μ
+    used_weight = behaviour_weight if behaviour_weight_cap is None else behaviour_weight.clamp(max=behaviour_weight_cap)
     objective, ratio, clipped, dual_clipped = _clipped_surrogate(
         logprobs - proximal_logprobs.detach(), advantages,
         clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip,
     )
-    per_token = _apply_weights(-objective * behaviour_weight, weights)
+    per_token = _apply_weights(-objective * used_weight, weights)
     metrics = _ratio_metrics(ratio, clipped, dual_clipped, mask, dual_clip is not None)
     metrics["behaviour_weight_mean"] = masked_mean(behaviour_weight, mask)
     metrics["behaviour_weight_max"] = torch.where(mask.bool(), behaviour_weight, 0.0).max()
+    if behaviour_weight_cap is not None:
+        metrics["behaviour_weight_capped"] = masked_mean((behaviour_weight > behaviour_weight_cap).float(), mask)
     return LossOutput(loss=aggregate(per_token, mask, mode=agg_mode), metrics=metrics)
 
 

@@ -198,6 +198,7 @@ class GradientLearner:
             behaviour_logprobs=as_tokens(mini["behaviour_logprobs"]),
             proximal_logprobs=as_tokens(mini["proximal_logprobs"]), advantages=as_tokens(advantages),
             mask=mask, clip_low=est.clip_range, clip_high=est.clip_range_high, dual_clip=est.dual_clip,
+            behaviour_weight_cap=est.behaviour_weight_cap,
             agg_mode=est.loss_agg_mode, weights=weights.weights if weights is not None else None,
         )
         loss = policy_out.loss

@@ -355,6 +355,7 @@ class TextLearner:
             POLICY_LOSSES.get(est.policy_loss), logprobs=out.logprobs, behaviour_logprobs=micro.behaviour_logprobs,
             proximal_logprobs=proximal, advantages=micro.advantages, mask=mask,
             clip_low=est.clip_range, clip_high=est.clip_range_high, dual_clip=est.dual_clip,
+            behaviour_weight_cap=est.behaviour_weight_cap,
             agg_mode=est.loss_agg_mode, weights=weights.weights if weights is not None else None)
         loss = policy_out.loss
         metrics = {"policy_loss": policy_out.loss.item(), **{k: float(v) for k, v in policy_out.metrics.items()}}
