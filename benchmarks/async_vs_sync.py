@@ -42,7 +42,7 @@ def run(mode: str, args, output_dir: str) -> dict[str, float]:
                  f"eval.every_updates={args.updates}", f"eval.max_examples={args.eval_examples}",
                  f"log.output_dir={output_dir}", f"log.run_name={mode}", "log.progress=false",
                  "log.tensorboard=false", "log.monitor=false", "checkpoint.every_updates=0",
-                 "agent.tool_timeout=60", f"seed={args.seed}"]
+                 "agent.tool_timeout=60", f"seed={args.seed}", f"agent.batch_wait_ms={args.batch_wait_ms}"]
     if mode == "async":
         overrides += [f"runtime.max_staleness={args.eta}", "runtime.schedule=concurrent",
                       *OBJECTIVES[args.objective]]
@@ -66,12 +66,18 @@ def main() -> None:
     parser.add_argument("--eval-examples", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--modes", nargs="+", default=["sync", "async"], choices=["sync", "async"])
+    parser.add_argument("--batch-wait-ms", type=float, default=5.0,
+                        help="how long the inference engine waits to fill a generate batch (both runs)")
+    parser.add_argument("--output-dir", help="keep the runs here (default: a temporary folder)")
     args = parser.parse_args()
     tail = math.exp(2.3263 * args.sigma)
     print(f"tool latency: log-normal, median {args.latency:g} s, p99 {args.latency * tail:.2f} s "
           f"(p99/median {tail:.1f}); {args.updates} learner steps of 128 trajectories")
-    with tempfile.TemporaryDirectory() as output_dir:
-        results = {mode: run(mode, args, output_dir) for mode in args.modes}
+    if args.output_dir:
+        results = {mode: run(mode, args, args.output_dir) for mode in args.modes}
+    else:
+        with tempfile.TemporaryDirectory() as output_dir:
+            results = {mode: run(mode, args, output_dir) for mode in args.modes}
     print("\n| run | steps wall-clock (s) | trajectories/s | learner idle | staleness | tool calls/episode "
           "| completion before → after |")
     print("|---|---|---|---|---|---|---|")
