@@ -115,3 +115,11 @@ def test_a_failing_rollout_stops_the_run_with_its_error(embedded_path, tmp_path,
     monkeypatch.setattr(text_rollout.EpisodeRunner, "make_env", broken)
     with pytest.raises(ProducerFailed, match="environment crashed"):
         train_text(config)
+
+
+def test_a_buffer_too_small_for_one_batch_is_refused_before_training(embedded_path, tmp_path):
+    config = load_config(None, SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
+                                        "sample.replay_buffer_size=4", "runtime.max_staleness=1"])
+    with pytest.raises(ValueError, match=r"replay_buffer_size \(4\) cannot hold one learner step's batch of 8 "
+                                         r"trajectories; set it to at least 16"):
+        train_text(config)

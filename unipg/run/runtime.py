@@ -110,6 +110,11 @@ class Runtime:
                  freshness_decay: float = 0.5, seed: int = 0):
         if schedule not in ("sequential", "concurrent"):
             raise ValueError(f"runtime schedule '{schedule}' is not known; use sequential or concurrent")
+        per_step = groups_per_step * group_size
+        if capacity < per_step:
+            raise ValueError(f"sample.replay_buffer_size ({capacity}) cannot hold one learner step's batch of {per_step} "
+                             f"trajectories; set it to at least {(max_staleness + 1) * per_step} "
+                             "((runtime.max_staleness + 1) batches, so that nothing admitted is evicted)")
         self.rollout, self.schedule = rollout, schedule
         self.groups_per_step, self.group_size, self.max_staleness = groups_per_step, group_size, max_staleness
         self.buffer = ReplayBuffer(capacity, max_staleness=max_staleness, sampling=sampling, eviction=eviction,
