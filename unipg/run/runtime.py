@@ -119,7 +119,7 @@ class Runtime:
         self.groups_per_step, self.group_size, self.max_staleness = groups_per_step, group_size, max_staleness
         self.buffer = ReplayBuffer(capacity, max_staleness=max_staleness, sampling=sampling, eviction=eviction,
                                    freshness_decay=freshness_decay, seed=seed)
-        self.gate = StalenessGate(max_staleness, groups_per_step * group_size, on_admit=self.buffer.expect)
+        self.gate = StalenessGate(max_staleness, per_step, on_admit=self.buffer.expect)
         self.buffer.on_drop = self.gate.release
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
