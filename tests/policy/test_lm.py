@@ -142,3 +142,26 @@ def test_left_padding_ends_every_prompt_at_the_last_column():
     input_ids, attention_mask = left_pad([[7, 8, 9], [5]], pad_id=0)
     assert input_ids.tolist() == [[7, 8, 9], [0, 0, 5]]
     assert attention_mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+
+
+def test_rows_that_finish_early_leave_the_batch_without_changing_the_samples(policy, monkeypatch):
+    """When most rows have ended, generation drops them from the KV cache and the batch; the same tokens are
+    sampled, with the same log-probs, as when every row is computed to the end."""
+    import unipg.policy.lm as lm
+    from transformers.cache_utils import DynamicCache
+
+    ids = prompts(policy.tokenizer, count=6)
+    long = policy.sample(ids, max_new_tokens=20, temperature=1.0, generator=torch.Generator().manual_seed(5))
+    stop = next(text[1] for text in long.texts if len(text) >= 2)  # one character = one token: rows end unevenly
+    selections = []
+    select = DynamicCache.batch_select_indices
+    monkeypatch.setattr(DynamicCache, "batch_select_indices",
+                        lambda self, indices: selections.append(len(indices)) or select(self, indices))
+    compacted = policy.sample(ids, max_new_tokens=20, temperature=1.0, stop=[stop],
+                              generator=torch.Generator().manual_seed(6))
+    assert selections and min(selections) < len(ids)  # finished rows left the batch
+    assert len(set(compacted.completion_lengths.tolist())) > 1
+    monkeypatch.setattr(lm, "_plain_cache", lambda cache: False)  # no row selection: every row to the end
+    full = policy.sample(ids, max_new_tokens=20, temperature=1.0, stop=[stop], generator=torch.Generator().manual_seed(6))
+    assert torch.equal(full.completion_ids, compacted.completion_ids) and full.texts == compacted.texts
+    assert torch.allclose(full.behaviour_logprobs, compacted.behaviour_logprobs, atol=1e-4)

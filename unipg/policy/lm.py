@@ -269,17 +269,22 @@ class LMPolicy(nn.Module):
         """
         if not prompt_ids or any(len(ids) == 0 for ids in prompt_ids):
             raise ValueError("every prompt must have at least one token")
-        ids, mask = left_pad(prompt_ids, self.pad_id)
-        ids, mask = ids.to(self.device), mask.to(self.device)
+        ids, prompt_mask = left_pad(prompt_ids, self.pad_id)
+        ids, prompt_mask = ids.to(self.device), prompt_mask.to(self.device)
         batch = ids.shape[0]
-        cache, pos = _new_cache(self.model), positions(mask)
+        cache, pos, mask = _new_cache(self.model), positions(prompt_mask), prompt_mask
         logits, _ = prefill(self.model, ids, mask, cache, share=self.share_prompts)
         eos = torch.tensor(self.eos_ids, device=self.device)
+        pad = torch.full((batch,), self.pad_id, dtype=torch.long, device=self.device)
         finished = torch.zeros(batch, dtype=torch.bool, device=self.device)
+        running = torch.arange(batch, device=self.device)  # the rows the model still computes, in cache order
+        compact = _plain_cache(cache)
         stopped_by_string = [False] * batch
         tokens, logprobs, alive = [], [], []
         for step in range(max_new_tokens):
             logits = logits.float()
+            if len(running) < batch:  # rows dropped from the batch draw too, so the generator advances as before
+                logits = logits.new_zeros((batch, logits.shape[-1])).index_put((running,), logits)
             scaled = logits / temperature if temperature > 0 else logits
             log_dist = torch.log_softmax(scaled, dim=-1)
             if temperature > 0:
@@ -287,7 +292,7 @@ class LMPolicy(nn.Module):
                 token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
             else:
                 token = logits.argmax(-1)
-            token = torch.where(finished, torch.full_like(token, self.pad_id), token)
+            token = torch.where(finished, pad, token)
             tokens.append(token)
             logprobs.append(log_dist.gather(-1, token[:, None]).squeeze(-1))
             alive.append(~finished)
@@ -296,17 +301,24 @@ class LMPolicy(nn.Module):
                 finished = self._apply_stop_strings(torch.stack(tokens, 1), finished, stop, stopped_by_string)
             if bool(finished.all()) or step == max_new_tokens - 1:
                 break
-            mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=self.device)], dim=-1)
+            still = ~finished[running]
+            if compact and 2 * int(still.sum()) <= len(running):
+                # Most rows are done (one runaway row would otherwise keep the whole batch decoding): drop the
+                # finished rows from the cache and the batch.
+                keep = still.nonzero().squeeze(-1)
+                cache.batch_select_indices(keep)
+                running, mask, pos = running[keep], mask[keep], pos[keep]
+            mask = torch.cat([mask, torch.ones((len(running), 1), dtype=mask.dtype, device=self.device)], dim=-1)
             pos = pos[:, -1:] + 1
-            logits = self.model(input_ids=token[:, None], attention_mask=mask, position_ids=pos, use_cache=True,
-                                **{_cache_keyword(self.model): cache}).logits[:, -1]
+            logits = self.model(input_ids=token[running][:, None], attention_mask=mask, position_ids=pos,
+                                use_cache=True, **{_cache_keyword(self.model): cache}).logits[:, -1]
         completion_ids = torch.stack(tokens, 1)
         completion_mask = torch.stack(alive, 1).long()
         behaviour = torch.stack(logprobs, 1) * completion_mask
         texts = self._decode(completion_ids, completion_mask, stop, keep_stop)
         reasons = ["stop" if finished[row] else "length" for row in range(batch)]
-        return Generation(ids.cpu(), mask[:, : ids.shape[1]].cpu(), completion_ids.cpu(), completion_mask.cpu(),
-                          behaviour.cpu(), texts, reasons)
+        return Generation(ids.cpu(), prompt_mask.cpu(), completion_ids.cpu(), completion_mask.cpu(), behaviour.cpu(),
+                          texts, reasons)
 
     def _apply_stop_strings(self, completion_ids: torch.Tensor, finished: torch.Tensor, stop: list[str],
                             stopped: list[bool]) -> torch.Tensor:
