@@ -14,8 +14,8 @@ Printed per run: wall-clock of the learner steps (evaluation excluded), trajecto
 learner idle fraction, the mean trajectory staleness, and the held-out greedy completion rate at the end.
 The two runs go one after the other in one process, on the same machine.
 
-    python benchmarks/async_vs_sync.py                       # 30 steps, η = 2
-    python benchmarks/async_vs_sync.py --updates 10 --eta 4 --objective ppo
+    python benchmarks/async_vs_sync.py                       # 30 steps, η = 8
+    python benchmarks/async_vs_sync.py --updates 10 --eta 2 --objective ppo
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def run(mode: str, args, output_dir: str) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--updates", type=int, default=30, help="learner steps per run")
-    parser.add_argument("--eta", type=int, default=2, help="max_staleness of the async run")
+    parser.add_argument("--eta", type=int, default=8, help="max_staleness of the async run")
     parser.add_argument("--objective", choices=sorted(OBJECTIVES), default="decoupled_ppo")
     parser.add_argument("--latency", type=float, default=0.5, help="median tool delay, seconds")
     parser.add_argument("--sigma", type=float, default=1.2, help="log-space σ of the tool delay")
