@@ -82,27 +82,28 @@ def markdown(results: list[dict], objectives: list[str], etas: list[int]) -> str
     """Two tables (steps to 475, final return), objectives × η, and each cell's change relative to η = 0."""
     header = "| objective | " + " | ".join(f"η={eta}" for eta in etas) + " |"
     rule = "|---|" + "---:|" * len(etas)
-    title = (f"Environment steps until eval return ≥ {THRESHOLD:.0f} (mean ± std over the seeds that reached it; "
-             "reached/seeds; change vs η=0 of the same objective):")
-    lines = [title, "", header, rule]
-    for objective in objectives:
-        reference = statistics.fmean(cell_values(results, objective, etas[0])[0] or [float("nan")])
-        cells = []
-        for eta in etas:
-            steps, _, runs = cell_values(results, objective, eta)
-            change = f", {statistics.fmean(steps) / reference - 1:+.0%}" if steps and eta != etas[0] else ""
-            cells.append(f"{mean_std(steps)} ({len(steps)}/{runs}{change})")
-        lines.append(f"| {objective} | " + " | ".join(cells) + " |")
-    lines += ["", "Final evaluation return (mean ± std; change vs η=0 of the same objective):", "", header, rule]
-    for objective in objectives:
-        reference = statistics.fmean(cell_values(results, objective, etas[0])[1] or [float("nan")])
-        cells = []
-        for eta in etas:
-            _, finals, _ = cell_values(results, objective, eta)
-            change = f" ({statistics.fmean(finals) / reference - 1:+.1%})" if finals and eta != etas[0] else ""
-            cells.append(f"{mean_std(finals, 1)}{change}")
-        lines.append(f"| {objective} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+
+    def table(column: int, cell) -> list[str]:
+        """One row per objective; ``cell(values, runs, change)`` formats the values of ``cell_values``'s column."""
+        lines = [header, rule]
+        for objective in objectives:
+            reference = statistics.fmean(cell_values(results, objective, etas[0])[column] or [float("nan")])
+            cells = []
+            for eta in etas:
+                cell_data = cell_values(results, objective, eta)
+                values, runs = cell_data[column], cell_data[2]
+                change = statistics.fmean(values) / reference - 1 if values and eta != etas[0] else None
+                cells.append(cell(values, runs, change))
+            lines.append(f"| {objective} | " + " | ".join(cells) + " |")
+        return lines
+
+    steps = table(0, lambda values, runs, change: f"{mean_std(values)} ({len(values)}/{runs}"
+                                                  + (f", {change:+.0%}" if change is not None else "") + ")")
+    finals = table(1, lambda values, runs, change: mean_std(values, 1)
+                                                   + (f" ({change:+.1%})" if change is not None else ""))
+    return "\n".join([f"Environment steps until eval return ≥ {THRESHOLD:.0f} (mean ± std over the seeds that "
+                      "reached it; reached/seeds; change vs η=0 of the same objective):", "", *steps, "",
+                      "Final evaluation return (mean ± std; change vs η=0 of the same objective):", "", *finals])
 
 
 def main() -> None:

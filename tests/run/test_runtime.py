@@ -79,6 +79,8 @@ def test_sequential_staleness_trains_every_step_on_data_exactly_eta_versions_old
     records = [r for r in read_metrics(train_text(config).run_dir) if "train/loss" in r]
     assert [r["async/staleness_trajectory_max"] for r in records] == [0, 1, 2, 2, 2]
     assert [r["async/staleness_token_mean"] for r in records] == [0, 1, 2, 2, 2]
+    # decoupled PPO's π_prox/μ: exactly 1 on fresh data (π_prox = μ), not on data two versions old
+    assert records[0]["train/behaviour_weight_mean"] == 1.0 and records[-1]["train/behaviour_weight_mean"] != 1.0
     last = records[-1]
     assert last["async/buffer_trajectories"] == 3 * 8  # η + 1 steps' worth before the step takes its own
     assert last["train/weights_weight_mean"] == pytest.approx(0.99 ** 2)

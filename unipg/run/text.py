@@ -1,13 +1,14 @@
-"""Synchronous training of language-model policies on single-turn text tasks.
+"""Training of language-model policies on text tasks, synchronous or with bounded staleness.
 
-One learner update reads top to bottom: draw ``batch_size / samples_per_prompt`` prompts, sample
-``samples_per_prompt`` completions of each with the current weights (recording their behaviour log-probs),
-score them with the reward functions, compute reference log-probs and values, estimate advantages, take
-``num_epochs`` passes of mini-batch steps. Held-out greedy pass@1 and sampled pass@k are measured before
-training, every ``eval.every_updates`` updates and at the end.
+One learner update reads top to bottom: take the groups of ``batch_size / samples_per_prompt`` prompts from
+the runtime (each group ``samples_per_prompt`` episodes of one prompt, with their behaviour log-probs and the
+weights version of every turn; ``unipg.run.text_rollout``), compute reference log-probs and values, estimate
+advantages, take ``num_epochs`` passes of mini-batch steps, publish the new weights. Held-out greedy pass@1
+and sampled pass@k are measured before training, every ``eval.every_updates`` updates and at the end.
 
-This is the staleness-0 case of the unified objective: every sample's behaviour policy μ is the policy
-that the update starts from, so ρ = 1 at the first mini-batch step.
+With ``runtime.max_staleness`` = 0 (the default) every sample's behaviour policy μ is the policy the update
+starts from, so ρ = 1 at the first mini-batch step: synchronous training. With η > 0 samples may be up to η
+versions old and the configured objective corrects for it (``unipg.run.runtime``, docs/runtime.md).
 
 Checkpoints (``run/checkpoints/step-<update>``) are saved every ``checkpoint.every_updates`` updates, at the
 end, and when Ctrl-C or SIGTERM stops the run after its current update. ``train_text(config, resume=RUN_DIR)``

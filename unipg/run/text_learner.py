@@ -244,7 +244,9 @@ class TextLearner:
             return torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1])) for t in tensors])
 
         temperature = self.config.sample.temperature
-        if self.config.estimator.policy_loss == "decoupled_ppo":  # π_prox: the weights this update starts from
+        stale = batch.ages is not None and bool((batch.ages > 0).any())
+        if self.config.estimator.policy_loss == "decoupled_ppo" and stale:
+            # π_prox, the weights this update starts from; on fresh data it is μ, whose log-probs the batch has
             batch.proximal_logprobs = padded([self.policy.evaluate(
                 c.input_ids, c.attention_mask, c.completion_length, temperature=temperature).logprobs
                 for c in chunks]) * batch.completion_mask
