@@ -46,8 +46,11 @@ def train(
     threshold: Optional[float] = typer.Option(None, help="report the first step whose eval mean return ≥ this"),
     resume: Optional[Path] = typer.Option(None, "--resume", help="continue the text run in this folder from its "
                                           "newest checkpoint; overrides apply on top of its config.yaml"),
+    backend: Optional[str] = typer.Option(None, "--backend", help="inprocess, or ray: rollout workers and environment "
+                                          "actors on a local Ray instance, or on a cluster with ray.address=auto"),
 ) -> None:
     """Train a policy; prints a result table at the end."""
+    overrides = list(overrides or []) + ([f"backend={backend}"] if backend is not None else [])
     if resume is not None:
         if config_path is not None or seeds:
             errors.print("[bold red]error:[/] --resume continues a run with its own config.yaml; drop --config "

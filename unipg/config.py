@@ -297,6 +297,48 @@ class RuntimeConfig(Section):
     """What makes room in a full buffer: the oldest group, or a random one with probability ∝ age + 1."""
 
 
+class RayConfig(Section):
+    """``backend: ray``: where the roles of a text run are placed (``unipg.run.ray_backend``, docs/runtime.md)."""
+
+    address: str | None = None
+    """None starts a local Ray instance for the run (and stops it at the end); ``auto`` joins the cluster this
+    machine belongs to; ``host:port`` or ``ray://host:port`` joins that one."""
+    num_cpus: int | None = Field(None, ge=1)
+    """CPUs of a local instance (None: all of this machine's)."""
+    dashboard: bool = False
+    """start Ray's dashboard with a local instance (bound to 127.0.0.1)."""
+    runtime_env: dict[str, Any] | None = None
+    """Ray runtime environment of the run's actors, e.g. ``{working_dir: ., pip: [...]}`` on a cluster whose
+    machines lack unipg."""
+    rollout_workers: int = Field(2, ge=1)
+    """rollout worker actors; each runs episodes on its own copy of the policy."""
+    rollout_num_cpus: float = Field(1.0, ge=0.0)
+    """CPUs reserved per rollout worker."""
+    rollout_num_gpus: float = Field(0.0, ge=0.0)
+    """GPUs per rollout worker (its policy copy is moved to the GPU when > 0)."""
+    episodes_per_worker: int | None = Field(None, ge=1)
+    """episodes in flight on one worker at once (None: ``agent.concurrency``); the staleness gate bounds the
+    total."""
+    env_workers: int = Field(1, ge=0)
+    """environment actors running tool calls (0: each rollout worker runs its tools itself)."""
+    env_num_cpus: float = Field(0.25, ge=0.0)
+    """CPUs reserved per environment actor."""
+    placement: Literal["none", "pack", "spread"] = "none"
+    """place rollout workers in a placement group: ``pack`` on as few machines as possible, ``spread`` over
+    as many; ``none`` leaves it to Ray's scheduler."""
+    start_timeout: float = Field(180.0, gt=0.0)
+    """seconds an actor or the placement group may take to start before the run stops with an error."""
+    episode_timeout: float = Field(600.0, gt=0.0)
+    """seconds a group of episodes may run on a worker; past it the worker is replaced and the group run again."""
+    max_attempts: int = Field(3, ge=1)
+    """runs of one group (first run included) before it is given up and counted as failed."""
+    max_restarts: int = Field(10, ge=0)
+    """rollout worker replacements in a run (after a crash, a kill or a hung group) before the run stops."""
+    health_timeout: float = Field(10.0, gt=0.0)
+    """seconds an environment actor may take to answer a health check after a tool call timed out on it;
+    an actor that does not, or whose tool is still running past ``agent.tool_timeout``, is restarted."""
+
+
 class EvalConfig(Section):
     """Periodic evaluation on fresh environments."""
 
@@ -380,6 +422,9 @@ class Config(Section):
     """use deterministic torch kernels and a single thread (bitwise-reproducible on CPU)."""
     device: str = "cpu"
     """torch device of the learner."""
+    backend: Literal["inprocess", "ray"] = "inprocess"
+    """text tasks: ``inprocess`` runs rollout in this process (threads); ``ray`` places rollout workers and
+    environment actors on a Ray cluster (section ``ray``); the learner and the buffer stay in this process."""
     threads: int | None = Field(None, ge=1)
     """torch intra-op CPU threads; None = 1 for MLPs and the embedded model (their small matrix products run
     fastest on one thread, and extra threads only contend), torch's default for other models."""
@@ -394,6 +439,7 @@ class Config(Section):
     sample: SampleConfig = Field(default_factory=SampleConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    ray: RayConfig = Field(default_factory=RayConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     rollback: RollbackConfig = Field(default_factory=RollbackConfig)

@@ -27,6 +27,9 @@ def cross_field_problems(config: Config) -> list[str]:
             f"train.mini_batch_size ({train.mini_batch_size}) must divide train.batch_size ({train.batch_size})"
         )
     problems += text_problems(config) if config.is_text else gym_problems(config)
+    if config.backend == "ray" and not config.is_text:
+        problems.append("backend 'ray' runs text tasks; train gymnasium environments with backend=inprocess "
+                        "(their vectorised environments already step in one process)")
     if est.policy_loss != "trpo" and est.policy_loss not in POLICY_LOSSES:
         valid = POLICY_LOSSES.names() + ["trpo"]
         problems.append("estimator.policy_loss: " + unknown_name_message("policy loss", est.policy_loss, valid))

@@ -70,17 +70,18 @@ def demonstration_pairs(tokenizer, task: Task, config: Config, examples: list[Ex
 class EpisodeRunner:
     """Runs batches of episodes of one task with one policy."""
 
-    def __init__(self, policy: LMPolicy, task: Task, config: Config, reward_fn):
+    def __init__(self, policy: LMPolicy, task: Task, config: Config, reward_fn, *, remote_tools=None):
+        """``remote_tools``: where tool calls run, if not in this process (``EnvironmentService``'s ``remote``)."""
         self.policy, self.task, self.config, self.reward_fn = policy, task, config, reward_fn
         agent = config.agent
-        specs = tool_specs(config, task)
+        self.specs = specs = tool_specs(config, task)
         self.max_turns = agent.max_turns or task.max_turns
         self.service = None
         if specs:
             self.service = EnvironmentService.from_specs(
                 specs, timeout=agent.tool_timeout, retries=agent.tool_retries, backoff=agent.retry_backoff,
                 default_observation=agent.default_observation, failure_penalty=agent.failure_penalty,
-                seed=config.seed)
+                seed=config.seed, remote=remote_tools)
             if self.max_turns < 2:
                 raise ValueError(f"task '{task.name}' has tools but max_turns is {self.max_turns}; an agent needs at "
                                  "least 2 turns (call a tool, then answer): raise agent.max_turns")
@@ -123,21 +124,23 @@ class EpisodeRunner:
     def run(self, examples: list[Example], *, params: SamplingParams, generator: torch.Generator | None,
             policy_version: int = 0) -> list[Trajectory]:
         """One episode per example (repeat examples for groups); trajectories in input order."""
+        return asyncio.run(self.arun(examples, params=params, generator=generator, policy_version=policy_version))
+
+    async def arun(self, examples: list[Example], *, params: SamplingParams, generator: torch.Generator | None,
+                   policy_version: int = 0) -> list[Trajectory]:
+        """``run`` on the running event loop."""
         engine = self.engine(params, generator)
         engine.policy_version = policy_version
         envs = [self.make_env() for _ in examples]
-        trajectories = asyncio.run(self.agent_loop(engine).run_episodes(envs, examples,
-                                                                        concurrency=self.config.agent.concurrency))
+        trajectories = await self.agent_loop(engine).run_episodes(envs, examples,
+                                                                  concurrency=self.config.agent.concurrency)
         self.last_batch_sizes, self.last_generate_seconds = engine.batches, engine.generate_seconds
         return trajectories
 
     def pop_service_metrics(self, prefix: str) -> dict[str, float]:
         if self.service is None:
             return {}
-        stats = self.service.pop_stats()
-        return {f"{prefix}/tool_timeouts": stats.timeouts, f"{prefix}/tool_retries": stats.retries,
-                f"{prefix}/tool_failures": stats.failures, f"{prefix}/tool_errors": stats.errors,
-                f"{prefix}/tool_seconds": stats.seconds / max(stats.calls, 1)}
+        return self.service.pop_stats().metrics(prefix)
 
     def close(self) -> None:
         if self.service is not None:

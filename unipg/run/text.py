@@ -55,6 +55,7 @@ from unipg.run.metrics import MetricsLogger, Progress, Timer, read_metrics
 from unipg.run.runtime import Runtime, WeightSync, resolve_schedule
 from unipg.run.text_learner import TextLearner
 from unipg.run.text_rollout import TextRollout, inference_copy, rollout_batch
+from unipg.sample.replay import ProducerFailed
 from unipg.sample.rewards import build_rewards
 from unipg.sample.tasks import Example, Task, make_task
 
@@ -300,21 +301,43 @@ def evaluate_text(runner: EpisodeRunner, examples: list[Example], config: Config
 
 
 def build_runtime(config: Config, runner: EpisodeRunner, sampler: PromptSampler, generator: torch.Generator,
-                  task: Task, reward_fn) -> Runtime:
+                  task: Task, reward_fn, log: Callable[[str], None] = print) -> Runtime:
     """The runtime of a text run: sequential on the learner's own weights, or concurrent on a synced copy
-    with its own episode runner (tools and environment service included)."""
+    with its own episode runner (tools and environment service included); with ``backend: ray``, on rollout
+    workers and environment actors of a Ray cluster (``unipg.run.ray_backend``)."""
     settings = config.runtime
     schedule = resolve_schedule(settings.schedule, settings.max_staleness, config.deterministic)
-    if schedule == "concurrent":
+    if config.backend == "ray":
+        from unipg.run.ray_backend import RayRollout
+
+        rollout = RayRollout(runner, sampler, config, generator, task, log=log)
+    elif schedule == "concurrent":
         copy = inference_copy(runner.policy)
         rollout = TextRollout(EpisodeRunner(copy, task, config, reward_fn), sampler, config, generator,
-                              WeightSync(runner.policy.model, copy.model))
+                              WeightSync(runner.policy.model, copy.model), owns_runner=True)
     else:
         rollout = TextRollout(runner, sampler, config, generator)
-    return Runtime(rollout, groups_per_step=config.prompts_per_step, group_size=config.sample.samples_per_prompt,
-                   max_staleness=settings.max_staleness, capacity=config.sample.replay_buffer_size,
-                   schedule=schedule, sampling=settings.sampling, eviction=settings.eviction,
-                   freshness_decay=settings.freshness_decay, seed=config.seed)
+    try:
+        return Runtime(rollout, groups_per_step=config.prompts_per_step, group_size=config.sample.samples_per_prompt,
+                       max_staleness=settings.max_staleness, capacity=config.sample.replay_buffer_size,
+                       schedule=schedule, sampling=settings.sampling, eviction=settings.eviction,
+                       freshness_decay=settings.freshness_decay, seed=config.seed)
+    except ValueError:
+        rollout.close()
+        raise
+
+
+def rollout_failed(checkpointer: TextCheckpointer, update: int, saved: int | None, samples: int,
+                   train_seconds: float, history: list) -> str:
+    """After rollout failed for good: save a checkpoint of the last finished ``update`` unless ``saved`` is it;
+    says where to continue from."""
+    run_dir = checkpointer.store.root.parent
+    if update > 0 and saved != update:
+        checkpointer.save(update, samples=samples, train_seconds=train_seconds, history=history, metrics={})
+        saved = update
+    if saved:
+        return f"a checkpoint of update {saved} is in {run_dir}; continue with: unipg train --resume {run_dir}"
+    return f"no update had finished; the metrics so far are in {run_dir}"
 
 
 def set_threads(config: Config) -> None:
@@ -352,7 +375,6 @@ def train_text(config: Config, *, task: Task | None = None, resume: str | Path |
     test = held_out(task, config)
     learner = TextLearner(policy, config)
     sampler, generator = PromptSampler(task.train, config.seed), torch.Generator().manual_seed(config.seed)
-    runtime = build_runtime(config, runner, sampler, generator, task, reward_fn)
     run_dir = Path(resume) if resume is not None else run_dir_for(config)
     checkpointer = TextCheckpointer(run_dir, config, policy, learner, sampler, generator)
     first, samples, train_seconds = 1, 0, 0.0
@@ -370,6 +392,13 @@ def train_text(config: Config, *, task: Task | None = None, resume: str | Path |
     timer, start, every = Timer(), time.time(), config.checkpoint.every_updates
     trips = TripCounter(logger, config.rollback, config.estimator.target_kl)
     try:
+        runtime = build_runtime(config, runner, sampler, generator, task, reward_fn, log)
+    except BaseException:
+        runner.close()
+        progress.close()
+        logger.close()
+        raise
+    try:
         with StopRequest() as stop:
             if checkpoint is None:
                 initial = evaluate_text(runner, test, config, seed=config.seed + 10_000)
@@ -378,12 +407,16 @@ def train_text(config: Config, *, task: Task | None = None, resume: str | Path |
                 if config.rollback.enabled:  # something to roll back to before the first periodic checkpoint
                     checkpointer.save(0, samples=0, train_seconds=0.0, history=history, metrics={})
             runtime.reset(first - 1)  # rollout starts from the weights (and prompt order) training starts from
+            saved = first - 1 if checkpoint is not None or config.rollback.enabled else None
             update = first
             while update <= updates:
                 step_start = time.time()
                 fraction = 1.0 - (update - 1) / updates if config.train.lr_schedule == "linear" else 1.0
                 lr = learner.set_lr_fraction(fraction)
-                groups, record = runtime.next_groups(update - 1)
+                try:
+                    groups, record = runtime.next_groups(update - 1)
+                except ProducerFailed as failure:
+                    raise ValueError(f"{failure}; {rollout_failed(checkpointer, update - 1, saved, samples, train_seconds, history)}") from failure
                 batch, rollout_record = rollout_batch(groups, runtime.rollout, update - 1,
                                                       record["timing/learner_wait"])
                 record.update(rollout_record)
@@ -423,15 +456,15 @@ def train_text(config: Config, *, task: Task | None = None, resume: str | Path |
                 if stopping or update == updates or (every and update % every == 0):
                     checkpointer.save(update, samples=samples, train_seconds=train_seconds, history=history,
                                       metrics=evaluation)
+                    saved = update
                 if stopping:
                     raise TrainingStopped(run_dir, update, stop.signal_number)
                 update += 1
         policy.save(run_dir / "policy")
     finally:
         runtime.close()
+        runtime.rollout.close()
         runner.close()
-        if runtime.rollout.runner is not runner:
-            runtime.rollout.runner.close()
         progress.close()
         logger.close()
     return TextTrainResult(run_dir, updates, samples, time.time() - start, history[0][1], history[-1][1], history,

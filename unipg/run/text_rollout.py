@@ -31,19 +31,22 @@ from unipg.sample.replay import Group, ReplayBuffer, StalenessGate
 
 
 def inference_copy(policy: LMPolicy) -> LMPolicy:
-    """A sampling-only copy of ``policy``'s language model (no reference, no critic) for the rollout thread."""
-    model = copy.deepcopy(policy.model)
-    for parameter in model.parameters():
-        parameter.requires_grad_(False)
-    return LMPolicy(model, policy.tokenizer)
+    """A sampling-only copy of ``policy``'s language model (no reference, no critic) for the rollout side.
+
+    Its parameters keep ``requires_grad`` as they are: sampling runs under ``no_grad`` anyway, and CPU kernels
+    take another path for weights that do not require grad, which changes results in the last bits — the
+    copy samples exactly as the learner's model would."""
+    return LMPolicy(copy.deepcopy(policy.model), policy.tokenizer)
 
 
 class TextRollout:
     """Runs groups of episodes for the runtime (module docstring)."""
 
     def __init__(self, runner: EpisodeRunner, sampler, config: Config, generator: torch.Generator,
-                 weights: WeightSync | None = None):
+                 weights: WeightSync | None = None, *, owns_runner: bool = False):
+        """``owns_runner``: the runner (and its environment service) is this rollout's own, closed with it."""
         self.runner, self.sampler, self.config, self.generator, self.weights = runner, sampler, config, generator, weights
+        self.owns_runner = owns_runner
         self.group_size = config.sample.samples_per_prompt
         self.batch_sizes: list[int] = []
         self.generate_seconds = 0.0
@@ -122,6 +125,25 @@ class TextRollout:
                 self.pop_generation()  # the counts of a run that stopped are not reported
                 self._engine = None
 
+    @property
+    def pad_id(self) -> int:
+        return self.runner.policy.pad_id
+
+    @property
+    def uses_tools(self) -> bool:
+        return self.runner.service is not None
+
+    def pop_service_metrics(self, prefix: str) -> dict[str, float]:
+        return self.runner.pop_service_metrics(prefix)
+
+    def pop_sync_seconds(self) -> float | None:
+        """Seconds spent publishing and loading weights since the last call (None: no weight sync)."""
+        return self.weights.pop_seconds() if self.weights is not None else None
+
+    def close(self) -> None:
+        if self.owns_runner:
+            self.runner.close()
+
     def pop_idle_seconds(self) -> float:
         with self._lock:
             seconds, self.idle_seconds = self.idle_seconds, 0.0
@@ -142,11 +164,12 @@ class TextRollout:
 def rollout_batch(groups: list[Group], rollout: TextRollout, version: int,
                   seconds: float) -> tuple[TextBatch, dict[str, float]]:
     """The learner's batch from ``groups`` (group after group) and the rollout metrics of the step;
-    ``seconds`` is the step's time spent waiting for rollout."""
-    config, runner = rollout.config, rollout.runner
+    ``seconds`` is the step's time spent waiting for rollout. ``rollout`` is a ``TextRollout`` or any rollout
+    with its reporting methods (the Ray backend's)."""
+    config = rollout.config
     group = config.sample.samples_per_prompt
     trajectories = [t for g in groups for t in g.items]
-    batch = TextBatch.from_trajectories(trajectories, runner.policy.pad_id, version=version)
+    batch = TextBatch.from_trajectories(trajectories, rollout.pad_id, version=version)
     scores, lengths = batch.scores, batch.completion_mask.sum(1)
     sizes, generate_seconds = rollout.pop_generation()
     metrics = {"rollout/reward_mean": float(scores.mean()), "rollout/reward_std": float(scores.std()),
@@ -156,12 +179,13 @@ def rollout_batch(groups: list[Group], rollout: TextRollout, version: int,
                "timing/env": max(seconds - generate_seconds, 0.0)}
     if sizes:
         metrics["rollout/generate_batch_mean"] = statistics.fmean(sizes)
-    metrics.update(episode_metrics(trajectories, "rollout", group_size=group, tools=runner.service is not None))
+    metrics.update(episode_metrics(trajectories, "rollout", group_size=group, tools=rollout.uses_tools))
     metrics.update(reward_term_metrics(trajectories, "rollout"))
-    metrics.update(runner.pop_service_metrics("rollout"))
+    metrics.update(rollout.pop_service_metrics("rollout"))
     solved = scores.reshape(-1, group).std(dim=1) == 0 if group > 1 else torch.zeros(1, dtype=torch.bool)
     metrics["rollout/uniform_group_fraction"] = float(solved.float().mean())  # groups with no learning signal
     metrics.update(staleness_histogram(batch.ages, batch.completion_mask, "async/staleness_token"))
-    if rollout.weights is not None:
-        metrics["timing/weight_sync"] = rollout.weights.pop_seconds()
+    sync_seconds = rollout.pop_sync_seconds()
+    if sync_seconds is not None:
+        metrics["timing/weight_sync"] = sync_seconds
     return batch, metrics

@@ -176,16 +176,25 @@ class ReplayBuffer:
         with self._condition:
             self.pending[version] = self.pending.get(version, 0) + 1
 
+    def forget(self, version: int) -> None:
+        """A group admitted at ``version`` will never be written (it failed for good)."""
+        with self._condition:
+            self._unexpect(version)
+            self._condition.notify_all()
+
+    def _unexpect(self, version: int) -> None:
+        if self.pending.get(version, 0) > 0:
+            self.pending[version] -= 1
+            if not self.pending[version]:
+                del self.pending[version]
+
     def put(self, group: Group) -> None:
         if group.size > self.capacity:
             raise ValueError(f"a group of {group.size} trajectories cannot fit a replay buffer of {self.capacity}; "
                              "raise sample.replay_buffer_size")
         dropped = 0
         with self._condition:
-            if self.pending.get(group.version, 0) > 0:
-                self.pending[group.version] -= 1
-                if not self.pending[group.version]:
-                    del self.pending[group.version]
+            self._unexpect(group.version)
             self.groups.append(group)
             held = sum(g.size for g in self.groups)
             while held > self.capacity:

@@ -13,7 +13,10 @@ observation the episode can continue from:
 
 Synchronous tools run on the service's own thread pool. A synchronous tool that hangs keeps its thread
 busy after the timeout (Python cannot kill a thread), so tools that may hang should be ``async`` or run
-in a subprocess, as the Python sandbox does.
+in a subprocess, as the Python sandbox does — or in other processes altogether: with ``remote`` (an object
+with ``async call(name, arguments, delay) -> str``, e.g. the Ray backend's pool of environment actors) every
+attempt runs there, and the service keeps its policy here (timeouts, retries, latency draws, default
+observation, penalties).
 """
 
 from __future__ import annotations
@@ -67,6 +70,18 @@ class ServiceStats:
         self.seconds += result.seconds
         self.by_tool[name] = self.by_tool.get(name, 0) + 1
 
+    def merge(self, other: ServiceStats) -> None:
+        """Add ``other``'s counts (the stats of services in other processes)."""
+        for name in ("calls", "successes", "errors", "failures", "timeouts", "retries", "seconds"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name, count in other.by_tool.items():
+            self.by_tool[name] = self.by_tool.get(name, 0) + count
+
+    def metrics(self, prefix: str) -> dict[str, float]:
+        return {f"{prefix}/tool_timeouts": self.timeouts, f"{prefix}/tool_retries": self.retries,
+                f"{prefix}/tool_failures": self.failures, f"{prefix}/tool_errors": self.errors,
+                f"{prefix}/tool_seconds": self.seconds / max(self.calls, 1)}
+
 
 def build_tools(specs: list[dict]) -> dict[str, Tool]:
     """Tools by name, built from ``[{"name": ..., "options": {...}, "latency": {...}}]`` with the ``TOOLS``
@@ -95,13 +110,32 @@ class _Garbage(Exception):
     """The tool returned something that is neither text nor JSON-serializable."""
 
 
+async def run_tool(tool: Tool, arguments: dict, delay: float, threads: ThreadPoolExecutor) -> str:
+    """One attempt of ``tool``: its latency ``delay``, then the function (a sync one on ``threads``); the
+    output as text. Raises what the tool raises, or ``_Garbage`` for an output that is not text."""
+    if delay:
+        await asyncio.sleep(delay)
+    if tool.is_async:
+        output = await tool.function(**arguments)
+    else:
+        output = await asyncio.get_running_loop().run_in_executor(threads, lambda: tool.function(**arguments))
+    if isinstance(output, str):
+        return output
+    if output is None:
+        raise _Garbage("the tool returned nothing")
+    try:
+        return json.dumps(output)
+    except (TypeError, ValueError):
+        raise _Garbage(f"the tool returned a {type(output).__name__}, not text") from None
+
+
 class EnvironmentService:
     """Runs tool calls with a timeout, bounded retries with backoff, and a default observation on failure."""
 
     def __init__(self, tools: dict[str, Tool], *, timeout: float = 10.0, retries: int = 2, backoff: float = 0.05,
                  default_observation: str = "tool unavailable", failure_penalty: float = 0.1,
-                 max_output_chars: int = 1000, max_threads: int = 64, seed: int = 0):
-        self.tools = dict(tools)
+                 max_output_chars: int = 1000, max_threads: int = 64, seed: int = 0, remote=None):
+        self.tools, self.remote = dict(tools), remote
         self.timeout, self.retries, self.backoff = timeout, retries, backoff
         self.default_observation, self.failure_penalty = default_observation, failure_penalty
         self.max_output_chars = max_output_chars
@@ -139,25 +173,10 @@ class EnvironmentService:
         return result
 
     async def _attempt(self, tool: Tool, arguments: dict) -> str:
-        if tool.latency is not None:
-            await asyncio.sleep(tool.latency.draw(self._rng))
-        if tool.is_async:
-            output = await tool.function(**arguments)
-        else:
-            loop = asyncio.get_running_loop()
-            output = await loop.run_in_executor(self._threads, lambda: tool.function(**arguments))
-        return self._clip(self._as_text(output))
-
-    @staticmethod
-    def _as_text(output: object) -> str:
-        if isinstance(output, str):
-            return output
-        if output is None:
-            raise _Garbage("the tool returned nothing")
-        try:
-            return json.dumps(output)
-        except (TypeError, ValueError):
-            raise _Garbage(f"the tool returned a {type(output).__name__}, not text") from None
+        delay = tool.latency.draw(self._rng) if tool.latency is not None else 0.0
+        if self.remote is not None:  # the tool's latency is spent where the tool runs
+            return self._clip(await self.remote.call(tool.name, arguments, delay))
+        return self._clip(await run_tool(tool, arguments, delay, self._threads))
 
     def _clip(self, text: str) -> str:
         if len(text) <= self.max_output_chars:

@@ -1,0 +1,250 @@
+"""The Ray backend on a local Ray instance with 2 CPUs: same updates as in-process, workers lost and replaced,
+hung environment actors timed out, nothing left running afterwards."""
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from unipg.config import ConfigError, load_config
+from unipg.policy.loading import load_lm_policy
+from unipg.run.metrics import read_metrics
+from unipg.run.text import train_text
+from unipg.sample.envs.service import EnvironmentService
+from unipg.sample.tools.base import Tool, ToolError
+
+from tests.run.test_runtime import AGENT, SMALL
+
+ray = pytest.importorskip("ray")
+
+
+def ray_processes(marker: str) -> list[str]:
+    """Command lines of live processes that mention ``marker`` (a Ray session name)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if marker in line:
+                found.append(line[:160])
+    return found
+
+
+SESSION_SCRIPT = """
+import sys
+import ray
+import unipg.run.ray_backend as backend
+from unipg.cli import main
+connect = backend.connect
+def spy(settings):
+    started = connect(settings)
+    print("SESSION", ray.get_runtime_context().get_node_id(), ray._private.worker.global_worker.node.session_name, flush=True)
+    return started
+backend.connect = spy
+sys.argv = ["unipg", "train", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc to find processes left behind")
+def test_a_run_that_starts_ray_leaves_no_process_behind(embedded_path, tmp_path):
+    """`unipg train --backend ray` without ray.address starts a local instance and stops it: no actor, raylet or
+    worker process of its session outlives the command."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    args = [*SMALL, "train.updates=2", f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
+            "ray.num_cpus=2", "ray.rollout_workers=2", "ray.rollout_num_cpus=0.5"]
+    done = subprocess.run([sys.executable, "-c", SESSION_SCRIPT, "--backend", "ray", *args], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    session = next(line.split()[2] for line in done.stdout.splitlines() if line.startswith("SESSION"))
+    deadline = time.monotonic() + 20
+    while ray_processes(session) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert ray_processes(session) == []
+    (run,) = [path for path in tmp_path.iterdir() if path.is_dir()]
+    records = [r for r in read_metrics(run) if "train/loss" in r]
+    assert [r["step"] for r in records] == [1, 2] and records[-1]["ray/episodes_finished"] == 16
+
+
+def test_a_local_instance_too_small_for_the_workers_is_refused_up_front(embedded_path, tmp_path):
+    """Asking for more CPUs than a local instance has would wait for resources forever; it is refused instead,
+    saying which settings to change, and the instance the run started is stopped again."""
+    if ray.is_initialized():
+        pytest.skip("needs to start its own instance")
+    config = load_config(None, SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}", "backend=ray",
+                                        "ray.num_cpus=1", "ray.rollout_workers=3"])
+    with pytest.raises(ValueError, match=r"needs 3 CPUs, the cluster has 1"):
+        train_text(config)
+    assert not ray.is_initialized()
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local instance for the tests below, as a user's cluster would be: runs join it and leave it up."""
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    yield
+    ray.shutdown()
+
+
+def unipg_actors() -> list[str]:
+    return [actor["name"] for actor in ray.util.list_named_actors(all_namespaces=True)
+            if actor["name"].startswith("unipg-")]
+
+
+def test_ray_and_in_process_backends_give_the_same_updates_at_staleness_zero(local_ray, embedded_path, tmp_path):
+    """η = 0 with one rollout worker: the generator's state travels to the worker and back, so the samples, the
+    losses and the trained weights are those of the in-process run, bit for bit."""
+    base = SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}", "runtime.max_staleness=0"]
+    runs = {backend: train_text(load_config(None, base + [f"backend={backend}", "ray.rollout_workers=1"]))
+            for backend in ("inprocess", "ray")}
+    losses = {backend: [r["train/loss"] for r in read_metrics(result.run_dir) if "train/loss" in r]
+              for backend, result in runs.items()}
+    assert len(losses["ray"]) == 3 and losses["ray"] == losses["inprocess"]
+    weights = {backend: load_lm_policy(str(result.run_dir / "policy"), value_head=True).model.state_dict()
+               for backend, result in runs.items()}
+    assert all(torch.equal(weights["ray"][name], value) for name, value in weights["inprocess"].items())
+    assert unipg_actors() == []  # a run that joined a cluster leaves no actor of its own on it
+
+
+def test_a_killed_rollout_worker_is_replaced_and_every_episode_is_accounted_for(local_ray, embedded_path, tmp_path,
+                                                                                monkeypatch):
+    """`ray.kill` of a rollout worker while it runs groups: training goes on to the last update, the worker is
+    replaced, its groups run again, and started = finished + failed + re-queued + cancelled + in flight."""
+    import unipg.run.ray_backend as backend
+
+    rollouts = []
+    original = backend.RayRollout.__init__
+
+    def keep(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        rollouts.append(self)
+
+    monkeypatch.setattr(backend.RayRollout, "__init__", keep)
+    killed = threading.Event()
+
+    def kill_first_busy_worker():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not killed.is_set():
+            if rollouts and rollouts[0].load and rollouts[0].load[0] > 0:
+                ray.kill(rollouts[0].workers[0])
+                killed.set()
+            time.sleep(0.01)
+
+    config = load_config(None, AGENT + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}", "backend=ray",
+                                        "runtime.max_staleness=1", "runtime.schedule=concurrent", "train.updates=5",
+                                        "ray.rollout_workers=2", "ray.rollout_num_cpus=0.5", "ray.env_workers=1",
+                                        "ray.env_num_cpus=0.1"])
+    killer = threading.Thread(target=kill_first_busy_worker, daemon=True)
+    killer.start()
+    result = train_text(config)
+    killer.join()
+    assert killed.is_set()
+    records = [r for r in read_metrics(result.run_dir) if "train/loss" in r]
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
+    last = records[-1]
+    assert last["ray/worker_restarts"] == 1 and last["ray/episodes_requeued"] >= 4  # at least the group it held
+    parts = ["finished", "failed", "requeued", "cancelled", "in_flight"]
+    assert last["ray/episodes_started"] == sum(last[f"ray/episodes_{part}"] for part in parts)
+    assert last["ray/episodes_failed"] == 0
+    assert unipg_actors() == []
+
+
+def test_a_run_whose_workers_keep_dying_stops_with_a_checkpoint_to_resume_from(local_ray, embedded_path, tmp_path,
+                                                                              monkeypatch):
+    """Past ray.max_restarts the run stops with an error that says so, after saving a checkpoint of its last
+    finished update; `--resume` from it trains to the end."""
+    import unipg.run.ray_backend as backend
+
+    rollouts = []
+    original = backend.RayRollout.__init__
+
+    def keep(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        rollouts.append(self)
+
+    monkeypatch.setattr(backend.RayRollout, "__init__", keep)
+    config = load_config(None, SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}", "backend=ray",
+                                        "ray.rollout_workers=1", "ray.max_restarts=0", "train.updates=4"])
+    errors = []
+
+    def run():
+        try:
+            train_text(config)
+        except ValueError as error:
+            errors.append(str(error))
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list(tmp_path.glob("*/metrics.jsonl")):
+        time.sleep(0.05)
+    (run_dir,) = [path.parent for path in tmp_path.glob("*/metrics.jsonl")]
+    while time.monotonic() < deadline and len([r for r in read_metrics(run_dir) if "train/loss" in r]) < 2:
+        time.sleep(0.05)
+    ray.kill(rollouts[0].workers[0])
+    runner.join(timeout=120)
+    (message,) = errors
+    assert "more than ray.max_restarts=0" in message and f"continue with: unipg train --resume {run_dir}" in message
+    finished = int(message.split("a checkpoint of update ")[1].split()[0])
+    assert finished >= 2 and (run_dir / "checkpoints" / f"step-{finished:08d}").is_dir()
+    assert unipg_actors() == []
+    monkeypatch.setattr(backend.RayRollout, "__init__", original)
+    resumed = train_text(load_config(run_dir / "config.yaml", []), resume=run_dir)
+    assert resumed.resumed_from == finished and resumed.updates == 4
+    assert [r["step"] for r in read_metrics(run_dir) if "train/loss" in r] == [1, 2, 3, 4]
+
+
+def test_a_hanging_environment_actor_is_timed_out_and_restarted(local_ray):
+    """A synchronous tool that never returns: the call times out (the episode gets the default observation and
+    the failure penalty), the actor whose thread is stuck is restarted, and later calls are answered again."""
+    from unipg.run.ray_backend import EnvActor, EnvPool
+
+    def hang(seconds: int) -> str:
+        time.sleep(seconds)
+        return "late"
+
+    def echo(text: str) -> str:
+        if not text:
+            raise ToolError("nothing to echo")
+        return text
+
+    tools = {"hang": Tool("hang", "sleeps", {"properties": {"seconds": {"type": "integer"}}}, hang),
+             "echo": Tool("echo", "echoes", {"properties": {"text": {"type": "string"}}}, echo)}
+    actor = ray.remote(EnvActor).options(max_restarts=-1, num_cpus=0).remote(tools)
+    ray.get(actor.ready.remote(), timeout=60)
+    pool = EnvPool([actor], health_timeout=5.0)
+    service = EnvironmentService(tools, timeout=0.5, retries=0, failure_penalty=0.25, remote=pool)
+
+    async def scenario():
+        start = time.monotonic()
+        hung = await service.call("hang", {"seconds": 3600})
+        waited = time.monotonic() - start
+        for _ in range(100):  # let the abandon check run and the restart happen
+            await asyncio.sleep(0.1)
+            if pool.restarts:
+                break
+        return hung, waited
+
+    hung, waited = asyncio.run(scenario())
+    assert hung.status == "failed" and hung.timeouts == 1 and hung.penalty == -0.25
+    assert hung.observation == "tool unavailable" and waited < 2.0
+    assert pool.restarts == 1
+    retrying = EnvironmentService(tools, timeout=5.0, retries=20, backoff=0.2, remote=pool)
+    answered = asyncio.run(retrying.call("echo", {"text": "back"}))
+    assert answered.status == "ok" and answered.observation == "back"
+    refused = asyncio.run(retrying.call("echo", {"text": ""}))  # a ToolError comes back as the tool's refusal
+    assert (refused.status, refused.observation, refused.attempts) == ("error", "error: nothing to echo", 1)
+    ray.kill(actor, no_restart=True)
+
+
+def test_the_ray_backend_is_refused_for_gymnasium_runs():
+    with pytest.raises(ConfigError, match="backend 'ray' runs text tasks"):
+        load_config(None, ["env.id=CartPole-v1", "backend=ray"])

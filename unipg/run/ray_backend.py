@@ -1,0 +1,623 @@
+"""The Ray backend: the runtime's rollout side on Ray actors, with fault tolerance (``backend: ray``).
+
+The driver loop is the one of the in-process backend (``unipg.run.text.train_text``); only the ``Rollout``
+behind ``unipg.run.runtime.Runtime`` changes. Where the roles run:
+
+- **learner, replay buffer, staleness gate**: the driver process. The buffer has one consumer, the learner,
+  so it lives beside it: each trajectory crosses the network once (worker → learner), the buffer survives
+  any worker, and a ``breakpoint()`` in the learner still works. On a cluster, put the driver where the
+  learner should run (``ray job submit --entrypoint-num-gpus 1 -- unipg train ...``).
+- **rollout workers** (``ray.rollout_workers`` × ``RolloutWorker``): each holds its own copy of the policy
+  and an inference engine with dynamic batching, and runs up to ``ray.episodes_per_worker`` episodes at once.
+- **environment actors** (``ray.env_workers`` × ``EnvActor``): run the tool calls, so a slow, hanging or
+  crashing tool never blocks a rollout worker's event loop. The worker's environment service keeps its
+  policy (timeouts, retries, default observation, penalties) and sends each attempt to the actor with the
+  fewest calls in flight.
+
+Weight sync: ``publish(version)`` puts the learner's weights into the object store once; every request to a
+worker carries the reference of the newest weights and their version, and a worker fetches them only when
+they are newer than its own, loading them between generate calls. The learner never waits on a worker.
+
+Schedules are the runtime's: ``sequential`` (η = 0 or ``deterministic``) splits a step's groups over the
+workers and waits for them; with one worker the run's own generator state travels with the request and
+back, so the samples equal the in-process backend's bit for bit. ``concurrent`` keeps every worker busy
+with groups the staleness gate admits.
+
+Faults. A worker that dies (a crash, ``ray.kill``, a lost machine) or holds a group past
+``ray.episode_timeout`` is killed and replaced; its groups are run again (``re-queued``) on any worker,
+with their admission version kept, up to ``ray.max_attempts`` runs, after which a group is counted as
+failed and its admission slot given back. An environment actor on which a call timed out is asked to
+abandon the call; if the call's thread cannot be stopped (a hung synchronous tool) or the actor does not
+answer within ``ray.health_timeout``, it is restarted by Ray, and the calls it held fail and are retried by
+the service. Episode accounting (``ray/episodes_*``, cumulative) always balances:
+started = finished + failed + re-queued + in flight. A run that cannot go on (workers keep dying past
+``ray.max_restarts``, an actor cannot be started within ``ray.start_timeout``) stops with an error that
+says so; the driver keeps its checkpoints. Every remote wait has a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import itertools
+import logging
+import os
+import threading
+import time
+import uuid
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+
+from unipg.config import Config
+from unipg.run.checkpoint import generator_state, restore_generator
+from unipg.run.episodes import EpisodeRunner
+from unipg.sample.envs.service import ServiceStats, run_tool
+from unipg.sample.replay import Group, ProducerFailed, ReplayBuffer, StalenessGate
+from unipg.sample.tools.base import Tool, ToolError
+
+try:
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError, TaskCancelledError, WorkerCrashedError
+except ImportError:  # pragma: no cover — the message is the point
+    raise ValueError("backend 'ray' needs Ray: pip install 'unipg[ray]' (or set backend=inprocess)") from None
+
+LOST = (RayActorError, WorkerCrashedError)  # the actor or its process is gone
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Environment actors
+
+
+_CALL = contextvars.ContextVar("unipg_call", default=None)
+
+
+class _TrackedThreads(ThreadPoolExecutor):
+    """A thread pool that knows which call each busy thread runs (a thread cannot be stopped)."""
+
+    def __init__(self, max_workers: int):
+        super().__init__(max_workers=max_workers, thread_name_prefix="unipg-tool")
+        self.busy: dict[object, float] = {}
+
+    def submit(self, fn, /, *args, **kwargs):
+        call = _CALL.get()
+
+        def tracked():
+            self.busy[call] = time.monotonic()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.busy.pop(call, None)
+
+        return super().submit(tracked)
+
+
+class EnvActor:
+    """Runs tool calls for rollout workers; many at once (an async actor, synchronous tools on threads)."""
+
+    def __init__(self, tools: dict[str, Tool], max_threads: int = 64):
+        self.tools = tools
+        self.threads = _TrackedThreads(max_threads)
+        self.calls: dict[object, asyncio.Task] = {}
+
+    async def ready(self) -> int:
+        return os.getpid()
+
+    async def call(self, call_id, name: str, arguments: dict, delay: float) -> tuple[str, str]:
+        """("ok", output text) or ("refused", the ``ToolError`` message); other exceptions propagate."""
+        _CALL.set(call_id)
+        self.calls[call_id] = asyncio.current_task()
+        try:
+            return "ok", await run_tool(self.tools[name], arguments, delay, self.threads)
+        except ToolError as refusal:
+            return "refused", str(refusal)
+        finally:
+            self.calls.pop(call_id, None)
+
+    async def abandon(self, call_id) -> bool:
+        """Stop a call its caller gave up on; whether a thread is still stuck in it (the actor must restart)."""
+        task = self.calls.get(call_id)
+        if task is not None:
+            task.cancel()
+            await asyncio.sleep(0)
+        return call_id in self.threads.busy
+
+
+class EnvPool:
+    """A rollout worker's view of the environment actors: the ``remote`` of its ``EnvironmentService``."""
+
+    def __init__(self, actors: list, *, health_timeout: float, worker: int = 0):
+        self.actors, self.health_timeout = actors, health_timeout
+        self.in_flight = [0] * len(actors)
+        self.restarts = 0
+        self._ids = (f"{worker}-{n}" for n in itertools.count())
+        self._checks: set[asyncio.Task] = set()
+
+    async def call(self, name: str, arguments: dict, delay: float) -> str:
+        index = min(range(len(self.actors)), key=self.in_flight.__getitem__)
+        actor, call_id = self.actors[index], next(self._ids)
+        self.in_flight[index] += 1
+        try:
+            status, text = await actor.call.remote(call_id, name, arguments, delay)
+        except asyncio.CancelledError:  # the service's timeout: free the actor from the call
+            check = asyncio.get_running_loop().create_task(self._abandon(actor, call_id))
+            self._checks.add(check)
+            check.add_done_callback(self._checks.discard)
+            raise
+        except LOST as error:
+            raise RuntimeError(f"environment actor {index} is unavailable ({type(error).__name__})") from None
+        finally:
+            self.in_flight[index] -= 1
+        if status == "refused":
+            raise ToolError(text)
+        return text
+
+    async def _abandon(self, actor, call_id) -> None:
+        try:
+            stuck = await asyncio.wait_for(asyncio.wrap_future(actor.abandon.remote(call_id).future()),
+                                           self.health_timeout)
+        except LOST:
+            return  # already restarting
+        except (asyncio.TimeoutError, TimeoutError):
+            stuck = True  # its event loop does not answer
+        if stuck:
+            ray.kill(actor, no_restart=False)  # Ray starts it again; the calls it held fail and are retried
+            self.restarts += 1
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Rollout workers
+
+
+def _service_stats(runner: EpisodeRunner) -> ServiceStats | None:
+    return runner.service.pop_stats() if runner.service is not None else None
+
+
+class RolloutWorker:
+    """Runs groups of episodes on its own copy of the policy (an async actor: many groups at once)."""
+
+    def __init__(self, setup: tuple, index: int, env_actors: list, health_timeout: float):
+        from unipg.run.classic import seed_everything
+        from unipg.run.text import set_threads
+        from unipg.sample.rewards import build_rewards
+
+        policy, task, config = setup  # passed as one object-store reference, fetched once per worker
+        seed_everything(config.seed + index, config.deterministic)
+        set_threads(config)
+        if ray.get_gpu_ids():
+            policy.model.to("cuda")
+        pool = EnvPool(env_actors, health_timeout=health_timeout, worker=index) if env_actors else None
+        self.pool = pool
+        self.runner = EpisodeRunner(policy, task, config, build_rewards(config.task.rewards or task.rewards),
+                                    remote_tools=pool)
+        self.group_size = config.sample.samples_per_prompt
+        self.serial, self._pending = 0, None  # the publication loaded or about to be
+        self.generator = torch.Generator(policy.device).manual_seed(config.seed * 7919 + index + 1)
+        self.engine, self.loop, self._running = None, None, None
+
+    async def ready(self) -> int:
+        return os.getpid()
+
+    async def _receive(self, weights: tuple[int, int, list] | None) -> None:
+        """Take the learner's newest publication, fetched from the object store only if the worker lacks it."""
+        if weights is None or weights[0] <= self.serial:
+            return
+        serial, version, (ref,) = weights
+        state = await ref
+        if serial > self.serial:
+            self.serial, self._pending = serial, (version, state)
+
+    def _load(self) -> int | None:
+        """Load received weights (between generate calls); returns their version, or None."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        self.runner.policy.model.load_state_dict(pending[1])
+        return pending[0]
+
+    def _report(self, sizes: list[int], seconds: float) -> dict:
+        return {"sizes": sizes, "seconds": seconds, "service": _service_stats(self.runner),
+                "env_restarts": self.pool.restarts if self.pool is not None else 0}
+
+    async def run_batch(self, examples: list, version: int, weights, state: str) -> tuple[list, str, dict]:
+        """The sequential schedule: run ``examples`` (one episode each) with the generator in ``state``, as
+        the in-process backend does; returns the trajectories, the generator's new state and a report."""
+        await self._receive(weights)
+        self._load()
+        generator = restore_generator(torch.Generator(), state)
+        if self.runner.policy.device.type != "cpu":
+            seed = int(torch.randint(2**62, (1,), generator=generator))
+            generator = torch.Generator(self.runner.policy.device).manual_seed(seed)
+        trajectories = await self.runner.arun(examples, params=self.runner.sampling(), generator=generator,
+                                              policy_version=version)
+        report = self._report(self.runner.last_batch_sizes, self.runner.last_generate_seconds)
+        return trajectories, generator_state(generator) if generator.device.type == "cpu" else state, report
+
+    async def run_group(self, example, order: int, weights) -> tuple[list, dict]:
+        """The concurrent schedule: one group of episodes of ``example`` on the worker's shared engine."""
+        await self._receive(weights)
+        if self.engine is None:
+            self.engine = self.runner.engine(self.runner.sampling(), self.generator, sync=self._load)
+            self._running = self.engine.running()
+            await self._running.__aenter__()
+            self.loop = self.runner.agent_loop(self.engine)
+        episodes = [self.loop.run_episode(self.runner.make_env(), example, order=order * self.group_size + i)
+                    for i in range(self.group_size)]
+        trajectories = list(await asyncio.gather(*episodes))
+        sizes, seconds = self.engine.batches, self.engine.generate_seconds
+        self.engine.batches, self.engine.generate_seconds = [], 0.0
+        return trajectories, self._report(sizes, seconds)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The driver side
+
+
+class RolloutFailed(ProducerFailed):
+    """Rollout on Ray cannot go on: workers keep dying, or a step's episodes keep being lost."""
+
+
+@dataclass
+class EpisodeAccount:
+    """Cumulative episode counts of a run, each counted where it happens; they balance:
+    started = finished + failed + requeued + cancelled + in_flight."""
+
+    started: int = 0
+    finished: int = 0
+    failed: int = 0  # given up after ray.max_attempts runs
+    requeued: int = 0  # runs lost with their worker and started again
+    cancelled: int = 0  # in flight when rollout stopped (a rollback or the end of the run)
+    in_flight: int = 0  # running on a worker now
+
+    def metrics(self) -> dict[str, float]:
+        return {f"ray/episodes_{name}": float(value) for name, value in
+                [("started", self.started), ("finished", self.finished), ("failed", self.failed),
+                 ("requeued", self.requeued), ("cancelled", self.cancelled), ("in_flight", self.in_flight)]}
+
+
+@dataclass
+class _Job:
+    examples: list  # the group's example (concurrent) or a shard of a step's episodes (sequential)
+    version: int  # the learner version that admitted it
+    size: int  # episodes
+    order: int = 0
+    state: str | None = None  # sequential: the generator state the shard samples with
+    attempts: int = 0
+    worker: int = -1
+    handle: object = None
+    since: float = field(default_factory=time.monotonic)
+
+
+def connect(settings) -> bool:
+    """Join the configured Ray cluster or start a local instance; whether this call started one."""
+    if ray.is_initialized():
+        return False
+    options = {"runtime_env": settings.runtime_env, "logging_level": logging.WARNING,
+               "configure_logging": True, "log_to_driver": True}
+    if settings.address is None:
+        options.update(num_cpus=settings.num_cpus, include_dashboard=settings.dashboard,
+                       dashboard_host="127.0.0.1")
+    else:
+        options["address"] = settings.address
+    try:
+        ray.init(**options)
+    except (ConnectionError, RuntimeError, ValueError) as error:
+        raise ValueError(f"cannot connect to Ray at ray.address={settings.address!r}: {error}; start the cluster "
+                         "(`ray start --head`) or leave ray.address unset for a local instance") from None
+    return settings.address is None
+
+
+class RayRollout:
+    """The ``Rollout`` of ``unipg.run.runtime`` on Ray actors (module docstring)."""
+
+    def __init__(self, runner: EpisodeRunner, sampler, config: Config, generator: torch.Generator, task,
+                 log=print):
+        self.config, self.sampler, self.generator, self.log = config, sampler, generator, log
+        self.settings = settings = config.ray
+        self.source = runner.policy.model
+        self.pad_id, self.uses_tools = runner.policy.pad_id, runner.service is not None
+        self.group_size = config.sample.samples_per_prompt
+        self.account = EpisodeAccount()
+        self.worker_restarts = 0
+        self.service = ServiceStats()
+        self.env_restarts: dict[int, int] = {}
+        self.batch_sizes: list[int] = []
+        self.generate_seconds = self.sync_seconds = self.idle_seconds = 0.0
+        self.weights: tuple[int, int, list] | None = None  # (publication serial, version, [object ref])
+        self.load: list[int] = []  # the concurrent schedule's groups in flight per worker
+        self._lock = threading.Lock()
+        self.workers, self.env_actors, self.placement = [], [], None
+        self.run_id = uuid.uuid4().hex[:8]  # actor names: unipg-rollout-<run>-<index>.<replacement>
+        self.started_ray = connect(settings)
+        try:
+            self._check_resources(bool(runner.service))
+            if runner.service is not None and settings.env_workers:
+                tools = ray.put(runner.service.tools)  # built here: tools registered by the caller travel too
+                actor = ray.remote(EnvActor)
+                self.env_actors = [actor.options(num_cpus=settings.env_num_cpus, max_restarts=-1, max_concurrency=1000,
+                                                 name=f"unipg-env-{self.run_id}-{i}").remote(tools)
+                                   for i in range(settings.env_workers)]
+                self._wait_ready(self.env_actors, "environment actor")
+            if settings.placement != "none":
+                self._place()
+            from unipg.run.text_rollout import inference_copy
+
+            self._setup = ray.put((inference_copy(runner.policy), task, config))
+            self.workers = [self._start_worker(i) for i in range(settings.rollout_workers)]
+            self._wait_ready(self.workers, "rollout worker")
+        except BaseException:
+            self.close()
+            raise
+
+    # -- setup -------------------------------------------------------------------------------------------
+
+    def _check_resources(self, tools: bool) -> None:
+        settings = self.settings
+        need = settings.rollout_workers * settings.rollout_num_cpus + tools * settings.env_workers * settings.env_num_cpus
+        gpus = settings.rollout_workers * settings.rollout_num_gpus
+        have = ray.cluster_resources()
+        short = [f"{need:g} CPUs, the cluster has {have.get('CPU', 0):g}" if need > have.get("CPU", 0) else "",
+                 f"{gpus:g} GPUs, the cluster has {have.get('GPU', 0):g}" if gpus > have.get("GPU", 0) else ""]
+        short = [text for text in short if text]
+        if short:
+            message = (f"the Ray backend needs {' and '.join(short)} (ray.rollout_workers × ray.rollout_num_cpus/gpus "
+                       "+ ray.env_workers × ray.env_num_cpus); lower them, or raise ray.num_cpus")
+            if self.started_ray:
+                raise ValueError(message)
+            self.log(f"warning: {message} — waiting up to ray.start_timeout for the cluster to grow")
+
+    def _place(self) -> None:
+        from ray.util.placement_group import placement_group
+
+        settings = self.settings
+        bundle = {"CPU": settings.rollout_num_cpus} | ({"GPU": settings.rollout_num_gpus}
+                                                       if settings.rollout_num_gpus else {})
+        strategy = "PACK" if settings.placement == "pack" else "SPREAD"
+        self.placement = placement_group([bundle] * settings.rollout_workers, strategy=strategy)
+        try:
+            ray.get(self.placement.ready(), timeout=settings.start_timeout)
+        except GetTimeoutError:
+            raise ValueError(f"the placement group of {settings.rollout_workers} rollout workers ({bundle} each) "
+                                f"was not ready within ray.start_timeout={settings.start_timeout:g} s: the cluster "
+                                "lacks the resources") from None
+
+    def _start_worker(self, index: int):
+        settings = self.settings
+        options = {"num_cpus": settings.rollout_num_cpus, "num_gpus": settings.rollout_num_gpus,
+                   "max_restarts": 0, "max_concurrency": 1000,
+                   "name": f"unipg-rollout-{self.run_id}-{index}.{self.worker_restarts}"}
+        if self.placement is not None:
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.placement,
+                                                                              placement_group_bundle_index=index)
+        return ray.remote(RolloutWorker).options(**options).remote(self._setup, index, self.env_actors,
+                                                                   settings.health_timeout)
+
+    def _wait_ready(self, actors: list, role: str) -> None:
+        try:
+            ray.get([actor.ready.remote() for actor in actors], timeout=self.settings.start_timeout)
+        except GetTimeoutError:
+            raise ValueError(f"a {role} did not start within ray.start_timeout={self.settings.start_timeout:g} s; "
+                                "the cluster may lack the resources it asks for (ray.*_num_cpus, ray.*_num_gpus)") from None
+        except RayActorError as error:
+            raise ValueError(f"a {role} failed to start: {error}") from None
+
+    # -- the Rollout protocol ----------------------------------------------------------------------------
+
+    def publish(self, version: int) -> None:
+        """Put the learner's weights into the object store once; workers fetch them when they need them."""
+        start = time.perf_counter()
+        with torch.no_grad():
+            state = {name: tensor.detach().to("cpu", copy=True) for name, tensor in self.source.state_dict().items()}
+        ref = ray.put(state)
+        with self._lock:
+            serial = self.weights[0] + 1 if self.weights is not None else 1
+            self.weights = (serial, version, [ref])
+        self.sync_seconds += time.perf_counter() - start
+
+    def produce(self, count: int, version: int) -> list[Group]:
+        """``count`` groups with the current weights: the step's episodes split over the workers."""
+        examples = [example for example in self.sampler.next(count) for _ in range(self.group_size)]
+        shards = min(len(self.workers), count)
+        cuts = [round(i * count / shards) * self.group_size for i in range(shards + 1)]
+        if shards == 1:
+            states = [generator_state(self.generator)]
+        else:
+            seeds = torch.randint(2**62, (shards,), generator=self.generator).tolist()
+            states = [generator_state(torch.Generator().manual_seed(seed)) for seed in seeds]
+        jobs = [_Job(examples[cuts[i]:cuts[i + 1]], version, cuts[i + 1] - cuts[i], order=i, state=states[i])
+                for i in range(shards)]
+        inflight = {self._submit(job, job.order): job for job in jobs}
+        results: dict[int, list] = {}
+        while inflight:
+            ready, _ = ray.wait(list(inflight), num_returns=1, timeout=1.0)
+            for ref in ready:
+                job = inflight.pop(ref)
+                outcome = self._collect(ref, job)
+                if outcome is None:  # lost with its worker: run it again (same generator state, same samples)
+                    self._give_up_or_keep(job, sequential=True)
+                    inflight[self._submit(job, job.worker)] = job
+                    continue
+                trajectories, state, report = outcome
+                results[job.order] = trajectories
+                self._absorb(report, job.worker, job.size)
+                if shards == 1:
+                    restore_generator(self.generator, state)
+            self._time_out(inflight)
+        trajectories = [t for order in range(shards) for t in results[order]]
+        size = self.group_size
+        return [Group(trajectories[i * size:(i + 1) * size], version, size) for i in range(count)]
+
+    def serve(self, gate: StalenessGate, buffer: ReplayBuffer, stop: threading.Event) -> None:
+        """Keep every worker busy with the groups the gate admits; write each finished group to the buffer."""
+        settings = self.settings
+        per_worker = max((settings.episodes_per_worker or self.config.agent.concurrency) // self.group_size, 1)
+        inflight: dict[object, _Job] = {}
+        queue: deque[_Job] = deque()  # groups to run again
+        self.load = load = [0] * len(self.workers)  # groups in flight per worker
+        order = 0
+        idle_since = time.perf_counter()
+        try:
+            while not stop.is_set():
+                free = per_worker * len(self.workers) - len(inflight)
+                while queue and free:
+                    job = queue.popleft()
+                    worker = min(range(len(load)), key=load.__getitem__)
+                    inflight[self._submit(job, worker)] = job
+                    load[worker] += 1
+                    free -= 1
+                if free > 0:
+                    admitted = gate.admit(self.group_size, timeout=0.005 if inflight else 0.05, most=free)
+                    if admitted is not None:
+                        version, count = admitted
+                        if not inflight:
+                            with self._lock:
+                                self.idle_seconds += time.perf_counter() - idle_since
+                        for example in self.sampler.next(count):
+                            worker = min(range(len(load)), key=load.__getitem__)
+                            job = _Job([example], version, self.group_size, order=order)
+                            order += 1
+                            inflight[self._submit(job, worker)] = job
+                            load[worker] += 1
+                if not inflight:
+                    continue
+                ready, _ = ray.wait(list(inflight), num_returns=len(inflight), timeout=0.02)
+                for ref in ready:
+                    job = inflight.pop(ref)
+                    load[job.worker] -= 1
+                    outcome = self._collect(ref, job)
+                    if outcome is None:
+                        if self._give_up_or_keep(job, sequential=False):
+                            queue.append(job)
+                        else:
+                            gate.release(job.size)
+                            buffer.forget(job.version)
+                        continue
+                    trajectories, report = outcome
+                    self._absorb(report, job.worker, job.size)
+                    buffer.put(Group(trajectories, job.version, job.size))
+                if not inflight:
+                    idle_since = time.perf_counter()
+                self._time_out(inflight)
+        finally:
+            for ref in inflight:
+                ray.cancel(ref)
+            with self._lock:
+                lost = sum(job.size for job in inflight.values())
+                self.account.cancelled += lost
+                self.account.in_flight -= lost
+
+    # -- faults ------------------------------------------------------------------------------------------
+
+    def _submit(self, job: _Job, worker: int):
+        job.worker, job.handle, job.since = worker, self.workers[worker], time.monotonic()
+        job.attempts += 1
+        with self._lock:
+            self.account.started += job.size
+            self.account.in_flight += job.size
+        if job.state is not None:
+            return job.handle.run_batch.remote(job.examples, job.version, self.weights, job.state)
+        return job.handle.run_group.remote(job.examples[0], job.order, self.weights)
+
+    def _collect(self, ref, job: _Job):
+        """The result of a finished request, or None if it was lost with its worker (which is replaced)."""
+        try:
+            return ray.get(ref, timeout=self.settings.start_timeout)
+        except (*LOST, TaskCancelledError, GetTimeoutError) as error:
+            self._replace(job.worker, job.handle, error)
+            return None
+        except RayTaskError as error:  # the episode code itself raised: a bug or bad input, not a lost worker
+            raise error.as_instanceof_cause() from None
+
+    def _give_up_or_keep(self, job: _Job, *, sequential: bool) -> bool:
+        """Count a lost run; whether the job runs again (False: given up and counted as failed)."""
+        with self._lock:
+            self.account.in_flight -= job.size
+            if job.attempts < self.settings.max_attempts:
+                self.account.requeued += job.size
+                return True
+            self.account.failed += job.size
+        if sequential:
+            raise RolloutFailed(f"a rollout shard of {job.size} episodes was lost {job.attempts} times (ray.max_attempts); "
+                                "the workers running it keep dying — see the Ray logs (/tmp/ray/session_latest/logs)")
+        self.log(f"warning: a group of {job.size} episodes was lost {job.attempts} times (ray.max_attempts); "
+                 "counted as failed (ray/episodes_failed)")
+        return False
+
+    def _replace(self, index: int, handle, error: BaseException) -> None:
+        if self.workers[index] is not handle:
+            return  # replaced already, for another of its requests
+        self.worker_restarts += 1
+        if self.worker_restarts > self.settings.max_restarts:
+            raise RolloutFailed(f"rollout workers died or hung {self.worker_restarts} times, more than ray.max_restarts="
+                                f"{self.settings.max_restarts}; last: {type(error).__name__}: {str(error).splitlines()[0]}")
+        ray.kill(handle, no_restart=True)
+        self.log(f"warning: rollout worker {index} lost ({type(error).__name__}); started a new one "
+                 f"({self.worker_restarts} of ray.max_restarts={self.settings.max_restarts}); its episodes run again")
+        self.workers[index] = self._start_worker(index)
+
+    def _time_out(self, inflight: dict) -> None:
+        """Kill the workers of requests past ``ray.episode_timeout``; their requests come back as lost."""
+        now = time.monotonic()
+        for job in inflight.values():
+            if now - job.since > self.settings.episode_timeout and self.workers[job.worker] is job.handle:
+                self.log(f"warning: rollout worker {job.worker} held a request for {now - job.since:.0f} s, past "
+                         f"ray.episode_timeout={self.settings.episode_timeout:g} s; killing it")
+                ray.kill(job.handle, no_restart=True)
+                job.since = now  # reported once; the kill makes the request finish as lost
+
+    # -- reporting ---------------------------------------------------------------------------------------
+
+    def _absorb(self, report: dict, worker: int, episodes: int) -> None:
+        with self._lock:
+            self.account.finished += episodes
+            self.account.in_flight -= episodes
+            self.env_restarts[worker] = report["env_restarts"]  # cumulative on the worker
+            self.batch_sizes += report["sizes"]
+            self.generate_seconds += report["seconds"]
+            if report["service"] is not None:
+                self.service.merge(report["service"])
+
+    def pop_generation(self) -> tuple[list[int], float]:
+        with self._lock:
+            sizes, seconds = self.batch_sizes, self.generate_seconds
+            self.batch_sizes, self.generate_seconds = [], 0.0
+            return sizes, seconds
+
+    def pop_service_metrics(self, prefix: str) -> dict[str, float]:
+        with self._lock:
+            stats, self.service = self.service, ServiceStats()
+            metrics = stats.metrics(prefix) if self.uses_tools else {}
+            metrics.update(self.account.metrics())
+            metrics["ray/worker_restarts"] = float(self.worker_restarts)
+            if self.env_actors:
+                metrics["ray/env_restarts"] = float(sum(self.env_restarts.values()))
+        return metrics
+
+    def pop_sync_seconds(self) -> float:
+        seconds, self.sync_seconds = self.sync_seconds, 0.0
+        return seconds
+
+    def pop_idle_seconds(self) -> float:
+        with self._lock:
+            seconds, self.idle_seconds = self.idle_seconds, 0.0
+            return seconds
+
+    # -- shutdown ----------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Kill every actor of the run (and the local Ray instance, if the run started it)."""
+        for actor in [*self.workers, *self.env_actors]:
+            ray.kill(actor, no_restart=True)
+        self.workers, self.env_actors = [], []
+        if self.placement is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self.placement)
+            self.placement = None
+        if self.started_ray:
+            ray.shutdown()
+            self.started_ray = False
