@@ -13,7 +13,7 @@ train, so the figure is the rollout side's throughput. The first ``--warmup`` st
 configurations run in one process on one local Ray instance, one after the other, ``--repeats`` times in
 turn; the table gives the median of the repeats.
 
-    python benchmarks/ray_scaling.py                       # 1 s tools, 32 episodes per worker
+    python benchmarks/ray_scaling.py                       # 3 s tools, 32 episodes per worker
     python benchmarks/ray_scaling.py --workers 1 2 --repeats 1 --steps 3
 """
 
@@ -87,7 +87,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--episodes", type=int, default=32, help="episodes in flight per worker")
-    parser.add_argument("--latency", type=float, default=1.0, help="seconds every tool call takes")
+    parser.add_argument("--latency", type=float, default=3.0, help="seconds every tool call takes")
     parser.add_argument("--steps", type=int, default=5, help="timed consumer steps of 128 trajectories")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
     parser.add_argument("--repeats", type=int, default=2)

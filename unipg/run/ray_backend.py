@@ -178,7 +178,7 @@ def _service_stats(runner: EpisodeRunner) -> ServiceStats | None:
 class RolloutWorker:
     """Runs groups of episodes on its own copy of the policy (an async actor: many groups at once)."""
 
-    def __init__(self, setup: tuple, index: int, env_actors: list, health_timeout: float):
+    def __init__(self, setup: tuple, index: int, env_actors: list, health_timeout: float, fetch_timeout: float):
         from unipg.run.classic import seed_everything
         from unipg.run.text import set_threads
         from unipg.sample.rewards import build_rewards
@@ -192,7 +192,7 @@ class RolloutWorker:
         self.pool = pool
         self.runner = EpisodeRunner(policy, task, config, build_rewards(config.task.rewards or task.rewards),
                                     remote_tools=pool)
-        self.group_size = config.sample.samples_per_prompt
+        self.group_size, self.fetch_timeout = config.sample.samples_per_prompt, fetch_timeout
         self.serial, self._pending = 0, None  # the publication loaded or about to be
         self.generator = torch.Generator(policy.device).manual_seed(config.seed * 7919 + index + 1)
         self.engine, self.loop, self._running = None, None, None
@@ -205,7 +205,7 @@ class RolloutWorker:
         if weights is None or weights[0] <= self.serial:
             return
         serial, version, (ref,) = weights
-        state = await ref
+        state = await asyncio.wait_for(asyncio.wrap_future(ref.future()), self.fetch_timeout)
         if serial > self.serial:
             self.serial, self._pending = serial, (version, state)
 
@@ -291,7 +291,8 @@ class _Job:
 
 
 def connect(settings) -> bool:
-    """Join the configured Ray cluster or start a local instance; whether this call started one."""
+    """Join the configured Ray cluster or start a local instance, unless this process is connected already
+    (e.g. a notebook that called ``ray.init``); whether this call connected (and ``close`` disconnects)."""
     if ray.is_initialized():
         return False
     options = {"runtime_env": settings.runtime_env, "logging_level": logging.WARNING,
@@ -306,7 +307,7 @@ def connect(settings) -> bool:
     except (ConnectionError, RuntimeError, ValueError) as error:
         raise ValueError(f"cannot connect to Ray at ray.address={settings.address!r}: {error}; start the cluster "
                          "(`ray start --head`) or leave ray.address unset for a local instance") from None
-    return settings.address is None
+    return True
 
 
 class RayRollout:
@@ -330,11 +331,12 @@ class RayRollout:
         self._lock = threading.Lock()
         self.workers, self.env_actors, self.placement = [], [], None
         self.run_id = uuid.uuid4().hex[:8]  # actor names: unipg-rollout-<run>-<index>.<replacement>
-        self.started_ray = connect(settings)
+        self.connected = connect(settings)  # this run connected, and disconnects (stopping a local instance)
+        self.local = self.connected and settings.address is None
         try:
             self._check_resources(bool(runner.service))
             if runner.service is not None and settings.env_workers:
-                tools = ray.put(runner.service.tools)  # built here: tools registered by the caller travel too
+                tools = runner.service.tools  # built here, so tools registered by the caller travel too
                 actor = ray.remote(EnvActor)
                 self.env_actors = [actor.options(num_cpus=settings.env_num_cpus, max_restarts=-1, max_concurrency=1000,
                                                  name=f"unipg-env-{self.run_id}-{i}").remote(tools)
@@ -364,7 +366,7 @@ class RayRollout:
         if short:
             message = (f"the Ray backend needs {' and '.join(short)} (ray.rollout_workers × ray.rollout_num_cpus/gpus "
                        "+ ray.env_workers × ray.env_num_cpus); lower them, or raise ray.num_cpus")
-            if self.started_ray:
+            if self.local:
                 raise ValueError(message)
             self.log(f"warning: {message} — waiting up to ray.start_timeout for the cluster to grow")
 
@@ -380,8 +382,8 @@ class RayRollout:
             ray.get(self.placement.ready(), timeout=settings.start_timeout)
         except GetTimeoutError:
             raise ValueError(f"the placement group of {settings.rollout_workers} rollout workers ({bundle} each) "
-                                f"was not ready within ray.start_timeout={settings.start_timeout:g} s: the cluster "
-                                "lacks the resources") from None
+                             f"was not ready within ray.start_timeout={settings.start_timeout:g} s: the cluster lacks "
+                             "the resources") from None
 
     def _start_worker(self, index: int):
         settings = self.settings
@@ -394,14 +396,14 @@ class RayRollout:
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.placement,
                                                                               placement_group_bundle_index=index)
         return ray.remote(RolloutWorker).options(**options).remote(self._setup, index, self.env_actors,
-                                                                   settings.health_timeout)
+                                                                   settings.health_timeout, settings.start_timeout)
 
     def _wait_ready(self, actors: list, role: str) -> None:
         try:
             ray.get([actor.ready.remote() for actor in actors], timeout=self.settings.start_timeout)
         except GetTimeoutError:
             raise ValueError(f"a {role} did not start within ray.start_timeout={self.settings.start_timeout:g} s; "
-                                "the cluster may lack the resources it asks for (ray.*_num_cpus, ray.*_num_gpus)") from None
+                             "the cluster may lack the resources it asks for (ray.*_num_cpus, ray.*_num_gpus)") from None
         except RayActorError as error:
             raise ValueError(f"a {role} failed to start: {error}") from None
 
@@ -410,9 +412,8 @@ class RayRollout:
     def publish(self, version: int) -> None:
         """Put the learner's weights into the object store once; workers fetch them when they need them."""
         start = time.perf_counter()
-        with torch.no_grad():
-            state = {name: tensor.detach().to("cpu", copy=True) for name, tensor in self.source.state_dict().items()}
-        ref = ray.put(state)
+        state = {name: tensor.detach().cpu() for name, tensor in self.source.state_dict().items()}
+        ref = ray.put(state)  # copies into the object store now: later optimizer steps do not reach it
         with self._lock:
             serial = self.weights[0] + 1 if self.weights is not None else 1
             self.weights = (serial, version, [ref])
@@ -618,6 +619,6 @@ class RayRollout:
 
             remove_placement_group(self.placement)
             self.placement = None
-        if self.started_ray:
+        if self.connected:
             ray.shutdown()
-            self.started_ray = False
+            self.connected = False

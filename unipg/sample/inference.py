@@ -98,6 +98,7 @@ class InferenceEngine:
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
+            self._pending = [request for request in self._pending if not request[3].done()]  # episodes cancelled
             if not self._pending:
                 continue
             if len(self._pending) < min(self._active, self.max_batch):
@@ -114,10 +115,12 @@ class InferenceEngine:
                 outputs = await asyncio.to_thread(self._sample, [r[1] for r in batch], [r[2] for r in batch])
             except Exception as error:  # noqa: BLE001 — hand the failure to the waiting episodes
                 for request in batch:
-                    request[3].set_exception(error)
+                    if not request[3].done():
+                        request[3].set_exception(error)
             else:
                 for request, output in zip(batch, outputs):
-                    request[3].set_result(output)
+                    if not request[3].done():  # its episode may have been cancelled meanwhile
+                        request[3].set_result(output)
             if self._pending:
                 self._wakeup.set()
 
