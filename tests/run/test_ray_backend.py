@@ -163,42 +163,29 @@ def test_a_run_whose_workers_keep_dying_stops_with_a_checkpoint_to_resume_from(l
     finished update; `--resume` from it trains to the end."""
     import unipg.run.ray_backend as backend
 
-    rollouts = []
-    original = backend.RayRollout.__init__
+    produce = backend.RayRollout.produce
+    calls = []
 
-    def keep(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        rollouts.append(self)
+    def produce_and_kill_at_the_third_step(self, count, version):
+        calls.append(version)
+        if len(calls) == 3:  # the worker dies while the third step's rollout starts
+            ray.kill(self.workers[0])
+        return produce(self, count, version)
 
-    monkeypatch.setattr(backend.RayRollout, "__init__", keep)
+    monkeypatch.setattr(backend.RayRollout, "produce", produce_and_kill_at_the_third_step)
     config = load_config(None, SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}", "backend=ray",
                                         "ray.rollout_workers=1", "ray.max_restarts=0", "train.updates=4"])
-    errors = []
-
-    def run():
-        try:
-            train_text(config)
-        except ValueError as error:
-            errors.append(str(error))
-
-    runner = threading.Thread(target=run, daemon=True)
-    runner.start()
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not list(tmp_path.glob("*/metrics.jsonl")):
-        time.sleep(0.05)
+    with pytest.raises(ValueError) as raised:
+        train_text(config)
     (run_dir,) = [path.parent for path in tmp_path.glob("*/metrics.jsonl")]
-    while time.monotonic() < deadline and len([r for r in read_metrics(run_dir) if "train/loss" in r]) < 2:
-        time.sleep(0.05)
-    ray.kill(rollouts[0].workers[0])
-    runner.join(timeout=120)
-    (message,) = errors
-    assert "more than ray.max_restarts=0" in message and f"continue with: unipg train --resume {run_dir}" in message
-    finished = int(message.split("a checkpoint of update ")[1].split()[0])
-    assert finished >= 2 and (run_dir / "checkpoints" / f"step-{finished:08d}").is_dir()
+    message = str(raised.value)
+    assert "more than ray.max_restarts=0" in message
+    assert f"a checkpoint of update 2 is in {run_dir}; continue with: unipg train --resume {run_dir}" in message
+    assert (run_dir / "checkpoints" / "step-00000002").is_dir()
     assert unipg_actors() == []
-    monkeypatch.setattr(backend.RayRollout, "__init__", original)
+    monkeypatch.setattr(backend.RayRollout, "produce", produce)
     resumed = train_text(load_config(run_dir / "config.yaml", []), resume=run_dir)
-    assert resumed.resumed_from == finished and resumed.updates == 4
+    assert resumed.resumed_from == 2 and resumed.updates == 4
     assert [r["step"] for r in read_metrics(run_dir) if "train/loss" in r] == [1, 2, 3, 4]
 
 
@@ -227,17 +214,25 @@ def test_a_hanging_environment_actor_is_timed_out_and_restarted(local_ray):
         start = time.monotonic()
         hung = await service.call("hang", {"seconds": 3600})
         waited = time.monotonic() - start
-        for _ in range(100):  # let the abandon check run and the restart happen
+        for _ in range(100):  # let the abandon check run (it waits a grace second for the thread)
             await asyncio.sleep(0.1)
             if pool.restarts:
                 break
         return hung, waited
 
+    pid = ray.get(actor.ready.remote(), timeout=60)
     hung, waited = asyncio.run(scenario())
     assert hung.status == "failed" and hung.timeouts == 1 and hung.penalty == -0.25
     assert hung.observation == "tool unavailable" and waited < 2.0
     assert pool.restarts == 1
-    retrying = EnvironmentService(tools, timeout=5.0, retries=20, backoff=0.2, remote=pool)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # Ray starts the actor again, in a new process
+        try:
+            if ray.get(actor.ready.remote(), timeout=10) != pid:
+                break
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            time.sleep(0.2)
+    retrying = EnvironmentService(tools, timeout=5.0, retries=3, backoff=0.2, remote=pool)
     answered = asyncio.run(retrying.call("echo", {"text": "back"}))
     assert answered.status == "ok" and answered.observation == "back"
     refused = asyncio.run(retrying.call("echo", {"text": ""}))  # a ToolError comes back as the tool's refusal

@@ -70,18 +70,20 @@ def demonstration_pairs(tokenizer, task: Task, config: Config, examples: list[Ex
 class EpisodeRunner:
     """Runs batches of episodes of one task with one policy."""
 
-    def __init__(self, policy: LMPolicy, task: Task, config: Config, reward_fn, *, remote_tools=None):
-        """``remote_tools``: where tool calls run, if not in this process (``EnvironmentService``'s ``remote``)."""
+    def __init__(self, policy: LMPolicy, task: Task, config: Config, reward_fn, *, tools: dict | None = None,
+                 remote_tools=None):
+        """``tools``: built tools by name (default: built from the config's or the task's specs);
+        ``remote_tools``: where tool calls run, if not in this process (``EnvironmentService``'s ``remote``)."""
         self.policy, self.task, self.config, self.reward_fn = policy, task, config, reward_fn
         agent = config.agent
-        self.specs = specs = tool_specs(config, task)
+        specs = tool_specs(config, task)
         self.max_turns = agent.max_turns or task.max_turns
         self.service = None
         if specs:
-            self.service = EnvironmentService.from_specs(
-                specs, timeout=agent.tool_timeout, retries=agent.tool_retries, backoff=agent.retry_backoff,
-                default_observation=agent.default_observation, failure_penalty=agent.failure_penalty,
-                seed=config.seed, remote=remote_tools)
+            self.service = EnvironmentService(
+                tools if tools is not None else build_tools(specs), timeout=agent.tool_timeout,
+                retries=agent.tool_retries, backoff=agent.retry_backoff, default_observation=agent.default_observation,
+                failure_penalty=agent.failure_penalty, seed=config.seed, remote=remote_tools)
             if self.max_turns < 2:
                 raise ValueError(f"task '{task.name}' has tools but max_turns is {self.max_turns}; an agent needs at "
                                  "least 2 turns (call a tool, then answer): raise agent.max_turns")

@@ -60,11 +60,12 @@ from unipg.sample.tools.base import Tool, ToolError
 
 try:
     import ray
-    from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError, TaskCancelledError, WorkerCrashedError
+    from ray.exceptions import (GetTimeoutError, ObjectLostError, RayActorError, RayTaskError, TaskCancelledError,
+                                WorkerCrashedError)
 except ImportError:  # pragma: no cover — the message is the point
     raise ValueError("backend 'ray' needs Ray: pip install 'unipg[ray]' (or set backend=inprocess)") from None
 
-LOST = (RayActorError, WorkerCrashedError)  # the actor or its process is gone
+LOST = (RayActorError, WorkerCrashedError, ObjectLostError)  # the actor, its process or its results are gone
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -116,13 +117,20 @@ class EnvActor:
         finally:
             self.calls.pop(call_id, None)
 
-    async def abandon(self, call_id) -> bool:
-        """Stop a call its caller gave up on; whether a thread is still stuck in it (the actor must restart)."""
+    async def abandon(self, call_id, grace: float) -> bool:
+        """Stop a call its caller gave up on. A synchronous tool's thread cannot be stopped: if it is still in
+        the call after ``grace`` seconds, the actor exits, so that Ray starts it afresh (exactly once, however
+        many callers notice); returns whether it does."""
         task = self.calls.get(call_id)
         if task is not None:
             task.cancel()
-            await asyncio.sleep(0)
-        return call_id in self.threads.busy
+        deadline = time.monotonic() + grace
+        while call_id in self.threads.busy and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if call_id not in self.threads.busy:
+            return False
+        asyncio.get_running_loop().call_later(0.1, os._exit, 1)  # after this answer has gone out
+        return True
 
 
 class EnvPool:
@@ -131,7 +139,8 @@ class EnvPool:
     def __init__(self, actors: list, *, health_timeout: float, worker: int = 0):
         self.actors, self.health_timeout = actors, health_timeout
         self.in_flight = [0] * len(actors)
-        self.restarts = 0
+        self.restarts = 0  # restarts this pool caused since the last report
+        self._killed = [0.0] * len(actors)  # when this pool last killed each actor
         self._ids = (f"{worker}-{n}" for n in itertools.count())
         self._checks: set[asyncio.Task] = set()
 
@@ -142,7 +151,7 @@ class EnvPool:
         try:
             status, text = await actor.call.remote(call_id, name, arguments, delay)
         except asyncio.CancelledError:  # the service's timeout: free the actor from the call
-            check = asyncio.get_running_loop().create_task(self._abandon(actor, call_id))
+            check = asyncio.get_running_loop().create_task(self._abandon(index, call_id))
             self._checks.add(check)
             check.add_done_callback(self._checks.discard)
             raise
@@ -154,17 +163,24 @@ class EnvPool:
             raise ToolError(text)
         return text
 
-    async def _abandon(self, actor, call_id) -> None:
+    async def _abandon(self, index: int, call_id) -> None:
+        actor, grace = self.actors[index], min(1.0, self.health_timeout / 2)
         try:
-            stuck = await asyncio.wait_for(asyncio.wrap_future(actor.abandon.remote(call_id).future()),
-                                           self.health_timeout)
+            restarting = await asyncio.wait_for(asyncio.wrap_future(actor.abandon.remote(call_id, grace).future()),
+                                                self.health_timeout)
         except LOST:
-            return  # already restarting
-        except (asyncio.TimeoutError, TimeoutError):
-            stuck = True  # its event loop does not answer
-        if stuck:
+            return  # restarting already
+        except (asyncio.TimeoutError, TimeoutError):  # its event loop does not answer: kill it (once a while)
+            if time.monotonic() - self._killed[index] < self.health_timeout * 3:
+                return
+            self._killed[index] = time.monotonic()
             ray.kill(actor, no_restart=False)  # Ray starts it again; the calls it held fail and are retried
-            self.restarts += 1
+            restarting = True
+        self.restarts += restarting
+
+    def pop_restarts(self) -> int:
+        restarts, self.restarts = self.restarts, 0
+        return restarts
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -183,7 +199,7 @@ class RolloutWorker:
         from unipg.run.text import set_threads
         from unipg.sample.rewards import build_rewards
 
-        policy, task, config = setup  # passed as one object-store reference, fetched once per worker
+        policy, task, config, tools = setup  # passed as one object-store reference, fetched once per worker
         seed_everything(config.seed + index, config.deterministic)
         set_threads(config)
         if ray.get_gpu_ids():
@@ -191,7 +207,7 @@ class RolloutWorker:
         pool = EnvPool(env_actors, health_timeout=health_timeout, worker=index) if env_actors else None
         self.pool = pool
         self.runner = EpisodeRunner(policy, task, config, build_rewards(config.task.rewards or task.rewards),
-                                    remote_tools=pool)
+                                    tools=tools, remote_tools=pool)
         self.group_size, self.fetch_timeout = config.sample.samples_per_prompt, fetch_timeout
         self.serial, self._pending = 0, None  # the publication loaded or about to be
         self.generator = torch.Generator(policy.device).manual_seed(config.seed * 7919 + index + 1)
@@ -219,21 +235,21 @@ class RolloutWorker:
 
     def _report(self, sizes: list[int], seconds: float) -> dict:
         return {"sizes": sizes, "seconds": seconds, "service": _service_stats(self.runner),
-                "env_restarts": self.pool.restarts if self.pool is not None else 0}
+                "env_restarts": self.pool.pop_restarts() if self.pool is not None else 0}
 
     async def run_batch(self, examples: list, version: int, weights, state: str) -> tuple[list, str, dict]:
         """The sequential schedule: run ``examples`` (one episode each) with the generator in ``state``, as
         the in-process backend does; returns the trajectories, the generator's new state and a report."""
         await self._receive(weights)
         self._load()
-        generator = restore_generator(torch.Generator(), state)
-        if self.runner.policy.device.type != "cpu":
-            seed = int(torch.randint(2**62, (1,), generator=generator))
+        generator = returned = restore_generator(torch.Generator(), state)
+        if self.runner.policy.device.type != "cpu":  # sample with a device generator seeded from the state
+            seed = int(torch.randint(2**62, (1,), generator=returned))
             generator = torch.Generator(self.runner.policy.device).manual_seed(seed)
         trajectories = await self.runner.arun(examples, params=self.runner.sampling(), generator=generator,
                                               policy_version=version)
         report = self._report(self.runner.last_batch_sizes, self.runner.last_generate_seconds)
-        return trajectories, generator_state(generator) if generator.device.type == "cpu" else state, report
+        return trajectories, generator_state(returned), report
 
     async def run_group(self, example, order: int, weights) -> tuple[list, dict]:
         """The concurrent schedule: one group of episodes of ``example`` on the worker's shared engine."""
@@ -323,7 +339,7 @@ class RayRollout:
         self.account = EpisodeAccount()
         self.worker_restarts = 0
         self.service = ServiceStats()
-        self.env_restarts: dict[int, int] = {}
+        self.env_restarts = 0
         self.batch_sizes: list[int] = []
         self.generate_seconds = self.sync_seconds = self.idle_seconds = 0.0
         self.weights: tuple[int, int, list] | None = None  # (publication serial, version, [object ref])
@@ -338,16 +354,19 @@ class RayRollout:
             if runner.service is not None and settings.env_workers:
                 tools = runner.service.tools  # built here, so tools registered by the caller travel too
                 actor = ray.remote(EnvActor)
-                self.env_actors = [actor.options(num_cpus=settings.env_num_cpus, max_restarts=-1, max_concurrency=1000,
-                                                 name=f"unipg-env-{self.run_id}-{i}").remote(tools)
-                                   for i in range(settings.env_workers)]
+                for i in range(settings.env_workers):  # one by one: close() kills those created if one fails
+                    self.env_actors.append(actor.options(num_cpus=settings.env_num_cpus, max_restarts=-1,
+                                                         max_concurrency=1000, name=f"unipg-env-{self.run_id}-{i}")
+                                           .remote(tools))
                 self._wait_ready(self.env_actors, "environment actor")
             if settings.placement != "none":
                 self._place()
             from unipg.run.text_rollout import inference_copy
 
-            self._setup = ray.put((inference_copy(runner.policy), task, config))
-            self.workers = [self._start_worker(i) for i in range(settings.rollout_workers)]
+            tools = runner.service.tools if runner.service is not None else None
+            self._setup = ray.put((inference_copy(runner.policy), task, config, tools))
+            for i in range(settings.rollout_workers):
+                self.workers.append(self._start_worker(i))
             self._wait_ready(self.workers, "rollout worker")
         except BaseException:
             self.close()
@@ -405,7 +424,9 @@ class RayRollout:
             raise ValueError(f"a {role} did not start within ray.start_timeout={self.settings.start_timeout:g} s; "
                              "the cluster may lack the resources it asks for (ray.*_num_cpus, ray.*_num_gpus)") from None
         except RayActorError as error:
-            raise ValueError(f"a {role} failed to start: {error}") from None
+            first = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
+            raise ValueError(f"a {role} failed to start: {first} (its traceback is in the Ray logs, "
+                             "/tmp/ray/session_latest/logs)") from None
 
     # -- the Rollout protocol ----------------------------------------------------------------------------
 
@@ -433,21 +454,24 @@ class RayRollout:
                 for i in range(shards)]
         inflight = {self._submit(job, job.order): job for job in jobs}
         results: dict[int, list] = {}
-        while inflight:
-            ready, _ = ray.wait(list(inflight), num_returns=1, timeout=1.0)
-            for ref in ready:
-                job = inflight.pop(ref)
-                outcome = self._collect(ref, job)
-                if outcome is None:  # lost with its worker: run it again (same generator state, same samples)
-                    self._give_up_or_keep(job, sequential=True)
-                    inflight[self._submit(job, job.worker)] = job
-                    continue
-                trajectories, state, report = outcome
-                results[job.order] = trajectories
-                self._absorb(report, job.worker, job.size)
-                if shards == 1:
-                    restore_generator(self.generator, state)
-            self._time_out(inflight)
+        try:
+            while inflight:
+                ready, _ = ray.wait(list(inflight), num_returns=1, timeout=1.0)
+                for ref in ready:
+                    job = inflight.pop(ref)
+                    outcome = self._collect(ref, job)
+                    if outcome is None:  # lost with its worker: run it again (same generator state, same samples)
+                        self._give_up_or_keep(job, sequential=True)
+                        inflight[self._submit(job, job.worker)] = job
+                        continue
+                    trajectories, state, report = outcome
+                    results[job.order] = trajectories
+                    self._absorb(report, job.worker, job.size)
+                    if shards == 1:
+                        restore_generator(self.generator, state)
+                self._time_out(inflight)
+        finally:
+            self._cancel(inflight)
         trajectories = [t for order in range(shards) for t in results[order]]
         size = self.group_size
         return [Group(trajectories[i * size:(i + 1) * size], version, size) for i in range(count)]
@@ -504,12 +528,16 @@ class RayRollout:
                     idle_since = time.perf_counter()
                 self._time_out(inflight)
         finally:
-            for ref in inflight:
-                ray.cancel(ref)
-            with self._lock:
-                lost = sum(job.size for job in inflight.values())
-                self.account.cancelled += lost
-                self.account.in_flight -= lost
+            self._cancel(inflight)
+
+    def _cancel(self, inflight: dict) -> None:
+        """Rollout stops (the run ends, rolls back, or failed): cancel what is still running, and count it."""
+        for ref in inflight:
+            ray.cancel(ref)
+        with self._lock:
+            lost = sum(job.size for job in inflight.values())
+            self.account.cancelled += lost
+            self.account.in_flight -= lost
 
     # -- faults ------------------------------------------------------------------------------------------
 
@@ -528,10 +556,25 @@ class RayRollout:
         try:
             return ray.get(ref, timeout=self.settings.start_timeout)
         except (*LOST, TaskCancelledError, GetTimeoutError) as error:
-            self._replace(job.worker, job.handle, error)
-            return None
-        except RayTaskError as error:  # the episode code itself raised: a bug or bad input, not a lost worker
-            raise error.as_instanceof_cause() from None
+            lost = error
+        except RayTaskError as error:
+            cause = error.cause
+            if not isinstance(cause, (TimeoutError, asyncio.TimeoutError, *LOST)):  # the episode code raised
+                self._count_failed(job)
+                raise RolloutFailed(f"an episode raised on rollout worker {job.worker}: {type(cause).__name__}: "
+                                    f"{str(cause).splitlines()[0] if str(cause) else ''}") from error
+            lost = cause  # the worker could not fetch its weights or inputs in time: replace it
+        try:
+            self._replace(job.worker, job.handle, lost)
+        except RolloutFailed:
+            self._count_failed(job)
+            raise
+        return None
+
+    def _count_failed(self, job: _Job) -> None:
+        with self._lock:
+            self.account.in_flight -= job.size
+            self.account.failed += job.size
 
     def _give_up_or_keep(self, job: _Job, *, sequential: bool) -> bool:
         """Count a lost run; whether the job runs again (False: given up and counted as failed)."""
@@ -563,8 +606,10 @@ class RayRollout:
     def _time_out(self, inflight: dict) -> None:
         """Kill the workers of requests past ``ray.episode_timeout``; their requests come back as lost."""
         now = time.monotonic()
+        per_worker = max((self.settings.episodes_per_worker or self.config.agent.concurrency) // self.group_size, 1)
         for job in inflight.values():
-            if now - job.since > self.settings.episode_timeout and self.workers[job.worker] is job.handle:
+            waves = -(-job.size // (per_worker * self.group_size))  # a shard of many groups runs in waves
+            if now - job.since > self.settings.episode_timeout * waves and self.workers[job.worker] is job.handle:
                 self.log(f"warning: rollout worker {job.worker} held a request for {now - job.since:.0f} s, past "
                          f"ray.episode_timeout={self.settings.episode_timeout:g} s; killing it")
                 ray.kill(job.handle, no_restart=True)
@@ -576,7 +621,7 @@ class RayRollout:
         with self._lock:
             self.account.finished += episodes
             self.account.in_flight -= episodes
-            self.env_restarts[worker] = report["env_restarts"]  # cumulative on the worker
+            self.env_restarts += report["env_restarts"]
             self.batch_sizes += report["sizes"]
             self.generate_seconds += report["seconds"]
             if report["service"] is not None:
@@ -595,7 +640,7 @@ class RayRollout:
             metrics.update(self.account.metrics())
             metrics["ray/worker_restarts"] = float(self.worker_restarts)
             if self.env_actors:
-                metrics["ray/env_restarts"] = float(sum(self.env_restarts.values()))
+                metrics["ray/env_restarts"] = float(self.env_restarts)
         return metrics
 
     def pop_sync_seconds(self) -> float:
@@ -612,7 +657,10 @@ class RayRollout:
     def close(self) -> None:
         """Kill every actor of the run (and the local Ray instance, if the run started it)."""
         for actor in [*self.workers, *self.env_actors]:
-            ray.kill(actor, no_restart=True)
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 — gone already; the others must still go
+                pass
         self.workers, self.env_actors = [], []
         if self.placement is not None:
             from ray.util.placement_group import remove_placement_group
