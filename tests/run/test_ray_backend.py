@@ -189,6 +189,31 @@ def test_a_run_whose_workers_keep_dying_stops_with_a_checkpoint_to_resume_from(l
     assert [r["step"] for r in read_metrics(run_dir) if "train/loss" in r] == [1, 2, 3, 4]
 
 
+def test_an_episode_that_raises_on_a_worker_ends_the_run_with_a_one_line_message(local_ray, embedded_path, tmp_path,
+                                                                                   monkeypatch):
+    """A reward function registered in the caller's script runs on the workers too; when it raises there, the run
+    stops with the error in one line (no remote traceback) and what to do next."""
+    from unipg.sample.rewards import REWARDS
+
+    driver = os.getpid()
+
+    def fragile(prompts, completions, **columns):
+        if os.getpid() != driver:
+            raise RuntimeError("reward service unreachable")
+        return [0.0] * len(completions)
+
+    monkeypatch.setitem(REWARDS._entries, "fragile", lambda: fragile)  # as @REWARDS.register("fragile") would
+    config = load_config(None, SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}", "backend=ray",
+                                        "ray.rollout_workers=1", "task.rewards=[{name: fragile}]"])
+    with pytest.raises(ValueError) as raised:
+        train_text(config)
+    message = str(raised.value)
+    assert message.startswith("an episode raised on rollout worker 0: RuntimeError: reward function 'fragile' "
+                              "failed: reward service unreachable; ")
+    assert "no update had finished" in message and "Traceback" not in message and "\n" not in message
+    assert unipg_actors() == []
+
+
 def test_a_hanging_environment_actor_is_timed_out_and_restarted(local_ray):
     """A synchronous tool that never returns: the call times out (the episode gets the default observation and
     the failure penalty), the actor whose thread is stuck is restarted, and later calls are answered again."""

@@ -197,17 +197,15 @@ class RolloutWorker:
     def __init__(self, setup: tuple, index: int, env_actors: list, health_timeout: float, fetch_timeout: float):
         from unipg.run.classic import seed_everything
         from unipg.run.text import set_threads
-        from unipg.sample.rewards import build_rewards
 
-        policy, task, config, tools = setup  # passed as one object-store reference, fetched once per worker
+        policy, task, config, tools, reward_fn = setup  # one object-store reference, fetched once per worker
         seed_everything(config.seed + index, config.deterministic)
         set_threads(config)
         if ray.get_gpu_ids():
             policy.model.to("cuda")
         pool = EnvPool(env_actors, health_timeout=health_timeout, worker=index) if env_actors else None
         self.pool = pool
-        self.runner = EpisodeRunner(policy, task, config, build_rewards(config.task.rewards or task.rewards),
-                                    tools=tools, remote_tools=pool)
+        self.runner = EpisodeRunner(policy, task, config, reward_fn, tools=tools, remote_tools=pool)
         self.group_size, self.fetch_timeout = config.sample.samples_per_prompt, fetch_timeout
         self.serial, self._pending = 0, None  # the publication loaded or about to be
         self.generator = torch.Generator(policy.device).manual_seed(config.seed * 7919 + index + 1)
@@ -352,7 +350,7 @@ class RayRollout:
         try:
             self._check_resources(bool(runner.service))
             if runner.service is not None and settings.env_workers:
-                tools = runner.service.tools  # built here, so tools registered by the caller travel too
+                tools = runner.service.tools
                 actor = ray.remote(EnvActor)
                 for i in range(settings.env_workers):  # one by one: close() kills those created if one fails
                     self.env_actors.append(actor.options(num_cpus=settings.env_num_cpus, max_restarts=-1,
@@ -363,8 +361,9 @@ class RayRollout:
                 self._place()
             from unipg.run.text_rollout import inference_copy
 
+            # built here, so tasks, tools and rewards registered in the caller's own script work on workers too
             tools = runner.service.tools if runner.service is not None else None
-            self._setup = ray.put((inference_copy(runner.policy), task, config, tools))
+            self._setup = ray.put((inference_copy(runner.policy), task, config, tools, runner.reward_fn))
             for i in range(settings.rollout_workers):
                 self.workers.append(self._start_worker(i))
             self._wait_ready(self.workers, "rollout worker")
