@@ -217,7 +217,7 @@ def test_an_episode_that_raises_on_a_worker_ends_the_run_with_a_one_line_message
 def test_a_hanging_environment_actor_is_timed_out_and_restarted(local_ray):
     """A synchronous tool that never returns: the call times out (the episode gets the default observation and
     the failure penalty), the actor whose thread is stuck is restarted, and later calls are answered again."""
-    from unipg.run.ray_backend import EnvActor, EnvPool
+    from unipg.run.ray_actors import EnvActor, EnvPool
 
     def hang(seconds: int) -> str:
         time.sleep(seconds)

@@ -415,8 +415,9 @@ def train_text(config: Config, *, task: Task | None = None, resume: str | Path |
                 lr = learner.set_lr_fraction(fraction)
                 try:
                     groups, record = runtime.next_groups(update - 1)
-                except ProducerFailed as failure:
-                    raise ValueError(f"{failure}; {rollout_failed(checkpointer, update - 1, saved, samples, train_seconds, history)}") from failure
+                except ProducerFailed as failure:  # rollout cannot go on: keep what is trained, say how to go on
+                    where = rollout_failed(checkpointer, update - 1, saved, samples, train_seconds, history)
+                    raise ValueError(f"{failure}; {where}") from failure
                 batch, rollout_record = rollout_batch(groups, runtime.rollout, update - 1,
                                                       record["timing/learner_wait"])
                 record.update(rollout_record)
