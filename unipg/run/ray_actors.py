@@ -17,7 +17,7 @@ import torch
 
 from unipg.run.checkpoint import generator_state, restore_generator
 from unipg.run.episodes import EpisodeRunner
-from unipg.sample.envs.service import ServiceStats, run_tool
+from unipg.sample.envs.service import run_tool
 from unipg.sample.tools.base import Tool, ToolError
 
 try:
@@ -148,10 +148,6 @@ class EnvPool:
 # Rollout workers
 
 
-def _service_stats(runner: EpisodeRunner) -> ServiceStats | None:
-    return runner.service.pop_stats() if runner.service is not None else None
-
-
 class RolloutWorker:
     """Runs groups of episodes on its own copy of the policy (an async actor: many groups at once)."""
 
@@ -193,7 +189,8 @@ class RolloutWorker:
         return pending[0]
 
     def _report(self, sizes: list[int], seconds: float) -> dict:
-        return {"sizes": sizes, "seconds": seconds, "service": _service_stats(self.runner),
+        service = self.runner.service
+        return {"sizes": sizes, "seconds": seconds, "service": service.pop_stats() if service is not None else None,
                 "env_restarts": self.pool.pop_restarts() if self.pool is not None else 0}
 
     async def run_batch(self, examples: list, version: int, weights, state: str) -> tuple[list, str, dict]:
@@ -221,6 +218,4 @@ class RolloutWorker:
         episodes = [self.loop.run_episode(self.runner.make_env(), example, order=order * self.group_size + i)
                     for i in range(self.group_size)]
         trajectories = list(await asyncio.gather(*episodes))
-        sizes, seconds = self.engine.batches, self.engine.generate_seconds
-        self.engine.batches, self.engine.generate_seconds = [], 0.0
-        return trajectories, self._report(sizes, seconds)
+        return trajectories, self._report(*self.engine.pop_batches())

@@ -50,6 +50,7 @@ from unipg.config import Config
 from unipg.run.checkpoint import generator_state, restore_generator
 from unipg.run.episodes import EpisodeRunner
 from unipg.run.ray_actors import LOST, EnvActor, RolloutWorker, ray  # says how to install Ray if it is missing
+from unipg.run.text_rollout import inference_copy, split_groups
 from unipg.sample.envs.service import ServiceStats
 from unipg.sample.replay import Group, ProducerFailed, ReplayBuffer, StalenessGate
 
@@ -146,8 +147,6 @@ class RayRollout:
                 self._wait_ready(self.env_actors, "environment actor")
             if settings.placement != "none":
                 self._place()
-            from unipg.run.text_rollout import inference_copy
-
             # built here, so tasks, tools and rewards registered in the caller's own script work on workers too
             tools = runner.service.tools if runner.service is not None else None
             self._setup = ray.put((inference_copy(runner.policy), task, config, tools, runner.reward_fn))
@@ -216,6 +215,11 @@ class RayRollout:
             raise ValueError(f"a {role} failed to start: {first} (its traceback is in the Ray logs, "
                              "/tmp/ray/session_latest/logs)") from None
 
+    @property
+    def groups_per_worker(self) -> int:
+        """Groups one worker runs at once (``ray.episodes_per_worker``, default ``agent.concurrency``)."""
+        return max((self.settings.episodes_per_worker or self.config.agent.concurrency) // self.group_size, 1)
+
     # -- the Rollout protocol ----------------------------------------------------------------------------
 
     def publish(self, version: int) -> None:
@@ -260,14 +264,11 @@ class RayRollout:
                 self._time_out(inflight)
         finally:
             self._cancel(inflight)
-        trajectories = [t for order in range(shards) for t in results[order]]
-        size = self.group_size
-        return [Group(trajectories[i * size:(i + 1) * size], version, size) for i in range(count)]
+        return split_groups([t for order in range(shards) for t in results[order]], version, self.group_size)
 
     def serve(self, gate: StalenessGate, buffer: ReplayBuffer, stop: threading.Event) -> None:
         """Keep every worker busy with the groups the gate admits; write each finished group to the buffer."""
-        settings = self.settings
-        per_worker = max((settings.episodes_per_worker or self.config.agent.concurrency) // self.group_size, 1)
+        per_worker = self.groups_per_worker
         inflight: dict[object, _Job] = {}
         queue: deque[_Job] = deque()  # groups to run again
         self.load = load = [0] * len(self.workers)  # groups in flight per worker
@@ -395,9 +396,8 @@ class RayRollout:
     def _time_out(self, inflight: dict) -> None:
         """Kill the workers of requests past ``ray.episode_timeout``; their requests come back as lost."""
         now = time.monotonic()
-        per_worker = max((self.settings.episodes_per_worker or self.config.agent.concurrency) // self.group_size, 1)
         for job in inflight.values():
-            waves = -(-job.size // (per_worker * self.group_size))  # a shard of many groups runs in waves
+            waves = -(-job.size // (self.groups_per_worker * self.group_size))  # a shard of many groups runs in waves
             if now - job.since > self.settings.episode_timeout * waves and self.workers[job.worker] is job.handle:
                 self.log(f"warning: rollout worker {job.worker} held a request for {now - job.since:.0f} s, past "
                          f"ray.episode_timeout={self.settings.episode_timeout:g} s; killing it")

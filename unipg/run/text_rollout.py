@@ -39,6 +39,11 @@ def inference_copy(policy: LMPolicy) -> LMPolicy:
     return LMPolicy(copy.deepcopy(policy.model), policy.tokenizer)
 
 
+def split_groups(trajectories: list, version: int, size: int) -> list[Group]:
+    """Consecutive runs of ``size`` trajectories as groups started at ``version``."""
+    return [Group(trajectories[start:start + size], version, size) for start in range(0, len(trajectories), size)]
+
+
 class TextRollout:
     """Runs groups of episodes for the runtime (module docstring)."""
 
@@ -61,8 +66,7 @@ class TextRollout:
                                        policy_version=version)
         self.batch_sizes += self.runner.last_batch_sizes
         self.generate_seconds += self.runner.last_generate_seconds
-        size = self.group_size
-        return [Group(trajectories[i * size:(i + 1) * size], version, size) for i in range(count)]
+        return split_groups(trajectories, version, self.group_size)
 
     def publish(self, version: int) -> None:
         if self.weights is not None:
@@ -153,9 +157,7 @@ class TextRollout:
         """Sizes of the generate calls and their seconds since the last call."""
         engine = self._engine
         if engine is not None:  # the concurrent schedule's engine, counting on the rollout thread
-            sizes, seconds = engine.batches, engine.generate_seconds
-            engine.batches, engine.generate_seconds = [], 0.0
-            return sizes, seconds
+            return engine.pop_batches()
         sizes, seconds = self.batch_sizes, self.generate_seconds
         self.batch_sizes, self.generate_seconds = [], 0.0
         return sizes, seconds

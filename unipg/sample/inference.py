@@ -62,6 +62,12 @@ class InferenceEngine:
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
 
+    def pop_batches(self) -> tuple[list[int], float]:
+        """Sizes of the generate calls and their seconds since the last call."""
+        sizes, seconds = self.batches, self.generate_seconds
+        self.batches, self.generate_seconds = [], 0.0
+        return sizes, seconds
+
     @asynccontextmanager
     async def running(self):
         """Run the batching worker for the duration of the block."""
