@@ -6,6 +6,7 @@ import asyncio
 import os
 import resource
 import socket
+import subprocess
 import time
 
 import pytest
@@ -24,14 +25,35 @@ def test_prints_are_captured_and_an_exception_is_reported_with_its_type():
     assert fine.ok and fine.error is None and fine.output == "done\n"
 
 
-def test_working_directory_is_fresh_private_and_removed_afterwards(monkeypatch):
-    monkeypatch.setenv("UNIPG_SANDBOX_SECRET", "leak")
-    result = run_python("import os\nprint(os.getcwd())\nprint(os.listdir('.'))\nprint(sorted(os.environ))",
-                        timeout=2)
-    workdir, listing, environment = result.output.splitlines()
+def test_working_directory_is_fresh_private_and_removed_afterwards():
+    result = run_python("import os\nprint(os.getcwd())\nprint(os.listdir('.'))", timeout=2)
+    workdir, listing = result.output.splitlines()
     assert result.ok and listing == "[]"
-    assert "UNIPG_SANDBOX_SECRET" not in environment and "PATH" in environment
     assert not os.path.exists(workdir)
+
+
+def test_the_trainers_environment_variables_cannot_be_seen_from_inside(monkeypatch):
+    secrets = {"WANDB_API_KEY": "wandb-sentinel-7f3a", "OPENAI_API_KEY": "openai-sentinel-9c1e",
+               "UNIPG_SANDBOX_SECRET": "unipg-sentinel-2b4d"}
+    for name, value in secrets.items():
+        monkeypatch.setenv(name, value)
+    code = """
+import os
+print(sorted(os.environ))
+print(open("/proc/self/environ", "rb").read().replace(b"\\0", b" ").decode())
+try:
+    print(open(f"/proc/{os.getppid()}/environ", "rb").read())
+except PermissionError as error:
+    print("parent environ:", error)
+"""
+    result = run_python(code, timeout=2)
+    names, own_environ, parent_environ = result.output.splitlines()
+    assert result.ok, result.error
+    assert "PATH" in names and "HOME" in names and "PATH=/usr/bin:/bin" in own_environ
+    # refused by the sandbox's own rule, not only by the kernel when a user namespace happens to exist
+    assert parent_environ.startswith("parent environ: reading /proc/")
+    for name, value in secrets.items():
+        assert name not in result.output and value not in result.output
 
 
 def test_files_can_be_written_inside_the_working_directory_but_not_outside(tmp_path):
@@ -62,28 +84,92 @@ for name, attempt in attempts.items():
     assert list(tmp_path.iterdir()) == []
 
 
-def test_network_is_refused_and_no_connection_arrives():
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(1)
-        port = listener.getsockname()[1]
+def test_reading_outside_the_working_directory_and_the_libraries_is_refused(tmp_path):
+    checkpoint = tmp_path / "checkpoint.pt"  # stands for the trainer's run folder
+    checkpoint.write_text("run-folder-secret")
+    code = f"""
+import os, pathlib
+checkpoint = {str(checkpoint)!r}
+# a relative link made one folder down points inside; moved up a level, it points at the checkpoint
+os.mkdir("down")
+os.symlink("../" + os.path.relpath(checkpoint, os.path.dirname(os.getcwd())), "down/link")
+os.rename("down/link", "link")
+attempts = {{
+    "passwd": lambda: open("/etc/passwd").read(),
+    "checkpoint": lambda: open(checkpoint, "rb").read(),
+    "os.open": lambda: os.read(os.open(checkpoint, os.O_RDONLY), 100),
+    "pathlib": lambda: pathlib.Path(checkpoint).read_text(),
+    "listdir": lambda: os.listdir(os.path.dirname(checkpoint)),
+    "scandir": lambda: list(os.scandir("/")),
+    "parent-proc": lambda: open(f"/proc/{{os.getppid()}}/cmdline", "rb").read(),
+    "proc-root": lambda: open("/proc/self/root/etc/passwd").read(),
+    "link-read": lambda: open("link").read(),
+    "link-write": lambda: open("link", "w").write("overwritten"),
+}}
+for name, attempt in attempts.items():
+    try:
+        print(name, "allowed", attempt())
+    except PermissionError as error:
+        print(name, "refused" if "not allowed in the sandbox" in str(error) else error)
+"""
+    result = run_python(code, timeout=2)
+    assert result.ok, result.error
+    assert [line.split()[1] for line in result.output.splitlines()] == ["refused"] * 10, result.output
+    assert "run-folder-secret" not in result.output and checkpoint.read_text() == "run-folder-secret"
+
+
+def test_the_standard_library_numpy_time_zones_and_own_files_can_still_be_read():
+    code = """
+import numpy, json, decimal, fractions, datetime, statistics, math, re, collections, zoneinfo, os
+print(datetime.datetime.now().year >= 2024, zoneinfo.ZoneInfo("Europe/Paris"))
+print(numpy.linalg.inv(2 * numpy.eye(2)).sum(), statistics.mean([1, 2, 6]), fractions.Fraction(2, 6))
+print(len(open(json.__file__).read()) > 0, open("/proc/self/status").readline().split()[0])
+open("notes.txt", "w").write("mine")
+print(open("notes.txt").read(), os.listdir("."), len(os.urandom(4)))
+"""
+    result = run_python(code, timeout=5)
+    assert result.ok, result.output + str(result.error)
+    assert result.output.splitlines() == ["True Europe/Paris", "1.0 3 1/3", "True Name:", "mine ['notes.txt'] 4"]
+
+
+def test_network_is_refused_and_nothing_arrives_over_tcp_udp_or_unix_sockets(tmp_path):
+    unix_path = str(tmp_path / "trainer.sock")
+    with socket.socket() as tcp, socket.socket(type=socket.SOCK_DGRAM) as udp, \
+            socket.socket(socket.AF_UNIX) as unix:
+        tcp.bind(("127.0.0.1", 0))
+        tcp.listen(1)
+        udp.bind(("127.0.0.1", 0))
+        unix.bind(unix_path)
+        unix.listen(1)
         code = f"""
 import socket
-for attempt in (lambda: socket.create_connection(("127.0.0.1", {port}), timeout=1),
-                lambda: socket.socket().connect(("127.0.0.1", {port}))):
+attempts = {{
+    "tcp": lambda: socket.create_connection(("127.0.0.1", {tcp.getsockname()[1]}), timeout=1),
+    "tcp-raw": lambda: socket.socket().connect(("127.0.0.1", {tcp.getsockname()[1]})),
+    "udp": lambda: socket.socket(type=socket.SOCK_DGRAM).sendto(b"hello", ("127.0.0.1", {udp.getsockname()[1]})),
+    "unix": lambda: socket.socket(socket.AF_UNIX).connect({unix_path!r}),
+    "socketpair": socket.socketpair,
+    "dns": lambda: socket.getaddrinfo("localhost", 80),
+}}
+for name, attempt in attempts.items():
     try:
         attempt()
-        print("connected")
-    except PermissionError as error:
-        print("PermissionError", error)
+        print(name, "allowed")
+    except PermissionError:
+        print(name, "refused")
 """
         result = run_python(code, timeout=2)
-        listener.settimeout(0.2)
+        for listener in (tcp, udp, unix):
+            listener.settimeout(0.1)
         with pytest.raises(socket.timeout):
-            listener.accept()
+            tcp.accept()
+        with pytest.raises(socket.timeout):
+            udp.recv(16)
+        with pytest.raises(socket.timeout):
+            unix.accept()
     assert result.ok, result.error
-    assert "connected" not in result.output
-    assert result.output.count("PermissionError") == 2
+    assert result.output.split() == ["tcp", "refused", "tcp-raw", "refused", "udp", "refused", "unix", "refused",
+                                     "socketpair", "refused", "dns", "refused"]
 
 
 def test_processes_and_ctypes_cannot_be_used_to_escape(tmp_path):
@@ -102,7 +188,10 @@ attempts = {{
     "system": lambda: os.system("touch " + marker),
     "posix_spawn": lambda: os.posix_spawn("/usr/bin/touch", ["touch", marker], {{}}),
     "fork": os.fork,
+    "forkpty": lambda: __import__("pty").fork(),
     "fork_exec": raw_fork_exec,
+    "multiprocessing": lambda: __import__("multiprocessing").Process(target=print).start(),
+    "process_pool": lambda: __import__("concurrent.futures").futures.ProcessPoolExecutor(2).submit(print).result(),
     "ctypes": use_ctypes,
 }}
 for name, attempt in attempts.items():
@@ -116,24 +205,101 @@ for name, attempt in attempts.items():
     assert result.ok, result.error
     assert result.output.split() == ["subprocess", "PermissionError", "system", "PermissionError",
                                      "posix_spawn", "PermissionError", "fork", "PermissionError",
-                                     "fork_exec", "PermissionError", "ctypes", "ImportError"]
+                                     "forkpty", "PermissionError", "fork_exec", "PermissionError",
+                                     "multiprocessing", "PermissionError", "process_pool", "PermissionError",
+                                     "ctypes", "ImportError"]
     assert not os.path.exists(marker)
 
 
-def test_an_infinite_loop_is_killed_at_the_timeout():
+def test_a_fork_bomb_stops_at_its_first_fork():
+    before = _child_pids()
+    result = run_python("import os\nwhile True:\n    os.fork()", timeout=3)
+    assert result.error == "PermissionError: starting processes is not allowed in the sandbox (os.fork)"
+    assert result.seconds < 2.5 and not result.timed_out
+    assert _child_pids() <= before
+
+
+def test_calls_that_reach_outside_without_an_audit_event_are_removed_or_refused(tmp_path):
+    victim = subprocess.Popen(["sleep", "30"])  # stands for the trainer: same user, so signals would reach it
+    try:
+        code = f"""
+import os, signal, sys
+target = {str(tmp_path)!r}
+def reimport_posix():
+    del sys.modules["posix"]
+    import posix
+def attach_database():
+    import sqlite3
+    sqlite3.connect(":memory:").execute(f"ATTACH '{{target}}/attached.db' AS outside")
+def tcl():
+    import tkinter
+    tkinter.Tcl().eval("exec touch " + target + "/tcl")
+def subinterpreter():
+    import _xxsubinterpreters as interpreters
+    interpreters.run_string(interpreters.create(), "open('/etc/passwd').read()")
+def history():
+    import readline
+    readline.read_history_file("/etc/passwd")
+attempts = {{
+    "pidfd": lambda: signal.pidfd_send_signal(os.pidfd_open({victim.pid}), signal.SIGKILL),
+    "mknod": lambda: os.mknod(target + "/node"),
+    "mkfifo": lambda: os.mkfifo(target + "/fifo"),
+    "renice": lambda: os.setpriority(os.PRIO_PROCESS, {victim.pid}, 19),
+    "posix": reimport_posix,
+    "sqlite": attach_database,
+    "tcl": tcl,
+    "subinterpreter": subinterpreter,
+    "readline": history,
+    "shared_memory": lambda: __import__("multiprocessing.shared_memory").shared_memory.SharedMemory(create=True,
+                                                                                                  size=64),
+    "users": lambda: __import__("pwd").getpwall(),
+}}
+for name, attempt in attempts.items():
+    try:
+        attempt()
+        print(name, "allowed")
+    except (PermissionError, ImportError, AttributeError) as error:
+        print(name, "refused" if "sandbox" in str(error) or "has no attribute" in str(error) else error)
+"""
+        result = run_python(code, timeout=3)
+        assert victim.poll() is None  # still running
+        assert os.getpriority(os.PRIO_PROCESS, victim.pid) == os.getpriority(os.PRIO_PROCESS, 0)
+    finally:
+        victim.kill()
+        victim.wait()
+    assert result.ok, result.error
+    assert [line.split(maxsplit=1)[1] for line in result.output.splitlines()] == ["refused"] * 11, result.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_infinite_loop_is_killed_at_the_timeout_and_leaves_no_process_behind():
+    psutil = pytest.importorskip("psutil")
     start = time.monotonic()
-    result = run_python("print('started', flush=True)\nwhile True:\n    pass", timeout=1)
+    code = "import os\nprint('started', os.getpid(), os.getpgid(0), os.getsid(0), flush=True)\nwhile True:\n    pass"
+    result = run_python(code, timeout=1)
     elapsed = time.monotonic() - start
     assert result.timed_out and not result.ok
     assert result.error == "timed out after 1.0 s"
-    assert result.output == "started\n"  # what was printed before the kill is kept
+    started, pid, group, session = result.output.split()  # what was printed before the kill is kept
+    assert started == "started" and pid == group == session  # its own session, so killing the group is enough
     assert 1.0 <= elapsed < 3.0
+    assert not psutil.pid_exists(int(pid))
+    remaining = []
+    for process in psutil.process_iter():
+        try:
+            if int(group) in (os.getpgid(process.pid), os.getsid(process.pid)):
+                remaining.append(process)
+        except (ProcessLookupError, PermissionError):
+            continue  # it ended while we looked
+    assert remaining == []
 
 
 def test_allocating_past_the_memory_limit_is_a_memory_error_in_the_child_only():
     result = run_python("data = bytearray(1 << 30)\nprint('allocated')", timeout=2, memory_mb=128)
     assert not result.ok and not result.timed_out
     assert result.error == "MemoryError" and "allocated" not in result.output
+    growing = run_python("chunks = []\nwhile True:\n    chunks.append(bytearray(1 << 20))", timeout=3, memory_mb=128)
+    assert growing.error == "MemoryError" and not growing.timed_out
     assert len(bytearray(1 << 20)) == 1 << 20  # the parent is unaffected
 
 

@@ -12,20 +12,33 @@ layers, each enforced by the operating system or by the interpreter itself:
    ``RLIMIT_CORE`` 0. ``RLIMIT_NPROC`` is not set: it counts every process of the user, trainer included,
    and starting processes is refused by layer 3 anyway.
 3. **An audit hook** (PEP 578), installed before the code runs, refuses with ``PermissionError``: sockets
-   and name lookups; starting processes (``subprocess``, ``os.system``, ``os.exec*``, ``os.posix_spawn``,
-   ``os.fork``) and signalling them (``os.kill``); every ``ctypes`` event, and importing ``ctypes`` (an
-   ``ImportError``, so libraries that merely try it, such as NumPy, still load); raising resource limits;
-   and creating, writing, renaming, removing or chmod-ing any path that resolves outside the working
-   directory. Reading files is allowed, so the standard library and installed packages import.
+   and name lookups; starting processes (``subprocess``, ``multiprocessing``, ``os.system``, ``os.exec*``,
+   ``os.posix_spawn``, ``os.fork``), new interpreters, and signalling processes (``os.kill``); every
+   ``ctypes`` event; ``sqlite3`` connections (SQL's ``ATTACH`` opens any file out of the hook's sight);
+   raising resource limits; creating, writing, renaming, removing or chmod-ing any path that resolves outside
+   the working directory; and reading or listing any path outside the *read roots*: the working directory,
+   the interpreter's standard library and site-packages, the time-zone database, ``/dev/null``,
+   ``/dev/urandom`` and the child's own ``/proc/<pid>``. So the trainer's run folder, ``/etc/passwd`` and
+   ``/proc/<trainer pid>/environ`` (its API keys) are refused. Importing modules that reach outside with no
+   audit event is an ``ImportError`` (so libraries that merely try them, such as NumPy with ``ctypes``, still
+   load): ``ctypes``, ``_tkinter`` (Tcl runs programs), subinterpreters, ``readline``, ``_ssl`` and ``pwd``
+   (they read files), ``_posixshmem`` and ``syslog`` (they write outside). ``os.mknod``, ``os.mkfifo``,
+   ``os.pidfd_open``, ``signal.pidfd_send_signal`` and the calls that set another process's priority or
+   CPUs are deleted before the code runs, and re-importing ``posix`` or ``_signal`` to get them back is
+   refused. The environment is rebuilt from scratch, so none of the trainer's variables is inherited.
 4. **Network namespace.** When the kernel allows unprivileged user namespaces, the child also moves into
    a new user + network namespace (only a downed loopback exists, and root in it can no longer raise its
    limits). Failure is ignored: this layer is a bonus, the hook is what the tests rely on.
 
 Limits, honestly: an audit hook runs inside the process it guards, so it is not a security boundary
-against a determined attacker (introspection can reach the hook's objects, and a few calls such as
-``os.mkfifo`` raise no event); it stops accidental and casual misuse by a model. Reading is not
-restricted, so the code can read whatever the user running the trainer can read. For untrusted code at
-scale, run this inside a container or gVisor as well.
+against a determined attacker (introspection can reach the hook's objects; a path is checked, then opened,
+so two threads racing a symlink swap can win; C extensions in site-packages can read, write and start
+processes without any event); it stops accidental and casual misuse by a model. Calls with no audit event
+still work outside the working directory: ``os.stat``, ``os.path.exists``, ``os.access`` and
+``os.readlink`` reveal whether a path exists, its size and times, and where a link points (for example
+which files ``/proc/<trainer pid>/fd`` holds open), though never a file's content. Libraries that need
+``ctypes`` at import, such as SymPy, cannot be used. For untrusted code at scale, run this inside a
+container or gVisor as well.
 
 ``run_python_async`` is the implementation (asyncio subprocesses, so many episodes can run sandboxes at
 once without threads); ``run_python`` is its synchronous wrapper. The tool is registered as ``"python"``.
@@ -263,8 +276,8 @@ def python_tool(timeout: float = 5.0, memory_mb: int = 256, max_output_chars: in
 # cannot import unipg, which would pull in torch), so they use the standard library only and import it
 # inside themselves.
 
-_CHILD_FUNCTIONS = ("_set_limits", "_isolate_network", "_disable_raw_spawning", "_path_checks", "_install_guard",
-                    "_child_main")
+_CHILD_FUNCTIONS = ("_set_limits", "_isolate_network", "_disable_raw_spawning", "_remove_unaudited_calls",
+                    "_read_roots", "_path_checks", "_install_guard", "_child_main")
 
 
 @functools.lru_cache(maxsize=1)
@@ -289,7 +302,8 @@ def _child_main() -> None:
     _set_limits(config)
     _isolate_network()
     _disable_raw_spawning()
-    _install_guard(config["workdir"])
+    _remove_unaudited_calls()
+    _install_guard(config["workdir"], _read_roots(config["workdir"]))
     os.write(config["report_fd"], b"ready\n")
     error = ""
     try:
@@ -362,13 +376,67 @@ def _disable_raw_spawning() -> None:
         sys.modules["subprocess"]._fork_exec = fork_exec
 
 
-def _path_checks(workdir: str) -> tuple:
-    """``(resolve, inside, refuse_outside)``: where a path really points, and the write rule (child side)."""
+def _remove_unaudited_calls() -> None:
+    """Delete the ``os`` and ``signal`` functions that reach outside without raising an audit event (child side).
+
+    ``mknod`` and ``mkfifo`` create files anywhere; ``pidfd_open`` with ``pidfd_send_signal`` signals any process
+    of the same user, the trainer included; the scheduling calls change the priority or CPUs of other processes.
+    The hook refuses re-importing ``posix`` and ``_signal``, which would bring them back.
+    """
+    import _signal
+    import os
+    import posix
+    import signal
+
+    unaudited = {(os, posix): ("mknod", "mkfifo", "pidfd_open", "setpriority", "sched_setaffinity",
+                               "sched_setscheduler", "sched_setparam"),
+                 (signal, _signal): ("pidfd_send_signal",)}
+    for modules, names in unaudited.items():
+        for module in modules:
+            for name in names:
+                if hasattr(module, name):
+                    delattr(module, name)
+
+
+def _read_roots(workdir: str) -> tuple:
+    """The resolved paths the code may read below: its workdir, the interpreter's libraries, a few system files.
+
+    Computed in the child before the hook is installed (child side). Only the child's own ``/proc/<pid>``
+    is readable: ``/proc/<parent>/environ`` holds the trainer's API keys.
+    """
+    import os
+    import site
+    import sys
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    roots = [workdir, *(paths[name] for name in ("stdlib", "platstdlib", "purelib", "platlib")),
+             *site.getsitepackages()]
+    # sys.path entries below the interpreter's prefixes: lib-dynload, a zipped stdlib, Debian's dist-packages
+    # (not every entry: an editable install puts a source checkout, and its run folders, on sys.path)
+    prefixes = {os.path.realpath(prefix) + os.sep for prefix in (sys.prefix, sys.base_prefix)}
+    roots += [entry for entry in sys.path if entry and os.path.realpath(entry).startswith(tuple(prefixes))]
+    # time zones for zoneinfo and datetime; random bytes for os.urandom fallbacks and numpy seeding
+    roots += (sysconfig.get_config_var("TZPATH") or "/usr/share/zoneinfo").split(os.pathsep)
+    roots += ["/etc/localtime", os.devnull, "/dev/urandom", "/dev/random", f"/proc/{os.getpid()}"]
+    return tuple(sorted({os.path.realpath(root) for root in roots if root}))
+
+
+def _path_checks(workdir: str, read_roots: tuple) -> tuple:
+    """``(resolve, refuse_write, refuse_read, check_open)``: where a path really points, and the rules (child side).
+
+    Writing is allowed only inside ``workdir``; reading only below ``read_roots``. Paths are compared after
+    ``realpath``, so a link inside pointing outside counts as outside.
+    """
     import os
 
-    realpath, join, fsdecode, separator, devnull = os.path.realpath, os.path.join, os.fsdecode, os.sep, os.devnull
+    realpath, join, fsdecode, isdir, separator = os.path.realpath, os.path.join, os.fsdecode, os.path.isdir, os.sep
+    writable = (workdir, os.devnull)
+    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 
     def resolve(path, dir_fd=None) -> str:
+        if path is None:  # os.listdir() and os.scandir() without an argument
+            path = "."
         if isinstance(path, int):  # a file descriptor: the file it is open on
             return realpath(f"/proc/self/fd/{path}")
         path = fsdecode(path)
@@ -376,61 +444,83 @@ def _path_checks(workdir: str) -> tuple:
             path = join(f"/proc/self/fd/{dir_fd}", path)
         return realpath(path)  # follows symlinks, so a link inside pointing outside counts as outside
 
-    def inside(resolved: str) -> bool:
-        return resolved == workdir or resolved.startswith(workdir + separator) or resolved == devnull
+    def below(resolved: str, roots: tuple) -> bool:
+        return any(resolved == root or resolved.startswith(root + separator) for root in roots)
 
-    def refuse_outside(path, dir_fd=None) -> None:
+    def refuse_write(path, dir_fd=None) -> None:
         resolved = resolve(path, dir_fd)
-        if not inside(resolved):
+        if not below(resolved, writable):
             raise PermissionError(f"writing outside the working directory is not allowed in the sandbox: "
                                   f"{resolved}")
 
-    return resolve, inside, refuse_outside
+    def refuse_read(path) -> None:
+        resolved = resolve(path)
+        if not below(resolved, read_roots):
+            raise PermissionError(f"reading {resolved} is not allowed in the sandbox: only the working directory "
+                                  f"and the Python libraries can be read")
+
+    def check_open(path, mode, flags) -> None:
+        if isinstance(path, int):
+            return  # reopening a descriptor grants no access it did not have
+        if (isinstance(mode, str) and any(c in mode for c in "wax+")) or (flags or 0) & write_flags:
+            refuse_write(path)
+            return
+        refuse_read(path)
+        resolved = resolve(path)
+        if mode is None and not below(resolved, (workdir,)) and isdir(resolved):
+            # os.open(dir) would give a dir_fd for os.open(name, dir_fd=...), whose event omits it
+            raise PermissionError(f"opening directories outside the working directory as descriptors "
+                                  f"is not allowed in the sandbox: {path}")
+
+    return resolve, refuse_write, refuse_read, check_open
 
 
-def _install_guard(workdir: str) -> None:
-    """Install the audit hook that refuses network, processes, ctypes and writes outside ``workdir``.
+def _install_guard(workdir: str, read_roots: tuple) -> None:
+    """Install the audit hook that refuses network, processes, ctypes, and file access outside the rules.
 
     Everything the hook uses is bound when it is installed, so patching module globals cannot change it.
     """
     import os
     import sys
 
-    resolve, inside, refuse_outside = _path_checks(workdir)
-    join, dirname, isdir, fsdecode = os.path.join, os.path.dirname, os.path.isdir, os.fsdecode
-    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+    resolve, refuse_write, refuse_read, check_open = _path_checks(workdir, read_roots)
+    join, dirname, fsdecode = os.path.join, os.path.dirname, os.fsdecode
     refused = {"socket.": "network access", "ctypes.": "ctypes", "subprocess.": "starting processes",
                "os.exec": "starting processes", "os.posix_spawn": "starting processes",
                "os.fork": "starting processes", "os.system": "starting processes",
-               "os.kill": "signalling processes", "resource.": "changing resource limits"}
+               "os.kill": "signalling processes", "resource.": "changing resource limits",
+               # SQL's ATTACH opens any file, out of the hook's sight
+               "sqlite3.": "opening sqlite3 databases",
+               # a new interpreter does not inherit this hook
+               "cpython.PyInterpreterState_New": "starting interpreters"}
     refused_prefixes = tuple(refused)
     # event -> (path argument, dir_fd argument or None) of every path the event modifies
     path_events = {"os.rename": ((0, 2), (1, 3)), "os.link": ((0, 2), (1, 3)), "os.remove": ((0, 1),),
                    "os.rmdir": ((0, 1),), "os.mkdir": ((0, 2),), "os.chmod": ((0, 2),), "os.chown": ((0, 3),),
                    "os.utime": ((0, 3),), "os.truncate": ((0, None),), "os.setxattr": ((0, None),),
                    "os.removexattr": ((0, None),), "os.chflags": ((0, None),)}
-    blocked_imports = ("ctypes", "_ctypes", "_posixsubprocess")
+    # directory listings (glob, os.walk and pathlib go through these) and extended attributes
+    read_events = ("os.listdir", "os.scandir", "os.listxattr", "os.getxattr")
+    # modules that run code or touch files or processes with no audit event: Tcl runs programs, a
+    # subinterpreter has no hook, readline/OpenSSL/pwd read files, _posixshmem and syslog write outside
+    blocked_imports = {"ctypes", "_ctypes", "_posixsubprocess", "posix", "_signal", "_tkinter", "readline", "_ssl",
+                       "_posixshmem", "syslog", "pwd", "grp", "spwd", "nis"}
+    blocked_prefixes = ("ctypes.", "_xxsubinterpreters", "_xxinterpchannels", "_test")
 
     def hook(event: str, args: tuple) -> None:
         if event == "open":
-            path, mode, flags = args
-            if isinstance(path, int):
-                return  # reopening a descriptor grants no access it did not have
-            if (isinstance(mode, str) and any(c in mode for c in "wax+")) or (flags or 0) & write_flags:
-                refuse_outside(path)
-            elif mode is None and not inside(resolve(path)) and isdir(resolve(path)):
-                # os.open(dir) would give a dir_fd for os.open(name, dir_fd=...), whose event omits it
-                raise PermissionError(f"opening directories outside the working directory as descriptors "
-                                      f"is not allowed in the sandbox: {path}")
+            check_open(*args)
+        elif event in read_events:
+            refuse_read(args[0])
         elif event in path_events:
             for path_index, dir_fd_index in path_events[event]:
-                refuse_outside(args[path_index], None if dir_fd_index is None else args[dir_fd_index])
+                refuse_write(args[path_index], None if dir_fd_index is None else args[dir_fd_index])
         elif event == "os.symlink":
             source, destination, dir_fd = args
-            refuse_outside(destination, dir_fd)
+            refuse_write(destination, dir_fd)
             # a link may only point inside, so that writes through it stay inside too
-            refuse_outside(join(dirname(resolve(destination, dir_fd)), fsdecode(source)))
-        elif event == "import" and (args[0] in blocked_imports or args[0].startswith("ctypes.")):
+            refuse_write(join(dirname(resolve(destination, dir_fd)), fsdecode(source)))
+        elif event == "import" and (args[0] in blocked_imports or args[0].startswith(blocked_prefixes)):
             # ImportError, not PermissionError: libraries that only try ctypes (NumPy) fall back cleanly
             raise ImportError(f"importing {args[0]} is not allowed in the sandbox")
         elif event.startswith(refused_prefixes):
