@@ -14,6 +14,7 @@ from typing import List, Optional
 import typer
 import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from unipg.config import Config, ConfigError, load_config
@@ -25,14 +26,20 @@ console = Console(width=None if sys.stdout.isatty() else 120)
 errors = Console(stderr=True)
 
 
+def print_error(message: str) -> None:
+    """``error: <message>`` on stderr exactly as written: brackets in paths or values are not read as markup, and
+    long lines are not wrapped."""
+    errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+
+
 def resolve(config_path: Optional[Path], overrides: List[str]) -> Config:
     try:
         config = load_config(config_path, overrides)
     except ConfigError as error:
-        errors.print(f"[bold red]error:[/] {error}", markup=True, highlight=False)
+        print_error(str(error))
         raise typer.Exit(2) from None
     for warning in config.warnings:
-        errors.print(f"[yellow]warning:[/] {warning}", highlight=False)
+        errors.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
     return config
 
 
@@ -53,13 +60,16 @@ def train(
     overrides = list(overrides or []) + ([f"backend={backend}"] if backend is not None else [])
     if resume is not None:
         if config_path is not None or seeds:
-            errors.print("[bold red]error:[/] --resume continues a run with its own config.yaml; drop --config "
-                         "and --seeds (key=value overrides still apply)", highlight=False)
+            print_error("--resume continues a run with its own config.yaml; drop --config and --seeds "
+                        "(key=value overrides still apply)")
             raise typer.Exit(2)
         config = resolve_resumed(resume, list(overrides or []))
         console.print(text_result_table([(config, run_guarded(config, threshold, resume=resume))]))
         return
     seed_list = parse_seeds(seeds)
+    if seed_list and any(override.partition("=")[0].strip() == "seed" for override in overrides):
+        print_error("the seed is set twice, by --seeds and by a seed= override; keep one of them")
+        raise typer.Exit(2)
     configs = [resolve(config_path, list(overrides or []) + ([f"seed={seed}"] if seed is not None else []))
                for seed in seed_list or [None]]
     if jobs > 1 and len(configs) > 1:
@@ -93,13 +103,13 @@ def run_in_parallel(configs: list[Config], threshold: Optional[float], jobs: int
         try:
             resolve_warm_start(configs[0], make_task(configs[0].task.name, **configs[0].task.options))
         except ValueError as error:
-            errors.print(f"[bold red]error:[/] {error}", highlight=False)
+            print_error(str(error))
             raise typer.Exit(2) from None
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         outcomes = list(pool.map(train_in_child, configs, [threshold] * len(configs)))
     failed = [(config.seed, outcome) for config, outcome in zip(configs, outcomes) if isinstance(outcome, str)]
     for seed, message in failed:
-        errors.print(f"[bold red]error:[/] seed {seed}: {message}", highlight=False)
+        print_error(f"seed {seed}: {message}")
     if failed:
         raise typer.Exit(2)
     return outcomes
@@ -119,21 +129,18 @@ def train_in_child(config: Config, threshold: Optional[float]):
 
 def resolve_resumed(run_dir: Path, overrides: List[str]) -> Config:
     """The configuration of the run in ``run_dir`` (its config.yaml) with ``overrides`` applied."""
-    from rich.markup import escape
-
     config_file = run_dir / "config.yaml"
     if not config_file.is_file():
-        errors.print(f"[bold red]error:[/] cannot resume from '{escape(str(run_dir))}': it is not a run folder (no "
-                     "config.yaml); pass the folder that `unipg train` created for the run", highlight=False)
+        print_error(f"cannot resume from '{run_dir}': it is not a run folder (no config.yaml); pass the folder "
+                    "that `unipg train` created for the run")
         raise typer.Exit(2)
     try:
         config = load_config(config_file, overrides)
     except ConfigError as error:
-        errors.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False)
+        print_error(str(error))
         raise typer.Exit(2) from None
     if not config.is_text:
-        errors.print(f"[bold red]error:[/] --resume continues text runs only; '{escape(str(run_dir))}' trained "
-                     f"on {config.env.id}", highlight=False)
+        print_error(f"--resume continues text runs only; '{run_dir}' trained on {config.env.id}")
         raise typer.Exit(2)
     # config.warnings are not printed: config.yaml sets every key, so they would list all the unused ones.
     return config
@@ -148,14 +155,15 @@ def run_guarded(config: Config, threshold: Optional[float], resume: Optional[Pat
         if config.is_text:
             return train_text(config, resume=resume)
         return train_classic(config, return_threshold=threshold)
-    except (ValueError, RegistryError) as error:  # an unknown task or reward name is a RegistryError
-        errors.print(f"[bold red]error:[/] {error}", highlight=False)
+    # An unknown task or reward name is a RegistryError; an OSError, a folder that cannot be written.
+    except (ValueError, RegistryError, OSError) as error:
+        print_error(str(error))
         raise typer.Exit(2) from None
     except TrainingStopped as stopped:
-        errors.print(f"{stopped}; a checkpoint was saved in {stopped.run_dir}/checkpoints", highlight=False)
+        errors.print(escape(f"{stopped}; a checkpoint was saved in {stopped.run_dir}/checkpoints"), highlight=False)
         raise typer.Exit(128 + stopped.signal_number) from None
     except KeyboardInterrupt:
-        errors.print(f"interrupted; the metrics written so far are kept under {config.log.output_dir}/")
+        errors.print(escape(f"interrupted; the metrics written so far are kept under {config.log.output_dir}/"))
         raise typer.Exit(130) from None
 
 
@@ -208,25 +216,32 @@ def sft(
 
     config = resolve(config_path, list(overrides or []))
     if not config.is_text:
-        errors.print("[bold red]error:[/] sft needs a text task; set task.name (e.g. task.name=arithmetic)")
+        print_error("sft needs a text task; set task.name (e.g. task.name=arithmetic)")
         raise typer.Exit(2)
     try:
         report = run_sft(config, output)
     except (ValueError, RegistryError) as error:
-        errors.print(f"[bold red]error:[/] {error}", highlight=False)
+        print_error(str(error))
         raise typer.Exit(2) from None
     console.print(f"held-out greedy accuracy {report['before']:.3f} → {report['after']:.3f}; "
                   f"model saved to {report['output']}")
 
 
 def parse_seeds(text: Optional[str]) -> list[int]:
+    """``"0,1,2"`` → [0, 1, 2]; anything else ends the command with a message (exit code 2)."""
     if not text:
         return []
     try:
-        return [int(part) for part in text.split(",") if part.strip()]
+        seeds = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        errors.print(f"[bold red]error:[/] --seeds takes comma-separated integers such as 0,1,2, got '{text}'")
+        print_error(f"--seeds takes comma-separated integers such as 0,1,2, got '{text}'")
         raise typer.Exit(2) from None
+    repeated = sorted({seed for seed in seeds if seeds.count(seed) > 1})
+    if repeated:
+        print_error(f"--seeds lists seed {', '.join(map(str, repeated))} more than once; each seed trains one run, "
+                    "so list every seed once")
+        raise typer.Exit(2)
+    return seeds
 
 
 def result_table(results, threshold: Optional[float] = None) -> Table:
@@ -282,8 +297,6 @@ def evaluate(
     """Evaluate a model on a text task's held-out split: completion (pass@1), pass@k, turns, tool use."""
     import json
 
-    from rich.markup import escape
-
     from unipg.run.evaluation import evaluate_model, run_config
 
     try:
@@ -295,7 +308,7 @@ def evaluate(
             config = resolve(config_path, list(overrides or []))
         metrics = evaluate_model(config)
     except (ValueError, ConfigError, RegistryError) as error:
-        errors.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False)
+        print_error(str(error))
         raise typer.Exit(2) from None
     table = Table(title=f"held-out evaluation on {config.task.name}", caption=f"model: {escape(config.model.name)}")
     table.add_column("metric")
@@ -313,14 +326,12 @@ def doctor(
     as_json: bool = typer.Option(False, "--json", help="print the findings as a JSON list"),
 ) -> None:
     """Diagnose a run from its metrics: flat or oscillating reward, KL spikes, entropy collapse, slow steps, ..."""
-    from rich.markup import escape  # the message may hold brackets, e.g. a path or "unipg[plot]"
-
     from unipg.run.doctor import diagnose_run, findings_json, format_report
 
     try:
         findings = diagnose_run(run_dir)
     except ValueError as error:
-        errors.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False)
+        print_error(str(error))
         raise typer.Exit(2) from None
     typer.echo(findings_json(findings) if as_json else format_report(findings))
 
@@ -333,14 +344,12 @@ def plot(
                                                help="metric group (reward, eval, kl, ...) or metric; repeatable"),
 ) -> None:
     """Plot learning curves, one PNG per metric group, with mean and min-max band over seeds."""
-    from rich.markup import escape
-
     from unipg.run.plots import plot_runs
 
     try:
         paths = plot_runs(list(run_dirs), out, metrics=list(metric) if metric else None)
     except ValueError as error:
-        errors.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False)
+        print_error(str(error))
         raise typer.Exit(2) from None
     for path in paths:
         typer.echo(str(path))

@@ -6,17 +6,52 @@ dotted overrides and rejects bad input with a message that says what to fix.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import datetime
+import os
+import re
+import types
+from typing import Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 
 class ConfigError(ValueError):
     """A configuration that cannot be used; the message lists every problem and its fix."""
 
 
+def scalar_types(annotation: Any) -> set[type]:
+    """The plain types an annotation accepts: ``int | None`` → {int, NoneType}, a Literal of strings → {str}."""
+    origin = get_origin(annotation)
+    if origin in (Union, types.UnionType):
+        return set().union(*(scalar_types(arg) for arg in get_args(annotation)))
+    if origin is Literal:
+        return {type(arg) for arg in get_args(annotation)}
+    return {origin or annotation}
+
+
+def is_text_field(annotation: Any) -> bool:
+    """Whether a field takes text only (a string, a choice of strings, optionally None)."""
+    accepted = scalar_types(annotation)
+    return str in accepted and accepted <= {str, type(None)}
+
+
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # allow_inf_nan=False: an infinite or NaN learning rate, coefficient or clip range is always a mistake.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _reject_lookalike_values(cls, value: Any, info: ValidationInfo) -> Any:
+        """Refuse what pydantic would otherwise convert silently: a boolean for a number (``seed: true`` is 1)
+        and a YAML boolean, number or date for a text field (``name: no`` is False)."""
+        annotation = cls.model_fields[info.field_name].annotation
+        accepted = scalar_types(annotation)
+        if isinstance(value, bool) and bool not in accepted and accepted & {int, float}:
+            raise ValueError("expected a number, not a boolean")
+        if is_text_field(annotation) and isinstance(value, (bool, int, float, datetime.date)):
+            raise ValueError("expected text; YAML reads unquoted yes/no/on/off/true/false as booleans and 1.5 or "
+                             "2024-01-01 as a number or a date: quote the value ('no')")
+        return value
 
 
 class EnvConfig(Section):
@@ -261,7 +296,7 @@ class SampleConfig(Section):
     samples_per_prompt: int = Field(8, ge=1)
     """completions sampled per prompt: the group of GRPO and RLOO; batch_size / samples_per_prompt prompts per update."""
     max_new_tokens: int = Field(64, ge=1)
-    """longest completion in tokens."""
+    """longest completion in tokens; must be below the model's context length (checked when the model loads)."""
     temperature: float = Field(1.0, ge=0.0)
     """sampling temperature (0 = greedy); log-probs are those of softmax(logits / temperature)."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
@@ -271,7 +306,9 @@ class SampleConfig(Section):
     stop: list[str] = Field(default_factory=list)
     """strings that end a completion (besides the EOS token); the text is cut before them."""
     max_prompt_length: int = Field(512, ge=1)
-    """prompts longer than this many tokens keep their last max_prompt_length tokens."""
+    """prompts longer than this many tokens keep their last max_prompt_length tokens. Where a prompt and its
+    completion would outgrow the model's context, the completion stops there (finish reason "length"); a prompt
+    that fills the context by itself is an error."""
     rollout_steps: int = Field(512, ge=1)
     """trajectories the rollout side produces per learner step."""
     replay_buffer_size: int = Field(4096, ge=1)
@@ -394,7 +431,7 @@ class LogConfig(Section):
     output_dir: str = "runs"
     """directory under which each run gets its own folder."""
     run_name: str | None = None
-    """folder name of the run; default: <algorithm>-<env>-seed<seed>-<time>."""
+    """folder name of the run, created under output_dir; default: <algorithm>-<env>-seed<seed>-<time>."""
     tensorboard: bool = True
     """also write TensorBoard event files (metrics.jsonl is always written)."""
     progress: bool = True
@@ -410,14 +447,24 @@ class LogConfig(Section):
     monitor: bool = True
     """run the doctor's checks live on the logged metrics and warn when a condition begins."""
 
+    @field_validator("run_name")
+    @classmethod
+    def _plain_folder_name(cls, name: str | None) -> str | None:
+        # A path here ('..', '/x', 'a/../../b') would put the run, and its config.yaml, outside output_dir.
+        if name is not None and (name.strip() in ("", ".", "..") or "/" in name or "\\" in name):
+            raise ValueError("run_name must be a plain folder name such as 'baseline-1'; the folder is made "
+                             "under log.output_dir, so put parent folders into output_dir")
+        return name
+
 
 class Config(Section):
     """A complete run: one answer to each of the three questions plus run settings."""
 
     algorithm: str = "ppo"
     """named preset (ppo, trpo, a2c, reinforce, ...) that fills defaults the user did not set."""
-    seed: int = 0
-    """seed of every random number generator of the run."""
+    seed: int = Field(0, ge=0, lt=2**31)
+    """seed of every random number generator of the run (numpy takes seeds below 2**32; the bound leaves room
+    for the per-worker and per-evaluation offsets added to it)."""
     deterministic: bool = False
     """use deterministic torch kernels and a single thread (bitwise-reproducible on CPU)."""
     device: str = "cpu"
@@ -464,6 +511,66 @@ class Config(Section):
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+    @classmethod
+    def model_validate(cls, obj: Any, **options: Any) -> Config:
+        """Pydantic's ``model_validate``, after ``restore_secrets`` has put back the secrets that
+        ``redact_secrets`` took out of a saved config.yaml: a redaction marker never becomes a run's secret."""
+        return super().model_validate(restore_secrets(obj) if isinstance(obj, dict) else obj, **options)
+
+
+REDACTED = "<redacted>"
+"""What the configuration saved with a run (config.yaml, TensorBoard, W&B) holds in place of a secret."""
+SECRET_WORDS = ("key", "keys", "token", "secret", "secrets", "password", "passwd", "passphrase", "credential",
+                "credentials", "auth")
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a configuration key names a secret: one of its words (split at ``_``, ``-``, ``.`` and camelCase)
+    ends in a ``SECRET_WORDS`` entry, as in ``WANDB_API_KEY``, ``hfToken`` or ``apikey``; ``max_new_tokens``
+    does not."""
+    words = re.findall(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])", str(name))
+    return any(word.lower().endswith(SECRET_WORDS) for word in words)
+
+
+def redact_secrets(tree: Any, *, secret: bool = False) -> Any:
+    """A copy of a configuration dict in which every value under a key named like a secret (``is_secret_name``)
+    is ``REDACTED``. Kept as they are: ``None``, ``""`` and booleans (``token: true`` means "use the stored one")."""
+    if isinstance(tree, dict):
+        return {key: redact_secrets(value, secret=secret or is_secret_name(key)) for key, value in tree.items()}
+    if isinstance(tree, list):
+        return [redact_secrets(value, secret=secret) for value in tree]
+    if secret and tree is not None and tree != "" and not isinstance(tree, bool):
+        return REDACTED
+    return tree
+
+
+def restore_secrets(tree: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``tree`` in which each ``REDACTED`` value is read from the environment variable named like its key
+    (as written or upper-case); ``ConfigError`` naming the keys that stay redacted and how to pass them again."""
+    missing = []
+
+    def restore(node: Any, path: list[str]) -> Any:
+        if isinstance(node, dict):
+            return {key: restore(value, [*path, str(key)]) for key, value in node.items()}
+        if isinstance(node, list):
+            return [restore(value, [*path, str(index)]) for index, value in enumerate(node)]
+        if not isinstance(node, str) or node != REDACTED:
+            return node
+        name = next((part for part in reversed(path) if not part.isdigit()), "")
+        value = os.environ.get(name, os.environ.get(name.upper()))
+        if value is None:
+            missing.append(".".join(path))
+            return node
+        return value
+
+    restored = restore(tree, [])
+    if missing:
+        raise ConfigError(f"the configuration holds {REDACTED!r} at {', '.join(missing)}: secrets are left out of the "
+                          "config.yaml saved with a run. Pass each again as an override (e.g. "
+                          f"{missing[0]}=...), or set the environment variable of the same name "
+                          f"({missing[0].rsplit('.', 1)[-1]}), which is read in its place")
+    return restored
 
 
 from unipg.config_loading import load_config, parse_override  # noqa: E402,F401  (the public entry points)

@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from unipg.config import Config, ConfigError
+from unipg.config import Config, ConfigError, is_text_field
 from unipg.presets import ALGORITHMS, algorithm_names, ignored_keys
 
 
@@ -58,32 +58,116 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return build_config(raw)
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that rejects a key set twice in one mapping (plain YAML keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        lines: dict[str, int] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            line = key_node.start_mark.line + 1
+            if key_node.value in lines:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key '{key_node.value}' is set twice (lines {lines[key_node.value]} and {line}); "
+                    "keep one of them", key_node.start_mark)
+            lines[key_node.value] = line
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
+    if path.is_dir():
+        example = f" such as '{path / 'config.yaml'}'" if (path / "config.yaml").is_file() else ""
+        raise ConfigError(f"config file '{path}' is a folder; pass the path of a YAML file{example}")
     if not path.is_file():
         raise ConfigError(f"config file '{path}' does not exist; pass the path of a YAML file")
+    raw = path.read_bytes()
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = raw[: error.start].count(b"\n") + 1
+        raise ConfigError(f"config file '{path}' is not UTF-8 text (byte {raw[error.start]:#04x} on line {line}); "
+                          "save it as UTF-8") from None
+    try:
+        data = yaml.load(text, Loader=UniqueKeyLoader)
     except yaml.YAMLError as error:
-        raise ConfigError(f"config file '{path}' is not valid YAML: {error}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"config file '{path}' is not UTF-8 text; save it as UTF-8") from None
+        raise ConfigError(f"config file '{path}' is not valid YAML: {describe_yaml_error(error)}") from None
+    except Exception as error:  # PyYAML's constructors raise what they hit: `!!float abc`, `!!float`, deep nesting
+        raise ConfigError(f"config file '{path}' holds a value YAML cannot build ({type(error).__name__}: "
+                          f"{error}); quote the value or remove its explicit !!tag") from None
+    if refers_to_itself(data):
+        raise ConfigError(f"config file '{path}' holds a YAML alias inside the value it names (&name ... *name); "
+                          "write the value out instead")
     if data is None:
-        return {}
+        raise ConfigError(f"config file '{path}' holds no settings; add keys such as 'algorithm: ppo', or pass "
+                          "no config file to train with the defaults")
     if not isinstance(data, dict):
-        raise ConfigError(f"config file '{path}' must hold a mapping of keys to values, got {type(data).__name__}")
+        raise ConfigError(f"config file '{path}' must hold a mapping of keys to values (key: value lines), got "
+                          f"a {type(data).__name__}")
     return data
 
 
+def refers_to_itself(node: Any, enclosing: frozenset[int] = frozenset()) -> bool:
+    """Whether a loaded YAML value contains itself (``&a [*a]``), which no setting can hold."""
+    if not isinstance(node, (dict, list)):
+        return False
+    if id(node) in enclosing:
+        return True
+    children = node.values() if isinstance(node, dict) else node
+    return any(refers_to_itself(child, enclosing | {id(node)}) for child in children)
+
+
+def describe_yaml_error(error: yaml.YAMLError) -> str:
+    """One line: where the parser stopped, what it found, and a hint for the common slips (tabs, brackets)."""
+    if not isinstance(error, yaml.MarkedYAMLError) or error.problem_mark is None:
+        return " ".join(str(error).split())
+    mark = error.problem_mark
+    message = f"line {mark.line + 1}, column {mark.column + 1}: {error.problem}"
+    if error.context and error.context_mark is not None:
+        opened = error.context_mark
+        message += f" ({error.context} that starts on line {opened.line + 1}, column {opened.column + 1})"
+    if "'\\t'" in str(error.problem):
+        message += "; indent with spaces, YAML does not allow tabs"
+    elif error.context and "flow" in error.context:
+        message += "; close the bracket or brace opened there"
+    return message
+
+
 def parse_override(text: str) -> tuple[str, Any]:
-    """``estimator.clip_range=0.1`` → ("estimator.clip_range", 0.1); values are parsed as YAML scalars."""
+    """``estimator.clip_range=0.1`` → ("estimator.clip_range", 0.1); values are parsed as YAML scalars.
+
+    A value YAML cannot parse is kept as the text written, and so is any value of a text field (``model.name=no``
+    is the name 'no', not the boolean false; ``log.run_name=2024-01-01`` is not a date); ``null`` stays None.
+    """
     key, sep, value = text.partition("=")
-    if not sep or not key.strip():
+    key = key.strip()
+    if not sep or not key:
         raise ConfigError(f"override '{text}' must look like key=value, e.g. estimator.clip_range=0.1")
+    if any(not part.strip() for part in key.split(".")):
+        raise ConfigError(f"override '{text}' has an empty part in its key '{key}'; write section.name=value, "
+                          "e.g. estimator.clip_range=0.1")
     try:
         parsed = yaml.safe_load(value) if value.strip() else None
-    except yaml.YAMLError:
-        parsed = value
-    return key.strip(), parsed
+    except Exception:  # `[a`, `!!float x`, `[[[[...`: PyYAML raises YAMLError and whatever its constructors hit
+        parsed = value.strip()
+    if refers_to_itself(parsed):
+        raise ConfigError(f"override '{text}' holds a YAML alias inside the value it names; write the value out")
+    if parsed is not None and not isinstance(parsed, str) and is_text_field(leaf_annotation(key)):
+        parsed = value.strip()
+    return key, parsed
+
+
+def leaf_annotation(dotted: str) -> Any:
+    """The annotation of the schema field at ``dotted`` (a flat alias is resolved first), or None if none."""
+    *sections, leaf = FLAT_ALIASES.get(dotted, dotted).split(".")
+    model: type[BaseModel] = Config
+    for name in sections:
+        field = model.model_fields.get(name)
+        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+            return None
+        model = field.annotation
+    field = model.model_fields.get(leaf)
+    return None if field is None or field.exclude else field.annotation
 
 
 def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -102,9 +186,12 @@ def build_config(raw: dict[str, Any]) -> Config:
     check_known_keys(tree)
     user_keys = flatten_keys(tree)
     algorithm = tree.get("algorithm", Config.model_fields["algorithm"].default)
+    if not isinstance(algorithm, str):
+        raise ConfigError(f"algorithm must be the name of a preset, got {algorithm!r}. "
+                          f"Valid: {', '.join(algorithm_names())}")
     if algorithm not in ALGORITHMS:
         close = difflib.get_close_matches(str(algorithm), algorithm_names(), n=1)
-        hint = f"; did you mean '{close[0]}'?" if close else ""
+        hint = f"; did you mean '{close[0]}'?" if close else "."
         raise ConfigError(f"unknown algorithm '{algorithm}'{hint} Valid: {', '.join(algorithm_names())}")
     text = isinstance(tree.get("task"), dict) and tree["task"].get("name") is not None
     try:
@@ -120,7 +207,7 @@ def build_config(raw: dict[str, Any]) -> Config:
 
     problems = cross_field_problems(config)
     if problems:
-        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+        raise ConfigError(invalid_configuration(problems))
     config.warnings = ignored_keys(config, user_keys)
     return config
 
@@ -165,10 +252,18 @@ def check_known_keys(tree: dict[str, Any]) -> None:
         if not close:  # a misspelt leaf under the right section, or the right leaf under the wrong one
             tail = key.rsplit(".", 1)[-1]
             close = [leaf for leaf in leaves if leaf.rsplit(".", 1)[-1] == tail][:1]
-        hint = f"; did you mean '{close[0]}'?" if close else ""
+        hint = f"; did you mean '{close[0]}'?" if close else f"; {siblings(key, valid)}"
         problems.append(f"unknown key '{key}'{hint}")
     if problems:
-        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+        raise ConfigError(invalid_configuration(problems))
+
+
+def siblings(key: str, valid: dict[str, type[BaseModel] | None]) -> str:
+    """The valid keys of the section ``key`` sits in (the top level for an undotted key), as a phrase."""
+    prefix = key.rsplit(".", 1)[0] + "." if "." in key else ""
+    names = sorted(name[len(prefix):] for name in valid if name.startswith(prefix) and "." not in name[len(prefix):])
+    where = f"section '{prefix[:-1]}' has" if prefix else "valid top-level keys:"
+    return f"{where} {', '.join(names)}"
 
 
 def iter_items(tree: dict[str, Any], prefix: str = ""):
@@ -205,5 +300,13 @@ def format_validation_error(error: ValidationError) -> str:
     lines = []
     for item in error.errors():
         key = ".".join(str(part) for part in item["loc"])
-        lines.append(f"'{key}': {item['msg']} (got {item.get('input')!r})")
-    return "invalid configuration:\n  - " + "\n  - ".join(lines)
+        message = item["msg"].removeprefix("Value error, ")  # our own validators' messages need no prefix
+        lines.append(f"'{key}': {message} (got {item.get('input')!r})")
+    return invalid_configuration(lines)
+
+
+def invalid_configuration(problems: list[str]) -> str:
+    """One problem on one line; several as a list, one per line."""
+    if len(problems) == 1:
+        return f"invalid configuration: {problems[0]}"
+    return "invalid configuration:\n  - " + "\n  - ".join(problems)

@@ -6,6 +6,7 @@ how fields must agree here.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from unipg.estimate import ADVANTAGES, OFF_POLICY_WEIGHTS, POLICY_LOSSES
@@ -43,6 +44,9 @@ def cross_field_problems(config: Config) -> list[str]:
             f"estimator.clip_range_high ({est.clip_range_high}) is below clip_range ({est.clip_range}); "
             "clip-higher needs ε_high ≥ ε_low"
         )
+    if Path(config.log.output_dir).is_file():
+        problems.append(f"log.output_dir '{config.log.output_dir}' is a file; point it at a folder (each run gets "
+                        "a folder inside it)")
     return problems
 
 

@@ -71,7 +71,7 @@ def test_a_run_that_starts_ray_leaves_no_process_behind(embedded_path, tmp_path)
     assert ray_processes(session) == []
     (run,) = [path for path in tmp_path.iterdir() if path.is_dir()]
     records = [r for r in read_metrics(run) if "train/loss" in r]
-    assert [r["step"] for r in records] == [1, 2] and records[-1]["ray/episodes_finished"] == 16
+    assert [r["step"] for r in records] == [1, 2] and records[-1]["rollout/episodes_finished"] == 16
 
 
 def test_a_local_instance_too_small_for_the_workers_is_refused_up_front(embedded_path, tmp_path):
@@ -150,10 +150,10 @@ def test_a_killed_rollout_worker_is_replaced_and_every_episode_is_accounted_for(
     records = [r for r in read_metrics(result.run_dir) if "train/loss" in r]
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
     last = records[-1]
-    assert last["ray/worker_restarts"] == 1 and last["ray/episodes_requeued"] >= 4  # at least the group it held
+    assert last["ray/worker_restarts"] == 1 and last["rollout/episodes_requeued"] >= 4  # at least the group it held
     parts = ["finished", "failed", "requeued", "cancelled", "in_flight"]
-    assert last["ray/episodes_started"] == sum(last[f"ray/episodes_{part}"] for part in parts)
-    assert last["ray/episodes_failed"] == 0
+    assert last["rollout/episodes_started"] == sum(last[f"rollout/episodes_{part}"] for part in parts)
+    assert last["rollout/episodes_failed"] == 0
     assert unipg_actors() == []
 
 
@@ -208,8 +208,8 @@ def test_an_episode_that_raises_on_a_worker_ends_the_run_with_a_one_line_message
     with pytest.raises(ValueError) as raised:
         train_text(config)
     message = str(raised.value)
-    assert message.startswith("an episode raised on rollout worker 0: RuntimeError: reward function 'fragile' "
-                              "failed: reward service unreachable; ")
+    assert message.startswith("an episode raised on rollout worker 0: RewardFunctionError: reward function "
+                              "'fragile' failed: reward service unreachable (RuntimeError); fix the function")
     assert "no update had finished" in message and "Traceback" not in message and "\n" not in message
     assert unipg_actors() == []
 

@@ -28,7 +28,7 @@ def small_config(embedded_path, output_dir, name, updates, *extra):
 
 def comparable(record: dict) -> dict:
     """A metrics record without its wall-clock entries."""
-    return {key: value for key, value in record.items() if key != "time" and not key.startswith("timing/")}
+    return {key: value for key, value in record.items() if key != "time" and not key.startswith(("timing/", "system/"))}
 
 
 def final_tensors(run_dir) -> dict:

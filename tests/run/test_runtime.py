@@ -110,7 +110,7 @@ def test_a_failing_rollout_stops_the_run_with_its_error(embedded_path, tmp_path,
         return make_env(self, *args, **kwargs)
 
     monkeypatch.setattr(text_rollout.EpisodeRunner, "make_env", broken)
-    with pytest.raises(ValueError, match=r"rollout failed: RuntimeError\('environment crashed'\); no update had "
+    with pytest.raises(ValueError, match=r"rollout failed: RuntimeError: environment crashed; no update had "
                                          r"finished; the metrics so far are in") as raised:
         train_text(config)
     assert isinstance(raised.value.__cause__, ProducerFailed)

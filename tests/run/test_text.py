@@ -51,13 +51,14 @@ def test_warm_start_is_built_once_and_reused(embedded_path, tmp_path):
     assert resolve_warm_start(other, task, root=tmp_path, log=messages.append).model.name != folder
 
 
-def test_a_tools_simulated_latency_does_not_change_the_warm_start():
+def test_a_tools_simulated_latency_or_injected_faults_do_not_change_the_warm_start():
     from unipg.run.warm_start import warm_start_folder
 
     plain = load_config(None, SMALL + ["task.tools=[{name: calculator}]"])
     slow = load_config(None, SMALL + ["task.tools=[{name: calculator, latency: {kind: fixed, seconds: 1}}]"])
+    faulty = load_config(None, SMALL + ["task.tools=[{name: faulty, options: {tool: calculator, raise_rate: 0.1}}]"])
     other = load_config(None, SMALL + ["task.tools=[{name: search}]"])
-    assert warm_start_folder(plain) == warm_start_folder(slow) != warm_start_folder(other)
+    assert warm_start_folder(plain) == warm_start_folder(slow) == warm_start_folder(faulty) != warm_start_folder(other)
 
 
 def test_sft_stages_run_in_order_each_on_the_task_built_with_its_options(embedded_path, monkeypatch):
@@ -90,7 +91,8 @@ def test_deterministic_agent_runs_with_the_same_seed_log_identical_metrics(embed
             f"log.output_dir={tmp_path}", f"log.run_name={name}"])
         records = read_metrics(train_text(config).run_dir)
         runs.append([{key: value for key, value in record.items()
-                      if not key.startswith("timing/") and key != "time" and not key.endswith("tool_seconds")}
+                      if not key.startswith(("timing/", "system/")) and key != "time"
+                      and not key.endswith("tool_seconds")}
                      for record in records])
     assert len(runs[0]) == 3 and json.dumps(runs[0]) == json.dumps(runs[1])
 

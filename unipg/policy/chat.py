@@ -57,8 +57,9 @@ def check_tokenizer(tokenizer: PreTrainedTokenizerBase, name: str) -> PreTrained
         return tokenizer
     if tokenizer.eos_token is None:
         raise ValueError(
-            f"tokenizer of '{name}' has no pad token and no eos token; "
-            "set tokenizer.pad_token or pass a tokenizer that defines one"
+            f"tokenizer of '{name}' has no pad token and no eos token; set tokenizer.pad_token (for a saved model: "
+            "\"pad_token\" in its tokenizer_config.json, naming a token of the vocabulary) or pass a tokenizer "
+            "that defines one"
         )
     tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

@@ -35,6 +35,22 @@ from unipg.estimate.losses import entropy_from_logits
 
 VALUE_HEAD_FILE = "value_head.pt"
 
+# Config attributes under which Hugging Face architectures give the number of positions they were built for.
+CONTEXT_ATTRIBUTES = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length", "seq_length")
+
+
+def context_length(model: nn.Module) -> int | None:
+    """The longest sequence (prompt + completion) the model has positions for, or None when its config does
+    not say. Past it a model with learned position embeddings fails with an index error, and a rotary one
+    runs on positions it was never trained on."""
+    config = getattr(model, "config", None)
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for name in CONTEXT_ATTRIBUTES:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
 
 @dataclass
 class Generation:
@@ -225,6 +241,7 @@ class LMPolicy(nn.Module):
         self.share_prompts = True  # run each distinct prompt once per forward pass (see completion_forward)
         self.pad_id = tokenizer.pad_token_id
         self.eos_ids = self._eos_ids()
+        self.context_length = context_length(model)  # None: the model does not say; nothing is cut
 
     def _eos_ids(self) -> list[int]:
         ids = {self.tokenizer.eos_token_id}
@@ -262,21 +279,25 @@ class LMPolicy(nn.Module):
                keep_stop: tuple[str, ...] = (), generator: torch.Generator | None = None) -> Generation:
         """Sample one completion per prompt (temperature 0 = greedy), with a KV cache.
 
-        Generation of a row ends at an EOS token, at a stop string, or after ``max_new_tokens``; the
-        batch ends when every row has. A row's text is cut before the stop string it ended on, or after it
-        for stop strings in ``keep_stop`` (a tool call's closing tag belongs to the call). Behaviour log-probs are those of softmax(logits / temperature)
+        Generation of a row ends at an EOS token, at a stop string, after ``max_new_tokens``, or when its
+        prompt and completion fill the model's context (finish reason "length" then too, as inference servers
+        do); a prompt that fills the context by itself is an error. The batch ends when every row has. A row's
+        text is cut before the stop string it ended on, or after it for stop strings in ``keep_stop`` (a tool
+        call's closing tag belongs to the call). Behaviour log-probs are those of softmax(logits / temperature)
         (of softmax(logits) when greedy).
         """
         if not prompt_ids or any(len(ids) == 0 for ids in prompt_ids):
             raise ValueError("every prompt must have at least one token")
+        room = self._room(prompt_ids, max_new_tokens)
         ids, prompt_mask = left_pad(prompt_ids, self.pad_id)
         ids, prompt_mask = ids.to(self.device), prompt_mask.to(self.device)
         batch = ids.shape[0]
         cache, pos, mask = _new_cache(self.model), positions(prompt_mask), prompt_mask
         logits, _ = prefill(self.model, ids, mask, cache, share=self.share_prompts)
-        eos = torch.tensor(self.eos_ids, device=self.device)
+        eos = torch.tensor(self.eos_ids, dtype=torch.long, device=self.device)
         pad = torch.full((batch,), self.pad_id, dtype=torch.long, device=self.device)
         finished = torch.zeros(batch, dtype=torch.bool, device=self.device)
+        cut = torch.zeros(batch, dtype=torch.bool, device=self.device)  # rows ended by a full context
         running = torch.arange(batch, device=self.device)  # the rows the model still computes, in cache order
         compact = _plain_cache(cache)
         stopped_by_string = [False] * batch
@@ -299,6 +320,8 @@ class LMPolicy(nn.Module):
             finished = finished | torch.isin(token, eos)
             if stop:
                 finished = self._apply_stop_strings(torch.stack(tokens, 1), finished, stop, stopped_by_string)
+            at_limit = ~finished & (room <= step + 1)
+            cut, finished = cut | at_limit, finished | at_limit
             if bool(finished.all()) or step == max_new_tokens - 1:
                 break
             still = ~finished[running]
@@ -310,15 +333,30 @@ class LMPolicy(nn.Module):
                 running, mask, pos = running[keep], mask[keep], pos[keep]
             mask = torch.cat([mask, torch.ones((len(running), 1), dtype=mask.dtype, device=self.device)], dim=-1)
             pos = pos[:, -1:] + 1
+            if self.context_length is not None:  # finished rows are fed padding; keep their positions valid
+                pos = pos.clamp(max=self.context_length - 1)
             logits = self.model(input_ids=token[running][:, None], attention_mask=mask, position_ids=pos,
                                 use_cache=True, **{_cache_keyword(self.model): cache}).logits[:, -1]
         completion_ids = torch.stack(tokens, 1)
         completion_mask = torch.stack(alive, 1).long()
         behaviour = torch.stack(logprobs, 1) * completion_mask
         texts = self._decode(completion_ids, completion_mask, stop, keep_stop)
-        reasons = ["stop" if finished[row] else "length" for row in range(batch)]
+        reasons = ["stop" if finished[row] and not cut[row] else "length" for row in range(batch)]
         return Generation(ids.cpu(), prompt_mask.cpu(), completion_ids.cpu(), completion_mask.cpu(), behaviour.cpu(),
                           texts, reasons)
+
+    def _room(self, prompt_ids: list[list[int]], max_new_tokens: int) -> torch.Tensor:
+        """(B,) how many tokens each row may generate: ``max_new_tokens``, or less where the context ends first."""
+        lengths = torch.tensor([len(ids) for ids in prompt_ids], device=self.device)
+        if self.context_length is None:
+            return torch.full_like(lengths, max_new_tokens)
+        longest = int(lengths.max())
+        if longest >= self.context_length:
+            raise ValueError(
+                f"a prompt of {longest} tokens leaves no room for a completion in the model's {self.context_length}-"
+                f"token context; lower sample.max_prompt_length below {self.context_length} (longer prompts keep "
+                "their last max_prompt_length tokens) and, for multi-turn tasks, agent.max_total_tokens")
+        return (self.context_length - lengths).clamp(max=max_new_tokens)
 
     def _apply_stop_strings(self, completion_ids: torch.Tensor, finished: torch.Tensor, stop: list[str],
                             stopped: list[bool]) -> torch.Tensor:
@@ -351,6 +389,7 @@ class LMPolicy(nn.Module):
         completions. Differentiable (the entropy only with ``entropy_grad``, so that a pure metric costs no
         autograd memory); callers bound memory by passing micro-batches.
         """
+        self._check_context(attention_mask)
         needs_hidden = with_values and self.value_head is not None
         out = completion_forward(self.model, input_ids, attention_mask, completion_length, hidden=needs_hidden,
                                  share_prompts=self.share_prompts)
@@ -361,6 +400,16 @@ class LMPolicy(nn.Module):
         if with_values:
             result.values = self.values(input_ids, attention_mask, completion_length, hidden=out.hidden)
         return result
+
+    def _check_context(self, attention_mask: torch.Tensor) -> None:
+        """A row longer than the model's context would reach it as an index error (learned positions)."""
+        if self.context_length is None:
+            return
+        longest = int(attention_mask.sum(-1).max())
+        if longest > self.context_length:
+            raise ValueError(f"a sequence of {longest} tokens (prompt + completion) exceeds the model's "
+                             f"{self.context_length}-token context; lower sample.max_prompt_length or "
+                             "sample.max_new_tokens so that the two fit")
 
     def values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_length: int, *,
                hidden: torch.Tensor | None = None) -> torch.Tensor:
@@ -378,6 +427,7 @@ class LMPolicy(nn.Module):
     def reference_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_length: int,
                            *, temperature: float = 1.0) -> torch.Tensor:
         """log π_ref of the completion tokens, (B, C), under the frozen reference model."""
+        self._check_context(attention_mask)
         if self.reference_mode == "copy":
             model = self._reference
         elif self.reference_mode == "adapter":

@@ -9,7 +9,7 @@ value head or separate critic, frozen reference, LoRA adapters.
 from __future__ import annotations
 
 import json
-
+import warnings
 from pathlib import Path
 
 import torch
@@ -131,8 +131,28 @@ def policy_from_config(config) -> LMPolicy:
     """The policy a text-task ``Config`` asks for (after any warm start has resolved ``model.name``)."""
     model, est = config.model, config.estimator
     needs_reference = est.kl_coef > 0 or est.kl_control == "adaptive"
-    return load_lm_policy(model.name, dtype=model.dtype, value_head=model.value_head, critic=model.critic,
-                          reference=model.reference, needs_reference=needs_reference, lora_rank=model.lora_rank,
-                          lora_alpha=model.lora_alpha, lora_target_modules=model.lora_target_modules,
-                          gradient_checkpointing=model.gradient_checkpointing,
-                          trust_remote_code=model.trust_remote_code)
+    policy = load_lm_policy(model.name, dtype=model.dtype, value_head=model.value_head, critic=model.critic,
+                            reference=model.reference, needs_reference=needs_reference, lora_rank=model.lora_rank,
+                            lora_alpha=model.lora_alpha, lora_target_modules=model.lora_target_modules,
+                            gradient_checkpointing=model.gradient_checkpointing,
+                            trust_remote_code=model.trust_remote_code)
+    check_policy_fits(policy, config)
+    return policy
+
+
+def check_policy_fits(policy: LMPolicy, config) -> None:
+    """Checks that need the loaded model, made before a run writes anything.
+
+    A completion budget as long as the context leaves no room for any prompt: rejected. A prompt plus its
+    completion longer than the context is not: generation stops where the context ends (``LMPolicy.sample``).
+    Without an EOS token a completion only ends at a stop string or after max_new_tokens: a warning.
+    """
+    context, new_tokens, name = policy.context_length, config.sample.max_new_tokens, config.model.name
+    if context is not None and new_tokens >= context:
+        raise ValueError(f"sample.max_new_tokens ({new_tokens}) leaves no room for a prompt in the {context}-token "
+                         f"context of model '{name}'; lower it below {context}, e.g. sample.max_new_tokens="
+                         f"{context // 4}")
+    if not policy.eos_ids and not config.sample.stop:
+        warnings.warn(f"the tokenizer of model '{name}' has no EOS token, so every completion runs to "
+                      "sample.max_new_tokens; set sample.stop (e.g. ['\\n']) or use a tokenizer with an eos_token",
+                      stacklevel=2)

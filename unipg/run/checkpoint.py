@@ -10,6 +10,7 @@ Layout on disk::
         manifest.json           format version, step, metrics, every file's size and sha256, tied-tensor aliases
       step-00000160/
       .tmp-step-00000200-4711/  a save in progress (or interrupted): ignored by loaders, removed by the next save
+      damaged-step-00000180/    a checkpoint that failed verification, set aside (``set_aside``), never deleted
 
 Atomicity. A save writes the whole checkpoint into ``.tmp-step-<step>-<pid>``, fsyncs every file and that
 folder, then ``os.rename``s it to ``step-<step>`` and fsyncs ``root`` so the rename itself is durable. A
@@ -17,7 +18,10 @@ rename within one filesystem is atomic, so at any instant a ``step-*`` folder is
 a crash (even SIGKILL or power loss) before the rename leaves only a ``.tmp-*`` folder, and the checkpoints
 saved earlier are untouched. Rotation renames a doomed checkpoint to ``.tmp-*`` before deleting it, so a
 half-deleted checkpoint never looks like a real one. Bit rot or a truncated copy is caught by the sha256 of
-every file in the manifest: ``CheckpointStore.latest`` skips a checkpoint that fails it, with a warning.
+every file in the manifest: ``CheckpointStore.latest`` skips a checkpoint that fails it, with a warning, and a
+save whose step folder exists but fails it renames that folder to ``damaged-step-*`` instead of replacing it.
+Every way a checkpoint can be unreadable (a missing or truncated file, a garbled manifest, a path that is not a
+checkpoint folder) raises ``ValueError`` saying what is wrong.
 
 One process writes to a given ``root`` at a time (on several ranks, save from one of them); the next save
 removes every ``.tmp-*`` folder it finds.
@@ -45,12 +49,14 @@ from typing import Literal
 
 import numpy as np
 import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 FORMAT_VERSION = 1
 MANIFEST_FILE = "manifest.json"
 STATE_FILE = "state.json"
 TMP_PREFIX = ".tmp-"
+DAMAGED_PREFIX = "damaged-"  # a checkpoint that failed verification, set aside rather than deleted
 _STEP_DIR = re.compile(r"step-(\d+)")
 _GROUP_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
@@ -169,18 +175,48 @@ def _corrupted(path: Path, problem: str) -> ValueError:
 
 
 def _read_manifest(path: Path) -> dict:
-    manifest_file = Path(path) / MANIFEST_FILE
+    path = Path(path)
+    if not path.is_dir():
+        problem = "is a file, not a checkpoint folder" if path.exists() else "does not exist"
+        raise ValueError(f"checkpoint {path} {problem}; pass a step-<number> folder written by "
+                         "CheckpointStore.save (CheckpointStore(root).list() lists them)")
+    manifest_file = path / MANIFEST_FILE
     if not manifest_file.is_file():
         raise _corrupted(path, f"{manifest_file.name} is missing")
     try:
-        manifest = json.loads(manifest_file.read_text())
-    except (ValueError, UnicodeDecodeError) as error:
+        manifest = json.loads(manifest_file.read_bytes())
+    except (ValueError, RecursionError) as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise _corrupted(path, f"{manifest_file.name} is not valid JSON ({error})") from None
-    version = manifest.get("format_version") if isinstance(manifest, dict) else None
-    if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise ValueError(f"checkpoint {path} has format version {version!r}; this code reads versions up to "
-                         f"{FORMAT_VERSION}: load it with a newer unipg")
+    except OSError as error:
+        raise _corrupted(path, f"{manifest_file.name} cannot be read ({error})") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("format_version"), int):
+        raise _corrupted(path, f"{manifest_file.name} is not an object with an integer format_version")
+    if manifest["format_version"] > FORMAT_VERSION:
+        raise ValueError(f"checkpoint {path} has format version {manifest['format_version']}; this code reads "
+                         f"versions up to {FORMAT_VERSION}: load it with a newer unipg")
+    problem = _manifest_problem(manifest)
+    if problem:
+        raise _corrupted(path, f"{manifest_file.name} {problem}")
     return manifest
+
+
+def _manifest_problem(manifest: dict) -> str | None:
+    """What is missing or mistyped in a manifest, or None; every file a load reads must have a checksum."""
+    if not isinstance(manifest.get("step"), int) or not isinstance(manifest.get("metrics"), dict):
+        return "lacks an integer 'step' or a 'metrics' object"
+    files, groups = manifest.get("files"), manifest.get("tensor_groups")
+    if not isinstance(files, dict) or not isinstance(groups, dict):
+        return "lacks the 'files' or 'tensor_groups' object"
+    for name, entry in files.items():
+        entry = entry if isinstance(entry, dict) else {}
+        if not isinstance(entry.get("bytes"), int) or not isinstance(entry.get("sha256"), str):
+            return f"has no size and sha256 for {name!r}"
+    for group, entry in groups.items():
+        if not (isinstance(entry, dict) and entry.get("file") in files and isinstance(entry.get("aliases"), dict)):
+            return f"lists tensor group {group!r} without a checksummed file or its aliases"
+    if STATE_FILE not in files:
+        return f"has no checksum for {STATE_FILE}"
+    return None
 
 
 def verify_checkpoint(path: str | Path) -> dict:
@@ -191,9 +227,32 @@ def verify_checkpoint(path: str | Path) -> dict:
         file = path / name
         if name != Path(name).name or not file.is_file():
             raise _corrupted(path, f"file {name!r} listed in the manifest is missing")
-        if file.stat().st_size != entry["bytes"] or _sha256(file) != entry["sha256"]:
-            raise _corrupted(path, f"{name} does not match the sha256 checksum in its manifest")
+        try:
+            if file.stat().st_size != entry["bytes"] or _sha256(file) != entry["sha256"]:
+                raise _corrupted(path, f"{name} does not match the size and sha256 checksum in its manifest")
+        except OSError as error:
+            raise _corrupted(path, f"{name} cannot be read ({error})") from None
+    _check_contents(path, manifest)
     return manifest
+
+
+def _check_contents(path: Path, manifest: dict) -> None:
+    """Whether the files whose checksums matched also parse (they could have been checksummed after a bad
+    edit): each tensor file's header, with the tensors its aliases name, and state.json. Reads no tensor."""
+    for group, entry in manifest["tensor_groups"].items():
+        try:
+            with safe_open(path / entry["file"], framework="pt") as file:
+                names = set(file.keys())
+        except (SafetensorError, OSError) as error:
+            raise _corrupted(path, f"{entry['file']} is not a readable safetensors file ({error})") from None
+        for alias, stored_name in entry["aliases"].items():
+            if stored_name not in names:
+                raise _corrupted(path, f"alias {alias!r} of tensor group {group!r} names {stored_name!r}, which "
+                                       f"{entry['file']} does not hold")
+    try:
+        json.loads((path / STATE_FILE).read_bytes())
+    except (ValueError, RecursionError) as error:
+        raise _corrupted(path, f"{STATE_FILE} is not valid JSON ({error})") from None
 
 
 def load_checkpoint(path: str | Path, *, device: str = "cpu") -> Checkpoint:
@@ -202,12 +261,33 @@ def load_checkpoint(path: str | Path, *, device: str = "cpu") -> Checkpoint:
     manifest = verify_checkpoint(path)
     tensors = {}
     for group, entry in manifest["tensor_groups"].items():
-        loaded = load_file(path / entry["file"], device=device)
+        try:  # verified above; this catches a file changed in the meantime
+            loaded = load_file(path / entry["file"], device=device)
+        except (SafetensorError, OSError) as error:
+            raise _corrupted(path, f"{entry['file']} is not a readable safetensors file ({error})") from None
         for alias, stored_name in entry["aliases"].items():
             loaded[alias] = loaded[stored_name]  # one tensor under both names, as when saved
         tensors[group] = loaded
-    state = json.loads((path / STATE_FILE).read_text())
+    state = json.loads((path / STATE_FILE).read_bytes())
     return Checkpoint(path=path, step=manifest["step"], tensors=tensors, state=state, metrics=manifest["metrics"])
+
+
+def tensor_mismatch(saved: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> str | None:
+    """Why ``saved`` tensors do not load into a module whose ``state_dict()`` is ``expected`` — shapes that
+    differ, names missing on either side, each counted with a first example — or None when they fit."""
+    reshaped = [name for name in expected if name in saved and saved[name].shape != expected[name].shape]
+    missing = [name for name in expected if name not in saved]
+    unexpected = [name for name in saved if name not in expected]
+    problems = []
+    if reshaped:
+        name = reshaped[0]
+        problems.append(f"{len(reshaped)} tensor(s) differ in shape, e.g. {name} is {tuple(saved[name].shape)} in "
+                        f"the checkpoint and {tuple(expected[name].shape)} in the model")
+    if missing:
+        problems.append(f"{len(missing)} tensor(s) of the model are not in the checkpoint, e.g. {missing[0]}")
+    if unexpected:
+        problems.append(f"{len(unexpected)} tensor(s) of the checkpoint are not in the model, e.g. {unexpected[0]}")
+    return "; ".join(problems) or None
 
 
 # --- the store ---------------------------------------------------------------------------------------
@@ -244,6 +324,9 @@ class CheckpointStore:
         # Check everything that can be checked before touching the disk.
         state_bytes = _json_bytes(state, "state")
         metrics = {str(name): float(value) for name, value in (metrics or {}).items()}
+        if self.root.exists() and not self.root.is_dir():
+            raise ValueError(f"cannot save checkpoints in {self.root}: it is a file, not a folder; move the file "
+                             "away or choose another checkpoint folder")
         self.root.mkdir(parents=True, exist_ok=True)
         self._remove_stray_tmp()
         final = self.root / f"step-{step:08d}"
@@ -286,6 +369,18 @@ class CheckpointStore:
         if path.is_dir():
             self._remove(path)
 
+    def set_aside(self, path: Path) -> Path:
+        """Rename a damaged checkpoint to ``damaged-step-<step>[-<n>]`` so that no save replaces it and no
+        rotation deletes it, while it stays on disk for inspection or repair; returns the new path."""
+        target = self.root / f"{DAMAGED_PREFIX}{path.name}"
+        copies = 1
+        while target.exists():
+            copies += 1
+            target = self.root / f"{DAMAGED_PREFIX}{path.name}-{copies}"
+        os.rename(path, target)
+        _fsync_path(self.root)
+        return target
+
     def _first_valid(self, paths) -> Path | None:
         for path in paths:
             try:
@@ -294,6 +389,14 @@ class CheckpointStore:
             except ValueError as error:
                 warnings.warn(f"skipping checkpoint {path.name}: {error}", RuntimeWarning, stacklevel=3)
         return None
+
+    @staticmethod
+    def _intact(path: Path) -> bool:
+        try:
+            verify_checkpoint(path)
+        except ValueError:
+            return False
+        return True
 
     def _ranked(self, paths: list[Path]) -> list[Path]:
         """Checkpoints that report a finite ``best_metric``, best first."""
@@ -310,7 +413,12 @@ class CheckpointStore:
 
     def _publish(self, tmp: Path, final: Path) -> None:
         displaced = None
-        if final.exists():
+        if final.exists() and not self._intact(final):
+            moved = self.set_aside(final)
+            warnings.warn(f"checkpoint {final.name} failed verification; kept as {moved.name} instead of being "
+                          "replaced by the new save (delete it once it is no longer needed)", RuntimeWarning,
+                          stacklevel=3)
+        elif final.exists():
             # A resumed run re-reaching a saved step: move the old one aside under a .tmp- name (rename
             # cannot replace a non-empty folder); a crash in between loses only this step, no older one.
             displaced = self.root / f"{TMP_PREFIX}replaced-{final.name}-{os.getpid()}"

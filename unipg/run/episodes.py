@@ -88,8 +88,11 @@ class EpisodeRunner:
                 raise ValueError(f"task '{task.name}' has tools but max_turns is {self.max_turns}; an agent needs at "
                                  "least 2 turns (call a tool, then answer): raise agent.max_turns")
         schemas = [tool.schema() for tool in self.service.tools.values()] if self.service and agent.tool_prompt else None
+        max_prompt = config.sample.max_prompt_length
+        if policy.context_length is not None:  # leave the model room to answer
+            max_prompt = min(max_prompt, policy.context_length - 1)
         self.encode = PromptEncoder(policy.tokenizer, system_prompt=config.task.system_prompt or task.system_prompt,
-                                    max_length=config.sample.max_prompt_length, tools=schemas)
+                                    max_length=max_prompt, tools=schemas)
         self.template = TurnTemplate(policy.tokenizer)
 
     def make_env(self):
@@ -121,7 +124,7 @@ class EpisodeRunner:
         return AgentLoop(engine, self.template, self.encode, max_turns=self.max_turns,
                          max_new_tokens=self.config.sample.max_new_tokens,
                          max_total_tokens=self.config.agent.max_total_tokens if self.max_turns > 1
-                         else self.config.sample.max_new_tokens)
+                         else self.config.sample.max_new_tokens, context_length=self.policy.context_length)
 
     def run(self, examples: list[Example], *, params: SamplingParams, generator: torch.Generator | None,
             policy_version: int = 0) -> list[Trajectory]:

@@ -69,7 +69,13 @@ class MetricsLogger:
         return self.run_dir / "events.jsonl"
 
     def write_config(self, config: dict) -> None:
-        """The resolved configuration the run used, for reproduction (``unipg train --config`` reads it)."""
+        """The resolved configuration the run used, for reproduction (``unipg train --config`` reads it).
+
+        Secrets (values under keys such as ``WANDB_API_KEY`` or ``api_token``) are saved as ``<redacted>``; a
+        run resumed from this file reads them from the environment or from overrides again."""
+        from unipg.config import redact_secrets
+
+        config = redact_secrets(config)
         (self.run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
         if self._tensorboard is not None:
             self._tensorboard.add_text("config", "```\n" + yaml.safe_dump(config, sort_keys=False) + "\n```")
@@ -100,9 +106,14 @@ def start_wandb(run_dir: Path, config: dict):
     except ImportError as error:
         raise ValueError("log.wandb is set but wandb is not installed: pip install 'unipg[wandb]' "
                          "(or set log.wandb=false)") from error
+    from unipg.config import redact_secrets
+
     log = config.get("log", {})
+    # x_disable_meta: W&B's run metadata holds the command line, where a secret passed as an override
+    # (ray.runtime_env.env_vars.HF_TOKEN=...) would be saved with the run and uploaded with it
     return wandb.init(project=log.get("wandb_project") or "unipg", name=Path(run_dir).name, dir=str(run_dir),
-                      mode=log.get("wandb_mode", "offline"), config=config, reinit="create_new")
+                      mode=log.get("wandb_mode", "offline"), config=redact_secrets(config), reinit="create_new",
+                      settings=wandb.Settings(x_disable_meta=True))
 
 
 def finite_or_none(value) -> float | None:
@@ -169,3 +180,20 @@ class Progress:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.stop()
+
+
+def process_metrics() -> dict[str, float]:
+    """This process's resident memory (MB), open file descriptors and threads, for spotting leaks in long runs
+    (``doctor`` flags a memory metric that keeps rising). Linux ``/proc``; empty elsewhere."""
+    import os
+    import threading
+
+    try:
+        with open("/proc/self/statm", encoding="ascii") as statm:
+            resident_pages = int(statm.read().split()[1])
+        open_files = len(os.listdir("/proc/self/fd"))
+        threads = len(os.listdir("/proc/self/task"))  # native threads too (torch, tokenizers), not only Python's
+    except (OSError, ValueError, IndexError):
+        return {}
+    return {"system/rss_mb": resident_pages * os.sysconf("SC_PAGE_SIZE") / 2**20, "system/open_files": open_files,
+            "system/threads": threads, "system/python_threads": threading.active_count()}

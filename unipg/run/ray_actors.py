@@ -17,7 +17,7 @@ import torch
 
 from unipg.run.checkpoint import generator_state, restore_generator
 from unipg.run.episodes import EpisodeRunner
-from unipg.sample.envs.service import run_tool
+from unipg.sample.envs.service import current_attempt, run_tool, set_attempt
 from unipg.sample.tools.base import Tool, ToolError
 
 try:
@@ -67,9 +67,11 @@ class EnvActor:
     async def ready(self) -> int:
         return os.getpid()
 
-    async def call(self, call_id, name: str, arguments: dict, delay: float) -> tuple[str, str]:
-        """("ok", output text) or ("refused", the ``ToolError`` message); other exceptions propagate."""
+    async def call(self, call_id, name: str, arguments: dict, delay: float, attempt: int = 1) -> tuple[str, str]:
+        """("ok", output text) or ("refused", the ``ToolError`` message); other exceptions propagate.
+        ``attempt``: the caller's retry counter, which the tool sees as ``current_attempt()``."""
         _CALL.set(call_id)
+        set_attempt(attempt)
         self.calls[call_id] = asyncio.current_task()
         try:
             return "ok", await run_tool(self.tools[name], arguments, delay, self.threads)
@@ -110,7 +112,7 @@ class EnvPool:
         actor, call_id = self.actors[index], next(self._ids)
         self.in_flight[index] += 1
         try:
-            status, text = await actor.call.remote(call_id, name, arguments, delay)
+            status, text = await actor.call.remote(call_id, name, arguments, delay, current_attempt())
         except asyncio.CancelledError:  # the service's timeout: free the actor from the call
             check = asyncio.get_running_loop().create_task(self._abandon(index, call_id))
             self._checks.add(check)

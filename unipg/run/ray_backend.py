@@ -29,7 +29,7 @@ with their admission version kept, up to ``ray.max_attempts`` runs, after which 
 failed and its admission slot given back. An environment actor on which a call timed out is asked to
 abandon the call; if the call's thread cannot be stopped (a hung synchronous tool) or the actor does not
 answer within ``ray.health_timeout``, it is restarted by Ray, and the calls it held fail and are retried by
-the service. Episode accounting (``ray/episodes_*``, cumulative) always balances:
+the service. Episode accounting (``rollout/episodes_*``, cumulative) always balances:
 started = finished + failed + re-queued + in flight. A run that cannot go on (workers keep dying past
 ``ray.max_restarts``, an actor cannot be started within ``ray.start_timeout``) stops with an error that
 says so; the driver keeps its checkpoints. Every remote wait has a timeout.
@@ -50,6 +50,7 @@ from unipg.config import Config
 from unipg.run.checkpoint import generator_state, restore_generator
 from unipg.run.episodes import EpisodeRunner
 from unipg.run.ray_actors import LOST, EnvActor, RolloutWorker, ray  # says how to install Ray if it is missing
+from unipg.run.runtime import EpisodeAccount
 from unipg.run.text_rollout import inference_copy, split_groups
 from unipg.sample.envs.service import ServiceStats
 from unipg.sample.replay import Group, ProducerFailed, ReplayBuffer, StalenessGate
@@ -59,24 +60,6 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError, TaskCan
 
 class RolloutFailed(ProducerFailed):
     """Rollout on Ray cannot go on: workers keep dying, or a step's episodes keep being lost."""
-
-
-@dataclass
-class EpisodeAccount:
-    """Cumulative episode counts of a run, each counted where it happens; they balance:
-    started = finished + failed + requeued + cancelled + in_flight."""
-
-    started: int = 0
-    finished: int = 0
-    failed: int = 0  # given up after ray.max_attempts runs
-    requeued: int = 0  # runs lost with their worker and started again
-    cancelled: int = 0  # in flight when rollout stopped (a rollback or the end of the run)
-    in_flight: int = 0  # running on a worker now
-
-    def metrics(self) -> dict[str, float]:
-        return {f"ray/episodes_{name}": float(value) for name, value in
-                [("started", self.started), ("finished", self.finished), ("failed", self.failed),
-                 ("requeued", self.requeued), ("cancelled", self.cancelled), ("in_flight", self.in_flight)]}
 
 
 @dataclass
@@ -104,11 +87,26 @@ def connect(settings) -> bool:
                        dashboard_host="127.0.0.1")
     else:
         options["address"] = settings.address
+    # Ray replaces a loopback node address by the machine's own, so the servers of a local instance (GCS, raylet,
+    # object manager, workers) would listen on every interface. Only with clusters disabled (Ray's macOS/Windows
+    # mode, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before Ray is imported) is the node 127.0.0.1, and every server then
+    # binds to loopback. The flag is private and read when ray.init picks the node address, so it is switched for
+    # this call only; tests/run/test_exposure.py notices if a Ray release stops honouring it.
+    try:
+        from ray._private import ray_constants
+    except ImportError:
+        ray_constants = None
+    clusters = getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
+    if settings.address is None and clusters is not None:
+        ray_constants.ENABLE_RAY_CLUSTER = False
     try:
         ray.init(**options)
     except (ConnectionError, RuntimeError, ValueError) as error:
         raise ValueError(f"cannot connect to Ray at ray.address={settings.address!r}: {error}; start the cluster "
                          "(`ray start --head`) or leave ray.address unset for a local instance") from None
+    finally:
+        if clusters is not None:
+            ray_constants.ENABLE_RAY_CLUSTER = clusters
     return True
 
 
@@ -378,7 +376,7 @@ class RayRollout:
                                 "(ray.max_attempts); "
                                 "the workers running it keep dying — see the Ray logs (/tmp/ray/session_latest/logs)")
         self.log(f"warning: a group of {job.size} episodes was lost {job.attempts} times (ray.max_attempts); "
-                 "counted as failed (ray/episodes_failed)")
+                 "counted as failed (rollout/episodes_failed)")
         return False
 
     def _replace(self, index: int, handle, error: BaseException) -> None:

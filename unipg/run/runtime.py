@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
-from unipg.sample.replay import Group, ReplayBuffer, StalenessGate
+from unipg.sample.replay import Group, ProducerFailed, ReplayBuffer, StalenessGate, rollout_failure
 
 
 class Rollout(Protocol):
@@ -43,6 +44,39 @@ class Rollout(Protocol):
     def serve(self, gate: StalenessGate, buffer: ReplayBuffer, stop: threading.Event) -> None: ...
 
     def publish(self, version: int) -> None: ...
+
+
+@dataclass
+class EpisodeAccount:
+    """Cumulative episode counts of a run's rollout, each counted where it happens; they balance:
+    started = finished + failed + requeued + cancelled + in_flight."""
+
+    started: int = 0
+    finished: int = 0
+    failed: int = 0  # ended by an error of the episode, or given up after too many lost runs (Ray)
+    requeued: int = 0  # runs interrupted (a task cancelled, a worker lost) and started again
+    cancelled: int = 0  # in flight when rollout stopped (a rollback or the end of the run)
+    in_flight: int = 0  # running now
+
+    def metrics(self) -> dict[str, float]:
+        return {f"rollout/episodes_{name}": float(getattr(self, name))
+                for name in ("started", "finished", "failed", "requeued", "cancelled", "in_flight")}
+
+    def balanced(self) -> bool:
+        return self.started == self.finished + self.failed + self.requeued + self.cancelled + self.in_flight
+
+    def state(self) -> dict[str, int]:
+        """The counts, for a checkpoint."""
+        return dict(vars(self))
+
+    def resume(self, state: dict[str, int] | None) -> None:
+        """Continue the counts of a checkpoint (a resumed run); what was in flight then was lost with its
+        process, so it counts as cancelled."""
+        if not state:
+            return
+        for name, value in state.items():
+            setattr(self, name, int(value))
+        self.cancelled, self.in_flight = self.cancelled + self.in_flight, 0
 
 
 def serve_one_by_one(rollout: Rollout, gate: StalenessGate, buffer: ReplayBuffer, stop: threading.Event,
@@ -152,7 +186,11 @@ class Runtime:
             count = self.gate.room() // self.group_size
             if count:
                 started = self.gate.take_room(count * self.group_size)
-                for group in self.rollout.produce(count, started):
+                try:
+                    groups = self.rollout.produce(count, started)
+                except Exception as error:  # as the concurrent schedule reports it: the driver keeps what it has
+                    raise ProducerFailed(rollout_failure(error)) from error
+                for group in groups:
                     self.buffer.put(group)
                 produced = time.perf_counter() - wait_start
         occupancy = len(self.buffer)

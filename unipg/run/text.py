@@ -32,6 +32,7 @@ import statistics
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +43,7 @@ from unipg.config import Config, RollbackConfig
 from unipg.policy.lm import LMPolicy
 from unipg.policy.loading import policy_from_config
 from unipg.run.checkpoint import (Checkpoint, CheckpointStore, generator_state, load_checkpoint, restore_generator,
-                                  restore_rng, rng_state)
+                                  restore_rng, rng_state, tensor_mismatch)
 from unipg.run.classic import run_dir_for, seed_everything
 from unipg.run.episodes import (  # noqa: F401
     EpisodeRunner,
@@ -51,8 +52,8 @@ from unipg.run.episodes import (  # noqa: F401
     held_out,
     reward_term_metrics,
 )
-from unipg.run.metrics import MetricsLogger, Progress, Timer, read_metrics
-from unipg.run.runtime import Runtime, WeightSync, resolve_schedule
+from unipg.run.metrics import MetricsLogger, Progress, Timer, process_metrics, read_metrics
+from unipg.run.runtime import EpisodeAccount, Runtime, WeightSync, resolve_schedule
 from unipg.run.text_learner import TextLearner
 from unipg.run.text_rollout import TextRollout, inference_copy, rollout_batch
 from unipg.sample.replay import ProducerFailed
@@ -160,6 +161,7 @@ class TextCheckpointer:
                                      keep_best=int(settings.keep_best), best_metric=settings.best_metric)
         self.config, self.policy, self.learner = config, policy, learner
         self.sampler, self.generator = sampler, generator
+        self.account: EpisodeAccount | None = None  # the rollout's episode counts, saved with the run's state
 
     def save(self, update: int, *, samples: int, train_seconds: float,
              history: list[tuple[int, dict[str, float]]], metrics: dict[str, float]) -> Path:
@@ -174,31 +176,46 @@ class TextCheckpointer:
                  "eval_history": [[at, evaluation] for at, evaluation in history], "learner": learner_state,
                  "sampler": self.sampler.state(), "rollout_generator": generator_state(self.generator),
                  "rng": rng_state(), "reference_model": self.config.model.name}
+        if self.account is not None:
+            state["episodes"] = self.account.state()
         path = self.store.save(update, tensors, state, metrics=metrics)
         if update > 0:  # the checkpoint of update 0 (see rollback) is needed only until the run saves its own
             self.store.remove(0)
         return path
 
     def restore(self, checkpoint: Checkpoint) -> tuple[int, float, list[tuple[int, dict[str, float]]]]:
-        """Load ``checkpoint`` into the run's objects; returns (samples, train_seconds, eval history)."""
+        """Load ``checkpoint`` into the run's objects; returns (samples, train_seconds, eval history).
+
+        A checkpoint of another model (other parameter names or shapes, a value head or critic added or
+        removed) raises a ValueError naming both models and the first differing tensor."""
         state = checkpoint.state
         try:
-            self.policy.model.load_state_dict(checkpoint.tensors["policy"])
-            for group in ("value_head", "critic"):
-                module = getattr(self.policy, group)
+            for group in ("policy", "value_head", "critic"):
+                module = self.policy.model if group == "policy" else getattr(self.policy, group)
                 if (module is None) != (group not in checkpoint.tensors):
                     raise ValueError(f"the run's model.{group} setting changed since the checkpoint was saved")
-                if module is not None:
-                    module.load_state_dict(checkpoint.tensors[group])
+                if module is None:
+                    continue
+                problem = tensor_mismatch(checkpoint.tensors[group], module.state_dict())
+                if problem:
+                    raise ValueError(f"{group}: {problem}")
+                module.load_state_dict(checkpoint.tensors[group])
             self.learner.restore(checkpoint.tensors["optimizer"], state["learner"])
-        except (RuntimeError, KeyError, ValueError) as error:
-            raise ValueError(f"checkpoint {checkpoint.path} does not fit the model {self.config.model.name} "
-                             f"({str(error).splitlines()[0]}); resume with the run's own config.yaml") from None
-        self.sampler.load_state(state["sampler"])
-        restore_generator(self.generator, state["rollout_generator"])
-        restore_rng(state["rng"])
-        history = [(at, evaluation) for at, evaluation in state["eval_history"]]
-        return state["samples"], state["train_seconds"], history
+        except (RuntimeError, KeyError, ValueError, TypeError) as error:
+            raise ValueError(f"checkpoint {checkpoint.path} does not fit the configured model: it was written for "
+                             f"{state.get('reference_model', 'an unrecorded model')}, the configuration asks for "
+                             f"{self.config.model.name} ({str(error).splitlines()[0]}); resume with the run's own "
+                             "config.yaml, leaving model.* as it was") from None
+        try:
+            self.sampler.load_state(state["sampler"])
+            restore_generator(self.generator, state["rollout_generator"])
+            restore_rng(state["rng"])
+            history = [(at, evaluation) for at, evaluation in state["eval_history"]]
+            return state["samples"], state["train_seconds"], history
+        except (KeyError, TypeError, ValueError, RuntimeError) as error:  # a state.json from another program
+            raise ValueError(f"checkpoint {checkpoint.path} has an incomplete run state ({type(error).__name__}: "
+                             f"{error}); it was not written by train_text, so resume from a checkpoint that "
+                             "was") from None
 
 
 class TripCounter:
@@ -259,6 +276,11 @@ def latest_checkpoint(run_dir: Path) -> Checkpoint:
                    "before its first save)")
         raise ValueError(f"cannot resume from '{run_dir}': {problem}; start a new run instead, or set "
                          "checkpoint.every_updates so that runs save checkpoints as they go")
+    checkpoints = store.list()
+    for damaged in checkpoints[checkpoints.index(path) + 1:]:  # newer than the newest intact one: damaged
+        kept = store.set_aside(damaged)
+        warnings.warn(f"resuming from {path.name}, the newest intact checkpoint; the damaged {damaged.name} is kept "
+                      f"as {kept}", RuntimeWarning, stacklevel=2)
     return load_checkpoint(path)
 
 
@@ -379,10 +401,10 @@ def train_text(config: Config, *, task: Task | None = None, resume: str | Path |
     checkpointer = TextCheckpointer(run_dir, config, policy, learner, sampler, generator)
     first, samples, train_seconds = 1, 0, 0.0
     if checkpoint is not None:
+        samples, train_seconds, history = checkpointer.restore(checkpoint)
         if checkpoint.state["reference_model"] != config.model.name:
             log(f"warning: the checkpoint's reference model was {checkpoint.state['reference_model']}, the "
                 f"configuration now loads {config.model.name}; the KL term is measured against the latter")
-        samples, train_seconds, history = checkpointer.restore(checkpoint)
         first = checkpoint.step + 1
         drop_metrics_after(run_dir, checkpoint.step)
         log(f"resuming {run_dir} from update {checkpoint.step} of {updates}")
@@ -398,6 +420,9 @@ def train_text(config: Config, *, task: Task | None = None, resume: str | Path |
         progress.close()
         logger.close()
         raise
+    checkpointer.account = getattr(runtime.rollout, "account", None)
+    if checkpoint is not None and checkpointer.account is not None:  # the episode counts go on, too
+        checkpointer.account.resume(checkpoint.state.get("episodes"))
     try:
         with StopRequest() as stop:
             if checkpoint is None:
@@ -430,6 +455,7 @@ def train_text(config: Config, *, task: Task | None = None, resume: str | Path |
                 train_seconds += step_seconds
                 samples += len(batch.scores)
                 record.update(timer.pop())
+                record.update(process_metrics())
                 record.update({"train/learning_rate": lr, "train/samples": samples, "timing/step": step_seconds,
                                "timing/samples_per_second": len(batch.scores) / step_seconds,
                                "timing/tokens_per_second": record["rollout/generated_tokens"] / step_seconds})
@@ -445,7 +471,11 @@ def train_text(config: Config, *, task: Task | None = None, resume: str | Path |
                                         f"pass@1 {history[-1][1]['eval/pass@1']:.3f}")
                 if trips.observe(update, record):
                     factor = learner.lr_factor * config.rollback.lr_factor
-                    good = load_checkpoint(checkpointer.store.latest())
+                    latest = checkpointer.store.latest()
+                    if latest is None:
+                        raise ValueError(f"updates keep tripping and no intact checkpoint is left in "
+                                         f"{checkpointer.store.root} to roll back to; see {logger.events_path}")
+                    good = load_checkpoint(latest)
                     runtime.close()  # rollout stops before its prompt order and weights are set back
                     samples, _, history = checkpointer.restore(good)
                     learner.lr_factor = factor

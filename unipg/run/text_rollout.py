@@ -15,7 +15,9 @@ when its last episode ends, so a group is never split.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import copy
+import random
 import statistics
 import threading
 import time
@@ -25,9 +27,12 @@ import torch
 from unipg.config import Config
 from unipg.policy.lm import LMPolicy
 from unipg.run.episodes import EpisodeRunner, episode_metrics, reward_term_metrics
-from unipg.run.runtime import WeightSync, staleness_histogram
+from unipg.run.runtime import EpisodeAccount, WeightSync, staleness_histogram
 from unipg.run.text_learner import TextBatch
 from unipg.sample.replay import Group, ReplayBuffer, StalenessGate
+
+
+MAX_CANCELLATIONS = 5  # a group cancelled this often from inside its episodes has a bug, not bad luck
 
 
 def inference_copy(policy: LMPolicy) -> LMPolicy:
@@ -57,13 +62,28 @@ class TextRollout:
         self.generate_seconds = 0.0
         self.idle_seconds = 0.0
         self._engine = None  # the concurrent schedule's inference engine while it serves
+        self._loop = self._interrupt = None  # its event loop, and how to cancel running groups, while it serves
+        self.account = EpisodeAccount()
         self._lock = threading.Lock()
 
     def produce(self, count: int, version: int) -> list[Group]:
         examples = self.sampler.next(count)
         repeated = [example for example in examples for _ in range(self.group_size)]
-        trajectories = self.runner.run(repeated, params=self.runner.sampling(), generator=self.generator,
-                                       policy_version=version)
+        with self._lock:
+            self.account.started += len(repeated)
+            self.account.in_flight += len(repeated)
+        finished = False
+        try:
+            trajectories = self.runner.run(repeated, params=self.runner.sampling(), generator=self.generator,
+                                           policy_version=version)
+            finished = True
+        finally:
+            with self._lock:
+                self.account.in_flight -= len(repeated)
+                if finished:
+                    self.account.finished += len(repeated)
+                else:
+                    self.account.failed += len(repeated)
         self.batch_sizes += self.runner.last_batch_sizes
         self.generate_seconds += self.runner.last_generate_seconds
         return split_groups(trajectories, version, self.group_size)
@@ -73,33 +93,77 @@ class TextRollout:
             self.weights.publish(version)
 
     def serve(self, gate: StalenessGate, buffer: ReplayBuffer, stop: threading.Event) -> None:
-        asyncio.run(self._serve(gate, buffer, stop))
+        async def serve() -> None:
+            self._loop = asyncio.get_running_loop()
+            try:
+                await self._serve(gate, buffer, stop)
+            finally:
+                self._loop = None
+
+        asyncio.run(serve())
 
     async def _serve(self, gate: StalenessGate, buffer: ReplayBuffer, stop: threading.Event) -> None:
         engine = self.runner.engine(self.runner.sampling(), self.generator,
                                     sync=self.weights.pull if self.weights is not None else None)
         self._engine = engine
         loop = self.runner.agent_loop(engine)
-        running: set[asyncio.Task] = set()
+        running: dict[asyncio.Task, tuple] = {}  # task -> (example, version, order, unexplained cancellations)
+        interrupted: set[asyncio.Task] = set()  # cancelled by ``interrupt``
         most = max(self.config.agent.concurrency // self.group_size, 1)  # groups running at once
         idle_since = time.perf_counter()
         failure: list[BaseException] = []
+        closing = False  # rollout is stopping: cancelled groups are not run again
 
         async def run_group(example, version: int, order: int) -> None:
             envs = [self.runner.make_env() for _ in range(self.group_size)]
             episodes = [loop.run_episode(env, example, order=order * self.group_size + i) for i, env in enumerate(envs)]
             buffer.put(Group(list(await asyncio.gather(*episodes)), version, self.group_size))
 
+        def start(example, version: int, order: int, cancellations: int) -> None:
+            with self._lock:
+                self.account.started += self.group_size
+                self.account.in_flight += self.group_size
+            task = asyncio.create_task(run_group(example, version, order))
+            running[task] = (example, version, order, cancellations)
+            task.add_done_callback(finished)
+
         def finished(task: asyncio.Task) -> None:
             nonlocal idle_since
-            running.discard(task)
-            if not task.cancelled() and task.exception() is not None:
+            example, version, order, cancellations = running.pop(task)
+            rerun = task.cancelled() and not closing
+            if rerun and task not in interrupted:  # cancelled from inside the episode, not by ``interrupt``
+                cancellations += 1
+                rerun = cancellations < MAX_CANCELLATIONS
+                if not rerun:
+                    failure.append(RuntimeError(f"a group of episodes was cancelled {cancellations} times from "
+                                                "inside its episodes (something there cancels its task); rollout "
+                                                "cannot go on"))
+            interrupted.discard(task)
+            with self._lock:
+                self.account.in_flight -= self.group_size
+                if rerun:
+                    self.account.requeued += self.group_size  # interrupted, not finished: run it again
+                elif task.cancelled():
+                    self.account.cancelled += self.group_size
+                elif task.exception() is not None:
+                    self.account.failed += self.group_size
+                else:
+                    self.account.finished += self.group_size
+            if rerun:
+                start(example, version, order, cancellations)
+            elif not task.cancelled() and task.exception() is not None:
                 failure.append(task.exception())
             if not running:
                 idle_since = time.perf_counter()
             wakeup.set()
 
         wakeup = asyncio.Event()
+        def interrupt(count: int) -> int:
+            chosen = random.sample(list(running), min(count, len(running)))
+            interrupted.update(chosen)
+            return sum(task.cancel() for task in chosen)
+
+        self._interrupt = interrupt
         async with engine.running():
             order = 0
             try:
@@ -116,18 +180,28 @@ class TextRollout:
                         with self._lock:
                             self.idle_seconds += time.perf_counter() - idle_since
                     for example in self.sampler.next(count):  # all admitted groups start in this one step
-                        task = asyncio.create_task(run_group(example, version, order))
+                        start(example, version, order, 0)
                         order += 1
-                        running.add(task)
-                        task.add_done_callback(finished)
                 if failure:
                     raise failure[0]
             finally:
+                closing, self._interrupt = True, None
                 for task in list(running):
                     task.cancel()
                 await asyncio.gather(*running, return_exceptions=True)
                 self.pop_generation()  # the counts of a run that stopped are not reported
                 self._engine = None
+
+    def interrupt(self, groups: int = 1) -> int:
+        """Cancel up to ``groups`` running groups of the concurrent schedule, from any thread; each is started
+        again from its first turn (counted in ``rollout/episodes_requeued``). Fault injection uses it to check
+        that a lost episode task costs time, not data. Returns how many were asked to stop."""
+        interrupt, engine_loop = self._interrupt, self._loop
+        if interrupt is None or engine_loop is None:
+            return 0
+        done = concurrent.futures.Future()
+        engine_loop.call_soon_threadsafe(lambda: done.set_result(interrupt(groups)))
+        return done.result(timeout=10)
 
     @property
     def pad_id(self) -> int:
@@ -138,7 +212,9 @@ class TextRollout:
         return self.runner.service is not None
 
     def pop_service_metrics(self, prefix: str) -> dict[str, float]:
-        return self.runner.pop_service_metrics(prefix)
+        with self._lock:
+            account = self.account.metrics()
+        return {**self.runner.pop_service_metrics(prefix), **account}
 
     def pop_sync_seconds(self) -> float | None:
         """Seconds spent publishing and loading weights since the last call (None: no weight sync)."""

@@ -23,10 +23,20 @@ WARM_START_VERSION = 2
 MARKER = "unipg-warm-start.json"
 
 
+def demonstration_spec(spec):
+    """The part of a tool spec that can change a demonstration: not a simulated latency, and not the ``faulty``
+    wrapper, which only injects faults into calls (demonstrations call no tool)."""
+    if not isinstance(spec, dict):
+        return spec
+    options = spec.get("options") or {}
+    if spec.get("name") == "faulty" and isinstance(options.get("tool"), str):
+        inner = {"name": options["tool"]}
+        return demonstration_spec({**inner, "options": options["options"]} if options.get("options") else inner)
+    return {key: value for key, value in spec.items() if key != "latency"}
+
+
 def warm_start_key(config: Config) -> dict:
-    # a tool's simulated latency changes no demonstration
-    tools = [{k: v for k, v in spec.items() if k != "latency"} if isinstance(spec, dict) else spec
-             for spec in config.task.tools] if config.task.tools is not None else None
+    tools = [demonstration_spec(spec) for spec in config.task.tools] if config.task.tools is not None else None
     return {"version": WARM_START_VERSION, "model": config.model.name, "embedded_builder": BUILDER_VERSION,
             "task": config.task.name, "options": config.task.options, "system_prompt": config.task.system_prompt,
             "tools": tools, "tool_prompt": config.agent.tool_prompt, "sft": config.sft.model_dump()}

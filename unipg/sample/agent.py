@@ -82,6 +82,14 @@ class AgentLoop:
     max_turns: int
     max_new_tokens: int  # per policy turn
     max_total_tokens: int  # per episode, after the prompt
+    context_length: int | None = None  # the model's: prompt and episode together never pass it (None: no limit)
+
+    def room(self, trajectory: Trajectory) -> int:
+        """Tokens the episode may still add: ``max_total_tokens`` after the prompt, within the model's context."""
+        room = self.max_total_tokens - len(trajectory.token_ids)
+        if self.context_length is not None:
+            room = min(room, self.context_length - len(trajectory.prompt_ids) - len(trajectory.token_ids))
+        return room
 
     def tokenize(self, text: str) -> list[int]:
         return self.template.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
@@ -91,7 +99,7 @@ class AgentLoop:
         trajectory = Trajectory(example, self.encode_prompt(first))
         async with self.engine.episode():
             for turn in range(self.max_turns):
-                budget = min(self.max_new_tokens, self.max_total_tokens - len(trajectory.token_ids))
+                budget = min(self.max_new_tokens, self.room(trajectory))
                 if budget <= 0:
                     trajectory.finish = "max_tokens"
                     break
@@ -111,7 +119,7 @@ class AgentLoop:
                     break
                 inserted = self.tokenize(self.template.closing(out.ended_with_eos)
                                          + self.template.observation(observation, env.observation_role))
-                if len(trajectory.token_ids) + len(inserted) >= self.max_total_tokens:
+                if len(inserted) >= self.room(trajectory):
                     trajectory.finish = "max_tokens"  # no room left to answer after this observation
                     break
                 trajectory.add_inserted(inserted)

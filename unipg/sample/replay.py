@@ -59,6 +59,14 @@ class ProducerFailed(RuntimeError):
     """Rollout stopped with an error; raised on the learner's side so the run fails loudly."""
 
 
+def rollout_failure(error: BaseException) -> str:
+    """The one-line message of a rollout that died of ``error``."""
+    if isinstance(error, ProducerFailed):
+        return str(error)
+    first = str(error).splitlines()[0] if str(error) else ""
+    return f"rollout failed: {type(error).__name__}: {first}" if first else f"rollout failed: {type(error).__name__}"
+
+
 class StalenessGate:
     """Admission control: at most ``(version + max_staleness + 1) * per_step`` trajectories are ever started.
 
@@ -230,7 +238,7 @@ class ReplayBuffer:
             self._version = version
             while True:
                 if self._failure is not None:
-                    raise ProducerFailed(f"rollout failed: {self._failure!r}") from self._failure
+                    raise ProducerFailed(rollout_failure(self._failure)) from self._failure
                 dropped += self._drop_stale(version)
                 required = self._required(count, version) if len(self.groups) >= count else None
                 if required is not None:

@@ -9,6 +9,12 @@ the completions, e.g. ``answer=[...]`` from the task's ``Example.columns``. A re
 ``REWARDS`` holds factories: ``REWARDS.get("math")(tolerance=1e-6)`` returns a reward function.
 ``build_rewards([{"name": "math", "weight": 1.0}, {"name": "format", "weight": 0.1}])`` combines several
 into a weighted sum.
+
+What a reward function may return: a list, tuple, 1-D NumPy array or 1-D tensor with one entry per completion,
+each a finite real number (bools, NumPy and 0-d tensor scalars included) or None. Anything else — the wrong
+length, NaN or ±inf, strings, nested lists — raises ``RewardFunctionError`` naming the function and the first
+bad entry, as does an exception raised by the function (kept as the error's ``__cause__``). A training run
+stops on it: a broken reward would otherwise train the policy on wrong signals without anyone noticing.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import math
+import numbers
 import os
 import re
 import threading
@@ -28,6 +36,14 @@ from unipg.sample.tasks import extract_final_answer, normalize_answer, validate_
 
 RewardFunction = Callable[..., Any]  # (prompts, completions, **columns) -> list[float | None] (or awaitable)
 REWARDS = Registry("reward")
+
+
+class RewardFunctionError(ValueError, RuntimeError):
+    """A reward function raised, or returned something that is not one finite float or None per completion.
+
+    A ValueError, so that the command line reports it in one line like other bad input; a RuntimeError too,
+    since the function failed while it ran.
+    """
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -344,8 +360,8 @@ class CombinedReward:
         for name, function, weight in functions:
             if not callable(function):
                 raise TypeError(f"reward '{name}' is not callable: {function!r}")
-            if isinstance(weight, bool) or not isinstance(weight, (int, float)):
-                raise ValueError(f"reward '{name}': weight must be a number, got {weight!r}")
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+                raise ValueError(f"reward '{name}': weight must be a number and finite, got {weight!r}")
             unique = name
             for suffix in range(2, len(functions) + 2):  # two "length" rewards log as length, length_2
                 if unique not in used:
@@ -388,7 +404,7 @@ class CombinedReward:
                 started.append(function(prompts, completions, **columns))
             except Exception as err:
                 _close_coroutines(started)
-                raise RuntimeError(f"reward function '{name}' failed: {err}") from err
+                raise _failed(name, err) from err
         return started
 
     async def _settle(self, started: list) -> list:
@@ -398,9 +414,16 @@ class CombinedReward:
             try:
                 return await output
             except Exception as err:
-                raise RuntimeError(f"reward function '{name}' failed: {err}") from err
+                raise _failed(name, err) from err
 
-        return await asyncio.gather(*(settle_one(name, output) for name, output in zip(self.names, started)))
+        tasks = [asyncio.ensure_future(settle_one(name, output)) for name, output in zip(self.names, started)]
+        try:
+            return await asyncio.gather(*tasks)
+        except BaseException:
+            for task in tasks:  # one function failed: the others' results are not needed
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)  # collect them, so none is reported as lost
+            raise
 
     def _combine(self, outputs: list, num_samples: int) -> RewardResult:
         per_function = {
@@ -419,23 +442,66 @@ class CombinedReward:
         return RewardResult([float(value) for value in total], per_function, not_applicable)
 
 
+def _failed(name: str, error: Exception) -> RewardFunctionError:
+    """The error for a reward function that raised ``error``: its name and the first line of the message."""
+    lines = str(error).strip().splitlines()
+    reason = lines[0] if lines else "no message"
+    return RewardFunctionError(f"reward function '{name}' failed: {reason} ({type(error).__name__}); fix the "
+                               "function, or leave it out of the rewards (its traceback is this error's cause)")
+
+
 def _checked_rewards(name: str, output: Any, num_samples: int) -> list[float | None]:
-    """``output`` as a list of floats or None, one per completion, or a ValueError naming the function."""
+    """``output`` as a list of finite floats or None, one per completion, or a RewardFunctionError naming the
+    function and the first bad entry (module docstring: what is accepted)."""
+    expected = "a list with one float (or None) per completion"
+    if isinstance(output, (str, bytes, dict, set, frozenset)) or getattr(output, "ndim", 1) != 1:
+        shape = f" of shape {tuple(output.shape)}" if hasattr(output, "shape") else ""
+        raise RewardFunctionError(f"reward function '{name}' returned a {type(output).__name__}{shape} for "
+                                  f"{num_samples} completions; it must return {expected}")
     try:
         length = len(output)
     except TypeError:
         length = None
     if length != num_samples:
         got = f"{length} values" if length is not None else f"a {type(output).__name__}"
-        raise ValueError(
-            f"reward function '{name}' returned {got} for {num_samples} completions; "
-            "it must return a list with one float (or None) per completion"
-        )
+        raise RewardFunctionError(f"reward function '{name}' returned {got} for {num_samples} completions; "
+                                  f"it must return {expected}")
+    return [_checked_value(name, index, value) for index, value in enumerate(output)]
+
+
+def _checked_value(name: str, index: int, value: Any) -> float | None:
+    if value is None:
+        return None
+    where = f"reward function '{name}' returned {_shown(value)} for completion {index}"
+    if getattr(value, "ndim", 0) != 0 or not _is_real(value):
+        raise RewardFunctionError(f"{where}; each value must be a real number, or None where the reward does "
+                                  "not apply")
     try:
-        return [None if value is None else float(value) for value in output]
-    except (TypeError, ValueError) as err:
-        message = f"reward function '{name}' returned a value that is not a float or None: {err}"
-        raise ValueError(message) from None
+        number = float(value.detach() if hasattr(value, "detach") else value)  # a tensor may require grad
+    except (ValueError, OverflowError):  # a signalling NaN Decimal, an integer beyond float range
+        number = math.nan
+    if not math.isfinite(number):
+        raise RewardFunctionError(f"{where}; rewards must be finite: return None where the reward does not "
+                                  "apply, or clip the value")
+    return number
+
+
+def _is_real(value: Any) -> bool:
+    """Whether ``value`` is a real number: a Python, NumPy or Decimal number, a bool, a 0-d array or tensor."""
+    if isinstance(value, numbers.Number):
+        return isinstance(value, numbers.Real) or not isinstance(value, numbers.Complex)  # Decimal: yes
+    dtype = getattr(value, "dtype", None)
+    if dtype is None:  # strings, lists, dicts, ...
+        return False
+    if hasattr(dtype, "kind"):  # NumPy: bool, signed, unsigned, float
+        return dtype.kind in "biuf"
+    return not getattr(dtype, "is_complex", True)  # torch
+
+
+def _shown(value: Any) -> str:
+    """The type and value of ``value`` for an error message: "float nan", "str '1.0'", "Tensor tensor(inf)"."""
+    text = str(value) if isinstance(value, numbers.Number) or hasattr(value, "dtype") else repr(value)
+    return f"{type(value).__name__} {text[:40] + '...' if len(text) > 40 else text}"
 
 
 def _event_loop_running() -> bool:

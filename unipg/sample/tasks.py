@@ -20,6 +20,8 @@ import json
 import math
 import random
 import re
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -58,7 +60,32 @@ def make_task(name: str, **options) -> Task:
     """Build the task registered as ``name``; unknown option names raise a ValueError listing the valid ones."""
     factory = TASKS.get(name)
     validate_options("task", name, factory, options)
+    check_option_types("task", name, factory, options)
     return factory(**options)
+
+
+_PLAIN_TYPES = {int, float, str, bool, type(None)}
+
+
+def check_option_types(kind: str, name: str, factory: Callable, options: dict) -> None:
+    """Reject an option whose value does not match a plain annotation of ``factory`` (int, float, str, bool, None),
+    e.g. ``path: 3`` or ``test_fraction: "half"``; options with other annotations are left to the factory."""
+    try:
+        hints = typing.get_type_hints(factory)
+    except (NameError, TypeError):  # an annotation that cannot be resolved here: nothing to check against
+        return
+    for option, value in options.items():
+        hint = hints.get(option)
+        origin = typing.get_origin(hint)
+        accepted = set(typing.get_args(hint)) if origin in (typing.Union, types.UnionType) else {hint}
+        if not accepted or not accepted <= _PLAIN_TYPES:
+            continue
+        matches = isinstance(value, tuple(accepted)) and not (isinstance(value, bool) and bool not in accepted)
+        if not matches and not (float in accepted and isinstance(value, int) and not isinstance(value, bool)):
+            optional = ["None"] if type(None) in accepted else []
+            names = " or ".join(sorted(t.__name__ for t in accepted - {type(None)}) + optional)
+            raise ValueError(f"{kind} '{name}': option '{option}' must be {names}, got {type(value).__name__} "
+                             f"{value!r}")
 
 
 def validate_options(kind: str, name: str, factory: Callable, options: dict) -> None:
@@ -82,14 +109,19 @@ def validate_options(kind: str, name: str, factory: Callable, options: dict) -> 
 # ---------------------------------------------------------------------------------------------------------
 # Final-answer extraction, shared by the GSM8K loader and the rule-based rewards
 
-_NUMBER = re.compile(r"(?:(?<![\w.)])-)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?")
+_INTEGER = r"(?:\d{1,3}(?:,\d{3})+|\d+)"  # 1,234,567 or 1234567
+_NUMBER = re.compile(rf"(?:(?<![\w.)])-)?{_INTEGER}(?:\.\d+)?(?:/{_INTEGER})?")  # -1,234.5 or 3/1,000
+
+
+_ANSWER_EDGES = re.compile(r"^[\s$]+|[\s.]+$")  # leading spaces and '$', trailing spaces and '.'
+_SIGNED_DOLLARS = re.compile(r"^-[\s$]+")  # "-$5" and "- 5" mean -5
 
 
 def normalize_answer(text: str) -> str:
-    """Canonical form of a final answer: thousands separators and a leading '$' removed, a trailing '.' dropped."""
-    text = text.replace(",", "").strip()
-    text = text.removeprefix("$").strip()
-    return text[:-1].rstrip() if text.endswith(".") else text
+    """Canonical form of a final answer: thousands separators, leading '$' signs (also after a minus sign) and
+    trailing periods removed, with the spaces around them. Normalising twice changes nothing more."""
+    text = _ANSWER_EDGES.sub("", text.replace(",", ""))
+    return _SIGNED_DOLLARS.sub("-", text)
 
 
 def extract_final_answer(text: str) -> str | None:
@@ -245,8 +277,11 @@ def load_gsm8k(path: str | Path, *, data_seed: int = 1234, test_fraction: float 
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"gsm8k: test_fraction must lie strictly between 0 and 1, got {test_fraction}")
     examples = _read_file(path)
+    if len(examples) < 2:
+        raise ValueError(f"gsm8k: {path} holds a single example; a single file is split into train and test, so "
+                         "it needs at least 2 (or pass a directory with train and test files)")
     random.Random(data_seed).shuffle(examples)
-    test_count = max(1, round(len(examples) * test_fraction)) if len(examples) > 1 else 0
+    test_count = max(1, round(len(examples) * test_fraction))
     return examples[test_count:], examples[:test_count]
 
 
@@ -277,8 +312,13 @@ def _read_file(path: Path) -> list[Example]:
 def _read_jsonl(path: Path) -> list[Example]:
     expected = 'one JSON object {"question": ..., "answer": "... #### <number>"} per line'
     examples = []
-    with path.open(encoding="utf-8") as lines:
-        for line_number, line in enumerate(lines, start=1):
+    with path.open("rb") as lines:  # decoded line by line, so that a bad byte is reported with its line
+        for line_number, raw in enumerate(lines, start=1):
+            try:
+                line = raw.decode("utf-8-sig" if line_number == 1 else "utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(f"gsm8k: {path}, line {line_number}: not UTF-8 text (byte {raw[err.start]:#04x} at "
+                                 f"column {err.start + 1}); save the file as UTF-8") from None
             if not line.strip():
                 continue
             try:
@@ -286,6 +326,8 @@ def _read_jsonl(path: Path) -> list[Example]:
                 examples.append(_record_to_example(record))
             except (ValueError, TypeError) as err:  # json.JSONDecodeError is a ValueError
                 raise ValueError(f"gsm8k: {path}, line {line_number}: {err}; expected {expected}") from None
+    if not examples:
+        raise ValueError(f"gsm8k: {path} holds no examples; expected {expected}")
     return examples
 
 
@@ -294,7 +336,13 @@ def _read_parquet(path: Path) -> list[Example]:
         import pyarrow.parquet as parquet
     except ImportError:
         raise ImportError("reading GSM8K .parquet files needs pyarrow: pip install pyarrow") from None
-    table = parquet.read_table(path)
+    try:
+        table = parquet.read_table(path)
+    except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
+        raise ValueError(f"gsm8k: cannot read {path} as a parquet file ({str(err).strip().splitlines()[0]}); "
+                         "check that it is a complete .parquet file, or convert it to .jsonl") from None
+    if table.num_rows == 0:
+        raise ValueError(f"gsm8k: {path} holds no rows; expected 'question' and 'answer' columns with examples")
     missing = {"question", "answer"} - set(table.column_names)
     if missing:
         raise ValueError(
@@ -314,8 +362,14 @@ def _record_to_example(record: object) -> Example:
     if not isinstance(record, dict):
         raise ValueError(f"expected a JSON object, got {type(record).__name__}")
     for key in ("question", "answer"):
-        if not isinstance(record.get(key), str):
-            raise ValueError(f"missing or non-text field '{key}'")
+        if key not in record or record[key] is None:
+            found = ", ".join(f"'{name}'" for name in record) or "none"
+            raise ValueError(f"missing or non-text field '{key}': the record has no '{key}' (fields found: {found})")
+        if not isinstance(record[key], str):
+            raise ValueError(f"missing or non-text field '{key}': it holds {type(record[key]).__name__} "
+                             f"{repr(record[key])[:40]}, not text")
+        if not record[key].strip():
+            raise ValueError(f"field '{key}' is empty; every example needs a question and an answer")
     return gsm8k_example(record["question"], record["answer"])
 
 

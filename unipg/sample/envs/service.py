@@ -22,6 +22,7 @@ observation, penalties).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import random
 import time
@@ -29,6 +30,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from unipg.sample.tools.base import TOOLS, Tool, ToolError
+
+_ATTEMPT = contextvars.ContextVar("unipg_tool_attempt", default=1)
+
+
+def current_attempt() -> int:
+    """Which attempt of its call a running tool is (1, then 2, ... on retries); 1 outside the service."""
+    return _ATTEMPT.get()
+
+
+def set_attempt(attempt: int) -> None:
+    """Set ``current_attempt`` for the current context (where a remote call runs the attempt)."""
+    _ATTEMPT.set(attempt)
 
 
 @dataclass
@@ -154,6 +167,7 @@ class EnvironmentService:
         tool = self.tools[name]
         while True:
             attempts += 1
+            _ATTEMPT.set(attempts)  # wait_for runs the attempt in a task that copies this context
             try:
                 output = await asyncio.wait_for(self._attempt(tool, arguments), self.timeout)
                 result = ToolCallResult(output, "ok", attempts, timeouts, time.monotonic() - start, 0.0)
@@ -179,9 +193,11 @@ class EnvironmentService:
         return self._clip(await run_tool(tool, arguments, delay, self._threads))
 
     def _clip(self, text: str) -> str:
-        if len(text) <= self.max_output_chars:
-            return text
-        return text[: self.max_output_chars] + f"... [{len(text) - self.max_output_chars} more characters]"
+        """At most ``max_output_chars`` characters (a marker says how many were cut), as valid UTF-8: lone
+        surrogates, which a tool decoding bytes carelessly can return, would fail in the tokenizer."""
+        if len(text) > self.max_output_chars:
+            text = text[: self.max_output_chars] + f"... [{len(text) - self.max_output_chars} more characters]"
+        return text.encode("utf-8", "replace").decode("utf-8")
 
     def pop_stats(self) -> ServiceStats:
         stats, self.stats = self.stats, ServiceStats()

@@ -26,7 +26,6 @@ from unipg.sample.tasks import Example
 from unipg.sample.tools.base import CLOSE_TAG, OPEN_TAG
 
 
-
 @dataclass
 class ParsedTurn:
     """What a policy turn asked for."""
@@ -38,27 +37,53 @@ class ParsedTurn:
 
 
 def parse_turn(text: str, service: EnvironmentService) -> ParsedTurn:
-    """Classify a turn as a final answer, a valid call of a known tool, or a malformed call."""
+    """Classify a turn as a final answer, a valid call of a known tool, or a malformed call; never raises.
+
+    The call is the first ``<tool_call>`` and the JSON object after it. It ends at the first ``</tool_call>``,
+    or, when the text up to there is not valid JSON, at the end of the JSON object if ``</tool_call>`` follows
+    it: so a string argument may itself contain the closing tag (code that prints it, say).
+    """
     start = text.find(OPEN_TAG)
     if start < 0:
         return ParsedTurn("answer")
     end = text.find(CLOSE_TAG, start)
     if end < 0:
         return ParsedTurn("malformed", error=f"the call has no closing {CLOSE_TAG}")
-    body = text[start + len(OPEN_TAG): end].strip()
-    try:
-        call = json.loads(body)
-    except json.JSONDecodeError as problem:
-        return ParsedTurn("malformed", error=f"the call is not valid JSON ({problem.msg} at character {problem.pos})")
-    if not isinstance(call, dict) or "name" not in call:
-        return ParsedTurn("malformed", error='the call must be {"name": ..., "arguments": {...}}')
+    call, problem = _call_json(text, start + len(OPEN_TAG), end)
+    if problem:
+        return ParsedTurn("malformed", error=problem)
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        return ParsedTurn("malformed", error='the call must be {"name": "<tool>", "arguments": {...}}')
     name, arguments = call["name"], call.get("arguments", {})
     if name not in service.tools:
-        return ParsedTurn("malformed", error=f"unknown tool '{name}'; available: {', '.join(sorted(service.tools))}")
+        shown = name if len(name) <= 40 else name[:40] + "..."
+        return ParsedTurn("malformed", error=f"unknown tool '{shown}'; available: {', '.join(sorted(service.tools))}")
     problem = service.tools[name].check_arguments(arguments)
     if problem:
         return ParsedTurn("malformed", name=name, error=f"{name}: {problem}")
     return ParsedTurn("call", name, arguments)
+
+
+def _call_json(text: str, body_start: int, first_close: int) -> tuple[object, str | None]:
+    """(the JSON value of the call whose body starts at ``body_start``, None), or (None, what is wrong)."""
+    body = text[body_start:first_close].strip()
+    try:
+        return json.loads(body), None
+    except json.JSONDecodeError as error:
+        problem = f"the call is not valid JSON ({error.msg} at character {error.pos})"
+    except RecursionError:  # nesting deeper than the interpreter's recursion limit
+        return None, "the call is nested too deeply to be read as JSON"
+    body_start = len(text) - len(text[body_start:].lstrip())  # the first character after the spaces
+    try:
+        call, body_end = _DECODER.raw_decode(text, body_start)
+    except (json.JSONDecodeError, RecursionError):
+        return None, problem
+    if text[body_end:].lstrip().startswith(CLOSE_TAG):
+        return call, None
+    return None, problem
+
+
+_DECODER = json.JSONDecoder()
 
 
 class ToolEnv:

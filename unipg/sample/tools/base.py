@@ -103,21 +103,52 @@ class Tool:
         return inspect.iscoroutinefunction(self.function)
 
     def check_arguments(self, arguments: object) -> str | None:
-        """What is wrong with ``arguments`` for this tool, or None when they fit the schema."""
+        """What is wrong with ``arguments`` for this tool, or None when they fit the schema; never raises."""
         if not isinstance(arguments, dict):
-            return f"arguments must be a JSON object, got {type(arguments).__name__}"
+            return f"arguments must be a JSON object, got {json_type_name(arguments)}"
         properties = self.parameters.get("properties", {})
-        unknown = [name for name in arguments if name not in properties]
+        unknown = [str(name) for name in arguments if name not in properties]
         if unknown:
             return f"unknown argument(s) {', '.join(unknown)}; {self.name} takes {', '.join(properties) or 'none'}"
         missing = [name for name in self.required if name not in arguments]
         if missing:
             return f"missing argument(s) {', '.join(missing)}"
         for name, value in arguments.items():
-            expected = properties[name].get("type")
-            if expected and not _json_type_matches(value, expected):
-                return f"argument '{name}' must be {expected}, got {type(value).__name__}"
+            problem = _schema_problem(value, properties[name])
+            if problem:
+                return f"argument '{name}' {problem}"
         return None
+
+
+_JSON_NAMES = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"), ((list, tuple), "array"),
+               (dict, "object"))  # bool before int: True is an int to Python, not to JSON
+
+
+def json_type_name(value: object) -> str:
+    """The JSON name of a value's type (string, integer, number, boolean, null, array, object)."""
+    if value is None:
+        return "null"
+    return next((name for python, name in _JSON_NAMES if isinstance(value, python)), type(value).__name__)
+
+
+def _schema_problem(value: object, spec: object) -> str | None:
+    """What keeps ``value`` from matching one parameter's schema (its type, enum, item type), or None."""
+    if not isinstance(spec, dict):
+        return None
+    expected = spec.get("type")
+    if isinstance(expected, str) and not _json_type_matches(value, expected):
+        return f"must be {expected}, got {json_type_name(value)}"
+    options = spec.get("enum")
+    if isinstance(options, list) and value not in options:
+        shown = ", ".join(json.dumps(option, default=str) for option in options)
+        return f"must be one of {shown}, got {json.dumps(value, default=str)[:40]}"
+    items = spec.get("items")
+    item_type = items.get("type") if isinstance(items, dict) else None
+    if expected == "array" and isinstance(item_type, str):
+        wrong = [item for item in value if not _json_type_matches(item, item_type)]
+        if wrong:
+            return f"must be an array of {item_type}, got an element that is {json_type_name(wrong[0])}"
+    return None
 
 
 def _json_type_matches(value: object, expected: str) -> bool:

@@ -1,0 +1,176 @@
+"""Fault injection, short: training goes on through failing tools, interrupted episodes, a non-finite gradient
+and a SIGKILL of the whole process, and loses nothing (the long version is benchmarks/chaos.py)."""
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+import unipg.run.text as text
+from unipg.config import load_config
+from unipg.run.checkpoint import CheckpointStore, load_checkpoint
+from unipg.run.metrics import read_metrics
+from unipg.run.text import train_text
+from unipg.sample.envs.service import EnvironmentService, build_tools
+from unipg.sample.tools.faulty import FAULT_KINDS
+
+# rates high enough that a few updates meet every kind of fault, and calls that fail on every attempt
+FAULTY = ("task.tools=[{name: faulty, options: {tool: calculator, raise_rate: 0.3, hang_rate: 0.25, "
+          "garbage_rate: 0.1, huge_rate: 0.1}}]")
+# a warm start on tool demonstrations, short enough for a test, after which nearly every episode calls the tool
+AGENT = ["task.name=calculator", "task.options={digits: 1, num_train: 40, num_test: 4, tool_demonstrations: 1.0}",
+         "model.warm_start=true", "sft.steps=50", "sft.batch_size=16", "sft.learning_rate=1e-2",
+         FAULTY, "agent.tool_timeout=0.5", "agent.tool_retries=1", "agent.retry_backoff=0.01",
+         "sample.max_new_tokens=96", "agent.max_total_tokens=160", "algorithm=grpo", "train.batch_size=8",
+         "train.mini_batch_size=8", "train.micro_batch_size=8", "sample.samples_per_prompt=4",
+         "eval.every_updates=100", "eval.pass_k=0", "eval.max_examples=4", "log.progress=false",
+         "log.tensorboard=false"]
+
+
+def faulty_service(**rates) -> EnvironmentService:
+    tools = build_tools([{"name": "faulty", "options": {"tool": "calculator", **rates}}])
+    return EnvironmentService(tools, timeout=0.2, retries=1, backoff=0.0, max_output_chars=100)
+
+
+def test_every_tool_fault_becomes_an_observation_within_the_timeout():
+    service = faulty_service(raise_rate=0.25, hang_rate=0.25, garbage_rate=0.25, huge_rate=0.25)
+
+    async def calls():
+        return await asyncio.gather(*[service.call("calculator", {"expression": f"{n}*3"}) for n in range(40)])
+
+    start = time.monotonic()
+    results = asyncio.run(calls())
+    assert time.monotonic() - start < 2 * 0.2 + 1.0  # hangs are cut at the timeout, all calls run at once
+    injected = service.tools["calculator"].injected
+    assert set(injected) == set(FAULT_KINDS)
+    for result in results:
+        assert result.status in ("ok", "failed")
+        assert len(result.observation) <= 100 + len("... [9999900 more characters]")
+        result.observation.encode("utf-8")  # garbage text arrives as valid UTF-8 (no lone surrogates)
+    assert service.stats.timeouts == injected["hang"] and service.stats.calls == 40
+    service.close()
+
+
+def test_fault_draws_depend_on_the_attempt_only_so_a_retry_can_succeed_and_a_rerun_meets_the_same():
+    first, second = faulty_service(raise_rate=0.5), faulty_service(raise_rate=0.5)
+
+    async def calls(service):
+        return [await service.call("calculator", {"expression": f"{n}+1"}) for n in range(30)]
+
+    one, two = asyncio.run(calls(first)), asyncio.run(calls(second))
+    assert [(r.status, r.attempts) for r in one] == [(r.status, r.attempts) for r in two]
+    assert any(r.ok and r.attempts == 2 for r in one)  # failed once, then succeeded on the retry
+    assert any(not r.ok for r in one)
+
+
+def test_faulty_tool_options_are_checked():
+    with pytest.raises(ValueError, match="add up to 1.2; they must add up to at most 1"):
+        build_tools([{"name": "faulty", "options": {"tool": "calculator", "raise_rate": 0.6, "hang_rate": 0.6}}])
+    with pytest.raises(ValueError, match="hang_rate must be in"):
+        build_tools([{"name": "faulty", "options": {"tool": "calculator", "hang_rate": -0.1}}])
+
+
+def capture_runtime(monkeypatch) -> list:
+    """The runtimes ``train_text`` builds, as it builds them."""
+    built, original = [], text.build_runtime
+
+    def recording(*args, **kwargs):
+        built.append(original(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(text, "build_runtime", recording)
+    return built
+
+
+def nan_gradient_at(backward_call: int, monkeypatch) -> None:
+    """Make the gradient of the policy's first parameter NaN in the ``backward_call``-th backward pass."""
+    original, calls = text.policy_from_config, []
+
+    def poisoned(config):
+        policy = original(config)
+
+        def hook(gradient):
+            calls.append(1)
+            return gradient * float("nan") if len(calls) == backward_call else gradient
+
+        next(policy.model.parameters()).register_hook(hook)
+        return policy
+
+    monkeypatch.setattr(text, "policy_from_config", poisoned)
+
+
+def test_concurrent_agent_run_survives_tool_faults_interrupted_episodes_and_a_nan_gradient(
+        embedded_path, tmp_path, monkeypatch):
+    config = load_config(None, AGENT + [f"log.output_dir={tmp_path}", "runtime.max_staleness=1", "runtime.schedule=concurrent", "train.updates=5",
+                                        "checkpoint.every_updates=1", "rollback.enabled=true"])
+    runtimes = capture_runtime(monkeypatch)
+    nan_gradient_at(3, monkeypatch)
+    stop, interrupted = threading.Event(), []
+
+    def chaos():  # cancel a running group a few times, as a crash of its task would
+        while not stop.wait(1.0) and sum(interrupted) < 3:
+            if runtimes:
+                interrupted.append(runtimes[0].rollout.interrupt(1))
+
+    monkey = threading.Thread(target=chaos, daemon=True)
+    monkey.start()
+    try:
+        result = train_text(config)
+    finally:
+        stop.set()
+        monkey.join()
+    assert sum(interrupted) >= 1
+    records = [r for r in read_metrics(result.run_dir) if "train/loss" in r]
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5]  # no gap, no repeat
+    last = records[-1]
+    parts = ("finished", "failed", "requeued", "cancelled", "in_flight")
+    assert last["rollout/episodes_started"] == sum(last[f"rollout/episodes_{part}"] for part in parts)
+    assert last["rollout/episodes_failed"] == 0 and last["rollout/episodes_requeued"] >= 4
+    assert min(r["rollout/tool_calls"] for r in records) >= 0.5
+    assert sum(r["rollout/tool_failures"] for r in records) > 0  # every attempt failed: the default observation
+    assert sum(r["rollout/tool_timeouts"] for r in records) > 0  # hangs were cut at the timeout
+    assert set(runtimes[0].rollout.runner.service.tools["calculator"].injected) == set(FAULT_KINDS)
+    assert max(r["timing/learner_wait"] for r in records[1:]) < 60
+    events = [json.loads(line) for line in (result.run_dir / "events.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events].count("skipped_update") == 1  # the NaN step was dropped, once
+    final = load_checkpoint(CheckpointStore(result.run_dir / "checkpoints").latest())
+    assert final.step == 5
+    assert all(torch.isfinite(tensor).all() for tensor in final.tensors["policy"].values())
+
+
+KILLED_RUN = """
+import sys
+from unipg.config import load_config
+from unipg.run.text import train_text
+train_text(load_config(None, sys.argv[1:]))
+"""
+
+
+def test_a_sigkilled_run_resumes_to_the_same_weights_as_an_uninterrupted_one(embedded_path, tmp_path):
+    overrides = AGENT + [f"log.output_dir={tmp_path}", "deterministic=true",
+                         "train.updates=4", "checkpoint.every_updates=1", "checkpoint.keep_last=2"]
+    full = train_text(load_config(None, overrides + ["log.run_name=full"]))
+    killed = subprocess.Popen([sys.executable, "-c", KILLED_RUN, *overrides, "log.run_name=killed"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    run_dir = tmp_path / "killed"
+    deadline = time.monotonic() + 120
+    while not (run_dir / "checkpoints" / "step-00000002").is_dir() and killed.poll() is None:
+        assert time.monotonic() < deadline, "the run made no checkpoint of update 2 in 120 s"
+        time.sleep(0.05)
+    os.kill(killed.pid, signal.SIGKILL)
+    assert killed.wait() == -signal.SIGKILL, killed.stderr.read().decode()[-2000:]
+    resumed = train_text(load_config(None, overrides + ["log.run_name=killed"]), resume=run_dir)
+    assert resumed.resumed_from >= 2
+    full_tensors = load_checkpoint(CheckpointStore(full.run_dir / "checkpoints").latest()).tensors
+    resumed_tensors = load_checkpoint(CheckpointStore(run_dir / "checkpoints").latest()).tensors
+    for name, tensor in full_tensors["policy"].items():
+        assert torch.equal(tensor, resumed_tensors["policy"][name]), name
+    steps = [r["step"] for r in read_metrics(run_dir)]
+    assert steps == [0, 1, 2, 3, 4]

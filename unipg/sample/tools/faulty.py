@@ -1,0 +1,103 @@
+"""Fault injection for tools: wrap any registered tool so that some of its calls raise, hang, return garbage
+or return enormous output — to check, before a long run, that training goes on through what real tools do.
+
+Configured like any tool::
+
+    task:
+      tools:
+        - name: faulty
+          options: {tool: calculator, raise_rate: 0.1, hang_rate: 0.05, garbage_rate: 0.05, huge_rate: 0.05}
+
+The agent sees the wrapped tool's name, description and parameters; the wrapper is invisible to it. Each
+attempt draws one uniform number from ``(seed, tool, arguments, attempt)``, where ``attempt`` is the
+environment service's retry counter (``service.current_attempt``), and picks a fault by the rates in order
+raise, hang, garbage, huge. Draws are a pure function of those, not of a random stream, so a run resumed
+from a checkpoint meets exactly the faults the uninterrupted run met, and a retry of a failed call may
+succeed (its draw differs). What each fault does:
+
+- ``raise``: ``RuntimeError`` — the service retries, then gives the default observation and the penalty;
+- ``hang``: sleeps ``hang_seconds`` (default an hour) — the service's timeout must cut it;
+- ``garbage``: returns, in turn, ``None``, an object that is not JSON-serializable, or text of random bytes
+  (lone surrogates and control characters included) — the first two are failures, the last must reach the
+  tokenizer as valid text;
+- ``huge``: returns ``huge_chars`` characters (default 10 million) — the service must clip it.
+
+``injected`` counts the faults by kind (in this process).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import random
+from collections import Counter
+
+from unipg.sample.tools.base import TOOLS, Tool
+
+FAULT_KINDS = ("raise", "hang", "garbage", "huge")
+
+
+class InjectedFault(RuntimeError):
+    """A failure the ``faulty`` tool raised on purpose."""
+
+
+def draw_fault(rates: dict[str, float], seed: int, name: str, arguments: dict, attempt: int) -> str | None:
+    """The fault of one attempt (a kind of ``FAULT_KINDS``) or None, from a draw keyed by the attempt."""
+    key = f"{seed}|{name}|{json.dumps(arguments, sort_keys=True, default=str)}|{attempt}"
+    draw, edge = random.Random(key).random(), 0.0  # str seeds hash with SHA-512: the same in every process
+    for kind in FAULT_KINDS:
+        edge += rates[kind]
+        if draw < edge:
+            return kind
+    return None
+
+
+def garbage_output(draw: float):
+    """Something a broken tool might return instead of text."""
+    if draw < 1 / 3:
+        return None
+    if draw < 2 / 3:
+        return object()
+    return os.urandom(64).decode("utf-8", "surrogateescape") + "\x00\x1b[2J\ud800"
+
+
+@TOOLS.register("faulty")
+def faulty_tool(tool: str, options: dict | None = None, raise_rate: float = 0.0, hang_rate: float = 0.0,
+                garbage_rate: float = 0.0, huge_rate: float = 0.0, hang_seconds: float = 3600.0,
+                huge_chars: int = 10_000_000, seed: int = 0) -> Tool:
+    """Tool ``tool`` (built with ``options``) whose calls fail at the given rates (module docstring)."""
+    rates = {"raise": raise_rate, "hang": hang_rate, "garbage": garbage_rate, "huge": huge_rate}
+    for kind, rate in rates.items():
+        if not 0.0 <= rate <= 1.0:
+            raise ValueError(f"faulty tool: {kind}_rate must be in [0, 1], got {rate}")
+    if sum(rates.values()) > 1.0:
+        raise ValueError(f"faulty tool: the fault rates add up to {sum(rates.values()):g}; "
+                         "they must add up to at most 1")
+    if tool == "faulty":
+        raise ValueError("faulty tool: wrap a real tool (tool: calculator, python, search, ...), not faulty itself")
+    inner = TOOLS.get(tool)(**(options or {}))
+    injected = Counter()
+
+    async def call(**arguments):
+        from unipg.sample.envs.service import current_attempt  # the service imports the tools
+
+        kind = draw_fault(rates, seed, inner.name, arguments, current_attempt())
+        if kind is not None:
+            injected[kind] += 1
+        if kind == "raise":
+            raise InjectedFault(f"injected failure of {inner.name}")
+        if kind == "hang":
+            await asyncio.sleep(hang_seconds)
+        if kind == "garbage":
+            return garbage_output(random.Random(f"{seed}|garbage|{arguments}").random())
+        if kind == "huge":
+            return "x" * huge_chars
+        if inner.is_async:
+            return await inner.function(**arguments)
+        return await asyncio.to_thread(inner.function, **arguments)
+
+    wrapped = dataclasses.replace(inner, function=call)
+    wrapped.injected = injected  # a plain attribute: the dataclass has no field for it
+    return wrapped
