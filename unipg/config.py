@@ -6,52 +6,12 @@ dotted overrides and rejects bad input with a message that says what to fix.
 
 from __future__ import annotations
 
-import datetime
-import os
-import re
-import types
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import Field, field_validator
 
-
-class ConfigError(ValueError):
-    """A configuration that cannot be used; the message lists every problem and its fix."""
-
-
-def scalar_types(annotation: Any) -> set[type]:
-    """The plain types an annotation accepts: ``int | None`` → {int, NoneType}, a Literal of strings → {str}."""
-    origin = get_origin(annotation)
-    if origin in (Union, types.UnionType):
-        return set().union(*(scalar_types(arg) for arg in get_args(annotation)))
-    if origin is Literal:
-        return {type(arg) for arg in get_args(annotation)}
-    return {origin or annotation}
-
-
-def is_text_field(annotation: Any) -> bool:
-    """Whether a field takes text only (a string, a choice of strings, optionally None)."""
-    accepted = scalar_types(annotation)
-    return str in accepted and accepted <= {str, type(None)}
-
-
-class Section(BaseModel):
-    # allow_inf_nan=False: an infinite or NaN learning rate, coefficient or clip range is always a mistake.
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _reject_lookalike_values(cls, value: Any, info: ValidationInfo) -> Any:
-        """Refuse what pydantic would otherwise convert silently: a boolean for a number (``seed: true`` is 1)
-        and a YAML boolean, number or date for a text field (``name: no`` is False)."""
-        annotation = cls.model_fields[info.field_name].annotation
-        accepted = scalar_types(annotation)
-        if isinstance(value, bool) and bool not in accepted and accepted & {int, float}:
-            raise ValueError("expected a number, not a boolean")
-        if is_text_field(annotation) and isinstance(value, (bool, int, float, datetime.date)):
-            raise ValueError("expected text; YAML reads unquoted yes/no/on/off/true/false as booleans and 1.5 or "
-                             "2024-01-01 as a number or a date: quote the value ('no')")
-        return value
+from unipg.config_secrets import restore_secrets
+from unipg.config_section import ConfigError, Section  # noqa: F401  (ConfigError: the error callers catch)
 
 
 class EnvConfig(Section):
@@ -517,60 +477,6 @@ class Config(Section):
         """Pydantic's ``model_validate``, after ``restore_secrets`` has put back the secrets that
         ``redact_secrets`` took out of a saved config.yaml: a redaction marker never becomes a run's secret."""
         return super().model_validate(restore_secrets(obj) if isinstance(obj, dict) else obj, **options)
-
-
-REDACTED = "<redacted>"
-"""What the configuration saved with a run (config.yaml, TensorBoard, W&B) holds in place of a secret."""
-SECRET_WORDS = ("key", "keys", "token", "secret", "secrets", "password", "passwd", "passphrase", "credential",
-                "credentials", "auth")
-
-
-def is_secret_name(name: str) -> bool:
-    """Whether a configuration key names a secret: one of its words (split at ``_``, ``-``, ``.`` and camelCase)
-    ends in a ``SECRET_WORDS`` entry, as in ``WANDB_API_KEY``, ``hfToken`` or ``apikey``; ``max_new_tokens``
-    does not."""
-    words = re.findall(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])", str(name))
-    return any(word.lower().endswith(SECRET_WORDS) for word in words)
-
-
-def redact_secrets(tree: Any, *, secret: bool = False) -> Any:
-    """A copy of a configuration dict in which every value under a key named like a secret (``is_secret_name``)
-    is ``REDACTED``. Kept as they are: ``None``, ``""`` and booleans (``token: true`` means "use the stored one")."""
-    if isinstance(tree, dict):
-        return {key: redact_secrets(value, secret=secret or is_secret_name(key)) for key, value in tree.items()}
-    if isinstance(tree, list):
-        return [redact_secrets(value, secret=secret) for value in tree]
-    if secret and tree is not None and tree != "" and not isinstance(tree, bool):
-        return REDACTED
-    return tree
-
-
-def restore_secrets(tree: dict[str, Any]) -> dict[str, Any]:
-    """A copy of ``tree`` in which each ``REDACTED`` value is read from the environment variable named like its key
-    (as written or upper-case); ``ConfigError`` naming the keys that stay redacted and how to pass them again."""
-    missing = []
-
-    def restore(node: Any, path: list[str]) -> Any:
-        if isinstance(node, dict):
-            return {key: restore(value, [*path, str(key)]) for key, value in node.items()}
-        if isinstance(node, list):
-            return [restore(value, [*path, str(index)]) for index, value in enumerate(node)]
-        if not isinstance(node, str) or node != REDACTED:
-            return node
-        name = next((part for part in reversed(path) if not part.isdigit()), "")
-        value = os.environ.get(name, os.environ.get(name.upper()))
-        if value is None:
-            missing.append(".".join(path))
-            return node
-        return value
-
-    restored = restore(tree, [])
-    if missing:
-        raise ConfigError(f"the configuration holds {REDACTED!r} at {', '.join(missing)}: secrets are left out of the "
-                          "config.yaml saved with a run. Pass each again as an override (e.g. "
-                          f"{missing[0]}=...), or set the environment variable of the same name "
-                          f"({missing[0].rsplit('.', 1)[-1]}), which is read in its place")
-    return restored
 
 
 from unipg.config_loading import load_config, parse_override  # noqa: E402,F401  (the public entry points)

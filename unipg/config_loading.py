@@ -23,7 +23,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from unipg.config import Config, ConfigError, is_text_field
+from unipg.config import Config
+from unipg.config_section import ConfigError, is_text_field
 from unipg.presets import ALGORITHMS, algorithm_names, ignored_keys
 
 

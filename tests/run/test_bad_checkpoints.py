@@ -13,7 +13,8 @@ import unipg.run.text as text
 from unipg.cli import app
 from unipg.run.checkpoint import CheckpointStore, load_checkpoint, tensor_mismatch, verify_checkpoint
 from unipg.run.metrics import read_metrics
-from unipg.run.text import latest_checkpoint, train_text
+from unipg.run.text import train_text
+from unipg.run.text_checkpoint import latest_checkpoint
 from unipg.sample.rewards import REWARDS
 
 from tests.run.test_resume import small_config as resume_config

@@ -12,8 +12,9 @@ import pytest
 import torch
 from torch import nn
 
-from unipg.run.checkpoint import (CheckpointStore, generator_state, load_checkpoint, load_optimizer,
-                                  optimizer_tensors, restore_generator, restore_rng, rng_state)
+from unipg.run.checkpoint import CheckpointStore, load_checkpoint
+from unipg.run.run_state import (generator_state, load_optimizer, optimizer_tensors, restore_generator, restore_rng,
+                                 rng_state)
 
 
 def small_group(value: float = 1.0) -> dict[str, dict[str, torch.Tensor]]:

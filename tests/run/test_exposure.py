@@ -11,7 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from unipg.cli import app
-from unipg.config import REDACTED, ConfigError, is_secret_name, load_config, redact_secrets
+from unipg.config import ConfigError, load_config
+from unipg.config_secrets import REDACTED, is_secret_name, redact_secrets
 from unipg.run.metrics import MetricsLogger
 from unipg.run.text import train_text
 

@@ -8,7 +8,8 @@ import pytest
 
 from unipg.estimate.registry import RegistryError
 from unipg.sample import rewards as rewards_module
-from unipg.sample.rewards import REWARDS, CombinedReward, RewardModel, answers_equivalent, build_rewards
+from unipg.sample.reward_model import RewardModel
+from unipg.sample.rewards import REWARDS, CombinedReward, answers_equivalent, build_rewards
 
 
 def score(name: str, completions: list, answers: list | None = None, **options) -> list:

@@ -73,7 +73,7 @@ class MetricsLogger:
 
         Secrets (values under keys such as ``WANDB_API_KEY`` or ``api_token``) are saved as ``<redacted>``; a
         run resumed from this file reads them from the environment or from overrides again."""
-        from unipg.config import redact_secrets
+        from unipg.config_secrets import redact_secrets
 
         config = redact_secrets(config)
         (self.run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
@@ -106,7 +106,7 @@ def start_wandb(run_dir: Path, config: dict):
     except ImportError as error:
         raise ValueError("log.wandb is set but wandb is not installed: pip install 'unipg[wandb]' "
                          "(or set log.wandb=false)") from error
-    from unipg.config import redact_secrets
+    from unipg.config_secrets import redact_secrets
 
     log = config.get("log", {})
     # x_disable_meta: W&B's run metadata holds the command line, where a secret passed as an override

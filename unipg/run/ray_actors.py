@@ -15,8 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from unipg.run.checkpoint import generator_state, restore_generator
 from unipg.run.episodes import EpisodeRunner
+from unipg.run.run_state import generator_state, restore_generator
 from unipg.sample.envs.service import current_attempt, run_tool, set_attempt
 from unipg.sample.tools.base import Tool, ToolError
 

@@ -47,9 +47,9 @@ from dataclasses import dataclass, field
 import torch
 
 from unipg.config import Config
-from unipg.run.checkpoint import generator_state, restore_generator
 from unipg.run.episodes import EpisodeRunner
 from unipg.run.ray_actors import LOST, EnvActor, RolloutWorker, ray  # says how to install Ray if it is missing
+from unipg.run.run_state import generator_state, restore_generator
 from unipg.run.runtime import EpisodeAccount
 from unipg.run.text_rollout import inference_copy, split_groups
 from unipg.sample.envs.service import ServiceStats

@@ -13,7 +13,7 @@ versions old and the configured objective corrects for it (``unipg.run.runtime``
 Checkpoints (``run/checkpoints/step-<update>``) are saved every ``checkpoint.every_updates`` updates, at the
 end, and when Ctrl-C or SIGTERM stops the run after its current update. ``train_text(config, resume=RUN_DIR)``
 continues from the newest one exactly as the uninterrupted run would have: weights, optimizer, KL coefficient,
-learning-rate fraction, the prompt order and every random generator are restored.
+learning-rate fraction, the prompt order and every random generator are restored (``unipg.run.text_checkpoint``).
 
 With ``rollback.enabled``, an update that trips (an optimizer step skipped for a non-finite loss or gradient, or
 the whole update reverted for a KL spike, see ``unipg.run.text_learner``) is logged as a ``skipped_update``
@@ -26,13 +26,11 @@ records of the updates given up, so its steps repeat after a rollback.
 
 from __future__ import annotations
 
-import json
 import signal
 import statistics
 import sys
 import threading
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,10 +38,8 @@ from pathlib import Path
 import torch
 
 from unipg.config import Config, RollbackConfig
-from unipg.policy.lm import LMPolicy
 from unipg.policy.loading import policy_from_config
-from unipg.run.checkpoint import (Checkpoint, CheckpointStore, generator_state, load_checkpoint, restore_generator,
-                                  restore_rng, rng_state, tensor_mismatch)
+from unipg.run.checkpoint import load_checkpoint
 from unipg.run.classic import run_dir_for, seed_everything
 from unipg.run.episodes import (  # noqa: F401
     EpisodeRunner,
@@ -52,8 +48,10 @@ from unipg.run.episodes import (  # noqa: F401
     held_out,
     reward_term_metrics,
 )
-from unipg.run.metrics import MetricsLogger, Progress, Timer, process_metrics, read_metrics
-from unipg.run.runtime import EpisodeAccount, Runtime, WeightSync, resolve_schedule
+from unipg.run.metrics import MetricsLogger, Progress, Timer, process_metrics
+from unipg.run.run_state import generator_state, restore_generator
+from unipg.run.runtime import Runtime, WeightSync, resolve_schedule
+from unipg.run.text_checkpoint import TextCheckpointer, drop_metrics_after, latest_checkpoint
 from unipg.run.text_learner import TextLearner
 from unipg.run.text_rollout import TextRollout, inference_copy, rollout_batch
 from unipg.sample.replay import ProducerFailed
@@ -107,9 +105,6 @@ class PromptSampler:
         restore_generator(self.generator, state["generator"])
 
 
-CHECKPOINT_DIR = "checkpoints"
-
-
 class TrainingStopped(KeyboardInterrupt):
     """Ctrl-C or SIGTERM stopped a run after an update, and a checkpoint of that update was saved."""
 
@@ -145,77 +140,6 @@ class StopRequest:
         self.signal_number = number
         print(f"\n{signal.Signals(number).name}: stopping after the current update to save a checkpoint "
               "(Ctrl-C again stops at once, without saving)", file=sys.stderr, flush=True)
-
-
-class TextCheckpointer:
-    """Saves and restores everything a text run needs to continue bit for bit, under ``run_dir/checkpoints``.
-
-    Not saved: the reference model, which is the frozen initial model; the state records its name
-    (``reference_model``) and a resumed run rebuilds it from the configuration.
-    """
-
-    def __init__(self, run_dir: Path, config: Config, policy: LMPolicy, learner: TextLearner, sampler: PromptSampler,
-                 generator: torch.Generator):
-        settings = config.checkpoint
-        self.store = CheckpointStore(run_dir / CHECKPOINT_DIR, keep_last=settings.keep_last,
-                                     keep_best=int(settings.keep_best), best_metric=settings.best_metric)
-        self.config, self.policy, self.learner = config, policy, learner
-        self.sampler, self.generator = sampler, generator
-        self.account: EpisodeAccount | None = None  # the rollout's episode counts, saved with the run's state
-
-    def save(self, update: int, *, samples: int, train_seconds: float,
-             history: list[tuple[int, dict[str, float]]], metrics: dict[str, float]) -> Path:
-        """A checkpoint of the run after ``update``; ``metrics`` (this update's evaluation, if any) rank it."""
-        optimizer, learner_state = self.learner.checkpoint()
-        tensors = {"policy": self.policy.model.state_dict(), "optimizer": optimizer}
-        if self.policy.value_head is not None:
-            tensors["value_head"] = self.policy.value_head.state_dict()
-        if self.policy.critic is not None:
-            tensors["critic"] = self.policy.critic.state_dict()
-        state = {"update": update, "policy_version": update, "samples": samples, "train_seconds": train_seconds,
-                 "eval_history": [[at, evaluation] for at, evaluation in history], "learner": learner_state,
-                 "sampler": self.sampler.state(), "rollout_generator": generator_state(self.generator),
-                 "rng": rng_state(), "reference_model": self.config.model.name}
-        if self.account is not None:
-            state["episodes"] = self.account.state()
-        path = self.store.save(update, tensors, state, metrics=metrics)
-        if update > 0:  # the checkpoint of update 0 (see rollback) is needed only until the run saves its own
-            self.store.remove(0)
-        return path
-
-    def restore(self, checkpoint: Checkpoint) -> tuple[int, float, list[tuple[int, dict[str, float]]]]:
-        """Load ``checkpoint`` into the run's objects; returns (samples, train_seconds, eval history).
-
-        A checkpoint of another model (other parameter names or shapes, a value head or critic added or
-        removed) raises a ValueError naming both models and the first differing tensor."""
-        state = checkpoint.state
-        try:
-            for group in ("policy", "value_head", "critic"):
-                module = self.policy.model if group == "policy" else getattr(self.policy, group)
-                if (module is None) != (group not in checkpoint.tensors):
-                    raise ValueError(f"the run's model.{group} setting changed since the checkpoint was saved")
-                if module is None:
-                    continue
-                problem = tensor_mismatch(checkpoint.tensors[group], module.state_dict())
-                if problem:
-                    raise ValueError(f"{group}: {problem}")
-                module.load_state_dict(checkpoint.tensors[group])
-            self.learner.restore(checkpoint.tensors["optimizer"], state["learner"])
-        except (RuntimeError, KeyError, ValueError, TypeError) as error:
-            raise ValueError(f"checkpoint {checkpoint.path} does not fit the configured model: it was written for "
-                             f"{state.get('reference_model', 'an unrecorded model')}, the configuration asks for "
-                             f"{self.config.model.name} ({str(error).splitlines()[0]}); resume with the run's own "
-                             "config.yaml, leaving model.* as it was") from None
-        try:
-            self.sampler.load_state(state["sampler"])
-            restore_generator(self.generator, state["rollout_generator"])
-            restore_rng(state["rng"])
-            history = [(at, evaluation) for at, evaluation in state["eval_history"]]
-            return state["samples"], state["train_seconds"], history
-        except (KeyError, TypeError, ValueError, RuntimeError) as error:  # a state.json from another program
-            raise ValueError(f"checkpoint {checkpoint.path} has an incomplete run state ({type(error).__name__}: "
-                             f"{error}); it was not written by train_text, so resume from a checkpoint that "
-                             "was") from None
 
 
 class TripCounter:
@@ -260,41 +184,6 @@ class TripCounter:
         self.logger.event(update, "rollback", to_update=to_update, learning_rate_factor=learning_rate_factor,
                           warning=f"warning: {self.settings.max_trips} tripped updates in a row; rolled back to "
                                   f"update {to_update} with the learning rate × {learning_rate_factor:g}")
-
-
-def latest_checkpoint(run_dir: Path) -> Checkpoint:
-    """The newest intact checkpoint of an earlier run; ``ValueError`` saying what to do if there is none."""
-    if not (run_dir / "config.yaml").is_file():
-        raise ValueError(f"cannot resume from '{run_dir}': it is not a run folder (no config.yaml); pass the folder "
-                         "that `unipg train` created for the run, e.g. runs/grpo-arithmetic-seed0-<time>")
-    store = CheckpointStore(run_dir / CHECKPOINT_DIR)
-    path = store.latest()
-    if path is None:
-        found = len(store.list())
-        problem = (f"none of its {found} checkpoints is intact (see the warnings above)" if found else
-                   f"it holds no checkpoint ({run_dir / CHECKPOINT_DIR} is missing or empty: the run stopped "
-                   "before its first save)")
-        raise ValueError(f"cannot resume from '{run_dir}': {problem}; start a new run instead, or set "
-                         "checkpoint.every_updates so that runs save checkpoints as they go")
-    checkpoints = store.list()
-    for damaged in checkpoints[checkpoints.index(path) + 1:]:  # newer than the newest intact one: damaged
-        kept = store.set_aside(damaged)
-        warnings.warn(f"resuming from {path.name}, the newest intact checkpoint; the damaged {damaged.name} is kept "
-                      f"as {kept}", RuntimeWarning, stacklevel=2)
-    return load_checkpoint(path)
-
-
-def drop_metrics_after(run_dir: Path, update: int) -> None:
-    """Remove the records of updates after ``update`` from metrics.jsonl: a resumed run writes them again."""
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return
-    records = read_metrics(run_dir)
-    kept = [record for record in records if record["step"] <= update]
-    if len(kept) < len(records):
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(json.dumps(record) + "\n" for record in kept), encoding="utf-8")
-        tmp.replace(path)
 
 
 def columns_of(examples: list[Example]) -> dict[str, list]:

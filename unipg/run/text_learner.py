@@ -32,8 +32,8 @@ from unipg.estimate.losses import aggregate, explained_variance, value_loss
 from unipg.estimate.weights import weight_metrics
 from unipg.estimate.masked import masked_mean, masked_var, masked_whiten, pack_masked, unpack_masked
 from unipg.policy.lm import Generation, LMPolicy, left_pad
-from unipg.run.checkpoint import generator_state, load_optimizer, optimizer_tensors, restore_generator
 from unipg.run.learner import call_with_available, clip_grad_norm, off_policy_weights, shuffled_minibatches
+from unipg.run.run_state import generator_state, load_optimizer, optimizer_tensors, restore_generator
 
 GROUP_ADVANTAGES = frozenset({"grpo", "dr_grpo", "rloo"})
 

@@ -19,7 +19,6 @@ import inspect
 import json
 import math
 import random
-import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 from unipg.estimate.registry import Registry
+from unipg.sample.answers import extract_final_answer
 
 
 @dataclass(frozen=True)
@@ -104,38 +104,6 @@ def validate_options(kind: str, name: str, factory: Callable, options: dict) -> 
     missing = [p for p in valid if parameters[p].default is inspect.Parameter.empty and p not in options]
     if missing:
         raise ValueError(f"{kind} '{name}' needs the option(s) {', '.join(missing)}. It accepts: {accepts}")
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Final-answer extraction, shared by the GSM8K loader and the rule-based rewards
-
-_INTEGER = r"(?:\d{1,3}(?:,\d{3})+|\d+)"  # 1,234,567 or 1234567
-_NUMBER = re.compile(rf"(?:(?<![\w.)])-)?{_INTEGER}(?:\.\d+)?(?:/{_INTEGER})?")  # -1,234.5 or 3/1,000
-
-
-_ANSWER_EDGES = re.compile(r"^[\s$]+|[\s.]+$")  # leading spaces and '$', trailing spaces and '.'
-_SIGNED_DOLLARS = re.compile(r"^-[\s$]+")  # "-$5" and "- 5" mean -5
-
-
-def normalize_answer(text: str) -> str:
-    """Canonical form of a final answer: thousands separators, leading '$' signs (also after a minus sign) and
-    trailing periods removed, with the spaces around them. Normalising twice changes nothing more."""
-    text = _ANSWER_EDGES.sub("", text.replace(",", ""))
-    return _SIGNED_DOLLARS.sub("-", text)
-
-
-def extract_final_answer(text: str) -> str | None:
-    """The final answer of a GSM8K-style solution, or None when there is none.
-
-    The rest of the line after the last ``####`` when present (normalised by ``normalize_answer``), else the
-    last number in the text (integer, decimal, negative or fraction such as ``3/4``, with commas removed).
-    """
-    if "####" in text:
-        after = text.rsplit("####", 1)[1].strip()
-        answer = normalize_answer(after.splitlines()[0]) if after else ""
-        return answer or None
-    numbers = _NUMBER.findall(text)
-    return numbers[-1].replace(",", "") if numbers else None
 
 
 # ---------------------------------------------------------------------------------------------------------

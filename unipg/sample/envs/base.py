@@ -44,8 +44,8 @@ async def final_answer_reward(reward_fn, example: Example, completion: str) -> t
     """The reward of a final answer under the task's reward functions, and the info facts about it: whether
     the extracted final answer equals the example's reference answer (the task-completion criterion of
     evaluation) and each reward function's value."""
+    from unipg.sample.answers import extract_final_answer
     from unipg.sample.rewards import answers_equivalent
-    from unipg.sample.tasks import extract_final_answer
 
     columns = {name: [value] for name, value in example.columns.items()}
     scored = await reward_fn.acall([example.prompt], [completion], **columns)
