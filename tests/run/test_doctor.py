@@ -92,6 +92,10 @@ def test_evidence_quotes_steps_and_values():
     assert "0.2" in kl.evidence and kl.severity == "warning"
     nan = diagnose(with_series(healthy(), "train/grad_norm", CONDITIONS["non_finite_values"][1]))[0]
     assert nan.severity == "error" and "steps 80-99" in nan.evidence and "20 record(s)" in nan.evidence
+    skipped = with_series(with_series(healthy(), "train/grad_norm", lambda i, old: None if i == 50 else old),
+                          "train/skipped_steps", lambda i, old: 1.0 if i == 50 else 0.0)
+    handled = diagnose(skipped)[0]  # rollback dropped the step: nothing non-finite reached the weights
+    assert handled.check == "non_finite_values" and handled.severity == "warning" and "skipped" in handled.evidence
     memory = diagnose(with_series(healthy(), "system/rss_mb", CONDITIONS["memory_growth"][1]))[0]
     assert memory.metric == "system/rss_mb" and "rose from" in memory.evidence
 

@@ -302,6 +302,13 @@ def non_finite_values(history: History) -> list[Finding]:
               "function never returns NaN or inf.")
     first = min(found[0] for _, _, found in bad)
     last = max(found[-1] for _, _, found in bad)
+    skipped_steps, skipped = history.finite("train/skipped_steps")
+    handled = {step for step, count in zip(skipped_steps, skipped) if count > 0}
+    if all(name.startswith("train/") and set(found) <= handled for _, name, found in bad):
+        remedy = ("Rollback skipped those optimizer steps, so nothing non-finite reached the weights; if it keeps "
+                  "happening, lower train.learning_rate or train.max_grad_norm and check the rewards.")
+        return [Finding("non_finite_values", "warning", evidence + " (optimizer steps skipped)", remedy, bad[0][1],
+                        (first, last))]
     return [Finding("non_finite_values", "error", evidence, remedy, bad[0][1], (first, last))]
 
 
