@@ -11,6 +11,7 @@ from unipg.run.sft import (
     IGNORE_INDEX,
     build_sft_batch,
     completion_loss,
+    fit_context,
     greedy_completions,
     length_grouped_batches,
     sft_accuracy,
@@ -106,6 +107,18 @@ def test_a_tokenizer_without_pad_token_is_refused_with_the_fix(tokenizer):
     no_pad.pad_token = None
     with pytest.raises(ValueError, match="check_tokenizer"):
         sft_train(build_model(tokenizer), no_pad, [("<|user|>1+1=<|end|><|assistant|>", "2")], steps=1)
+
+
+def test_demonstrations_longer_than_the_context_are_cut_like_rollouts(tokenizer):
+    model = build_model(tokenizer)
+    context = model.config.max_position_embeddings
+    long_prompt = "<|user|>" + "1+" * context + "1=<|end|><|assistant|>"
+    pairs = [(long_prompt, "7" * 20), ("<|user|>1+1=<|end|><|assistant|>", "2" * (2 * context))]
+    tokenized = fit_context(tokenize_pairs(tokenizer, pairs), context)
+    assert all(len(prompt) + len(completion) <= context for prompt, completion, _ in tokenized)
+    assert tokenized[0][0][-3:] == tokenize_pairs(tokenizer, pairs)[0][0][-3:]  # a prompt keeps its end
+    assert len(tokenized[0][1]) >= 1
+    sft_train(model, tokenizer, pairs, steps=1, batch_size=2)  # trains within the positions the model has
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from unipg.policy.chat import completion_suffix
+from unipg.policy.lm import context_length
 from unipg.policy.lm import LMPolicy
 
 IGNORE_INDEX = -100  # label of positions that do not enter the loss (prompt and padding)
@@ -71,6 +72,20 @@ def tokenize_pairs(tokenizer: PreTrainedTokenizerBase,
             trained += [is_trained] * len(segment_ids)
         tokenized.append((prompt_ids, ids, trained))
     return tokenized
+
+
+def fit_context(tokenized: list[tuple], context: int | None) -> list[tuple]:
+    """Examples cut to the model's context, as rollouts cut them: a prompt keeps its last tokens (leaving room
+    for one completion token), then the completion is cut at the end. Past the context a model with learned
+    positions fails with an index error."""
+    if context is None:
+        return tokenized
+    fitted = []
+    for prompt_ids, ids, trained in tokenized:
+        prompt_ids = prompt_ids[-(context - 1):]
+        room = context - len(prompt_ids)
+        fitted.append((prompt_ids, ids[:room], trained[:room]))
+    return fitted
 
 
 def build_sft_batch(examples: list[tuple], pad_token_id: int) -> SFTBatch:
@@ -203,7 +218,7 @@ def sft_train(
     if not pairs:
         raise ValueError("sft_train needs at least one (prompt, completion) pair")
     device = next(model.parameters()).device
-    tokenized = tokenize_pairs(tokenizer, pairs)
+    tokenized = fit_context(tokenize_pairs(tokenizer, pairs), context_length(model))
     dataset = build_sft_batch(tokenized, pad_token_id=require_pad_token(tokenizer))
     generator = torch.Generator().manual_seed(seed)
     tokens_per_batch = None
