@@ -47,14 +47,22 @@ def test_malformed_yaml_says_where_and_how_to_fix(tmp_path, content, expected):
 @pytest.mark.parametrize("content, expected", [
     ("- algorithm: ppo\n- seed: 1\n", "must hold a mapping of keys to values (key: value lines), got a list"),
     ("just text\n", "must hold a mapping of keys to values (key: value lines), got a str"),
-    ("", "holds no settings; add keys such as 'algorithm: ppo', or pass no config file"),
-    ("# every key commented out\n", "holds no settings"),
     (b"algorithm: ppo\nenv:\n  id: caf\xe9\n", "is not UTF-8 text (byte 0xe9 on line 3); save it as UTF-8"),
     ("algorithm: ppo\x00\n", "unacceptable character #x0000"),
     ("train: [64, 32]\n", "'train' is a section; give it a mapping such as train: {...}"),
 ])
 def test_files_that_are_not_a_mapping_of_settings(tmp_path, content, expected):
     assert expected in problem([], write(tmp_path, content))
+
+
+@pytest.mark.parametrize("content", ["", "# every key commented out\n"])
+def test_a_file_without_settings_trains_with_the_defaults_and_says_so(tmp_path, content):
+    with pytest.warns(UserWarning, match="holds no settings; training with the defaults"):
+        assert load_config(write(tmp_path, content)) == load_config(None)
+
+
+def test_a_run_name_may_hold_folders_inside_the_output_folder(tmp_path):
+    assert load_config(None, ["log.run_name=sweep1/lr3e-4"]).log.run_name == "sweep1/lr3e-4"
 
 
 def test_a_missing_path_and_a_folder_are_told_apart(tmp_path):
@@ -97,8 +105,9 @@ def test_a_utf8_byte_order_mark_is_accepted(tmp_path):
     ("seed=-1", "'seed': Input should be greater than or equal to 0"),
     ("seed=99999999999", "'seed': Input should be less than 2147483648"),
     ("sample.stop=</s>", "'sample.stop': Input should be a valid list (got '</s>')"),
-    ("log.run_name=../elsewhere", "'log.run_name': run_name must be a plain folder name"),
-    ("log.run_name=/tmp/x", "put parent folders into output_dir"),
+    ("log.run_name=../elsewhere", "'log.run_name': run_name must be a relative folder path"),
+    ("log.run_name=/tmp/x", "without '..', '.' or empty parts; the folder is made under log.output_dir"),
+    ("log.run_name=sweep/../../x", "run_name must be a relative folder path"),
 ])
 def test_wrong_types_and_ranges_name_the_key_and_the_value(override, expected):
     assert expected in problem([override])
@@ -219,6 +228,6 @@ def test_a_rejected_run_leaves_an_earlier_run_untouched(tmp_path):
                                  "env.total_steps=256"])
     assert result.exit_code == 2 and "already holds a run; choose another log.run_name" in result.output
     result = runner.invoke(app, ["train", f"log.output_dir={earlier}", "log.run_name=..", "env.total_steps=256"])
-    assert result.exit_code == 2 and "run_name must be a plain folder name" in result.output
+    assert result.exit_code == 2 and "run_name must be a relative folder path" in result.output
     assert {name: (earlier / name).read_text() for name in files} == files
     assert sorted(path.name for path in tmp_path.iterdir()) == ["baseline"]

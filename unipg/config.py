@@ -410,10 +410,12 @@ class LogConfig(Section):
     @field_validator("run_name")
     @classmethod
     def _plain_folder_name(cls, name: str | None) -> str | None:
-        # A path here ('..', '/x', 'a/../../b') would put the run, and its config.yaml, outside output_dir.
-        if name is not None and (name.strip() in ("", ".", "..") or "/" in name or "\\" in name):
-            raise ValueError("run_name must be a plain folder name such as 'baseline-1'; the folder is made "
-                             "under log.output_dir, so put parent folders into output_dir")
+        # '..', '/x' or 'a/../../b' would put the run, and its config.yaml, outside output_dir; 'sweep1/lr3e-4'
+        # (a folder per sweep) stays inside it
+        parts = name.replace("\\", "/").split("/") if name is not None else []
+        if name is not None and (name.startswith(("/", "\\")) or any(part.strip() in ("", ".", "..") for part in parts)):
+            raise ValueError("run_name must be a relative folder path such as 'baseline-1' or 'sweep1/lr3e-4', "
+                             "without '..', '.' or empty parts; the folder is made under log.output_dir")
         return name
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -99,9 +100,9 @@ def read_yaml(path: Path) -> dict[str, Any]:
     if refers_to_itself(data):
         raise ConfigError(f"config file '{path}' holds a YAML alias inside the value it names (&name ... *name); "
                           "write the value out instead")
-    if data is None:
-        raise ConfigError(f"config file '{path}' holds no settings; add keys such as 'algorithm: ppo', or pass "
-                          "no config file to train with the defaults")
+    if data is None:  # empty, or only comments: the defaults, as with no file
+        warnings.warn(f"config file '{path}' holds no settings; training with the defaults", stacklevel=3)
+        return {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file '{path}' must hold a mapping of keys to values (key: value lines), got "
                           f"a {type(data).__name__}")

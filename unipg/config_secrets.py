@@ -15,26 +15,37 @@ from unipg.config_section import ConfigError
 
 REDACTED = "<redacted>"
 """What the configuration saved with a run (config.yaml, TensorBoard, W&B) holds in place of a secret."""
-SECRET_WORDS = ("key", "keys", "token", "secret", "secrets", "password", "passwd", "passphrase", "credential",
-                "credentials", "auth")
+SECRET_WORDS = ("secret", "secrets", "password", "passwd", "passphrase", "credential", "credentials", "apikey")
+"""A key holding one of these words names a secret."""
+SECRET_PAIRS = {("api", "key"), ("access", "key"), ("private", "key"), ("secret", "key"), ("auth", "key")}
+"""A key ending in one of these pairs of words names a secret (``WANDB_API_KEY``)."""
+TOKEN_WORDS = ("pad", "eos", "bos", "unk", "sep", "cls", "mask", "stop", "start", "end", "special", "new", "max",
+               "min", "num", "total", "prompt", "completion", "image", "audio", "video")
+"""Words before ``token`` that make it a vocabulary item or a count (``pad_token``), not a credential."""
 
 
 def is_secret_name(name: str) -> bool:
-    """Whether a configuration key names a secret: one of its words (split at ``_``, ``-``, ``.`` and camelCase)
-    ends in a ``SECRET_WORDS`` entry, as in ``WANDB_API_KEY``, ``hfToken`` or ``apikey``; ``max_new_tokens``
-    does not."""
-    words = re.findall(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])", str(name))
-    return any(word.lower().endswith(SECRET_WORDS) for word in words)
+    """Whether a configuration key names a credential. Its words (split at ``_``, ``-``, ``.`` and camelCase)
+    hold a ``SECRET_WORDS`` entry, end in a ``SECRET_PAIRS`` pair, or end in ``token`` not preceded by a
+    ``TOKEN_WORDS`` entry: ``WANDB_API_KEY``, ``hfToken``, ``HF_TOKEN``, ``db_password`` are secrets;
+    ``pad_token``, ``max_new_tokens``, ``answer_key`` are not."""
+    words = [word.lower() for word in re.findall(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])", str(name))]
+    if not words:
+        return False
+    if any(word in SECRET_WORDS for word in words) or tuple(words[-2:]) in SECRET_PAIRS:
+        return True
+    return words[-1] == "token" and (len(words) == 1 or words[-2] not in TOKEN_WORDS)
 
 
 def redact_secrets(tree: Any, *, secret: bool = False) -> Any:
     """A copy of a configuration dict in which every value under a key named like a secret (``is_secret_name``)
-    is ``REDACTED``. Kept as they are: ``None``, ``""`` and booleans (``token: true`` means "use the stored one")."""
+    is ``REDACTED``. Only text is redacted: ``None``, ``""``, numbers and booleans (``token: true`` means "use the
+    stored one") are kept, so nothing but a credential's text is ever replaced."""
     if isinstance(tree, dict):
         return {key: redact_secrets(value, secret=secret or is_secret_name(key)) for key, value in tree.items()}
     if isinstance(tree, list):
         return [redact_secrets(value, secret=secret) for value in tree]
-    if secret and tree is not None and tree != "" and not isinstance(tree, bool):
+    if secret and isinstance(tree, str) and tree != "":
         return REDACTED
     return tree
 

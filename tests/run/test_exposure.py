@@ -121,13 +121,14 @@ def test_secret_names_are_told_apart_from_the_schemas_own_keys():
     for name in ("WANDB_API_KEY", "api_key", "apiKey", "HFToken", "hf_token", "db_password", "client_secret",
                  "apikey"):
         assert is_secret_name(name), name
-    for name in ("max_new_tokens", "max_total_tokens", "keep_last", "best_metric", "tokenizer", "output_dir"):
+    for name in ("max_new_tokens", "max_total_tokens", "keep_last", "best_metric", "tokenizer", "output_dir",
+                 "pad_token", "eos_token", "answer_key", "num_keys", "monkey"):  # options a task or reward may take
         assert not is_secret_name(name), name
     for overrides in ([], ["task.name=arithmetic"], ["task.name=calculator", "task.tools=[{name: calculator}]"]):
         plain = load_config(None, overrides).to_dict()
         assert redact_secrets(plain) == plain  # nothing of the schema itself is taken for a secret
-    assert redact_secrets({"token": True, "api_key": None, "password": "", "auth": {"user": "u", "ids": [1, 2]}}) == \
-        {"token": True, "api_key": None, "password": "", "auth": {"user": REDACTED, "ids": [REDACTED, REDACTED]}}
+    assert redact_secrets({"token": True, "api_key": None, "password": "", "credentials": {"user": "u", "ids": [1, 2]}}) \
+        == {"token": True, "api_key": None, "password": "", "credentials": {"user": REDACTED, "ids": [1, 2]}}
 
 
 def test_a_local_ray_instance_listens_on_loopback_only_and_passes_the_real_secret_to_its_workers():

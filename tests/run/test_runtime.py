@@ -114,6 +114,8 @@ def test_a_failing_rollout_stops_the_run_with_its_error(embedded_path, tmp_path,
                                          r"finished; the metrics so far are in") as raised:
         train_text(config)
     assert isinstance(raised.value.__cause__, ProducerFailed)
+    trace = str(raised.value).rsplit("(traceback: ", 1)[1].rstrip(")")  # the one line names the whole traceback
+    assert "Traceback" in open(trace).read() and "in broken" in open(trace).read()
 
 
 def test_a_buffer_too_small_for_one_batch_is_refused_before_training(embedded_path, tmp_path):

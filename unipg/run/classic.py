@@ -68,7 +68,7 @@ def run_dir_for(config: Config) -> Path:
     root = Path(config.log.output_dir)
     if config.log.run_name:
         run_dir = root / config.log.run_name
-        if (run_dir / "metrics.jsonl").exists():
+        if any((run_dir / name).exists() for name in ("metrics.jsonl", "config.yaml", "checkpoints")):
             raise ValueError(f"run directory '{run_dir}' already holds a run; choose another log.run_name "
                              "or move that run away")
         return run_dir

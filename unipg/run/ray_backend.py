@@ -38,6 +38,7 @@ says so; the driver keeps its checkpoints. Every remote wait has a timeout.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import uuid
@@ -97,7 +98,8 @@ def connect(settings) -> bool:
     except ImportError:
         ray_constants = None
     clusters = getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
-    if settings.address is None and clusters is not None:
+    local = settings.address is None and not os.environ.get("RAY_ADDRESS")  # RAY_ADDRESS: ray.init joins it
+    if local and clusters is not None:
         ray_constants.ENABLE_RAY_CLUSTER = False
     try:
         ray.init(**options)
@@ -419,6 +421,11 @@ class RayRollout:
             sizes, seconds = self.batch_sizes, self.generate_seconds
             self.batch_sizes, self.generate_seconds = [], 0.0
             return sizes, seconds
+
+    def episode_state(self) -> dict[str, int]:
+        """The episode counts, consistent (read under the lock the rollout counts under)."""
+        with self._lock:
+            return self.account.state()
 
     def pop_service_metrics(self, prefix: str) -> dict[str, float]:
         with self._lock:

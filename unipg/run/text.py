@@ -31,6 +31,7 @@ import statistics
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -238,17 +239,20 @@ def build_runtime(config: Config, runner: EpisodeRunner, sampler: PromptSampler,
         raise
 
 
-def rollout_failed(checkpointer: TextCheckpointer, update: int, saved: int | None, samples: int,
-                   train_seconds: float, history: list) -> str:
-    """After rollout failed for good: save a checkpoint of the last finished ``update`` unless ``saved`` is it;
-    says where to continue from."""
+def rollout_failed(failure: ProducerFailed, checkpointer: TextCheckpointer, update: int, saved: int | None,
+                   samples: int, train_seconds: float, history: list) -> str:
+    """After rollout failed for good: save a checkpoint of the last finished ``update`` unless ``saved`` is it,
+    and the failure's whole traceback to ``run_dir/rollout_error.txt``; the one-line message of the run's end,
+    saying where to continue from."""
     run_dir = checkpointer.store.root.parent
     if update > 0 and saved != update:
         checkpointer.save(update, samples=samples, train_seconds=train_seconds, history=history, metrics={})
         saved = update
-    if saved:
-        return f"a checkpoint of update {saved} is in {run_dir}; continue with: unipg train --resume {run_dir}"
-    return f"no update had finished; the metrics so far are in {run_dir}"
+    trace = run_dir / "rollout_error.txt"  # the message is one line; the traceback is what debugging needs
+    trace.write_text("".join(traceback.format_exception(failure)), encoding="utf-8")
+    where = (f"a checkpoint of update {saved} is in {run_dir}; continue with: unipg train --resume {run_dir}"
+             if saved else f"no update had finished; the metrics so far are in {run_dir}")
+    return f"{failure}; {where} (traceback: {trace})"
 
 
 def set_threads(config: Config) -> None:
@@ -309,9 +313,9 @@ def train_text(config: Config, *, task: Task | None = None, resume: str | Path |
         progress.close()
         logger.close()
         raise
-    checkpointer.account = getattr(runtime.rollout, "account", None)
-    if checkpoint is not None and checkpointer.account is not None:  # the episode counts go on, too
-        checkpointer.account.resume(checkpoint.state.get("episodes"))
+    checkpointer.episode_state = getattr(runtime.rollout, "episode_state", None)
+    if checkpoint is not None and hasattr(runtime.rollout, "account"):  # the episode counts go on, too
+        runtime.rollout.account.resume(checkpoint.state.get("episodes"))
     try:
         with StopRequest() as stop:
             if checkpoint is None:
@@ -330,8 +334,8 @@ def train_text(config: Config, *, task: Task | None = None, resume: str | Path |
                 try:
                     groups, record = runtime.next_groups(update - 1)
                 except ProducerFailed as failure:  # rollout cannot go on: keep what is trained, say how to go on
-                    where = rollout_failed(checkpointer, update - 1, saved, samples, train_seconds, history)
-                    raise ValueError(f"{failure}; {where}") from failure
+                    raise ValueError(rollout_failed(failure, checkpointer, update - 1, saved, samples,
+                                                    train_seconds, history)) from failure
                 batch, rollout_record = rollout_batch(groups, runtime.rollout, update - 1,
                                                       record["timing/learner_wait"])
                 record.update(rollout_record)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,7 +16,6 @@ from unipg.policy.lm import LMPolicy
 from unipg.run.checkpoint import Checkpoint, CheckpointStore, load_checkpoint, tensor_mismatch
 from unipg.run.metrics import read_metrics
 from unipg.run.run_state import generator_state, restore_generator, restore_rng, rng_state
-from unipg.run.runtime import EpisodeAccount
 from unipg.run.text_learner import TextLearner
 
 if TYPE_CHECKING:
@@ -38,7 +38,8 @@ class TextCheckpointer:
                                      keep_best=int(settings.keep_best), best_metric=settings.best_metric)
         self.config, self.policy, self.learner = config, policy, learner
         self.sampler, self.generator = sampler, generator
-        self.account: EpisodeAccount | None = None  # the rollout's episode counts, saved with the run's state
+        # the rollout's episode counts, saved with the run's state (read under the rollout's lock)
+        self.episode_state: Callable[[], dict[str, int]] | None = None
 
     def save(self, update: int, *, samples: int, train_seconds: float,
              history: list[tuple[int, dict[str, float]]], metrics: dict[str, float]) -> Path:
@@ -53,8 +54,8 @@ class TextCheckpointer:
                  "eval_history": [[at, evaluation] for at, evaluation in history], "learner": learner_state,
                  "sampler": self.sampler.state(), "rollout_generator": generator_state(self.generator),
                  "rng": rng_state(), "reference_model": self.config.model.name}
-        if self.account is not None:
-            state["episodes"] = self.account.state()
+        if self.episode_state is not None:
+            state["episodes"] = self.episode_state()
         path = self.store.save(update, tensors, state, metrics=metrics)
         if update > 0:  # the checkpoint of update 0 (see rollback) is needed only until the run saves its own
             self.store.remove(0)
@@ -110,10 +111,10 @@ def latest_checkpoint(run_dir: Path) -> Checkpoint:
         raise ValueError(f"cannot resume from '{run_dir}': {problem}; start a new run instead, or set "
                          "checkpoint.every_updates so that runs save checkpoints as they go")
     checkpoints = store.list()
-    for damaged in checkpoints[checkpoints.index(path) + 1:]:  # newer than the newest intact one: damaged
-        kept = store.set_aside(damaged)
-        warnings.warn(f"resuming from {path.name}, the newest intact checkpoint; the damaged {damaged.name} is kept "
-                      f"as {kept}", RuntimeWarning, stacklevel=2)
+    newer = [damaged.name for damaged in checkpoints[checkpoints.index(path) + 1:]]
+    if newer:  # left in place: a save that reaches their step sets them aside as damaged-*, never deletes them
+        warnings.warn(f"resuming from {path.name}, the newest intact checkpoint; {', '.join(newer)} could not be "
+                      "used (see the warnings above) and stay where they are", RuntimeWarning, stacklevel=2)
     return load_checkpoint(path)
 
 

@@ -139,10 +139,13 @@ class TextRollout:
                                                 "inside its episodes (something there cancels its task); rollout "
                                                 "cannot go on"))
             interrupted.discard(task)
+            given_up = task.cancelled() and not closing and not rerun
             with self._lock:
                 self.account.in_flight -= self.group_size
                 if rerun:
                     self.account.requeued += self.group_size  # interrupted, not finished: run it again
+                elif given_up:
+                    self.account.failed += self.group_size
                 elif task.cancelled():
                     self.account.cancelled += self.group_size
                 elif task.exception() is not None:
@@ -199,9 +202,14 @@ class TextRollout:
         interrupt, engine_loop = self._interrupt, self._loop
         if interrupt is None or engine_loop is None:
             return 0
-        done = concurrent.futures.Future()
-        engine_loop.call_soon_threadsafe(lambda: done.set_result(interrupt(groups)))
-        return done.result(timeout=10)
+
+        async def on_the_loop() -> int:
+            return interrupt(groups)
+
+        try:
+            return asyncio.run_coroutine_threadsafe(on_the_loop(), engine_loop).result(timeout=10)
+        except (RuntimeError, concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
+            return 0  # rollout stopped in the meantime: nothing is running to interrupt
 
     @property
     def pad_id(self) -> int:
@@ -210,6 +218,11 @@ class TextRollout:
     @property
     def uses_tools(self) -> bool:
         return self.runner.service is not None
+
+    def episode_state(self) -> dict[str, int]:
+        """The episode counts, consistent (read under the lock the rollout counts under)."""
+        with self._lock:
+            return self.account.state()
 
     def pop_service_metrics(self, prefix: str) -> dict[str, float]:
         with self._lock:

@@ -167,7 +167,7 @@ class EnvironmentService:
         tool = self.tools[name]
         while True:
             attempts += 1
-            _ATTEMPT.set(attempts)  # wait_for runs the attempt in a task that copies this context
+            token = _ATTEMPT.set(attempts)  # wait_for runs the attempt in a task that copies this context
             try:
                 output = await asyncio.wait_for(self._attempt(tool, arguments), self.timeout)
                 result = ToolCallResult(output, "ok", attempts, timeouts, time.monotonic() - start, 0.0)
@@ -183,6 +183,8 @@ class EnvironmentService:
                                             time.monotonic() - start, -self.failure_penalty)
                     break
                 await asyncio.sleep(self.backoff * 2 ** (attempts - 1))
+            finally:
+                _ATTEMPT.reset(token)  # the episode's own context reads 1 again after the call
         self.stats.add(name, result)
         return result
 

@@ -17,9 +17,9 @@ succeed (its draw differs). What each fault does:
 
 - ``raise``: ``RuntimeError`` — the service retries, then gives the default observation and the penalty;
 - ``hang``: sleeps ``hang_seconds`` (default an hour) — the service's timeout must cut it;
-- ``garbage``: returns, in turn, ``None``, an object that is not JSON-serializable, or text of random bytes
-  (lone surrogates and control characters included) — the first two are failures, the last must reach the
-  tokenizer as valid text;
+- ``garbage``: returns ``None``, an object that is not JSON-serializable, or text of random bytes (lone
+  surrogates and control characters included), drawn like the fault — the first two are failures, the last
+  must reach the tokenizer as valid text;
 - ``huge``: returns ``huge_chars`` characters (default 10 million) — the service must clip it.
 
 ``injected`` counts the faults by kind (in this process).
@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
 import random
 from collections import Counter
 
@@ -43,10 +42,14 @@ class InjectedFault(RuntimeError):
     """A failure the ``faulty`` tool raised on purpose."""
 
 
-def draw_fault(rates: dict[str, float], seed: int, name: str, arguments: dict, attempt: int) -> str | None:
-    """The fault of one attempt (a kind of ``FAULT_KINDS``) or None, from a draw keyed by the attempt."""
-    key = f"{seed}|{name}|{json.dumps(arguments, sort_keys=True, default=str)}|{attempt}"
-    draw, edge = random.Random(key).random(), 0.0  # str seeds hash with SHA-512: the same in every process
+def attempt_random(seed: int, name: str, arguments: dict, attempt: int) -> random.Random:
+    """The random stream of one attempt; str seeds hash with SHA-512, so it is the same in every process."""
+    return random.Random(f"{seed}|{name}|{json.dumps(arguments, sort_keys=True, default=str)}|{attempt}")
+
+
+def draw_fault(rates: dict[str, float], rng: random.Random) -> str | None:
+    """The fault of one attempt (a kind of ``FAULT_KINDS``) or None."""
+    draw, edge = rng.random(), 0.0
     for kind in FAULT_KINDS:
         edge += rates[kind]
         if draw < edge:
@@ -54,13 +57,15 @@ def draw_fault(rates: dict[str, float], seed: int, name: str, arguments: dict, a
     return None
 
 
-def garbage_output(draw: float):
-    """Something a broken tool might return instead of text."""
+def garbage_output(rng: random.Random):
+    """Something a broken tool might return instead of text: nothing, an object that is not JSON-serializable,
+    or random bytes decoded carelessly (lone surrogates and control characters)."""
+    draw = rng.random()
     if draw < 1 / 3:
         return None
     if draw < 2 / 3:
         return object()
-    return os.urandom(64).decode("utf-8", "surrogateescape") + "\x00\x1b[2J\ud800"
+    return rng.randbytes(64).decode("utf-8", "surrogateescape") + "\x00\x1b[2J\ud800"
 
 
 @TOOLS.register("faulty")
@@ -83,7 +88,8 @@ def faulty_tool(tool: str, options: dict | None = None, raise_rate: float = 0.0,
     async def call(**arguments):
         from unipg.sample.envs.service import current_attempt  # the service imports the tools
 
-        kind = draw_fault(rates, seed, inner.name, arguments, current_attempt())
+        rng = attempt_random(seed, inner.name, arguments, current_attempt())
+        kind = draw_fault(rates, rng)
         if kind is not None:
             injected[kind] += 1
         if kind == "raise":
@@ -91,7 +97,7 @@ def faulty_tool(tool: str, options: dict | None = None, raise_rate: float = 0.0,
         if kind == "hang":
             await asyncio.sleep(hang_seconds)
         if kind == "garbage":
-            return garbage_output(random.Random(f"{seed}|garbage|{arguments}").random())
+            return garbage_output(rng)
         if kind == "huge":
             return "x" * huge_chars
         if inner.is_async:
