@@ -49,6 +49,74 @@ def split_groups(trajectories: list, version: int, size: int) -> list[Group]:
     return [Group(trajectories[start:start + size], version, size) for start in range(0, len(trajectories), size)]
 
 
+class RunningGroups:
+    """The groups the concurrent schedule runs at once, and what happens when one ends, counted in ``account``:
+    a finished group has written itself to the buffer; a group cancelled by ``interrupt`` runs again from its
+    first turn (``requeued``), as does one cancelled from inside its episodes, up to ``MAX_CANCELLATIONS``
+    times (then ``failed``, and rollout stops); a group that raised stops rollout (``failure``); groups still
+    running when rollout closes are ``cancelled``."""
+
+    def __init__(self, run_group, account: EpisodeAccount, lock: threading.Lock, group_size: int):
+        self.run_group, self.account, self.lock, self.group_size = run_group, account, lock, group_size
+        self.tasks: dict[asyncio.Task, tuple] = {}  # task -> (example, version, order, cancellations from inside)
+        self.interrupted: set[asyncio.Task] = set()
+        self.failure: list[BaseException] = []
+        self.closing = False  # rollout is stopping: cancelled groups are not run again
+        self.idle_since = time.perf_counter()  # when the last group ended, while none runs
+        self._ended = asyncio.Event()
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def start(self, example, version: int, order: int, cancellations: int = 0) -> None:
+        with self.lock:
+            self.account.started += self.group_size
+            self.account.in_flight += self.group_size
+        task = asyncio.create_task(self.run_group(example, version, order))
+        self.tasks[task] = (example, version, order, cancellations)
+        task.add_done_callback(self._ended_callback)
+
+    def interrupt(self, count: int) -> int:
+        """Cancel up to ``count`` running groups, chosen at random, to be run again; how many were cancelled."""
+        chosen = random.sample(list(self.tasks), min(count, len(self.tasks)))
+        self.interrupted.update(chosen)
+        return sum(task.cancel() for task in chosen)
+
+    async def wait_for_an_end(self) -> None:
+        self._ended.clear()
+        await self._ended.wait()
+
+    async def close(self) -> None:
+        self.closing = True
+        for task in list(self.tasks):
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    def _ended_callback(self, task: asyncio.Task) -> None:
+        example, version, order, cancellations = self.tasks.pop(task)
+        cancelled = task.cancelled() and not self.closing
+        if cancelled and task not in self.interrupted:  # cancelled from inside the episode, not by ``interrupt``
+            cancellations += 1
+        rerun = cancelled and cancellations < MAX_CANCELLATIONS
+        self.interrupted.discard(task)
+        error = None if task.cancelled() else task.exception()
+        with self.lock:
+            self.account.in_flight -= self.group_size
+            outcome = ("requeued" if rerun else "failed" if cancelled or error is not None else
+                       "cancelled" if task.cancelled() else "finished")
+            setattr(self.account, outcome, getattr(self.account, outcome) + self.group_size)
+        if rerun:
+            self.start(example, version, order, cancellations)
+        elif cancelled:
+            self.failure.append(RuntimeError(f"a group of episodes was cancelled {cancellations} times from inside "
+                                             "its episodes (something there cancels its task); rollout cannot go on"))
+        elif error is not None:
+            self.failure.append(error)
+        if not self.tasks:
+            self.idle_since = time.perf_counter()
+        self._ended.set()
+
+
 class TextRollout:
     """Runs groups of episodes for the runtime (module docstring)."""
 
@@ -107,91 +175,37 @@ class TextRollout:
                                     sync=self.weights.pull if self.weights is not None else None)
         self._engine = engine
         loop = self.runner.agent_loop(engine)
-        running: dict[asyncio.Task, tuple] = {}  # task -> (example, version, order, unexplained cancellations)
-        interrupted: set[asyncio.Task] = set()  # cancelled by ``interrupt``
-        most = max(self.config.agent.concurrency // self.group_size, 1)  # groups running at once
-        idle_since = time.perf_counter()
-        failure: list[BaseException] = []
-        closing = False  # rollout is stopping: cancelled groups are not run again
 
         async def run_group(example, version: int, order: int) -> None:
             envs = [self.runner.make_env() for _ in range(self.group_size)]
             episodes = [loop.run_episode(env, example, order=order * self.group_size + i) for i, env in enumerate(envs)]
             buffer.put(Group(list(await asyncio.gather(*episodes)), version, self.group_size))
 
-        def start(example, version: int, order: int, cancellations: int) -> None:
-            with self._lock:
-                self.account.started += self.group_size
-                self.account.in_flight += self.group_size
-            task = asyncio.create_task(run_group(example, version, order))
-            running[task] = (example, version, order, cancellations)
-            task.add_done_callback(finished)
-
-        def finished(task: asyncio.Task) -> None:
-            nonlocal idle_since
-            example, version, order, cancellations = running.pop(task)
-            rerun = task.cancelled() and not closing
-            if rerun and task not in interrupted:  # cancelled from inside the episode, not by ``interrupt``
-                cancellations += 1
-                rerun = cancellations < MAX_CANCELLATIONS
-                if not rerun:
-                    failure.append(RuntimeError(f"a group of episodes was cancelled {cancellations} times from "
-                                                "inside its episodes (something there cancels its task); rollout "
-                                                "cannot go on"))
-            interrupted.discard(task)
-            given_up = task.cancelled() and not closing and not rerun
-            with self._lock:
-                self.account.in_flight -= self.group_size
-                if rerun:
-                    self.account.requeued += self.group_size  # interrupted, not finished: run it again
-                elif given_up:
-                    self.account.failed += self.group_size
-                elif task.cancelled():
-                    self.account.cancelled += self.group_size
-                elif task.exception() is not None:
-                    self.account.failed += self.group_size
-                else:
-                    self.account.finished += self.group_size
-            if rerun:
-                start(example, version, order, cancellations)
-            elif not task.cancelled() and task.exception() is not None:
-                failure.append(task.exception())
-            if not running:
-                idle_since = time.perf_counter()
-            wakeup.set()
-
-        wakeup = asyncio.Event()
-        def interrupt(count: int) -> int:
-            chosen = random.sample(list(running), min(count, len(running)))
-            interrupted.update(chosen)
-            return sum(task.cancel() for task in chosen)
-
-        self._interrupt = interrupt
+        groups = RunningGroups(run_group, self.account, self._lock, self.group_size)
+        most = max(self.config.agent.concurrency // self.group_size, 1)  # groups running at once
+        self._interrupt = groups.interrupt
         async with engine.running():
             order = 0
             try:
-                while not stop.is_set() and not failure:
-                    if len(running) >= most:
-                        wakeup.clear()
-                        await wakeup.wait()
+                while not stop.is_set() and not groups.failure:
+                    if len(groups) >= most:
+                        await groups.wait_for_an_end()
                         continue
-                    admitted = await asyncio.to_thread(gate.admit, self.group_size, 0.05, most=most - len(running))
+                    admitted = await asyncio.to_thread(gate.admit, self.group_size, 0.05, most=most - len(groups))
                     if admitted is None:
                         continue
                     version, count = admitted
-                    if not running:
+                    if not groups:
                         with self._lock:
-                            self.idle_seconds += time.perf_counter() - idle_since
+                            self.idle_seconds += time.perf_counter() - groups.idle_since
                     for example in self.sampler.next(count):  # all admitted groups start in this one step
-                        start(example, version, order, 0)
+                        groups.start(example, version, order)
                         order += 1
-                if failure:
-                    raise failure[0]
+                if groups.failure:
+                    raise groups.failure[0]
             finally:
-                closing, self._interrupt = True, None
-                for task in list(running):
-                    task.cancel()
-                await asyncio.gather(*running, return_exceptions=True)
+                self._interrupt = None
+                await groups.close()
                 self.pop_generation()  # the counts of a run that stopped are not reported
                 self._engine = None
 
