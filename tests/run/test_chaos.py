@@ -174,3 +174,17 @@ def test_a_sigkilled_run_resumes_to_the_same_weights_as_an_uninterrupted_one(emb
         assert torch.equal(tensor, resumed_tensors["policy"][name]), name
     steps = [r["step"] for r in read_metrics(run_dir)]
     assert steps == [0, 1, 2, 3, 4]
+
+
+def test_a_short_soak_opens_no_descriptors_and_starts_no_threads_per_update(tmp_path):
+    """The long version (benchmarks/soak.py) runs 256 episodes at once for 15 minutes and reports memory too."""
+    config = load_config(None, AGENT + [f"log.output_dir={tmp_path}", "runtime.max_staleness=2",
+                                        "runtime.schedule=concurrent", "agent.concurrency=32", "train.updates=8",
+                                        "checkpoint.every_updates=2", "checkpoint.keep_last=2"])
+    records = [r for r in read_metrics(train_text(config).run_dir) if "train/loss" in r]
+    assert [r["step"] for r in records] == list(range(1, 9))
+    files = [r["system/open_files"] for r in records[2:]]
+    threads = [r["system/threads"] for r in records[2:]]
+    assert max(files) == min(files), files  # checkpoints, logs and tool calls close what they open
+    assert max(threads) - min(threads) <= 4, threads  # thread pools are bounded; nothing starts a thread per update
+    assert all(r["system/rss_mb"] > 0 for r in records)

@@ -7,6 +7,7 @@ JSON object per line: ``{"step": <env steps>, "time": <seconds since start>, "<n
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
@@ -180,6 +181,29 @@ class Progress:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.stop()
+
+
+@functools.lru_cache(maxsize=1)
+def _libc():
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") else None
+    except OSError:  # not glibc (macOS, musl): nothing to trim
+        return None
+
+
+def release_free_memory() -> None:
+    """Return memory that Python and torch have freed to the operating system (glibc's ``malloc_trim``).
+
+    glibc keeps freed heap pages for reuse, so a run that allocates tensors of changing shapes shows a resident
+    size that drifts upwards although nothing leaks (a 15-minute soak: 1.1 → 1.5 GB resident, 0.5–0.8 GB after a
+    trim, the same number of live Python objects throughout). Trimming once per update keeps
+    ``system/rss_mb`` close to the memory in use, so that a real leak stands out."""
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
 
 
 def process_metrics() -> dict[str, float]:

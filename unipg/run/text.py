@@ -49,7 +49,7 @@ from unipg.run.episodes import (  # noqa: F401
     held_out,
     reward_term_metrics,
 )
-from unipg.run.metrics import MetricsLogger, Progress, Timer, process_metrics
+from unipg.run.metrics import MetricsLogger, Progress, Timer, process_metrics, release_free_memory
 from unipg.run.run_state import generator_state, restore_generator
 from unipg.run.runtime import Runtime, WeightSync, resolve_schedule
 from unipg.run.text_checkpoint import TextCheckpointer, drop_metrics_after, latest_checkpoint
@@ -348,6 +348,7 @@ def train_text(config: Config, *, task: Task | None = None, resume: str | Path |
                 train_seconds += step_seconds
                 samples += len(batch.scores)
                 record.update(timer.pop())
+                release_free_memory()
                 record.update(process_metrics())
                 record.update({"train/learning_rate": lr, "train/samples": samples, "timing/step": step_seconds,
                                "timing/samples_per_second": len(batch.scores) / step_seconds,
