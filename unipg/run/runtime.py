@@ -62,9 +62,6 @@ class EpisodeAccount:
         return {f"rollout/episodes_{name}": float(getattr(self, name))
                 for name in ("started", "finished", "failed", "requeued", "cancelled", "in_flight")}
 
-    def balanced(self) -> bool:
-        return self.started == self.finished + self.failed + self.requeued + self.cancelled + self.in_flight
-
     def state(self) -> dict[str, int]:
         """The counts, for a checkpoint."""
         return dict(vars(self))
