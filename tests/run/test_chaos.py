@@ -21,7 +21,9 @@ from unipg.run.text import train_text
 from unipg.sample.envs.service import EnvironmentService, build_tools
 from unipg.sample.tools.faulty import FAULT_KINDS
 
-# rates high enough that a few updates meet every kind of fault, and calls that fail on every attempt
+# rates high enough that a few updates meet raising and hanging calls, and calls that fail on every attempt; which
+# expressions the policy writes (so which draws it meets) depends on timing, so the rarer kinds may not come up here
+# (every kind is checked through the service in the first test)
 FAULTY = ("task.tools=[{name: faulty, options: {tool: calculator, raise_rate: 0.3, hang_rate: 0.25, "
           "garbage_rate: 0.1, huge_rate: 0.1}}]")
 # a warm start on tool demonstrations, short enough for a test, after which nearly every episode calls the tool
@@ -136,7 +138,8 @@ def test_concurrent_agent_run_survives_tool_faults_interrupted_episodes_and_a_na
     assert min(r["rollout/tool_calls"] for r in records) >= 0.5
     assert sum(r["rollout/tool_failures"] for r in records) > 0  # every attempt failed: the default observation
     assert sum(r["rollout/tool_timeouts"] for r in records) > 0  # hangs were cut at the timeout
-    assert set(runtimes[0].rollout.runner.service.tools["calculator"].injected) == set(FAULT_KINDS)
+    injected = runtimes[0].rollout.runner.service.tools["calculator"].injected
+    assert {"raise", "hang"} <= set(injected) <= set(FAULT_KINDS)
     assert max(r["timing/learner_wait"] for r in records[1:]) < 60
     events = [json.loads(line) for line in (result.run_dir / "events.jsonl").read_text().splitlines()]
     assert [e["event"] for e in events].count("skipped_update") == 1  # the NaN step was dropped, once
