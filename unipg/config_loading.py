@@ -25,6 +25,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from unipg.config import Config
+from unipg.config_secrets import drop_redacted
 from unipg.config_section import ConfigError, is_text_field
 from unipg.presets import ALGORITHMS, algorithm_names, ignored_keys
 
@@ -49,11 +50,17 @@ FLAT_ALIASES: dict[str, str] = {
 }
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Build a validated Config from an optional YAML file and ``key=value`` overrides."""
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                unread: tuple[str, ...] = ()) -> Config:
+    """Build a validated Config from an optional YAML file and ``key=value`` overrides. Secrets the file holds
+    redacted (a run's config.yaml) are read again from overrides or the environment, except in the top-level
+    sections named in ``unread``, which the caller never reads: there they are left out."""
     raw: dict[str, Any] = {}
     if path is not None:
         raw = read_yaml(Path(path))
+        for section in unread:
+            if section in raw:
+                raw[section] = drop_redacted(raw[section])
     for override in overrides or []:
         key, value = parse_override(override)
         set_dotted(raw, key, value)

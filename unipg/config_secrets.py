@@ -50,6 +50,15 @@ def redact_secrets(tree: Any, *, secret: bool = False) -> Any:
     return tree
 
 
+def drop_redacted(tree: Any) -> Any:
+    """A copy of ``tree`` without the entries (dict items, list items) that are ``REDACTED``."""
+    if isinstance(tree, dict):
+        return {key: drop_redacted(value) for key, value in tree.items() if value != REDACTED}
+    if isinstance(tree, list):
+        return [drop_redacted(value) for value in tree if value != REDACTED]
+    return tree
+
+
 def restore_secrets(tree: dict[str, Any]) -> dict[str, Any]:
     """A copy of ``tree`` in which each ``REDACTED`` value is read from the environment variable named like its key
     (as written or upper-case); ``ConfigError`` naming the keys that stay redacted and how to pass them again."""

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from unipg.cli import app
@@ -89,8 +90,6 @@ def test_a_training_run_with_wandb_opens_no_listener_and_leaves_no_secret_in_its
 
 
 def load_yaml(path: Path) -> dict:
-    import yaml
-
     return yaml.safe_load(path.read_text(encoding="utf-8"))
 
 
@@ -149,3 +148,24 @@ def test_a_local_ray_instance_listens_on_loopback_only_and_passes_the_real_secre
     assert seen == "real-value"
     assert {"gcs_server", "raylet"} <= {name for name, _, _ in listeners}  # the servers were found
     assert [entry for entry in listeners if not is_loopback(entry[1])] == []
+
+
+def test_evaluating_a_run_does_not_ask_for_secrets_only_training_reads(embedded_path, tmp_path, monkeypatch):
+    from unipg.run.evaluation import run_config
+
+    run = tmp_path / "run"
+    logger = MetricsLogger(run, tensorboard=False)
+    logger.write_config(load_config(None, SMALL + [f"model.name={embedded_path}", "log.monitor=false",
+                                                   SECRET_OVERRIDE]).to_dict())
+    logger.close()
+    (run / "policy").mkdir()
+    for name in CONFIG_SECRETS:
+        monkeypatch.delenv(name, raising=False)
+
+    config = run_config(run, [])  # the Ray runtime_env's secrets are training's, not evaluation's
+    assert config.model.name == str(run / "policy") and config.ray.runtime_env["env_vars"] == {}
+    saved = load_yaml(run / "config.yaml")
+    saved["task"]["options"]["api_key"] = REDACTED
+    (run / "config.yaml").write_text(yaml.safe_dump(saved), encoding="utf-8")
+    with pytest.raises(ConfigError, match="task.options.api_key"):  # a secret evaluation reads is still asked for
+        run_config(run, [])

@@ -10,14 +10,19 @@ from pathlib import Path
 
 from unipg.config import Config, load_config
 
+EVALUATION_SECTIONS = ("task", "model", "agent", "sample", "eval")
+"""The sections of a configuration that evaluation reads. Secrets a run saved redacted in the others (a W&B key in
+``ray.runtime_env``) need not be passed again to evaluate it."""
+
 
 def run_config(run_dir: Path, overrides: list[str]) -> Config:
     """The configuration of a finished run, pointed at the policy the run saved."""
     if not (run_dir / "config.yaml").is_file() or not (run_dir / "policy").is_dir():
         raise ValueError(f"'{run_dir}' is not a finished text run (it needs config.yaml and policy/); pass the "
                          "folder `unipg train` created, or evaluate a model with model.name=...")
-    return load_config(run_dir / "config.yaml",
-                       [f"model.name={run_dir / 'policy'}", "model.warm_start=false", *overrides])
+    unread = tuple(name for name in Config.model_fields if name not in EVALUATION_SECTIONS)
+    return load_config(run_dir / "config.yaml", [f"model.name={run_dir / 'policy'}", "model.warm_start=false",
+                                                 *overrides], unread=unread)
 
 
 def evaluate_model(config: Config) -> dict[str, float]:
