@@ -40,7 +40,7 @@ import torch
 
 from unipg.config import Config, RollbackConfig
 from unipg.policy.loading import policy_from_config
-from unipg.run.checkpoint import load_checkpoint
+from unipg.run.checkpoint import Checkpoint, load_checkpoint
 from unipg.run.classic import run_dir_for, seed_everything
 from unipg.run.episodes import (  # noqa: F401
     EpisodeRunner,
@@ -255,6 +255,55 @@ def rollout_failed(failure: ProducerFailed, checkpointer: TextCheckpointer, upda
     return f"{failure}; {where} (traceback: {trace})"
 
 
+def finished_run(run_dir: Path, checkpoint: Checkpoint) -> TextTrainResult:
+    """The result of a run whose newest ``checkpoint`` is already at ``train.updates``: nothing more is trained."""
+    history = [(at, evaluation) for at, evaluation in checkpoint.state["eval_history"]]
+    return TextTrainResult(run_dir, checkpoint.step, checkpoint.state["samples"], 0.0, history[0][1], history[-1][1],
+                           history, checkpoint.state["train_seconds"], resumed_from=checkpoint.step)
+
+
+def train_step(runtime: Runtime, learner: TextLearner, timer: Timer, update: int) -> tuple[dict[str, float], int]:
+    """Update ``update``: the next groups from the runtime, their reference log-probs and values, the estimator's
+    epochs of mini-batch steps, the new weights published. Its record (rollout, train, timing and system metrics)
+    and its number of samples; ``ProducerFailed`` when rollout cannot go on."""
+    start = time.time()
+    groups, record = runtime.next_groups(update - 1)
+    batch, rollout_record = rollout_batch(groups, runtime.rollout, update - 1, record["timing/learner_wait"])
+    record.update(rollout_record)
+    with timer("logprob"):
+        record.update({f"train/{k}": v for k, v in learner.prepare(batch).items()})
+    with timer("update"):
+        record.update({f"train/{k}": v for k, v in learner.update(batch).items()})
+    runtime.publish(update)
+    seconds = time.time() - start
+    record.update(timer.pop())
+    release_free_memory()  # freed heap pages go back to the system, so system/rss_mb follows what is in use
+    record.update(process_metrics())
+    record.update({"timing/step": seconds, "timing/samples_per_second": len(batch.scores) / seconds,
+                   "timing/tokens_per_second": record["rollout/generated_tokens"] / seconds})
+    return record, len(batch.scores)
+
+
+def roll_back(update: int, checkpointer: TextCheckpointer, runtime: Runtime,
+              trips: TripCounter) -> tuple[int, int, list]:
+    """After ``update`` tripped ``rollback.max_trips`` times in a row: stop rollout, restore the newest intact
+    checkpoint with the learning rate lowered by ``rollback.lr_factor``, restart rollout from it. The checkpoint's
+    update, and the samples and evaluation history as of it."""
+    learner = checkpointer.learner
+    factor = learner.lr_factor * trips.settings.lr_factor
+    latest = checkpointer.store.latest()
+    if latest is None:
+        raise ValueError(f"updates keep tripping and no intact checkpoint is left in {checkpointer.store.root} to "
+                         f"roll back to; see {trips.logger.events_path}")
+    good = load_checkpoint(latest)
+    runtime.close()  # rollout stops before its prompt order and weights are set back
+    samples, _, history = checkpointer.restore(good)
+    learner.lr_factor = factor
+    trips.rolled_back(update, good.step, factor)
+    runtime.reset(good.step)
+    return good.step, samples, history
+
+
 def set_threads(config: Config) -> None:
     if config.threads is not None:
         torch.set_num_threads(config.threads)
@@ -276,10 +325,7 @@ def train_text(config: Config, *, task: Task | None = None, resume: str | Path |
     if checkpoint is not None and checkpoint.step >= updates:
         log(f"run {resume} already finished at update {checkpoint.step} of {updates}; raise train.updates "
             "to train further")
-        history = [(at, evaluation) for at, evaluation in checkpoint.state["eval_history"]]
-        return TextTrainResult(Path(resume), checkpoint.step, checkpoint.state["samples"], 0.0, history[0][1],
-                               history[-1][1], history, checkpoint.state["train_seconds"],
-                               resumed_from=checkpoint.step)
+        return finished_run(Path(resume), checkpoint)
     seed_everything(config.seed, config.deterministic)
     set_threads(config)
     task = task or make_task(config.task.name, **config.task.options)
@@ -328,31 +374,16 @@ def train_text(config: Config, *, task: Task | None = None, resume: str | Path |
             saved = first - 1 if checkpoint is not None or config.rollback.enabled else None
             update = first
             while update <= updates:
-                step_start = time.time()
                 fraction = 1.0 - (update - 1) / updates if config.train.lr_schedule == "linear" else 1.0
                 lr = learner.set_lr_fraction(fraction)
                 try:
-                    groups, record = runtime.next_groups(update - 1)
+                    record, size = train_step(runtime, learner, timer, update)
                 except ProducerFailed as failure:  # rollout cannot go on: keep what is trained, say how to go on
                     raise ValueError(rollout_failed(failure, checkpointer, update - 1, saved, samples,
                                                     train_seconds, history)) from failure
-                batch, rollout_record = rollout_batch(groups, runtime.rollout, update - 1,
-                                                      record["timing/learner_wait"])
-                record.update(rollout_record)
-                with timer("logprob"):
-                    record.update({f"train/{k}": v for k, v in learner.prepare(batch).items()})
-                with timer("update"):
-                    record.update({f"train/{k}": v for k, v in learner.update(batch).items()})
-                runtime.publish(update)
-                step_seconds = time.time() - step_start
-                train_seconds += step_seconds
-                samples += len(batch.scores)
-                record.update(timer.pop())
-                release_free_memory()
-                record.update(process_metrics())
-                record.update({"train/learning_rate": lr, "train/samples": samples, "timing/step": step_seconds,
-                               "timing/samples_per_second": len(batch.scores) / step_seconds,
-                               "timing/tokens_per_second": record["rollout/generated_tokens"] / step_seconds})
+                train_seconds += record["timing/step"]
+                samples += size
+                record.update({"train/learning_rate": lr, "train/samples": samples})
                 evaluation = {}
                 if update % config.eval.every_updates == 0 or update == updates:
                     with timer("eval"):
@@ -364,18 +395,8 @@ def train_text(config: Config, *, task: Task | None = None, resume: str | Path |
                 progress.update(update, f"reward {record['rollout/reward_mean']:.3f} "
                                         f"pass@1 {history[-1][1]['eval/pass@1']:.3f}")
                 if trips.observe(update, record):
-                    factor = learner.lr_factor * config.rollback.lr_factor
-                    latest = checkpointer.store.latest()
-                    if latest is None:
-                        raise ValueError(f"updates keep tripping and no intact checkpoint is left in "
-                                         f"{checkpointer.store.root} to roll back to; see {logger.events_path}")
-                    good = load_checkpoint(latest)
-                    runtime.close()  # rollout stops before its prompt order and weights are set back
-                    samples, _, history = checkpointer.restore(good)
-                    learner.lr_factor = factor
-                    trips.rolled_back(update, good.step, factor)
-                    runtime.reset(good.step)
-                    update = good.step + 1
+                    good, samples, history = roll_back(update, checkpointer, runtime, trips)
+                    update = good + 1
                     continue
                 stopping = stop.signal_number is not None and update < updates
                 if stopping or update == updates or (every and update % every == 0):
