@@ -215,6 +215,19 @@ def _filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None)
     return logits
 
 
+def draw_next(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
+              generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The next token of every row, drawn from softmax(logits / temperature) restricted to the top-k/top-p
+    tokens (the argmax when ``temperature`` is 0), and the log-probs (B, V) of the unrestricted distribution:
+    those of the behaviour policy, whose ratio to the learner's the estimators take."""
+    scaled = _scaled(logits, temperature)
+    log_dist = torch.log_softmax(scaled, dim=-1)
+    if temperature <= 0:
+        return scaled.argmax(-1), log_dist
+    probs = torch.softmax(_filter_logits(scaled, top_k, top_p), dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1), log_dist
+
+
 def cut_at_stop(text: str, stop: list[str] | None, keep: tuple[str, ...] = ()) -> str:
     """``text`` up to its earliest stop string: cut before it, or after it if the stop string is in ``keep``."""
     found = [(index, s) for s in stop or [] if (index := text.find(s)) >= 0]
@@ -306,13 +319,7 @@ class LMPolicy(nn.Module):
             logits = logits.float()
             if len(running) < batch:  # rows dropped from the batch draw too, so the generator advances as before
                 logits = logits.new_zeros((batch, logits.shape[-1])).index_put((running,), logits)
-            scaled = logits / temperature if temperature > 0 else logits
-            log_dist = torch.log_softmax(scaled, dim=-1)
-            if temperature > 0:
-                probs = torch.softmax(_filter_logits(scaled, top_k, top_p), dim=-1)
-                token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-            else:
-                token = logits.argmax(-1)
+            token, log_dist = draw_next(logits, temperature, top_k, top_p, generator)
             token = torch.where(finished, pad, token)
             tokens.append(token)
             logprobs.append(log_dist.gather(-1, token[:, None]).squeeze(-1))
@@ -324,19 +331,7 @@ class LMPolicy(nn.Module):
             cut, finished = cut | at_limit, finished | at_limit
             if bool(finished.all()) or step == max_new_tokens - 1:
                 break
-            still = ~finished[running]
-            if compact and 2 * int(still.sum()) <= len(running):
-                # Most rows are done (one runaway row would otherwise keep the whole batch decoding): drop the
-                # finished rows from the cache and the batch.
-                keep = still.nonzero().squeeze(-1)
-                cache.batch_select_indices(keep)
-                running, mask, pos = running[keep], mask[keep], pos[keep]
-            mask = torch.cat([mask, torch.ones((len(running), 1), dtype=mask.dtype, device=self.device)], dim=-1)
-            pos = pos[:, -1:] + 1
-            if self.context_length is not None:  # finished rows are fed padding; keep their positions valid
-                pos = pos.clamp(max=self.context_length - 1)
-            logits = self.model(input_ids=token[running][:, None], attention_mask=mask, position_ids=pos,
-                                use_cache=True, **{_cache_keyword(self.model): cache}).logits[:, -1]
+            logits, running, mask, pos = self._decode_step(cache, token, finished, running, mask, pos, compact)
         completion_ids = torch.stack(tokens, 1)
         completion_mask = torch.stack(alive, 1).long()
         behaviour = torch.stack(logprobs, 1) * completion_mask
@@ -344,6 +339,25 @@ class LMPolicy(nn.Module):
         reasons = ["stop" if finished[row] and not cut[row] else "length" for row in range(batch)]
         return Generation(ids.cpu(), prompt_mask.cpu(), completion_ids.cpu(), completion_mask.cpu(), behaviour.cpu(),
                           texts, reasons)
+
+    def _decode_step(self, cache, token: torch.Tensor, finished: torch.Tensor, running: torch.Tensor,
+                     mask: torch.Tensor, pos: torch.Tensor, compact: bool):
+        """Feed the ``running`` rows (batch rows, in cache order) their new ``token``; the next logits, and the
+        running rows, attention mask and positions after it. When most rows have finished (one runaway row would
+        otherwise keep the whole batch decoding) and the cache allows it (``compact``), the finished rows are
+        dropped from the cache and the batch first."""
+        still = ~finished[running]
+        if compact and 2 * int(still.sum()) <= len(running):
+            keep = still.nonzero().squeeze(-1)
+            cache.batch_select_indices(keep)
+            running, mask, pos = running[keep], mask[keep], pos[keep]
+        mask = torch.cat([mask, mask.new_ones((len(running), 1))], dim=-1)
+        pos = pos[:, -1:] + 1
+        if self.context_length is not None:  # finished rows are fed padding; keep their positions valid
+            pos = pos.clamp(max=self.context_length - 1)
+        logits = self.model(input_ids=token[running][:, None], attention_mask=mask, position_ids=pos,
+                            use_cache=True, **{_cache_keyword(self.model): cache}).logits[:, -1]
+        return logits, running, mask, pos
 
     def _room(self, prompt_ids: list[list[int]], max_new_tokens: int) -> torch.Tensor:
         """(B,) how many tokens each row may generate: ``max_new_tokens``, or less where the context ends first."""
