@@ -10,11 +10,12 @@ ordinary ``train_text`` driver with its metrics, checkpoints (every 10 updates, 
 Every update logs ``system/rss_mb``, ``system/open_files`` and ``system/threads`` (``process_metrics``); the
 report gives them at the first update (after model loading and warm-up) and at the last, the RSS trend over the
 second half of the run (least squares, MB per minute), and the episodes in flight. glibc gives each new thread
-its own malloc arena, which shows as a slow RSS drift while the tool thread pool fills; run with
-``MALLOC_ARENA_MAX=2`` in the environment to see the process without it.
+its own malloc arena, which shows as a slow RSS drift while the tool thread pool fills; ``unipg train`` caps
+the arenas at two (``limit_malloc_arenas``), and so does this benchmark unless ``--default-arenas`` is given.
 
     python benchmarks/soak.py                 # 15 minutes
     python benchmarks/soak.py --minutes 2     # a quick look
+    python benchmarks/soak.py --default-arenas   # with glibc's default number of malloc arenas
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import time
 from pathlib import Path
 
 from unipg.config import load_config
-from unipg.run.metrics import read_metrics
+from unipg.run.metrics import limit_malloc_arenas, read_metrics
 from unipg.run.text import TrainingStopped, train_text
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "calculator_agent.yaml"
@@ -49,7 +50,12 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=15.0)
     parser.add_argument("--concurrency", type=int, default=256, help="episodes in flight")
     parser.add_argument("--latency", type=float, default=1.0, help="median seconds of a tool call")
+    parser.add_argument("--default-arenas", action="store_true", help="keep glibc's default malloc arenas")
     args = parser.parse_args()
+    if not args.default_arenas:
+        limit_malloc_arenas()
+    arenas = os.environ.get("MALLOC_ARENA_MAX")
+    print(f"malloc arenas: {f'at most {arenas}' if arenas else 'glibc default'}")
     with tempfile.TemporaryDirectory() as output_dir:
         config = load_config(CONFIG, [
             "task.options={digits: 3, operations: '*', tool_demonstrations: 1.0}",
