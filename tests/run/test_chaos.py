@@ -191,3 +191,16 @@ def test_a_short_soak_opens_no_descriptors_and_starts_no_threads_per_update(tmp_
     assert max(files) == min(files), files  # checkpoints, logs and tool calls close what they open
     assert max(threads) - min(threads) <= 4, threads  # thread pools are bounded; nothing starts a thread per update
     assert all(r["system/rss_mb"] > 0 for r in records)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc arenas")
+def test_the_malloc_arena_cap_holds_for_the_process_and_its_children_unless_the_environment_sets_one():
+    probe = ("import os, subprocess, sys; from unipg.run.metrics import limit_malloc_arenas; "
+             "print(limit_malloc_arenas(), subprocess.run([sys.executable, '-c', "
+             "'import os; print(os.environ.get(\"MALLOC_ARENA_MAX\"))'], capture_output=True, text=True).stdout)")
+    environment = {key: value for key, value in os.environ.items() if key != "MALLOC_ARENA_MAX"}
+    capped = subprocess.run([sys.executable, "-c", probe], env=environment, capture_output=True, text=True)
+    assert capped.stdout.split() == ["True", "2"], capped.stderr
+    chosen = subprocess.run([sys.executable, "-c", probe], env={**environment, "MALLOC_ARENA_MAX": "8"},
+                            capture_output=True, text=True)
+    assert chosen.stdout.split() == ["False", "8"], chosen.stderr  # the user's setting is kept
