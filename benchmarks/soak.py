@@ -10,7 +10,7 @@ ordinary ``train_text`` driver with its metrics, checkpoints (every 10 updates, 
 Every update logs ``system/rss_mb``, ``system/open_files`` and ``system/threads`` (``process_metrics``); the
 report gives them at the first update (after model loading and warm-up) and at the last, the RSS trend over the
 second half of the run (least squares, MB per minute), and the episodes in flight. glibc gives each new thread
-its own malloc arena, which shows as a slow RSS drift while the tool thread pool fills; ``unipg train`` caps
+its own malloc arena, which shows as a slow RSS drift while the tool thread pool fills; the ``unipg`` command caps
 the arenas at two (``limit_malloc_arenas``), and so does this benchmark unless ``--default-arenas`` is given.
 
     python benchmarks/soak.py                 # 15 minutes

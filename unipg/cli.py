@@ -57,9 +57,6 @@ def train(
                                           "actors on a local Ray instance, or on a cluster with ray.address=auto"),
 ) -> None:
     """Train a policy; prints a result table at the end."""
-    from unipg.run.metrics import limit_malloc_arenas
-
-    limit_malloc_arenas()  # before any thread starts: resident memory stays flat in long runs
     overrides = list(overrides or []) + ([f"backend={backend}"] if backend is not None else [])
     if resume is not None:
         if config_path is not None or seeds:
@@ -359,6 +356,9 @@ def plot(
 
 
 def main() -> None:
+    from unipg.run.metrics import limit_malloc_arenas
+
+    limit_malloc_arenas()  # before any thread starts: resident memory stays flat in long runs
     quiet_libraries()
     app()
 

@@ -193,14 +193,40 @@ def test_a_short_soak_opens_no_descriptors_and_starts_no_threads_per_update(tmp_
     assert all(r["system/rss_mb"] > 0 for r in records)
 
 
+ARENA_PROBE = """
+import ctypes, subprocess, sys, threading
+from unipg.run.metrics import limit_malloc_arenas
+capped = limit_malloc_arenas() if sys.argv[1] == "cap" else None
+child = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('MALLOC_ARENA_MAX'))"],
+                       capture_output=True, text=True).stdout.strip()
+print(capped, child, flush=True)
+together = threading.Barrier(13)
+def allocate():  # each thread's first allocation takes an arena of its own while there may be more
+    blocks = [bytearray(100_000) for _ in range(4)]
+    together.wait()
+    together.wait()
+threads = [threading.Thread(target=allocate) for _ in range(12)]
+for thread in threads:
+    thread.start()
+together.wait()
+ctypes.CDLL("libc.so.6").malloc_stats()  # one "Arena N:" paragraph per arena, on standard error
+together.wait()
+"""
+
+
+def arenas_in_use(*arguments: str, **environment: str) -> tuple[str, int]:
+    """What the probe's ``limit_malloc_arenas`` call returned and the cap a child process of it sees, and the
+    malloc arenas of the probe's 12 threads."""
+    base = {key: value for key, value in os.environ.items() if key not in ("MALLOC_ARENA_MAX", "GLIBC_TUNABLES")}
+    probe = subprocess.run([sys.executable, "-c", ARENA_PROBE, *arguments], env={**base, **environment},
+                           capture_output=True, text=True, timeout=60)
+    assert probe.returncode == 0, probe.stderr
+    return probe.stdout.strip(), sum(line.startswith("Arena ") for line in probe.stderr.splitlines())
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc arenas")
-def test_the_malloc_arena_cap_holds_for_the_process_and_its_children_unless_the_environment_sets_one():
-    probe = ("import os, subprocess, sys; from unipg.run.metrics import limit_malloc_arenas; "
-             "print(limit_malloc_arenas(), subprocess.run([sys.executable, '-c', "
-             "'import os; print(os.environ.get(\"MALLOC_ARENA_MAX\"))'], capture_output=True, text=True).stdout)")
-    environment = {key: value for key, value in os.environ.items() if key != "MALLOC_ARENA_MAX"}
-    capped = subprocess.run([sys.executable, "-c", probe], env=environment, capture_output=True, text=True)
-    assert capped.stdout.split() == ["True", "2"], capped.stderr
-    chosen = subprocess.run([sys.executable, "-c", probe], env={**environment, "MALLOC_ARENA_MAX": "8"},
-                            capture_output=True, text=True)
-    assert chosen.stdout.split() == ["False", "8"], chosen.stderr  # the user's setting is kept
+def test_unipg_caps_malloc_arenas_for_itself_and_its_children_unless_the_environment_sets_a_cap():
+    default, arenas = arenas_in_use("default")
+    assert default == "None None" and arenas > 2  # glibc's default: an arena per thread, up to eight per core
+    assert arenas_in_use("cap") == ("True 2", 2)  # and the processes it starts inherit the cap
+    assert arenas_in_use("cap", MALLOC_ARENA_MAX="4") == ("False 4", 4)  # the user's own cap is kept

@@ -10,9 +10,10 @@ from pathlib import Path
 
 from unipg.config import Config, load_config
 
-EVALUATION_SECTIONS = ("task", "model", "agent", "sample", "eval")
-"""The sections of a configuration that evaluation reads. Secrets a run saved redacted in the others (a W&B key in
-``ray.runtime_env``) need not be passed again to evaluate it."""
+EVALUATION_SECTIONS = ("task", "model", "agent", "sample", "eval", "sft")
+"""The sections of a configuration that evaluation reads (``sft`` for a ``model.warm_start=true`` override).
+Secrets a run saved redacted in the others (a W&B key in ``ray.runtime_env``) need not be passed again to
+evaluate it."""
 
 
 def run_config(run_dir: Path, overrides: list[str]) -> Config:

@@ -212,16 +212,18 @@ M_ARENA_MAX = -8
 
 def limit_malloc_arenas(arenas: int = 2) -> bool:
     """Cap glibc's malloc arenas at ``arenas`` for this process and the processes it starts (Ray workers, seed
-    jobs), unless ``MALLOC_ARENA_MAX`` is already set in the environment; whether the cap now holds.
+    jobs), unless the environment already sets a cap (``MALLOC_ARENA_MAX``, or ``glibc.malloc.arena_max`` in
+    ``GLIBC_TUNABLES``); whether this call set it. Call it before the process starts threads: arenas that
+    threads already hold stay.
 
     glibc gives threads that allocate at the same time arenas of their own, up to eight per core, and keeps each
     arena's freed pages: as a thread pool of tool calls fills, resident memory creeps up without a leak (a
     10-minute soak of 256 concurrent episodes: 439 → 532 MB with the default, 444 → 437 MB with two arenas and
-    the same throughput, see docs/benchmarks.md). Called by the command line before it starts any thread; a program that embeds unipg
-    decides for itself (``MALLOC_ARENA_MAX=2`` in its environment does the same)."""
+    the same throughput, see docs/benchmarks.md). The ``unipg`` command calls it first thing; a program that
+    embeds unipg decides for itself (``MALLOC_ARENA_MAX=2`` in its environment does the same)."""
     import os
 
-    if "MALLOC_ARENA_MAX" in os.environ:
+    if "MALLOC_ARENA_MAX" in os.environ or "glibc.malloc.arena_max" in os.environ.get("GLIBC_TUNABLES", ""):
         return False
     libc = _libc()
     if libc is None or not hasattr(libc, "mallopt") or libc.mallopt(M_ARENA_MAX, arenas) != 1:

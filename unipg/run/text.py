@@ -265,7 +265,8 @@ def finished_run(run_dir: Path, checkpoint: Checkpoint) -> TextTrainResult:
 def train_step(runtime: Runtime, learner: TextLearner, timer: Timer, update: int) -> tuple[dict[str, float], int]:
     """Update ``update``: the next groups from the runtime, their reference log-probs and values, the estimator's
     epochs of mini-batch steps, the new weights published. Its record (rollout, train, timing and system metrics)
-    and its number of samples; ``ProducerFailed`` when rollout cannot go on."""
+    and its number of samples; ``ProducerFailed`` when rollout cannot go on (from ``next_groups``, before
+    anything of the update is done)."""
     start = time.time()
     groups, record = runtime.next_groups(update - 1)
     batch, rollout_record = rollout_batch(groups, runtime.rollout, update - 1, record["timing/learner_wait"])
