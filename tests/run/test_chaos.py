@@ -4,6 +4,7 @@ and a SIGKILL of the whole process, and loses nothing (the long version is bench
 import asyncio
 import json
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -224,7 +225,7 @@ def arenas_in_use(*arguments: str, **environment: str) -> tuple[str, int]:
     return probe.stdout.strip(), sum(line.startswith("Arena ") for line in probe.stderr.splitlines())
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc arenas")
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc arenas")
 def test_unipg_caps_malloc_arenas_for_itself_and_its_children_unless_the_environment_sets_a_cap():
     default, arenas = arenas_in_use("default")
     assert default == "None None" and arenas > 2  # glibc's default: an arena per thread, up to eight per core
