@@ -27,8 +27,8 @@ import tempfile
 from pathlib import Path
 
 from unipg.config import load_config
-from unipg.run.metrics import read_metrics
-from unipg.run.text import train_text
+from unipg.observe.metrics import read_metrics
+from unipg.runtime.lm import train_text
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "calculator_agent.yaml"
 OBJECTIVES = {"ppo": [], "decoupled_ppo": ["estimator.policy_loss=decoupled_ppo"],

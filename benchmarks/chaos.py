@@ -21,7 +21,7 @@ the learner's longest wait for data is reported against the limit after which a 
 turns × (retries + 1) × tool timeout (tool calls are the only thing that can hang), on Ray
 ``ray.episode_timeout`` (a worker holding a request that long is killed and its episodes run again).
 ``train_text`` is the unmodified driver; the benchmark reaches its runtime and policy by wrapping
-``build_runtime`` and ``policy_from_config`` in ``unipg.run.text``.
+``build_runtime`` and ``policy_from_config`` in ``unipg.runtime.lm``.
 
     python benchmarks/chaos.py                   # in-process and sigkill phases
     python benchmarks/chaos.py --ray --updates 20
@@ -45,10 +45,10 @@ from pathlib import Path
 
 import torch
 
-import unipg.run.text as text
+import unipg.runtime.lm as text
+from unipg.checkpoint.store import CheckpointStore, load_checkpoint
 from unipg.config import load_config
-from unipg.run.checkpoint import CheckpointStore, load_checkpoint
-from unipg.run.metrics import read_metrics
+from unipg.observe.metrics import read_metrics
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "calculator_agent.yaml"
 

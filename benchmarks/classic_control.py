@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from unipg.config import load_config
-from unipg.run.classic import train_classic
+from unipg.runtime.gym import train_classic
 
 BUDGETS = {"ppo": 100_000, "trpo": 100_000, "a2c": 500_000, "reinforce": 500_000}
 THRESHOLD = 475.0

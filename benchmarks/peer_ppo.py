@@ -22,7 +22,7 @@ import torch
 
 def run_unipg(steps: int, seed: int, output_dir: str) -> tuple[float, float]:
     from unipg.config import load_config
-    from unipg.run.classic import train_classic
+    from unipg.runtime.gym import train_classic
 
     config = load_config(None, [f"seed={seed}", f"env.total_steps={steps}", f"eval.every_steps={10 * steps}",
                                 f"log.output_dir={output_dir}", "log.progress=false", "log.tensorboard=false"])

@@ -29,12 +29,12 @@ from pathlib import Path
 import torch
 
 from unipg.config import load_config
+from unipg.learn.warm_start import resolve_warm_start
 from unipg.policy.loading import policy_from_config
-from unipg.run.episodes import EpisodeRunner
-from unipg.run.text import PromptSampler, build_runtime, set_threads
-from unipg.run.warm_start import resolve_warm_start
-from unipg.sample.rewards import build_rewards
-from unipg.sample.tasks import make_task
+from unipg.runtime.lm import PromptSampler, build_runtime, set_threads
+from unipg.sample.episodes import EpisodeRunner
+from unipg.sample.rewards.rules import build_rewards
+from unipg.sample.tasks.base import make_task
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "calculator_agent.yaml"
 

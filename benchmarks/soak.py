@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 
 from unipg.config import load_config
-from unipg.run.metrics import limit_malloc_arenas, read_metrics
-from unipg.run.text import TrainingStopped, train_text
+from unipg.observe.metrics import limit_malloc_arenas, read_metrics
+from unipg.runtime.lm import TrainingStopped, train_text
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "calculator_agent.yaml"
 

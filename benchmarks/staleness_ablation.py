@@ -50,7 +50,7 @@ def run_one(job: tuple[str, int, int, int, int]) -> dict:
     import torch
 
     from unipg.config import load_config
-    from unipg.run.classic import train_classic
+    from unipg.runtime.gym import train_classic
 
     objective, eta, seed, total_steps, eval_every = job
     torch.set_num_threads(1)

@@ -204,7 +204,7 @@ class RewardTally:
 
 def trl_rewards(spec: list[dict], tally: RewardTally) -> tuple[list, list[float]]:
     """The task's reward functions (tallied) and their weights, built by unipg's reward registry."""
-    from unipg.sample.rewards import build_rewards
+    from unipg.sample.rewards.rules import build_rewards
 
     functions = build_rewards(spec).functions
     wrapped = [tally.wrap(function, weight, counts=index == 0) for index, (_, function, weight) in enumerate(functions)]
@@ -214,7 +214,7 @@ def trl_rewards(spec: list[dict], tally: RewardTally) -> tuple[list, list[float]
 def held_out_pass_at_1(model, tokenizer, task, config) -> float:
     """Greedy pass@1 on the held-out split, measured exactly as unipg measures its own runs."""
     from unipg.policy.lm import LMPolicy
-    from unipg.run.text import PromptEncoder, evaluate_text
+    from unipg.runtime.lm import PromptEncoder, evaluate_text
 
     encode = PromptEncoder(tokenizer, system_prompt=config.task.system_prompt or task.system_prompt,
                            max_length=config.sample.max_prompt_length)
@@ -262,8 +262,8 @@ def run_trl(config, task, output_dir: str) -> RunResult:
 
 
 def run_unipg(config, task) -> RunResult:
-    from unipg.run.metrics import read_metrics
-    from unipg.run.text import train_text
+    from unipg.observe.metrics import read_metrics
+    from unipg.runtime.lm import train_text
 
     result = train_text(config, task=task)
     rewards = [record["rollout/reward_mean"] for record in read_metrics(result.run_dir)
@@ -326,8 +326,8 @@ def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
     quiet_libraries()
-    from unipg.run.warm_start import resolve_warm_start
-    from unipg.sample.tasks import make_task
+    from unipg.learn.warm_start import resolve_warm_start
+    from unipg.sample.tasks.base import make_task
 
     seeds = [int(seed) for seed in args.seeds.split(",")]
     results: list[RunResult] = []

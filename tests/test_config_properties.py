@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from unipg.cli import parse_seeds
 from unipg.config import ConfigError, load_config, parse_override
-from unipg.config_loading import FLAT_ALIASES, schema_keys, set_dotted
+from unipg.config.loading import FLAT_ALIASES, schema_keys, set_dotted
 
 LEAVES = sorted(key for key, section in schema_keys().items() if section is None)
 VALID = schema_keys()  # dotted key → its section model, None for a value

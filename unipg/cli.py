@@ -18,8 +18,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from unipg.config import Config, ConfigError, load_config
+from unipg.config.presets import ALGORITHMS
 from unipg.estimate.registry import RegistryError
-from unipg.presets import ALGORITHMS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="unipg: policy-gradient RL from CartPole to LLM agents.")
 console = Console(width=None if sys.stdout.isatty() else 120)
@@ -78,7 +78,7 @@ def train(
         results = [(config, run_guarded(config, threshold)) for config in configs]
     table = text_result_table(results) if results[0][0].is_text else result_table(results, threshold)
     if len(results) > 1:
-        from unipg.run.seeds import write_seed_summary
+        from unipg.observe.seeds import write_seed_summary
 
         first = results[0][0]
         name = f"{first.algorithm}-{first.task.name if first.is_text else first.env.id}"
@@ -97,8 +97,8 @@ def run_in_parallel(configs: list[Config], threshold: Optional[float], jobs: int
     from concurrent.futures import ProcessPoolExecutor
 
     if configs[0].is_text and configs[0].model.warm_start:
-        from unipg.run.warm_start import resolve_warm_start
-        from unipg.sample.tasks import make_task
+        from unipg.learn.warm_start import resolve_warm_start
+        from unipg.sample.tasks.base import make_task
 
         try:
             resolve_warm_start(configs[0], make_task(configs[0].task.name, **configs[0].task.options))
@@ -117,8 +117,8 @@ def run_in_parallel(configs: list[Config], threshold: Optional[float], jobs: int
 
 def train_in_child(config: Config, threshold: Optional[float]):
     """One seed of ``run_in_parallel``: the result, or the message of the error that stopped it."""
-    from unipg.run.classic import train_classic
-    from unipg.run.text import train_text
+    from unipg.runtime.gym import train_classic
+    from unipg.runtime.lm import train_text
 
     quiet_libraries()
     try:
@@ -148,8 +148,8 @@ def resolve_resumed(run_dir: Path, overrides: List[str]) -> Config:
 
 def run_guarded(config: Config, threshold: Optional[float], resume: Optional[Path] = None):
     """Run one training job; bad input (a model path, an environment id) ends with its message, not a traceback."""
-    from unipg.run.classic import train_classic
-    from unipg.run.text import TrainingStopped, train_text
+    from unipg.runtime.gym import train_classic
+    from unipg.runtime.lm import TrainingStopped, train_text
 
     try:
         if config.is_text:
@@ -212,7 +212,7 @@ def sft(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="folder for the fine-tuned model"),
 ) -> None:
     """Supervised fine-tuning on the task's demonstrations (completion-only loss); the warm start before RL."""
-    from unipg.run.sft_job import run_sft
+    from unipg.learn.sft_job import run_sft
 
     config = resolve(config_path, list(overrides or []))
     if not config.is_text:
@@ -297,7 +297,7 @@ def evaluate(
     """Evaluate a model on a text task's held-out split: completion (pass@1), pass@k, turns, tool use."""
     import json
 
-    from unipg.run.evaluation import evaluate_model, run_config
+    from unipg.runtime.evaluation import evaluate_model, run_config
 
     try:
         if run is not None:
@@ -326,7 +326,7 @@ def doctor(
     as_json: bool = typer.Option(False, "--json", help="print the findings as a JSON list"),
 ) -> None:
     """Diagnose a run from its metrics: flat or oscillating reward, KL spikes, entropy collapse, slow steps, ..."""
-    from unipg.run.doctor import diagnose_run, findings_json, format_report
+    from unipg.observe.doctor import diagnose_run, findings_json, format_report
 
     try:
         findings = diagnose_run(run_dir)
@@ -344,7 +344,7 @@ def plot(
                                                help="metric group (reward, eval, kl, ...) or metric; repeatable"),
 ) -> None:
     """Plot learning curves, one PNG per metric group, with mean and min-max band over seeds."""
-    from unipg.run.plots import plot_runs
+    from unipg.observe.plots import plot_runs
 
     try:
         paths = plot_runs(list(run_dirs), out, metrics=list(metric) if metric else None)
@@ -356,7 +356,7 @@ def plot(
 
 
 def main() -> None:
-    from unipg.run.metrics import limit_malloc_arenas
+    from unipg.observe.metrics import limit_malloc_arenas
 
     limit_malloc_arenas()  # before any thread starts: resident memory stays flat in long runs
     quiet_libraries()

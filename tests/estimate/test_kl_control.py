@@ -3,7 +3,11 @@
 import pytest
 import torch
 
-from unipg.estimate.kl_control import AdaptiveKLController, FixedKLController, make_kl_controller
+from unipg.estimate.kl_control import (
+    AdaptiveKLController,
+    FixedKLController,
+    make_kl_controller,
+)
 
 
 def test_fixed_controller_never_changes():

@@ -6,7 +6,12 @@ import pytest
 import torch
 
 from unipg.estimate.registry import RegistryError
-from unipg.estimate.weights import OFF_POLICY_WEIGHTS, OffPolicyWeights, combine_weights, weight_metrics
+from unipg.estimate.weights import (
+    OFF_POLICY_WEIGHTS,
+    OffPolicyWeights,
+    combine_weights,
+    weight_metrics,
+)
 
 # Two sequences of three tokens; the last token of row 1 is padding.
 MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])

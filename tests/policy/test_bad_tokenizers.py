@@ -14,7 +14,7 @@ from unipg.config import load_config
 from unipg.policy.chat import TurnTemplate, render_agent_prompt, render_prompt
 from unipg.policy.embedded import build_tokenizer
 from unipg.policy.loading import load_lm_policy, load_tokenizer, policy_from_config
-from unipg.run.episodes import PromptEncoder
+from unipg.sample.episodes import PromptEncoder
 
 CONTEXT = 64  # positions of the tiny models
 

@@ -1,6 +1,6 @@
 import json
-from concurrent.futures import ThreadPoolExecutor
 import string
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch

@@ -147,8 +147,9 @@ def test_left_padding_ends_every_prompt_at_the_last_column():
 def test_rows_that_finish_early_leave_the_batch_without_changing_the_samples(policy, monkeypatch):
     """When most rows have ended, generation drops them from the KV cache and the batch; the same tokens are
     sampled, with the same log-probs, as when every row is computed to the end."""
-    import unipg.policy.lm as lm
     from transformers.cache_utils import DynamicCache
+
+    import unipg.policy.lm as lm
 
     ids = prompts(policy.tokenizer, count=6)
     long = policy.sample(ids, max_new_tokens=20, temperature=1.0, generator=torch.Generator().manual_seed(5))

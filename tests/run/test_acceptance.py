@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from unipg.config import load_config
-from unipg.run.classic import train_classic
-from unipg.run.text import train_text
+from unipg.runtime.gym import train_classic
+from unipg.runtime.lm import train_text
 
 MAIN_JOB = Path(__file__).resolve().parents[2] / "configs" / "calculator_agent.yaml"
 

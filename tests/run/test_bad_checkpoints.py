@@ -9,15 +9,19 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import unipg.run.text as text
-from unipg.cli import app
-from unipg.run.checkpoint import CheckpointStore, load_checkpoint, tensor_mismatch, verify_checkpoint
-from unipg.run.metrics import read_metrics
-from unipg.run.text import train_text
-from unipg.run.text_checkpoint import latest_checkpoint
-from unipg.sample.rewards import REWARDS
-
+import unipg.runtime.lm as text
 from tests.run.test_resume import small_config as resume_config
+from unipg.checkpoint.lm import latest_checkpoint
+from unipg.checkpoint.store import (
+    CheckpointStore,
+    load_checkpoint,
+    tensor_mismatch,
+    verify_checkpoint,
+)
+from unipg.cli import app
+from unipg.observe.metrics import read_metrics
+from unipg.runtime.lm import train_text
+from unipg.sample.rewards.rules import REWARDS
 
 
 def small_config(embedded_path, output_dir, name, updates, *extra):

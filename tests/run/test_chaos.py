@@ -14,11 +14,11 @@ import time
 import pytest
 import torch
 
-import unipg.run.text as text
+import unipg.runtime.lm as text
+from unipg.checkpoint.store import CheckpointStore, load_checkpoint
 from unipg.config import load_config
-from unipg.run.checkpoint import CheckpointStore, load_checkpoint
-from unipg.run.metrics import read_metrics
-from unipg.run.text import train_text
+from unipg.observe.metrics import read_metrics
+from unipg.runtime.lm import train_text
 from unipg.sample.envs.service import EnvironmentService, build_tools
 from unipg.sample.tools.faulty import FAULT_KINDS
 
@@ -152,7 +152,7 @@ def test_concurrent_agent_run_survives_tool_faults_interrupted_episodes_and_a_na
 KILLED_RUN = """
 import sys
 from unipg.config import load_config
-from unipg.run.text import train_text
+from unipg.runtime.lm import train_text
 train_text(load_config(None, sys.argv[1:]))
 """
 
@@ -196,7 +196,7 @@ def test_a_short_soak_opens_no_descriptors_and_starts_no_threads_per_update(tmp_
 
 ARENA_PROBE = """
 import ctypes, subprocess, sys, threading
-from unipg.run.metrics import limit_malloc_arenas
+from unipg.observe.metrics import limit_malloc_arenas
 capped = limit_malloc_arenas() if sys.argv[1] == "cap" else None
 child = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('MALLOC_ARENA_MAX'))"],
                        capture_output=True, text=True).stdout.strip()

@@ -12,9 +12,15 @@ import pytest
 import torch
 from torch import nn
 
-from unipg.run.checkpoint import CheckpointStore, load_checkpoint
-from unipg.run.run_state import (generator_state, load_optimizer, optimizer_tensors, restore_generator, restore_rng,
-                                 rng_state)
+from unipg.checkpoint.store import CheckpointStore, load_checkpoint
+from unipg.learn.state import (
+    generator_state,
+    load_optimizer,
+    optimizer_tensors,
+    restore_generator,
+    restore_rng,
+    rng_state,
+)
 
 
 def small_group(value: float = 1.0) -> dict[str, dict[str, torch.Tensor]]:
@@ -225,7 +231,7 @@ def test_checkpoint_without_manifest_is_not_listed(tmp_path):
 
 WRITER = textwrap.dedent("""
     import sys, torch
-    from unipg.run.checkpoint import CheckpointStore
+    from unipg.checkpoint.store import CheckpointStore
     store = CheckpointStore(sys.argv[1])
     store.save(1, {"policy": {"w": torch.arange(10.0)}}, {"step": 1})
     shard = torch.ones(4_000_000)  # 16 MB, written once per group: 256 MB in 16 files

@@ -5,8 +5,8 @@ import pytest
 import yaml
 
 from unipg.config import load_config
-from unipg.run.classic import train_classic
-from unipg.run.metrics import read_metrics
+from unipg.observe.metrics import read_metrics
+from unipg.runtime.gym import train_classic
 
 
 def short_config(tmp_path, *overrides):

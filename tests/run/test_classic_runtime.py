@@ -3,10 +3,10 @@
 import torch
 
 from unipg.config import load_config
+from unipg.learn.gym import GradientLearner, prepare_segment
+from unipg.observe.metrics import read_metrics
 from unipg.policy.mlp import MLPActorCritic
-from unipg.run.classic import train_classic
-from unipg.run.learner import GradientLearner, prepare_segment
-from unipg.run.metrics import read_metrics
+from unipg.runtime.gym import train_classic
 from unipg.sample.gym_rollout import GymRollout
 
 

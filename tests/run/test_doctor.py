@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from unipg.cli import app
 from unipg.estimate.registry import RegistryError
-from unipg.run.doctor import CHECKS, Finding, Monitor, diagnose, format_report
+from unipg.observe.doctor import CHECKS, Finding, Monitor, diagnose, format_report
 
 runner = CliRunner()
 STEPS = 100
@@ -206,7 +206,7 @@ def test_monitor_holds_warnings_for_its_first_records_but_not_errors():
 
 
 def test_the_metrics_logger_warns_live_and_records_the_event(tmp_path):
-    from unipg.run.metrics import MetricsLogger
+    from unipg.observe.metrics import MetricsLogger
 
     warnings = []
     logger = MetricsLogger(tmp_path, tensorboard=False, warn=warnings.append)
@@ -220,7 +220,7 @@ def test_the_metrics_logger_warns_live_and_records_the_event(tmp_path):
 
 
 def test_weights_and_biases_offline_logs_the_metrics_and_config_without_network(tmp_path, monkeypatch):
-    from unipg.run.metrics import MetricsLogger
+    from unipg.observe.metrics import MetricsLogger
 
     monkeypatch.setenv("WANDB_SILENT", "true")
     logger = MetricsLogger(tmp_path, tensorboard=False)

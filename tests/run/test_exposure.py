@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 
 from unipg.cli import app
 from unipg.config import ConfigError, load_config
-from unipg.config_secrets import REDACTED, is_secret_name, redact_secrets
-from unipg.run.metrics import MetricsLogger
-from unipg.run.text import train_text
+from unipg.config.secrets import REDACTED, is_secret_name, redact_secrets
+from unipg.observe.metrics import MetricsLogger
+from unipg.runtime.lm import train_text
 
 psutil = pytest.importorskip("psutil")
 
@@ -132,7 +132,7 @@ def test_secret_names_are_told_apart_from_the_schemas_own_keys():
 
 def test_a_local_ray_instance_listens_on_loopback_only_and_passes_the_real_secret_to_its_workers():
     ray = pytest.importorskip("ray")
-    from unipg.run.ray_backend import connect
+    from unipg.runtime.backends.ray_lm import connect
 
     if ray.is_initialized():
         pytest.skip("Ray is already connected in this process; this test starts its own local instance")
@@ -151,7 +151,7 @@ def test_a_local_ray_instance_listens_on_loopback_only_and_passes_the_real_secre
 
 
 def test_evaluating_a_run_does_not_ask_for_secrets_only_training_reads(embedded_path, tmp_path, monkeypatch):
-    from unipg.run.evaluation import run_config
+    from unipg.runtime.evaluation import run_config
 
     run = tmp_path / "run"
     logger = MetricsLogger(run, tensorboard=False)

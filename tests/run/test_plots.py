@@ -9,7 +9,7 @@ import yaml
 from typer.testing import CliRunner
 
 from unipg.cli import app
-from unipg.run.plots import draw_metric, group_runs, plot_runs
+from unipg.observe.plots import draw_metric, group_runs, plot_runs
 
 pytest.importorskip("matplotlib")
 

@@ -12,14 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.run.test_runtime import AGENT, SMALL
 from unipg.config import ConfigError, load_config
+from unipg.observe.metrics import read_metrics
 from unipg.policy.loading import load_lm_policy
-from unipg.run.metrics import read_metrics
-from unipg.run.text import train_text
+from unipg.runtime.lm import train_text
 from unipg.sample.envs.service import EnvironmentService
 from unipg.sample.tools.base import Tool, ToolError
-
-from tests.run.test_runtime import AGENT, SMALL
 
 ray = pytest.importorskip("ray")
 
@@ -41,7 +40,7 @@ def ray_processes(marker: str) -> list[str]:
 SESSION_SCRIPT = """
 import sys
 import ray
-import unipg.run.ray_backend as backend
+import unipg.runtime.backends.ray_lm as backend
 from unipg.cli import main
 connect = backend.connect
 def spy(settings):
@@ -118,7 +117,7 @@ def test_a_killed_rollout_worker_is_replaced_and_every_episode_is_accounted_for(
                                                                                 monkeypatch):
     """`ray.kill` of a rollout worker while it runs groups: training goes on to the last update, the worker is
     replaced, its groups run again, and started = finished + failed + re-queued + cancelled + in flight."""
-    import unipg.run.ray_backend as backend
+    import unipg.runtime.backends.ray_lm as backend
 
     rollouts = []
     original = backend.RayRollout.__init__
@@ -161,7 +160,7 @@ def test_a_run_whose_workers_keep_dying_stops_with_a_checkpoint_to_resume_from(l
                                                                               monkeypatch):
     """Past ray.max_restarts the run stops with an error that says so, after saving a checkpoint of its last
     finished update; `--resume` from it trains to the end."""
-    import unipg.run.ray_backend as backend
+    import unipg.runtime.backends.ray_lm as backend
 
     produce = backend.RayRollout.produce
     calls = []
@@ -193,7 +192,7 @@ def test_an_episode_that_raises_on_a_worker_ends_the_run_with_a_one_line_message
                                                                                    monkeypatch):
     """A reward function registered in the caller's script runs on the workers too; when it raises there, the run
     stops with the error in one line (no remote traceback) and what to do next."""
-    from unipg.sample.rewards import REWARDS
+    from unipg.sample.rewards.rules import REWARDS
 
     driver = os.getpid()
 
@@ -217,7 +216,7 @@ def test_an_episode_that_raises_on_a_worker_ends_the_run_with_a_one_line_message
 def test_a_hanging_environment_actor_is_timed_out_and_restarted(local_ray):
     """A synchronous tool that never returns: the call times out (the episode gets the default observation and
     the failure penalty), the actor whose thread is stuck is restarted, and later calls are answered again."""
-    from unipg.run.ray_actors import EnvActor, EnvPool
+    from unipg.runtime.backends.ray_actors import EnvActor, EnvPool
 
     def hang(seconds: int) -> str:
         time.sleep(seconds)

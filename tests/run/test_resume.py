@@ -7,12 +7,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import unipg.run.text as text
+import unipg.runtime.lm as text
+from unipg.checkpoint.store import CheckpointStore, load_checkpoint
 from unipg.cli import app
 from unipg.config import load_config
-from unipg.run.checkpoint import CheckpointStore, load_checkpoint
-from unipg.run.metrics import read_metrics
-from unipg.run.text import TrainingStopped, train_text
+from unipg.observe.metrics import read_metrics
+from unipg.runtime.lm import TrainingStopped, train_text
 
 SMALL = ["task.name=arithmetic", "task.options={digits: 1, num_train: 40, num_test: 8}", "train.batch_size=8",
          "train.mini_batch_size=4", "train.micro_batch_size=4", "sample.samples_per_prompt=4",

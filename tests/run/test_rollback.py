@@ -5,12 +5,12 @@ import json
 import pytest
 import torch
 
+from unipg.checkpoint.store import CheckpointStore, load_checkpoint
 from unipg.config import load_config
+from unipg.learn.lm import TextBatch, TextLearner
+from unipg.observe.metrics import read_metrics
 from unipg.policy.loading import load_lm_policy
-from unipg.run.checkpoint import CheckpointStore, load_checkpoint
-from unipg.run.metrics import read_metrics
-from unipg.run.text import train_text
-from unipg.run.text_learner import TextBatch, TextLearner
+from unipg.runtime.lm import train_text
 
 SMALL = ["task.name=arithmetic", "task.options={digits: 1, num_train: 40, num_test: 8}", "train.batch_size=8",
          "train.mini_batch_size=4", "train.micro_batch_size=4", "sample.samples_per_prompt=4",

@@ -6,15 +6,15 @@ import pytest
 import torch
 
 from unipg.config import load_config
+from unipg.learn.lm import TextBatch, TextLearner
+from unipg.observe.metrics import read_metrics
 from unipg.policy.loading import load_lm_policy, policy_from_config
-from unipg.run.classic import seed_everything
-from unipg.run.episodes import EpisodeRunner
-from unipg.run.metrics import read_metrics
-from unipg.run.text import PromptSampler, set_threads, train_text
-from unipg.run.text_learner import TextBatch, TextLearner
-from unipg.sample.replay import ProducerFailed
-from unipg.sample.rewards import build_rewards
-from unipg.sample.tasks import make_task
+from unipg.runtime.gym import seed_everything
+from unipg.runtime.lm import PromptSampler, set_threads, train_text
+from unipg.runtime.replay import ProducerFailed
+from unipg.sample.episodes import EpisodeRunner
+from unipg.sample.rewards.rules import build_rewards
+from unipg.sample.tasks.base import make_task
 
 SMALL = ["task.name=arithmetic", "task.options={digits: 1, num_train: 40, num_test: 4}", "train.batch_size=8",
          "train.mini_batch_size=4", "train.micro_batch_size=4", "sample.samples_per_prompt=4",
@@ -96,7 +96,7 @@ def test_concurrent_agent_training_keeps_every_token_within_the_bound(embedded_p
 
 
 def test_a_failing_rollout_stops_the_run_with_its_error(embedded_path, tmp_path, monkeypatch):
-    import unipg.run.text_rollout as text_rollout
+    import unipg.runtime.backends.local_lm as text_rollout
 
     config = load_config(None, SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
                                         "runtime.max_staleness=1", "runtime.schedule=concurrent",

@@ -3,7 +3,7 @@ import json
 from typer.testing import CliRunner
 
 from unipg.cli import app
-from unipg.run.seeds import aggregate, final_metrics, write_seed_summary
+from unipg.observe.seeds import aggregate, final_metrics, write_seed_summary
 
 
 def write_run(run_dir, records):

@@ -5,9 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from unipg.policy.chat import render_prompt
-from unipg.policy.embedded import build_model, build_tokenizer
-from unipg.run.sft import (
+from unipg.learn.sft import (
     IGNORE_INDEX,
     build_sft_batch,
     completion_loss,
@@ -16,11 +14,13 @@ from unipg.run.sft import (
     length_grouped_batches,
     sft_accuracy,
     sft_learning_rate,
-    sft_train,
     sft_step,
+    sft_train,
     shuffled_batches,
     tokenize_pairs,
 )
+from unipg.policy.chat import render_prompt
+from unipg.policy.embedded import build_model, build_tokenizer
 
 PAD = 0
 

@@ -5,11 +5,11 @@ from typer.testing import CliRunner
 
 from unipg.cli import app
 from unipg.config import load_config
+from unipg.learn.warm_start import MARKER, resolve_warm_start
+from unipg.observe.metrics import read_metrics
 from unipg.policy.loading import load_lm_policy
-from unipg.run.metrics import read_metrics
-from unipg.run.text import train_text
-from unipg.run.warm_start import MARKER, resolve_warm_start
-from unipg.sample.tasks import make_task
+from unipg.runtime.lm import train_text
+from unipg.sample.tasks.base import make_task
 
 SMALL = ["task.name=arithmetic", "task.options={digits: 1, num_train: 40, num_test: 8}", "train.batch_size=8",
          "train.mini_batch_size=8", "train.micro_batch_size=4", "sample.samples_per_prompt=4",
@@ -52,7 +52,7 @@ def test_warm_start_is_built_once_and_reused(embedded_path, tmp_path):
 
 
 def test_a_tools_simulated_latency_or_injected_faults_do_not_change_the_warm_start():
-    from unipg.run.warm_start import warm_start_folder
+    from unipg.learn.warm_start import warm_start_folder
 
     plain = load_config(None, SMALL + ["task.tools=[{name: calculator}]"])
     slow = load_config(None, SMALL + ["task.tools=[{name: calculator, latency: {kind: fixed, seconds: 1}}]"])
@@ -62,7 +62,7 @@ def test_a_tools_simulated_latency_or_injected_faults_do_not_change_the_warm_sta
 
 
 def test_sft_stages_run_in_order_each_on_the_task_built_with_its_options(embedded_path, monkeypatch):
-    import unipg.run.sft_job as sft_job
+    import unipg.learn.sft_job as sft_job
 
     config = load_config(None, [
         "task.name=calculator", "task.options={digits: 2, num_train: 40, num_test: 4, tool_demonstrations: 0.0}",

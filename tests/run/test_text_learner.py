@@ -2,8 +2,14 @@ import pytest
 import torch
 
 from unipg.config import load_config
+from unipg.learn.lm import (
+    TextBatch,
+    TextLearner,
+    episode_ends,
+    text_advantages,
+    token_rewards,
+)
 from unipg.policy.loading import load_lm_policy
-from unipg.run.text_learner import TextBatch, TextLearner, episode_ends, text_advantages, token_rewards
 
 GROUP = 4
 

@@ -3,14 +3,14 @@ import asyncio
 import pytest
 import torch
 
+from unipg.learn.lm import TextBatch
 from unipg.policy.chat import TurnTemplate
 from unipg.policy.lm import cut_at_stop
 from unipg.policy.loading import load_lm_policy
-from unipg.run.text_learner import TextBatch
 from unipg.sample.agent import AgentLoop
 from unipg.sample.envs.base import StepResult
 from unipg.sample.inference import InferenceEngine, SamplingParams
-from unipg.sample.tasks import Example
+from unipg.sample.tasks.base import Example
 
 OBSERVATION = "tool says 42"
 

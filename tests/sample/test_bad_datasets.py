@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from unipg.cli import app
-from unipg.sample.tasks import make_task
+from unipg.sample.tasks.base import make_task
 
 GOOD = {"question": "Tom has 3 apples and buys 4 more. How many does he have?", "answer": "3 + 4 = 7\n#### 7"}
 

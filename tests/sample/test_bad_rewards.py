@@ -10,7 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from unipg.sample.rewards import CombinedReward, RewardFunctionError, build_rewards
+from unipg.sample.rewards.rules import (
+    CombinedReward,
+    RewardFunctionError,
+    build_rewards,
+)
 
 
 def returning(value):

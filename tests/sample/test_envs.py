@@ -6,8 +6,8 @@ import pytest
 
 from unipg.sample.envs import ENVS, EnvironmentService
 from unipg.sample.envs.tool_env import ToolEnv, parse_turn
-from unipg.sample.rewards import build_rewards
-from unipg.sample.tasks import Example
+from unipg.sample.rewards.rules import build_rewards
+from unipg.sample.tasks.base import Example
 from unipg.sample.tools import LatencyModel, ToolError, tool
 
 

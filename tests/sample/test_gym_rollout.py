@@ -2,7 +2,13 @@ import pytest
 import torch
 
 from unipg.policy.mlp import MLPActorCritic
-from unipg.sample.gym_rollout import GymRollout, RewardScaler, complete_episode_mask, evaluate_policy, make_env
+from unipg.sample.gym_rollout import (
+    GymRollout,
+    RewardScaler,
+    complete_episode_mask,
+    evaluate_policy,
+    make_env,
+)
 
 
 def make_policy(rollout):

@@ -7,7 +7,9 @@ import re
 
 import pytest
 
-from unipg.sample.multihop import (
+from unipg.sample.rewards.rules import build_rewards
+from unipg.sample.tasks.base import make_task
+from unipg.sample.tasks.multihop import (
     COLLECTION_PATH,
     MULTIHOP_MAX_TURNS,
     MULTIHOP_TOOLS,
@@ -16,8 +18,6 @@ from unipg.sample.multihop import (
     generate_world,
     write_collection,
 )
-from unipg.sample.rewards import build_rewards
-from unipg.sample.tasks import make_task
 from unipg.sample.tools.base import TOOLS
 from unipg.sample.tools.retrieval import load_documents, tokenize
 

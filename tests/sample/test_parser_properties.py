@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from unipg.sample.answers import extract_final_answer, normalize_answer
 from unipg.sample.envs import EnvironmentService
 from unipg.sample.envs.tool_env import parse_turn
-from unipg.sample.rewards import answers_equivalent
+from unipg.sample.rewards.rules import answers_equivalent
 from unipg.sample.tools import tool
 from unipg.sample.tools.base import CLOSE_TAG, OPEN_TAG, Tool, format_tool_call
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unipg.sample.replay import Group, ProducerFailed, ReplayBuffer, StalenessGate
+from unipg.runtime.replay import Group, ProducerFailed, ReplayBuffer, StalenessGate
 
 
 def group(version: int, size: int = 2, tag: str = "") -> Group:

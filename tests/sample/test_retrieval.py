@@ -8,7 +8,14 @@ import math
 import pytest
 
 from unipg.sample.tools.base import TOOLS
-from unipg.sample.tools.retrieval import BM25Index, Document, index_for, load_documents, search_tool, tokenize
+from unipg.sample.tools.retrieval import (
+    BM25Index,
+    Document,
+    index_for,
+    load_documents,
+    search_tool,
+    tokenize,
+)
 
 # N = 3 documents of lengths 3, 2 and 4 tokens: avgdl = 3
 DOCS = [

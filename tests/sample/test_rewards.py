@@ -7,9 +7,14 @@ import asyncio
 import pytest
 
 from unipg.estimate.registry import RegistryError
-from unipg.sample import rewards as rewards_module
-from unipg.sample.reward_model import RewardModel
-from unipg.sample.rewards import REWARDS, CombinedReward, answers_equivalent, build_rewards
+from unipg.sample.rewards import rules as rewards_module
+from unipg.sample.rewards.model import RewardModel
+from unipg.sample.rewards.rules import (
+    REWARDS,
+    CombinedReward,
+    answers_equivalent,
+    build_rewards,
+)
 
 
 def score(name: str, completions: list, answers: list | None = None, **options) -> list:
@@ -165,7 +170,11 @@ def test_wrong_length_and_failures_name_the_function():
 def tiny_reward_model_path(tmp_path_factory):
     """A two-layer Llama sequence classifier and a word-level tokenizer (with eos, without pad), saved locally."""
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForSequenceClassification, PreTrainedTokenizerFast
+    from transformers import (
+        LlamaConfig,
+        LlamaForSequenceClassification,
+        PreTrainedTokenizerFast,
+    )
 
     words = ["[UNK]", "</s>", "what", "is", "2", "+", "?", "4", "5", "the", "answer", "####"]
     backend = Tokenizer(models.WordLevel({word: i for i, word in enumerate(words)}, unk_token="[UNK]"))

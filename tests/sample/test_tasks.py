@@ -9,7 +9,7 @@ import pytest
 
 from unipg.estimate.registry import RegistryError
 from unipg.sample.answers import extract_final_answer
-from unipg.sample.tasks import TASKS, make_task
+from unipg.sample.tasks.base import TASKS, make_task
 
 
 def test_arithmetic_answers_are_the_value_of_the_expression():

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from unipg.policy.chat import TurnTemplate
 from unipg.sample.envs.base import Env
 from unipg.sample.inference import InferenceEngine
-from unipg.sample.tasks import Example
+from unipg.sample.tasks.base import Example
 
 
 @dataclass

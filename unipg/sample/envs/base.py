@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from unipg.estimate.registry import Registry
-from unipg.sample.tasks import Example
+from unipg.sample.tasks.base import Example
 
 ENVS = Registry("environment")
 
@@ -45,7 +45,7 @@ async def final_answer_reward(reward_fn, example: Example, completion: str) -> t
     the extracted final answer equals the example's reference answer (the task-completion criterion of
     evaluation) and each reward function's value."""
     from unipg.sample.answers import extract_final_answer
-    from unipg.sample.rewards import answers_equivalent
+    from unipg.sample.rewards.rules import answers_equivalent
 
     columns = {name: [value] for name, value in example.columns.items()}
     scored = await reward_fn.acall([example.prompt], [completion], **columns)

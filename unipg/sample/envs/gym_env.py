@@ -14,7 +14,7 @@ import re
 import numpy as np
 
 from unipg.sample.envs.base import ENVS, StepResult
-from unipg.sample.tasks import Example
+from unipg.sample.tasks.base import Example
 
 _INTEGER = re.compile(r"-?\d+")
 

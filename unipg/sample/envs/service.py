@@ -22,26 +22,13 @@ observation, penalties).
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import json
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from unipg.sample.tools.base import TOOLS, Tool, ToolError
-
-_ATTEMPT = contextvars.ContextVar("unipg_tool_attempt", default=1)
-
-
-def current_attempt() -> int:
-    """Which attempt of its call a running tool is (1, then 2, ... on retries); 1 outside the service."""
-    return _ATTEMPT.get()
-
-
-def set_attempt(attempt: int) -> None:
-    """Set ``current_attempt`` for the current context (where a remote call runs the attempt)."""
-    _ATTEMPT.set(attempt)
+from unipg.sample.tools.base import TOOLS, Tool, ToolError, attempt_number
 
 
 @dataclass
@@ -167,9 +154,9 @@ class EnvironmentService:
         tool = self.tools[name]
         while True:
             attempts += 1
-            token = _ATTEMPT.set(attempts)  # wait_for runs the attempt in a task that copies this context
             try:
-                output = await asyncio.wait_for(self._attempt(tool, arguments), self.timeout)
+                with attempt_number(attempts):  # wait_for runs the attempt in a task that copies this context
+                    output = await asyncio.wait_for(self._attempt(tool, arguments), self.timeout)
                 result = ToolCallResult(output, "ok", attempts, timeouts, time.monotonic() - start, 0.0)
                 break
             except ToolError as refusal:
@@ -183,8 +170,6 @@ class EnvironmentService:
                                             time.monotonic() - start, -self.failure_penalty)
                     break
                 await asyncio.sleep(self.backoff * 2 ** (attempts - 1))
-            finally:
-                _ATTEMPT.reset(token)  # the episode's own context reads 1 again after the call
         self.stats.add(name, result)
         return result
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from unipg.sample.envs.base import ENVS, StepResult, final_answer_reward
-from unipg.sample.tasks import Example
+from unipg.sample.tasks.base import Example
 
 
 class SingleTurnEnv:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from unipg.sample.envs.base import ENVS, StepResult, final_answer_reward
 from unipg.sample.envs.service import EnvironmentService
-from unipg.sample.tasks import Example
+from unipg.sample.tasks.base import Example
 from unipg.sample.tools.base import CLOSE_TAG, OPEN_TAG
 
 

@@ -22,6 +22,8 @@ delays every call, for experiments with slow tools; the environment service appl
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import inspect
 import json
 import math
@@ -221,3 +223,27 @@ def parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
 def _indent_of(block: str) -> int:
     first = block.splitlines()[0]
     return len(first) - len(first.lstrip())
+
+
+_ATTEMPT = contextvars.ContextVar("unipg_tool_attempt", default=1)
+
+
+def current_attempt() -> int:
+    """Which attempt of its call a running tool is (1, then 2, ... on retries); 1 outside the service."""
+    return _ATTEMPT.get()
+
+
+def set_attempt(attempt: int) -> None:
+    """Set ``current_attempt`` for the current context (where a remote call runs the attempt)."""
+    _ATTEMPT.set(attempt)
+
+
+@contextlib.contextmanager
+def attempt_number(attempt: int):
+    """Within ``with``: ``current_attempt()`` reads ``attempt``; after it, the context reads what it read
+    before (an episode's own context reads 1 again after a call)."""
+    token = _ATTEMPT.set(attempt)
+    try:
+        yield
+    finally:
+        _ATTEMPT.reset(token)

@@ -10,7 +10,7 @@ Configured like any tool::
 
 The agent sees the wrapped tool's name, description and parameters; the wrapper is invisible to it. Each
 attempt draws one uniform number from ``(seed, tool, arguments, attempt)``, where ``attempt`` is the
-environment service's retry counter (``service.current_attempt``), and picks a fault by the rates in order
+environment service's retry counter (``current_attempt``, set by the service), and picks a fault by the rates in order
 raise, hang, garbage, huge. Draws are a pure function of those, not of a random stream, so a run resumed
 from a checkpoint meets exactly the faults the uninterrupted run met, and a retry of a failed call may
 succeed (its draw differs). What each fault does:
@@ -33,7 +33,7 @@ import json
 import random
 from collections import Counter
 
-from unipg.sample.tools.base import TOOLS, Tool
+from unipg.sample.tools.base import TOOLS, Tool, current_attempt
 
 FAULT_KINDS = ("raise", "hang", "garbage", "huge")
 
@@ -86,8 +86,6 @@ def faulty_tool(tool: str, options: dict | None = None, raise_rate: float = 0.0,
     injected = Counter()
 
     async def call(**arguments):
-        from unipg.sample.envs.service import current_attempt  # the service imports the tools
-
         rng = attempt_random(seed, inner.name, arguments, current_attempt())
         kind = draw_fault(rates, rng)
         if kind is not None:

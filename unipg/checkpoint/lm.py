@@ -1,0 +1,141 @@
+"""Checkpoints of a text run: everything ``train_text`` needs to continue bit for bit, under
+``<run>/checkpoints``, and finding the newest intact one of an earlier run to resume from."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from unipg.checkpoint.store import (
+    Checkpoint,
+    CheckpointStore,
+    load_checkpoint,
+    tensor_mismatch,
+)
+from unipg.config import Config
+from unipg.learn.lm import TextLearner
+from unipg.learn.state import generator_state, restore_generator, restore_rng, rng_state
+from unipg.observe.metrics import read_metrics
+from unipg.policy.lm import LMPolicy
+
+
+class Resumable(Protocol):
+    """Anything whose position a checkpoint keeps as JSON (the prompt sampler of a run)."""
+
+    def state(self) -> dict: ...
+
+    def load_state(self, state: dict) -> None: ...
+
+CHECKPOINT_DIR = "checkpoints"
+
+
+class TextCheckpointer:
+    """Saves and restores everything a text run needs to continue bit for bit, under ``run_dir/checkpoints``.
+
+    Not saved: the reference model, which is the frozen initial model; the state records its name
+    (``reference_model``) and a resumed run rebuilds it from the configuration.
+    """
+
+    def __init__(self, run_dir: Path, config: Config, policy: LMPolicy, learner: TextLearner, sampler: Resumable,
+                 generator: torch.Generator):
+        settings = config.checkpoint
+        self.store = CheckpointStore(run_dir / CHECKPOINT_DIR, keep_last=settings.keep_last,
+                                     keep_best=int(settings.keep_best), best_metric=settings.best_metric)
+        self.config, self.policy, self.learner = config, policy, learner
+        self.sampler, self.generator = sampler, generator
+        # the rollout's episode counts, saved with the run's state (read under the rollout's lock)
+        self.episode_state: Callable[[], dict[str, int]] | None = None
+
+    def save(self, update: int, *, samples: int, train_seconds: float,
+             history: list[tuple[int, dict[str, float]]], metrics: dict[str, float]) -> Path:
+        """A checkpoint of the run after ``update``; ``metrics`` (this update's evaluation, if any) rank it."""
+        optimizer, learner_state = self.learner.checkpoint()
+        tensors = {"policy": self.policy.model.state_dict(), "optimizer": optimizer}
+        if self.policy.value_head is not None:
+            tensors["value_head"] = self.policy.value_head.state_dict()
+        if self.policy.critic is not None:
+            tensors["critic"] = self.policy.critic.state_dict()
+        state = {"update": update, "policy_version": update, "samples": samples, "train_seconds": train_seconds,
+                 "eval_history": [[at, evaluation] for at, evaluation in history], "learner": learner_state,
+                 "sampler": self.sampler.state(), "rollout_generator": generator_state(self.generator),
+                 "rng": rng_state(), "reference_model": self.config.model.name}
+        if self.episode_state is not None:
+            state["episodes"] = self.episode_state()
+        path = self.store.save(update, tensors, state, metrics=metrics)
+        if update > 0:  # the checkpoint of update 0 (see rollback) is needed only until the run saves its own
+            self.store.remove(0)
+        return path
+
+    def restore(self, checkpoint: Checkpoint) -> tuple[int, float, list[tuple[int, dict[str, float]]]]:
+        """Load ``checkpoint`` into the run's objects; returns (samples, train_seconds, eval history).
+
+        A checkpoint of another model (other parameter names or shapes, a value head or critic added or
+        removed) raises a ValueError naming both models and the first differing tensor."""
+        state = checkpoint.state
+        try:
+            for group in ("policy", "value_head", "critic"):
+                module = self.policy.model if group == "policy" else getattr(self.policy, group)
+                if (module is None) != (group not in checkpoint.tensors):
+                    raise ValueError(f"the run's model.{group} setting changed since the checkpoint was saved")
+                if module is None:
+                    continue
+                problem = tensor_mismatch(checkpoint.tensors[group], module.state_dict())
+                if problem:
+                    raise ValueError(f"{group}: {problem}")
+                module.load_state_dict(checkpoint.tensors[group])
+            self.learner.restore(checkpoint.tensors["optimizer"], state["learner"])
+        except (RuntimeError, KeyError, ValueError, TypeError) as error:
+            raise ValueError(f"checkpoint {checkpoint.path} does not fit the configured model: it was written for "
+                             f"{state.get('reference_model', 'an unrecorded model')}, the configuration asks for "
+                             f"{self.config.model.name} ({str(error).splitlines()[0]}); resume with the run's own "
+                             "config.yaml, leaving model.* as it was") from None
+        try:
+            self.sampler.load_state(state["sampler"])
+            restore_generator(self.generator, state["rollout_generator"])
+            restore_rng(state["rng"])
+            history = [(at, evaluation) for at, evaluation in state["eval_history"]]
+            return state["samples"], state["train_seconds"], history
+        except (KeyError, TypeError, ValueError, RuntimeError) as error:  # a state.json from another program
+            raise ValueError(f"checkpoint {checkpoint.path} has an incomplete run state ({type(error).__name__}: "
+                             f"{error}); it was not written by train_text, so resume from a checkpoint that "
+                             "was") from None
+
+
+def latest_checkpoint(run_dir: Path) -> Checkpoint:
+    """The newest intact checkpoint of an earlier run; ``ValueError`` saying what to do if there is none."""
+    if not (run_dir / "config.yaml").is_file():
+        raise ValueError(f"cannot resume from '{run_dir}': it is not a run folder (no config.yaml); pass the folder "
+                         "that `unipg train` created for the run, e.g. runs/grpo-arithmetic-seed0-<time>")
+    store = CheckpointStore(run_dir / CHECKPOINT_DIR)
+    path = store.latest()
+    if path is None:
+        found = len(store.list())
+        problem = (f"none of its {found} checkpoints is intact (see the warnings above)" if found else
+                   f"it holds no checkpoint ({run_dir / CHECKPOINT_DIR} is missing or empty: the run stopped "
+                   "before its first save)")
+        raise ValueError(f"cannot resume from '{run_dir}': {problem}; start a new run instead, or set "
+                         "checkpoint.every_updates so that runs save checkpoints as they go")
+    checkpoints = store.list()
+    newer = [damaged.name for damaged in checkpoints[checkpoints.index(path) + 1:]]
+    if newer:  # left in place: a save that reaches their step sets them aside as damaged-*, never deletes them
+        warnings.warn(f"resuming from {path.name}, the newest intact checkpoint; {', '.join(newer)} could not be "
+                      "used (see the warnings above) and stay where they are", RuntimeWarning, stacklevel=2)
+    return load_checkpoint(path)
+
+
+def drop_metrics_after(run_dir: Path, update: int) -> None:
+    """Remove the records of updates after ``update`` from metrics.jsonl: a resumed run writes them again."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return
+    records = read_metrics(run_dir)
+    kept = [record for record in records if record["step"] <= update]
+    if len(kept) < len(records):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(json.dumps(record) + "\n" for record in kept), encoding="utf-8")
+        tmp.replace(path)

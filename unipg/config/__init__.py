@@ -1,0 +1,8 @@
+"""Typed, validated configuration: the schema, YAML files with dotted overrides, cross-field rules, secrets
+and the algorithm presets."""
+
+from unipg.config.loading import load_config, parse_override
+from unipg.config.schema import Config, RollbackConfig
+from unipg.config.section import ConfigError
+
+__all__ = ["Config", "ConfigError", "RollbackConfig", "load_config", "parse_override"]

@@ -1,0 +1,319 @@
+"""Building a ``Config``: a YAML file plus dotted command-line overrides.
+
+A config is built in four steps, each of which can reject it with a message that says what to fix:
+
+1. the YAML file and the overrides (``estimator.clip_range=0.1``) are merged into one nested dict; the flat
+   keys of seed 000's reference configuration (``learning_rate``, ``clip_range``, ...) are moved to their
+   structured place;
+2. every key is checked against the schema; an unknown key names the nearest valid one;
+3. the algorithm preset fills the keys the user did not set;
+4. field types and ranges, then cross-field rules, are validated.
+
+A key that the chosen algorithm does not use is reported as a warning (``Config.warnings``), so no key is
+ever a silent no-op.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import warnings
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from unipg.config.presets import ALGORITHMS, algorithm_names, ignored_keys
+from unipg.config.rules import cross_field_problems
+from unipg.config.schema import Config
+from unipg.config.secrets import drop_redacted
+from unipg.config.section import ConfigError, is_text_field
+
+# Seed 000 section 6.2 uses flat keys; each maps onto one structured key.
+FLAT_ALIASES: dict[str, str] = {
+    "learning_rate": "train.learning_rate",
+    "clip_range": "estimator.clip_range",
+    "kl_coef": "estimator.kl_coef",
+    "entropy_coef": "estimator.entropy_coef",
+    "gamma": "estimator.gamma",
+    "lambda_gae": "estimator.lambda_gae",
+    "batch_size": "train.batch_size",
+    "mini_batch_size": "train.mini_batch_size",
+    "rollout_steps": "sample.rollout_steps",
+    "replay_buffer_size": "sample.replay_buffer_size",
+    "sample_age_decay": "estimator.sample_age_decay",
+    "num_epochs": "train.num_epochs",
+    "max_grad_norm": "train.max_grad_norm",
+    "value_loss_coef": "estimator.value_loss_coef",
+    "target_kl": "estimator.target_kl",
+}
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                unread: tuple[str, ...] = ()) -> Config:
+    """Build a validated Config from an optional YAML file and ``key=value`` overrides. Secrets the file holds
+    redacted (a run's config.yaml) are read again from overrides or the environment, except in the top-level
+    sections named in ``unread``, which the caller never reads: there they are left out."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        raw = read_yaml(Path(path))
+        for section in unread:
+            if section in raw:
+                raw[section] = drop_redacted(raw[section])
+    for override in overrides or []:
+        key, value = parse_override(override)
+        set_dotted(raw, key, value)
+    return build_config(raw)
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that rejects a key set twice in one mapping (plain YAML keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        lines: dict[str, int] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            line = key_node.start_mark.line + 1
+            if key_node.value in lines:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key '{key_node.value}' is set twice (lines {lines[key_node.value]} and {line}); "
+                    "keep one of them", key_node.start_mark)
+            lines[key_node.value] = line
+        return super().construct_mapping(node, deep)
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    if path.is_dir():
+        example = f" such as '{path / 'config.yaml'}'" if (path / "config.yaml").is_file() else ""
+        raise ConfigError(f"config file '{path}' is a folder; pass the path of a YAML file{example}")
+    if not path.is_file():
+        raise ConfigError(f"config file '{path}' does not exist; pass the path of a YAML file")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = raw[: error.start].count(b"\n") + 1
+        raise ConfigError(f"config file '{path}' is not UTF-8 text (byte {raw[error.start]:#04x} on line {line}); "
+                          "save it as UTF-8") from None
+    try:
+        data = yaml.load(text, Loader=UniqueKeyLoader)
+    except yaml.YAMLError as error:
+        raise ConfigError(f"config file '{path}' is not valid YAML: {describe_yaml_error(error)}") from None
+    except Exception as error:  # PyYAML's constructors raise what they hit: `!!float abc`, `!!float`, deep nesting
+        raise ConfigError(f"config file '{path}' holds a value YAML cannot build ({type(error).__name__}: "
+                          f"{error}); quote the value or remove its explicit !!tag") from None
+    if refers_to_itself(data):
+        raise ConfigError(f"config file '{path}' holds a YAML alias inside the value it names (&name ... *name); "
+                          "write the value out instead")
+    if data is None:  # empty, or only comments: the defaults, as with no file
+        warnings.warn(f"config file '{path}' holds no settings; training with the defaults", stacklevel=3)
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file '{path}' must hold a mapping of keys to values (key: value lines), got "
+                          f"a {type(data).__name__}")
+    return data
+
+
+def refers_to_itself(node: Any, enclosing: frozenset[int] = frozenset()) -> bool:
+    """Whether a loaded YAML value contains itself (``&a [*a]``), which no setting can hold."""
+    if not isinstance(node, (dict, list)):
+        return False
+    if id(node) in enclosing:
+        return True
+    children = node.values() if isinstance(node, dict) else node
+    return any(refers_to_itself(child, enclosing | {id(node)}) for child in children)
+
+
+def describe_yaml_error(error: yaml.YAMLError) -> str:
+    """One line: where the parser stopped, what it found, and a hint for the common slips (tabs, brackets)."""
+    if not isinstance(error, yaml.MarkedYAMLError) or error.problem_mark is None:
+        return " ".join(str(error).split())
+    mark = error.problem_mark
+    message = f"line {mark.line + 1}, column {mark.column + 1}: {error.problem}"
+    if error.context and error.context_mark is not None:
+        opened = error.context_mark
+        message += f" ({error.context} that starts on line {opened.line + 1}, column {opened.column + 1})"
+    if "'\\t'" in str(error.problem):
+        message += "; indent with spaces, YAML does not allow tabs"
+    elif error.context and "flow" in error.context:
+        message += "; close the bracket or brace opened there"
+    return message
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``estimator.clip_range=0.1`` → ("estimator.clip_range", 0.1); values are parsed as YAML scalars.
+
+    A value YAML cannot parse is kept as the text written, and so is any value of a text field (``model.name=no``
+    is the name 'no', not the boolean false; ``log.run_name=2024-01-01`` is not a date); ``null`` stays None.
+    """
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"override '{text}' must look like key=value, e.g. estimator.clip_range=0.1")
+    if any(not part.strip() for part in key.split(".")):
+        raise ConfigError(f"override '{text}' has an empty part in its key '{key}'; write section.name=value, "
+                          "e.g. estimator.clip_range=0.1")
+    try:
+        parsed = yaml.safe_load(value) if value.strip() else None
+    except Exception:  # `[a`, `!!float x`, `[[[[...`: PyYAML raises YAMLError and whatever its constructors hit
+        parsed = value.strip()
+    if refers_to_itself(parsed):
+        raise ConfigError(f"override '{text}' holds a YAML alias inside the value it names; write the value out")
+    if parsed is not None and not isinstance(parsed, str) and is_text_field(leaf_annotation(key)):
+        parsed = value.strip()
+    return key, parsed
+
+
+def leaf_annotation(dotted: str) -> Any:
+    """The annotation of the schema field at ``dotted`` (a flat alias is resolved first), or None if none."""
+    *sections, leaf = FLAT_ALIASES.get(dotted, dotted).split(".")
+    model: type[BaseModel] = Config
+    for name in sections:
+        field = model.model_fields.get(name)
+        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+            return None
+        model = field.annotation
+    field = model.model_fields.get(leaf)
+    return None if field is None or field.exclude else field.annotation
+
+
+def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"cannot set '{dotted}': '{part}' is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def build_config(raw: dict[str, Any]) -> Config:
+    tree = apply_flat_aliases(copy.deepcopy(raw))
+    check_known_keys(tree)
+    user_keys = flatten_keys(tree)
+    algorithm = tree.get("algorithm", Config.model_fields["algorithm"].default)
+    if not isinstance(algorithm, str):
+        raise ConfigError(f"algorithm must be the name of a preset, got {algorithm!r}. "
+                          f"Valid: {', '.join(algorithm_names())}")
+    if algorithm not in ALGORITHMS:
+        close = difflib.get_close_matches(str(algorithm), algorithm_names(), n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else "."
+        raise ConfigError(f"unknown algorithm '{algorithm}'{hint} Valid: {', '.join(algorithm_names())}")
+    text = isinstance(tree.get("task"), dict) and tree["task"].get("name") is not None
+    try:
+        preset = ALGORITHMS[algorithm].preset_for(text)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    merged = deep_merge(copy.deepcopy(preset), tree)
+    try:
+        config = Config.model_validate(merged)
+    except ValidationError as error:
+        raise ConfigError(format_validation_error(error)) from None
+    problems = cross_field_problems(config)
+    if problems:
+        raise ConfigError(invalid_configuration(problems))
+    config.warnings = ignored_keys(config, user_keys)
+    return config
+
+
+def apply_flat_aliases(tree: dict[str, Any]) -> dict[str, Any]:
+    for flat, dotted in FLAT_ALIASES.items():
+        if flat not in tree:
+            continue
+        section, name = dotted.split(".")
+        if isinstance(tree.get(section), dict) and name in tree[section]:
+            raise ConfigError(f"'{flat}' and '{dotted}' are both set; keep one of them")
+        set_dotted(tree, dotted, tree.pop(flat))
+    return tree
+
+
+def schema_keys(model: type[BaseModel] = Config, prefix: str = "") -> dict[str, type[BaseModel] | None]:
+    """Every valid dotted key → its section model (None for leaves)."""
+    keys: dict[str, type[BaseModel] | None] = {}
+    for name, field in model.model_fields.items():
+        if field.exclude:
+            continue
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            keys[prefix + name] = annotation
+            keys.update(schema_keys(annotation, prefix + name + "."))
+        else:
+            keys[prefix + name] = None
+    return keys
+
+
+def check_known_keys(tree: dict[str, Any]) -> None:
+    valid = schema_keys()
+    structured = [key for key, section in valid.items() if section is None]
+    problems = []
+    for key, value in iter_items(tree):
+        if key in valid:
+            if valid[key] is not None and not isinstance(value, dict):
+                problems.append(f"'{key}' is a section; give it a mapping such as {key}: {{...}}")
+            continue
+        leaves = structured if "." in key else structured + list(FLAT_ALIASES)
+        close = difflib.get_close_matches(key, leaves, n=1, cutoff=0.6)
+        if not close:  # a misspelt leaf under the right section, or the right leaf under the wrong one
+            tail = key.rsplit(".", 1)[-1]
+            close = [leaf for leaf in leaves if leaf.rsplit(".", 1)[-1] == tail][:1]
+        hint = f"; did you mean '{close[0]}'?" if close else f"; {siblings(key, valid)}"
+        problems.append(f"unknown key '{key}'{hint}")
+    if problems:
+        raise ConfigError(invalid_configuration(problems))
+
+
+def siblings(key: str, valid: dict[str, type[BaseModel] | None]) -> str:
+    """The valid keys of the section ``key`` sits in (the top level for an undotted key), as a phrase."""
+    prefix = key.rsplit(".", 1)[0] + "." if "." in key else ""
+    names = sorted(name[len(prefix):] for name in valid if name.startswith(prefix) and "." not in name[len(prefix):])
+    where = f"section '{prefix[:-1]}' has" if prefix else "valid top-level keys:"
+    return f"{where} {', '.join(names)}"
+
+
+def iter_items(tree: dict[str, Any], prefix: str = ""):
+    """(dotted key, value) pairs, descending into sections the schema knows."""
+    valid = schema_keys()
+    for name, value in tree.items():
+        key = prefix + str(name)
+        yield key, value
+        if isinstance(value, dict) and valid.get(key) is not None:
+            yield from iter_items(value, key + ".")
+
+
+def flatten_keys(tree: dict[str, Any], prefix: str = "") -> set[str]:
+    keys = set()
+    for name, value in tree.items():
+        key = prefix + str(name)
+        if isinstance(value, dict):
+            keys |= flatten_keys(value, key + ".")
+        else:
+            keys.add(key)
+    return keys
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            deep_merge(base[key], value)
+        else:
+            base[key] = value
+    return base
+
+
+def format_validation_error(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        key = ".".join(str(part) for part in item["loc"])
+        message = item["msg"].removeprefix("Value error, ")  # our own validators' messages need no prefix
+        lines.append(f"'{key}': {message} (got {item.get('input')!r})")
+    return invalid_configuration(lines)
+
+
+def invalid_configuration(problems: list[str]) -> str:
+    """One problem on one line; several as a list, one per line."""
+    if len(problems) == 1:
+        return f"invalid configuration: {problems[0]}"
+    return "invalid configuration:\n  - " + "\n  - ".join(problems)

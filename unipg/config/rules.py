@@ -1,0 +1,109 @@
+"""Configuration rules that involve more than one field, each phrased as how to fix the configuration.
+
+Kept apart from ``unipg.config.schema`` (the schema) so that each file says one thing: what a field means there,
+how fields must agree here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from unipg.estimate import ADVANTAGES, OFF_POLICY_WEIGHTS, POLICY_LOSSES
+from unipg.estimate.registry import unknown_name_message
+
+if TYPE_CHECKING:
+    from unipg.config.schema import Config
+
+# Advantage estimators defined on per-step rewards with episode boundaries (gymnasium environments).
+STEP_ADVANTAGES = frozenset({"gae", "td", "reward_to_go", "batch_mean_baseline", "value_baseline"})
+
+
+def cross_field_problems(config: Config) -> list[str]:
+    """Rules that involve more than one field, each phrased as how to fix it."""
+    problems = []
+    train, est = config.train, config.estimator
+    if train.batch_size % train.mini_batch_size:
+        problems.append(
+            f"train.mini_batch_size ({train.mini_batch_size}) must divide train.batch_size ({train.batch_size})"
+        )
+    problems += text_problems(config) if config.is_text else gym_problems(config)
+    if config.backend == "ray" and not config.is_text:
+        problems.append("backend 'ray' runs text tasks; train gymnasium environments with backend=inprocess "
+                        "(their vectorised environments already step in one process)")
+    if est.policy_loss != "trpo" and est.policy_loss not in POLICY_LOSSES:
+        valid = POLICY_LOSSES.names() + ["trpo"]
+        problems.append("estimator.policy_loss: " + unknown_name_message("policy loss", est.policy_loss, valid))
+    if est.off_policy_weight not in OFF_POLICY_WEIGHTS:
+        names = OFF_POLICY_WEIGHTS.names()
+        problems.append("estimator.off_policy_weight: " + unknown_name_message("off-policy weight", est.off_policy_weight, names))
+    if est.kl_control == "adaptive" and est.target_kl is None:
+        problems.append("estimator.kl_control is 'adaptive' but estimator.target_kl is not set; set target_kl (e.g. 0.02)")
+    if est.clip_range_high is not None and est.clip_range_high < est.clip_range:
+        problems.append(
+            f"estimator.clip_range_high ({est.clip_range_high}) is below clip_range ({est.clip_range}); "
+            "clip-higher needs ε_high ≥ ε_low"
+        )
+    if Path(config.log.output_dir).is_file():
+        problems.append(f"log.output_dir '{config.log.output_dir}' is a file; point it at a folder (each run gets "
+                        "a folder inside it)")
+    return problems
+
+
+def gym_problems(config: Config) -> list[str]:
+    problems = []
+    train, est = config.train, config.estimator
+    if train.batch_size % config.env.num_envs:
+        problems.append(
+            f"env.num_envs ({config.env.num_envs}) must divide train.batch_size ({train.batch_size}): "
+            "each environment takes batch_size / num_envs steps per update"
+        )
+    if est.advantage not in ADVANTAGES:
+        problems.append("estimator.advantage: " + unknown_name_message("advantage estimator", est.advantage, ADVANTAGES.names()))
+    elif est.advantage not in STEP_ADVANTAGES:
+        problems.append(
+            f"estimator.advantage '{est.advantage}' works on groups of sampled completions (text tasks); "
+            f"for gymnasium environments use one of: {', '.join(sorted(STEP_ADVANTAGES))}"
+        )
+    if train.batch_size > config.env.total_steps:
+        problems.append(
+            f"train.batch_size ({train.batch_size}) exceeds env.total_steps ({config.env.total_steps}); "
+            "no update would run — raise total_steps or lower batch_size"
+        )
+    return problems
+
+
+# Estimators that need a learned value V(s_t) on text tasks.
+CRITIC_ADVANTAGES = frozenset({"gae", "td", "value_baseline"})
+
+
+def text_problems(config: Config) -> list[str]:
+    problems = []
+    train, est, sample, model = config.train, config.estimator, config.sample, config.model
+    if train.batch_size % sample.samples_per_prompt:
+        problems.append(
+            f"sample.samples_per_prompt ({sample.samples_per_prompt}) must divide train.batch_size "
+            f"({train.batch_size}): every prompt contributes a full group of completions"
+        )
+    if train.mini_batch_size % train.micro_batch_size and train.micro_batch_size < train.mini_batch_size:
+        problems.append(
+            f"train.micro_batch_size ({train.micro_batch_size}) must divide train.mini_batch_size "
+            f"({train.mini_batch_size}): gradients are accumulated over whole micro-batches"
+        )
+    if est.advantage not in ADVANTAGES:
+        problems.append("estimator.advantage: " + unknown_name_message("advantage estimator", est.advantage, ADVANTAGES.names()))
+    elif est.advantage in {"grpo", "dr_grpo", "rloo"} and sample.samples_per_prompt < 2:
+        problems.append(
+            f"estimator.advantage '{est.advantage}' compares completions of the same prompt; set "
+            "sample.samples_per_prompt to at least 2 (e.g. 8)"
+        )
+    if est.advantage in CRITIC_ADVANTAGES and not (model.value_head or model.critic):
+        problems.append(
+            f"estimator.advantage '{est.advantage}' needs a critic; set model.value_head=true or model.critic=<model>"
+        )
+    if model.warm_start and not model.name.startswith("embedded"):
+        problems.append("model.warm_start builds a cached warm start of the embedded model only; for another "
+                        "model run `unipg sft` and point model.name at its output")
+    if est.policy_loss == "trpo":
+        problems.append("estimator.policy_loss 'trpo' is implemented for MLP policies only; use ppo for language models")
+    return problems

@@ -1,0 +1,428 @@
+"""The built-in checks of the run doctor, one per row of the troubleshooting table, with their thresholds.
+
+Each takes the run's ``History`` and returns ``Finding``s; the thresholds say why they sit where they do.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import statistics
+from collections import Counter
+from dataclasses import dataclass
+
+from unipg.observe.findings import CHECKS, Finding, History
+
+# Fewer points than this cannot separate a trend from noise, so the trend checks stay silent.
+MIN_TREND_POINTS = 10
+# Reward flat: the least-squares rise across the window is below 3% of the reward scale. A healthy run with
+# per-step noise of a few percent still rises by several times this over 20 points.
+FLAT_RISE_FRACTION = 0.03
+# A reward within 5% of the scale below its known ceiling has nothing left to learn; flat is then fine.
+SATURATION_MARGIN = 0.05
+# Reward oscillating: the mean step-to-step swing exceeds 15% of the reward scale. Batch-mean rewards of 64
+# binary samples swing by ~7%, so 15% is more than sampling noise ...
+OSCILLATION_SWING_FRACTION = 0.15
+# ... the typical swing (std of differences) is 3x larger than the progress across the whole window ...
+OSCILLATION_SWING_TO_RISE = 3.0
+# ... and consecutive differences change sign at least 60% of the time (a single jump is not an oscillation).
+OSCILLATION_ALTERNATION = 0.6
+# KL spike: a value 10x the median of the preceding window. Healthy PPO on CartPole has single updates
+# at ~6x the running median, so 10x is a jump no ordinary update makes.
+KL_SPIKE_MEDIAN_MULTIPLE = 10.0
+# With estimator.target_kl set, a KL 3x the target is beyond what the adaptive controller can steer back.
+KL_SPIKE_TARGET_MULTIPLE = 3.0
+# A KL below this moves the policy too little to matter, however large its ratio to the median.
+KL_NOISE_FLOOR = 5e-3
+# A running median needs a few preceding points before a jump can be called a spike.
+SPIKE_MIN_PRIOR_POINTS = 5
+# Gradient norm exploding: a value 20x the median of the preceding window. Healthy PPO on CartPole jumps to
+# ~8x when the critic meets a new return scale; exploding gradients grow by orders of magnitude. (Clipping
+# hides an explosion from the update, not from this metric: it is the norm before clipping.)
+GRAD_SPIKE_MEDIAN_MULTIPLE = 20.0
+# Entropy collapse: the latest entropy is below 10% of where the run started.
+ENTROPY_COLLAPSE_FRACTION = 0.1
+# Points averaged for the "start" and "latest" level of a metric, so one noisy point decides nothing.
+LEVEL_POINTS = 3
+# Diversity: distinct-2 fell below half its starting value ...
+DISTINCT_DROP_FRACTION = 0.5
+# ... or more than half of the samples are duplicates, up by at least 0.25 from the start.
+DUPLICATE_FRACTION_MAX = 0.5
+DUPLICATE_RISE_MIN = 0.25
+# Clip fraction: PPO usually clips 5-20% of tokens; beyond 30% most updates are cut off by the clip.
+CLIP_FRACTION_MAX = 0.3
+# Slow training: collecting data (environment, generation, reward) takes over 80% of the step, so the
+# learner sits idle most of the time ...
+DATA_SHARE_MAX = 0.8
+# ... or an asynchronous learner reports itself idle more than half of the time.
+IDLE_FRACTION_MAX = 0.5
+# Timed phases that produce data rather than learn from it.
+DATA_PHASES = ("env", "generate", "rollout", "reward", "tool")
+# Memory growth: after a warm-up (allocator caches fill in the first steps), memory rises at 80% of the
+# logged steps and ends 25% above where it was.
+MEMORY_WARMUP_FRACTION = 0.1
+MEMORY_RISE_FRACTION = 0.8
+MEMORY_GROWTH_MIN = 0.25
+
+REWARD_METRICS = ("rollout/episode_return", "rollout/reward_mean")
+KL_METRICS = ("train/kl", "train/approx_kl", "train/kl_to_reference")
+MEMORY_KEYWORDS = ("rss", "memory", "mem_mb", "allocated")
+
+
+# ---- small numeric helpers -------------------------------------------------------------------------------------
+
+def fitted_rise(values: list[float]) -> float:
+    """Least-squares slope against the point index, times the span: how far the trend line moves."""
+    count = len(values)
+    if count < 2:
+        return 0.0
+    mean_index, mean_value = (count - 1) / 2, statistics.fmean(values)
+    covariance = sum((index - mean_index) * (value - mean_value) for index, value in enumerate(values))
+    variance = sum((index - mean_index) ** 2 for index in range(count))
+    return covariance / variance * (count - 1)
+
+
+def differences(values: list[float]) -> list[float]:
+    return [after - before for before, after in zip(values, values[1:])]
+
+
+def sign_alternation(diffs: list[float]) -> float:
+    """Fraction of consecutive differences whose sign flips."""
+    pairs = [(a, b) for a, b in zip(diffs, diffs[1:]) if a != 0 and b != 0]
+    return sum((a > 0) != (b > 0) for a, b in pairs) / len(pairs) if pairs else 0.0
+
+
+def level(values: list[float], *, start: bool) -> float:
+    return statistics.fmean(values[:LEVEL_POINTS] if start else values[-LEVEL_POINTS:])
+
+
+@dataclass(frozen=True)
+class LevelChange:
+    """Where a metric started and where it is now (each the mean of a few points)."""
+
+    name: str
+    start: float
+    latest: float
+    lowest: float
+    steps: tuple[int, int]
+
+    def describe(self, verb: str) -> str:
+        first, last = self.steps
+        return f"{self.name} {verb} from {fmt(self.start)} to {fmt(self.latest)} over steps {first}-{last}"
+
+
+def start_and_latest(history: History, name: str) -> LevelChange | None:
+    """None when the metric has too few points, or starts at zero or below (no fraction of it is meaningful)."""
+    steps, values = history.finite(name)
+    if len(values) < 2 * LEVEL_POINTS or level(values, start=True) <= 0:
+        return None
+    return LevelChange(name, level(values, start=True), level(values, start=False), min(values), span(steps))
+
+
+def fmt(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def span(steps: list[int]) -> tuple[int, int]:
+    return steps[0], steps[-1]
+
+
+# ---- reward: flat and oscillating ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RewardWindow:
+    name: str
+    steps: list[int]
+    values: list[float]
+    scale: float
+    ceiling: float | None
+    saturated: bool
+
+
+@functools.lru_cache(maxsize=32)
+def gym_reward_threshold(env_id: str) -> float | None:
+    try:
+        import gymnasium
+
+        return gymnasium.spec(env_id).reward_threshold
+    except Exception:  # an unknown or unregistered id only means the ceiling is unknown
+        return None
+
+
+def reward_ceiling(name: str, values: list[float], history: History) -> float | None:
+    """The best reward the task allows, where it is known."""
+    if name == "rollout/episode_return":
+        env_id = history.setting("env.id")
+        return gym_reward_threshold(env_id) if isinstance(env_id, str) else None
+    if min(values) >= 0.0 and max(values) <= 1.0:  # rule-based rewards (correct = 1) score in [0, 1]
+        return 1.0
+    return None
+
+
+def reward_window(history: History) -> RewardWindow | None:
+    name = next((name for name in REWARD_METRICS if history.finite(name)[1]), None)
+    if name is None:
+        return None
+    steps, values = history.finite(name)
+    if len(values) < MIN_TREND_POINTS:
+        return None
+    ceiling = reward_ceiling(name, values, history)
+    scale = max(abs(ceiling) if ceiling is not None else 0.0, max(abs(v) for v in values)) or 1.0
+    recent_steps, recent = steps[-history.window:], values[-history.window:]
+    if ceiling is not None:
+        saturated = statistics.fmean(recent) >= ceiling - SATURATION_MARGIN * scale
+    else:  # exactly constant at the run's best after having been lower: a deterministic ceiling was reached
+        saturated = min(recent) == max(recent) == max(values) > min(values)
+    return RewardWindow(name, recent_steps, recent, scale, ceiling, saturated)
+
+
+def mean_swing(values: list[float]) -> float:
+    return statistics.fmean(abs(diff) for diff in differences(values))
+
+
+@CHECKS.register("reward_flat")
+def reward_flat(history: History) -> list[Finding]:
+    """Reward shows no upward trend over the window while below its ceiling (and is not oscillating)."""
+    view = reward_window(history)
+    if view is None or view.saturated:
+        return []
+    rise = fitted_rise(view.values)
+    if rise >= FLAT_RISE_FRACTION * view.scale or mean_swing(view.values) > OSCILLATION_SWING_FRACTION * view.scale:
+        return []
+    a, b = span(view.steps)
+    ceiling = f", ceiling {fmt(view.ceiling)}" if view.ceiling is not None else ""
+    evidence = (f"{view.name} trend moved {rise:+.4g} over steps {a}-{b} ({len(view.values)} points, mean "
+                f"{fmt(statistics.fmean(view.values))}{ceiling}); under {FLAT_RISE_FRACTION:.0%} of the reward scale")
+    uniform = history.finite("rollout/uniform_group_fraction")[1][-history.window:]
+    if uniform:
+        evidence += (f"; {statistics.fmean(uniform):.0%} of prompt groups scored all samples alike "
+                     "(no learning signal from them)")
+    remedy = ("The policy is hardly changing: raise train.learning_rate or relax the KL constraint (smaller "
+              "estimator.kl_coef, larger target_kl). train/grad_norm and the KL show which of the two holds it back; "
+              "if most groups score alike, the reward gives no signal - make it denser or the task easier.")
+    return [Finding("reward_flat", "warning", evidence, remedy, view.name, (a, b))]
+
+
+@CHECKS.register("reward_oscillating")
+def reward_oscillating(history: History) -> list[Finding]:
+    """Reward swings up and down by a large fraction of its scale, with little net progress."""
+    view = reward_window(history)
+    if view is None:
+        return []
+    diffs = differences(view.values)
+    swing, rise, alternation = mean_swing(view.values), fitted_rise(view.values), sign_alternation(diffs)
+    if (swing <= OSCILLATION_SWING_FRACTION * view.scale
+            or statistics.pstdev(diffs) <= OSCILLATION_SWING_TO_RISE * abs(rise)
+            or alternation < OSCILLATION_ALTERNATION):
+        return []
+    a, b = span(view.steps)
+    evidence = (f"{view.name} swings by {fmt(swing)} per step on average over steps {a}-{b} "
+                f"({swing / view.scale:.0%} of the reward scale {fmt(view.scale)}), direction flips "
+                f"{alternation:.0%} of the time, net trend {rise:+.4g}")
+    remedy = ("Updates overshoot: lower train.learning_rate and collect more samples per update (larger batch) "
+              "so the gradient estimate is less noisy; train/grad_norm shows how much it varies.")
+    return [Finding("reward_oscillating", "warning", evidence, remedy, view.name, (a, b))]
+
+
+# ---- KL and gradient spikes ------------------------------------------------------------------------------------
+
+def spikes(steps: list[int], values: list[float], *, multiple: float, window: int, floor: float = 0.0,
+           absolute: float | None = None) -> list[tuple[int, float, float]]:
+    """(step, value, reference) where value > multiple × median of the preceding window, or > ``absolute``.
+
+    A zero median (no gradient yet, e.g. every group scored alike) gives no scale, so nothing is a spike of it.
+    """
+    found = []
+    for index, (step, value) in enumerate(zip(steps, values)):
+        prior = values[max(0, index - window):index]
+        reference = statistics.median(prior) if len(prior) >= SPIKE_MIN_PRIOR_POINTS else None
+        relative = bool(reference) and value > multiple * reference and value > floor
+        if relative or (absolute is not None and value > absolute):
+            found.append((step, value, reference if reference is not None else float("nan")))
+    return found
+
+
+@CHECKS.register("kl_spike")
+def kl_spike(history: History) -> list[Finding]:
+    """KL jumps beyond a multiple of its running median, or of ``estimator.target_kl`` when set."""
+    target = history.setting("estimator.target_kl", history.setting("target_kl"))
+    absolute = KL_SPIKE_TARGET_MULTIPLE * float(target) if isinstance(target, (int, float)) else None
+    findings = []
+    for name in KL_METRICS:
+        steps, values = history.finite(name)
+        found = spikes(steps, values, multiple=KL_SPIKE_MEDIAN_MULTIPLE, window=history.window,
+                       floor=KL_NOISE_FLOOR, absolute=absolute)
+        if not found:
+            continue
+        step, peak, reference = max(found, key=lambda spike: spike[1])
+        against = "no history yet" if math.isnan(reference) else f"running median {fmt(reference)}"
+        target_text = f", target_kl {fmt(target)}" if absolute is not None else ""
+        evidence = (f"{name} spiked at {len(found)} step(s) between {found[0][0]} and {found[-1][0]}; peak "
+                    f"{fmt(peak)} at step {step} ({against}{target_text})")
+        remedy = ("The policy jumped away from where it was: raise estimator.kl_coef (or lower target_kl) and "
+                  "lower train.learning_rate; read recent samples too - a sudden KL jump is often the policy "
+                  "exploiting a flaw in the reward.")
+        findings.append(Finding("kl_spike", "warning", evidence, remedy, name, (found[0][0], found[-1][0])))
+    return findings
+
+
+@CHECKS.register("grad_norm_exploding")
+def grad_norm_exploding(history: History) -> list[Finding]:
+    """The gradient norm jumps beyond a multiple of its running median."""
+    steps, values = history.finite("train/grad_norm")
+    found = spikes(steps, values, multiple=GRAD_SPIKE_MEDIAN_MULTIPLE, window=history.window)
+    if not found:
+        return []
+    step, peak, reference = max(found, key=lambda spike: spike[1])
+    evidence = (f"train/grad_norm exceeded {GRAD_SPIKE_MEDIAN_MULTIPLE:g}x its running median at {len(found)} "
+                f"step(s) between {found[0][0]} and {found[-1][0]}; peak {fmt(peak)} at step {step} "
+                f"(median {fmt(reference)})")
+    remedy = ("Lower train.learning_rate, keep train.max_grad_norm set so clipping bounds each step, and "
+              "normalise advantages (estimator.normalize_advantages) and rewards so their scale stays bounded.")
+    return [Finding("grad_norm_exploding", "error", evidence, remedy, "train/grad_norm", (found[0][0], found[-1][0]))]
+
+
+@CHECKS.register("non_finite_values")
+def non_finite_values(history: History) -> list[Finding]:
+    """Any metric logged as null (NaN or infinite)."""
+    bad = []
+    for name in history.metric_names():
+        steps, values = history.series(name)
+        bad_steps = [step for step, value in zip(steps, values) if value is None]
+        if bad_steps:
+            bad.append((bad_steps[0], name, bad_steps))
+    if not bad:
+        return []
+    bad.sort()
+    parts = [f"{name} at {len(found)} record(s), steps {found[0]}-{found[-1]}" for _, name, found in bad[:5]]
+    more = f" and {len(bad) - 5} more metric(s)" if len(bad) > 5 else ""
+    evidence = "non-finite (NaN/inf) values: " + "; ".join(parts) + more
+    remedy = ("Every update after the first NaN/inf is suspect: restart from a checkpoint before it with a lower "
+              "train.learning_rate and gradient clipping (train.max_grad_norm), and check that the reward "
+              "function never returns NaN or inf.")
+    first = min(found[0] for _, _, found in bad)
+    last = max(found[-1] for _, _, found in bad)
+    skipped_steps, skipped = history.finite("train/skipped_steps")
+    handled = {step for step, count in zip(skipped_steps, skipped) if count > 0}
+    if all(name.startswith("train/") and set(found) <= handled for _, name, found in bad):
+        remedy = ("Rollback skipped those optimizer steps, so nothing non-finite reached the weights; if it keeps "
+                  "happening, lower train.learning_rate or train.max_grad_norm and check the rewards.")
+        return [Finding("non_finite_values", "warning", evidence + " (optimizer steps skipped)", remedy, bad[0][1],
+                        (first, last))]
+    return [Finding("non_finite_values", "error", evidence, remedy, bad[0][1], (first, last))]
+
+
+# ---- entropy and diversity -------------------------------------------------------------------------------------
+
+COLLAPSE_REMEDY = ("The policy is turning deterministic and will repeat itself (mode collapse): raise "
+                   "estimator.kl_coef to keep it near the reference model, add an entropy bonus "
+                   "(estimator.entropy_coef > 0), and read samples for repetition.")
+
+
+@CHECKS.register("entropy_collapse")
+def entropy_collapse(history: History) -> list[Finding]:
+    """Policy entropy fell to a small fraction of its starting value."""
+    # A continuous (Gaussian) policy's differential entropy can be negative and has no floor at 0.
+    change = start_and_latest(history, "train/entropy")
+    if change is None or change.lowest < 0 or change.latest >= ENTROPY_COLLAPSE_FRACTION * change.start:
+        return []
+    evidence = (f"{change.describe('fell')} ({change.latest / change.start:.0%} of its start; collapse below "
+                f"{ENTROPY_COLLAPSE_FRACTION:.0%})")
+    return [Finding("entropy_collapse", "warning", evidence, COLLAPSE_REMEDY, change.name, change.steps)]
+
+
+@CHECKS.register("low_diversity")
+def low_diversity(history: History) -> list[Finding]:
+    """Samples become repetitive: distinct-2 halves, or duplicates take over the batch."""
+    findings = []
+    distinct = start_and_latest(history, "rollout/distinct_2")
+    if distinct is not None and distinct.latest < DISTINCT_DROP_FRACTION * distinct.start:
+        findings.append(Finding("low_diversity", "warning", distinct.describe("fell"), COLLAPSE_REMEDY,
+                                distinct.name, distinct.steps))
+    duplicates = start_and_latest(history, "rollout/duplicate_fraction")
+    if (duplicates is not None and duplicates.latest > DUPLICATE_FRACTION_MAX
+            and duplicates.latest - duplicates.start >= DUPLICATE_RISE_MIN):
+        findings.append(Finding("low_diversity", "warning", duplicates.describe("rose"), COLLAPSE_REMEDY,
+                                duplicates.name, duplicates.steps))
+    return findings
+
+
+@CHECKS.register("clip_fraction_high")
+def clip_fraction_high(history: History) -> list[Finding]:
+    """The recent mean clip fraction is above what a healthy PPO update clips."""
+    steps, values = history.finite("train/clip_fraction")
+    steps, values = steps[-history.window:], values[-history.window:]
+    if len(values) < LEVEL_POINTS or statistics.fmean(values) <= CLIP_FRACTION_MAX:
+        return []
+    evidence = (f"train/clip_fraction averaged {statistics.fmean(values):.2f} over steps {steps[0]}-{steps[-1]} "
+                f"(max {max(values):.2f}; healthy is under {CLIP_FRACTION_MAX:.2f})")
+    remedy = ("Most ratios hit the clip, so the policy that sampled the data and the one being updated are too far "
+              "apart - too much happens between sampling and updating: fewer epochs or samples per update "
+              "(train.num_epochs, train.batch_size), sample more often, or lower train.learning_rate.")
+    stale_steps, staleness = history.finite("async/staleness_trajectory_mean")
+    if staleness and statistics.fmean(staleness[-history.window:]) > 0:
+        remedy += (f" The data is also {statistics.fmean(staleness[-history.window:]):.1f} versions old on average: "
+                   "lower runtime.max_staleness, or clip against the learner's own weights with "
+                   "estimator.policy_loss=decoupled_ppo.")
+    return [Finding("clip_fraction_high", "warning", evidence, remedy, "train/clip_fraction", span(steps))]
+
+
+def phase_seconds(record: dict) -> dict[str, float]:
+    """Seconds per timed phase; rates, fractions, the whole step and evaluation are not phases of a step."""
+    phases = {key.removeprefix("timing/"): float(value) for key, value in record.items()
+              if key.startswith("timing/") and isinstance(value, (int, float))}
+    return {phase: seconds for phase, seconds in phases.items()
+            if phase not in ("step", "eval") and not phase.endswith(("_per_second", "_fraction"))}
+
+
+SLOW_REMEDY = ("The learner waits for data: sample asynchronously (with an off-policy weight for the stale "
+               "samples), run more environments or generation in parallel, and enlarge the replay buffer so a "
+               "batch is always ready.")
+
+
+@CHECKS.register("slow_training")
+def slow_training(history: History) -> list[Finding]:
+    """Data collection dominates the step, or the learner reports itself idle."""
+    findings = []
+    timed = [(int(record.get("step", 0)), phase_seconds(record)) for record in history.records]
+    timed = [(step, phases) for step, phases in timed if phases][-history.window:]
+    totals: Counter[str] = sum((Counter(phases) for _, phases in timed), Counter())
+    data = {phase: seconds for phase, seconds in totals.items() if phase in DATA_PHASES}
+    if len(timed) >= LEVEL_POINTS and data and sum(data.values()) > DATA_SHARE_MAX * sum(totals.values()):
+        slowest, total = max(data, key=data.get), sum(totals.values())
+        evidence = (f"collecting data took {sum(data.values()) / total:.0%} of the timed step over steps "
+                    f"{timed[0][0]}-{timed[-1][0]}; timing/{slowest} alone {data[slowest] / total:.0%}")
+        findings.append(Finding("slow_training", "warning", evidence, SLOW_REMEDY, f"timing/{slowest}",
+                                (timed[0][0], timed[-1][0])))
+    steps, idle = history.finite("timing/learner_idle_fraction")
+    steps, idle = steps[-history.window:], idle[-history.window:]
+    if len(idle) >= LEVEL_POINTS and statistics.fmean(idle) > IDLE_FRACTION_MAX:
+        evidence = (f"timing/learner_idle_fraction averaged {statistics.fmean(idle):.0%} over steps "
+                    f"{steps[0]}-{steps[-1]}")
+        findings.append(Finding("slow_training", "warning", evidence, SLOW_REMEDY, "timing/learner_idle_fraction",
+                                span(steps)))
+    return findings
+
+
+@CHECKS.register("memory_growth")
+def memory_growth(history: History) -> list[Finding]:
+    """A memory metric rises almost every step, well past its post-warm-up level."""
+    findings = []
+    for name in history.metric_names():
+        if not any(keyword in name.lower() for keyword in MEMORY_KEYWORDS):
+            continue
+        steps, values = history.finite(name)
+        skip = int(len(values) * MEMORY_WARMUP_FRACTION)
+        steps, values = steps[skip:], values[skip:]
+        if len(values) < MIN_TREND_POINTS or values[0] <= 0:
+            continue
+        rising = sum(diff > 0 for diff in differences(values)) / (len(values) - 1)
+        growth = values[-1] / values[0] - 1
+        if rising >= MEMORY_RISE_FRACTION and growth >= MEMORY_GROWTH_MIN:
+            evidence = (f"{name} rose from {fmt(values[0])} to {fmt(values[-1])} ({growth:+.0%}) over steps "
+                        f"{steps[0]}-{steps[-1]}, up at {rising:.0%} of the logged steps")
+            remedy = ("Memory climbs steadily and will run out: look for something that accumulates (tensors kept "
+                      "with their graph, an unbounded buffer or history); to lower the peak, use a smaller batch or "
+                      "shorter sequences and reach the batch size by gradient accumulation.")
+            findings.append(Finding("memory_growth", "warning", evidence, remedy, name, span(steps)))
+    return findings

@@ -1,0 +1,295 @@
+"""The rollout side of a text run, for ``unipg.runtime.driver``: groups of episodes of one prompt each.
+
+A group is the ``samples_per_prompt`` episodes of one prompt (the GRPO group), written to the replay buffer
+when its last episode ends, so a group is never split.
+
+- ``produce(count, version)`` (sequential schedule): draw ``count`` prompts and run all their episodes
+  together through one inference engine on the learner's own weights — exactly the rollout of synchronous
+  training.
+- ``serve(gate, buffer, stop)`` (concurrent schedule): an asyncio loop on a background thread. It starts a
+  new group whenever the gate admits one (and fewer than ``agent.concurrency`` episodes run), so episodes of
+  many groups interleave in one inference engine with dynamic batching, on a copy of the weights that the
+  engine refreshes from ``WeightSync`` between generate calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import copy
+import random
+import statistics
+import threading
+import time
+
+import torch
+
+from unipg.config import Config
+from unipg.learn.lm import TextBatch
+from unipg.policy.lm import LMPolicy
+from unipg.runtime.driver import EpisodeAccount, WeightSync, staleness_histogram
+from unipg.runtime.replay import Group, ReplayBuffer, StalenessGate
+from unipg.sample.episodes import EpisodeRunner, episode_metrics, reward_term_metrics
+
+MAX_CANCELLATIONS = 5  # a group cancelled this often from inside its episodes has a bug, not bad luck
+
+
+def inference_copy(policy: LMPolicy) -> LMPolicy:
+    """A sampling-only copy of ``policy``'s language model (no reference, no critic) for the rollout side.
+
+    Its parameters keep ``requires_grad`` as they are: sampling runs under ``no_grad`` anyway, and CPU kernels
+    take another path for weights that do not require grad, which changes results in the last bits — the
+    copy samples exactly as the learner's model would."""
+    return LMPolicy(copy.deepcopy(policy.model), policy.tokenizer)
+
+
+def split_groups(trajectories: list, version: int, size: int) -> list[Group]:
+    """Consecutive runs of ``size`` trajectories as groups started at ``version``."""
+    return [Group(trajectories[start:start + size], version, size) for start in range(0, len(trajectories), size)]
+
+
+class RunningGroups:
+    """The groups the concurrent schedule runs at once, and what happens when one ends, counted in ``account``:
+    a finished group has written itself to the buffer; a group cancelled by ``interrupt`` runs again from its
+    first turn (``requeued``), as does one cancelled from inside its episodes, up to ``MAX_CANCELLATIONS``
+    times (then ``failed``, and rollout stops); a group that raised stops rollout (``failure``); groups still
+    running when rollout closes are ``cancelled``."""
+
+    def __init__(self, run_group, account: EpisodeAccount, lock: threading.Lock, group_size: int):
+        self.run_group, self.account, self.lock, self.group_size = run_group, account, lock, group_size
+        self.tasks: dict[asyncio.Task, tuple] = {}  # task -> (example, version, order, cancellations from inside)
+        self.interrupted: set[asyncio.Task] = set()
+        self.failure: list[BaseException] = []
+        self.closing = False  # rollout is stopping: cancelled groups are not run again
+        self.idle_since = time.perf_counter()  # when the last group ended, while none runs
+        self._ended = asyncio.Event()
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def start(self, example, version: int, order: int, cancellations: int = 0) -> None:
+        with self.lock:
+            self.account.started += self.group_size
+            self.account.in_flight += self.group_size
+        task = asyncio.create_task(self.run_group(example, version, order))
+        self.tasks[task] = (example, version, order, cancellations)
+        task.add_done_callback(self._ended_callback)
+
+    def interrupt(self, count: int) -> int:
+        """Cancel up to ``count`` running groups, chosen at random, to be run again; how many were cancelled."""
+        chosen = random.sample(list(self.tasks), min(count, len(self.tasks)))
+        self.interrupted.update(chosen)
+        return sum(task.cancel() for task in chosen)
+
+    async def wait_for_an_end(self) -> None:
+        self._ended.clear()
+        await self._ended.wait()
+
+    async def close(self) -> None:
+        self.closing = True
+        for task in list(self.tasks):
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    def _ended_callback(self, task: asyncio.Task) -> None:
+        example, version, order, cancellations = self.tasks.pop(task)
+        cancelled = task.cancelled() and not self.closing
+        if cancelled and task not in self.interrupted:  # cancelled from inside the episode, not by ``interrupt``
+            cancellations += 1
+        rerun = cancelled and cancellations < MAX_CANCELLATIONS
+        self.interrupted.discard(task)
+        error = None if task.cancelled() else task.exception()
+        with self.lock:
+            self.account.in_flight -= self.group_size
+            outcome = ("requeued" if rerun else "failed" if cancelled or error is not None else
+                       "cancelled" if task.cancelled() else "finished")
+            setattr(self.account, outcome, getattr(self.account, outcome) + self.group_size)
+        if rerun:
+            self.start(example, version, order, cancellations)
+        elif cancelled:
+            self.failure.append(RuntimeError(f"a group of episodes was cancelled {cancellations} times from inside "
+                                             "its episodes (something there cancels its task); rollout cannot go on"))
+        elif error is not None:
+            self.failure.append(error)
+        if not self.tasks:
+            self.idle_since = time.perf_counter()
+        self._ended.set()
+
+
+class TextRollout:
+    """Runs groups of episodes for the runtime (module docstring)."""
+
+    def __init__(self, runner: EpisodeRunner, sampler, config: Config, generator: torch.Generator,
+                 weights: WeightSync | None = None, *, owns_runner: bool = False):
+        """``owns_runner``: the runner (and its environment service) is this rollout's own, closed with it."""
+        self.runner, self.sampler, self.config, self.generator, self.weights = runner, sampler, config, generator, weights
+        self.owns_runner = owns_runner
+        self.group_size = config.sample.samples_per_prompt
+        self.batch_sizes: list[int] = []
+        self.generate_seconds = 0.0
+        self.idle_seconds = 0.0
+        self._engine = None  # the concurrent schedule's inference engine while it serves
+        self._loop = self._interrupt = None  # its event loop, and how to cancel running groups, while it serves
+        self.account = EpisodeAccount()
+        self._lock = threading.Lock()
+
+    def produce(self, count: int, version: int) -> list[Group]:
+        examples = self.sampler.next(count)
+        repeated = [example for example in examples for _ in range(self.group_size)]
+        with self._lock:
+            self.account.started += len(repeated)
+            self.account.in_flight += len(repeated)
+        finished = False
+        try:
+            trajectories = self.runner.run(repeated, params=self.runner.sampling(), generator=self.generator,
+                                           policy_version=version)
+            finished = True
+        finally:
+            with self._lock:
+                self.account.in_flight -= len(repeated)
+                if finished:
+                    self.account.finished += len(repeated)
+                else:
+                    self.account.failed += len(repeated)
+        self.batch_sizes += self.runner.last_batch_sizes
+        self.generate_seconds += self.runner.last_generate_seconds
+        return split_groups(trajectories, version, self.group_size)
+
+    def publish(self, version: int) -> None:
+        if self.weights is not None:
+            self.weights.publish(version)
+
+    def serve(self, gate: StalenessGate, buffer: ReplayBuffer, stop: threading.Event) -> None:
+        async def serve() -> None:
+            self._loop = asyncio.get_running_loop()
+            try:
+                await self._serve(gate, buffer, stop)
+            finally:
+                self._loop = None
+
+        asyncio.run(serve())
+
+    async def _serve(self, gate: StalenessGate, buffer: ReplayBuffer, stop: threading.Event) -> None:
+        engine = self.runner.engine(self.runner.sampling(), self.generator,
+                                    sync=self.weights.pull if self.weights is not None else None)
+        self._engine = engine
+        loop = self.runner.agent_loop(engine)
+
+        async def run_group(example, version: int, order: int) -> None:
+            envs = [self.runner.make_env() for _ in range(self.group_size)]
+            episodes = [loop.run_episode(env, example, order=order * self.group_size + i) for i, env in enumerate(envs)]
+            buffer.put(Group(list(await asyncio.gather(*episodes)), version, self.group_size))
+
+        groups = RunningGroups(run_group, self.account, self._lock, self.group_size)
+        most = max(self.config.agent.concurrency // self.group_size, 1)  # groups running at once
+        self._interrupt = groups.interrupt
+        async with engine.running():
+            order = 0
+            try:
+                while not stop.is_set() and not groups.failure:
+                    if len(groups) >= most:
+                        await groups.wait_for_an_end()
+                        continue
+                    admitted = await asyncio.to_thread(gate.admit, self.group_size, 0.05, most=most - len(groups))
+                    if admitted is None:
+                        continue
+                    version, count = admitted
+                    if not groups:
+                        with self._lock:
+                            self.idle_seconds += time.perf_counter() - groups.idle_since
+                    for example in self.sampler.next(count):  # all admitted groups start in this one step
+                        groups.start(example, version, order)
+                        order += 1
+                if groups.failure:
+                    raise groups.failure[0]
+            finally:
+                self._interrupt = None
+                await groups.close()
+                self.pop_generation()  # the counts of a run that stopped are not reported
+                self._engine = None
+
+    def interrupt(self, groups: int = 1) -> int:
+        """Cancel up to ``groups`` running groups of the concurrent schedule, from any thread; each is started
+        again from its first turn (counted in ``rollout/episodes_requeued``). Fault injection uses it to check
+        that a lost episode task costs time, not data. Returns how many were asked to stop."""
+        interrupt, engine_loop = self._interrupt, self._loop
+        if interrupt is None or engine_loop is None:
+            return 0
+
+        async def on_the_loop() -> int:
+            return interrupt(groups)
+
+        try:
+            return asyncio.run_coroutine_threadsafe(on_the_loop(), engine_loop).result(timeout=10)
+        except (RuntimeError, concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
+            return 0  # rollout stopped in the meantime: nothing is running to interrupt
+
+    @property
+    def pad_id(self) -> int:
+        return self.runner.policy.pad_id
+
+    @property
+    def uses_tools(self) -> bool:
+        return self.runner.service is not None
+
+    def episode_state(self) -> dict[str, int]:
+        """The episode counts, consistent (read under the lock the rollout counts under)."""
+        with self._lock:
+            return self.account.state()
+
+    def pop_service_metrics(self, prefix: str) -> dict[str, float]:
+        with self._lock:
+            account = self.account.metrics()
+        return {**self.runner.pop_service_metrics(prefix), **account}
+
+    def pop_sync_seconds(self) -> float | None:
+        """Seconds spent publishing and loading weights since the last call (None: no weight sync)."""
+        return self.weights.pop_seconds() if self.weights is not None else None
+
+    def close(self) -> None:
+        if self.owns_runner:
+            self.runner.close()
+
+    def pop_idle_seconds(self) -> float:
+        with self._lock:
+            seconds, self.idle_seconds = self.idle_seconds, 0.0
+            return seconds
+
+    def pop_generation(self) -> tuple[list[int], float]:
+        """Sizes of the generate calls and their seconds since the last call."""
+        engine = self._engine
+        if engine is not None:  # the concurrent schedule's engine, counting on the rollout thread
+            return engine.pop_batches()
+        sizes, seconds = self.batch_sizes, self.generate_seconds
+        self.batch_sizes, self.generate_seconds = [], 0.0
+        return sizes, seconds
+
+
+def rollout_batch(groups: list[Group], rollout: TextRollout, version: int,
+                  seconds: float) -> tuple[TextBatch, dict[str, float]]:
+    """The learner's batch from ``groups`` (group after group) and the rollout metrics of the step;
+    ``seconds`` is the step's time spent waiting for rollout. ``rollout`` is a ``TextRollout`` or any rollout
+    with its reporting methods (the Ray backend's)."""
+    config = rollout.config
+    group = config.sample.samples_per_prompt
+    trajectories = [t for g in groups for t in g.items]
+    batch = TextBatch.from_trajectories(trajectories, rollout.pad_id, version=version)
+    scores, lengths = batch.scores, batch.completion_mask.sum(1)
+    sizes, generate_seconds = rollout.pop_generation()
+    metrics = {"rollout/reward_mean": float(scores.mean()), "rollout/reward_std": float(scores.std()),
+               "rollout/response_length_max": float(lengths.max()), "rollout/generated_tokens": float(lengths.sum()),
+               "timing/generate": generate_seconds,
+               # generation and environment steps interleave: env is the rollout time not spent generating
+               "timing/env": max(seconds - generate_seconds, 0.0)}
+    if sizes:
+        metrics["rollout/generate_batch_mean"] = statistics.fmean(sizes)
+    metrics.update(episode_metrics(trajectories, "rollout", group_size=group, tools=rollout.uses_tools))
+    metrics.update(reward_term_metrics(trajectories, "rollout"))
+    metrics.update(rollout.pop_service_metrics("rollout"))
+    solved = scores.reshape(-1, group).std(dim=1) == 0 if group > 1 else torch.zeros(1, dtype=torch.bool)
+    metrics["rollout/uniform_group_fraction"] = float(solved.float().mean())  # groups with no learning signal
+    metrics.update(staleness_histogram(batch.ages, batch.completion_mask, "async/staleness_token"))
+    sync_seconds = rollout.pop_sync_seconds()
+    if sync_seconds is not None:
+        metrics["timing/weight_sync"] = sync_seconds
+    return batch, metrics

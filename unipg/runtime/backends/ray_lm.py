@@ -1,0 +1,475 @@
+"""The Ray backend: the runtime's rollout side on Ray actors, with fault tolerance (``backend: ray``).
+
+The driver loop is the one of the in-process backend (``unipg.runtime.lm.train_text``); only the ``Rollout``
+behind ``unipg.runtime.driver.Runtime`` changes. Where the roles run:
+
+- **learner, replay buffer, staleness gate**: the driver process. The buffer has one consumer, the learner,
+  so it lives beside it: each trajectory crosses the network once (worker → learner), the buffer survives
+  any worker, and a ``breakpoint()`` in the learner still works. On a cluster, put the driver where the
+  learner should run (``ray job submit --entrypoint-num-gpus 1 -- unipg train ...``).
+- **rollout workers** (``ray.rollout_workers`` × ``RolloutWorker``): each holds its own copy of the policy
+  and an inference engine with dynamic batching, and runs up to ``ray.episodes_per_worker`` episodes at once.
+- **environment actors** (``ray.env_workers`` × ``EnvActor``): run the tool calls, so a slow, hanging or
+  crashing tool never blocks a rollout worker's event loop. The worker's environment service keeps its
+  policy (timeouts, retries, default observation, penalties) and sends each attempt to the actor with the
+  fewest calls in flight.
+
+Weight sync: ``publish(version)`` puts the learner's weights into the object store once; every request to a
+worker carries the reference of the newest weights and their version, and a worker fetches them only when
+they are newer than its own, loading them between generate calls. The learner never waits on a worker.
+
+Schedules are the runtime's: ``sequential`` (η = 0 or ``deterministic``) splits a step's groups over the
+workers and waits for them; with one worker the run's own generator state travels with the request and
+back, so the samples equal the in-process backend's bit for bit. ``concurrent`` keeps every worker busy
+with groups the staleness gate admits.
+
+Faults. A worker that dies (a crash, ``ray.kill``, a lost machine) or holds a group past
+``ray.episode_timeout`` is killed and replaced; its groups are run again (``re-queued``) on any worker,
+with their admission version kept, up to ``ray.max_attempts`` runs, after which a group is counted as
+failed and its admission slot given back. An environment actor on which a call timed out is asked to
+abandon the call; if the call's thread cannot be stopped (a hung synchronous tool) or the actor does not
+answer within ``ray.health_timeout``, it is restarted by Ray, and the calls it held fail and are retried by
+the service. Episode accounting (``rollout/episodes_*``, cumulative) always balances:
+started = finished + failed + re-queued + in flight. A run that cannot go on (workers keep dying past
+``ray.max_restarts``, an actor cannot be started within ``ray.start_timeout``) stops with an error that
+says so; the driver keeps its checkpoints. Every remote wait has a timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+from ray.exceptions import (  # noqa: E402
+    GetTimeoutError,
+    RayActorError,
+    RayTaskError,
+    TaskCancelledError,
+)
+
+from unipg.config import Config
+from unipg.learn.state import generator_state, restore_generator
+from unipg.runtime.backends.local_lm import inference_copy, split_groups
+from unipg.runtime.backends.ray_actors import (  # says how to install Ray if it is missing
+    LOST,
+    EnvActor,
+    RolloutWorker,
+    ray,
+)
+from unipg.runtime.driver import EpisodeAccount
+from unipg.runtime.replay import Group, ProducerFailed, ReplayBuffer, StalenessGate
+from unipg.sample.envs.service import ServiceStats
+from unipg.sample.episodes import EpisodeRunner
+
+
+class RolloutFailed(ProducerFailed):
+    """Rollout on Ray cannot go on: workers keep dying, or a step's episodes keep being lost."""
+
+
+@dataclass
+class _Job:
+    examples: list  # the group's example (concurrent) or a shard of a step's episodes (sequential)
+    version: int  # the learner version that admitted it
+    size: int  # episodes
+    order: int = 0
+    state: str | None = None  # sequential: the generator state the shard samples with
+    attempts: int = 0
+    worker: int = -1
+    handle: object = None
+    since: float = field(default_factory=time.monotonic)
+
+
+def connect(settings) -> bool:
+    """Join the configured Ray cluster or start a local instance, unless this process is connected already
+    (e.g. a notebook that called ``ray.init``); whether this call connected (and ``close`` disconnects)."""
+    if ray.is_initialized():
+        return False
+    options = {"runtime_env": settings.runtime_env, "logging_level": logging.WARNING,
+               "configure_logging": True, "log_to_driver": True}
+    if settings.address is None:
+        options.update(num_cpus=settings.num_cpus, include_dashboard=settings.dashboard,
+                       dashboard_host="127.0.0.1")
+    else:
+        options["address"] = settings.address
+    # Ray replaces a loopback node address by the machine's own, so the servers of a local instance (GCS, raylet,
+    # object manager, workers) would listen on every interface. Only with clusters disabled (Ray's macOS/Windows
+    # mode, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before Ray is imported) is the node 127.0.0.1, and every server then
+    # binds to loopback. The flag is private and read when ray.init picks the node address, so it is switched for
+    # this call only; tests/run/test_exposure.py notices if a Ray release stops honouring it.
+    try:
+        from ray._private import ray_constants
+    except ImportError:
+        ray_constants = None
+    clusters = getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
+    local = settings.address is None and not os.environ.get("RAY_ADDRESS")  # RAY_ADDRESS: ray.init joins it
+    if local and clusters is not None:
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        ray.init(**options)
+    except (ConnectionError, RuntimeError, ValueError) as error:
+        raise ValueError(f"cannot connect to Ray at ray.address={settings.address!r}: {error}; start the cluster "
+                         "(`ray start --head`) or leave ray.address unset for a local instance") from None
+    finally:
+        if clusters is not None:
+            ray_constants.ENABLE_RAY_CLUSTER = clusters
+    return True
+
+
+class RayRollout:
+    """The ``Rollout`` of ``unipg.runtime.driver`` on Ray actors (module docstring)."""
+
+    def __init__(self, runner: EpisodeRunner, sampler, config: Config, generator: torch.Generator, task,
+                 log=print):
+        self.config, self.sampler, self.generator, self.log = config, sampler, generator, log
+        self.settings = settings = config.ray
+        self.source = runner.policy.model
+        self.pad_id, self.uses_tools = runner.policy.pad_id, runner.service is not None
+        self.group_size = config.sample.samples_per_prompt
+        self.account = EpisodeAccount()
+        self.worker_restarts = 0
+        self.service = ServiceStats()
+        self.env_restarts = 0
+        self.batch_sizes: list[int] = []
+        self.generate_seconds = self.sync_seconds = self.idle_seconds = 0.0
+        self.weights: tuple[int, int, list] | None = None  # (publication serial, version, [object ref])
+        self.load: list[int] = []  # the concurrent schedule's groups in flight per worker
+        self._lock = threading.Lock()
+        self.workers, self.env_actors, self.placement = [], [], None
+        self.run_id = uuid.uuid4().hex[:8]  # actor names: unipg-rollout-<run>-<index>.<replacement>
+        self.connected = connect(settings)  # this run connected, and disconnects (stopping a local instance)
+        self.local = self.connected and settings.address is None
+        try:
+            self._check_resources(bool(runner.service))
+            if runner.service is not None and settings.env_workers:
+                tools = runner.service.tools
+                actor = ray.remote(EnvActor)
+                for i in range(settings.env_workers):  # one by one: close() kills those created if one fails
+                    self.env_actors.append(actor.options(num_cpus=settings.env_num_cpus, max_restarts=-1,
+                                                         max_concurrency=1000, name=f"unipg-env-{self.run_id}-{i}")
+                                           .remote(tools))
+                self._wait_ready(self.env_actors, "environment actor")
+            if settings.placement != "none":
+                self._place()
+            # built here, so tasks, tools and rewards registered in the caller's own script work on workers too
+            tools = runner.service.tools if runner.service is not None else None
+            self._setup = ray.put((inference_copy(runner.policy), task, config, tools, runner.reward_fn))
+            for i in range(settings.rollout_workers):
+                self.workers.append(self._start_worker(i))
+            self._wait_ready(self.workers, "rollout worker")
+        except BaseException:
+            self.close()
+            raise
+
+    # -- setup -------------------------------------------------------------------------------------------
+
+    def _check_resources(self, tools: bool) -> None:
+        settings = self.settings
+        need = (settings.rollout_workers * settings.rollout_num_cpus
+                + tools * settings.env_workers * settings.env_num_cpus)
+        gpus = settings.rollout_workers * settings.rollout_num_gpus
+        have = ray.cluster_resources()
+        short = [f"{need:g} CPUs, the cluster has {have.get('CPU', 0):g}" if need > have.get("CPU", 0) else "",
+                 f"{gpus:g} GPUs, the cluster has {have.get('GPU', 0):g}" if gpus > have.get("GPU", 0) else ""]
+        short = [text for text in short if text]
+        if short:
+            message = (f"the Ray backend needs {' and '.join(short)} (ray.rollout_workers × ray.rollout_num_cpus/gpus "
+                       "+ ray.env_workers × ray.env_num_cpus); lower them, or raise ray.num_cpus")
+            if self.local:
+                raise ValueError(message)
+            self.log(f"warning: {message} — waiting up to ray.start_timeout for the cluster to grow")
+
+    def _place(self) -> None:
+        from ray.util.placement_group import placement_group
+
+        settings = self.settings
+        bundle = {"CPU": settings.rollout_num_cpus} | ({"GPU": settings.rollout_num_gpus}
+                                                       if settings.rollout_num_gpus else {})
+        strategy = "PACK" if settings.placement == "pack" else "SPREAD"
+        self.placement = placement_group([bundle] * settings.rollout_workers, strategy=strategy)
+        try:
+            ray.get(self.placement.ready(), timeout=settings.start_timeout)
+        except GetTimeoutError:
+            raise ValueError(f"the placement group of {settings.rollout_workers} rollout workers ({bundle} each) "
+                             f"was not ready within ray.start_timeout={settings.start_timeout:g} s: the cluster lacks "
+                             "the resources") from None
+
+    def _start_worker(self, index: int):
+        settings = self.settings
+        options = {"num_cpus": settings.rollout_num_cpus, "num_gpus": settings.rollout_num_gpus,
+                   "max_restarts": 0, "max_concurrency": 1000,
+                   "name": f"unipg-rollout-{self.run_id}-{index}.{self.worker_restarts}"}
+        if self.placement is not None:
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.placement,
+                                                                              placement_group_bundle_index=index)
+        return ray.remote(RolloutWorker).options(**options).remote(self._setup, index, self.env_actors,
+                                                                   settings.health_timeout, settings.start_timeout)
+
+    def _wait_ready(self, actors: list, role: str) -> None:
+        try:
+            ray.get([actor.ready.remote() for actor in actors], timeout=self.settings.start_timeout)
+        except GetTimeoutError:
+            raise ValueError(f"a {role} did not start within ray.start_timeout={self.settings.start_timeout:g} s; "
+                             "the cluster may lack the resources it asks for (ray.*_num_cpus, ray.*_num_gpus)"
+                             ) from None
+        except RayActorError as error:
+            first = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
+            raise ValueError(f"a {role} failed to start: {first} (its traceback is in the Ray logs, "
+                             "/tmp/ray/session_latest/logs)") from None
+
+    @property
+    def groups_per_worker(self) -> int:
+        """Groups one worker runs at once (``ray.episodes_per_worker``, default ``agent.concurrency``)."""
+        return max((self.settings.episodes_per_worker or self.config.agent.concurrency) // self.group_size, 1)
+
+    # -- the Rollout protocol ----------------------------------------------------------------------------
+
+    def publish(self, version: int) -> None:
+        """Put the learner's weights into the object store once; workers fetch them when they need them."""
+        start = time.perf_counter()
+        state = {name: tensor.detach().cpu() for name, tensor in self.source.state_dict().items()}
+        ref = ray.put(state)  # copies into the object store now: later optimizer steps do not reach it
+        with self._lock:
+            serial = self.weights[0] + 1 if self.weights is not None else 1
+            self.weights = (serial, version, [ref])
+        self.sync_seconds += time.perf_counter() - start
+
+    def produce(self, count: int, version: int) -> list[Group]:
+        """``count`` groups with the current weights: the step's episodes split over the workers."""
+        examples = [example for example in self.sampler.next(count) for _ in range(self.group_size)]
+        shards = min(len(self.workers), count)
+        cuts = [round(i * count / shards) * self.group_size for i in range(shards + 1)]
+        if shards == 1:
+            states = [generator_state(self.generator)]
+        else:
+            seeds = torch.randint(2**62, (shards,), generator=self.generator).tolist()
+            states = [generator_state(torch.Generator().manual_seed(seed)) for seed in seeds]
+        jobs = [_Job(examples[cuts[i]:cuts[i + 1]], version, cuts[i + 1] - cuts[i], order=i, state=states[i])
+                for i in range(shards)]
+        inflight = {self._submit(job, job.order): job for job in jobs}
+        results: dict[int, list] = {}
+        try:
+            while inflight:
+                ready, _ = ray.wait(list(inflight), num_returns=1, timeout=1.0)
+                for ref in ready:
+                    job = inflight.pop(ref)
+                    outcome = self._collect(ref, job)
+                    if outcome is None:  # lost with its worker: run it again (same generator state, same samples)
+                        self._give_up_or_keep(job, sequential=True)
+                        inflight[self._submit(job, job.worker)] = job
+                        continue
+                    trajectories, state, report = outcome
+                    results[job.order] = trajectories
+                    self._absorb(report, job.worker, job.size)
+                    if shards == 1:
+                        restore_generator(self.generator, state)
+                self._time_out(inflight)
+        finally:
+            self._cancel(inflight)
+        return split_groups([t for order in range(shards) for t in results[order]], version, self.group_size)
+
+    def serve(self, gate: StalenessGate, buffer: ReplayBuffer, stop: threading.Event) -> None:
+        """Keep every worker busy with the groups the gate admits; write each finished group to the buffer."""
+        per_worker = self.groups_per_worker
+        inflight: dict[object, _Job] = {}
+        queue: deque[_Job] = deque()  # groups to run again
+        self.load = load = [0] * len(self.workers)  # groups in flight per worker
+        order = 0
+        idle_since = time.perf_counter()
+        try:
+            while not stop.is_set():
+                free = per_worker * len(self.workers) - len(inflight)
+                while queue and free:
+                    job = queue.popleft()
+                    worker = min(range(len(load)), key=load.__getitem__)
+                    inflight[self._submit(job, worker)] = job
+                    load[worker] += 1
+                    free -= 1
+                if free > 0:
+                    admitted = gate.admit(self.group_size, timeout=0.005 if inflight else 0.05, most=free)
+                    if admitted is not None:
+                        version, count = admitted
+                        if not inflight:
+                            with self._lock:
+                                self.idle_seconds += time.perf_counter() - idle_since
+                        for example in self.sampler.next(count):
+                            worker = min(range(len(load)), key=load.__getitem__)
+                            job = _Job([example], version, self.group_size, order=order)
+                            order += 1
+                            inflight[self._submit(job, worker)] = job
+                            load[worker] += 1
+                if not inflight:
+                    continue
+                ready, _ = ray.wait(list(inflight), num_returns=len(inflight), timeout=0.02)
+                for ref in ready:
+                    job = inflight.pop(ref)
+                    load[job.worker] -= 1
+                    outcome = self._collect(ref, job)
+                    if outcome is None:
+                        if self._give_up_or_keep(job, sequential=False):
+                            queue.append(job)
+                        else:
+                            gate.release(job.size)
+                            buffer.forget(job.version)
+                        continue
+                    trajectories, report = outcome
+                    self._absorb(report, job.worker, job.size)
+                    buffer.put(Group(trajectories, job.version, job.size))
+                if not inflight:
+                    idle_since = time.perf_counter()
+                self._time_out(inflight)
+        finally:
+            self._cancel(inflight)
+
+    def _cancel(self, inflight: dict) -> None:
+        """Rollout stops (the run ends, rolls back, or failed): cancel what is still running, and count it."""
+        for ref in inflight:
+            ray.cancel(ref)
+        with self._lock:
+            lost = sum(job.size for job in inflight.values())
+            self.account.cancelled += lost
+            self.account.in_flight -= lost
+
+    # -- faults ------------------------------------------------------------------------------------------
+
+    def _submit(self, job: _Job, worker: int):
+        job.worker, job.handle, job.since = worker, self.workers[worker], time.monotonic()
+        job.attempts += 1
+        with self._lock:
+            self.account.started += job.size
+            self.account.in_flight += job.size
+        if job.state is not None:
+            return job.handle.run_batch.remote(job.examples, job.version, self.weights, job.state)
+        return job.handle.run_group.remote(job.examples[0], job.order, self.weights)
+
+    def _collect(self, ref, job: _Job):
+        """The result of a finished request, or None if it was lost with its worker (which is replaced)."""
+        try:
+            return ray.get(ref, timeout=self.settings.start_timeout)
+        except (*LOST, TaskCancelledError, GetTimeoutError) as error:
+            lost = error
+        except RayTaskError as error:
+            cause = error.cause
+            if not isinstance(cause, (TimeoutError, *LOST)):  # the episode code itself raised
+                self._count_failed(job)
+                raise RolloutFailed(f"an episode raised on rollout worker {job.worker}: {type(cause).__name__}: "
+                                    f"{str(cause).splitlines()[0] if str(cause) else ''}") from error
+            lost = cause  # the worker could not fetch its weights or inputs in time: replace it
+        try:
+            self._replace(job.worker, job.handle, lost)
+        except RolloutFailed:
+            self._count_failed(job)
+            raise
+        return None
+
+    def _count_failed(self, job: _Job) -> None:
+        with self._lock:
+            self.account.in_flight -= job.size
+            self.account.failed += job.size
+
+    def _give_up_or_keep(self, job: _Job, *, sequential: bool) -> bool:
+        """Count a lost run; whether the job runs again (False: given up and counted as failed)."""
+        with self._lock:
+            self.account.in_flight -= job.size
+            if job.attempts < self.settings.max_attempts:
+                self.account.requeued += job.size
+                return True
+            self.account.failed += job.size
+        if sequential:
+            raise RolloutFailed(f"a rollout shard of {job.size} episodes was lost {job.attempts} times "
+                                "(ray.max_attempts); "
+                                "the workers running it keep dying — see the Ray logs (/tmp/ray/session_latest/logs)")
+        self.log(f"warning: a group of {job.size} episodes was lost {job.attempts} times (ray.max_attempts); "
+                 "counted as failed (rollout/episodes_failed)")
+        return False
+
+    def _replace(self, index: int, handle, error: BaseException) -> None:
+        if self.workers[index] is not handle:
+            return  # replaced already, for another of its requests
+        self.worker_restarts += 1
+        if self.worker_restarts > self.settings.max_restarts:
+            raise RolloutFailed(f"rollout workers died or hung {self.worker_restarts} times, more than ray.max_restarts="
+                                f"{self.settings.max_restarts}; last: {type(error).__name__}: {str(error).splitlines()[0]}")
+        ray.kill(handle, no_restart=True)
+        self.log(f"warning: rollout worker {index} lost ({type(error).__name__}); started a new one "
+                 f"({self.worker_restarts} of ray.max_restarts={self.settings.max_restarts}); its episodes run again")
+        self.workers[index] = self._start_worker(index)
+
+    def _time_out(self, inflight: dict) -> None:
+        """Kill the workers of requests past ``ray.episode_timeout``; their requests come back as lost."""
+        now = time.monotonic()
+        for job in inflight.values():
+            waves = -(-job.size // (self.groups_per_worker * self.group_size))  # a shard of many groups runs in waves
+            if now - job.since > self.settings.episode_timeout * waves and self.workers[job.worker] is job.handle:
+                self.log(f"warning: rollout worker {job.worker} held a request for {now - job.since:.0f} s, past "
+                         f"ray.episode_timeout={self.settings.episode_timeout:g} s; killing it")
+                ray.kill(job.handle, no_restart=True)
+                job.since = now  # reported once; the kill makes the request finish as lost
+
+    # -- reporting ---------------------------------------------------------------------------------------
+
+    def _absorb(self, report: dict, worker: int, episodes: int) -> None:
+        with self._lock:
+            self.account.finished += episodes
+            self.account.in_flight -= episodes
+            self.env_restarts += report["env_restarts"]
+            self.batch_sizes += report["sizes"]
+            self.generate_seconds += report["seconds"]
+            if report["service"] is not None:
+                self.service.merge(report["service"])
+
+    def pop_generation(self) -> tuple[list[int], float]:
+        with self._lock:
+            sizes, seconds = self.batch_sizes, self.generate_seconds
+            self.batch_sizes, self.generate_seconds = [], 0.0
+            return sizes, seconds
+
+    def episode_state(self) -> dict[str, int]:
+        """The episode counts, consistent (read under the lock the rollout counts under)."""
+        with self._lock:
+            return self.account.state()
+
+    def pop_service_metrics(self, prefix: str) -> dict[str, float]:
+        with self._lock:
+            stats, self.service = self.service, ServiceStats()
+            metrics = stats.metrics(prefix) if self.uses_tools else {}
+            metrics.update(self.account.metrics())
+            metrics["ray/worker_restarts"] = float(self.worker_restarts)
+            if self.env_actors:
+                metrics["ray/env_restarts"] = float(self.env_restarts)
+        return metrics
+
+    def pop_sync_seconds(self) -> float:
+        seconds, self.sync_seconds = self.sync_seconds, 0.0
+        return seconds
+
+    def pop_idle_seconds(self) -> float:
+        with self._lock:
+            seconds, self.idle_seconds = self.idle_seconds, 0.0
+            return seconds
+
+    # -- shutdown ----------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Kill every actor of the run (and the local Ray instance, if the run started it)."""
+        for actor in [*self.workers, *self.env_actors]:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 — gone already; the others must still go
+                pass
+        self.workers, self.env_actors = [], []
+        if self.placement is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self.placement)
+            self.placement = None
+        if self.connected:
+            ray.shutdown()
+            self.connected = False

@@ -1,0 +1,257 @@
+"""The rollout/learner runtime: one driver for synchronous and asynchronous training.
+
+The driver (``unipg.runtime.lm``, ``unipg.runtime.gym``) asks ``Runtime.next_groups(version)`` for the groups
+of its next learner step, trains on them, and calls ``Runtime.publish(version + 1)``. Between the two sit
+the ``StalenessGate`` and the ``ReplayBuffer`` of ``unipg.runtime.replay``; what produces groups is a
+``Rollout``:
+
+- ``Rollout.produce(count, version)`` runs ``count`` groups to the end with the current weights, now;
+- ``Rollout.serve(gate, buffer, stop)`` runs groups without end in a background thread, starting each one
+  when the gate admits it and writing it to the buffer when it finishes;
+- ``Rollout.publish(version)`` makes the learner's new weights available to the rollout side.
+
+Two schedules (``runtime.schedule``):
+
+- ``sequential``: before each learner step the driver fills the gate's room by calling ``produce`` on its
+  own thread; rollout and learner never overlap, so every figure is reproducible. With
+  ``max_staleness = 0`` this is synchronous training, the learner step consuming data of the weights it
+  starts from. With ``max_staleness = η > 0`` the first fill produces η + 1 steps' worth of groups and each
+  step after one more, so (with ``fifo`` sampling) every step trains on data exactly η versions old:
+  the controlled staleness of an ablation.
+- ``concurrent``: rollout runs in a background thread (``serve``) on its own copy of the weights, synced by
+  version, while the learner trains in the caller's thread (a ``breakpoint()`` in the learner works). Slow
+  tools and long episodes no longer hold up the learner, which waits only when the buffer lacks data.
+
+``auto`` is ``sequential`` when ``max_staleness = 0`` (the schedules do the same thing then) or when
+``deterministic`` is set, else ``concurrent``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from unipg.runtime.replay import (
+    Group,
+    ProducerFailed,
+    ReplayBuffer,
+    StalenessGate,
+    rollout_failure,
+)
+
+
+class Rollout(Protocol):
+    def produce(self, count: int, version: int) -> list[Group]: ...
+
+    def serve(self, gate: StalenessGate, buffer: ReplayBuffer, stop: threading.Event) -> None: ...
+
+    def publish(self, version: int) -> None: ...
+
+
+@dataclass
+class EpisodeAccount:
+    """Cumulative episode counts of a run's rollout, each counted where it happens; they balance:
+    started = finished + failed + requeued + cancelled + in_flight."""
+
+    started: int = 0
+    finished: int = 0
+    failed: int = 0  # ended by an error of the episode, or given up after too many lost runs (Ray)
+    requeued: int = 0  # runs interrupted (a task cancelled, a worker lost) and started again
+    cancelled: int = 0  # in flight when rollout stopped (a rollback or the end of the run)
+    in_flight: int = 0  # running now
+
+    def metrics(self) -> dict[str, float]:
+        return {f"rollout/episodes_{name}": float(getattr(self, name))
+                for name in ("started", "finished", "failed", "requeued", "cancelled", "in_flight")}
+
+    def state(self) -> dict[str, int]:
+        """The counts, for a checkpoint."""
+        return dict(vars(self))
+
+    def resume(self, state: dict[str, int] | None) -> None:
+        """Continue the counts of a checkpoint (a resumed run); what was in flight then was lost with its
+        process, so it counts as cancelled."""
+        if not state:
+            return
+        for name, value in state.items():
+            setattr(self, name, int(value))
+        self.cancelled, self.in_flight = self.cancelled + self.in_flight, 0
+
+
+def serve_one_by_one(rollout: Rollout, gate: StalenessGate, buffer: ReplayBuffer, stop: threading.Event,
+                     group_size: int) -> None:
+    """``serve`` for a rollout without inner concurrency: produce admitted groups one at a time."""
+    while not stop.is_set():
+        admitted = gate.admit(group_size, timeout=0.1)
+        if admitted is None:
+            continue
+        for group in rollout.produce(1, admitted[0]):
+            buffer.put(group)
+
+
+class WeightSync:
+    """Copies a learner's weights into the rollout side's model, by version.
+
+    ``publish`` (learner thread) snapshots the parameters and buffers; ``pull`` (rollout thread, between
+    generation batches) loads the newest snapshot if it has not been loaded yet.
+    """
+
+    def __init__(self, source: torch.nn.Module, target: torch.nn.Module):
+        self.source, self.target = source, target
+        self.version, self._serial, self._loaded = 0, 0, 0  # serial: publications, even of an older version
+        self.publish_seconds, self.pull_seconds = 0.0, 0.0
+        self._state: dict[str, torch.Tensor] | None = None
+        self._lock = threading.Lock()
+
+    def publish(self, version: int) -> None:
+        start = time.perf_counter()
+        with torch.no_grad():
+            state = {name: tensor.detach().clone() for name, tensor in self.source.state_dict().items()}
+        with self._lock:
+            self._state, self.version, self._serial = state, version, self._serial + 1
+        self.publish_seconds += time.perf_counter() - start
+
+    def pull(self) -> int | None:
+        """Load the newest published weights; returns their version, or None if already loaded."""
+        with self._lock:
+            if self._state is None or self._serial == self._loaded:
+                return None
+            state, version, serial = self._state, self.version, self._serial
+        start = time.perf_counter()
+        self.target.load_state_dict(state)
+        self._loaded = serial
+        self.pull_seconds += time.perf_counter() - start
+        return version
+
+    def pop_seconds(self) -> float:
+        seconds = self.publish_seconds + self.pull_seconds
+        self.publish_seconds = self.pull_seconds = 0.0
+        return seconds
+
+
+def resolve_schedule(schedule: str, max_staleness: int, deterministic: bool) -> str:
+    if schedule != "auto":
+        return schedule
+    return "sequential" if max_staleness == 0 or deterministic else "concurrent"
+
+
+class Runtime:
+    """Admission gate + replay buffer + rollout, scheduled sequentially or concurrently (module docstring)."""
+
+    def __init__(self, rollout: Rollout, *, groups_per_step: int, group_size: int, max_staleness: int,
+                 capacity: int, schedule: str = "sequential", sampling: str = "fifo", eviction: str = "oldest",
+                 freshness_decay: float = 0.5, seed: int = 0):
+        if schedule not in ("sequential", "concurrent"):
+            raise ValueError(f"runtime schedule '{schedule}' is not known; use sequential or concurrent")
+        per_step = groups_per_step * group_size
+        if capacity < per_step:
+            raise ValueError(f"sample.replay_buffer_size ({capacity}) cannot hold one learner step's batch of {per_step} "
+                             f"trajectories; set it to at least {(max_staleness + 1) * per_step} "
+                             "((runtime.max_staleness + 1) batches, so that nothing admitted is evicted)")
+        self.rollout, self.schedule = rollout, schedule
+        self.groups_per_step, self.group_size, self.max_staleness = groups_per_step, group_size, max_staleness
+        self.buffer = ReplayBuffer(capacity, max_staleness=max_staleness, sampling=sampling, eviction=eviction,
+                                   freshness_decay=freshness_decay, seed=seed)
+        self.gate = StalenessGate(max_staleness, per_step, on_admit=self.buffer.expect)
+        self.buffer.on_drop = self.gate.release
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._since = time.perf_counter()  # start of the current learner period (wait + train)
+
+    @property
+    def concurrent(self) -> bool:
+        return self.schedule == "concurrent"
+
+    def start(self) -> Runtime:
+        self._since = time.perf_counter()
+        if self.concurrent and self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._serve, name="unipg-rollout", daemon=True)
+            self._thread.start()
+        return self
+
+    def _serve(self) -> None:
+        try:
+            self.rollout.serve(self.gate, self.buffer, self._stop)
+        except BaseException as error:  # noqa: BLE001 — reported to the learner by the buffer
+            self.buffer.fail(error)
+
+    def next_groups(self, version: int) -> tuple[list[Group], dict[str, float]]:
+        """The groups of the learner step that starts from ``version``, and the runtime's metrics of the
+        period since the previous call (waiting, occupancy, drops, staleness of the groups returned)."""
+        wait_start = time.perf_counter()
+        produced = 0.0
+        if not self.concurrent:
+            count = self.gate.room() // self.group_size
+            if count:
+                started = self.gate.take_room(count * self.group_size)
+                try:
+                    groups = self.rollout.produce(count, started)
+                except Exception as error:  # as the concurrent schedule reports it: the driver keeps what it has
+                    raise ProducerFailed(rollout_failure(error)) from error
+                for group in groups:
+                    self.buffer.put(group)
+                produced = time.perf_counter() - wait_start
+        occupancy = len(self.buffer)
+        groups = self.buffer.take(self.groups_per_step, version)
+        now = time.perf_counter()
+        waited, period = now - wait_start, max(now - self._since, 1e-9)
+        self._since = now
+        stats = self.buffer.pop_stats()
+        ages = [group.age(version) for group in groups]
+        if self.concurrent:
+            rollout_idle = getattr(self.rollout, "pop_idle_seconds", lambda: 0.0)()
+        else:  # rollout runs only while the learner waits for it
+            rollout_idle = period - produced
+        metrics = {"timing/learner_idle_fraction": waited / period, "timing/learner_wait": waited,
+                   "timing/rollout_idle_fraction": min(max(rollout_idle / period, 0.0), 1.0),
+                   "async/buffer_occupancy": occupancy / self.buffer.capacity, "async/buffer_trajectories": occupancy,
+                   "async/evicted": stats.evicted, "async/dropped_stale": stats.dropped_stale,
+                   "async/staleness_trajectory_mean": sum(ages) / len(ages),
+                   "async/staleness_trajectory_max": max(ages)}
+        return groups, metrics
+
+    def publish(self, version: int) -> None:
+        """The learner finished the step that produced ``version``: sync weights, admit new rollouts."""
+        self.rollout.publish(version)
+        self.gate.publish(version)
+
+    def reset(self, version: int) -> None:
+        """Forget everything buffered or in flight and continue from ``version`` (after a rollback)."""
+        self.close()
+        self.buffer.clear()
+        self.buffer.pop_stats()
+        self.gate.reset(version)
+        self.rollout.publish(version)
+        self.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self.gate.close()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def __enter__(self) -> Runtime:
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+def staleness_histogram(ages: torch.Tensor, mask: torch.Tensor, prefix: str, buckets: int = 8) -> dict[str, float]:
+    """Mean, max and the share of tokens at each age 0 … ``buckets`` (the last bucket: that age or older)."""
+    valid = ages[mask.bool()]
+    if valid.numel() == 0:
+        return {}
+    metrics = {f"{prefix}_mean": float(valid.float().mean()), f"{prefix}_max": float(valid.max())}
+    top = int(valid.max())
+    for age in range(min(top, buckets) + 1):
+        share = (valid >= age) if age == buckets else (valid == age)
+        metrics[f"{prefix}_frac_{age}"] = float(share.float().mean())
+    return metrics
+

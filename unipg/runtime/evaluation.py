@@ -1,0 +1,55 @@
+"""``unipg eval``: a model's held-out metrics on a text task, with the evaluation that training runs.
+
+Greedy episodes on the task's test split give pass@1 (the task completion rate), turns, tool calls, tool
+success and the tool service's counters; with ``eval.pass_k`` > 0, k sampled episodes per example give pass@k.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from unipg.config import Config, load_config
+
+EVALUATION_SECTIONS = ("task", "model", "agent", "sample", "eval", "sft")
+"""The sections of a configuration that evaluation reads (``sft`` for a ``model.warm_start=true`` override).
+Secrets a run saved redacted in the others (a W&B key in ``ray.runtime_env``) need not be passed again to
+evaluate it."""
+
+
+def run_config(run_dir: Path, overrides: list[str]) -> Config:
+    """The configuration of a finished run, pointed at the policy the run saved."""
+    if not (run_dir / "config.yaml").is_file() or not (run_dir / "policy").is_dir():
+        raise ValueError(f"'{run_dir}' is not a finished text run (it needs config.yaml and policy/); pass the "
+                         "folder `unipg train` created, or evaluate a model with model.name=...")
+    unread = tuple(name for name in Config.model_fields if name not in EVALUATION_SECTIONS)
+    return load_config(run_dir / "config.yaml", [f"model.name={run_dir / 'policy'}", "model.warm_start=false",
+                                                 *overrides], unread=unread)
+
+
+def evaluate_model(config: Config) -> dict[str, float]:
+    """Held-out metrics of ``config.model.name`` on ``config.task.name`` (``eval.max_examples`` of its test split)."""
+    from unipg.policy.loading import load_lm_policy
+    from unipg.runtime.lm import evaluate_text
+    from unipg.runtime.setup import seed_everything, set_threads
+    from unipg.sample.episodes import EpisodeRunner, held_out
+    from unipg.sample.rewards.rules import build_rewards
+    from unipg.sample.tasks.base import make_task
+
+    if not config.is_text:
+        raise ValueError("unipg eval evaluates language models on text tasks: set task.name (gymnasium runs are "
+                         "evaluated during training, see eval.episodes)")
+    seed_everything(config.seed, config.deterministic)
+    set_threads(config)
+    task = make_task(config.task.name, **config.task.options)
+    if config.model.warm_start:
+        from unipg.learn.warm_start import resolve_warm_start
+
+        config = resolve_warm_start(config, task)
+    policy = load_lm_policy(config.model.name, dtype=config.model.dtype,
+                            trust_remote_code=config.model.trust_remote_code)
+    runner = EpisodeRunner(policy, task, config, build_rewards(config.task.rewards or task.rewards))
+    test = held_out(task, config)
+    try:
+        return evaluate_text(runner, test, config, seed=config.seed + 10_000)
+    finally:
+        runner.close()

@@ -1,0 +1,216 @@
+"""Training of MLP policies on gymnasium environments, synchronous or with bounded staleness.
+
+The loop reads top to bottom: take the next rollout segment from the runtime, estimate advantages,
+update, publish the new weights, evaluate now and then, log. Which algorithm runs is decided entirely by the
+config (advantage estimator, policy loss, update rule), so REINFORCE, A2C, PPO and TRPO share this one loop.
+
+Segments come from ``unipg.runtime.driver.Runtime`` (see ``unipg.runtime.backends.local_gym``): with
+``runtime.max_staleness`` = 0, the default, each segment is collected with the weights the learner step
+starts from — synchronous training; with η > 0 a segment may be up to η learner versions old (exactly η
+in the ``sequential`` schedule once the first η steps are done), and the learner corrects for it
+(``unipg.learn.gym.prepare_segment``, the off-policy weight, ``decoupled_ppo``). Environment steps
+count when the learner trains on them.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from unipg.config import Config
+from unipg.estimate.losses import explained_variance
+from unipg.estimate.masked import masked_mean, masked_var
+from unipg.learn.gym import bootstraps, make_learner, prepare_segment
+from unipg.observe.metrics import MetricsLogger, Progress, Timer
+from unipg.policy.mlp import MLPActorCritic
+from unipg.runtime.backends.local_gym import GymSegments
+from unipg.runtime.driver import Runtime, resolve_schedule, staleness_histogram
+from unipg.runtime.setup import run_dir_for, seed_everything  # noqa: F401
+from unipg.sample.gym_rollout import GymRollout, RolloutBatch, evaluate_policy
+
+
+@dataclass
+class TrainResult:
+    """What a finished run reports: its folder, final figures and the evaluation history."""
+
+    run_dir: Path
+    env_steps: int
+    episodes: int
+    wall_seconds: float
+    final_eval_mean: float
+    final_eval_std: float
+    steps_to_eval_threshold: int | None  # first evaluation step whose mean reached the threshold
+    steps_to_train_threshold: int | None  # first step at which the last 100 training episodes averaged ≥ it
+    eval_history: list[tuple[int, float]] = field(default_factory=list)  # (step, mean return)
+    final_train_return: float | None = None
+
+    @property
+    def steps_per_second(self) -> float:
+        return self.env_steps / max(self.wall_seconds, 1e-9)
+
+
+@dataclass
+class Progression:
+    """Counters of a run and the first steps at which it reached a return threshold."""
+
+    threshold: float | None
+    env_steps: int = 0
+    episodes: int = 0
+    recent_returns: list[float] = field(default_factory=list)  # the last 100 training episodes
+    eval_history: list[tuple[int, float]] = field(default_factory=list)
+    last_eval: list[float] = field(default_factory=lambda: [float("nan")])
+    steps_to_eval_threshold: int | None = None
+    steps_to_train_threshold: int | None = None
+
+    def add_rollout(self, batch: RolloutBatch) -> None:
+        self.env_steps += batch.num_steps
+        self.episodes += len(batch.episode_returns)
+        self.recent_returns = (self.recent_returns + batch.episode_returns)[-100:]
+        if (self.threshold is not None and self.steps_to_train_threshold is None and len(self.recent_returns) == 100
+                and statistics.fmean(self.recent_returns) >= self.threshold):
+            self.steps_to_train_threshold = self.env_steps
+
+    def add_eval(self, returns: list[float]) -> dict[str, float]:
+        self.last_eval = returns
+        mean = statistics.fmean(returns)
+        self.eval_history.append((self.env_steps, mean))
+        if self.threshold is not None and self.steps_to_eval_threshold is None and mean >= self.threshold:
+            self.steps_to_eval_threshold = self.env_steps
+        return {"eval/return_mean": mean, "eval/return_std": statistics.pstdev(returns)}
+
+    @property
+    def train_return(self) -> float | None:
+        return statistics.fmean(self.recent_returns) if self.recent_returns else None
+
+
+def train_classic(config: Config, *, return_threshold: float | None = None) -> TrainResult:
+    """Train an MLP policy on ``config.env.id``; ``return_threshold`` marks when the return first reaches it."""
+    run_dir = run_dir_for(config)
+    seed_everything(config.seed, config.deterministic)
+    # MLPs this small run fastest on one thread: intra-op parallelism costs more than it saves.
+    torch.set_num_threads(config.threads or 1)
+    rollout = GymRollout(config.env.id, config.env.num_envs, seed=config.seed, gamma=config.estimator.gamma,
+                         max_episode_steps=config.env.max_episode_steps,
+                         normalize_rewards=config.estimator.normalize_rewards)
+    policy = MLPActorCritic(rollout.observation_space, rollout.action_space,
+                            hidden_sizes=config.policy.hidden_sizes, activation=config.policy.activation,
+                            log_std_init=config.policy.log_std_init)
+    learner = make_learner(policy, config)
+    runtime = make_runtime(config, rollout, policy)
+    logger = MetricsLogger(run_dir, tensorboard=config.log.tensorboard)
+    logger.write_config(config.to_dict())
+    progress = Progress(config.env.total_steps, enabled=config.log.progress, description=config.algorithm)
+    run, timer, meter, start = Progression(return_threshold), Timer(), RuntimeMeter(), time.time()
+    num_updates, next_eval = config.env.total_steps // config.train.batch_size, config.eval.every_steps
+    try:
+        runtime.start()
+        for update in range(1, num_updates + 1):
+            version = update - 1  # learner steps published so far
+            lr = learner.set_lr_fraction(1.0 - (update - 1) / num_updates
+                                         if config.train.lr_schedule == "linear" else 1.0)
+            with timer("rollout"):  # collecting (sequential) or waiting for a segment (concurrent)
+                (group,), runtime_record = runtime.next_groups(version)
+            batch = group.items[0]
+            run.add_rollout(batch)
+            with timer("advantage"):
+                segment = prepare_segment(policy, batch, config, age=group.age(version))
+            with timer("update"):
+                metrics = learner.update(segment.samples)
+            meter.add(runtime_record, segment.samples)
+            is_last = update == num_updates
+            if run.env_steps >= next_eval or is_last:
+                with timer("eval"):
+                    returns_eval = evaluate_policy(policy, config.env.id, episodes=config.eval.episodes,
+                                                   seed=config.seed + 10_000 + run.env_steps,
+                                                   deterministic=config.eval.deterministic,
+                                                   max_episode_steps=config.env.max_episode_steps)
+                logger.log(run.env_steps, run.add_eval(returns_eval))
+                next_eval += config.eval.every_steps
+            # Published after evaluating: a concurrent rollout then never draws random numbers while a
+            # stochastic evaluation does, so at η = 0 both schedules give the same run.
+            runtime.publish(update)
+            if update % config.log.log_every_updates == 0 or is_last:
+                record = {f"train/{k}": v for k, v in metrics.items()}
+                record.update(rollout_metrics(segment.batch, segment.advantages, segment.returns, run.recent_returns))
+                record.update({"train/learning_rate": lr, "train/update": update, "train/episodes": run.episodes,
+                               "timing/steps_per_second": run.env_steps / (time.time() - start)})
+                record.update(timer.pop())
+                record.update(meter.pop())
+                logger.log(run.env_steps, record)
+            progress.update(run.env_steps, f"return {run.train_return:.1f}" if run.recent_returns else "")
+    finally:
+        runtime.close()  # the concurrent schedule's rollout thread stops before its environments close
+        progress.close()
+        logger.close()
+        rollout.close()
+    return TrainResult(run_dir, run.env_steps, run.episodes, time.time() - start, statistics.fmean(run.last_eval),
+                       statistics.pstdev(run.last_eval), run.steps_to_eval_threshold, run.steps_to_train_threshold,
+                       run.eval_history, run.train_return)
+
+
+def make_runtime(config: Config, rollout: GymRollout, policy: MLPActorCritic) -> Runtime:
+    """The runtime of a classic run: one segment per learner step, ``sample.replay_buffer_size`` segments
+    of buffer, the schedule resolved from ``runtime.schedule`` (``auto``: sequential when η = 0)."""
+    settings = config.runtime
+    schedule = resolve_schedule(settings.schedule, settings.max_staleness, config.deterministic)
+    segments = GymSegments(rollout, policy, steps_per_env=config.steps_per_env, bootstrap=bootstraps(config),
+                           concurrent=schedule == "concurrent")
+    return Runtime(segments, groups_per_step=1, group_size=1, max_staleness=settings.max_staleness,
+                   capacity=config.sample.replay_buffer_size, schedule=schedule, sampling=settings.sampling,
+                   eviction=settings.eviction, freshness_decay=settings.freshness_decay, seed=config.seed)
+
+
+class RuntimeMeter:
+    """The runtime's figures over the learner steps between two log lines.
+
+    Maxima stay maxima, counters and waiting times add up, the other figures are averaged; the staleness
+    histogram (``async/staleness_step_*``) is over every environment step trained on in the interval.
+    """
+
+    SUMMED = ("evicted", "dropped_stale", "_wait", "_seconds")
+
+    def __init__(self):
+        self.records: list[dict[str, float]] = []
+        self.ages: list[torch.Tensor] = []
+        self.masks: list[torch.Tensor] = []
+
+    def add(self, record: dict[str, float], samples: dict[str, torch.Tensor]) -> None:
+        self.records.append(record)
+        self.ages.append(samples["age"])
+        self.masks.append(samples["mask"])
+
+    def pop(self) -> dict[str, float]:
+        if not self.records:
+            return {}
+        merged: dict[str, float] = {}
+        for key in self.records[0]:
+            values = [record[key] for record in self.records if key in record]
+            if key.endswith("_max"):
+                merged[key] = max(values)
+            elif key.endswith(self.SUMMED):
+                merged[key] = sum(values)
+            else:
+                merged[key] = sum(values) / len(values)
+        merged.update(staleness_histogram(torch.cat(self.ages), torch.cat(self.masks), "async/staleness_step"))
+        self.records, self.ages, self.masks = [], [], []
+        return merged
+
+
+def rollout_metrics(batch, advantages: torch.Tensor, returns: torch.Tensor, recent_returns: list[float]) -> dict:
+    mask = batch.mask
+    metrics = {
+        "train/advantage_mean": float(masked_mean(advantages, mask)),
+        "train/advantage_std": float(masked_var(advantages, mask).sqrt()),
+        "train/explained_variance": float(explained_variance(batch.values, returns, mask)),
+        "rollout/reward_mean": float(masked_mean(batch.rewards, mask)),
+        "rollout/valid_fraction": float(mask.mean()),
+    }
+    if recent_returns:
+        metrics["rollout/episode_return"] = statistics.fmean(recent_returns)
+    if batch.episode_lengths:
+        metrics["rollout/episode_length"] = statistics.fmean(batch.episode_lengths)
+    return metrics

@@ -1,0 +1,213 @@
+"""Episodes of a text run: environments, the environment service, the inference engine, and their metrics.
+
+Every text task runs through the agent loop; a single-turn task is the one-step case (``single_turn``
+environment, no tools), a task with tools runs the ``tool`` environment with up to ``max_turns`` policy
+turns. ``EpisodeRunner`` builds these pieces once per run from the config and the task, and turns a list
+of examples into trajectories.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+from collections import Counter
+from collections.abc import Callable
+
+import torch
+
+from unipg.config import Config
+from unipg.policy.chat import TurnTemplate, render_agent_prompt
+from unipg.policy.lm import LMPolicy
+from unipg.sample.agent import AgentLoop, Trajectory
+from unipg.sample.envs import ENVS, EnvironmentService
+from unipg.sample.envs.service import build_tools
+from unipg.sample.inference import InferenceEngine, SamplingParams
+from unipg.sample.tasks.base import Example, Task
+from unipg.sample.tools.base import CLOSE_TAG
+
+
+class PromptEncoder:
+    """Renders (chat template, tool descriptions) and tokenises first observations once each; keeps the last
+    ``max_length`` tokens."""
+
+    def __init__(self, tokenizer, *, system_prompt: str | None, max_length: int, tools: list[dict] | None = None):
+        self.tokenizer, self.system_prompt, self.max_length, self.tools = tokenizer, system_prompt, max_length, tools
+        self._cache: dict[str, list[int]] = {}
+
+    def render(self, prompt: str) -> str:
+        return render_agent_prompt(self.tokenizer, prompt, self.system_prompt, self.tools)
+
+    def __call__(self, prompt: str) -> list[int]:
+        if prompt not in self._cache:
+            ids = self.tokenizer(self.render(prompt), add_special_tokens=False)["input_ids"]
+            self._cache[prompt] = ids[-self.max_length:]
+        return self._cache[prompt]
+
+
+def tool_specs(config: Config, task: Task) -> list[dict]:
+    """The tools of a run: ``task.tools`` from the config, else the task's own."""
+    return config.task.tools if config.task.tools is not None else task.tools
+
+
+def held_out(task: Task, config: Config) -> list[Example]:
+    """The examples evaluation runs on: the task's test split, cut to ``eval.max_examples``."""
+    return task.test[: config.eval.max_examples] if config.eval.max_examples else task.test
+
+
+def demonstration_pairs(tokenizer, task: Task, config: Config, examples: list[Example]) -> list[tuple]:
+    """(rendered prompt, completion) pairs for SFT, rendered exactly as rollouts render them: the same
+    system prompt and tool descriptions, and multi-turn demonstrations as the loop lays out turns."""
+    specs = tool_specs(config, task)
+    schemas = [tool.schema() for tool in build_tools(specs).values()] if specs and config.agent.tool_prompt else None
+    encode = PromptEncoder(tokenizer, system_prompt=config.task.system_prompt or task.system_prompt,
+                           max_length=config.sample.max_prompt_length, tools=schemas)
+    template = TurnTemplate(tokenizer)
+    return [(encode.render(example.prompt),
+             example.solution if isinstance(example.solution, str) else template.demonstration(example.solution))
+            for example in examples]
+
+
+class EpisodeRunner:
+    """Runs batches of episodes of one task with one policy."""
+
+    def __init__(self, policy: LMPolicy, task: Task, config: Config, reward_fn, *, tools: dict | None = None,
+                 remote_tools=None):
+        """``tools``: built tools by name (default: built from the config's or the task's specs);
+        ``remote_tools``: where tool calls run, if not in this process (``EnvironmentService``'s ``remote``)."""
+        self.policy, self.task, self.config, self.reward_fn = policy, task, config, reward_fn
+        agent = config.agent
+        specs = tool_specs(config, task)
+        self.max_turns = agent.max_turns or task.max_turns
+        self.service = None
+        if specs:
+            self.service = EnvironmentService(
+                tools if tools is not None else build_tools(specs), timeout=agent.tool_timeout,
+                retries=agent.tool_retries, backoff=agent.retry_backoff, default_observation=agent.default_observation,
+                failure_penalty=agent.failure_penalty, seed=config.seed, remote=remote_tools)
+            if self.max_turns < 2:
+                raise ValueError(f"task '{task.name}' has tools but max_turns is {self.max_turns}; an agent needs at "
+                                 "least 2 turns (call a tool, then answer): raise agent.max_turns")
+        schemas = [tool.schema() for tool in self.service.tools.values()] if self.service and agent.tool_prompt else None
+        max_prompt = config.sample.max_prompt_length
+        if policy.context_length is not None:  # leave the model room to answer
+            max_prompt = min(max_prompt, policy.context_length - 1)
+        self.encode = PromptEncoder(policy.tokenizer, system_prompt=config.task.system_prompt or task.system_prompt,
+                                    max_length=max_prompt, tools=schemas)
+        self.template = TurnTemplate(policy.tokenizer)
+
+    def make_env(self):
+        if self.service is None:
+            return ENVS.get("single_turn")(self.task, self.reward_fn)
+        return ENVS.get("tool")(self.task, self.reward_fn, self.service, process_weight=self.config.agent.process_weight)
+
+    def sampling(self, *, greedy: bool = False) -> SamplingParams:
+        sample = self.config.sample
+        keep = (CLOSE_TAG,) if self.service is not None else ()  # the parser needs a call's closing tag
+        if greedy:
+            return SamplingParams(temperature=0.0, stop=self._stop(), keep_stop=keep)
+        return SamplingParams(sample.temperature, sample.top_p, sample.top_k, self._stop(), keep)
+
+    def _stop(self) -> list[str] | None:
+        stop = list(self.config.sample.stop)
+        if self.service is not None and CLOSE_TAG not in stop:
+            stop.append(CLOSE_TAG)  # a call is complete at its closing tag; the tool can run right away
+        return stop or None
+
+    def engine(self, params: SamplingParams, generator: torch.Generator | None, *,
+               sync: Callable[[], int | None] | None = None) -> InferenceEngine:
+        """An inference engine on this runner's policy (``sync``: pull newer weights between generate calls)."""
+        wait = None if self.config.deterministic else self.config.agent.batch_wait_ms / 1000
+        return InferenceEngine(self.policy, params, generator=generator, batch_wait=wait,
+                               max_batch=self.config.agent.concurrency, sync=sync)
+
+    def agent_loop(self, engine: InferenceEngine) -> AgentLoop:
+        return AgentLoop(engine, self.template, self.encode, max_turns=self.max_turns,
+                         max_new_tokens=self.config.sample.max_new_tokens,
+                         max_total_tokens=self.config.agent.max_total_tokens if self.max_turns > 1
+                         else self.config.sample.max_new_tokens, context_length=self.policy.context_length)
+
+    def run(self, examples: list[Example], *, params: SamplingParams, generator: torch.Generator | None,
+            policy_version: int = 0) -> list[Trajectory]:
+        """One episode per example (repeat examples for groups); trajectories in input order."""
+        return asyncio.run(self.arun(examples, params=params, generator=generator, policy_version=policy_version))
+
+    async def arun(self, examples: list[Example], *, params: SamplingParams, generator: torch.Generator | None,
+                   policy_version: int = 0) -> list[Trajectory]:
+        """``run`` on the running event loop."""
+        engine = self.engine(params, generator)
+        engine.policy_version = policy_version
+        envs = [self.make_env() for _ in examples]
+        trajectories = await self.agent_loop(engine).run_episodes(envs, examples,
+                                                                  concurrency=self.config.agent.concurrency)
+        self.last_batch_sizes, self.last_generate_seconds = engine.batches, engine.generate_seconds
+        return trajectories
+
+    def pop_service_metrics(self, prefix: str) -> dict[str, float]:
+        if self.service is None:
+            return {}
+        return self.service.pop_stats().metrics(prefix)
+
+    def close(self) -> None:
+        if self.service is not None:
+            self.service.close()
+
+
+def greedy_completion_rate(model, tokenizer, task: Task, config: Config, examples: list[Example]) -> float:
+    """Share of ``examples`` whose greedy episode ends with the reference answer (the task completion rate)."""
+    from unipg.sample.rewards.rules import build_rewards
+
+    runner = EpisodeRunner(LMPolicy(model, tokenizer), task, config, build_rewards(config.task.rewards or task.rewards))
+    try:
+        return statistics.fmean(t.correct for t in runner.run(examples, params=runner.sampling(greedy=True),
+                                                                generator=None))
+    finally:
+        runner.close()
+
+
+def episode_metrics(trajectories: list[Trajectory], prefix: str, *, group_size: int = 1,
+                    tools: bool = False) -> dict[str, float]:
+    """Task completion, turns, tool use (with ``tools``, or whenever a tool was called), lengths and diversity
+    of a list of episodes. The tool success rate is reported only when there were calls."""
+    calls = sum(t.tool_calls for t in trajectories)
+    sampled = [sum(t.loss_mask) for t in trajectories]
+    metrics = {f"{prefix}/completion_rate": statistics.fmean(t.correct for t in trajectories),
+               f"{prefix}/turns": statistics.fmean(t.turns for t in trajectories),
+               f"{prefix}/response_length": statistics.fmean(sampled),
+               f"{prefix}/truncated_fraction": statistics.fmean(t.finish != "done" for t in trajectories)}
+    if tools or calls:
+        metrics[f"{prefix}/tool_calls"] = calls / len(trajectories)
+        if calls:
+            metrics[f"{prefix}/tool_success_rate"] = sum(t.tool_status_count("ok") for t in trajectories) / calls
+        metrics[f"{prefix}/malformed_call_rate"] = (sum(t.tool_status_count("malformed") for t in trajectories)
+                                                    / max(sum(t.turns for t in trajectories), 1))
+    finals = [t.turn_texts[-1] if t.turn_texts else "" for t in trajectories]
+    if group_size > 1:
+        groups = [finals[i:i + group_size] for i in range(0, len(finals), group_size)]
+        metrics[f"{prefix}/distinct_1"] = statistics.fmean(distinct_n(g, 1) for g in groups)
+        metrics[f"{prefix}/distinct_2"] = statistics.fmean(distinct_n(g, 2) for g in groups)
+        metrics[f"{prefix}/duplicate_fraction"] = statistics.fmean(duplicate_fraction(g) for g in groups)
+    return metrics
+
+
+def distinct_n(texts: list[str], n: int) -> float:
+    """Distinct n-grams / all n-grams over the texts (Li et al. 2016); words, or characters for one-word texts."""
+    grams = []
+    for text in texts:
+        units = text.split() if len(text.split()) > 1 else list(text)
+        grams += [tuple(units[i:i + n]) for i in range(len(units) - n + 1)]
+    return len(set(grams)) / len(grams) if grams else 0.0
+
+
+def duplicate_fraction(texts: list[str]) -> float:
+    """Share of texts that repeat an earlier one exactly: 0 when all differ, (G−1)/G when all are the same."""
+    counts = Counter(texts)
+    return sum(count - 1 for count in counts.values()) / len(texts) if texts else 0.0
+
+
+def reward_term_metrics(trajectories: list[Trajectory], prefix: str) -> dict[str, float]:
+    """The mean of each final-reward function over the episodes it applied to."""
+    values: dict[str, list[float]] = {}
+    for trajectory in trajectories:
+        for name, value in (trajectory.infos[-1].get("reward_terms", {}) if trajectory.infos else {}).items():
+            values.setdefault(name, []).append(value)
+    return {f"{prefix}/reward_{name}": statistics.fmean(v) for name, v in values.items()}
