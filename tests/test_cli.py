@@ -42,7 +42,7 @@ def test_config_and_algorithms_commands():
 def test_eval_scores_the_policy_a_run_saved(embedded_path, tmp_path):
     import json
 
-    from tests.run.test_text import SMALL
+    from tests.runtime.test_lm import SMALL
 
     trained = runner.invoke(app, ["train", *SMALL, f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
                                   "train.updates=1"])

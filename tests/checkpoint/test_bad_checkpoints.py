@@ -10,7 +10,7 @@ import torch
 from typer.testing import CliRunner
 
 import unipg.runtime.lm as text
-from tests.run.test_resume import small_config as resume_config
+from tests.checkpoint.test_resume import small_config as resume_config
 from unipg.checkpoint.lm import latest_checkpoint
 from unipg.checkpoint.store import (
     CheckpointStore,

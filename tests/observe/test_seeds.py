@@ -32,7 +32,7 @@ def test_aggregate_is_mean_and_std_over_the_metrics_every_seed_logged(tmp_path):
 
 
 def test_cli_seeds_writes_the_aggregate(embedded_path, tmp_path):
-    from tests.run.test_text import SMALL
+    from tests.runtime.test_lm import SMALL
 
     result = CliRunner().invoke(app, ["train", *SMALL, f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
                                       "train.updates=1", "--seeds", "0,1"])
@@ -44,7 +44,7 @@ def test_cli_seeds_writes_the_aggregate(embedded_path, tmp_path):
 
 
 def test_cli_seeds_in_parallel_processes_give_the_sequential_results(embedded_path, tmp_path):
-    from tests.run.test_text import SMALL
+    from tests.runtime.test_lm import SMALL
 
     common = ["train", *SMALL, f"model.name={embedded_path}", "train.updates=1", "deterministic=true", "--seeds", "0,1"]
     finals = []

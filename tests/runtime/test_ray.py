@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.run.test_runtime import AGENT, SMALL
+from tests.runtime.test_driver import AGENT, SMALL
 from unipg.config import ConfigError, load_config
 from unipg.observe.metrics import read_metrics
 from unipg.policy.loading import load_lm_policy
