@@ -23,6 +23,9 @@ from unipg.estimate.masked import masked_mean, masked_whiten
 from unipg.estimate.registry import Registry
 
 ADVANTAGES = Registry("advantage estimator")
+# What the per-step estimators read: rewards and episode ends, V(s_T) of unfinished episodes, and V(s_t).
+_MONTE_CARLO_INPUTS = ("rewards", "dones", "bootstrap_value")
+_CRITIC_INPUTS = ("rewards", "values", "dones", "bootstrap_value")
 
 
 def _discounted_backward_sum(
@@ -73,7 +76,7 @@ def td_residuals(
     return rewards + gamma * _not_done(dones, rewards) * next_values - values
 
 
-@ADVANTAGES.register("gae")
+@ADVANTAGES.register("gae", inputs=_CRITIC_INPUTS, options={"gamma": "gamma", "lambda_gae": "lam"})
 def gae(
     rewards: torch.Tensor,
     values: torch.Tensor,
@@ -94,7 +97,7 @@ def gae(
     return advantages, advantages + values
 
 
-@ADVANTAGES.register("td")
+@ADVANTAGES.register("td", inputs=_CRITIC_INPUTS, options=("gamma",))
 def td_advantages(
     rewards: torch.Tensor,
     values: torch.Tensor,
@@ -108,7 +111,7 @@ def td_advantages(
     return deltas, deltas + values
 
 
-@ADVANTAGES.register("reward_to_go")
+@ADVANTAGES.register("reward_to_go", inputs=_MONTE_CARLO_INPUTS, options=("gamma",))
 def reward_to_go_advantages(
     rewards: torch.Tensor,
     dones: torch.Tensor,
@@ -121,7 +124,7 @@ def reward_to_go_advantages(
     return returns, returns
 
 
-@ADVANTAGES.register("batch_mean_baseline")
+@ADVANTAGES.register("batch_mean_baseline", inputs=(*_MONTE_CARLO_INPUTS, "mask"), options=("gamma",))
 def batch_mean_baseline_advantages(
     rewards: torch.Tensor,
     dones: torch.Tensor,
@@ -139,7 +142,7 @@ def batch_mean_baseline_advantages(
     return advantages, returns
 
 
-@ADVANTAGES.register("value_baseline")
+@ADVANTAGES.register("value_baseline", inputs=_CRITIC_INPUTS, options=("gamma",))
 def value_baseline_advantages(
     rewards: torch.Tensor,
     values: torch.Tensor,
@@ -175,7 +178,7 @@ def _grouped(scores: torch.Tensor, group_size: int) -> torch.Tensor:
     return scores.reshape(-1, group_size)
 
 
-@ADVANTAGES.register("grpo")
+@ADVANTAGES.register("grpo", inputs=("scores", "group_size"))
 def group_normalized_advantages(
     scores: torch.Tensor, *, group_size: int, scale_by_std: bool = True, eps: float = 1e-6
 ) -> torch.Tensor:
@@ -194,13 +197,13 @@ def group_normalized_advantages(
     return centred.reshape(-1)
 
 
-@ADVANTAGES.register("dr_grpo")
+@ADVANTAGES.register("dr_grpo", inputs=("scores", "group_size"))
 def dr_grpo_advantages(scores: torch.Tensor, *, group_size: int) -> torch.Tensor:
     """Dr.GRPO (Liu et al. 2025): A_i = r_i − mean_g(r), GRPO without the std division. (N,) → (N,)."""
     return group_normalized_advantages(scores, group_size=group_size, scale_by_std=False)
 
 
-@ADVANTAGES.register("rloo")
+@ADVANTAGES.register("rloo", inputs=("scores", "group_size"))
 def rloo_advantages(scores: torch.Tensor, *, group_size: int) -> torch.Tensor:
     """REINFORCE leave-one-out (Ahmadian et al. 2024; Kool et al. 2019):
 
@@ -214,7 +217,7 @@ def rloo_advantages(scores: torch.Tensor, *, group_size: int) -> torch.Tensor:
     return (grouped - others_mean).reshape(-1)
 
 
-@ADVANTAGES.register("reinforce_plus_plus")
+@ADVANTAGES.register("reinforce_plus_plus", inputs=("rewards", "mask"), options=("gamma",))
 def reinforce_plus_plus_advantages(
     rewards: torch.Tensor, mask: torch.Tensor, *, gamma: float = 1.0, eps: float = 1e-8
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -233,7 +236,7 @@ def reinforce_plus_plus_advantages(
     return masked_whiten(returns, mask, eps=eps), returns
 
 
-@ADVANTAGES.register("turn_level")
+@ADVANTAGES.register("turn_level", inputs=("turn_rewards", "turn_mask", "group_size"), options=("gamma",))
 def turn_level_advantages(
     turn_rewards: torch.Tensor, turn_mask: torch.Tensor, *, group_size: int, gamma: float = 1.0
 ) -> torch.Tensor:

@@ -21,21 +21,23 @@ import torch
 from unipg.estimate.registry import Registry
 
 KL_ESTIMATORS = Registry("KL estimator")
+# What every KL estimator reads: the policy's and the reference's log-probs of the sampled tokens.
+_KL_INPUTS = ("logprobs", "ref_logprobs")
 
 
-@KL_ESTIMATORS.register("k1")
+@KL_ESTIMATORS.register("k1", inputs=_KL_INPUTS)
 def kl_k1(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """k1 = −log r = log π_θ(a) − log π_ref(a). Unbiased for KL(π_θ‖π_ref); negative on some tokens."""
     return logprobs - ref_logprobs
 
 
-@KL_ESTIMATORS.register("k2")
+@KL_ESTIMATORS.register("k2", inputs=_KL_INPUTS)
 def kl_k2(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """k2 = ½ (log r)². Biased, low variance, ≥ 0."""
     return 0.5 * (ref_logprobs - logprobs) ** 2
 
 
-@KL_ESTIMATORS.register("k3")
+@KL_ESTIMATORS.register("k3", inputs=_KL_INPUTS)
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """k3 = (r − 1) − log r. Unbiased for KL(π_θ‖π_ref) and ≥ 0.
 

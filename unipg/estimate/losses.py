@@ -18,6 +18,10 @@ from unipg.estimate.masked import masked_mean, masked_sum, masked_var
 from unipg.estimate.registry import Registry
 
 POLICY_LOSSES = Registry("policy loss")
+# What every policy loss reads, and the settings of the clipped ones ({config field: keyword}).
+_PG_INPUTS = ("logprobs", "advantages", "mask", "weights")
+_CLIP_OPTIONS = {"clip_range": "clip_low", "clip_range_high": "clip_high", "dual_clip": "dual_clip",
+                 "loss_agg_mode": "agg_mode"}
 
 
 @dataclass
@@ -95,7 +99,7 @@ def _apply_weights(per_token: torch.Tensor, weights: torch.Tensor | None) -> tor
     return per_token if weights is None else per_token * weights.detach()
 
 
-@POLICY_LOSSES.register("vanilla")
+@POLICY_LOSSES.register("vanilla", inputs=_PG_INPUTS, options={"loss_agg_mode": "agg_mode"})
 def policy_gradient_loss(
     logprobs: torch.Tensor,
     advantages: torch.Tensor,
@@ -169,7 +173,7 @@ def _ratio_metrics(
     return metrics
 
 
-@POLICY_LOSSES.register("ppo")
+@POLICY_LOSSES.register("ppo", inputs=(*_PG_INPUTS, "behaviour_logprobs"), options=_CLIP_OPTIONS)
 def ppo_clip_loss(
     logprobs: torch.Tensor,
     behaviour_logprobs: torch.Tensor,
@@ -202,7 +206,8 @@ def ppo_clip_loss(
     return LossOutput(loss=loss, metrics=metrics)
 
 
-@POLICY_LOSSES.register("decoupled_ppo")
+@POLICY_LOSSES.register("decoupled_ppo", inputs=(*_PG_INPUTS, "behaviour_logprobs", "proximal_logprobs"),
+                         options={**_CLIP_OPTIONS, "behaviour_weight_cap": "behaviour_weight_cap"})
 def decoupled_ppo_loss(
     logprobs: torch.Tensor,
     proximal_logprobs: torch.Tensor,

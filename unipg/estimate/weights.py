@@ -34,6 +34,8 @@ class OffPolicyWeights:
 
 
 OFF_POLICY_WEIGHTS: Registry = Registry("off-policy weight")
+# What every off-policy weight reads: current and behaviour log-probs, the mask and each sample's age.
+_WEIGHT_INPUTS = ("logprobs", "behaviour_logprobs", "mask", "age")
 
 
 def weight_metrics(weights: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -125,7 +127,7 @@ def _token_age(
     return age
 
 
-@OFF_POLICY_WEIGHTS.register("none")
+@OFF_POLICY_WEIGHTS.register("none", inputs=_WEIGHT_INPUTS)
 def no_weights(
     logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor, *, age: torch.Tensor | None = None
 ) -> OffPolicyWeights:
@@ -134,7 +136,7 @@ def no_weights(
     return _finish(torch.ones_like(logprobs), mask, "none")
 
 
-@OFF_POLICY_WEIGHTS.register("truncated_is")
+@OFF_POLICY_WEIGHTS.register("truncated_is", inputs=_WEIGHT_INPUTS, options={"is_truncation": "truncation"})
 def truncated_importance_weights(
     logprobs: torch.Tensor,
     behaviour_logprobs: torch.Tensor,
@@ -165,7 +167,7 @@ def truncated_importance_weights(
     return _finish(weights, mask, "truncated_is", fraction_truncated=fraction_truncated)
 
 
-@OFF_POLICY_WEIGHTS.register("age_decay")
+@OFF_POLICY_WEIGHTS.register("age_decay", inputs=_WEIGHT_INPUTS, options={"sample_age_decay": "decay"})
 def age_decay_weights(
     logprobs: torch.Tensor,
     behaviour_logprobs: torch.Tensor,
@@ -186,7 +188,8 @@ def age_decay_weights(
     return _finish(weights, mask, "age_decay", age_mean=masked_mean(token_age, mask))
 
 
-@OFF_POLICY_WEIGHTS.register("kl_filter")
+@OFF_POLICY_WEIGHTS.register("kl_filter", inputs=_WEIGHT_INPUTS,
+                            options={"kl_filter_threshold": "max_kl", "kl_filter_mode": "mode"})
 def kl_filter_weights(
     logprobs: torch.Tensor,
     behaviour_logprobs: torch.Tensor,
@@ -222,7 +225,7 @@ def kl_filter_weights(
     return _finish(weights, mask, "kl_filter", kl_mean=kl_mean)
 
 
-@OFF_POLICY_WEIGHTS.register("version_window")
+@OFF_POLICY_WEIGHTS.register("version_window", inputs=_WEIGHT_INPUTS, options={"version_window": "window"})
 def version_window_weights(
     logprobs: torch.Tensor,
     behaviour_logprobs: torch.Tensor,
