@@ -1,0 +1,122 @@
+"""The public Python API: what a notebook or a script imports from ``unipg``.
+
+    >>> import unipg
+    >>> result = unipg.train("configs/cartpole_ppo.yaml", train__updates=2)   # doctest: +SKIP
+    >>> result.run_dir, result.metrics["eval/return_mean"]                    # doctest: +SKIP
+
+Overrides are keyword arguments whose double underscores stand for the dots of a config key
+(``estimator__clip_range=0.1`` is ``estimator.clip_range=0.1``); the command line's ``key=value`` strings are
+accepted as they are through ``overrides=[...]``. The command line (``unipg.cli``) calls these functions.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from unipg.config import Config, ConfigError
+from unipg.config import load_config as _load_config_file
+
+
+@dataclass
+class RunResult:
+    """What ``train`` returns: the run's folder, the final value of every metric it logged, and the mode's own
+    result (``TrainResult`` for gymnasium runs, ``TextTrainResult`` for language-model runs) as ``details``."""
+
+    run_dir: Path
+    metrics: dict[str, float]
+    """the last finite value of each metric in the run's metrics.jsonl."""
+    config: Config
+    details: Any
+
+
+def load_config(source: str | Path | Config | None = None, *, overrides: list[str] | None = None,
+                **settings: Any) -> Config:
+    """A validated ``Config`` from a YAML file (or an existing ``Config``), ``key=value`` ``overrides`` and
+    keyword ``settings`` (``train__updates=2``); raises ``ConfigError`` saying what to fix.
+
+    Besides the schema and its cross-field rules, the options of the task, rewards and tools are checked
+    against their registries here, before anything runs.
+    """
+    pairs = list(overrides or []) + [f"{key.replace('__', '.')}={_yaml_value(value)}" for key, value in settings.items()]
+    if isinstance(source, Config):
+        config = source if not pairs else _rebuild(source, pairs)
+    else:
+        config = _load_config_file(source, pairs)
+    _check_registered_options(config)
+    return config
+
+
+def train(config: str | Path | Config | None = None, *, overrides: list[str] | None = None,
+          resume: str | Path | None = None, return_threshold: float | None = None, **settings: Any) -> RunResult:
+    """Train the policy ``config`` describes and return its ``RunResult``.
+
+    ``config`` is a YAML path, a ``Config`` or None (the defaults); ``settings`` override it
+    (``train__updates=2``). ``resume`` continues a language-model run from its folder's newest checkpoint, with
+    that folder's config.yaml (``config`` must then be None).
+    """
+    from unipg.observe.seeds import final_metrics
+
+    if resume is not None:
+        if config is not None:
+            raise ConfigError("resume continues a run with its own config.yaml; pass config=None")
+        config = Path(resume) / "config.yaml"
+    loaded = load_config(config, overrides=overrides, **settings)
+    if loaded.is_text:
+        from unipg.runtime.lm import train_text
+
+        details = train_text(loaded, resume=resume)
+    else:
+        from unipg.runtime.gym import train_classic
+
+        details = train_classic(loaded, return_threshold=return_threshold)
+    return RunResult(details.run_dir, final_metrics(details.run_dir), loaded, details)
+
+
+def evaluate(run_dir: str | Path, *, overrides: list[str] | None = None, **settings: Any) -> dict[str, float]:
+    """Held-out metrics of the policy a language-model run saved in ``run_dir`` (its test split, greedy)."""
+    from unipg.runtime.evaluation import evaluate_model, run_config
+
+    pairs = list(overrides or []) + [f"{key.replace('__', '.')}={_yaml_value(value)}" for key, value in settings.items()]
+    config = run_config(Path(run_dir), pairs)
+    _check_registered_options(config)
+    return evaluate_model(config)
+
+
+def quiet_libraries() -> None:
+    """Silence the progress bars and info logs of transformers and friends in a training process."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+
+
+def _check_registered_options(config: Config) -> None:
+    """The options of the task, rewards and tools, against what their registries declare."""
+    try:
+        from unipg.sample.validate import check_sample_options
+    except ImportError:  # a build without the check: the factories still validate when called
+        return
+    check_sample_options(config)
+
+
+def _yaml_value(value: Any) -> str:
+    """A Python value as the YAML text an override carries (``[1, 2]``, ``{path: data}``, ``true``)."""
+    import yaml
+
+    if isinstance(value, str):
+        return value
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("\n...").strip()
+
+
+def _rebuild(config: Config, overrides: list[str]) -> Config:
+    """``config`` with ``key=value`` overrides applied, validated again as a whole."""
+    from unipg.config.loading import build_config, parse_override, set_dotted
+
+    tree = config.model_dump(exclude_unset=True)
+    for override in overrides:
+        key, value = parse_override(override)
+        set_dotted(tree, key, value)
+    return build_config(tree)
