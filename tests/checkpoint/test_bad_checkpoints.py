@@ -264,7 +264,8 @@ def test_a_reward_that_fails_mid_run_stops_it_in_one_line_and_keeps_the_checkpoi
             raise ConnectionError("grading service unreachable")
         return [0.5 for _ in completions]
 
-    monkeypatch.setitem(REWARDS._entries, "flaky_grader", lambda: flaky_grader)
+    monkeypatch.setattr(REWARDS, "_entries", dict(REWARDS._entries))  # registration undone after the test
+    REWARDS.register("flaky_grader")(lambda: flaky_grader)
     original = text.rollout_batch
 
     def fail_from_the_next_rollout(*args, **kwargs):
