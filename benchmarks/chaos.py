@@ -46,7 +46,8 @@ from pathlib import Path
 import torch
 
 import unipg.runtime.lm as text
-from unipg.checkpoint.store import CheckpointStore, load_checkpoint
+from unipg.checkpoint.files import load_checkpoint
+from unipg.checkpoint.store import CheckpointStore
 from unipg.config import load_config
 from unipg.observe.metrics import read_metrics
 

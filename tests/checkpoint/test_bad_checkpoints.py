@@ -11,13 +11,9 @@ from typer.testing import CliRunner
 
 import unipg.runtime.lm as text
 from tests.checkpoint.test_resume import small_config as resume_config
+from unipg.checkpoint.files import load_checkpoint, tensor_mismatch, verify_checkpoint
 from unipg.checkpoint.lm import latest_checkpoint
-from unipg.checkpoint.store import (
-    CheckpointStore,
-    load_checkpoint,
-    tensor_mismatch,
-    verify_checkpoint,
-)
+from unipg.checkpoint.store import CheckpointStore
 from unipg.cli import app
 from unipg.observe.metrics import read_metrics
 from unipg.runtime.lm import train_text

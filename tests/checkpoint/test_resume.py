@@ -8,7 +8,8 @@ import torch
 from typer.testing import CliRunner
 
 import unipg.runtime.lm as text
-from unipg.checkpoint.store import CheckpointStore, load_checkpoint
+from unipg.checkpoint.files import load_checkpoint
+from unipg.checkpoint.store import CheckpointStore
 from unipg.cli import app
 from unipg.config import load_config
 from unipg.observe.metrics import read_metrics

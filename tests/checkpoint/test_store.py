@@ -12,7 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from unipg.checkpoint.store import CheckpointStore, load_checkpoint
+from unipg.checkpoint.files import load_checkpoint
+from unipg.checkpoint.store import CheckpointStore
 from unipg.learn.state import (
     generator_state,
     load_optimizer,

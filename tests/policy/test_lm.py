@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from unipg.policy.lm import LMPolicy, left_pad
+from unipg.policy.forward import left_pad
+from unipg.policy.lm import LMPolicy
 from unipg.policy.loading import load_lm_policy, load_tokenizer
 
 
@@ -149,7 +150,8 @@ def test_rows_that_finish_early_leave_the_batch_without_changing_the_samples(pol
     sampled, with the same log-probs, as when every row is computed to the end."""
     from transformers.cache_utils import DynamicCache
 
-    import unipg.policy.lm as lm
+    import unipg.policy.forward as forward
+    import unipg.policy.generation as generation
 
     ids = prompts(policy.tokenizer, count=6)
     long = policy.sample(ids, max_new_tokens=20, temperature=1.0, generator=torch.Generator().manual_seed(5))
@@ -162,7 +164,8 @@ def test_rows_that_finish_early_leave_the_batch_without_changing_the_samples(pol
                               generator=torch.Generator().manual_seed(6))
     assert selections and min(selections) < len(ids)  # finished rows left the batch
     assert len(set(compacted.completion_lengths.tolist())) > 1
-    monkeypatch.setattr(lm, "_plain_cache", lambda cache: False)  # no row selection: every row to the end
+    for module in (forward, generation):  # no row selection: every row to the end
+        monkeypatch.setattr(module, "plain_cache", lambda cache: False)
     full = policy.sample(ids, max_new_tokens=20, temperature=1.0, stop=[stop], generator=torch.Generator().manual_seed(6))
     assert torch.equal(full.completion_ids, compacted.completion_ids) and full.texts == compacted.texts
     assert torch.allclose(full.behaviour_logprobs, compacted.behaviour_logprobs, atol=1e-4)

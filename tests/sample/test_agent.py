@@ -5,7 +5,7 @@ import torch
 
 from unipg.learn.lm import TextBatch
 from unipg.policy.chat import TurnTemplate
-from unipg.policy.lm import cut_at_stop
+from unipg.policy.generation import cut_at_stop
 from unipg.policy.loading import load_lm_policy
 from unipg.sample.agent import AgentLoop
 from unipg.sample.envs.base import StepResult

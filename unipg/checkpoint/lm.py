@@ -11,12 +11,8 @@ from typing import Protocol
 
 import torch
 
-from unipg.checkpoint.store import (
-    Checkpoint,
-    CheckpointStore,
-    load_checkpoint,
-    tensor_mismatch,
-)
+from unipg.checkpoint.files import Checkpoint, load_checkpoint, tensor_mismatch
+from unipg.checkpoint.store import CheckpointStore
 from unipg.config import Config
 from unipg.learn.lm import TextLearner
 from unipg.learn.state import generator_state, restore_generator, restore_rng, rng_state

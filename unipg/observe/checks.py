@@ -1,6 +1,7 @@
 """The built-in checks of the run doctor, one per row of the troubleshooting table, with their thresholds.
 
-Each takes the run's ``History`` and returns ``Finding``s; the thresholds say why they sit where they do.
+Each takes the run's ``History`` and returns ``Finding``s; the thresholds say why they sit where they do. The
+numeric helpers they share (fitted rise, swings, levels, spikes) are in ``unipg.observe.trends``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,17 @@ from collections import Counter
 from dataclasses import dataclass
 
 from unipg.observe.findings import CHECKS, Finding, History
+from unipg.observe.trends import (
+    LEVEL_POINTS,
+    differences,
+    fitted_rise,
+    fmt,
+    mean_swing,
+    sign_alternation,
+    span,
+    spikes,
+    start_and_latest,
+)
 
 # Fewer points than this cannot separate a trend from noise, so the trend checks stay silent.
 MIN_TREND_POINTS = 10
@@ -34,16 +46,12 @@ KL_SPIKE_MEDIAN_MULTIPLE = 10.0
 KL_SPIKE_TARGET_MULTIPLE = 3.0
 # A KL below this moves the policy too little to matter, however large its ratio to the median.
 KL_NOISE_FLOOR = 5e-3
-# A running median needs a few preceding points before a jump can be called a spike.
-SPIKE_MIN_PRIOR_POINTS = 5
 # Gradient norm exploding: a value 20x the median of the preceding window. Healthy PPO on CartPole jumps to
 # ~8x when the critic meets a new return scale; exploding gradients grow by orders of magnitude. (Clipping
 # hides an explosion from the update, not from this metric: it is the norm before clipping.)
 GRAD_SPIKE_MEDIAN_MULTIPLE = 20.0
 # Entropy collapse: the latest entropy is below 10% of where the run started.
 ENTROPY_COLLAPSE_FRACTION = 0.1
-# Points averaged for the "start" and "latest" level of a metric, so one noisy point decides nothing.
-LEVEL_POINTS = 3
 # Diversity: distinct-2 fell below half its starting value ...
 DISTINCT_DROP_FRACTION = 0.5
 # ... or more than half of the samples are duplicates, up by at least 0.25 from the start.
@@ -67,64 +75,6 @@ MEMORY_GROWTH_MIN = 0.25
 REWARD_METRICS = ("rollout/episode_return", "rollout/reward_mean")
 KL_METRICS = ("train/kl", "train/approx_kl", "train/kl_to_reference")
 MEMORY_KEYWORDS = ("rss", "memory", "mem_mb", "allocated")
-
-
-# ---- small numeric helpers -------------------------------------------------------------------------------------
-
-def fitted_rise(values: list[float]) -> float:
-    """Least-squares slope against the point index, times the span: how far the trend line moves."""
-    count = len(values)
-    if count < 2:
-        return 0.0
-    mean_index, mean_value = (count - 1) / 2, statistics.fmean(values)
-    covariance = sum((index - mean_index) * (value - mean_value) for index, value in enumerate(values))
-    variance = sum((index - mean_index) ** 2 for index in range(count))
-    return covariance / variance * (count - 1)
-
-
-def differences(values: list[float]) -> list[float]:
-    return [after - before for before, after in zip(values, values[1:])]
-
-
-def sign_alternation(diffs: list[float]) -> float:
-    """Fraction of consecutive differences whose sign flips."""
-    pairs = [(a, b) for a, b in zip(diffs, diffs[1:]) if a != 0 and b != 0]
-    return sum((a > 0) != (b > 0) for a, b in pairs) / len(pairs) if pairs else 0.0
-
-
-def level(values: list[float], *, start: bool) -> float:
-    return statistics.fmean(values[:LEVEL_POINTS] if start else values[-LEVEL_POINTS:])
-
-
-@dataclass(frozen=True)
-class LevelChange:
-    """Where a metric started and where it is now (each the mean of a few points)."""
-
-    name: str
-    start: float
-    latest: float
-    lowest: float
-    steps: tuple[int, int]
-
-    def describe(self, verb: str) -> str:
-        first, last = self.steps
-        return f"{self.name} {verb} from {fmt(self.start)} to {fmt(self.latest)} over steps {first}-{last}"
-
-
-def start_and_latest(history: History, name: str) -> LevelChange | None:
-    """None when the metric has too few points, or starts at zero or below (no fraction of it is meaningful)."""
-    steps, values = history.finite(name)
-    if len(values) < 2 * LEVEL_POINTS or level(values, start=True) <= 0:
-        return None
-    return LevelChange(name, level(values, start=True), level(values, start=False), min(values), span(steps))
-
-
-def fmt(value: float) -> str:
-    return f"{value:.4g}"
-
-
-def span(steps: list[int]) -> tuple[int, int]:
-    return steps[0], steps[-1]
 
 
 # ---- reward: flat and oscillating ------------------------------------------------------------------------------
@@ -176,10 +126,6 @@ def reward_window(history: History) -> RewardWindow | None:
     return RewardWindow(name, recent_steps, recent, scale, ceiling, saturated)
 
 
-def mean_swing(values: list[float]) -> float:
-    return statistics.fmean(abs(diff) for diff in differences(values))
-
-
 @CHECKS.register("reward_flat")
 def reward_flat(history: History) -> list[Finding]:
     """Reward shows no upward trend over the window while below its ceiling (and is not oscillating)."""
@@ -225,22 +171,6 @@ def reward_oscillating(history: History) -> list[Finding]:
 
 
 # ---- KL and gradient spikes ------------------------------------------------------------------------------------
-
-def spikes(steps: list[int], values: list[float], *, multiple: float, window: int, floor: float = 0.0,
-           absolute: float | None = None) -> list[tuple[int, float, float]]:
-    """(step, value, reference) where value > multiple × median of the preceding window, or > ``absolute``.
-
-    A zero median (no gradient yet, e.g. every group scored alike) gives no scale, so nothing is a spike of it.
-    """
-    found = []
-    for index, (step, value) in enumerate(zip(steps, values)):
-        prior = values[max(0, index - window):index]
-        reference = statistics.median(prior) if len(prior) >= SPIKE_MIN_PRIOR_POINTS else None
-        relative = bool(reference) and value > multiple * reference and value > floor
-        if relative or (absolute is not None and value > absolute):
-            found.append((step, value, reference if reference is not None else float("nan")))
-    return found
-
 
 @CHECKS.register("kl_spike")
 def kl_spike(history: History) -> list[Finding]:

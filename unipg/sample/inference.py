@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from unipg.policy.lm import LMPolicy, cut_at_stop
+from unipg.policy.generation import cut_at_stop
+from unipg.policy.lm import LMPolicy
 
 
 @dataclass
