@@ -4,7 +4,7 @@ import pytest
 
 from unipg.config import ConfigError, load_config, parse_override
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_defaults_come_from_the_algorithm_preset():
