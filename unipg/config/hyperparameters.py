@@ -13,9 +13,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from unipg.estimate import ADVANTAGES, KL_ESTIMATORS, OFF_POLICY_WEIGHTS, POLICY_LOSSES, Registry
-from unipg.estimate.trpo import TRUST_REGION_STEPS
 from unipg.config.schema import EstimatorConfig
+from unipg.estimate import (
+    ADVANTAGES,
+    KL_ESTIMATORS,
+    OFF_POLICY_WEIGHTS,
+    POLICY_LOSSES,
+    Registry,
+)
+from unipg.estimate.trpo import TRUST_REGION_STEPS
 
 
 @dataclass(frozen=True)
@@ -73,10 +79,11 @@ def default(name: str) -> Any:
 def chosen_estimators(estimator: Mapping[str, Any] | object) -> dict[str, str]:
     """selector → chosen entry, read from a mapping (missing or non-text values: the field's default) or a
     section object."""
-    if isinstance(estimator, Mapping):
-        read = lambda key: estimator.get(key) if isinstance(estimator.get(key), str) else default(key)  # noqa: E731
-    else:
-        read = lambda key: getattr(estimator, key)  # noqa: E731
+    def read(key: str) -> str:
+        if not isinstance(estimator, Mapping):
+            return getattr(estimator, key)
+        return estimator[key] if isinstance(estimator.get(key), str) else default(key)
+
     return {choice.selector: read(choice.selector) for choice in CHOICES}
 
 
