@@ -32,9 +32,19 @@ def print_error(message: str) -> None:
     errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
+def load_checked(config_path: Optional[Path], overrides: List[str]) -> Config:
+    """``load_config``, then the check of task, reward and tool options against their registries
+    (``unipg.sample.validate``), which ``unipg.config`` cannot make itself."""
+    from unipg.sample.validate import check_sample_options
+
+    config = load_config(config_path, overrides)
+    check_sample_options(config)
+    return config
+
+
 def resolve(config_path: Optional[Path], overrides: List[str]) -> Config:
     try:
-        config = load_config(config_path, overrides)
+        config = load_checked(config_path, overrides)
     except ConfigError as error:
         print_error(str(error))
         raise typer.Exit(2) from None
@@ -135,7 +145,7 @@ def resolve_resumed(run_dir: Path, overrides: List[str]) -> Config:
                     "that `unipg train` created for the run")
         raise typer.Exit(2)
     try:
-        config = load_config(config_file, overrides)
+        config = load_checked(config_file, overrides)
     except ConfigError as error:
         print_error(str(error))
         raise typer.Exit(2) from None
