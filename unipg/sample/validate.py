@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import unipg.sample.rewards  # noqa: F401  (registers every reward)
-import unipg.sample.tasks  # noqa: F401  (registers every task)
+import unipg.sample.rewards  # registers every reward
+import unipg.sample.tasks  # registers every task
 import unipg.sample.tools  # noqa: F401  (registers every tool)
 from unipg.config import Config, ConfigError
 from unipg.config.loading import invalid_configuration
