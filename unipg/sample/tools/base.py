@@ -53,7 +53,8 @@ class FactoryRegistry(Registry):
         self._open: set[str] = set()
         self._required: dict[str, list[str]] = {}
 
-    def register(self, name: str, *, inputs=None, options=None):
+    def register(self, name: str, *, inputs: tuple[str, ...] | None = None,
+                 options: dict[str, str] | tuple[str, ...] | None = None) -> Callable[[Callable], Callable]:
         inputs = self.inputs if inputs is None else tuple(inputs)
 
         def decorate(fn):
@@ -65,7 +66,7 @@ class FactoryRegistry(Registry):
                 self._open.add(name)
             keywords = self.entry(name).options
             self._required[name] = [setting for setting, keyword in keywords.items()
-                                    if parameters[keyword].default is inspect.Parameter.empty]
+                                    if keyword in parameters and parameters[keyword].default is inspect.Parameter.empty]
             return fn
 
         return decorate
@@ -75,7 +76,7 @@ class FactoryRegistry(Registry):
         self.entry(name)  # an unknown name: RegistryError listing the valid ones
         return list(self._required[name])
 
-    def check_options(self, name: str, given) -> None:
+    def check_options(self, name: str, given: Any) -> None:
         """Like ``Registry.check_options``; a factory with ``**options`` accepts any option."""
         if name not in self._open:
             super().check_options(name, given)
