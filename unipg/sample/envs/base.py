@@ -5,9 +5,9 @@ An episode is ``observation = await env.reset(example)`` followed by turns of
 environment answers with the next observation (a tool's output, an error message, a game state) and a
 reward for that step. Both methods are coroutines so that many episodes can wait on slow tools at once.
 
-``ENVS`` maps a name to a factory ``(task, reward_fn, service, **options) -> Env`` (its keyword parameters
-are the options it declares); a fresh environment is
-built per episode, so environments may keep per-episode state. ``observation_role`` is the chat role the
+``ENVS`` maps a name to a factory ``(task, reward_fn, service, **options) -> Env``, whose other keyword
+parameters are the options it declares; a fresh environment is built per episode, so environments may keep
+per-episode state. ``observation_role`` is the chat role the
 observations are rendered with (``tool`` for tool outputs, ``user`` for a game or a simulated user).
 """
 
