@@ -39,6 +39,29 @@ def test_config_and_algorithms_commands():
     assert listed.exit_code == 0 and all(name in listed.output for name in ("ppo", "trpo", "a2c", "reinforce"))
 
 
+def test_algorithms_lists_every_registry_entry_with_its_hyperparameters():
+    from unipg.config.presets import ALGORITHMS
+    from unipg.estimate import ADVANTAGES, KL_ESTIMATORS, OFF_POLICY_WEIGHTS, POLICY_LOSSES
+
+    listed = runner.invoke(app, ["algorithms"])
+    assert listed.exit_code == 0, listed.output
+    output = listed.output
+    assert all(name in output for name in ALGORITHMS)
+    for registry in (ADVANTAGES, POLICY_LOSSES, OFF_POLICY_WEIGHTS, KL_ESTIMATORS):
+        assert all(name in output for name in registry.names())
+    # accepted hyperparameters with the defaults of the estimator section, and each entry's summary
+    for setting in ("clip_range=0.2", "clip_range_high=None", "dual_clip=None", "sample_age_decay=0.99",
+                    "max_kl=0.01", "lambda_gae=0.95", "entropy_coef=0.0"):
+        assert setting in output
+    assert "Generalized advantage estimation" in output
+
+
+def test_an_unknown_task_option_exits_2_listing_the_accepted_ones():
+    result = runner.invoke(app, ["config", "algorithm=grpo", "task.name=arithmetic", "task.options={digts: 3}"])
+    assert result.exit_code == 2
+    assert "did you mean 'digits'" in result.output and "It accepts: digits, operations" in result.output
+
+
 def test_eval_scores_the_policy_a_run_saved(embedded_path, tmp_path):
     import json
 

@@ -32,9 +32,19 @@ def print_error(message: str) -> None:
     errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
+def load_checked(config_path: Optional[Path], overrides: List[str]) -> Config:
+    """``load_config``, then the check of task, reward and tool options against their registries
+    (``unipg.sample.validate``), which ``unipg.config`` cannot make itself."""
+    from unipg.sample.validate import check_sample_options
+
+    config = load_config(config_path, overrides)
+    check_sample_options(config)
+    return config
+
+
 def resolve(config_path: Optional[Path], overrides: List[str]) -> Config:
     try:
-        config = load_config(config_path, overrides)
+        config = load_checked(config_path, overrides)
     except ConfigError as error:
         print_error(str(error))
         raise typer.Exit(2) from None
@@ -135,7 +145,7 @@ def resolve_resumed(run_dir: Path, overrides: List[str]) -> Config:
                     "that `unipg train` created for the run")
         raise typer.Exit(2)
     try:
-        config = load_config(config_file, overrides)
+        config = load_checked(config_file, overrides)
     except ConfigError as error:
         print_error(str(error))
         raise typer.Exit(2) from None
@@ -278,13 +288,49 @@ def show_config(
 
 @app.command()
 def algorithms() -> None:
-    """List the named algorithm presets."""
+    """List the algorithm presets, then every estimator of each registry with the hyperparameters it accepts
+    (and their defaults): what ``estimator.<name>`` can be set to."""
+    from unipg.config.hyperparameters import CHOICES, general_settings
+
+    console.print(algorithm_table())
+    for choice in CHOICES:
+        console.print(choice_table(choice))
+    console.print(f"read whatever the estimators chosen: {hyperparameter_list(general_settings())}", highlight=False,
+                  soft_wrap=True)
+
+
+def algorithm_table() -> Table:
+    """One row per preset: its estimators (gymnasium preset; text preset where it differs) and what it is."""
     table = Table(title="algorithms")
-    table.add_column("name")
-    table.add_column("what it is")
+    for column in ("name", "advantage", "policy loss", "what it is"):
+        table.add_column(column)
     for name in sorted(ALGORITHMS):
-        table.add_row(name, ALGORITHMS[name].summary)
-    console.print(table)
+        algorithm = ALGORITHMS[name]
+        presets = [preset for preset in (algorithm.preset, algorithm.text_preset) if preset is not None]
+        chosen = [(preset["estimator"].get("advantage", "gae"), preset["estimator"].get("policy_loss", "ppo"))
+                  for preset in presets]
+        advantages = " / ".join(dict.fromkeys(advantage for advantage, _ in chosen))
+        losses = " / ".join(dict.fromkeys(loss for _, loss in chosen))
+        table.add_row(name, advantages, losses, algorithm.summary)
+    return table
+
+
+def choice_table(choice) -> Table:
+    """The entries ``estimator.<selector>`` can name, each with its summary and accepted hyperparameters."""
+    table = Table(title=f"estimator.{choice.selector} ({choice.kind})")
+    for column in ("name", "hyperparameters (default)", "what it is"):
+        table.add_column(column)
+    for name in choice.names():
+        registry = choice.registry_of(name)
+        table.add_row(name, hyperparameter_list(choice.options(name)) or "–", registry.entry(name).summary)
+    return table
+
+
+def hyperparameter_list(names: list[str]) -> str:
+    """``clip_range=0.2, dual_clip=None``: estimator settings with their defaults."""
+    from unipg.config.hyperparameters import default
+
+    return ", ".join(f"{name}={default(name)}" for name in names)
 
 
 @app.command("eval")

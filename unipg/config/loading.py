@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from unipg.config.hyperparameters import accepted_phrase, chosen_estimators
 from unipg.config.presets import ALGORITHMS, algorithm_names, ignored_keys
 from unipg.config.rules import cross_field_problems
 from unipg.config.schema import Config
@@ -259,10 +260,25 @@ def check_known_keys(tree: dict[str, Any]) -> None:
         if not close:  # a misspelt leaf under the right section, or the right leaf under the wrong one
             tail = key.rsplit(".", 1)[-1]
             close = [leaf for leaf in leaves if leaf.rsplit(".", 1)[-1] == tail][:1]
-        hint = f"; did you mean '{close[0]}'?" if close else f"; {siblings(key, valid)}"
+        hint = f"; did you mean '{close[0]}'?" if close else f"; {siblings(key, valid)}."
+        if key.startswith("estimator.") or FLAT_ALIASES.get(close[0] if close else "", "").startswith("estimator."):
+            hint += " " + accepted_phrase(chosen_in(tree))
         problems.append(f"unknown key '{key}'{hint}")
     if problems:
         raise ConfigError(invalid_configuration(problems))
+
+
+def chosen_in(tree: dict[str, Any]) -> dict[str, str]:
+    """The estimators a raw config tree chooses: its own estimator section over its algorithm's preset (the
+    defaults where the algorithm is unknown or the values are not names)."""
+    algorithm = ALGORITHMS.get(tree.get("algorithm", Config.model_fields["algorithm"].default)) \
+        if isinstance(tree.get("algorithm", ""), str) else None
+    text = isinstance(tree.get("task"), dict) and tree["task"].get("name") is not None
+    preset = {}
+    if algorithm is not None and (algorithm.text_preset if text else algorithm.preset) is not None:
+        preset = dict(algorithm.preset_for(text).get("estimator", {}))
+    section = tree.get("estimator")
+    return chosen_estimators({**preset, **(section if isinstance(section, dict) else {})})
 
 
 def siblings(key: str, valid: dict[str, type[BaseModel] | None]) -> str:

@@ -2,13 +2,16 @@
 
 A preset fills the defaults a user did not set; every value can be overridden. Each preset also says which
 config keys the algorithm ignores, so that setting one of those is reported instead of silently doing
-nothing. The classic-control defaults follow the tuned settings practitioners publish for CartPole-v1.
+nothing; estimator hyperparameters that only some estimators read are not listed here but derived from the
+estimator registries (``unipg.config.hyperparameters``). The classic-control defaults follow the tuned settings practitioners publish for CartPole-v1.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from unipg.config.hyperparameters import unread_hyperparameters
 
 # Keys classic-control training never reads: no reference model, MLPs on the
 # CPU, and one-step samples for which every loss aggregation mode gives the same result.
@@ -24,17 +27,10 @@ _GYM_UNUSED = frozenset(
         "sample.rollout_steps",
     }
 )
-_TRPO_ONLY = frozenset(
-    {
-        "estimator.max_kl",
-        "estimator.cg_iterations",
-        "estimator.cg_damping",
-        "estimator.line_search_steps",
-        "estimator.backtrack_coef",
-        "train.critic_updates",
-    }
-)
-_CLIP_ONLY = frozenset({"estimator.clip_range", "estimator.clip_range_high", "estimator.dual_clip"})
+# The critic regression epochs of TRPO's separate critic optimizer: a train key, so no estimator registry
+# declares it. (Estimator hyperparameters that only some estimators read, such as TRPO's max_kl or PPO's
+# clip_range, are not listed here: ``unipg.config.hyperparameters`` derives them from the registries.)
+_TRPO_TRAIN = frozenset({"train.critic_updates"})
 
 
 # Keys that only language-model training on text tasks reads.
@@ -46,7 +42,7 @@ _TEXT_ONLY = frozenset({"task.*", "model.*", "sft.*", "agent.*", "checkpoint.*",
 # Keys that language-model training never reads: the gymnasium environment, the MLP, the classic evaluation,
 # the gym rollout length, and TRPO.
 _TEXT_UNUSED = frozenset({"env.*", "policy.*", "eval.every_steps", "eval.episodes", "eval.deterministic",
-                          "sample.rollout_steps", "train.critic_updates"}) | _TRPO_ONLY
+                          "sample.rollout_steps"}) | _TRPO_TRAIN
 
 
 @dataclass(frozen=True)
@@ -124,7 +120,7 @@ _define(
         "train": {"learning_rate": 1e-3, "lr_schedule": "linear", "batch_size": 256, "mini_batch_size": 64,
                   "num_epochs": 10, "max_grad_norm": 0.5},
     },
-    _GYM_UNUSED | _TRPO_ONLY,
+    _GYM_UNUSED | _TRPO_TRAIN,
     # RLHF-style PPO (Ziegler et al. 2019; Ouyang et al. 2022): value head, token-level GAE with γ = 1,
     # the KL to the reference folded into each token's reward.
     _text({"advantage": "gae", "policy_loss": "ppo", "clip_range": 0.2, "normalize_advantages": True,
@@ -142,7 +138,7 @@ _define(
         "train": {"learning_rate": 1e-3, "batch_size": 1024, "mini_batch_size": 128, "critic_updates": 10,
                   "max_grad_norm": None},
     },
-    _GYM_UNUSED | _CLIP_ONLY | {"estimator.value_loss_coef", "estimator.value_clip_range", "train.num_epochs",
+    _GYM_UNUSED | {"estimator.value_loss_coef", "estimator.value_clip_range", "train.num_epochs",
                                 "estimator.entropy_coef", "estimator.off_policy_weight"},
 )
 _define(
@@ -155,7 +151,7 @@ _define(
         "train": {"learning_rate": 7e-4, "batch_size": 40, "mini_batch_size": 40, "num_epochs": 1,
                   "max_grad_norm": 0.5},
     },
-    _GYM_UNUSED | _TRPO_ONLY | _CLIP_ONLY | {"estimator.value_clip_range"},
+    _GYM_UNUSED | _TRPO_TRAIN | {"estimator.value_clip_range"},
 )
 _define(
     "reinforce",
@@ -167,10 +163,10 @@ _define(
         "train": {"learning_rate": 1e-3, "batch_size": 4000, "mini_batch_size": 4000, "num_epochs": 1,
                   "max_grad_norm": 0.5},
     },
-    _GYM_UNUSED | _TRPO_ONLY | _CLIP_ONLY | {"estimator.lambda_gae", "estimator.value_clip_range"},
+    _GYM_UNUSED | _TRPO_TRAIN | {"estimator.value_clip_range"},
     # On text: the sequence reward on every token minus the batch mean, no critic.
     _text({"advantage": "batch_mean_baseline", "policy_loss": "vanilla", "kl_coef": 0.0}),
-    _CRITIC_FREE | _CLIP_ONLY,
+    _CRITIC_FREE,
 )
 _define(
     "grpo",
@@ -212,42 +208,25 @@ _define(
     None, frozenset(),
     _text({"advantage": "reinforce_plus_plus", "policy_loss": "ppo", "clip_range": 0.2, "kl_coef": 0.01,
            "kl_in_reward": True, "loss_agg_mode": "token-mean"}),
-    _CRITIC_FREE | {"estimator.lambda_gae"},
+    _CRITIC_FREE,
 )
 
 
-# Hyperparameters that only matter for one choice of another key: key → (governing key, value it needs).
-_CONDITIONAL = {
-    "estimator.lambda_gae": ("estimator.advantage", {"gae"}),
-    "estimator.is_truncation": ("estimator.off_policy_weight", {"truncated_is"}),
-    "estimator.kl_filter_threshold": ("estimator.off_policy_weight", {"kl_filter"}),
-    "estimator.kl_filter_mode": ("estimator.off_policy_weight", {"kl_filter"}),
-    "estimator.version_window": ("estimator.off_policy_weight", {"version_window"}),
-    "estimator.sample_age_decay": ("estimator.off_policy_weight", {"age_decay"}),
-    "estimator.clip_range": ("estimator.policy_loss", {"ppo", "decoupled_ppo"}),
-    "estimator.clip_range_high": ("estimator.policy_loss", {"ppo", "decoupled_ppo"}),
-    "estimator.dual_clip": ("estimator.policy_loss", {"ppo", "decoupled_ppo"}),
-    "estimator.behaviour_weight_cap": ("estimator.policy_loss", {"decoupled_ppo"}),
-}
-
-
 def ignored_keys(config, user_keys: set[str]) -> list[str]:
-    """A warning for each key the user set that this configuration never reads."""
+    """A warning for each key the user set that this configuration never reads: keys the algorithm does not use
+    (the lists above), and estimator hyperparameters that no chosen estimator declares (from the registries)."""
     algorithm = ALGORITHMS[config.algorithm]
     text = config.is_text
     where = "on a text task" if text else "on a gymnasium environment"
+    unread = unread_hyperparameters(config.estimator, user_keys)
     warnings = []
     for key in sorted(user_keys):
         if key == "task.name":
             continue
         if not algorithm.uses(key, text):
             warnings.append(f"'{key}' has no effect with algorithm '{config.algorithm}' {where}; remove it")
-        elif key in _CONDITIONAL:
-            governing, needed = _CONDITIONAL[key]
-            section, name = governing.split(".")
-            if getattr(getattr(config, section), name) not in needed:
-                options = " or ".join(sorted(needed))
-                warnings.append(f"'{key}' has no effect unless {governing} is {options}; remove it or set {governing}")
+        elif key in unread:
+            warnings.append(unread[key])
     if config.estimator.off_policy_weight in {"age_decay", "version_window"}:
         warnings.append(f"estimator.off_policy_weight '{config.estimator.off_policy_weight}' has no effect in "
                         "synchronous training: every sample comes from the current policy (age 0)")

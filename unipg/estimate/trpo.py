@@ -25,6 +25,11 @@ from typing import Callable, Sequence
 
 import torch
 
+from unipg.estimate.registry import Registry
+
+# TRPO is a step on the parameters, not a loss, so it is not in POLICY_LOSSES; this registry declares what
+# ``estimator.policy_loss: trpo`` reads (setting name → keyword of ``trpo_step``).
+TRUST_REGION_STEPS = Registry("trust-region step")
 
 def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """Concatenate tensors into one flat vector (P,)."""
@@ -125,6 +130,10 @@ class TRPOStepResult:
     step_norm: float  # ‖θ_new − θ_old‖ of the accepted step (0 when rejected)
 
 
+@TRUST_REGION_STEPS.register(
+    "trpo", inputs=("params", "surrogate_fn", "kl_fn"),
+    options={"max_kl": "max_kl", "cg_damping": "damping", "cg_iterations": "cg_iterations",
+             "backtrack_coef": "backtrack_coef", "line_search_steps": "max_backtracks"})
 def trpo_step(
     params: Sequence[torch.Tensor],
     surrogate_fn: Callable[[], torch.Tensor],

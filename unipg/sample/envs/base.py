@@ -5,8 +5,9 @@ An episode is ``observation = await env.reset(example)`` followed by turns of
 environment answers with the next observation (a tool's output, an error message, a game state) and a
 reward for that step. Both methods are coroutines so that many episodes can wait on slow tools at once.
 
-``ENVS`` maps a name to a factory ``(task, reward_fn, service, **options) -> Env``; a fresh environment is
-built per episode, so environments may keep per-episode state. ``observation_role`` is the chat role the
+``ENVS`` maps a name to a factory ``(task, reward_fn, service, **options) -> Env``, whose other keyword
+parameters are the options it declares; a fresh environment is built per episode, so environments may keep
+per-episode state. ``observation_role`` is the chat role the
 observations are rendered with (``tool`` for tool outputs, ``user`` for a game or a simulated user).
 """
 
@@ -14,10 +15,12 @@ from __future__ import annotations
 
 from typing import NamedTuple, Protocol, runtime_checkable
 
-from unipg.estimate.registry import Registry
 from unipg.sample.tasks.base import Example
+from unipg.sample.tools.base import FactoryRegistry
 
-ENVS = Registry("environment")
+# Every factory takes the task, the reward function and the environment service; its other keyword
+# parameters are its options.
+ENVS = FactoryRegistry("environment", inputs=("task", "reward_fn", "service"))
 
 
 class StepResult(NamedTuple):

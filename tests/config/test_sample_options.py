@@ -1,0 +1,54 @@
+"""Task, reward and tool options are checked at load time against their registries (``unipg.sample.validate``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from unipg.config import ConfigError, load_config
+from unipg.sample.tasks.base import TASKS
+from unipg.sample.validate import check_sample_options
+
+TEXT = ["algorithm=grpo", "task.name=arithmetic"]
+
+
+def check(*overrides: str) -> None:
+    check_sample_options(load_config(None, [*TEXT, *overrides]))
+
+
+def test_an_unknown_task_option_fails_at_load_listing_the_accepted_options():
+    with pytest.raises(ConfigError) as error:
+        check("task.options={digts: 3}")
+    message = str(error.value)
+    assert "task.options: task 'arithmetic' has no option 'digts'; did you mean 'digits'?" in message
+    assert f"It accepts: {', '.join(TASKS.options('arithmetic'))}" in message
+
+
+def test_the_accepted_options_are_the_factory_keywords():
+    assert TASKS.options("arithmetic") == ["digits", "operations", "num_train", "num_test", "data_seed"]
+
+
+def test_reward_and_tool_options_and_names_are_checked():
+    with pytest.raises(ConfigError, match=r"task.rewards\[0\]: reward 'math' has no option 'tolerence'; did you mean "
+                                          r"'tolerance'\? It accepts: tolerance"):
+        check("task.rewards=[{name: math, tolerence: 0.1}]")
+    with pytest.raises(ConfigError, match=r"task.rewards\[0\]: reward 'length' needs the option\(s\) max_length"):
+        check("task.rewards=[{name: length}]")
+    with pytest.raises(ConfigError, match=r"task.tools\[0\]: tool 'python' has no option 'timout'.*It accepts: timeout"):
+        check("task.tools=[{name: python, options: {timout: 3}}]")
+    with pytest.raises(ConfigError, match=r"task.tools\[0\]: unknown tool 'calc'; did you mean 'calculator'"):
+        check("task.tools=[{name: calc}]")
+
+
+def test_wrong_types_unknown_tasks_and_stages_are_reported():
+    with pytest.raises(ConfigError, match=r"option 'digits' must be int, got str"):
+        check("task.options={digits: three}")
+    with pytest.raises(ConfigError, match=r"task.name: unknown task 'arithmetc'; did you mean 'arithmetic'"):
+        check_sample_options(load_config(None, ["algorithm=grpo", "task.name=arithmetc"]))
+    with pytest.raises(ConfigError, match=r"sft.stages\[0\].options: task 'arithmetic' has no option 'digts'"):
+        check("sft.stages=[{steps: 1, options: {digts: 2}}]")
+
+
+def test_valid_options_pass():
+    check("task.options={digits: 3}", "task.rewards=[{name: math, weight: 1.0, tolerance: 0.01}]",
+          "task.tools=[{name: python, options: {timeout: 3}}]")
+    check_sample_options(load_config(None, []))  # gymnasium: nothing to check

@@ -1,0 +1,122 @@
+"""Sections about how a run executes and records itself: evaluation, the rollout/learner runtime, Ray placement,
+and logging."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from unipg.config.section import Section
+
+
+class EvalConfig(Section):
+    """Periodic evaluation on fresh environments."""
+
+    every_steps: int = Field(10_000, ge=1)
+    """evaluate every this many environment steps (and once at the end)."""
+    episodes: int = Field(20, ge=1)
+    """evaluation episodes."""
+    deterministic: bool = True
+    """act greedily (mode of the policy) during evaluation."""
+    every_updates: int = Field(10, ge=1)
+    """text tasks: evaluate on the held-out split every this many learner updates (and before and after)."""
+    pass_k: int = Field(4, ge=0)
+    """text tasks: also report sampled pass@k with this k (0 = greedy pass@1 only)."""
+    max_examples: int | None = Field(None, ge=1)
+    """text tasks: evaluate on the first this many held-out examples (None = all)."""
+
+
+class RuntimeConfig(Section):
+    """How rollout and learner share the work (``unipg.runtime.driver``, ``unipg.runtime.replay``)."""
+
+    max_staleness: int = Field(0, ge=0)
+    """η: the most learner versions a trajectory may lag behind the learner that trains on it, enforced when
+    episodes are started (AReaL's max_head_offpolicyness); 0 is synchronous training."""
+    schedule: Literal["auto", "sequential", "concurrent"] = "auto"
+    """sequential: rollout fills the buffer between learner steps (reproducible; exactly η versions old data);
+    concurrent: rollout runs in a background thread on its own copy of the weights; auto: sequential when
+    max_staleness is 0 or ``deterministic`` is set, else concurrent."""
+    sampling: Literal["fifo", "fresh", "weighted"] = "fifo"
+    """Which buffered groups a learner step takes: oldest first, newest first, or at random with probability
+    ∝ freshness_decay ** age."""
+    freshness_decay: float = Field(0.5, gt=0.0, le=1.0)
+    """Per-version weight of the ``weighted`` sampling preference."""
+    eviction: Literal["oldest", "probabilistic"] = "oldest"
+    """What makes room in a full buffer: the oldest group, or a random one with probability ∝ age + 1."""
+
+
+class RayConfig(Section):
+    """``backend: ray``: where the roles of a text run are placed (``unipg.runtime.backends.ray_lm``, docs/runtime.md)."""
+
+    address: str | None = None
+    """None starts a local Ray instance for the run (and stops it at the end); ``auto`` joins the cluster this
+    machine belongs to; ``host:port`` or ``ray://host:port`` joins that one."""
+    num_cpus: int | None = Field(None, ge=1)
+    """CPUs of a local instance (None: all of this machine's)."""
+    dashboard: bool = False
+    """start Ray's dashboard with a local instance (bound to 127.0.0.1)."""
+    runtime_env: dict[str, Any] | None = None
+    """Ray runtime environment of the run's actors, e.g. ``{working_dir: ., pip: [...]}`` on a cluster whose
+    machines lack unipg."""
+    rollout_workers: int = Field(2, ge=1)
+    """rollout worker actors; each runs episodes on its own copy of the policy."""
+    rollout_num_cpus: float = Field(1.0, ge=0.0)
+    """CPUs reserved per rollout worker."""
+    rollout_num_gpus: float = Field(0.0, ge=0.0)
+    """GPUs per rollout worker (its policy copy is moved to the GPU when > 0)."""
+    episodes_per_worker: int | None = Field(None, ge=1)
+    """episodes in flight on one worker at once (None: ``agent.concurrency``); the staleness gate bounds the
+    total."""
+    env_workers: int = Field(1, ge=0)
+    """environment actors running tool calls (0: each rollout worker runs its tools itself)."""
+    env_num_cpus: float = Field(0.25, ge=0.0)
+    """CPUs reserved per environment actor."""
+    placement: Literal["none", "pack", "spread"] = "none"
+    """place rollout workers in a placement group: ``pack`` on as few machines as possible, ``spread`` over
+    as many; ``none`` leaves it to Ray's scheduler."""
+    start_timeout: float = Field(180.0, gt=0.0)
+    """seconds an actor or the placement group may take to start before the run stops with an error."""
+    episode_timeout: float = Field(600.0, gt=0.0)
+    """seconds a group of episodes may run on a worker; past it the worker is replaced and the group run again."""
+    max_attempts: int = Field(3, ge=1)
+    """runs of one group (first run included) before it is given up and counted as failed."""
+    max_restarts: int = Field(10, ge=0)
+    """rollout worker replacements in a run (after a crash, a kill or a hung group) before the run stops."""
+    health_timeout: float = Field(10.0, gt=0.0)
+    """seconds an environment actor may take to answer a health check after a tool call timed out on it;
+    an actor that does not, or whose tool is still running past ``agent.tool_timeout``, is restarted."""
+
+
+class LogConfig(Section):
+    """Where and how a run records itself."""
+
+    output_dir: str = "runs"
+    """directory under which each run gets its own folder."""
+    run_name: str | None = None
+    """folder name of the run, created under output_dir; default: <algorithm>-<env>-seed<seed>-<time>."""
+    tensorboard: bool = True
+    """also write TensorBoard event files (metrics.jsonl is always written)."""
+    progress: bool = True
+    """show a progress bar on a terminal (plain lines when output is not a terminal)."""
+    log_every_updates: int = Field(1, ge=1)
+    """write training metrics every this many learner updates."""
+    wandb: bool = False
+    """also log to Weights & Biases (pip install 'unipg[wandb]'); the configuration is the run's config."""
+    wandb_mode: Literal["offline", "online"] = "offline"
+    """offline writes under the run folder with no network (upload later with `wandb sync`)."""
+    wandb_project: str = "unipg"
+    """Weights & Biases project of the run."""
+    monitor: bool = True
+    """run the doctor's checks live on the logged metrics and warn when a condition begins."""
+
+    @field_validator("run_name")
+    @classmethod
+    def _plain_folder_name(cls, name: str | None) -> str | None:
+        # '..', '/x' or 'a/../../b' would put the run, and its config.yaml, outside output_dir; 'sweep1/lr3e-4'
+        # (a folder per sweep) stays inside it
+        parts = name.replace("\\", "/").split("/") if name is not None else []
+        if name is not None and (name.startswith(("/", "\\")) or any(part.strip() in ("", ".", "..") for part in parts)):
+            raise ValueError("run_name must be a relative folder path such as 'baseline-1' or 'sweep1/lr3e-4', "
+                             "without '..', '.' or empty parts; the folder is made under log.output_dir")
+        return name

@@ -1,0 +1,175 @@
+"""Sections of language-model training on text tasks: the model, the task, multi-turn agents, the supervised
+warm start, sampling, checkpoints and rollbacks."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from unipg.config.section import Section
+
+
+class ModelConfig(Section):
+    """The language model trained on text tasks (Q1 for text): any Hugging Face causal LM."""
+
+    name: str = "embedded"
+    """hub id or local path of an AutoModelForCausalLM, or 'embedded' / 'embedded:small' for the built-in model."""
+    warm_start: bool = False
+    """fine-tune the model on the task's demonstrations (section sft) before RL; the result is cached."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """parameter dtype of the policy, critic and reference."""
+    value_head: bool = False
+    """add a value head (critic) on the policy's last hidden state; PPO needs a critic."""
+    critic: str | None = None
+    """hub id or path of a separate critic model (its own backbone + value head) instead of a shared head."""
+    reference: Literal["auto", "copy", "none"] = "auto"
+    """frozen reference for the KL penalty: auto = needed only when kl_coef > 0 or KL is adaptive (with LoRA the
+    adapter-disabled model is the reference and no copy is held)."""
+    lora_rank: int = Field(0, ge=0)
+    """LoRA rank; 0 trains all weights (LoRA needs the peft extra)."""
+    lora_alpha: float = Field(16.0, gt=0.0)
+    """LoRA scaling α."""
+    lora_target_modules: str | list[str] = "all-linear"
+    """modules LoRA adapts ('all-linear' or a list of module names)."""
+    gradient_checkpointing: bool = False
+    """recompute activations in the backward pass to save memory."""
+    trust_remote_code: bool = False
+    """allow model code from the hub repository (only for models you trust)."""
+
+
+class TaskConfig(Section):
+    """A single-turn text task with rule-based rewards; setting ``name`` switches training to language models."""
+
+    name: str | None = None
+    """task name (arithmetic, gsm8k); None trains on the gymnasium environment of section env."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """task options, e.g. {digits: 3} for arithmetic or {path: data/gsm8k.jsonl} for gsm8k."""
+    rewards: list[dict[str, Any]] | None = None
+    """reward functions and weights, e.g. [{name: math, weight: 1.0}, {name: format, weight: 0.1}];
+    None = the task's default."""
+    system_prompt: str | None = None
+    """system message put before every prompt (None = the task's own, if any)."""
+    tools: list[dict[str, Any]] | None = None
+    """tools the agent may call, e.g. [{name: calculator}, {name: python, options: {timeout: 5}}];
+    None = the task's default (single-turn tasks have none)."""
+
+
+class AgentConfig(Section):
+    """Multi-turn episodes: turn budget, the environment service's failure policy, process rewards."""
+
+    max_turns: int | None = Field(None, ge=1)
+    """policy turns per episode (generate → tool → generate ...); None = the task's default."""
+    max_total_tokens: int = Field(384, ge=1)
+    """token budget of an episode after its prompt (sampled + inserted tokens); the episode ends when spent."""
+    concurrency: int = Field(256, ge=1)
+    """episodes in flight at once; their generation requests are batched together."""
+    batch_wait_ms: float = Field(5.0, ge=0.0)
+    """how long the inference batcher waits for more requests while some episodes are busy with tools."""
+    tool_timeout: float = Field(10.0, gt=0.0)
+    """seconds one tool call may take before it counts as failed."""
+    tool_retries: int = Field(2, ge=0)
+    """extra attempts after a failed or timed-out tool call."""
+    retry_backoff: float = Field(0.05, ge=0.0)
+    """seconds before the first retry, doubled after each further failure."""
+    default_observation: str = "tool unavailable"
+    """what the agent sees when a tool failed on every attempt."""
+    failure_penalty: float = Field(0.1, ge=0.0)
+    """reward subtracted on a turn whose tool call failed on every attempt."""
+    process_weight: float = Field(0.1, ge=0.0)
+    """weight of process rewards (valid call and tool success: +; malformed call: −) relative to a final
+    reward of 1; positive process reward is capped at this weight per episode, so extra calls never pay."""
+    tool_prompt: bool = True
+    """describe the tools to the model: through the chat template's tools argument when it has one, else in
+    the system message."""
+
+
+class SFTStage(Section):
+    """An earlier supervised stage on the same task built with other options (a curriculum)."""
+
+    steps: int = Field(..., ge=1)
+    """optimizer steps of this stage."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """task options that replace the run's task.options for this stage, e.g. {tool_demonstrations: 1.0}."""
+    learning_rate: float | None = Field(None, gt=0.0)
+    """peak learning rate of this stage (None = sft.learning_rate)."""
+    batch_size: int | None = Field(None, ge=1)
+    """demonstrations per step in this stage (None = sft.batch_size)."""
+
+
+class SFTConfig(Section):
+    """Supervised warm start on the task's demonstrations (completion-only loss)."""
+
+    stages: list[SFTStage] = Field(default_factory=list)
+    """stages run in order before the main stage, each on the task rebuilt with its own options: e.g. first
+    only demonstrations that use a tool (to learn the skill quickly), then the run's own mixture."""
+
+    steps: int = Field(600, ge=1)
+    """optimizer steps."""
+    batch_size: int = Field(64, ge=1)
+    """demonstrations per step."""
+    learning_rate: float = Field(1e-3, gt=0.0)
+    """peak learning rate (linear warm-up, then cosine decay to 10%)."""
+    examples: int | None = Field(None, ge=1)
+    """use only the first this many training demonstrations (None = all)."""
+    group_by_length: bool = False
+    """batch demonstrations of similar length together: much less padding when lengths vary widely. Batches
+    then alternate between kinds of demonstration (short answers, long tool calls), which can swing a choice
+    the mixture decides, such as how often to call a tool; keep it off for such mixtures."""
+
+
+class SampleConfig(Section):
+    """How completions are sampled for text tasks (unused by gymnasium training)."""
+
+    samples_per_prompt: int = Field(8, ge=1)
+    """completions sampled per prompt: the group of GRPO and RLOO; batch_size / samples_per_prompt prompts per update."""
+    max_new_tokens: int = Field(64, ge=1)
+    """longest completion in tokens; must be below the model's context length (checked when the model loads)."""
+    temperature: float = Field(1.0, ge=0.0)
+    """sampling temperature (0 = greedy); log-probs are those of softmax(logits / temperature)."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """nucleus sampling: keep the smallest token set with probability ≥ top_p."""
+    top_k: int | None = Field(None, ge=1)
+    """keep only the k most likely tokens (None = all)."""
+    stop: list[str] = Field(default_factory=list)
+    """strings that end a completion (besides the EOS token); the text is cut before them."""
+    max_prompt_length: int = Field(512, ge=1)
+    """prompts longer than this many tokens keep their last max_prompt_length tokens. Where a prompt and its
+    completion would outgrow the model's context, the completion stops there (finish reason "length"); a prompt
+    that fills the context by itself is an error."""
+    rollout_steps: int = Field(512, ge=1)
+    """trajectories the rollout side produces per learner step."""
+    replay_buffer_size: int = Field(4096, ge=1)
+    """capacity of the replay buffer in trajectories."""
+
+
+class CheckpointConfig(Section):
+    """Text tasks: checkpoints under <run>/checkpoints, from which ``unipg train --resume RUN_DIR`` continues."""
+
+    every_updates: int = Field(50, ge=0)
+    """save a checkpoint every this many learner updates (0 = only at the end and when interrupted); a
+    rollback goes back to the newest checkpoint."""
+    keep_last: int = Field(2, ge=1)
+    """keep this many newest checkpoints; older ones are deleted (the best one is kept too, see keep_best)."""
+    keep_best: bool = True
+    """also keep the checkpoint with the best best_metric, however old."""
+    best_metric: str = "eval/pass@1"
+    """metric, higher is better, that ranks checkpoints for keep_best; only checkpoints saved at an update
+    with an evaluation carry it."""
+
+
+class RollbackConfig(Section):
+    """Text tasks: skip updates that blow up and, when they keep doing so, go back to the last checkpoint."""
+
+    enabled: bool = True
+    """skip an optimizer step whose loss or gradient norm is not finite, revert an update whose KL spikes (see
+    kl_multiple), and roll back to the newest checkpoint after max_trips such updates in a row."""
+    kl_multiple: float = Field(10.0, gt=0.0)
+    """an update whose approx KL exceeds kl_multiple × estimator.target_kl is reverted (only when target_kl is
+    set; the learner then keeps a copy of the parameters and optimizer state during each update)."""
+    max_trips: int = Field(3, ge=1)
+    """consecutive skipped or reverted updates after which the run rolls back to its newest checkpoint."""
+    lr_factor: float = Field(0.5, gt=0.0, le=1.0)
+    """multiply the learning rate by this after each rollback (kept in checkpoints, so a resumed run keeps it)."""
+    max_rollbacks: int = Field(5, ge=0)
+    """stop the run with an error when it would roll back more often than this."""
