@@ -15,10 +15,10 @@ import unipg.sample.tasks  # registers every task
 import unipg.sample.tools  # noqa: F401  (registers every tool)
 from unipg.config import Config, ConfigError
 from unipg.config.loading import invalid_configuration
-from unipg.estimate.registry import RegistryError, unknown_name_message
+from unipg.estimate.registry import FactoryRegistry, RegistryError, unknown_name_message
 from unipg.sample.rewards.rules import REWARDS
 from unipg.sample.tasks.base import TASKS, check_option_types, validate_options
-from unipg.sample.tools.base import TOOLS, FactoryRegistry
+from unipg.sample.tools.base import TOOLS
 
 
 def check_sample_options(config: Config) -> None:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import NamedTuple, Protocol, runtime_checkable
 
+from unipg.estimate.registry import FactoryRegistry
 from unipg.sample.tasks.base import Example
-from unipg.sample.tools.base import FactoryRegistry
 
 # Every factory takes the task, the reward function and the environment service; its other keyword
 # parameters are its options.

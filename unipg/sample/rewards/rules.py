@@ -25,6 +25,7 @@ import threading
 from fractions import Fraction
 from typing import Any, Callable
 
+from unipg.estimate.registry import FactoryRegistry
 from unipg.sample.answers import extract_final_answer, normalize_answer
 from unipg.sample.rewards.combine import (  # noqa: F401  (the combination, importable from here as before)
     CombinedReward,
@@ -33,7 +34,6 @@ from unipg.sample.rewards.combine import (  # noqa: F401  (the combination, impo
     RewardResult,
 )
 from unipg.sample.tasks.base import validate_options
-from unipg.sample.tools.base import FactoryRegistry
 
 REWARDS = FactoryRegistry("reward")  # a factory's keyword parameters are the reward's options
 

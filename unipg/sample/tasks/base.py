@@ -19,8 +19,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Callable
 
-from unipg.estimate.registry import RegistryError
-from unipg.sample.tools.base import FactoryRegistry
+from unipg.estimate.registry import FactoryRegistry, RegistryError
 
 
 @dataclass(frozen=True)

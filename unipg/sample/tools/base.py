@@ -34,53 +34,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from unipg.estimate.registry import Registry
-
-
-class FactoryRegistry(Registry):
-    """A registry of factories whose keyword parameters are their options, declared once when they register.
-
-    ``@TASKS.register("arithmetic")`` declares every parameter of the factory as an option (setting name =
-    keyword), except the ``inputs`` the caller hands every factory of the registry (an environment's task and
-    reward function); ``register(name, options=...)`` declares them explicitly instead. A factory that also
-    takes ``**options`` accepts any option besides its named ones. ``required(name)`` lists the options
-    without a default, so a configuration can be checked before anything is built.
-    """
-
-    def __init__(self, kind: str, inputs: tuple[str, ...] = ()):
-        super().__init__(kind)
-        self.inputs = tuple(inputs)
-        self._open: set[str] = set()
-        self._required: dict[str, list[str]] = {}
-
-    def register(self, name: str, *, inputs: tuple[str, ...] | None = None,
-                 options: dict[str, str] | tuple[str, ...] | None = None) -> Callable[[Callable], Callable]:
-        inputs = self.inputs if inputs is None else tuple(inputs)
-
-        def decorate(fn):
-            parameters = inspect.signature(fn).parameters
-            named = [key for key, p in parameters.items()
-                     if key not in inputs and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-            Registry.register(self, name, inputs=inputs, options=named if options is None else options)(fn)
-            if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
-                self._open.add(name)
-            keywords = self.entry(name).options
-            self._required[name] = [setting for setting, keyword in keywords.items()
-                                    if keyword in parameters and parameters[keyword].default is inspect.Parameter.empty]
-            return fn
-
-        return decorate
-
-    def required(self, name: str) -> list[str]:
-        """The options entry ``name`` cannot be built without."""
-        self.entry(name)  # an unknown name: RegistryError listing the valid ones
-        return list(self._required[name])
-
-    def check_options(self, name: str, given: Any) -> None:
-        """Like ``Registry.check_options``; a factory with ``**options`` accepts any option."""
-        if name not in self._open:
-            super().check_options(name, given)
-
+from unipg.estimate.registry import FactoryRegistry
 
 TOOLS = FactoryRegistry("tool")
 
