@@ -11,14 +11,13 @@ accepted as they are through ``overrides=[...]``. The command line (``unipg.cli`
 
 from __future__ import annotations
 
-import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from unipg.config import Config, ConfigError
 from unipg.config import load_config as _load_config_file
+from unipg.sample.validate import check_sample_options
 
 
 @dataclass
@@ -41,12 +40,12 @@ def load_config(source: str | Path | Config | None = None, *, overrides: list[st
     Besides the schema and its cross-field rules, the options of the task, rewards and tools are checked
     against their registries here, before anything runs.
     """
-    pairs = list(overrides or []) + [f"{key.replace('__', '.')}={_yaml_value(value)}" for key, value in settings.items()]
+    pairs = _override_pairs(overrides, settings)
     if isinstance(source, Config):
         config = source if not pairs else _rebuild(source, pairs)
     else:
         config = _load_config_file(source, pairs)
-    _check_registered_options(config)
+    check_sample_options(config)
     return config
 
 
@@ -65,41 +64,46 @@ def train(config: str | Path | Config | None = None, *, overrides: list[str] | N
             raise ConfigError("resume continues a run with its own config.yaml; pass config=None")
         config = Path(resume) / "config.yaml"
     loaded = load_config(config, overrides=overrides, **settings)
-    if loaded.is_text:
-        from unipg.runtime.lm import train_text
-
-        details = train_text(loaded, resume=resume)
-    else:
-        from unipg.runtime.gym import train_classic
-
-        details = train_classic(loaded, return_threshold=return_threshold)
+    details = run(loaded, resume=resume, return_threshold=return_threshold)
     return RunResult(details.run_dir, final_metrics(details.run_dir), loaded, details)
 
 
-def evaluate(run_dir: str | Path, *, overrides: list[str] | None = None, **settings: Any) -> dict[str, float]:
-    """Held-out metrics of the policy a language-model run saved in ``run_dir`` (its test split, greedy)."""
-    from unipg.runtime.evaluation import evaluate_model, run_config
+def run(config: Config, *, resume: str | Path | None = None, return_threshold: float | None = None):
+    """Train a loaded ``config`` in its mode and return the mode's result: a language model on a text task
+    (continuing the run in ``resume`` if given), or an MLP on a gymnasium environment (``return_threshold``
+    marks when the evaluation return first reaches it)."""
+    if config.is_text:
+        from unipg.runtime.lm import train_text
 
-    pairs = list(overrides or []) + [f"{key.replace('__', '.')}={_yaml_value(value)}" for key, value in settings.items()]
-    config = run_config(Path(run_dir), pairs)
-    _check_registered_options(config)
+        return train_text(config, resume=resume)
+    if resume is not None:
+        raise ConfigError(f"resume continues language-model runs only; this one trains on {config.env.id}")
+    from unipg.runtime.gym import train_classic
+
+    return train_classic(config, return_threshold=return_threshold)
+
+
+def evaluate(source: str | Path | Config, *, overrides: list[str] | None = None, **settings: Any) -> dict[str, float]:
+    """Held-out metrics (greedy, the task's test split) of the policy a language-model run saved in the folder
+    ``source``, or of ``source.model.name`` when ``source`` is a ``Config``."""
+    from unipg.runtime.evaluation import evaluate_model
+
+    config = source if isinstance(source, Config) else evaluation_config(source, overrides=overrides, **settings)
     return evaluate_model(config)
 
 
-def quiet_libraries() -> None:
-    """Silence the progress bars and info logs of transformers and friends in a training process."""
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    logging.getLogger("transformers").setLevel(logging.ERROR)
+def evaluation_config(run_dir: str | Path, *, overrides: list[str] | None = None, **settings: Any) -> Config:
+    """The configuration of the finished run in ``run_dir``, pointed at the policy it saved."""
+    from unipg.runtime.evaluation import run_config
 
-
-def _check_registered_options(config: Config) -> None:
-    """The options of the task, rewards and tools, against what their registries declare."""
-    try:
-        from unipg.sample.validate import check_sample_options
-    except ImportError:  # a build without the check: the factories still validate when called
-        return
+    config = run_config(Path(run_dir), _override_pairs(overrides, settings))
     check_sample_options(config)
+    return config
+
+
+def _override_pairs(overrides: list[str] | None, settings: dict[str, Any]) -> list[str]:
+    """``key=value`` strings: the given ``overrides``, then ``settings`` with ``__`` read as ``.``."""
+    return list(overrides or []) + [f"{key.replace('__', '.')}={_yaml_value(value)}" for key, value in settings.items()]
 
 
 def _yaml_value(value: Any) -> str:

@@ -17,7 +17,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from unipg.config import Config, ConfigError, load_config
+from unipg import api
+from unipg.config import Config, ConfigError
 from unipg.config.presets import ALGORITHMS
 from unipg.estimate.registry import RegistryError
 
@@ -33,13 +34,8 @@ def print_error(message: str) -> None:
 
 
 def load_checked(config_path: Optional[Path], overrides: List[str]) -> Config:
-    """``load_config``, then the check of task, reward and tool options against their registries
-    (``unipg.sample.validate``), which ``unipg.config`` cannot make itself."""
-    from unipg.sample.validate import check_sample_options
-
-    config = load_config(config_path, overrides)
-    check_sample_options(config)
-    return config
+    """``unipg.api.load_config``: the schema, the cross-field rules and the registered options."""
+    return api.load_config(config_path, overrides=overrides)
 
 
 def resolve(config_path: Optional[Path], overrides: List[str]) -> Config:
@@ -127,12 +123,9 @@ def run_in_parallel(configs: list[Config], threshold: Optional[float], jobs: int
 
 def train_in_child(config: Config, threshold: Optional[float]):
     """One seed of ``run_in_parallel``: the result, or the message of the error that stopped it."""
-    from unipg.runtime.gym import train_classic
-    from unipg.runtime.lm import train_text
-
     quiet_libraries()
     try:
-        return train_text(config) if config.is_text else train_classic(config, return_threshold=threshold)
+        return api.run(config, return_threshold=threshold)
     except (ValueError, RegistryError) as error:
         return str(error)
 
@@ -158,13 +151,10 @@ def resolve_resumed(run_dir: Path, overrides: List[str]) -> Config:
 
 def run_guarded(config: Config, threshold: Optional[float], resume: Optional[Path] = None):
     """Run one training job; bad input (a model path, an environment id) ends with its message, not a traceback."""
-    from unipg.runtime.gym import train_classic
-    from unipg.runtime.lm import TrainingStopped, train_text
+    from unipg.runtime.lm import TrainingStopped
 
     try:
-        if config.is_text:
-            return train_text(config, resume=resume)
-        return train_classic(config, return_threshold=threshold)
+        return api.run(config, resume=resume, return_threshold=threshold)
     # An unknown task or reward name is a RegistryError; an OSError, a folder that cannot be written.
     except (ValueError, RegistryError, OSError) as error:
         print_error(str(error))
@@ -343,16 +333,14 @@ def evaluate(
     """Evaluate a model on a text task's held-out split: completion (pass@1), pass@k, turns, tool use."""
     import json
 
-    from unipg.runtime.evaluation import evaluate_model, run_config
-
     try:
         if run is not None:
             if config_path is not None:
                 raise ValueError("--run evaluates with the run's own config.yaml; drop --config")
-            config = run_config(run, list(overrides or []))
+            config = api.evaluation_config(run, overrides=list(overrides or []))
         else:
             config = resolve(config_path, list(overrides or []))
-        metrics = evaluate_model(config)
+        metrics = api.evaluate(config)
     except (ValueError, ConfigError, RegistryError) as error:
         print_error(str(error))
         raise typer.Exit(2) from None
