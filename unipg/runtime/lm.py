@@ -231,10 +231,12 @@ def build_runtime(config: Config, runner: EpisodeRunner, sampler: PromptSampler,
         rollout = RayRollout(runner, sampler, config, generator, task, log=log)
     elif schedule == "concurrent":
         copy = inference_copy(runner.policy)
-        rollout = TextRollout(EpisodeRunner(copy, task, config, reward_fn), sampler, config, generator,
-                              WeightSync(runner.policy.model, copy.model), owns_runner=True)
+        rollout = TextRollout(EpisodeRunner(copy, task, config, reward_fn), sampler, generator,
+                              WeightSync(runner.policy.model, copy.model), owns_runner=True,
+                              group_size=config.sample.samples_per_prompt, concurrency=config.agent.concurrency)
     else:
-        rollout = TextRollout(runner, sampler, config, generator)
+        rollout = TextRollout(runner, sampler, generator, group_size=config.sample.samples_per_prompt,
+                              concurrency=config.agent.concurrency)
     try:
         return Runtime(rollout, groups_per_step=config.prompts_per_step, group_size=config.sample.samples_per_prompt,
                        max_staleness=settings.max_staleness, capacity=config.sample.replay_buffer_size,
@@ -268,14 +270,16 @@ def finished_run(run_dir: Path, checkpoint: Checkpoint) -> TextTrainResult:
                            history, checkpoint.state["train_seconds"], resumed_from=checkpoint.step)
 
 
-def train_step(runtime: Runtime, learner: TextLearner, timer: Timer, update: int) -> tuple[dict[str, float], int]:
-    """Update ``update``: the next groups from the runtime, their reference log-probs and values, the estimator's
-    epochs of mini-batch steps, the new weights published. Its record (rollout, train, timing and system metrics)
-    and its number of samples; ``ProducerFailed`` when rollout cannot go on (from ``next_groups``, before
-    anything of the update is done)."""
+def train_step(runtime: Runtime, learner: TextLearner, timer: Timer, update: int, *, group_size: int,
+               tools: bool) -> tuple[dict[str, float], int]:
+    """Update ``update``: the next groups (of ``group_size`` episodes, with tool calls if ``tools``) from the
+    runtime, their reference log-probs and values, the estimator's epochs of mini-batch steps, the new weights
+    published. Its record (rollout, train, timing and system metrics) and its number of samples;
+    ``ProducerFailed`` when rollout cannot go on (from ``next_groups``, before anything of the update is done)."""
     start = time.time()
     groups, record = runtime.next_groups(update - 1)
-    batch, rollout_record = rollout_batch(groups, runtime.rollout, update - 1, record["timing/learner_wait"])
+    batch, rollout_record = rollout_batch(groups, runtime.rollout, update - 1, record["timing/learner_wait"],
+                                          group_size=group_size, pad_id=learner.policy.pad_id, tools=tools)
     record.update(rollout_record)
     with timer("logprob"):
         record.update({f"train/{k}": v for k, v in learner.prepare(batch).items()})
@@ -359,9 +363,9 @@ def train_text(config: Config, *, task: Task | None = None, resume: str | Path |
         progress.close()
         logger.close()
         raise
-    checkpointer.episode_state = getattr(runtime.rollout, "episode_state", None)
-    if checkpoint is not None and hasattr(runtime.rollout, "account"):  # the episode counts go on, too
-        runtime.rollout.account.resume(checkpoint.state.get("episodes"))
+    checkpointer.episode_state = runtime.rollout.episode_state
+    if checkpoint is not None:  # the episode counts go on, too
+        runtime.rollout.resume_episodes(checkpoint.state.get("episodes"))
     try:
         with StopRequest() as stop:
             if checkpoint is None:
@@ -377,7 +381,9 @@ def train_text(config: Config, *, task: Task | None = None, resume: str | Path |
                 fraction = 1.0 - (update - 1) / updates if config.train.lr_schedule == "linear" else 1.0
                 lr = learner.set_lr_fraction(fraction)
                 try:
-                    record, size = train_step(runtime, learner, timer, update)
+                    record, size = train_step(runtime, learner, timer, update,
+                                              group_size=config.sample.samples_per_prompt,
+                                              tools=runner.service is not None)
                 except ProducerFailed as failure:  # rollout cannot go on: keep what is trained, say how to go on
                     raise ValueError(rollout_failed(failure, checkpointer, update - 1, saved, samples,
                                                     train_seconds, history)) from failure

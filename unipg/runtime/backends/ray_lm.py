@@ -129,7 +129,7 @@ class RayRollout:
         self.config, self.sampler, self.generator, self.log = config, sampler, generator, log
         self.settings = settings = config.ray
         self.source = runner.policy.model
-        self.pad_id, self.uses_tools = runner.policy.pad_id, runner.service is not None
+        self.uses_tools = runner.service is not None
         self.group_size = config.sample.samples_per_prompt
         self.account = EpisodeAccount()
         self.worker_restarts = 0
@@ -426,6 +426,7 @@ class RayRollout:
                 self.service.merge(report["service"])
 
     def pop_generation(self) -> tuple[list[int], float]:
+        """Sizes of the workers' generate calls and their seconds, reported with their results since the last call."""
         with self._lock:
             sizes, seconds = self.batch_sizes, self.generate_seconds
             self.batch_sizes, self.generate_seconds = [], 0.0
@@ -436,7 +437,13 @@ class RayRollout:
         with self._lock:
             return self.account.state()
 
+    def resume_episodes(self, state: dict[str, int] | None) -> None:
+        """Continue the episode counts of a checkpoint (``EpisodeAccount.resume``)."""
+        with self._lock:
+            self.account.resume(state)
+
     def pop_service_metrics(self, prefix: str) -> dict[str, float]:
+        """The workers' environment service counters, the episode counts and the worker and actor restarts."""
         with self._lock:
             stats, self.service = self.service, ServiceStats()
             metrics = stats.metrics(prefix) if self.uses_tools else {}
@@ -446,11 +453,13 @@ class RayRollout:
                 metrics["ray/env_restarts"] = float(self.env_restarts)
         return metrics
 
-    def pop_sync_seconds(self) -> float:
+    def pop_sync_seconds(self) -> float | None:
+        """Seconds spent putting weights into the object store since the last call."""
         seconds, self.sync_seconds = self.sync_seconds, 0.0
         return seconds
 
     def pop_idle_seconds(self) -> float:
+        """Seconds the concurrent schedule had no group in flight, since the last call."""
         with self._lock:
             seconds, self.idle_seconds = self.idle_seconds, 0.0
             return seconds
