@@ -201,7 +201,8 @@ def test_an_episode_that_raises_on_a_worker_ends_the_run_with_a_one_line_message
             raise RuntimeError("reward service unreachable")
         return [0.0] * len(completions)
 
-    monkeypatch.setitem(REWARDS._entries, "fragile", lambda: fragile)  # as @REWARDS.register("fragile") would
+    monkeypatch.setattr(REWARDS, "_entries", dict(REWARDS._entries))  # registration undone after the test
+    REWARDS.register("fragile")(lambda: fragile)
     config = load_config(None, SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}", "backend=ray",
                                         "ray.rollout_workers=1", "task.rewards=[{name: fragile}]"])
     with pytest.raises(ValueError) as raised:
