@@ -45,11 +45,58 @@ from unipg.runtime.replay import (
 
 
 class Rollout(Protocol):
-    def produce(self, count: int, version: int) -> list[Group]: ...
+    """What produces groups for ``Runtime``, and everything the drivers ask of it.
 
-    def serve(self, gate: StalenessGate, buffer: ReplayBuffer, stop: threading.Event) -> None: ...
+    The backends (``GymSegments``, ``TextRollout``, ``RayRollout``) implement every member; one with nothing to
+    report returns the neutral value its docstring names. ``tests/runtime/test_rollout_protocol.py`` checks that
+    each backend has every member with the same parameters.
+    """
 
-    def publish(self, version: int) -> None: ...
+    # -- producing groups (``Runtime``) --------------------------------------------------------------------
+
+    def produce(self, count: int, version: int) -> list[Group]:
+        """Run ``count`` groups to the end now, with the weights of ``version`` (sequential schedule)."""
+        ...
+
+    def serve(self, gate: StalenessGate, buffer: ReplayBuffer, stop: threading.Event) -> None:
+        """Run the groups ``gate`` admits into ``buffer`` until ``stop`` is set (concurrent schedule's thread)."""
+        ...
+
+    def publish(self, version: int) -> None:
+        """Make the learner's weights of ``version`` available to the rollout side."""
+        ...
+
+    def pop_idle_seconds(self) -> float:
+        """Seconds the concurrent schedule's rollout had nothing running, since the last call."""
+        ...
+
+    # -- reporting (the drivers' metrics) --------------------------------------------------------------
+
+    def pop_generation(self) -> tuple[list[int], float]:
+        """Sizes of the generate calls and their seconds since the last call (([], 0.0): nothing generates)."""
+        ...
+
+    def pop_service_metrics(self, prefix: str) -> dict[str, float]:
+        """The environment service's counters under ``prefix`` and the episode counts, since the last call."""
+        ...
+
+    def pop_sync_seconds(self) -> float | None:
+        """Seconds spent publishing and loading weights since the last call (None: no weight sync)."""
+        ...
+
+    # -- checkpoints and shutdown ----------------------------------------------------------------------
+
+    def episode_state(self) -> dict[str, int] | None:
+        """The cumulative episode counts, for a checkpoint (None: the rollout keeps none)."""
+        ...
+
+    def resume_episodes(self, state: dict[str, int] | None) -> None:
+        """Continue the episode counts of a checkpoint's ``episode_state`` (a resumed run)."""
+        ...
+
+    def close(self) -> None:
+        """Release what the rollout owns (its own runner, Ray actors); after ``Runtime.close``."""
+        ...
 
 
 @dataclass
@@ -204,7 +251,7 @@ class Runtime:
         stats = self.buffer.pop_stats()
         ages = [group.age(version) for group in groups]
         if self.concurrent:
-            rollout_idle = getattr(self.rollout, "pop_idle_seconds", lambda: 0.0)()
+            rollout_idle = self.rollout.pop_idle_seconds()
         else:  # rollout runs only while the learner waits for it
             rollout_idle = period - produced
         metrics = {"timing/learner_idle_fraction": waited / period, "timing/learner_wait": waited,

@@ -50,6 +50,6 @@ def evaluate_model(config: Config) -> dict[str, float]:
     runner = EpisodeRunner(policy, task, config, build_rewards(config.task.rewards or task.rewards))
     test = held_out(task, config)
     try:
-        return evaluate_text(runner, test, config, seed=config.seed + 10_000)
+        return evaluate_text(runner, test, pass_k=config.eval.pass_k, seed=config.seed + 10_000)
     finally:
         runner.close()

@@ -96,9 +96,8 @@ def train_classic(config: Config, *, return_threshold: float | None = None) -> T
     rollout = GymRollout(config.env.id, config.env.num_envs, seed=config.seed, gamma=config.estimator.gamma,
                          max_episode_steps=config.env.max_episode_steps,
                          normalize_rewards=config.estimator.normalize_rewards)
-    policy = MLPActorCritic(rollout.observation_space, rollout.action_space,
-                            hidden_sizes=config.policy.hidden_sizes, activation=config.policy.activation,
-                            log_std_init=config.policy.log_std_init)
+    policy = MLPActorCritic(rollout.observation_space, rollout.action_space, hidden_sizes=config.policy.hidden_sizes,
+                            activation=config.policy.activation, log_std_init=config.policy.log_std_init)
     learner = make_learner(policy, config)
     runtime = make_runtime(config, rollout, policy)
     logger = MetricsLogger(run_dir, tensorboard=config.log.tensorboard)
@@ -124,10 +123,7 @@ def train_classic(config: Config, *, return_threshold: float | None = None) -> T
             is_last = update == num_updates
             if run.env_steps >= next_eval or is_last:
                 with timer("eval"):
-                    returns_eval = evaluate_policy(policy, config.env.id, episodes=config.eval.episodes,
-                                                   seed=config.seed + 10_000 + run.env_steps,
-                                                   deterministic=config.eval.deterministic,
-                                                   max_episode_steps=config.env.max_episode_steps)
+                    returns_eval = evaluate_classic(policy, config, seed=config.seed + 10_000 + run.env_steps)
                 logger.log(run.env_steps, run.add_eval(returns_eval))
                 next_eval += config.eval.every_steps
             # Published after evaluating: a concurrent rollout then never draws random numbers while a
@@ -150,6 +146,12 @@ def train_classic(config: Config, *, return_threshold: float | None = None) -> T
     return TrainResult(run_dir, run.env_steps, run.episodes, time.time() - start, statistics.fmean(run.last_eval),
                        statistics.pstdev(run.last_eval), run.steps_to_eval_threshold, run.steps_to_train_threshold,
                        run.eval_history, run.train_return)
+
+
+def evaluate_classic(policy: MLPActorCritic, config: Config, *, seed: int) -> list[float]:
+    """The returns of ``eval.episodes`` evaluation episodes on a fresh environment seeded with ``seed``."""
+    return evaluate_policy(policy, config.env.id, episodes=config.eval.episodes, seed=seed,
+                           deterministic=config.eval.deterministic, max_episode_steps=config.env.max_episode_steps)
 
 
 def make_runtime(config: Config, rollout: GymRollout, policy: MLPActorCritic) -> Runtime:

@@ -22,16 +22,15 @@ a row the run goes back to its newest checkpoint (a fresh run saves one of updat
 saves the next), multiplies the learning rate by ``rollback.lr_factor``, logs a ``rollback`` event and trains on
 from there; the checkpoint's prompt order and random generators come back with it. metrics.jsonl keeps the
 records of the updates given up, so its steps repeat after a rollback.
+
+Stopping on a signal, rolling back and ending after a rollout failure live in ``unipg.runtime.stopping``; here
+``open_run`` builds a run's parts (``TextRun``) and ``train_updates`` is the loop of updates.
 """
 
 from __future__ import annotations
 
-import signal
 import statistics
-import sys
-import threading
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,8 +38,8 @@ from pathlib import Path
 import torch
 
 from unipg.checkpoint.lm import TextCheckpointer, drop_metrics_after, latest_checkpoint
-from unipg.checkpoint.store import Checkpoint, load_checkpoint
-from unipg.config import Config, RollbackConfig
+from unipg.checkpoint.store import Checkpoint
+from unipg.config import Config
 from unipg.learn.lm import TextLearner
 from unipg.learn.state import generator_state, restore_generator
 from unipg.observe.metrics import (
@@ -50,11 +49,19 @@ from unipg.observe.metrics import (
     process_metrics,
     release_free_memory,
 )
+from unipg.policy.lm import LMPolicy
 from unipg.policy.loading import policy_from_config
 from unipg.runtime.backends.local_lm import TextRollout, inference_copy, rollout_batch
 from unipg.runtime.driver import Runtime, WeightSync, resolve_schedule
 from unipg.runtime.replay import ProducerFailed
-from unipg.runtime.setup import run_dir_for, seed_everything, set_threads  # noqa: F401
+from unipg.runtime.setup import run_dir_for, seed_everything, set_threads
+from unipg.runtime.stopping import (  # TrainingStopped: where callers catch it
+    StopRequest,
+    TrainingStopped,
+    TripCounter,
+    roll_back,
+    rollout_failed,
+)
 from unipg.sample.episodes import (  # noqa: F401
     EpisodeRunner,
     PromptEncoder,
@@ -112,102 +119,22 @@ class PromptSampler:
         restore_generator(self.generator, state["generator"])
 
 
-class TrainingStopped(KeyboardInterrupt):
-    """Ctrl-C or SIGTERM stopped a run after an update, and a checkpoint of that update was saved."""
-
-    def __init__(self, run_dir: Path, update: int, signal_number: int):
-        super().__init__(f"stopped after update {update}; continue with: unipg train --resume {run_dir}")
-        self.run_dir, self.update, self.signal_number = run_dir, update, signal_number
-
-
-class StopRequest:
-    """Within ``with``: the first SIGINT or SIGTERM asks the run to stop after its current update (so that the
-    checkpoint is of a whole update); a second SIGINT raises ``KeyboardInterrupt`` at once, saving nothing.
-
-    Signal handlers can only be installed in the main thread; elsewhere signals keep their usual effect.
-    """
-
-    def __init__(self):
-        self.signal_number: int | None = None
-        self._previous: dict[int, object] = {}
-
-    def __enter__(self) -> StopRequest:
-        if threading.current_thread() is threading.main_thread():
-            for number in (signal.SIGINT, signal.SIGTERM):
-                self._previous[number] = signal.signal(number, self._handle)
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        for number, handler in self._previous.items():
-            signal.signal(number, handler)
-
-    def _handle(self, number: int, frame) -> None:
-        if self.signal_number is not None and number == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.signal_number = number
-        print(f"\n{signal.Signals(number).name}: stopping after the current update to save a checkpoint "
-              "(Ctrl-C again stops at once, without saving)", file=sys.stderr, flush=True)
-
-
-class TripCounter:
-    """Counts consecutive tripped updates and records them and rollbacks as events of the run's logger."""
-
-    def __init__(self, logger: MetricsLogger, settings: RollbackConfig, target_kl: float | None):
-        self.logger, self.settings, self.target_kl = logger, settings, target_kl
-        self.trips, self.rollbacks = 0, 0
-
-    def observe(self, update: int, record: dict[str, float]) -> bool:
-        """Count ``update`` by its metrics (``train/skipped_steps``, ``train/reverted``); whether the run must
-        now roll back."""
-        reasons = []
-        if record.get("train/skipped_steps", 0.0) > 0:
-            reasons.append(f"{record['train/skipped_steps']:.0f} optimizer step(s) with a non-finite loss or "
-                           "gradient norm skipped")
-        if record.get("train/reverted", 0.0) > 0:
-            reasons.append(f"approx KL {record['train/approx_kl']:.3g} beyond {self.settings.kl_multiple:g} × "
-                           f"target_kl {self.target_kl:g}, update reverted")
-        if not reasons:
-            self.trips = 0
-            return False
-        self.trips += 1
-        reason = "; ".join(reasons)
-        self.logger.event(update, "skipped_update", reason=reason, trips=self.trips,
-                          warning=f"warning: update {update} tripped ({self.trips} of {self.settings.max_trips} "
-                                  f"in a row): {reason}")
-        return self.trips >= self.settings.max_trips
-
-    def rolled_back(self, update: int, to_update: int, learning_rate_factor: float) -> None:
-        """Record a rollback at ``update`` to the checkpoint of ``to_update``, and start counting afresh.
-
-        Raises ValueError once the run has rolled back more than ``max_rollbacks`` times: it keeps diverging
-        at ever smaller learning rates, so something other than the step size is wrong.
-        """
-        self.trips, self.rollbacks = 0, self.rollbacks + 1
-        if self.rollbacks > self.settings.max_rollbacks:
-            self.logger.event(update, "gave_up", rollbacks=self.rollbacks - 1)
-            raise ValueError(f"updates keep tripping after {self.rollbacks - 1} rollbacks (learning rate now × "
-                             f"{learning_rate_factor / self.settings.lr_factor:g}); see {self.logger.events_path} — "
-                             "check the rewards for non-finite values, or lower train.learning_rate")
-        self.logger.event(update, "rollback", to_update=to_update, learning_rate_factor=learning_rate_factor,
-                          warning=f"warning: {self.settings.max_trips} tripped updates in a row; rolled back to "
-                                  f"update {to_update} with the learning rate × {learning_rate_factor:g}")
-
-
 def columns_of(examples: list[Example]) -> dict[str, list]:
     """Per-example columns as aligned lists, the keyword arguments of the reward functions."""
     names = {name for example in examples for name in example.columns}
     return {name: [example.columns.get(name) for example in examples] for name in sorted(names)}
 
 
-def evaluate_text(runner: EpisodeRunner, examples: list[Example], config: Config, *, seed: int) -> dict[str, float]:
+def evaluate_text(runner: EpisodeRunner, examples: list[Example], *, pass_k: int, seed: int) -> dict[str, float]:
     """Greedy episodes on held-out examples — pass@1 is the task completion rate (the final answer equals the
-    reference), with turns and tool use — and sampled pass@k (solved by any of k sampled episodes)."""
+    reference), with turns and tool use — and sampled pass@k (solved by any of ``pass_k`` sampled episodes;
+    none if 0, ``eval.pass_k``)."""
     greedy = runner.run(examples, params=runner.sampling(greedy=True), generator=None)
     metrics = {"eval/pass@1": statistics.fmean(t.correct for t in greedy)}
     metrics.update({key: value for key, value in episode_metrics(greedy, "eval", tools=runner.service is not None).items()
                     if key != "eval/completion_rate"})
     metrics.update(runner.pop_service_metrics("eval"))
-    k = config.eval.pass_k
+    k = pass_k
     if k > 0:
         generator = torch.Generator().manual_seed(seed)
         sampled = runner.run([example for example in examples for _ in range(k)], params=runner.sampling(),
@@ -231,10 +158,12 @@ def build_runtime(config: Config, runner: EpisodeRunner, sampler: PromptSampler,
         rollout = RayRollout(runner, sampler, config, generator, task, log=log)
     elif schedule == "concurrent":
         copy = inference_copy(runner.policy)
-        rollout = TextRollout(EpisodeRunner(copy, task, config, reward_fn), sampler, config, generator,
-                              WeightSync(runner.policy.model, copy.model), owns_runner=True)
+        rollout = TextRollout(EpisodeRunner(copy, task, config, reward_fn), sampler, generator,
+                              WeightSync(runner.policy.model, copy.model), owns_runner=True,
+                              group_size=config.sample.samples_per_prompt, concurrency=config.agent.concurrency)
     else:
-        rollout = TextRollout(runner, sampler, config, generator)
+        rollout = TextRollout(runner, sampler, generator, group_size=config.sample.samples_per_prompt,
+                              concurrency=config.agent.concurrency)
     try:
         return Runtime(rollout, groups_per_step=config.prompts_per_step, group_size=config.sample.samples_per_prompt,
                        max_staleness=settings.max_staleness, capacity=config.sample.replay_buffer_size,
@@ -245,22 +174,6 @@ def build_runtime(config: Config, runner: EpisodeRunner, sampler: PromptSampler,
         raise
 
 
-def rollout_failed(failure: ProducerFailed, checkpointer: TextCheckpointer, update: int, saved: int | None,
-                   samples: int, train_seconds: float, history: list) -> str:
-    """After rollout failed for good: save a checkpoint of the last finished ``update`` unless ``saved`` is it,
-    and the failure's whole traceback to ``run_dir/rollout_error.txt``; the one-line message of the run's end,
-    saying where to continue from."""
-    run_dir = checkpointer.store.root.parent
-    if update > 0 and saved != update:
-        checkpointer.save(update, samples=samples, train_seconds=train_seconds, history=history, metrics={})
-        saved = update
-    trace = run_dir / "rollout_error.txt"  # the message is one line; the traceback is what debugging needs
-    trace.write_text("".join(traceback.format_exception(failure)), encoding="utf-8")
-    where = (f"a checkpoint of update {saved} is in {run_dir}; continue with: unipg train --resume {run_dir}"
-             if saved else f"no update had finished; the metrics so far are in {run_dir}")
-    return f"{failure}; {where} (traceback: {trace})"
-
-
 def finished_run(run_dir: Path, checkpoint: Checkpoint) -> TextTrainResult:
     """The result of a run whose newest ``checkpoint`` is already at ``train.updates``: nothing more is trained."""
     history = [(at, evaluation) for at, evaluation in checkpoint.state["eval_history"]]
@@ -268,14 +181,16 @@ def finished_run(run_dir: Path, checkpoint: Checkpoint) -> TextTrainResult:
                            history, checkpoint.state["train_seconds"], resumed_from=checkpoint.step)
 
 
-def train_step(runtime: Runtime, learner: TextLearner, timer: Timer, update: int) -> tuple[dict[str, float], int]:
-    """Update ``update``: the next groups from the runtime, their reference log-probs and values, the estimator's
-    epochs of mini-batch steps, the new weights published. Its record (rollout, train, timing and system metrics)
-    and its number of samples; ``ProducerFailed`` when rollout cannot go on (from ``next_groups``, before
-    anything of the update is done)."""
+def train_step(runtime: Runtime, learner: TextLearner, timer: Timer, update: int, *, group_size: int,
+               tools: bool) -> tuple[dict[str, float], int]:
+    """Update ``update``: the next groups (of ``group_size`` episodes, with tool calls if ``tools``) from the
+    runtime, their reference log-probs and values, the estimator's epochs of mini-batch steps, the new weights
+    published. Its record (rollout, train, timing and system metrics) and its number of samples;
+    ``ProducerFailed`` when rollout cannot go on (from ``next_groups``, before anything of the update is done)."""
     start = time.time()
     groups, record = runtime.next_groups(update - 1)
-    batch, rollout_record = rollout_batch(groups, runtime.rollout, update - 1, record["timing/learner_wait"])
+    batch, rollout_record = rollout_batch(groups, runtime.rollout, update - 1, record["timing/learner_wait"],
+                                          group_size=group_size, pad_id=learner.policy.pad_id, tools=tools)
     record.update(rollout_record)
     with timer("logprob"):
         record.update({f"train/{k}": v for k, v in learner.prepare(batch).items()})
@@ -291,41 +206,45 @@ def train_step(runtime: Runtime, learner: TextLearner, timer: Timer, update: int
     return record, len(batch.scores)
 
 
-def roll_back(update: int, checkpointer: TextCheckpointer, runtime: Runtime,
-              trips: TripCounter) -> tuple[int, int, list]:
-    """After ``update`` tripped ``rollback.max_trips`` times in a row: stop rollout, restore the newest intact
-    checkpoint with the learning rate lowered by ``rollback.lr_factor``, restart rollout from it. The checkpoint's
-    update, and the samples and evaluation history as of it."""
-    learner = checkpointer.learner
-    factor = learner.lr_factor * trips.settings.lr_factor
-    latest = checkpointer.store.latest()
-    if latest is None:
-        raise ValueError(f"updates keep tripping and no intact checkpoint is left in {checkpointer.store.root} to "
-                         f"roll back to; see {trips.logger.events_path}")
-    good = load_checkpoint(latest)
-    runtime.close()  # rollout stops before its prompt order and weights are set back
-    samples, _, history = checkpointer.restore(good)
-    learner.lr_factor = factor
-    trips.rolled_back(update, good.step, factor)
-    runtime.reset(good.step)
-    return good.step, samples, history
+@dataclass
+class TextRun:
+    """The parts of a text run as ``train_text`` builds them (``open_run``), and its running totals."""
+
+    config: Config  # warm start resolved
+    run_dir: Path
+    policy: LMPolicy
+    runner: EpisodeRunner  # the learner's; evaluation runs on it, and sequential rollout too
+    test: list[Example]  # the held-out examples of evaluation
+    learner: TextLearner
+    checkpointer: TextCheckpointer
+    logger: MetricsLogger
+    progress: Progress
+    trips: TripCounter
+    runtime: Runtime | None = None
+    timer: Timer = field(default_factory=Timer)
+    started: float = field(default_factory=time.time)
+    first: int = 1  # the first update to train (after the checkpoint resumed from)
+    samples: int = 0
+    train_seconds: float = 0.0
+    history: list[tuple[int, dict[str, float]]] = field(default_factory=list)  # (update, evaluation)
+    saved: int | None = None  # the update of the newest checkpoint this run can roll back or resume to
+
+    def close(self) -> None:
+        """Stop rollout, then close what the run opened (the rollout's own runner and actors first)."""
+        if self.runtime is not None:
+            self.runtime.close()
+            self.runtime.rollout.close()
+        self.runner.close()
+        self.progress.close()
+        self.logger.close()
 
 
-def train_text(config: Config, *, task: Task | None = None, resume: str | Path | None = None,
-               log: Callable[[str], None] = print) -> TextTrainResult:
-    """Train ``config.model.name`` on ``config.task.name`` with the configured estimator.
-
-    With ``resume`` (the folder of an earlier run), continue that run from its newest checkpoint, appending to
-    its metrics.jsonl; a run whose checkpoint is already at ``train.updates`` is reported and not trained.
-    """
+def open_run(config: Config, task: Task | None, run_dir: Path | None, checkpoint: Checkpoint | None,
+             log: Callable[[str], None]) -> TextRun:
+    """Seed, build the policy, learner, checkpointer and logger of a run, continue ``checkpoint`` if given
+    (``run_dir`` is then the run's folder), and start its runtime (``build_runtime``)."""
     from unipg.learn.warm_start import resolve_warm_start
 
-    updates = config.train.updates
-    checkpoint = latest_checkpoint(Path(resume)) if resume is not None else None
-    if checkpoint is not None and checkpoint.step >= updates:
-        log(f"run {resume} already finished at update {checkpoint.step} of {updates}; raise train.updates "
-            "to train further")
-        return finished_run(Path(resume), checkpoint)
     seed_everything(config.seed, config.deterministic)
     set_threads(config)
     task = task or make_task(config.task.name, **config.task.options)
@@ -336,82 +255,123 @@ def train_text(config: Config, *, task: Task | None = None, resume: str | Path |
     test = held_out(task, config)
     learner = TextLearner(policy, config)
     sampler, generator = PromptSampler(task.train, config.seed), torch.Generator().manual_seed(config.seed)
-    run_dir = Path(resume) if resume is not None else run_dir_for(config)
+    run_dir = run_dir if run_dir is not None else run_dir_for(config)
     checkpointer = TextCheckpointer(run_dir, config, policy, learner, sampler, generator)
-    first, samples, train_seconds = 1, 0, 0.0
+    restored = None
     if checkpoint is not None:
-        samples, train_seconds, history = checkpointer.restore(checkpoint)
-        if checkpoint.state["reference_model"] != config.model.name:
-            log(f"warning: the checkpoint's reference model was {checkpoint.state['reference_model']}, the "
-                f"configuration now loads {config.model.name}; the KL term is measured against the latter")
-        first = checkpoint.step + 1
-        drop_metrics_after(run_dir, checkpoint.step)
-        log(f"resuming {run_dir} from update {checkpoint.step} of {updates}")
+        restored = resume_run(checkpointer, checkpoint, run_dir=run_dir, updates=config.train.updates,
+                              model_name=config.model.name, log=log)
     logger = MetricsLogger(run_dir, tensorboard=config.log.tensorboard)
     logger.write_config(config.to_dict())
-    progress = Progress(updates, enabled=config.log.progress, description=f"{config.algorithm} {task.name}")
-    timer, start, every = Timer(), time.time(), config.checkpoint.every_updates
-    trips = TripCounter(logger, config.rollback, config.estimator.target_kl)
+    progress = Progress(config.train.updates, enabled=config.log.progress, description=f"{config.algorithm} {task.name}")
+    run = TextRun(config, run_dir, policy, runner, test, learner, checkpointer, logger, progress,
+                  TripCounter(logger, config.rollback, config.estimator.target_kl))
+    if restored is not None:
+        run.samples, run.train_seconds, run.history = restored
+        run.first = checkpoint.step + 1
     try:
-        runtime = build_runtime(config, runner, sampler, generator, task, reward_fn, log)
+        run.runtime = build_runtime(config, runner, sampler, generator, task, reward_fn, log)
     except BaseException:
-        runner.close()
-        progress.close()
-        logger.close()
+        run.close()
         raise
-    checkpointer.episode_state = getattr(runtime.rollout, "episode_state", None)
-    if checkpoint is not None and hasattr(runtime.rollout, "account"):  # the episode counts go on, too
-        runtime.rollout.account.resume(checkpoint.state.get("episodes"))
+    checkpointer.episode_state = run.runtime.rollout.episode_state
+    if checkpoint is not None:  # the episode counts go on, too
+        run.runtime.rollout.resume_episodes(checkpoint.state.get("episodes"))
+    return run
+
+
+def resume_run(checkpointer: TextCheckpointer, checkpoint: Checkpoint, *, run_dir: Path, updates: int,
+               model_name: str, log: Callable[[str], None]) -> tuple[int, float, list]:
+    """Load ``checkpoint`` into the run's objects and drop the metrics ``run_dir`` logged after it; its samples,
+    train seconds and evaluation history. Warns if the reference model (``model_name`` now) changed."""
+    restored = checkpointer.restore(checkpoint)
+    if checkpoint.state["reference_model"] != model_name:
+        log(f"warning: the checkpoint's reference model was {checkpoint.state['reference_model']}, the "
+            f"configuration now loads {model_name}; the KL term is measured against the latter")
+    drop_metrics_after(run_dir, checkpoint.step)
+    log(f"resuming {run_dir} from update {checkpoint.step} of {updates}")
+    return restored
+
+
+def log_update(run: TextRun, update: int, record: dict[str, float]) -> dict[str, float]:
+    """Evaluate after ``update`` if it is due (every ``eval.every_updates`` and the last), log ``record`` if due,
+    advance the progress bar; the evaluation (empty if none)."""
+    config, updates = run.config, run.config.train.updates
+    evaluation = {}
+    if update % config.eval.every_updates == 0 or update == updates:
+        with run.timer("eval"):
+            evaluation = evaluate_text(run.runner, run.test, pass_k=config.eval.pass_k,
+                                       seed=config.seed + 10_000 + update)
+        run.history.append((update, evaluation))
+        record.update(evaluation)
+    if update % config.log.log_every_updates == 0 or update == updates or "eval/pass@1" in record:
+        run.logger.log(update, record)
+    run.progress.update(update, f"reward {record['rollout/reward_mean']:.3f} "
+                                f"pass@1 {run.history[-1][1]['eval/pass@1']:.3f}")
+    return evaluation
+
+
+def train_updates(run: TextRun, stop: StopRequest) -> None:
+    """Updates ``run.first`` … ``train.updates``, each evaluated and logged when due, rolled back after too many
+    trips, checkpointed every ``checkpoint.every_updates``, at the end and when ``stop`` was asked for."""
+    config, updates, every = run.config, run.config.train.updates, run.config.checkpoint.every_updates
+    update = run.first
+    while update <= updates:
+        fraction = 1.0 - (update - 1) / updates if config.train.lr_schedule == "linear" else 1.0
+        lr = run.learner.set_lr_fraction(fraction)
+        try:
+            record, size = train_step(run.runtime, run.learner, run.timer, update,
+                                      group_size=config.sample.samples_per_prompt,
+                                      tools=run.runner.service is not None)
+        except ProducerFailed as failure:  # rollout cannot go on: keep what is trained, say how to go on
+            raise ValueError(rollout_failed(failure, run.checkpointer, update - 1, run.saved, run.samples,
+                                            run.train_seconds, run.history)) from failure
+        run.train_seconds += record["timing/step"]
+        run.samples += size
+        record.update({"train/learning_rate": lr, "train/samples": run.samples})
+        evaluation = log_update(run, update, record)
+        if run.trips.observe(update, record):
+            good, run.samples, run.history = roll_back(update, run.checkpointer, run.runtime, run.trips)
+            update = good + 1
+            continue
+        stopping = stop.signal_number is not None and update < updates
+        if stopping or update == updates or (every and update % every == 0):
+            run.checkpointer.save(update, samples=run.samples, train_seconds=run.train_seconds, history=run.history,
+                                  metrics=evaluation)
+            run.saved = update
+        if stopping:
+            raise TrainingStopped(run.run_dir, update, stop.signal_number)
+        update += 1
+
+
+def train_text(config: Config, *, task: Task | None = None, resume: str | Path | None = None,
+               log: Callable[[str], None] = print) -> TextTrainResult:
+    """Train ``config.model.name`` on ``config.task.name`` with the configured estimator.
+
+    With ``resume`` (the folder of an earlier run), continue that run from its newest checkpoint, appending to
+    its metrics.jsonl; a run whose checkpoint is already at ``train.updates`` is reported and not trained.
+    """
+    updates = config.train.updates
+    checkpoint = latest_checkpoint(Path(resume)) if resume is not None else None
+    if checkpoint is not None and checkpoint.step >= updates:
+        log(f"run {resume} already finished at update {checkpoint.step} of {updates}; raise train.updates "
+            "to train further")
+        return finished_run(Path(resume), checkpoint)
+    run = open_run(config, task, Path(resume) if resume is not None else None, checkpoint, log)
+    config = run.config
     try:
         with StopRequest() as stop:
             if checkpoint is None:
-                initial = evaluate_text(runner, test, config, seed=config.seed + 10_000)
-                history = [(0, initial)]
-                logger.log(0, initial)
+                initial = evaluate_text(run.runner, run.test, pass_k=config.eval.pass_k, seed=config.seed + 10_000)
+                run.history = [(0, initial)]
+                run.logger.log(0, initial)
                 if config.rollback.enabled:  # something to roll back to before the first periodic checkpoint
-                    checkpointer.save(0, samples=0, train_seconds=0.0, history=history, metrics={})
-            runtime.reset(first - 1)  # rollout starts from the weights (and prompt order) training starts from
-            saved = first - 1 if checkpoint is not None or config.rollback.enabled else None
-            update = first
-            while update <= updates:
-                fraction = 1.0 - (update - 1) / updates if config.train.lr_schedule == "linear" else 1.0
-                lr = learner.set_lr_fraction(fraction)
-                try:
-                    record, size = train_step(runtime, learner, timer, update)
-                except ProducerFailed as failure:  # rollout cannot go on: keep what is trained, say how to go on
-                    raise ValueError(rollout_failed(failure, checkpointer, update - 1, saved, samples,
-                                                    train_seconds, history)) from failure
-                train_seconds += record["timing/step"]
-                samples += size
-                record.update({"train/learning_rate": lr, "train/samples": samples})
-                evaluation = {}
-                if update % config.eval.every_updates == 0 or update == updates:
-                    with timer("eval"):
-                        evaluation = evaluate_text(runner, test, config, seed=config.seed + 10_000 + update)
-                    history.append((update, evaluation))
-                    record.update(evaluation)
-                if update % config.log.log_every_updates == 0 or update == updates or "eval/pass@1" in record:
-                    logger.log(update, record)
-                progress.update(update, f"reward {record['rollout/reward_mean']:.3f} "
-                                        f"pass@1 {history[-1][1]['eval/pass@1']:.3f}")
-                if trips.observe(update, record):
-                    good, samples, history = roll_back(update, checkpointer, runtime, trips)
-                    update = good + 1
-                    continue
-                stopping = stop.signal_number is not None and update < updates
-                if stopping or update == updates or (every and update % every == 0):
-                    checkpointer.save(update, samples=samples, train_seconds=train_seconds, history=history,
-                                      metrics=evaluation)
-                    saved = update
-                if stopping:
-                    raise TrainingStopped(run_dir, update, stop.signal_number)
-                update += 1
-        policy.save(run_dir / "policy")
+                    run.checkpointer.save(0, samples=0, train_seconds=0.0, history=run.history, metrics={})
+            run.runtime.reset(run.first - 1)  # rollout starts from the weights (and prompt order) training starts from
+            run.saved = run.first - 1 if checkpoint is not None or config.rollback.enabled else None
+            train_updates(run, stop)
+        run.policy.save(run.run_dir / "policy")
     finally:
-        runtime.close()
-        runtime.rollout.close()
-        runner.close()
-        progress.close()
-        logger.close()
-    return TextTrainResult(run_dir, updates, samples, time.time() - start, history[0][1], history[-1][1], history,
-                           train_seconds, resumed_from=first - 1)
+        run.close()
+    return TextTrainResult(run.run_dir, updates, run.samples, time.time() - run.started, run.history[0][1],
+                           run.history[-1][1], run.history, run.train_seconds, resumed_from=run.first - 1)

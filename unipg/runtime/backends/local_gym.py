@@ -51,9 +51,11 @@ class GymSegments:
         return groups
 
     def serve(self, gate: StalenessGate, buffer: ReplayBuffer, stop: threading.Event) -> None:
+        """Collect the segments ``gate`` admits, one at a time, into ``buffer`` until ``stop`` is set."""
         serve_one_by_one(self, gate, buffer, stop, group_size=1)
 
     def publish(self, version: int) -> None:
+        """Snapshot the learner's weights for the collecting copy (nothing to do in the sequential schedule)."""
         if self.sync is not None:
             self.sync.publish(version)
 
@@ -64,3 +66,25 @@ class GymSegments:
         idle = max(now - self._since - self._busy, 0.0)
         self._since, self._busy = now, 0.0
         return idle
+
+    def pop_generation(self) -> tuple[list[int], float]:
+        """([], 0.0): a gym policy acts in one forward pass per environment step, with no generate calls."""
+        return [], 0.0
+
+    def pop_service_metrics(self, prefix: str) -> dict[str, float]:
+        """{}: gym environments run in-process, without an environment service; the driver counts episodes."""
+        return {}
+
+    def pop_sync_seconds(self) -> float | None:
+        """Seconds spent publishing and loading weights since the last call (None: sequential, no sync)."""
+        return self.sync.pop_seconds() if self.sync is not None else None
+
+    def episode_state(self) -> dict[str, int] | None:
+        """None: the classic driver counts episodes itself and keeps no checkpoints."""
+        return None
+
+    def resume_episodes(self, state: dict[str, int] | None) -> None:
+        """Nothing to do: there are no episode counts to continue (``episode_state`` is None)."""
+
+    def close(self) -> None:
+        """Nothing to do: the ``GymRollout`` and its environments are the driver's, closed by it."""

@@ -24,10 +24,14 @@ import time
 
 import torch
 
-from unipg.config import Config
 from unipg.learn.lm import TextBatch
 from unipg.policy.lm import LMPolicy
-from unipg.runtime.driver import EpisodeAccount, WeightSync, staleness_histogram
+from unipg.runtime.driver import (
+    EpisodeAccount,
+    Rollout,
+    WeightSync,
+    staleness_histogram,
+)
 from unipg.runtime.replay import Group, ReplayBuffer, StalenessGate
 from unipg.sample.episodes import EpisodeRunner, episode_metrics, reward_term_metrics
 
@@ -119,12 +123,13 @@ class RunningGroups:
 class TextRollout:
     """Runs groups of episodes for the runtime (module docstring)."""
 
-    def __init__(self, runner: EpisodeRunner, sampler, config: Config, generator: torch.Generator,
-                 weights: WeightSync | None = None, *, owns_runner: bool = False):
-        """``owns_runner``: the runner (and its environment service) is this rollout's own, closed with it."""
-        self.runner, self.sampler, self.config, self.generator, self.weights = runner, sampler, config, generator, weights
-        self.owns_runner = owns_runner
-        self.group_size = config.sample.samples_per_prompt
+    def __init__(self, runner: EpisodeRunner, sampler, generator: torch.Generator, weights: WeightSync | None = None,
+                 *, group_size: int, concurrency: int, owns_runner: bool = False):
+        """``group_size``: episodes per prompt (``sample.samples_per_prompt``); ``concurrency``: episodes the
+        concurrent schedule runs at once (``agent.concurrency``); ``owns_runner``: the runner (and its
+        environment service) is this rollout's own, closed with it."""
+        self.runner, self.sampler, self.generator, self.weights = runner, sampler, generator, weights
+        self.owns_runner, self.group_size, self.concurrency = owns_runner, group_size, concurrency
         self.batch_sizes: list[int] = []
         self.generate_seconds = 0.0
         self.idle_seconds = 0.0
@@ -134,6 +139,7 @@ class TextRollout:
         self._lock = threading.Lock()
 
     def produce(self, count: int, version: int) -> list[Group]:
+        """``count`` groups of the next prompts, all episodes run together on the runner's weights."""
         examples = self.sampler.next(count)
         repeated = [example for example in examples for _ in range(self.group_size)]
         with self._lock:
@@ -156,10 +162,13 @@ class TextRollout:
         return split_groups(trajectories, version, self.group_size)
 
     def publish(self, version: int) -> None:
+        """Snapshot the learner's weights for the rollout's copy (nothing to do when it samples with the learner's)."""
         if self.weights is not None:
             self.weights.publish(version)
 
     def serve(self, gate: StalenessGate, buffer: ReplayBuffer, stop: threading.Event) -> None:
+        """Run admitted groups on an asyncio loop of this thread until ``stop`` is set (module docstring)."""
+
         async def serve() -> None:
             self._loop = asyncio.get_running_loop()
             try:
@@ -181,7 +190,7 @@ class TextRollout:
             buffer.put(Group(list(await asyncio.gather(*episodes)), version, self.group_size))
 
         groups = RunningGroups(run_group, self.account, self._lock, self.group_size)
-        most = max(self.config.agent.concurrency // self.group_size, 1)  # groups running at once
+        most = max(self.concurrency // self.group_size, 1)  # groups running at once
         self._interrupt = groups.interrupt
         async with engine.running():
             order = 0
@@ -224,20 +233,18 @@ class TextRollout:
         except (RuntimeError, concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
             return 0  # rollout stopped in the meantime: nothing is running to interrupt
 
-    @property
-    def pad_id(self) -> int:
-        return self.runner.policy.pad_id
-
-    @property
-    def uses_tools(self) -> bool:
-        return self.runner.service is not None
-
     def episode_state(self) -> dict[str, int]:
         """The episode counts, consistent (read under the lock the rollout counts under)."""
         with self._lock:
             return self.account.state()
 
+    def resume_episodes(self, state: dict[str, int] | None) -> None:
+        """Continue the episode counts of a checkpoint (``EpisodeAccount.resume``)."""
+        with self._lock:
+            self.account.resume(state)
+
     def pop_service_metrics(self, prefix: str) -> dict[str, float]:
+        """The runner's environment service counters under ``prefix`` and the episode counts."""
         with self._lock:
             account = self.account.metrics()
         return {**self.runner.pop_service_metrics(prefix), **account}
@@ -247,10 +254,12 @@ class TextRollout:
         return self.weights.pop_seconds() if self.weights is not None else None
 
     def close(self) -> None:
+        """Close the runner if it is this rollout's own (concurrent schedule); the driver closes its own."""
         if self.owns_runner:
             self.runner.close()
 
     def pop_idle_seconds(self) -> float:
+        """Seconds the concurrent schedule ran no group, since the last call (0.0 in the sequential one)."""
         with self._lock:
             seconds, self.idle_seconds = self.idle_seconds, 0.0
             return seconds
@@ -265,15 +274,15 @@ class TextRollout:
         return sizes, seconds
 
 
-def rollout_batch(groups: list[Group], rollout: TextRollout, version: int,
-                  seconds: float) -> tuple[TextBatch, dict[str, float]]:
-    """The learner's batch from ``groups`` (group after group) and the rollout metrics of the step;
-    ``seconds`` is the step's time spent waiting for rollout. ``rollout`` is a ``TextRollout`` or any rollout
-    with its reporting methods (the Ray backend's)."""
-    config = rollout.config
-    group = config.sample.samples_per_prompt
+def rollout_batch(groups: list[Group], rollout: Rollout, version: int, seconds: float, *, group_size: int,
+                  pad_id: int, tools: bool) -> tuple[TextBatch, dict[str, float]]:
+    """The learner's batch from ``groups`` (group after group, each ``group_size`` episodes, padded with
+    ``pad_id``) and the rollout metrics of the step, read from ``rollout``'s reporting methods; ``seconds`` is
+    the step's time spent waiting for rollout; ``tools``: the episodes may call tools (their metrics are
+    reported)."""
+    group = group_size
     trajectories = [t for g in groups for t in g.items]
-    batch = TextBatch.from_trajectories(trajectories, rollout.pad_id, version=version)
+    batch = TextBatch.from_trajectories(trajectories, pad_id, version=version)
     scores, lengths = batch.scores, batch.completion_mask.sum(1)
     sizes, generate_seconds = rollout.pop_generation()
     metrics = {"rollout/reward_mean": float(scores.mean()), "rollout/reward_std": float(scores.std()),
@@ -283,7 +292,7 @@ def rollout_batch(groups: list[Group], rollout: TextRollout, version: int,
                "timing/env": max(seconds - generate_seconds, 0.0)}
     if sizes:
         metrics["rollout/generate_batch_mean"] = statistics.fmean(sizes)
-    metrics.update(episode_metrics(trajectories, "rollout", group_size=group, tools=rollout.uses_tools))
+    metrics.update(episode_metrics(trajectories, "rollout", group_size=group, tools=tools))
     metrics.update(reward_term_metrics(trajectories, "rollout"))
     metrics.update(rollout.pop_service_metrics("rollout"))
     solved = scores.reshape(-1, group).std(dim=1) == 0 if group > 1 else torch.zeros(1, dtype=torch.bool)

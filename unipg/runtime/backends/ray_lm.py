@@ -37,8 +37,6 @@ says so; the driver keeps its checkpoints. Every remote wait has a timeout.
 
 from __future__ import annotations
 
-import logging
-import os
 import threading
 import time
 import uuid
@@ -46,21 +44,22 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import torch
-from ray.exceptions import (  # noqa: E402
-    GetTimeoutError,
-    RayActorError,
-    RayTaskError,
-    TaskCancelledError,
-)
+from ray.exceptions import GetTimeoutError, RayTaskError, TaskCancelledError
 
 from unipg.config import Config
 from unipg.learn.state import generator_state, restore_generator
 from unipg.runtime.backends.local_lm import inference_copy, split_groups
 from unipg.runtime.backends.ray_actors import (  # says how to install Ray if it is missing
     LOST,
-    EnvActor,
-    RolloutWorker,
     ray,
+)
+from unipg.runtime.backends.ray_setup import (  # connect: here, where tests replace it
+    check_resources,
+    connect,
+    place,
+    start_env_actors,
+    start_worker,
+    wait_ready,
 )
 from unipg.runtime.driver import EpisodeAccount
 from unipg.runtime.replay import Group, ProducerFailed, ReplayBuffer, StalenessGate
@@ -85,42 +84,6 @@ class _Job:
     since: float = field(default_factory=time.monotonic)
 
 
-def connect(settings) -> bool:
-    """Join the configured Ray cluster or start a local instance, unless this process is connected already
-    (e.g. a notebook that called ``ray.init``); whether this call connected (and ``close`` disconnects)."""
-    if ray.is_initialized():
-        return False
-    options = {"runtime_env": settings.runtime_env, "logging_level": logging.WARNING,
-               "configure_logging": True, "log_to_driver": True}
-    if settings.address is None:
-        options.update(num_cpus=settings.num_cpus, include_dashboard=settings.dashboard,
-                       dashboard_host="127.0.0.1")
-    else:
-        options["address"] = settings.address
-    # Ray replaces a loopback node address by the machine's own, so the servers of a local instance (GCS, raylet,
-    # object manager, workers) would listen on every interface. Only with clusters disabled (Ray's macOS/Windows
-    # mode, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before Ray is imported) is the node 127.0.0.1, and every server then
-    # binds to loopback. The flag is private and read when ray.init picks the node address, so it is switched for
-    # this call only; tests/run/test_exposure.py notices if a Ray release stops honouring it.
-    try:
-        from ray._private import ray_constants
-    except ImportError:
-        ray_constants = None
-    clusters = getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
-    local = settings.address is None and not os.environ.get("RAY_ADDRESS")  # RAY_ADDRESS: ray.init joins it
-    if local and clusters is not None:
-        ray_constants.ENABLE_RAY_CLUSTER = False
-    try:
-        ray.init(**options)
-    except (ConnectionError, RuntimeError, ValueError) as error:
-        raise ValueError(f"cannot connect to Ray at ray.address={settings.address!r}: {error}; start the cluster "
-                         "(`ray start --head`) or leave ray.address unset for a local instance") from None
-    finally:
-        if clusters is not None:
-            ray_constants.ENABLE_RAY_CLUSTER = clusters
-    return True
-
-
 class RayRollout:
     """The ``Rollout`` of ``unipg.runtime.driver`` on Ray actors (module docstring)."""
 
@@ -129,7 +92,7 @@ class RayRollout:
         self.config, self.sampler, self.generator, self.log = config, sampler, generator, log
         self.settings = settings = config.ray
         self.source = runner.policy.model
-        self.pad_id, self.uses_tools = runner.policy.pad_id, runner.service is not None
+        self.uses_tools = runner.service is not None
         self.group_size = config.sample.samples_per_prompt
         self.account = EpisodeAccount()
         self.worker_restarts = 0
@@ -145,84 +108,24 @@ class RayRollout:
         self.connected = connect(settings)  # this run connected, and disconnects (stopping a local instance)
         self.local = self.connected and settings.address is None
         try:
-            self._check_resources(bool(runner.service))
-            if runner.service is not None and settings.env_workers:
-                tools = runner.service.tools
-                actor = ray.remote(EnvActor)
-                for i in range(settings.env_workers):  # one by one: close() kills those created if one fails
-                    self.env_actors.append(actor.options(num_cpus=settings.env_num_cpus, max_restarts=-1,
-                                                         max_concurrency=1000, name=f"unipg-env-{self.run_id}-{i}")
-                                           .remote(tools))
-                self._wait_ready(self.env_actors, "environment actor")
-            if settings.placement != "none":
-                self._place()
-            # built here, so tasks, tools and rewards registered in the caller's own script work on workers too
+            check_resources(settings, tools=bool(runner.service), local=self.local, log=log)
             tools = runner.service.tools if runner.service is not None else None
+            if runner.service is not None and settings.env_workers:
+                start_env_actors(settings, tools, self.run_id, self.env_actors)
+            if settings.placement != "none":
+                self.placement = place(settings)
+            # built here, so tasks, tools and rewards registered in the caller's own script work on workers too
             self._setup = ray.put((inference_copy(runner.policy), task, config, tools, runner.reward_fn))
             for i in range(settings.rollout_workers):
                 self.workers.append(self._start_worker(i))
-            self._wait_ready(self.workers, "rollout worker")
+            wait_ready(self.workers, "rollout worker", settings.start_timeout)
         except BaseException:
             self.close()
             raise
 
-    # -- setup -------------------------------------------------------------------------------------------
-
-    def _check_resources(self, tools: bool) -> None:
-        settings = self.settings
-        need = (settings.rollout_workers * settings.rollout_num_cpus
-                + tools * settings.env_workers * settings.env_num_cpus)
-        gpus = settings.rollout_workers * settings.rollout_num_gpus
-        have = ray.cluster_resources()
-        short = [f"{need:g} CPUs, the cluster has {have.get('CPU', 0):g}" if need > have.get("CPU", 0) else "",
-                 f"{gpus:g} GPUs, the cluster has {have.get('GPU', 0):g}" if gpus > have.get("GPU", 0) else ""]
-        short = [text for text in short if text]
-        if short:
-            message = (f"the Ray backend needs {' and '.join(short)} (ray.rollout_workers × ray.rollout_num_cpus/gpus "
-                       "+ ray.env_workers × ray.env_num_cpus); lower them, or raise ray.num_cpus")
-            if self.local:
-                raise ValueError(message)
-            self.log(f"warning: {message} — waiting up to ray.start_timeout for the cluster to grow")
-
-    def _place(self) -> None:
-        from ray.util.placement_group import placement_group
-
-        settings = self.settings
-        bundle = {"CPU": settings.rollout_num_cpus} | ({"GPU": settings.rollout_num_gpus}
-                                                       if settings.rollout_num_gpus else {})
-        strategy = "PACK" if settings.placement == "pack" else "SPREAD"
-        self.placement = placement_group([bundle] * settings.rollout_workers, strategy=strategy)
-        try:
-            ray.get(self.placement.ready(), timeout=settings.start_timeout)
-        except GetTimeoutError:
-            raise ValueError(f"the placement group of {settings.rollout_workers} rollout workers ({bundle} each) "
-                             f"was not ready within ray.start_timeout={settings.start_timeout:g} s: the cluster lacks "
-                             "the resources") from None
-
     def _start_worker(self, index: int):
-        settings = self.settings
-        options = {"num_cpus": settings.rollout_num_cpus, "num_gpus": settings.rollout_num_gpus,
-                   "max_restarts": 0, "max_concurrency": 1000,
-                   "name": f"unipg-rollout-{self.run_id}-{index}.{self.worker_restarts}"}
-        if self.placement is not None:
-            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.placement,
-                                                                              placement_group_bundle_index=index)
-        return ray.remote(RolloutWorker).options(**options).remote(self._setup, index, self.env_actors,
-                                                                   settings.health_timeout, settings.start_timeout)
-
-    def _wait_ready(self, actors: list, role: str) -> None:
-        try:
-            ray.get([actor.ready.remote() for actor in actors], timeout=self.settings.start_timeout)
-        except GetTimeoutError:
-            raise ValueError(f"a {role} did not start within ray.start_timeout={self.settings.start_timeout:g} s; "
-                             "the cluster may lack the resources it asks for (ray.*_num_cpus, ray.*_num_gpus)"
-                             ) from None
-        except RayActorError as error:
-            first = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
-            raise ValueError(f"a {role} failed to start: {first} (its traceback is in the Ray logs, "
-                             "/tmp/ray/session_latest/logs)") from None
+        return start_worker(self.settings, self._setup, index, self.env_actors, self.placement,
+                            name=f"unipg-rollout-{self.run_id}-{index}.{self.worker_restarts}")
 
     @property
     def groups_per_worker(self) -> int:
@@ -426,6 +329,7 @@ class RayRollout:
                 self.service.merge(report["service"])
 
     def pop_generation(self) -> tuple[list[int], float]:
+        """Sizes of the workers' generate calls and their seconds, reported with their results since the last call."""
         with self._lock:
             sizes, seconds = self.batch_sizes, self.generate_seconds
             self.batch_sizes, self.generate_seconds = [], 0.0
@@ -436,7 +340,13 @@ class RayRollout:
         with self._lock:
             return self.account.state()
 
+    def resume_episodes(self, state: dict[str, int] | None) -> None:
+        """Continue the episode counts of a checkpoint (``EpisodeAccount.resume``)."""
+        with self._lock:
+            self.account.resume(state)
+
     def pop_service_metrics(self, prefix: str) -> dict[str, float]:
+        """The workers' environment service counters, the episode counts and the worker and actor restarts."""
         with self._lock:
             stats, self.service = self.service, ServiceStats()
             metrics = stats.metrics(prefix) if self.uses_tools else {}
@@ -446,11 +356,13 @@ class RayRollout:
                 metrics["ray/env_restarts"] = float(self.env_restarts)
         return metrics
 
-    def pop_sync_seconds(self) -> float:
+    def pop_sync_seconds(self) -> float | None:
+        """Seconds spent putting weights into the object store since the last call."""
         seconds, self.sync_seconds = self.sync_seconds, 0.0
         return seconds
 
     def pop_idle_seconds(self) -> float:
+        """Seconds the concurrent schedule had no group in flight, since the last call."""
         with self._lock:
             seconds, self.idle_seconds = self.idle_seconds, 0.0
             return seconds

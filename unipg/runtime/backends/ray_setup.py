@@ -1,0 +1,128 @@
+"""Starting the Ray backend's cluster side (``unipg.runtime.backends.ray_lm``): connecting to Ray, checking its
+resources, placing and starting the rollout workers and environment actors, waiting until they answer.
+
+Every start has a timeout (``ray.start_timeout``); an actor that cannot start is a ``ValueError`` that says why.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from ray.exceptions import GetTimeoutError, RayActorError
+
+from unipg.runtime.backends.ray_actors import (  # says how to install Ray if it is missing
+    EnvActor,
+    RolloutWorker,
+    ray,
+)
+
+
+def connect(settings) -> bool:
+    """Join the configured Ray cluster or start a local instance, unless this process is connected already
+    (e.g. a notebook that called ``ray.init``); whether this call connected (and ``close`` disconnects)."""
+    if ray.is_initialized():
+        return False
+    options = {"runtime_env": settings.runtime_env, "logging_level": logging.WARNING,
+               "configure_logging": True, "log_to_driver": True}
+    if settings.address is None:
+        options.update(num_cpus=settings.num_cpus, include_dashboard=settings.dashboard,
+                       dashboard_host="127.0.0.1")
+    else:
+        options["address"] = settings.address
+    # Ray replaces a loopback node address by the machine's own, so the servers of a local instance (GCS, raylet,
+    # object manager, workers) would listen on every interface. Only with clusters disabled (Ray's macOS/Windows
+    # mode, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before Ray is imported) is the node 127.0.0.1, and every server then
+    # binds to loopback. The flag is private and read when ray.init picks the node address, so it is switched for
+    # this call only; tests/runtime/test_exposure.py notices if a Ray release stops honouring it.
+    try:
+        from ray._private import ray_constants
+    except ImportError:
+        ray_constants = None
+    clusters = getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
+    local = settings.address is None and not os.environ.get("RAY_ADDRESS")  # RAY_ADDRESS: ray.init joins it
+    if local and clusters is not None:
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        ray.init(**options)
+    except (ConnectionError, RuntimeError, ValueError) as error:
+        raise ValueError(f"cannot connect to Ray at ray.address={settings.address!r}: {error}; start the cluster "
+                         "(`ray start --head`) or leave ray.address unset for a local instance") from None
+    finally:
+        if clusters is not None:
+            ray_constants.ENABLE_RAY_CLUSTER = clusters
+    return True
+
+
+def check_resources(settings, *, tools: bool, local: bool, log) -> None:
+    """Whether the cluster has the CPUs and GPUs the configured actors ask for: a ``ValueError`` if not on a
+    ``local`` instance (it cannot grow); a warning on a cluster, which may still grow within ``ray.start_timeout``."""
+    need = (settings.rollout_workers * settings.rollout_num_cpus
+            + tools * settings.env_workers * settings.env_num_cpus)
+    gpus = settings.rollout_workers * settings.rollout_num_gpus
+    have = ray.cluster_resources()
+    short = [f"{need:g} CPUs, the cluster has {have.get('CPU', 0):g}" if need > have.get("CPU", 0) else "",
+             f"{gpus:g} GPUs, the cluster has {have.get('GPU', 0):g}" if gpus > have.get("GPU", 0) else ""]
+    short = [text for text in short if text]
+    if short:
+        message = (f"the Ray backend needs {' and '.join(short)} (ray.rollout_workers × ray.rollout_num_cpus/gpus "
+                   "+ ray.env_workers × ray.env_num_cpus); lower them, or raise ray.num_cpus")
+        if local:
+            raise ValueError(message)
+        log(f"warning: {message} — waiting up to ray.start_timeout for the cluster to grow")
+
+
+def place(settings):
+    """A ready placement group of one bundle per rollout worker (``ray.placement``: pack or spread)."""
+    from ray.util.placement_group import placement_group
+
+    bundle = {"CPU": settings.rollout_num_cpus} | ({"GPU": settings.rollout_num_gpus}
+                                                   if settings.rollout_num_gpus else {})
+    strategy = "PACK" if settings.placement == "pack" else "SPREAD"
+    placement = placement_group([bundle] * settings.rollout_workers, strategy=strategy)
+    try:
+        ray.get(placement.ready(), timeout=settings.start_timeout)
+    except GetTimeoutError:
+        raise ValueError(f"the placement group of {settings.rollout_workers} rollout workers ({bundle} each) "
+                         f"was not ready within ray.start_timeout={settings.start_timeout:g} s: the cluster lacks "
+                         "the resources") from None
+    return placement
+
+
+def start_env_actors(settings, tools, run_id: str, actors: list) -> None:
+    """Start ``ray.env_workers`` environment actors for ``tools`` into ``actors``, one by one (so that the
+    caller can kill those created if one fails), and wait until they answer."""
+    actor = ray.remote(EnvActor)
+    for i in range(settings.env_workers):
+        actors.append(actor.options(num_cpus=settings.env_num_cpus, max_restarts=-1, max_concurrency=1000,
+                                    name=f"unipg-env-{run_id}-{i}").remote(tools))
+    wait_ready(actors, "environment actor", settings.start_timeout)
+
+
+def start_worker(settings, setup, index: int, env_actors: list, placement, name: str):
+    """Start rollout worker ``index`` (named ``name``) from the object reference ``setup``, in its bundle of
+    ``placement`` if there is one; it answers ``ready`` once it has built its policy and engine."""
+    options = {"num_cpus": settings.rollout_num_cpus, "num_gpus": settings.rollout_num_gpus,
+               "max_restarts": 0, "max_concurrency": 1000, "name": name}
+    if placement is not None:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(placement,
+                                                                          placement_group_bundle_index=index)
+    return ray.remote(RolloutWorker).options(**options).remote(setup, index, env_actors, settings.health_timeout,
+                                                               settings.start_timeout)
+
+
+def wait_ready(actors: list, role: str, start_timeout: float) -> None:
+    """Wait until every one of ``actors`` answers, at most ``start_timeout`` seconds; a ``ValueError`` saying why
+    not."""
+    try:
+        ray.get([actor.ready.remote() for actor in actors], timeout=start_timeout)
+    except GetTimeoutError:
+        raise ValueError(f"a {role} did not start within ray.start_timeout={start_timeout:g} s; "
+                         "the cluster may lack the resources it asks for (ray.*_num_cpus, ray.*_num_gpus)"
+                         ) from None
+    except RayActorError as error:
+        first = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
+        raise ValueError(f"a {role} failed to start: {first} (its traceback is in the Ray logs, "
+                         "/tmp/ray/session_latest/logs)") from None
