@@ -214,16 +214,18 @@ def trl_rewards(spec: list[dict], tally: RewardTally) -> tuple[list, list[float]
 def held_out_pass_at_1(model, tokenizer, task, config) -> float:
     """Greedy pass@1 on the held-out split, measured exactly as unipg measures its own runs."""
     from unipg.policy.lm import LMPolicy
-    from unipg.runtime.lm import PromptEncoder, evaluate_text
+    from unipg.runtime.lm import evaluate_text
+    from unipg.sample.episodes import EpisodeRunner
+    from unipg.sample.rewards.rules import build_rewards
 
-    encode = PromptEncoder(tokenizer, system_prompt=config.task.system_prompt or task.system_prompt,
-                           max_length=config.sample.max_prompt_length)
+    runner = EpisodeRunner(LMPolicy(model, tokenizer), task, config, build_rewards(config.task.rewards or task.rewards))
     test = task.test[: config.eval.max_examples] if config.eval.max_examples else task.test
     was_training = model.training
     model.eval()
     try:
-        metrics = evaluate_text(LMPolicy(model, tokenizer), encode, test, config, seed=config.seed + EVAL_SEED)
+        metrics = evaluate_text(runner, test, pass_k=0, seed=config.seed + EVAL_SEED)
     finally:
+        runner.close()
         model.train(was_training)
     return metrics["eval/pass@1"]
 

@@ -119,12 +119,6 @@ class PromptSampler:
         restore_generator(self.generator, state["generator"])
 
 
-def columns_of(examples: list[Example]) -> dict[str, list]:
-    """Per-example columns as aligned lists, the keyword arguments of the reward functions."""
-    names = {name for example in examples for name in example.columns}
-    return {name: [example.columns.get(name) for example in examples] for name in sorted(names)}
-
-
 def evaluate_text(runner: EpisodeRunner, examples: list[Example], *, pass_k: int, seed: int) -> dict[str, float]:
     """Greedy episodes on held-out examples — pass@1 is the task completion rate (the final answer equals the
     reference), with turns and tool use — and sampled pass@k (solved by any of ``pass_k`` sampled episodes;
