@@ -16,9 +16,6 @@ applies no correction for the behaviour policy.
 
 from __future__ import annotations
 
-import functools
-import inspect
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -36,17 +33,6 @@ from unipg.sample.gym_rollout import RolloutBatch
 MONTE_CARLO_ESTIMATORS = frozenset({"reward_to_go", "batch_mean_baseline"})
 
 
-def call_with_available(fn: Callable, **available):
-    """Call a registered function with the subset of ``available`` arguments its signature names."""
-    parameters = parameter_names(fn)
-    return fn(**{name: value for name, value in available.items() if name in parameters})
-
-
-@functools.cache
-def parameter_names(fn: Callable) -> frozenset[str]:
-    return frozenset(inspect.signature(fn).parameters)
-
-
 def uses_critic(config: Config) -> bool:
     return config.estimator.advantage not in MONTE_CARLO_ESTIMATORS
 
@@ -58,11 +44,9 @@ def bootstraps(config: Config) -> bool:
 
 def compute_advantages(batch: RolloutBatch, config: Config) -> tuple[torch.Tensor, torch.Tensor]:
     """(advantages, returns), each (N, T), from the configured estimator."""
-    estimator = ADVANTAGES.get(config.estimator.advantage)
-    advantages, returns = call_with_available(
-        estimator, rewards=batch.rewards, values=batch.values, dones=batch.dones, mask=batch.mask,
-        gamma=config.estimator.gamma, lam=config.estimator.lambda_gae, bootstrap_value=batch.bootstrap_value,
-    )
+    data = {"rewards": batch.rewards, "values": batch.values, "dones": batch.dones, "mask": batch.mask,
+            "bootstrap_value": batch.bootstrap_value}
+    advantages, returns = ADVANTAGES.call(config.estimator.advantage, data, config.estimator)
     return advantages * batch.mask, returns
 
 
@@ -129,12 +113,9 @@ def off_policy_weights(est, logprobs: torch.Tensor, behaviour_logprobs: torch.Te
     """
     if est.off_policy_weight == "none":
         return None
-    return call_with_available(
-        OFF_POLICY_WEIGHTS.get(est.off_policy_weight), logprobs=logprobs, behaviour_logprobs=behaviour_logprobs,
-        mask=mask, age=torch.zeros_like(mask) if age is None else age, decay=est.sample_age_decay,
-        truncation=est.is_truncation, max_kl=est.kl_filter_threshold, mode=est.kl_filter_mode,
-        window=est.version_window,
-    )
+    data = {"logprobs": logprobs, "behaviour_logprobs": behaviour_logprobs, "mask": mask,
+            "age": torch.zeros_like(mask) if age is None else age}
+    return OFF_POLICY_WEIGHTS.call(est.off_policy_weight, data, est)
 
 
 def normalized(advantages: torch.Tensor, config: Config) -> torch.Tensor:
@@ -193,14 +174,10 @@ class GradientLearner:
         age = as_tokens(mini["age"]) if "age" in mini else None
         weights = off_policy_weights(est, as_tokens(logprobs.detach()), as_tokens(mini["behaviour_logprobs"]), mask,
                                      age=age)
-        policy_out = call_with_available(
-            POLICY_LOSSES.get(est.policy_loss), logprobs=as_tokens(logprobs),
-            behaviour_logprobs=as_tokens(mini["behaviour_logprobs"]),
-            proximal_logprobs=as_tokens(mini["proximal_logprobs"]), advantages=as_tokens(advantages),
-            mask=mask, clip_low=est.clip_range, clip_high=est.clip_range_high, dual_clip=est.dual_clip,
-            behaviour_weight_cap=est.behaviour_weight_cap,
-            agg_mode=est.loss_agg_mode, weights=weights.weights if weights is not None else None,
-        )
+        policy_out = POLICY_LOSSES.call(est.policy_loss, {
+            "logprobs": as_tokens(logprobs), "behaviour_logprobs": as_tokens(mini["behaviour_logprobs"]),
+            "proximal_logprobs": as_tokens(mini["proximal_logprobs"]), "advantages": as_tokens(advantages),
+            "mask": mask, "weights": weights.weights if weights is not None else None}, est)
         loss = policy_out.loss
         metrics = {"policy_loss": policy_out.loss.item(), **{k: float(v) for k, v in policy_out.metrics.items()}}
         if uses_critic(self.config):

@@ -38,7 +38,6 @@ from unipg.estimate.masked import (
 )
 from unipg.estimate.weights import weight_metrics
 from unipg.learn.gym import (
-    call_with_available,
     clip_grad_norm,
     off_policy_weights,
     shuffled_minibatches,
@@ -184,23 +183,24 @@ def text_advantages(batch: TextBatch, config: Config, kl_coef: float) -> tuple[t
     if est.kl_in_reward and batch.reference_logprobs is not None and kl_coef > 0:
         kl = kl_penalty(batch.behaviour_logprobs, batch.reference_logprobs, estimator=est.kl_estimator)
     rewards = token_rewards(batch, kl, kl_coef)
-    estimator = ADVANTAGES.get(est.advantage)
+    group_size = config.sample.samples_per_prompt
     if est.advantage in GROUP_ADVANTAGES:
-        per_sequence = estimator(rewards.sum(1), group_size=config.sample.samples_per_prompt)  # (B,)
+        per_sequence = ADVANTAGES.call(est.advantage, {"scores": rewards.sum(1), "group_size": group_size}, est)  # (B,)
         advantages = broadcast_to_tokens(per_sequence, mask)
         returns = broadcast_to_tokens(rewards.sum(1), mask)
     elif est.advantage == "turn_level":
         turn_rewards, turn_mask = turn_table(batch, rewards)
-        per_turn = estimator(turn_rewards, turn_mask, group_size=config.sample.samples_per_prompt, gamma=est.gamma)
+        per_turn = ADVANTAGES.call(est.advantage, {"turn_rewards": turn_rewards, "turn_mask": turn_mask,
+                                                   "group_size": group_size}, est)
         advantages = per_turn.gather(1, batch.token_turns.clamp(min=0)) * mask if batch.token_turns is not None \
             else broadcast_to_tokens(per_turn[:, 0], mask)
         returns = broadcast_to_tokens(rewards.sum(1), mask)
     else:  # step estimators see the sampled tokens as consecutive steps, inserted tokens removed
         packed_rewards, packed_mask = pack_masked(rewards, mask)
         values = pack_masked(batch.values * mask, mask)[0] if batch.values is not None else None
-        advantages, returns = call_with_available(
-            estimator, rewards=packed_rewards, values=values, dones=episode_ends(packed_mask), mask=packed_mask,
-            gamma=est.gamma, lam=est.lambda_gae)
+        data = {"rewards": packed_rewards, "values": values, "dones": episode_ends(packed_mask), "mask": packed_mask,
+                "bootstrap_value": None}  # the episode ends on the last sampled token: nothing to bootstrap
+        advantages, returns = ADVANTAGES.call(est.advantage, data, est)
         advantages, returns = unpack_masked(advantages, mask), unpack_masked(returns, mask)
     if est.normalize_advantages:
         advantages = masked_whiten(advantages, mask) * mask
@@ -369,12 +369,10 @@ class TextLearner:
                                    with_values=self.policy.has_critic)
         weights = off_policy_weights(est, out.logprobs.detach(), micro.behaviour_logprobs, mask, age=micro.ages)
         proximal = micro.proximal_logprobs if micro.proximal_logprobs is not None else micro.behaviour_logprobs
-        policy_out = call_with_available(
-            POLICY_LOSSES.get(est.policy_loss), logprobs=out.logprobs, behaviour_logprobs=micro.behaviour_logprobs,
-            proximal_logprobs=proximal, advantages=micro.advantages, mask=mask,
-            clip_low=est.clip_range, clip_high=est.clip_range_high, dual_clip=est.dual_clip,
-            behaviour_weight_cap=est.behaviour_weight_cap,
-            agg_mode=est.loss_agg_mode, weights=weights.weights if weights is not None else None)
+        policy_out = POLICY_LOSSES.call(est.policy_loss, {
+            "logprobs": out.logprobs, "behaviour_logprobs": micro.behaviour_logprobs, "proximal_logprobs": proximal,
+            "advantages": micro.advantages, "mask": mask, "weights": weights.weights if weights is not None else None},
+            est)
         loss = policy_out.loss
         metrics = {"policy_loss": policy_out.loss.item(), **{k: float(v) for k, v in policy_out.metrics.items()}}
         if "approx_kl" not in metrics:
