@@ -2,9 +2,10 @@
 
 Two update rules cover the classic algorithms, and both read their math from ``unipg.estimate``:
 
-- ``GradientLearner``: epochs of shuffled mini-batches; the policy loss is any registered one (``vanilla``
-  for REINFORCE and A2C, ``ppo`` for PPO, ``decoupled_ppo``) weighted by the configured off-policy weight;
-  the critic's squared error and the entropy bonus are added with their coefficients.
+- ``GradientLearner``: epochs of shuffled mini-batches of the unified objective (``unipg.learn.objective``,
+  shared with the language-model learner, each step one-token sequence): the policy loss is any registered
+  one (``vanilla`` for REINFORCE and A2C, ``ppo`` for PPO, ``decoupled_ppo``) weighted by the configured
+  off-policy weight; the critic's squared error and the entropy bonus are added with their coefficients.
 - ``TRPOLearner``: one natural-gradient step for the actor in a KL trust region, then critic regression.
 
 Segments may arrive some learner versions after they were collected (``runtime.max_staleness`` > 0).
@@ -22,10 +23,12 @@ import torch
 from torch.distributions import kl_divergence
 
 from unipg.config import Config
-from unipg.estimate import ADVANTAGES, OFF_POLICY_WEIGHTS, POLICY_LOSSES
-from unipg.estimate.losses import aggregate, value_loss
+from unipg.estimate import ADVANTAGES
+from unipg.estimate.losses import value_loss
 from unipg.estimate.masked import masked_whiten
 from unipg.estimate.trpo import trpo_step
+from unipg.learn.common import clip_grad_norm, shuffled_minibatches
+from unipg.learn.objective import ObjectiveBatch, as_tokens, unified_objective
 from unipg.policy.mlp import MLPActorCritic
 from unipg.sample.gym_rollout import RolloutBatch
 
@@ -91,33 +94,6 @@ def prepare_segment(policy: MLPActorCritic, batch: RolloutBatch, config: Config,
     return PreparedSegment(batch, advantages, returns, flatten_batch(batch, advantages, returns, age))
 
 
-def as_tokens(x: torch.Tensor) -> torch.Tensor:
-    """A flat batch of steps (M,) viewed as M one-step sequences (M, 1) for the (B, T) loss functions."""
-    return x.unsqueeze(-1)
-
-
-def shuffled_minibatches(valid: torch.Tensor, size: int, *, epochs: int, generator: torch.Generator):
-    """Index tensors of mini-batches over the ``valid`` sample indices, reshuffled every epoch.
-
-    Masked (Monte-Carlo) batches need not divide evenly: the last mini-batch of an epoch may be smaller.
-    """
-    for _ in range(epochs):
-        yield from torch.split(valid[torch.randperm(len(valid), generator=generator)], size)
-
-
-def off_policy_weights(est, logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor,
-                       age: torch.Tensor | None = None):
-    """The configured off-policy weight w(ρ, age) (B, T) of the unified objective, or None for 'none'.
-
-    ``age`` (B,) or (B, T) is the current policy version minus the behaviour version (0 when synchronous).
-    """
-    if est.off_policy_weight == "none":
-        return None
-    data = {"logprobs": logprobs, "behaviour_logprobs": behaviour_logprobs, "mask": mask,
-            "age": torch.zeros_like(mask) if age is None else age}
-    return OFF_POLICY_WEIGHTS.call(est.off_policy_weight, data, est)
-
-
 def normalized(advantages: torch.Tensor, config: Config) -> torch.Tensor:
     """Advantages whitened over the (mini-)batch when ``estimator.normalize_advantages`` is on."""
     if config.estimator.normalize_advantages and advantages.numel() > 1:
@@ -167,38 +143,20 @@ class GradientLearner:
         return torch.where(stale, current, behaviour)
 
     def _step(self, mini: dict[str, torch.Tensor]) -> dict[str, float]:
-        est, train = self.config.estimator, self.config.train
+        """One gradient step on a mini-batch of flat samples: the unified objective, viewed as (M, 1) tokens."""
         logprobs, entropy, values = self.policy.evaluate(mini["observations"], mini["actions"])
-        mask = as_tokens(torch.ones_like(logprobs))
-        advantages = normalized(mini["advantages"], self.config)
-        age = as_tokens(mini["age"]) if "age" in mini else None
-        weights = off_policy_weights(est, as_tokens(logprobs.detach()), as_tokens(mini["behaviour_logprobs"]), mask,
-                                     age=age)
-        policy_out = POLICY_LOSSES.call(est.policy_loss, {
-            "logprobs": as_tokens(logprobs), "behaviour_logprobs": as_tokens(mini["behaviour_logprobs"]),
-            "proximal_logprobs": as_tokens(mini["proximal_logprobs"]), "advantages": as_tokens(advantages),
-            "mask": mask, "weights": weights.weights if weights is not None else None}, est)
-        loss = policy_out.loss
-        metrics = {"policy_loss": policy_out.loss.item(), **{k: float(v) for k, v in policy_out.metrics.items()}}
-        if uses_critic(self.config):
-            critic_out = value_loss(as_tokens(values), as_tokens(mini["returns"]), mask,
-                                    old_values=as_tokens(mini["values"]), clip_range=est.value_clip_range)
-            loss = loss + est.value_loss_coef * critic_out.loss
-            metrics["value_loss"] = critic_out.loss.item()
-        entropy_mean = aggregate(as_tokens(entropy), mask, mode="token-mean")
-        loss = loss - est.entropy_coef * entropy_mean
+        critic = uses_critic(self.config)
+        batch = ObjectiveBatch.from_steps(
+            logprobs=logprobs, behaviour_logprobs=mini["behaviour_logprobs"],
+            proximal_logprobs=mini["proximal_logprobs"], advantages=normalized(mini["advantages"], self.config),
+            age=mini.get("age"), entropy=entropy, values=values if critic else None,
+            old_values=mini["values"] if critic else None, returns=mini["returns"] if critic else None)
+        out = unified_objective(batch, self.config.estimator)
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = clip_grad_norm(self.parameters, train.max_grad_norm)
+        out.loss.backward()
+        grad_norm = clip_grad_norm(self.parameters, self.config.train.max_grad_norm)
         self.optimizer.step()
-        if "approx_kl" not in metrics:  # the clipped losses report it; k3 estimate of KL(μ‖π) otherwise
-            with torch.no_grad():
-                log_ratio = logprobs.detach() - mini["behaviour_logprobs"]
-                metrics["approx_kl"] = ((log_ratio.exp() - 1) - log_ratio).mean().item()
-        metrics.update(entropy=entropy_mean.item(), grad_norm=grad_norm, loss=loss.item())
-        if weights is not None:
-            metrics.update({f"weights_{k}": float(v) for k, v in weights.metrics.items()})
-        return metrics
+        return {**out.metrics, "grad_norm": grad_norm}
 
     def set_lr_fraction(self, fraction: float) -> float:
         for group in self.optimizer.param_groups:
@@ -276,17 +234,6 @@ class TRPOLearner:
     def load_state_dict(self, state: dict) -> None:
         self.critic_optimizer.load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"])
-
-
-def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float | None) -> float:
-    """Clip the global gradient norm to ``max_norm`` (None: only measure it); returns the pre-clip norm."""
-    grads = [p.grad for p in parameters if p.grad is not None]
-    if not grads:
-        return 0.0
-    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-    if max_norm is not None:
-        torch._foreach_mul_(grads, torch.clamp(max_norm / (norm + 1e-6), max=1.0))
-    return float(norm)
 
 
 def make_learner(policy: MLPActorCritic, config: Config):
