@@ -27,8 +27,9 @@ from unipg.estimate import ADVANTAGES
 from unipg.estimate.losses import value_loss
 from unipg.estimate.masked import masked_whiten
 from unipg.estimate.trpo import trpo_step
+from unipg.learn import objective
 from unipg.learn.common import clip_grad_norm, shuffled_minibatches
-from unipg.learn.objective import ObjectiveBatch, as_tokens, unified_objective
+from unipg.learn.objective import ObjectiveBatch, as_tokens
 from unipg.policy.mlp import MLPActorCritic
 from unipg.sample.gym_rollout import RolloutBatch
 
@@ -151,7 +152,7 @@ class GradientLearner:
             proximal_logprobs=mini["proximal_logprobs"], advantages=normalized(mini["advantages"], self.config),
             age=mini.get("age"), entropy=entropy, values=values if critic else None,
             old_values=mini["values"] if critic else None, returns=mini["returns"] if critic else None)
-        out = unified_objective(batch, self.config.estimator)
+        out = objective.unified_objective(batch, self.config.estimator)
         self.optimizer.zero_grad(set_to_none=True)
         out.loss.backward()
         grad_norm = clip_grad_norm(self.parameters, self.config.train.max_grad_norm)

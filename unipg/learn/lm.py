@@ -23,6 +23,7 @@ from unipg.estimate.kl import kl_penalty
 from unipg.estimate.kl_control import make_kl_controller
 from unipg.estimate.losses import explained_variance
 from unipg.estimate.masked import masked_mean, masked_var
+from unipg.learn import objective
 from unipg.learn.common import clip_grad_norm, shuffled_minibatches
 from unipg.learn.lm_batch import (  # noqa: F401  (TextBatch and the advantage helpers are imported from here too)
     GROUP_ADVANTAGES,
@@ -33,7 +34,7 @@ from unipg.learn.lm_batch import (  # noqa: F401  (TextBatch and the advantage h
     token_rewards,
     turn_table,
 )
-from unipg.learn.objective import ObjectiveBatch, ObjectiveOutput, unified_objective
+from unipg.learn.objective import ObjectiveBatch, ObjectiveOutput
 from unipg.learn.state import (
     generator_state,
     load_optimizer,
@@ -185,9 +186,9 @@ class TextLearner:
             mask=micro.completion_mask, proximal_logprobs=micro.proximal_logprobs, age=micro.ages,
             entropy=out.entropy, values=out.values, old_values=micro.values, returns=micro.returns,
             reference_logprobs=micro.reference_logprobs)
-        return unified_objective(batch, est, kl_coef=0.0 if est.kl_in_reward else self.kl_coef,
-                                 batch_mask=mini_mask, norm_length=self.config.sample.max_new_tokens,
-                                 report_importance_ess=micro.ages is not None)
+        return objective.unified_objective(batch, est, kl_coef=0.0 if est.kl_in_reward else self.kl_coef,
+                                           batch_mask=mini_mask, norm_length=self.config.sample.max_new_tokens,
+                                           report_importance_ess=micro.ages is not None)
 
     def set_lr_fraction(self, fraction: float) -> float:
         """Scale every group's learning rate to ``fraction`` of its base rate (times ``lr_factor``, lowered by
