@@ -43,7 +43,7 @@ def test_ppo_objective_sums_its_terms_as_computed_by_hand():
     value = (0.5 + 0.0 + 0.5) / 3  # ½ (V − R)²
     entropy = (1.0 + 2.0 + 3.0) / 3
     expected = policy + 0.5 * kl + 0.5 * value - 0.01 * entropy
-    assert out.share == 1.0 and out.loss.item() == pytest.approx(expected)
+    assert out.loss.item() == pytest.approx(expected)
     metrics = out.metrics
     assert metrics["policy_loss"] == pytest.approx(policy) and metrics["kl_to_reference"] == pytest.approx(kl)
     assert metrics["value_loss"] == pytest.approx(value) and metrics["entropy"] == pytest.approx(entropy)
@@ -54,16 +54,12 @@ def test_ppo_objective_sums_its_terms_as_computed_by_hand():
     assert torch.allclose(batch.logprobs.grad, torch.tensor([[1 / 6, 1 / 2], [1 / 6, 0.0]]))
 
 
-def test_kl_is_only_reported_at_zero_coefficient_and_a_micro_batch_returns_its_share():
+def test_kl_is_only_reported_at_zero_coefficient():
     settings = EstimatorConfig(policy_loss="ppo", kl_estimator="k1", entropy_coef=0.01, value_loss_coef=0.5)
     full = unified_objective(token_batch(), settings, kl_coef=0.5)
     no_kl = unified_objective(token_batch(), settings, kl_coef=0.0)
     assert no_kl.metrics["kl_to_reference"] == pytest.approx(0.2)
     assert no_kl.loss.item() == pytest.approx(full.loss.item() - 0.5 * 0.2)
-    batch_mask = torch.ones(4, 3)  # the mini-batch has 12 tokens; this micro-batch 3 of them
-    micro = unified_objective(token_batch(), settings, kl_coef=0.5, batch_mask=batch_mask)
-    assert micro.share == pytest.approx(3 / 12) and micro.loss.item() == pytest.approx(full.loss.item() / 4)
-    assert micro.metrics == full.metrics  # metrics are the micro-batch's own; the learner weighs them by share
 
 
 def test_micro_batch_shares_use_the_mini_batch_denominators():
@@ -112,7 +108,7 @@ def test_a_gym_update_goes_through_the_objective(calls):
     rollout.close()
     metrics = GradientLearner(policy, config).update(prepare_segment(policy, batch, config).samples)
     assert len(calls) == 4  # 2 epochs × 2 mini-batches of 16 steps
-    assert all(call.get("batch_mask") is None for call in calls)  # whole mini-batches: no micro-batch share
+    assert all(call == {} for call in calls)  # no reference policy: no KL coefficient
     assert {"policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm", "loss"} <= set(metrics)
 
 
@@ -124,5 +120,5 @@ def test_an_lm_update_goes_through_the_objective(calls, embedded_path):
     learner.prepare(batch)
     metrics = learner.update(batch)
     assert len(calls) == 2  # 16 completions in micro-batches of 8
-    assert all(call["batch_mask"].shape[0] == 16 and call["kl_coef"] == pytest.approx(0.1) for call in calls)
+    assert all(call["kl_coef"] == pytest.approx(0.1) for call in calls)
     assert {"policy_loss", "kl_to_reference", "entropy", "approx_kl", "grad_norm", "loss"} <= set(metrics)

@@ -34,7 +34,7 @@ from unipg.learn.lm_batch import (  # noqa: F401  (TextBatch and the advantage h
     token_rewards,
     turn_table,
 )
-from unipg.learn.objective import ObjectiveBatch, ObjectiveOutput
+from unipg.learn.objective import ObjectiveBatch, micro_batch_share
 from unipg.learn.state import (
     generator_state,
     load_optimizer,
@@ -162,10 +162,13 @@ class TextLearner:
         totals: dict[str, float] = {}
         self.optimizer.zero_grad(set_to_none=True)
         for micro_rows in mini_rows.split(self.config.train.micro_batch_size):
-            out = self._loss(batch.rows(micro_rows), mini_mask)
-            out.loss.backward()
-            for key, value in out.metrics.items():
-                totals[key] = totals.get(key, 0.0) + value * out.share
+            micro = batch.rows(micro_rows)
+            share = micro_batch_share(micro.completion_mask, mini_mask, mode=self.config.estimator.loss_agg_mode,
+                                      norm_length=self.config.sample.max_new_tokens)
+            loss, metrics = self._loss(micro)
+            (loss * share).backward()
+            for key, value in metrics.items():
+                totals[key] = totals.get(key, 0.0) + value * share
         totals["grad_norm"] = clip_grad_norm(self.parameters, self.config.train.max_grad_norm)
         finite = math.isfinite(totals["loss"]) and math.isfinite(totals["grad_norm"])
         if self.config.rollback.enabled and not finite:
@@ -174,8 +177,8 @@ class TextLearner:
         self.optimizer.step()
         return totals, True
 
-    def _loss(self, micro: TextBatch, mini_mask: torch.Tensor) -> ObjectiveOutput:
-        """The unified objective of a micro-batch, as its share of the loss of the mini-batch (``mini_mask``)."""
+    def _loss(self, micro: TextBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        """The unified objective of a micro-batch and its metrics."""
         est = self.config.estimator
         out = self.policy.evaluate(micro.input_ids, micro.attention_mask, micro.completion_length,
                                    temperature=self.config.sample.temperature, with_entropy=True,
@@ -186,9 +189,9 @@ class TextLearner:
             mask=micro.completion_mask, proximal_logprobs=micro.proximal_logprobs, age=micro.ages,
             entropy=out.entropy, values=out.values, old_values=micro.values, returns=micro.returns,
             reference_logprobs=micro.reference_logprobs)
-        return objective.unified_objective(batch, est, kl_coef=0.0 if est.kl_in_reward else self.kl_coef,
-                                           batch_mask=mini_mask, norm_length=self.config.sample.max_new_tokens,
-                                           report_importance_ess=micro.ages is not None)
+        out = objective.unified_objective(batch, est, kl_coef=0.0 if est.kl_in_reward else self.kl_coef,
+                                          report_importance_ess=micro.ages is not None)
+        return out.loss, out.metrics
 
     def set_lr_fraction(self, fraction: float) -> float:
         """Scale every group's learning rate to ``fraction`` of its base rate (times ``lr_factor``, lowered by

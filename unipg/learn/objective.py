@@ -16,10 +16,10 @@ Where the two learners differ, the caller says so with an explicit argument, so 
 
 - ``kl_coef``: only the language-model learner has a reference policy; it passes 0 when the KL is paid in the
   token rewards instead (``estimator.kl_in_reward``), and ``kl_to_reference`` is reported either way.
-- ``batch_mask`` / ``norm_length``: the language-model learner accumulates a mini-batch over micro-batches.
-  The loss returned is then the micro-batch's share of the mini-batch loss (``micro_batch_share``), so that
-  the accumulated gradient uses the mini-batch's global denominators (its token count, its sequence count,
-  or B · max_new_tokens). The gymnasium learner steps on whole mini-batches and passes neither (share 1).
+- Global denominators: the language-model learner accumulates a mini-batch's gradient over micro-batches and
+  weighs each micro-batch's loss and metrics by ``micro_batch_share``, so that the sum uses the mini-batch's
+  denominators (its token count, its sequence count, or B · max_new_tokens) whatever the micro-batch size.
+  The gymnasium learner steps on whole mini-batches: their own denominators are the global ones.
 - ``report_importance_ess``: the effective sample size of ρ·w, reported by the language-model learner when
   its batch carries ages (asynchronous data). Gym samples always carry an age (0 when fresh), and its logs
   never had the metric, so the gymnasium learner does not ask for it.
@@ -79,20 +79,16 @@ class ObjectiveBatch:
 class ObjectiveOutput:
     """The loss to back-propagate and the metrics of the batch it was computed on."""
 
-    loss: torch.Tensor  # () to minimise: the batch's share of its mini-batch's loss (all of it when share = 1)
-    metrics: dict[str, float] = field(default_factory=dict)  # this batch's own values, not scaled by share
-    share: float = 1.0  # weight of this batch in its mini-batch: accumulate metrics × share
+    loss: torch.Tensor  # () to minimise, differentiable
+    metrics: dict[str, float] = field(default_factory=dict)  # name → value on this batch
 
 
 def unified_objective(batch: ObjectiveBatch, settings: EstimatorConfig, *, kl_coef: float = 0.0,
-                      batch_mask: torch.Tensor | None = None, norm_length: int | None = None,
                       report_importance_ess: bool = False) -> ObjectiveOutput:
     """policy loss + kl_coef·KL + value_loss_coef·value loss − entropy_coef·entropy of ``batch``.
 
     ``settings`` is the ``estimator`` config section. ``kl_coef`` scales the KL to the reference in the loss
-    (0: only report it); ``batch_mask`` is the mask of the whole mini-batch when ``batch`` is one of its
-    micro-batches, and ``norm_length`` the constant length of ``seq-mean-token-sum-norm`` (max_new_tokens).
-    Metrics: policy_loss and the policy loss's own, approx_kl, kl_to_reference, value_loss, entropy,
+    (0: only report it). Metrics: policy_loss and the policy loss's own, approx_kl, kl_to_reference, value_loss, entropy,
     weights_* (off-policy weight statistics), importance_ess (when asked) and loss.
     """
     weights = off_policy_weights(settings, batch.logprobs.detach(), batch.behaviour_logprobs, batch.mask,
@@ -119,10 +115,7 @@ def unified_objective(batch: ObjectiveBatch, settings: EstimatorConfig, *, kl_co
     if report_importance_ess:
         metrics["importance_ess"] = importance_ess(batch, weights)
     metrics["loss"] = loss.item()
-    if batch_mask is None:
-        return ObjectiveOutput(loss, metrics)
-    share = micro_batch_share(batch.mask, batch_mask, mode=settings.loss_agg_mode, norm_length=norm_length)
-    return ObjectiveOutput(loss * share, metrics, share)
+    return ObjectiveOutput(loss, metrics)
 
 
 def policy_term(batch: ObjectiveBatch, settings: EstimatorConfig,
