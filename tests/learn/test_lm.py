@@ -2,13 +2,8 @@ import pytest
 import torch
 
 from unipg.config import load_config
-from unipg.learn.lm import (
-    TextBatch,
-    TextLearner,
-    episode_ends,
-    text_advantages,
-    token_rewards,
-)
+from unipg.learn.lm import TextLearner
+from unipg.learn.lm_batch import TextBatch, episode_ends, text_advantages, token_rewards
 from unipg.policy.loading import load_lm_policy
 
 GROUP = 4

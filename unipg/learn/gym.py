@@ -2,9 +2,10 @@
 
 Two update rules cover the classic algorithms, and both read their math from ``unipg.estimate``:
 
-- ``GradientLearner``: epochs of shuffled mini-batches; the policy loss is any registered one (``vanilla``
-  for REINFORCE and A2C, ``ppo`` for PPO, ``decoupled_ppo``) weighted by the configured off-policy weight;
-  the critic's squared error and the entropy bonus are added with their coefficients.
+- ``GradientLearner``: epochs of shuffled mini-batches of the unified objective (``unipg.learn.objective``,
+  shared with the language-model learner, each step one-token sequence): the policy loss is any registered
+  one (``vanilla`` for REINFORCE and A2C, ``ppo`` for PPO, ``decoupled_ppo``) weighted by the configured
+  off-policy weight; the critic's squared error and the entropy bonus are added with their coefficients.
 - ``TRPOLearner``: one natural-gradient step for the actor in a KL trust region, then critic regression.
 
 Segments may arrive some learner versions after they were collected (``runtime.max_staleness`` > 0).
@@ -16,35 +17,24 @@ applies no correction for the behaviour policy.
 
 from __future__ import annotations
 
-import functools
-import inspect
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch.distributions import kl_divergence
 
 from unipg.config import Config
-from unipg.estimate import ADVANTAGES, OFF_POLICY_WEIGHTS, POLICY_LOSSES
-from unipg.estimate.losses import aggregate, value_loss
+from unipg.estimate import ADVANTAGES
+from unipg.estimate.losses import value_loss
 from unipg.estimate.masked import masked_whiten
 from unipg.estimate.trpo import trpo_step
+from unipg.learn import objective
+from unipg.learn.common import clip_grad_norm, shuffled_minibatches
+from unipg.learn.objective import ObjectiveBatch, as_tokens
 from unipg.policy.mlp import MLPActorCritic
 from unipg.sample.gym_rollout import RolloutBatch
 
 # Estimators that need no critic: their returns are Monte-Carlo and cannot be bootstrapped.
 MONTE_CARLO_ESTIMATORS = frozenset({"reward_to_go", "batch_mean_baseline"})
-
-
-def call_with_available(fn: Callable, **available):
-    """Call a registered function with the subset of ``available`` arguments its signature names."""
-    parameters = parameter_names(fn)
-    return fn(**{name: value for name, value in available.items() if name in parameters})
-
-
-@functools.cache
-def parameter_names(fn: Callable) -> frozenset[str]:
-    return frozenset(inspect.signature(fn).parameters)
 
 
 def uses_critic(config: Config) -> bool:
@@ -58,11 +48,9 @@ def bootstraps(config: Config) -> bool:
 
 def compute_advantages(batch: RolloutBatch, config: Config) -> tuple[torch.Tensor, torch.Tensor]:
     """(advantages, returns), each (N, T), from the configured estimator."""
-    estimator = ADVANTAGES.get(config.estimator.advantage)
-    advantages, returns = call_with_available(
-        estimator, rewards=batch.rewards, values=batch.values, dones=batch.dones, mask=batch.mask,
-        gamma=config.estimator.gamma, lam=config.estimator.lambda_gae, bootstrap_value=batch.bootstrap_value,
-    )
+    data = {"rewards": batch.rewards, "values": batch.values, "dones": batch.dones, "mask": batch.mask,
+            "bootstrap_value": batch.bootstrap_value}
+    advantages, returns = ADVANTAGES.call(config.estimator.advantage, data, config.estimator)
     return advantages * batch.mask, returns
 
 
@@ -105,36 +93,6 @@ def prepare_segment(policy: MLPActorCritic, batch: RolloutBatch, config: Config,
         batch = batch.with_values(policy.value, config.estimator.gamma)
     advantages, returns = compute_advantages(batch, config)
     return PreparedSegment(batch, advantages, returns, flatten_batch(batch, advantages, returns, age))
-
-
-def as_tokens(x: torch.Tensor) -> torch.Tensor:
-    """A flat batch of steps (M,) viewed as M one-step sequences (M, 1) for the (B, T) loss functions."""
-    return x.unsqueeze(-1)
-
-
-def shuffled_minibatches(valid: torch.Tensor, size: int, *, epochs: int, generator: torch.Generator):
-    """Index tensors of mini-batches over the ``valid`` sample indices, reshuffled every epoch.
-
-    Masked (Monte-Carlo) batches need not divide evenly: the last mini-batch of an epoch may be smaller.
-    """
-    for _ in range(epochs):
-        yield from torch.split(valid[torch.randperm(len(valid), generator=generator)], size)
-
-
-def off_policy_weights(est, logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor,
-                       age: torch.Tensor | None = None):
-    """The configured off-policy weight w(ρ, age) (B, T) of the unified objective, or None for 'none'.
-
-    ``age`` (B,) or (B, T) is the current policy version minus the behaviour version (0 when synchronous).
-    """
-    if est.off_policy_weight == "none":
-        return None
-    return call_with_available(
-        OFF_POLICY_WEIGHTS.get(est.off_policy_weight), logprobs=logprobs, behaviour_logprobs=behaviour_logprobs,
-        mask=mask, age=torch.zeros_like(mask) if age is None else age, decay=est.sample_age_decay,
-        truncation=est.is_truncation, max_kl=est.kl_filter_threshold, mode=est.kl_filter_mode,
-        window=est.version_window,
-    )
 
 
 def normalized(advantages: torch.Tensor, config: Config) -> torch.Tensor:
@@ -186,42 +144,20 @@ class GradientLearner:
         return torch.where(stale, current, behaviour)
 
     def _step(self, mini: dict[str, torch.Tensor]) -> dict[str, float]:
-        est, train = self.config.estimator, self.config.train
+        """One gradient step on a mini-batch of flat samples: the unified objective, viewed as (M, 1) tokens."""
         logprobs, entropy, values = self.policy.evaluate(mini["observations"], mini["actions"])
-        mask = as_tokens(torch.ones_like(logprobs))
-        advantages = normalized(mini["advantages"], self.config)
-        age = as_tokens(mini["age"]) if "age" in mini else None
-        weights = off_policy_weights(est, as_tokens(logprobs.detach()), as_tokens(mini["behaviour_logprobs"]), mask,
-                                     age=age)
-        policy_out = call_with_available(
-            POLICY_LOSSES.get(est.policy_loss), logprobs=as_tokens(logprobs),
-            behaviour_logprobs=as_tokens(mini["behaviour_logprobs"]),
-            proximal_logprobs=as_tokens(mini["proximal_logprobs"]), advantages=as_tokens(advantages),
-            mask=mask, clip_low=est.clip_range, clip_high=est.clip_range_high, dual_clip=est.dual_clip,
-            behaviour_weight_cap=est.behaviour_weight_cap,
-            agg_mode=est.loss_agg_mode, weights=weights.weights if weights is not None else None,
-        )
-        loss = policy_out.loss
-        metrics = {"policy_loss": policy_out.loss.item(), **{k: float(v) for k, v in policy_out.metrics.items()}}
-        if uses_critic(self.config):
-            critic_out = value_loss(as_tokens(values), as_tokens(mini["returns"]), mask,
-                                    old_values=as_tokens(mini["values"]), clip_range=est.value_clip_range)
-            loss = loss + est.value_loss_coef * critic_out.loss
-            metrics["value_loss"] = critic_out.loss.item()
-        entropy_mean = aggregate(as_tokens(entropy), mask, mode="token-mean")
-        loss = loss - est.entropy_coef * entropy_mean
+        critic = uses_critic(self.config)
+        batch = ObjectiveBatch.from_steps(
+            logprobs=logprobs, behaviour_logprobs=mini["behaviour_logprobs"],
+            proximal_logprobs=mini["proximal_logprobs"], advantages=normalized(mini["advantages"], self.config),
+            age=mini.get("age"), entropy=entropy, values=values if critic else None,
+            old_values=mini["values"] if critic else None, returns=mini["returns"] if critic else None)
+        out = objective.unified_objective(batch, self.config.estimator)
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = clip_grad_norm(self.parameters, train.max_grad_norm)
+        out.loss.backward()
+        grad_norm = clip_grad_norm(self.parameters, self.config.train.max_grad_norm)
         self.optimizer.step()
-        if "approx_kl" not in metrics:  # the clipped losses report it; k3 estimate of KL(μ‖π) otherwise
-            with torch.no_grad():
-                log_ratio = logprobs.detach() - mini["behaviour_logprobs"]
-                metrics["approx_kl"] = ((log_ratio.exp() - 1) - log_ratio).mean().item()
-        metrics.update(entropy=entropy_mean.item(), grad_norm=grad_norm, loss=loss.item())
-        if weights is not None:
-            metrics.update({f"weights_{k}": float(v) for k, v in weights.metrics.items()})
-        return metrics
+        return {**out.metrics, "grad_norm": grad_norm}
 
     def set_lr_fraction(self, fraction: float) -> float:
         for group in self.optimizer.param_groups:
@@ -299,17 +235,6 @@ class TRPOLearner:
     def load_state_dict(self, state: dict) -> None:
         self.critic_optimizer.load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"])
-
-
-def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float | None) -> float:
-    """Clip the global gradient norm to ``max_norm`` (None: only measure it); returns the pre-clip norm."""
-    grads = [p.grad for p in parameters if p.grad is not None]
-    if not grads:
-        return 0.0
-    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-    if max_norm is not None:
-        torch._foreach_mul_(grads, torch.clamp(max_norm / (norm + 1e-6), max=1.0))
-    return float(norm)
 
 
 def make_learner(policy: MLPActorCritic, config: Config):

@@ -1,13 +1,9 @@
-"""The learner step for language-model policies: token rewards → advantages → epochs of clipped updates.
+"""The learner step for language-model policies: reference log-probs, values and advantages, then epochs of
+mini-batch updates of the unified objective (``unipg.learn.objective``).
 
-Every piece of math comes from ``unipg.estimate``; this module only lays the completions out as (B, C)
-token tensors and decides which registered function to call:
+The batch layout and the advantages live in ``unipg.learn.lm_batch``; every piece of math comes from
+``unipg.estimate``. This module runs the policy's forward passes and the optimizer:
 
-- the sequence reward sits on the last sampled token; with ``kl_in_reward`` each token also pays
-  −β·KL_t to the reference (classic RLHF PPO, REINFORCE++), otherwise β·KL enters the loss (GRPO);
-- group estimators (grpo, dr_grpo, rloo) see one score per completion, in consecutive groups of
-  ``samples_per_prompt``; token estimators (gae, reinforce_plus_plus, batch_mean_baseline, ...) see the
-  (B, C) token rewards with the episode ending at the last sampled token;
 - a mini-batch's gradient is accumulated over micro-batches, each weighted so that the sum equals the loss
   of the whole mini-batch under the configured aggregation mode;
 - with ``rollback.enabled``, an optimizer step whose loss or gradient norm is not finite is skipped, and with
@@ -19,203 +15,33 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
 
 import torch
 
 from unipg.config import Config
-from unipg.estimate import ADVANTAGES, POLICY_LOSSES
-from unipg.estimate.advantages import broadcast_to_tokens
 from unipg.estimate.kl import kl_penalty
 from unipg.estimate.kl_control import make_kl_controller
-from unipg.estimate.losses import aggregate, explained_variance, value_loss
-from unipg.estimate.masked import (
-    masked_mean,
-    masked_var,
-    masked_whiten,
-    pack_masked,
-    unpack_masked,
+from unipg.estimate.losses import explained_variance
+from unipg.estimate.masked import masked_mean, masked_var
+from unipg.learn import objective
+from unipg.learn.common import clip_grad_norm, shuffled_minibatches
+from unipg.learn.lm_batch import (  # noqa: F401  (TextBatch and the advantage helpers are imported from here too)
+    GROUP_ADVANTAGES,
+    TextBatch,
+    episode_ends,
+    last_sampled,
+    text_advantages,
+    token_rewards,
+    turn_table,
 )
-from unipg.estimate.weights import weight_metrics
-from unipg.learn.gym import (
-    call_with_available,
-    clip_grad_norm,
-    off_policy_weights,
-    shuffled_minibatches,
-)
+from unipg.learn.objective import ObjectiveBatch, micro_batch_share
 from unipg.learn.state import (
     generator_state,
     load_optimizer,
     optimizer_tensors,
     restore_generator,
 )
-from unipg.policy.lm import Generation, LMPolicy, left_pad
-
-GROUP_ADVANTAGES = frozenset({"grpo", "dr_grpo", "rloo"})
-
-
-@dataclass
-class TextBatch:
-    """B completions; samples of one prompt are consecutive. C = completion length, L = P + C."""
-
-    input_ids: torch.Tensor  # (B, L) left-padded prompt followed by the right-padded completion
-    attention_mask: torch.Tensor  # (B, L) 1 on real tokens
-    completion_mask: torch.Tensor  # (B, C) 1 on tokens the policy sampled
-    behaviour_logprobs: torch.Tensor  # (B, C) log μ(a_t|s_t) at sampling time
-    scores: torch.Tensor  # (B,) the sequence reward
-    reference_logprobs: torch.Tensor | None = None  # (B, C) log π_ref(a_t|s_t)
-    values: torch.Tensor | None = None  # (B, C) V(s_t) before the update
-    advantages: torch.Tensor | None = None  # (B, C)
-    returns: torch.Tensor | None = None  # (B, C) value-regression targets
-    # Multi-turn episodes (None for single-turn completions): K = the most policy turns of any episode.
-    token_turns: torch.Tensor | None = None  # (B, C) long, the policy turn of each sampled token, -1 elsewhere
-    turn_rewards: torch.Tensor | None = None  # (B, K) reward of each policy turn, 0 past the last
-    turn_mask: torch.Tensor | None = None  # (B, K) 1 on turns the episode had
-    # Off-policy data (asynchronous training): None when every sample is from the learner's current weights.
-    ages: torch.Tensor | None = None  # (B, C) learner version − version that sampled the token, 0 elsewhere
-    proximal_logprobs: torch.Tensor | None = None  # (B, C) log π_prox: the weights the update starts from
-
-    @classmethod
-    def from_generation(cls, generation: Generation, scores: list[float]) -> "TextBatch":
-        return cls(input_ids=torch.cat([generation.prompt_ids, generation.completion_ids], dim=1),
-                   attention_mask=torch.cat([generation.prompt_mask, generation.completion_mask], dim=1),
-                   completion_mask=generation.completion_mask.float(),
-                   behaviour_logprobs=generation.behaviour_logprobs,
-                   scores=torch.tensor(scores, dtype=torch.float32))
-
-    @classmethod
-    def from_trajectories(cls, trajectories: list, pad_id: int, version: int | None = None) -> "TextBatch":
-        """Episodes of the agent loop: the prompt left-padded, every later token right-padded; the loss mask
-        (1 on sampled tokens only) is the completion mask. With the learner's ``version``, ``ages`` holds each
-        sampled token's age (each turn records the weights version that sampled it)."""
-        prompt_ids, prompt_mask = left_pad([t.prompt_ids for t in trajectories], pad_id)
-        width = max(max(len(t.token_ids) for t in trajectories), 1)
-        turns = max(max(t.turns for t in trajectories), 1)
-        batch = len(trajectories)
-        ids = torch.full((batch, width), pad_id, dtype=torch.long)
-        real, loss_mask, behaviour = (torch.zeros((batch, width), dtype=dtype) for dtype in
-                                      (torch.long, torch.float32, torch.float32))
-        token_turns = torch.full((batch, width), -1, dtype=torch.long)
-        turn_rewards, turn_mask = torch.zeros((batch, turns)), torch.zeros((batch, turns))
-        ages = torch.zeros((batch, width)) if version is not None else None
-        for row, t in enumerate(trajectories):
-            n = len(t.token_ids)
-            ids[row, :n] = torch.tensor(t.token_ids, dtype=torch.long)
-            real[row, :n] = 1
-            loss_mask[row, :n] = torch.tensor(t.loss_mask, dtype=torch.float32)
-            behaviour[row, :n] = torch.tensor(t.behaviour_logprobs, dtype=torch.float32)
-            token_turns[row, :n] = torch.tensor(t.turn_of_token, dtype=torch.long)
-            turn_rewards[row, :t.turns] = torch.tensor(t.step_rewards, dtype=torch.float32)
-            turn_mask[row, :t.turns] = 1
-            if ages is not None and t.turns:
-                turn_ages = torch.tensor([version - v for v in t.policy_versions], dtype=torch.float32)
-                ages[row, :n] = turn_ages[token_turns[row, :n].clamp(min=0)] * loss_mask[row, :n]
-        return cls(input_ids=torch.cat([prompt_ids, ids], dim=1), attention_mask=torch.cat([prompt_mask, real], dim=1),
-                   completion_mask=loss_mask, behaviour_logprobs=behaviour,
-                   scores=torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
-                   token_turns=token_turns, turn_rewards=turn_rewards, turn_mask=turn_mask, ages=ages)
-
-    @property
-    def completion_length(self) -> int:
-        return self.completion_mask.shape[1]
-
-    def rows(self, index: torch.Tensor) -> "TextBatch":
-        """The sub-batch of the given rows in batch order, with all-padding columns on either side dropped.
-
-        Rows are taken in batch order whatever the order of ``index`` (the loss does not depend on it), so a
-        micro-batch holding the same rows as a no-grad pass sees exactly the same tensors.
-        """
-        index = index.sort().values
-        fields = {name: (value[index] if isinstance(value, torch.Tensor) else value)
-                  for name, value in vars(self).items()}
-        sub = TextBatch(**fields)
-        first_real = int(sub.attention_mask.argmax(dim=1).min())  # leftmost prompt token of any row
-        prompt_width = sub.input_ids.shape[1] - sub.completion_length
-        real = sub.attention_mask[:, prompt_width:]  # (b, C) sampled and inserted tokens after the prompt
-        keep = max(int((real * torch.arange(1, real.shape[1] + 1)).max()), 1)  # last real column, 1-based
-        drop = sub.completion_length - keep
-        if first_real > 0 or drop > 0:
-            end = sub.input_ids.shape[1] - drop
-            sub.input_ids, sub.attention_mask = sub.input_ids[:, first_real:end], sub.attention_mask[:, first_real:end]
-            for name in ("completion_mask", "behaviour_logprobs", "reference_logprobs", "values", "advantages", "returns",
-                         "token_turns", "ages", "proximal_logprobs"):
-                value = getattr(sub, name)
-                if value is not None:
-                    setattr(sub, name, value[:, :keep])
-        assert sub.input_ids.shape[1] == prompt_width - first_real + sub.completion_length
-        return sub
-
-
-def last_sampled(completion_mask: torch.Tensor) -> torch.Tensor:
-    """(B,) index of each row's last sampled token (0 for a row without any)."""
-    width = completion_mask.shape[1]
-    return (width - 1 - completion_mask.flip(1).argmax(1)).clamp(min=0) * (completion_mask.sum(1) > 0)
-
-
-def token_rewards(batch: TextBatch, kl: torch.Tensor | None, kl_coef: float) -> torch.Tensor:
-    """(B, C) rewards: each turn's reward on that turn's last sampled token (single-turn: the sequence score
-    on the last sampled token), minus β·KL_t on every sampled token if given."""
-    mask = batch.completion_mask
-    rewards = torch.zeros_like(mask)
-    if batch.turn_rewards is None:
-        rewards.scatter_(1, last_sampled(mask)[:, None], batch.scores[:, None].to(rewards.dtype))
-        rewards = rewards * (mask.sum(1, keepdim=True) > 0)
-    else:
-        for turn in range(batch.turn_rewards.shape[1]):
-            in_turn = (batch.token_turns == turn).to(mask.dtype)
-            has_turn = in_turn.sum(1) > 0
-            rows = has_turn.nonzero().flatten()
-            rewards[rows, last_sampled(in_turn)[rows]] += batch.turn_rewards[rows, turn]
-    if kl is not None:
-        rewards = rewards - kl_coef * kl * mask
-    return rewards
-
-
-def episode_ends(completion_mask: torch.Tensor) -> torch.Tensor:
-    """(B, C) dones: 1 on the last sampled token, where the episode ends."""
-    dones = torch.zeros_like(completion_mask)
-    return dones.scatter_(1, last_sampled(completion_mask)[:, None], 1.0)
-
-
-def text_advantages(batch: TextBatch, config: Config, kl_coef: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(advantages, returns), (B, C), from the configured estimator; 0 on padding and inserted tokens."""
-    est, mask = config.estimator, batch.completion_mask
-    kl = None
-    if est.kl_in_reward and batch.reference_logprobs is not None and kl_coef > 0:
-        kl = kl_penalty(batch.behaviour_logprobs, batch.reference_logprobs, estimator=est.kl_estimator)
-    rewards = token_rewards(batch, kl, kl_coef)
-    estimator = ADVANTAGES.get(est.advantage)
-    if est.advantage in GROUP_ADVANTAGES:
-        per_sequence = estimator(rewards.sum(1), group_size=config.sample.samples_per_prompt)  # (B,)
-        advantages = broadcast_to_tokens(per_sequence, mask)
-        returns = broadcast_to_tokens(rewards.sum(1), mask)
-    elif est.advantage == "turn_level":
-        turn_rewards, turn_mask = turn_table(batch, rewards)
-        per_turn = estimator(turn_rewards, turn_mask, group_size=config.sample.samples_per_prompt, gamma=est.gamma)
-        advantages = per_turn.gather(1, batch.token_turns.clamp(min=0)) * mask if batch.token_turns is not None \
-            else broadcast_to_tokens(per_turn[:, 0], mask)
-        returns = broadcast_to_tokens(rewards.sum(1), mask)
-    else:  # step estimators see the sampled tokens as consecutive steps, inserted tokens removed
-        packed_rewards, packed_mask = pack_masked(rewards, mask)
-        values = pack_masked(batch.values * mask, mask)[0] if batch.values is not None else None
-        advantages, returns = call_with_available(
-            estimator, rewards=packed_rewards, values=values, dones=episode_ends(packed_mask), mask=packed_mask,
-            gamma=est.gamma, lam=est.lambda_gae)
-        advantages, returns = unpack_masked(advantages, mask), unpack_masked(returns, mask)
-    if est.normalize_advantages:
-        advantages = masked_whiten(advantages, mask) * mask
-    return advantages, returns
-
-
-def turn_table(batch: TextBatch, rewards: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, K) rewards per policy turn (token rewards, KL included, summed within each turn) and turn mask;
-    a single-turn batch is one turn per row."""
-    if batch.token_turns is None:
-        return rewards.sum(1, keepdim=True), (batch.completion_mask.sum(1, keepdim=True) > 0).float()
-    turns = batch.turn_rewards.shape[1]
-    per_turn = torch.zeros((rewards.shape[0], turns), dtype=rewards.dtype)
-    per_turn.scatter_add_(1, batch.token_turns.clamp(min=0), rewards * (batch.token_turns >= 0))
-    return per_turn, batch.turn_mask
+from unipg.policy.lm import LMPolicy
 
 
 class TextLearner:
@@ -337,7 +163,8 @@ class TextLearner:
         self.optimizer.zero_grad(set_to_none=True)
         for micro_rows in mini_rows.split(self.config.train.micro_batch_size):
             micro = batch.rows(micro_rows)
-            share = self._micro_share(micro.completion_mask, mini_mask)
+            share = micro_batch_share(micro.completion_mask, mini_mask, mode=self.config.estimator.loss_agg_mode,
+                                      norm_length=self.config.sample.max_new_tokens)
             loss, metrics = self._loss(micro)
             (loss * share).backward()
             for key, value in metrics.items():
@@ -350,59 +177,21 @@ class TextLearner:
         self.optimizer.step()
         return totals, True
 
-    def _micro_share(self, micro_mask: torch.Tensor, mini_mask: torch.Tensor) -> float:
-        """Weight of a micro-batch's loss so that the weighted sum is the mini-batch's loss."""
-        mode = self.config.estimator.loss_agg_mode
-        if mode == "token-mean":
-            return float(micro_mask.sum() / mini_mask.sum().clamp(min=1))
-        if mode == "seq-mean-token-sum-norm":  # Σ / (B · max_new_tokens): a constant normaliser
-            return len(micro_mask) / len(mini_mask) * micro_mask.shape[1] / self.config.sample.max_new_tokens
-        has_tokens = lambda m: float((m.sum(1) > 0).sum())  # noqa: E731
-        return has_tokens(micro_mask) / max(has_tokens(mini_mask), 1.0)
-
     def _loss(self, micro: TextBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        """The unified objective of a micro-batch and its metrics."""
         est = self.config.estimator
-        mask = micro.completion_mask
         out = self.policy.evaluate(micro.input_ids, micro.attention_mask, micro.completion_length,
                                    temperature=self.config.sample.temperature, with_entropy=True,
                                    entropy_grad=est.entropy_coef > 0,
                                    with_values=self.policy.has_critic)
-        weights = off_policy_weights(est, out.logprobs.detach(), micro.behaviour_logprobs, mask, age=micro.ages)
-        proximal = micro.proximal_logprobs if micro.proximal_logprobs is not None else micro.behaviour_logprobs
-        policy_out = call_with_available(
-            POLICY_LOSSES.get(est.policy_loss), logprobs=out.logprobs, behaviour_logprobs=micro.behaviour_logprobs,
-            proximal_logprobs=proximal, advantages=micro.advantages, mask=mask,
-            clip_low=est.clip_range, clip_high=est.clip_range_high, dual_clip=est.dual_clip,
-            behaviour_weight_cap=est.behaviour_weight_cap,
-            agg_mode=est.loss_agg_mode, weights=weights.weights if weights is not None else None)
-        loss = policy_out.loss
-        metrics = {"policy_loss": policy_out.loss.item(), **{k: float(v) for k, v in policy_out.metrics.items()}}
-        if "approx_kl" not in metrics:
-            log_ratio = out.logprobs.detach() - micro.behaviour_logprobs
-            metrics["approx_kl"] = float(masked_mean((log_ratio.exp() - 1) - log_ratio, mask))
-        if micro.reference_logprobs is not None:
-            kl = kl_penalty(out.logprobs, micro.reference_logprobs, estimator=est.kl_estimator)
-            kl_mean = aggregate(kl, mask, mode=est.loss_agg_mode)
-            if not est.kl_in_reward and self.kl_coef > 0:
-                loss = loss + self.kl_coef * kl_mean
-            metrics["kl_to_reference"] = float(masked_mean(kl.detach(), mask))
-        entropy = aggregate(out.entropy, mask, mode="token-mean")
-        if est.entropy_coef > 0:
-            loss = loss - est.entropy_coef * entropy
-        metrics["entropy"] = entropy.item()
-        if out.values is not None:
-            critic = value_loss(out.values, micro.returns, mask, old_values=micro.values, clip_range=est.value_clip_range)
-            loss = loss + est.value_loss_coef * critic.loss
-            metrics["value_loss"] = critic.loss.item()
-        if weights is not None:
-            metrics.update({f"weights_{k}": float(v) for k, v in weights.metrics.items()})
-        if micro.ages is not None:  # effective sample size of the importance weights ρ·w of stale data
-            rho = (out.logprobs.detach() - micro.behaviour_logprobs).exp() * mask
-            if weights is not None:
-                rho = rho * weights.weights
-            metrics["importance_ess"] = float(weight_metrics(rho, mask)["ess"])
-        metrics["loss"] = loss.item()
-        return loss, metrics
+        batch = ObjectiveBatch(
+            logprobs=out.logprobs, behaviour_logprobs=micro.behaviour_logprobs, advantages=micro.advantages,
+            mask=micro.completion_mask, proximal_logprobs=micro.proximal_logprobs, age=micro.ages,
+            entropy=out.entropy, values=out.values, old_values=micro.values, returns=micro.returns,
+            reference_logprobs=micro.reference_logprobs)
+        out = objective.unified_objective(batch, est, kl_coef=0.0 if est.kl_in_reward else self.kl_coef,
+                                          report_importance_ess=micro.ages is not None)
+        return out.loss, out.metrics
 
     def set_lr_fraction(self, fraction: float) -> float:
         """Scale every group's learning rate to ``fraction`` of its base rate (times ``lr_factor``, lowered by

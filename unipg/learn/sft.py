@@ -217,21 +217,10 @@ def sft_train(
     if not pairs:
         raise ValueError("sft_train needs at least one (prompt, completion) pair")
     device = next(model.parameters()).device
-    tokenized = fit_context(tokenize_pairs(tokenizer, pairs), context_length(model))
-    dataset = build_sft_batch(tokenized, pad_token_id=require_pad_token(tokenizer))
-    generator = torch.Generator().manual_seed(seed)
-    tokens_per_batch = None
-    if group_by_length:
-        batches = length_grouped_batches([len(prompt) + len(completion) for prompt, completion, _ in tokenized],
-                                         batch_size, generator)
-        # A batch of short rows must not weigh as much as a batch of long ones: divide by the token count
-        # of an average batch, not by this batch's own.
-        tokens_per_batch = batch_size * float((dataset.labels[:, 1:] != IGNORE_INDEX).sum()) / len(pairs)
-    else:
-        batches = shuffled_batches(len(pairs), batch_size, generator)
+    dataset, batches, tokens_per_batch = sft_batches(model, tokenizer, pairs, batch_size=batch_size, seed=seed,
+                                                     group_by_length=group_by_length)
     optimizer = make_optimizer(model, learning_rate, weight_decay)
-    recent_losses: deque[torch.Tensor] = deque(maxlen=log_every)
-    recent_accuracies: deque[torch.Tensor] = deque(maxlen=log_every)
+    recent_losses, recent_accuracies = deque(maxlen=log_every), deque(maxlen=log_every)  # scalar tensors per step
 
     def window_metrics() -> dict:
         return {"loss": torch.stack(list(recent_losses)).mean().item(),
@@ -241,8 +230,7 @@ def sft_train(
     training_seconds, window_start = 0.0, time.perf_counter()
     for step in range(steps):
         for group in optimizer.param_groups:
-            group["lr"] = sft_learning_rate(step, peak=learning_rate, warmup_steps=warmup_steps,
-                                            total_steps=steps)
+            group["lr"] = sft_learning_rate(step, peak=learning_rate, warmup_steps=warmup_steps, total_steps=steps)
         loss, token_accuracy = sft_step(model, optimizer, dataset.rows(next(batches)).to(device), max_grad_norm,
                                         tokens_per_batch)
         recent_losses.append(loss)
@@ -257,6 +245,23 @@ def sft_train(
     model.eval()
     final = window_metrics() if steps > 0 else {"loss": float("nan"), "token_accuracy": float("nan")}
     return {**final, "steps": steps, "seconds": training_seconds}
+
+
+def sft_batches(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pairs: list[tuple[str, Completion]], *,
+                batch_size: int, seed: int, group_by_length: bool):
+    """The tokenized pairs as one ``SFTBatch``, an endless iterator of mini-batch row indices drawn by a generator
+    seeded with ``seed``, and the token count each loss is divided by (None: each batch's own, see ``sft_step``)."""
+    tokenized = fit_context(tokenize_pairs(tokenizer, pairs), context_length(model))
+    dataset = build_sft_batch(tokenized, pad_token_id=require_pad_token(tokenizer))
+    generator = torch.Generator().manual_seed(seed)
+    if not group_by_length:
+        return dataset, shuffled_batches(len(pairs), batch_size, generator), None
+    batches = length_grouped_batches([len(prompt) + len(completion) for prompt, completion, _ in tokenized],
+                                     batch_size, generator)
+    # A batch of short rows must not weigh as much as a batch of long ones: divide by the token count
+    # of an average batch, not by this batch's own.
+    tokens_per_batch = batch_size * float((dataset.labels[:, 1:] != IGNORE_INDEX).sum()) / len(pairs)
+    return dataset, batches, tokens_per_batch
 
 
 def sft_step(model: PreTrainedModel, optimizer: torch.optim.Optimizer, batch: SFTBatch,

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from unipg.learn.gym import clip_grad_norm
+from unipg.learn.common import clip_grad_norm, shuffled_minibatches
 
 
 def test_clip_grad_norm_returns_the_pre_clip_norm_and_clips_to_the_limit():
@@ -19,8 +19,6 @@ def test_clip_grad_norm_without_gradients_is_zero():
 
 
 def test_minibatches_cover_every_valid_sample_once_per_epoch_with_a_smaller_last_one():
-    from unipg.learn.gym import shuffled_minibatches
-
     valid = torch.tensor([0, 2, 3, 5, 7, 8, 9, 11, 12, 13])  # 10 valid samples of a masked batch
     batches = list(shuffled_minibatches(valid, 4, epochs=2, generator=torch.Generator().manual_seed(0)))
     assert [len(b) for b in batches] == [4, 4, 2, 4, 4, 2]

@@ -1,0 +1,189 @@
+"""Completions laid out for the learner: the ``TextBatch`` of (B, C) token tensors, and its advantages.
+
+- the sequence reward sits on the last sampled token; with ``kl_in_reward`` each token also pays
+  −β·KL_t to the reference (classic RLHF PPO, REINFORCE++), otherwise β·KL enters the loss (GRPO);
+- group estimators (grpo, dr_grpo, rloo) see one score per completion, in consecutive groups of
+  ``samples_per_prompt``; token estimators (gae, reinforce_plus_plus, batch_mean_baseline, ...) see the
+  (B, C) token rewards with the episode ending at the last sampled token; ``turn_level`` sees one reward per
+  policy turn of a multi-turn episode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from unipg.config import Config
+from unipg.estimate import ADVANTAGES
+from unipg.estimate.advantages import broadcast_to_tokens
+from unipg.estimate.kl import kl_penalty
+from unipg.estimate.masked import masked_whiten, pack_masked, unpack_masked
+from unipg.policy.lm import Generation, left_pad
+
+GROUP_ADVANTAGES = frozenset({"grpo", "dr_grpo", "rloo"})
+
+
+@dataclass
+class TextBatch:
+    """B completions; samples of one prompt are consecutive. C = completion length, L = P + C."""
+
+    input_ids: torch.Tensor  # (B, L) left-padded prompt followed by the right-padded completion
+    attention_mask: torch.Tensor  # (B, L) 1 on real tokens
+    completion_mask: torch.Tensor  # (B, C) 1 on tokens the policy sampled
+    behaviour_logprobs: torch.Tensor  # (B, C) log μ(a_t|s_t) at sampling time
+    scores: torch.Tensor  # (B,) the sequence reward
+    reference_logprobs: torch.Tensor | None = None  # (B, C) log π_ref(a_t|s_t)
+    values: torch.Tensor | None = None  # (B, C) V(s_t) before the update
+    advantages: torch.Tensor | None = None  # (B, C)
+    returns: torch.Tensor | None = None  # (B, C) value-regression targets
+    # Multi-turn episodes (None for single-turn completions): K = the most policy turns of any episode.
+    token_turns: torch.Tensor | None = None  # (B, C) long, the policy turn of each sampled token, -1 elsewhere
+    turn_rewards: torch.Tensor | None = None  # (B, K) reward of each policy turn, 0 past the last
+    turn_mask: torch.Tensor | None = None  # (B, K) 1 on turns the episode had
+    # Off-policy data (asynchronous training): None when every sample is from the learner's current weights.
+    ages: torch.Tensor | None = None  # (B, C) learner version − version that sampled the token, 0 elsewhere
+    proximal_logprobs: torch.Tensor | None = None  # (B, C) log π_prox: the weights the update starts from
+
+    @classmethod
+    def from_generation(cls, generation: Generation, scores: list[float]) -> TextBatch:
+        return cls(input_ids=torch.cat([generation.prompt_ids, generation.completion_ids], dim=1),
+                   attention_mask=torch.cat([generation.prompt_mask, generation.completion_mask], dim=1),
+                   completion_mask=generation.completion_mask.float(),
+                   behaviour_logprobs=generation.behaviour_logprobs,
+                   scores=torch.tensor(scores, dtype=torch.float32))
+
+    @classmethod
+    def from_trajectories(cls, trajectories: list, pad_id: int, version: int | None = None) -> TextBatch:
+        """Episodes of the agent loop: the prompt left-padded, every later token right-padded; the loss mask
+        (1 on sampled tokens only) is the completion mask. With the learner's ``version``, ``ages`` holds each
+        sampled token's age (each turn records the weights version that sampled it)."""
+        prompt_ids, prompt_mask = left_pad([t.prompt_ids for t in trajectories], pad_id)
+        width = max(max(len(t.token_ids) for t in trajectories), 1)
+        turns = max(max(t.turns for t in trajectories), 1)
+        batch = len(trajectories)
+        ids = torch.full((batch, width), pad_id, dtype=torch.long)
+        real, loss_mask, behaviour = (torch.zeros((batch, width), dtype=dtype) for dtype in
+                                      (torch.long, torch.float32, torch.float32))
+        token_turns = torch.full((batch, width), -1, dtype=torch.long)
+        turn_rewards, turn_mask = torch.zeros((batch, turns)), torch.zeros((batch, turns))
+        ages = torch.zeros((batch, width)) if version is not None else None
+        for row, t in enumerate(trajectories):
+            n = len(t.token_ids)
+            ids[row, :n] = torch.tensor(t.token_ids, dtype=torch.long)
+            real[row, :n] = 1
+            loss_mask[row, :n] = torch.tensor(t.loss_mask, dtype=torch.float32)
+            behaviour[row, :n] = torch.tensor(t.behaviour_logprobs, dtype=torch.float32)
+            token_turns[row, :n] = torch.tensor(t.turn_of_token, dtype=torch.long)
+            turn_rewards[row, :t.turns] = torch.tensor(t.step_rewards, dtype=torch.float32)
+            turn_mask[row, :t.turns] = 1
+            if ages is not None and t.turns:
+                turn_ages = torch.tensor([version - v for v in t.policy_versions], dtype=torch.float32)
+                ages[row, :n] = turn_ages[token_turns[row, :n].clamp(min=0)] * loss_mask[row, :n]
+        return cls(input_ids=torch.cat([prompt_ids, ids], dim=1), attention_mask=torch.cat([prompt_mask, real], dim=1),
+                   completion_mask=loss_mask, behaviour_logprobs=behaviour,
+                   scores=torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
+                   token_turns=token_turns, turn_rewards=turn_rewards, turn_mask=turn_mask, ages=ages)
+
+    @property
+    def completion_length(self) -> int:
+        return self.completion_mask.shape[1]
+
+    def rows(self, index: torch.Tensor) -> TextBatch:
+        """The sub-batch of the given rows in batch order, with all-padding columns on either side dropped.
+
+        Rows are taken in batch order whatever the order of ``index`` (the loss does not depend on it), so a
+        micro-batch holding the same rows as a no-grad pass sees exactly the same tensors.
+        """
+        index = index.sort().values
+        fields = {name: (value[index] if isinstance(value, torch.Tensor) else value)
+                  for name, value in vars(self).items()}
+        sub = TextBatch(**fields)
+        first_real = int(sub.attention_mask.argmax(dim=1).min())  # leftmost prompt token of any row
+        prompt_width = sub.input_ids.shape[1] - sub.completion_length
+        real = sub.attention_mask[:, prompt_width:]  # (b, C) sampled and inserted tokens after the prompt
+        keep = max(int((real * torch.arange(1, real.shape[1] + 1)).max()), 1)  # last real column, 1-based
+        drop = sub.completion_length - keep
+        if first_real > 0 or drop > 0:
+            end = sub.input_ids.shape[1] - drop
+            sub.input_ids, sub.attention_mask = sub.input_ids[:, first_real:end], sub.attention_mask[:, first_real:end]
+            for name in ("completion_mask", "behaviour_logprobs", "reference_logprobs", "values", "advantages", "returns",
+                         "token_turns", "ages", "proximal_logprobs"):
+                value = getattr(sub, name)
+                if value is not None:
+                    setattr(sub, name, value[:, :keep])
+        assert sub.input_ids.shape[1] == prompt_width - first_real + sub.completion_length
+        return sub
+
+
+def last_sampled(completion_mask: torch.Tensor) -> torch.Tensor:
+    """(B,) index of each row's last sampled token (0 for a row without any)."""
+    width = completion_mask.shape[1]
+    return (width - 1 - completion_mask.flip(1).argmax(1)).clamp(min=0) * (completion_mask.sum(1) > 0)
+
+
+def token_rewards(batch: TextBatch, kl: torch.Tensor | None, kl_coef: float) -> torch.Tensor:
+    """(B, C) rewards: each turn's reward on that turn's last sampled token (single-turn: the sequence score
+    on the last sampled token), minus β·KL_t on every sampled token if given."""
+    mask = batch.completion_mask
+    rewards = torch.zeros_like(mask)
+    if batch.turn_rewards is None:
+        rewards.scatter_(1, last_sampled(mask)[:, None], batch.scores[:, None].to(rewards.dtype))
+        rewards = rewards * (mask.sum(1, keepdim=True) > 0)
+    else:
+        for turn in range(batch.turn_rewards.shape[1]):
+            in_turn = (batch.token_turns == turn).to(mask.dtype)
+            has_turn = in_turn.sum(1) > 0
+            rows = has_turn.nonzero().flatten()
+            rewards[rows, last_sampled(in_turn)[rows]] += batch.turn_rewards[rows, turn]
+    if kl is not None:
+        rewards = rewards - kl_coef * kl * mask
+    return rewards
+
+
+def episode_ends(completion_mask: torch.Tensor) -> torch.Tensor:
+    """(B, C) dones: 1 on the last sampled token, where the episode ends."""
+    dones = torch.zeros_like(completion_mask)
+    return dones.scatter_(1, last_sampled(completion_mask)[:, None], 1.0)
+
+
+def text_advantages(batch: TextBatch, config: Config, kl_coef: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(advantages, returns), (B, C), from the configured estimator; 0 on padding and inserted tokens."""
+    est, mask = config.estimator, batch.completion_mask
+    kl = None
+    if est.kl_in_reward and batch.reference_logprobs is not None and kl_coef > 0:
+        kl = kl_penalty(batch.behaviour_logprobs, batch.reference_logprobs, estimator=est.kl_estimator)
+    rewards = token_rewards(batch, kl, kl_coef)
+    group_size = config.sample.samples_per_prompt
+    if est.advantage in GROUP_ADVANTAGES:
+        per_sequence = ADVANTAGES.call(est.advantage, {"scores": rewards.sum(1), "group_size": group_size}, est)  # (B,)
+        advantages = broadcast_to_tokens(per_sequence, mask)
+        returns = broadcast_to_tokens(rewards.sum(1), mask)
+    elif est.advantage == "turn_level":
+        turn_rewards, turn_mask = turn_table(batch, rewards)
+        per_turn = ADVANTAGES.call(est.advantage, {"turn_rewards": turn_rewards, "turn_mask": turn_mask,
+                                                   "group_size": group_size}, est)
+        advantages = per_turn.gather(1, batch.token_turns.clamp(min=0)) * mask if batch.token_turns is not None \
+            else broadcast_to_tokens(per_turn[:, 0], mask)
+        returns = broadcast_to_tokens(rewards.sum(1), mask)
+    else:  # step estimators see the sampled tokens as consecutive steps, inserted tokens removed
+        packed_rewards, packed_mask = pack_masked(rewards, mask)
+        values = pack_masked(batch.values * mask, mask)[0] if batch.values is not None else None
+        data = {"rewards": packed_rewards, "values": values, "dones": episode_ends(packed_mask), "mask": packed_mask,
+                "bootstrap_value": None}  # the episode ends on the last sampled token: nothing to bootstrap
+        advantages, returns = ADVANTAGES.call(est.advantage, data, est)
+        advantages, returns = unpack_masked(advantages, mask), unpack_masked(returns, mask)
+    if est.normalize_advantages:
+        advantages = masked_whiten(advantages, mask) * mask
+    return advantages, returns
+
+
+def turn_table(batch: TextBatch, rewards: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, K) rewards per policy turn (token rewards, KL included, summed within each turn) and turn mask;
+    a single-turn batch is one turn per row."""
+    if batch.token_turns is None:
+        return rewards.sum(1, keepdim=True), (batch.completion_mask.sum(1, keepdim=True) > 0).float()
+    turns = batch.turn_rewards.shape[1]
+    per_turn = torch.zeros((rewards.shape[0], turns), dtype=rewards.dtype)
+    per_turn.scatter_add_(1, batch.token_turns.clamp(min=0), rewards * (batch.token_turns >= 0))
+    return per_turn, batch.turn_mask

@@ -1,0 +1,172 @@
+"""The unified objective J(θ) = E_μ[ρ · A · w(ρ, age)], ρ = π_θ/μ, as the one loss every gradient learner minimises.
+
+Both learners only lay their data out as an ``ObjectiveBatch`` and call ``unified_objective``; the math comes
+from ``unipg.estimate``, each piece through its registry with the options of the ``estimator`` config section:
+
+    loss = policy_loss(ρ, A, w)                       POLICY_LOSSES[estimator.policy_loss], w from
+                                                      OFF_POLICY_WEIGHTS[estimator.off_policy_weight]
+         + kl_coef · aggregate(KL(π_θ‖π_ref))        KL_ESTIMATORS[estimator.kl_estimator], if π_ref is given
+         + value_loss_coef · ½ (V − R)²              (PPO2-clipped with value_clip_range), if values are given
+         − entropy_coef · token-mean H(π_θ)          if entropy_coef > 0
+
+Shapes are token-level (B, T) with ``mask`` 1 on the tokens the policy sampled; a flat batch of M environment
+steps is M one-step sequences (M, 1) with every step valid (``ObjectiveBatch.from_steps``).
+
+Where the two learners differ, the caller says so with an explicit argument, so that each keeps its numbers:
+
+- ``kl_coef``: only the language-model learner has a reference policy; it passes 0 when the KL is paid in the
+  token rewards instead (``estimator.kl_in_reward``), and ``kl_to_reference`` is reported either way.
+- Global denominators: the language-model learner accumulates a mini-batch's gradient over micro-batches and
+  weighs each micro-batch's loss and metrics by ``micro_batch_share``, so that the sum uses the mini-batch's
+  denominators (its token count, its sequence count, or B · max_new_tokens) whatever the micro-batch size.
+  The gymnasium learner steps on whole mini-batches: their own denominators are the global ones.
+- ``report_importance_ess``: the effective sample size of ρ·w, reported by the language-model learner when
+  its batch carries ages (asynchronous data). Gym samples always carry an age (0 when fresh), and its logs
+  never had the metric, so the gymnasium learner does not ask for it.
+- Advantages are prepared by the caller: the gymnasium learner whitens them per mini-batch, the language-model
+  learner once per batch when it computes them.
+
+The terms are summed in the order above. Before the two paths shared this function, the language-model
+learner added the entropy bonus before the value loss; with both a critic and entropy_coef > 0 its loss can
+therefore differ from before in the last bit of float rounding, and in no other case.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from unipg.estimate import KL_ESTIMATORS, OFF_POLICY_WEIGHTS, POLICY_LOSSES
+from unipg.estimate.losses import aggregate, value_loss
+from unipg.estimate.masked import masked_mean
+from unipg.estimate.weights import OffPolicyWeights, weight_metrics
+
+if TYPE_CHECKING:
+    from unipg.config.schema import EstimatorConfig
+
+
+def as_tokens(x: torch.Tensor) -> torch.Tensor:
+    """A flat batch of steps (M,) viewed as M one-step sequences (M, 1) for the (B, T) loss functions."""
+    return x.unsqueeze(-1)
+
+
+@dataclass
+class ObjectiveBatch:
+    """One (micro-)batch as the objective reads it; every tensor is (B, T) unless said otherwise."""
+
+    logprobs: torch.Tensor  # (B, T) log π_θ(a_t|s_t), differentiable
+    behaviour_logprobs: torch.Tensor  # (B, T) log μ(a_t|s_t) recorded when the sample was drawn
+    advantages: torch.Tensor  # (B, T) A_t, constants
+    mask: torch.Tensor  # (B, T) 1 on the tokens the policy sampled
+    proximal_logprobs: torch.Tensor | None = None  # (B, T) log π_prox, decoupled_ppo's anchor; None: μ
+    age: torch.Tensor | None = None  # (B,) or (B, T) current version − behaviour version; None: 0
+    entropy: torch.Tensor | None = None  # (B, T) H(π_θ(·|s_t)); None: no entropy bonus nor metric
+    values: torch.Tensor | None = None  # (B, T) V_φ(s_t), differentiable; None: no critic term
+    old_values: torch.Tensor | None = None  # (B, T) V(s_t) when the advantages were computed
+    returns: torch.Tensor | None = None  # (B, T) value-regression targets
+    reference_logprobs: torch.Tensor | None = None  # (B, T) log π_ref(a_t|s_t); None: no KL term
+
+    @classmethod
+    def from_steps(cls, **steps: torch.Tensor | None) -> ObjectiveBatch:
+        """M flat environment steps, each (M,), as M one-step sequences (M, 1), every step valid."""
+        tokens = {name: None if value is None else as_tokens(value) for name, value in steps.items()}
+        return cls(mask=torch.ones_like(tokens["logprobs"]), **tokens)
+
+
+@dataclass
+class ObjectiveOutput:
+    """The loss to back-propagate and the metrics of the batch it was computed on."""
+
+    loss: torch.Tensor  # () to minimise, differentiable
+    metrics: dict[str, float] = field(default_factory=dict)  # name → value on this batch
+
+
+def unified_objective(batch: ObjectiveBatch, settings: EstimatorConfig, *, kl_coef: float = 0.0,
+                      report_importance_ess: bool = False) -> ObjectiveOutput:
+    """policy loss + kl_coef·KL + value_loss_coef·value loss − entropy_coef·entropy of ``batch``.
+
+    ``settings`` is the ``estimator`` config section. ``kl_coef`` scales the KL to the reference in the loss
+    (0: only report it). Metrics: policy_loss and the policy loss's own, approx_kl, kl_to_reference, value_loss, entropy,
+    weights_* (off-policy weight statistics), importance_ess (when asked) and loss.
+    """
+    weights = off_policy_weights(settings, batch.logprobs.detach(), batch.behaviour_logprobs, batch.mask,
+                                 age=batch.age)
+    loss, metrics = policy_term(batch, settings, weights)
+    if batch.reference_logprobs is not None:
+        kl = KL_ESTIMATORS.call(settings.kl_estimator, {"logprobs": batch.logprobs,
+                                                        "ref_logprobs": batch.reference_logprobs})
+        if kl_coef > 0:
+            loss = loss + kl_coef * aggregate(kl, batch.mask, mode=settings.loss_agg_mode)
+        metrics["kl_to_reference"] = float(masked_mean(kl.detach(), batch.mask))
+    if batch.values is not None:
+        critic = value_loss(batch.values, batch.returns, batch.mask, old_values=batch.old_values,
+                            clip_range=settings.value_clip_range)
+        loss = loss + settings.value_loss_coef * critic.loss
+        metrics["value_loss"] = critic.loss.item()
+    if batch.entropy is not None:
+        entropy = aggregate(batch.entropy, batch.mask, mode="token-mean")
+        if settings.entropy_coef > 0:
+            loss = loss - settings.entropy_coef * entropy
+        metrics["entropy"] = entropy.item()
+    if weights is not None:
+        metrics.update({f"weights_{k}": float(v) for k, v in weights.metrics.items()})
+    if report_importance_ess:
+        metrics["importance_ess"] = importance_ess(batch, weights)
+    metrics["loss"] = loss.item()
+    return ObjectiveOutput(loss, metrics)
+
+
+def policy_term(batch: ObjectiveBatch, settings: EstimatorConfig,
+                weights: OffPolicyWeights | None) -> tuple[torch.Tensor, dict[str, float]]:
+    """The configured policy loss weighted by w, its metrics, and approx_kl (k3 of KL(μ‖π)) where the loss
+    does not report it."""
+    proximal = batch.behaviour_logprobs if batch.proximal_logprobs is None else batch.proximal_logprobs
+    data = {"logprobs": batch.logprobs, "behaviour_logprobs": batch.behaviour_logprobs,
+            "proximal_logprobs": proximal, "advantages": batch.advantages, "mask": batch.mask,
+            "weights": None if weights is None else weights.weights}
+    out = POLICY_LOSSES.call(settings.policy_loss, data, settings)
+    metrics = {"policy_loss": out.loss.item(), **{k: float(v) for k, v in out.metrics.items()}}
+    if "approx_kl" not in metrics:
+        with torch.no_grad():
+            log_ratio = batch.logprobs.detach() - batch.behaviour_logprobs
+            metrics["approx_kl"] = float(masked_mean((log_ratio.exp() - 1) - log_ratio, batch.mask))
+    return out.loss, metrics
+
+
+def off_policy_weights(settings: EstimatorConfig, logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor,
+                       mask: torch.Tensor, age: torch.Tensor | None = None) -> OffPolicyWeights | None:
+    """The configured off-policy weight w(ρ, age) (B, T) of the unified objective, or None for 'none'.
+
+    ``age`` (B,) or (B, T) is the current policy version minus the behaviour version (0 when synchronous).
+    """
+    if settings.off_policy_weight == "none":
+        return None
+    data = {"logprobs": logprobs, "behaviour_logprobs": behaviour_logprobs, "mask": mask,
+            "age": torch.zeros_like(mask) if age is None else age}
+    return OFF_POLICY_WEIGHTS.call(settings.off_policy_weight, data, settings)
+
+
+def importance_ess(batch: ObjectiveBatch, weights: OffPolicyWeights | None) -> float:
+    """Normalised effective sample size of the importance weights ρ·w over the valid tokens."""
+    rho = (batch.logprobs.detach() - batch.behaviour_logprobs).exp() * batch.mask
+    if weights is not None:
+        rho = rho * weights.weights
+    return float(weight_metrics(rho, batch.mask)["ess"])
+
+
+def micro_batch_share(mask: torch.Tensor, batch_mask: torch.Tensor, *, mode: str, norm_length: int | None) -> float:
+    """Weight of a micro-batch's loss (``mask`` (b, t)) so that the weighted sum over the micro-batches of a
+    mini-batch (``batch_mask`` (B, T)) is the mini-batch's loss under aggregation ``mode``.
+
+    token-mean: its share of the tokens; seq-mean-token-sum-norm: b/B · t/``norm_length``, so that every
+    micro-batch divides by the constant B · norm_length; the seq-mean modes: its share of the sequences that
+    have a token.
+    """
+    if mode == "token-mean":
+        return float(mask.sum() / batch_mask.sum().clamp(min=1))
+    if mode == "seq-mean-token-sum-norm":
+        return len(mask) / len(batch_mask) * mask.shape[1] / norm_length
+    has_tokens = lambda m: float((m.sum(1) > 0).sum())
+    return has_tokens(mask) / max(has_tokens(batch_mask), 1.0)
