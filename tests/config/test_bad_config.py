@@ -128,12 +128,12 @@ def test_text_field_overrides_keep_the_text_as_written():
 
 
 @pytest.mark.parametrize("overrides, expected", [
-    (["train.mini_batch_size=100"], "train.mini_batch_size (100) must divide train.batch_size (256)"),
+    (["train.mini_batch_transitions=100"], "train.mini_batch_transitions (100) must divide train.batch_transitions (256)"),
     ([*TEXT, "sample.samples_per_prompt=3"], "sample.samples_per_prompt (3) must divide train.batch_size (64)"),
     ([*TEXT, "algorithm=grpo", "sample.samples_per_prompt=1"], "set sample.samples_per_prompt to at least 2"),
     ([*TEXT, "train.micro_batch_size=24"], "train.micro_batch_size (24) must divide train.mini_batch_size (32)"),
     ([*TEXT, "algorithm=ppo", "model.value_head=false"], "needs a critic; set model.value_head=true"),
-    (["env.total_steps=100"], "train.batch_size (256) exceeds env.total_steps (100)"),
+    (["env.total_steps=100"], "train.batch_transitions (256) exceeds env.total_steps (100)"),
     (["estimator.clip_range_high=0.1"], "clip-higher needs ε_high ≥ ε_low"),
     (["estimator.kl_control=adaptive"], "set target_kl (e.g. 0.02)"),
     (["learning_rate=1e-3", "train.learning_rate=1e-4"], "keep one of them"),

@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_defaults_come_from_the_algorithm_preset():
     config = load_config(None, ["algorithm=trpo"])
     assert config.estimator.policy_loss == "trpo"
-    assert config.train.batch_size == 1024
+    assert config.train.batch_transitions == 1024
 
 
 def test_user_value_wins_over_preset():
@@ -35,7 +35,7 @@ def test_seed_reference_loads_unchanged_onto_structured_keys():
     assert config.estimator.entropy_coef == 0.01
     assert config.estimator.gamma == 1.0
     assert config.estimator.lambda_gae == 0.95
-    assert (config.train.batch_size, config.train.mini_batch_size) == (128, 16)
+    assert (config.train.batch_transitions, config.train.mini_batch_transitions) == (128, 16)  # gym: transitions
     assert (config.sample.rollout_steps, config.sample.replay_buffer_size) == (512, 4096)
     assert config.estimator.sample_age_decay == 0.99
     assert config.train.num_epochs == 4
@@ -61,8 +61,8 @@ def test_unknown_key_suggests_the_nearest():
 
 
 def test_cross_field_rule_says_how_to_fix():
-    with pytest.raises(ConfigError, match=r"train.mini_batch_size \(100\) must divide train.batch_size \(256\)"):
-        load_config(None, ["algorithm=ppo", "train.mini_batch_size=100"])
+    with pytest.raises(ConfigError, match=r"train.mini_batch_transitions \(100\) must divide train.batch_transitions \(256\)"):
+        load_config(None, ["algorithm=ppo", "train.mini_batch_transitions=100"])
     with pytest.raises(ConfigError, match=r"env.num_envs \(3\) must divide"):
         load_config(None, ["algorithm=ppo", "env.num_envs=3"])
 
@@ -76,8 +76,8 @@ def test_type_and_range_errors_name_the_key():
 
 def test_every_problem_is_listed_at_once():
     with pytest.raises(ConfigError) as error:
-        load_config(None, ["train.mini_batch_size=100", "estimator.advantage=gea"])
-    assert "mini_batch_size" in str(error.value) and "did you mean 'gae'" in str(error.value)
+        load_config(None, ["train.mini_batch_transitions=100", "estimator.advantage=gea"])
+    assert "mini_batch_transitions" in str(error.value) and "did you mean 'gae'" in str(error.value)
 
 
 def test_unknown_algorithm_and_registry_names():
@@ -152,3 +152,23 @@ def test_every_shipped_config_loads_and_builds_its_task(path):
         make_task(config.task.name, **config.task.options)
         for stage in config.sft.stages:
             make_task(config.task.name, **{**config.task.options, **stage.options})
+
+
+def test_batch_sizes_carry_their_unit_per_mode():
+    gym = load_config(None, ["algorithm=ppo", "train.batch_transitions=512", "train.mini_batch_transitions=128"])
+    assert (gym.train.batch_transitions, gym.train.mini_batch_transitions, gym.steps_per_env) == (512, 128, 64)
+    assert gym.warnings == []
+    lm = load_config(None, ["task.name=arithmetic", "algorithm=grpo", "train.batch_size=32", "train.mini_batch_size=16"])
+    assert (lm.train.batch_size, lm.train.mini_batch_size, lm.prompts_per_step) == (32, 16, 4)
+    misplaced = load_config(None, ["task.name=arithmetic", "algorithm=grpo", "train.batch_transitions=32"])
+    assert any("'train.batch_transitions' has no effect" in warning for warning in misplaced.warnings)
+
+
+def test_a_gym_run_reads_the_old_batch_keys_as_transitions_with_a_deprecation_warning():
+    config = load_config(None, ["algorithm=ppo", "train.batch_size=256", "train.mini_batch_size=32"])
+    assert (config.train.batch_transitions, config.train.mini_batch_transitions) == (256, 32)
+    assert [w for w in config.warnings if "rename the key" in w] == [
+        "'train.batch_size' counts completions in language-model runs; a gymnasium run counts its batch in "
+        "environment transitions: read as 'train.batch_transitions' (256); rename the key",
+        "'train.mini_batch_size' counts completions in language-model runs; a gymnasium run counts its batch in "
+        "environment transitions: read as 'train.mini_batch_transitions' (32); rename the key"]

@@ -99,7 +99,7 @@ def calls(monkeypatch):
 
 
 def test_a_gym_update_goes_through_the_objective(calls):
-    config = load_config(None, ["algorithm=ppo", "env.num_envs=2", "train.batch_size=32", "train.mini_batch_size=16",
+    config = load_config(None, ["algorithm=ppo", "env.num_envs=2", "train.batch_transitions=32", "train.mini_batch_transitions=16",
                                 "train.num_epochs=2"])
     rollout = GymRollout("CartPole-v1", 2, seed=0, gamma=config.estimator.gamma)
     torch.manual_seed(0)

@@ -16,8 +16,8 @@ def short_config(tmp_path, *overrides):
 
 @pytest.mark.parametrize("algorithm", ["reinforce", "a2c", "ppo", "trpo"])
 def test_every_algorithm_trains_without_non_finite_metrics(tmp_path, algorithm):
-    extra = {"reinforce": ["train.batch_size=400", "train.mini_batch_size=400"],
-             "trpo": ["train.batch_size=256", "train.mini_batch_size=64", "train.critic_updates=2"]}.get(algorithm, [])
+    extra = {"reinforce": ["train.batch_transitions=400", "train.mini_batch_transitions=400"],
+             "trpo": ["train.batch_transitions=256", "train.mini_batch_transitions=64", "train.critic_updates=2"]}.get(algorithm, [])
     config = short_config(tmp_path, f"algorithm={algorithm}", "env.total_steps=1200", *extra)
     result = train_classic(config)
     records = read_metrics(result.run_dir)
@@ -26,7 +26,7 @@ def test_every_algorithm_trains_without_non_finite_metrics(tmp_path, algorithm):
     for record in train_records:
         for key, value in record.items():
             assert value is not None and math.isfinite(value), f"{algorithm}: {key} is {value}"
-    assert result.env_steps == (1200 // config.train.batch_size) * config.train.batch_size
+    assert result.env_steps == (1200 // config.train.batch_transitions) * config.train.batch_transitions
 
 
 def test_metrics_are_namespaced_and_the_config_is_saved(tmp_path):

@@ -13,8 +13,8 @@ from unipg.sample.gym_rollout import GymRollout
 def short_config(tmp_path, name, *overrides):
     return load_config(None, [f"log.output_dir={tmp_path}", "log.progress=false", "log.tensorboard=false",
                               f"log.run_name={name}", "eval.episodes=3", "eval.every_steps=512",
-                              "log.log_every_updates=1", "algorithm=ppo", "train.batch_size=256",
-                              "train.mini_batch_size=64", "train.num_epochs=2", *overrides])
+                              "log.log_every_updates=1", "algorithm=ppo", "train.batch_transitions=256",
+                              "train.mini_batch_transitions=64", "train.num_epochs=2", *overrides])
 
 
 def train_records(result) -> list[dict]:
@@ -57,7 +57,7 @@ def test_concurrent_eta_1_runs_and_never_trains_on_older_data(tmp_path):
 
 
 def learner_and_segment(*overrides):
-    config = load_config(None, ["algorithm=ppo", "env.num_envs=2", "train.batch_size=32", "train.mini_batch_size=16",
+    config = load_config(None, ["algorithm=ppo", "env.num_envs=2", "train.batch_transitions=32", "train.mini_batch_transitions=16",
                                 *overrides])
     rollout = GymRollout("CartPole-v1", 2, seed=0, gamma=config.estimator.gamma)
     torch.manual_seed(0)

@@ -213,11 +213,33 @@ def build_config(raw: dict[str, Any]) -> Config:
         config = Config.model_validate(merged)
     except ValidationError as error:
         raise ConfigError(format_validation_error(error)) from None
+    renamed = [] if text else read_gym_batch_keys(config, user_keys)
     problems = cross_field_problems(config)
     if problems:
         raise ConfigError(invalid_configuration(problems))
-    config.warnings = ignored_keys(config, user_keys)
+    config.warnings = renamed + ignored_keys(config, user_keys)
     return config
+
+
+# Batch sizes carry their unit: completions in language-model runs, environment transitions in gymnasium runs.
+GYM_BATCH_KEYS = {"batch_size": "batch_transitions", "mini_batch_size": "mini_batch_transitions"}
+
+
+def read_gym_batch_keys(config: Config, user_keys: set[str]) -> list[str]:
+    """In a gymnasium run, read ``train.batch_size`` and ``train.mini_batch_size`` as ``train.batch_transitions``
+    and ``train.mini_batch_transitions`` where only the old name is set (the names before batch sizes carried
+    their unit, and those of seed 000's reference config); returns a deprecation warning for each, and renames
+    the key in ``user_keys``."""
+    warnings = []
+    for old, new in GYM_BATCH_KEYS.items():
+        if f"train.{old}" in user_keys and f"train.{new}" not in user_keys:
+            value = getattr(config.train, old)
+            setattr(config.train, new, value)
+            user_keys.discard(f"train.{old}")
+            user_keys.add(f"train.{new}")
+            warnings.append(f"'train.{old}' counts completions in language-model runs; a gymnasium run counts its "
+                            f"batch in environment transitions: read as 'train.{new}' ({value}); rename the key")
+    return warnings
 
 
 def apply_flat_aliases(tree: dict[str, Any]) -> dict[str, Any]:

@@ -37,12 +37,13 @@ _TRPO_TRAIN = frozenset({"train.critic_updates"})
 _TEXT_ONLY = frozenset({"task.*", "model.*", "sft.*", "agent.*", "checkpoint.*", "rollback.*",
                         "sample.samples_per_prompt", "sample.max_new_tokens",
                         "sample.temperature", "sample.top_p", "sample.top_k", "sample.stop", "sample.max_prompt_length",
-                        "train.updates", "train.micro_batch_size", "train.weight_decay", "estimator.kl_in_reward",
+                        "train.updates", "train.batch_size", "train.mini_batch_size", "train.micro_batch_size",
+                        "train.weight_decay", "estimator.kl_in_reward",
                         "eval.every_updates", "eval.pass_k", "eval.max_examples"})
 # Keys that language-model training never reads: the gymnasium environment, the MLP, the classic evaluation,
 # the gym rollout length, and TRPO.
 _TEXT_UNUSED = frozenset({"env.*", "policy.*", "eval.every_steps", "eval.episodes", "eval.deterministic",
-                          "sample.rollout_steps"}) | _TRPO_TRAIN
+                          "sample.rollout_steps", "train.batch_transitions", "train.mini_batch_transitions"}) | _TRPO_TRAIN
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ _define(
         "env": {"num_envs": 8},
         "estimator": {"advantage": "gae", "policy_loss": "ppo", "gamma": 0.98, "lambda_gae": 0.8,
                       "clip_range": 0.2, "entropy_coef": 0.0, "value_loss_coef": 0.5},
-        "train": {"learning_rate": 1e-3, "lr_schedule": "linear", "batch_size": 256, "mini_batch_size": 64,
+        "train": {"learning_rate": 1e-3, "lr_schedule": "linear", "batch_transitions": 256, "mini_batch_transitions": 64,
                   "num_epochs": 10, "max_grad_norm": 0.5},
     },
     _GYM_UNUSED | _TRPO_TRAIN,
@@ -135,7 +136,7 @@ _define(
         "env": {"num_envs": 4},
         "estimator": {"advantage": "gae", "policy_loss": "trpo", "gamma": 0.99, "lambda_gae": 0.95,
                       "max_kl": 0.01, "cg_iterations": 10, "cg_damping": 0.1},
-        "train": {"learning_rate": 1e-3, "batch_size": 1024, "mini_batch_size": 128, "critic_updates": 10,
+        "train": {"learning_rate": 1e-3, "batch_transitions": 1024, "mini_batch_transitions": 128, "critic_updates": 10,
                   "max_grad_norm": None},
     },
     _GYM_UNUSED | {"estimator.value_loss_coef", "estimator.value_clip_range", "train.num_epochs",
@@ -148,7 +149,7 @@ _define(
         "env": {"num_envs": 8},
         "estimator": {"advantage": "gae", "policy_loss": "vanilla", "gamma": 0.99, "lambda_gae": 1.0,
                       "normalize_advantages": False, "entropy_coef": 0.0, "value_loss_coef": 0.5},
-        "train": {"learning_rate": 7e-4, "batch_size": 40, "mini_batch_size": 40, "num_epochs": 1,
+        "train": {"learning_rate": 7e-4, "batch_transitions": 40, "mini_batch_transitions": 40, "num_epochs": 1,
                   "max_grad_norm": 0.5},
     },
     _GYM_UNUSED | _TRPO_TRAIN | {"estimator.value_clip_range"},
@@ -160,7 +161,7 @@ _define(
         "env": {"num_envs": 8},
         "estimator": {"advantage": "value_baseline", "policy_loss": "vanilla", "gamma": 0.99,
                       "normalize_advantages": True, "entropy_coef": 0.0, "value_loss_coef": 0.5},
-        "train": {"learning_rate": 1e-3, "batch_size": 4000, "mini_batch_size": 4000, "num_epochs": 1,
+        "train": {"learning_rate": 1e-3, "batch_transitions": 4000, "mini_batch_transitions": 4000, "num_epochs": 1,
                   "max_grad_norm": 0.5},
     },
     _GYM_UNUSED | _TRPO_TRAIN | {"estimator.value_clip_range"},

@@ -23,10 +23,6 @@ def cross_field_problems(config: Config) -> list[str]:
     """Rules that involve more than one field, each phrased as how to fix it."""
     problems = []
     train, est = config.train, config.estimator
-    if train.batch_size % train.mini_batch_size:
-        problems.append(
-            f"train.mini_batch_size ({train.mini_batch_size}) must divide train.batch_size ({train.batch_size})"
-        )
     problems += text_problems(config) if config.is_text else gym_problems(config)
     if config.backend == "ray" and not config.is_text:
         problems.append("backend 'ray' runs text tasks; train gymnasium environments with backend=inprocess "
@@ -53,10 +49,13 @@ def cross_field_problems(config: Config) -> list[str]:
 def gym_problems(config: Config) -> list[str]:
     problems = []
     train, est = config.train, config.estimator
-    if train.batch_size % config.env.num_envs:
+    if train.batch_transitions % train.mini_batch_transitions:
+        problems.append(f"train.mini_batch_transitions ({train.mini_batch_transitions}) must divide "
+                        f"train.batch_transitions ({train.batch_transitions})")
+    if train.batch_transitions % config.env.num_envs:
         problems.append(
-            f"env.num_envs ({config.env.num_envs}) must divide train.batch_size ({train.batch_size}): "
-            "each environment takes batch_size / num_envs steps per update"
+            f"env.num_envs ({config.env.num_envs}) must divide train.batch_transitions ({train.batch_transitions}): "
+            "each environment takes batch_transitions / num_envs steps per update"
         )
     if est.advantage not in ADVANTAGES:
         problems.append("estimator.advantage: " + unknown_name_message("advantage estimator", est.advantage, ADVANTAGES.names()))
@@ -65,10 +64,10 @@ def gym_problems(config: Config) -> list[str]:
             f"estimator.advantage '{est.advantage}' works on groups of sampled completions (text tasks); "
             f"for gymnasium environments use one of: {', '.join(sorted(STEP_ADVANTAGES))}"
         )
-    if train.batch_size > config.env.total_steps:
+    if train.batch_transitions > config.env.total_steps:
         problems.append(
-            f"train.batch_size ({train.batch_size}) exceeds env.total_steps ({config.env.total_steps}); "
-            "no update would run — raise total_steps or lower batch_size"
+            f"train.batch_transitions ({train.batch_transitions}) exceeds env.total_steps ({config.env.total_steps}); "
+            "no update would run — raise total_steps or lower batch_transitions"
         )
     return problems
 
@@ -80,6 +79,10 @@ CRITIC_ADVANTAGES = frozenset({"gae", "td", "value_baseline"})
 def text_problems(config: Config) -> list[str]:
     problems = []
     train, est, sample, model = config.train, config.estimator, config.sample, config.model
+    if train.batch_size % train.mini_batch_size:
+        problems.append(
+            f"train.mini_batch_size ({train.mini_batch_size}) must divide train.batch_size ({train.batch_size})"
+        )
     if train.batch_size % sample.samples_per_prompt:
         problems.append(
             f"sample.samples_per_prompt ({sample.samples_per_prompt}) must divide train.batch_size "

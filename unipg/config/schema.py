@@ -38,7 +38,7 @@ class EnvConfig(Section):
     id: str = "CartPole-v1"
     """gymnasium environment id (any registered id with a Box observation space)."""
     num_envs: int = Field(4, ge=1)
-    """environments stepped in lock-step; each contributes batch_size / num_envs steps per update."""
+    """environments stepped in lock-step; each contributes batch_transitions / num_envs steps per update."""
     total_steps: int = Field(100_000, ge=1)
     """environment steps (summed over all environments) after which training stops."""
     max_episode_steps: int | None = Field(None, ge=1)
@@ -142,10 +142,14 @@ class TrainConfig(Section):
     """constant, or linear decay to 0 over training."""
     adam_eps: float = Field(1e-5, gt=0.0)
     """Adam ε."""
-    batch_size: int = Field(512, ge=1)
-    """samples per learner update: environment transitions for gymnasium tasks (num_envs × steps per env)."""
-    mini_batch_size: int = Field(128, ge=1)
-    """samples per optimizer step; must divide batch_size."""
+    batch_size: int = Field(64, ge=1)
+    """language-model runs: completions (trajectories) per learner update, samples_per_prompt per prompt."""
+    mini_batch_size: int = Field(64, ge=1)
+    """language-model runs: completions per optimizer step; must divide batch_size."""
+    batch_transitions: int = Field(512, ge=1)
+    """gymnasium runs: environment transitions per learner update (num_envs × steps per environment)."""
+    mini_batch_transitions: int = Field(128, ge=1)
+    """gymnasium runs: transitions per optimizer step; must divide batch_transitions."""
     num_epochs: int = Field(4, ge=1)
     """passes over each batch."""
     max_grad_norm: float | None = Field(0.5, gt=0.0)
@@ -210,7 +214,7 @@ class Config(Section):
     @property
     def steps_per_env(self) -> int:
         """Environment steps each environment takes per learner update."""
-        return self.train.batch_size // self.env.num_envs
+        return self.train.batch_transitions // self.env.num_envs
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

@@ -121,7 +121,7 @@ class GradientLearner:
         samples = dict(samples, proximal_logprobs=self.proximal_logprobs(samples))
         valid = samples["mask"].nonzero().squeeze(-1)
         history: dict[str, list[float]] = {}
-        for index in shuffled_minibatches(valid, train.mini_batch_size, epochs=train.num_epochs,
+        for index in shuffled_minibatches(valid, train.mini_batch_transitions, epochs=train.num_epochs,
                                           generator=self.generator):
             metrics = self._step({key: value[index] for key, value in samples.items()})
             for key, value in metrics.items():
@@ -213,7 +213,7 @@ class TRPOLearner:
     def _fit_critic(self, samples: dict[str, torch.Tensor], valid: torch.Tensor) -> dict[str, float]:
         train = self.config.train
         losses, grad_norms = [], []
-        for index in shuffled_minibatches(valid, train.mini_batch_size, epochs=train.critic_updates,
+        for index in shuffled_minibatches(valid, train.mini_batch_transitions, epochs=train.critic_updates,
                                           generator=self.generator):
             values = self.policy.value(samples["observations"][index])
             out = value_loss(as_tokens(values), as_tokens(samples["returns"][index]), as_tokens(torch.ones_like(values)))

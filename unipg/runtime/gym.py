@@ -104,7 +104,7 @@ def train_classic(config: Config, *, return_threshold: float | None = None) -> T
     logger.write_config(config.to_dict())
     progress = Progress(config.env.total_steps, enabled=config.log.progress, description=config.algorithm)
     run, timer, meter, start = Progression(return_threshold), Timer(), RuntimeMeter(), time.time()
-    num_updates, next_eval = config.env.total_steps // config.train.batch_size, config.eval.every_steps
+    num_updates, next_eval = config.env.total_steps // config.train.batch_transitions, config.eval.every_steps
     try:
         runtime.start()
         for update in range(1, num_updates + 1):
