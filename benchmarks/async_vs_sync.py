@@ -28,7 +28,7 @@ from pathlib import Path
 
 from unipg.config import load_config
 from unipg.observe.metrics import read_metrics
-from unipg.runtime.lm import train_text
+from unipg.runtime.lm import train_lm
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "calculator_agent.yaml"
 OBJECTIVES = {"ppo": [], "decoupled_ppo": ["estimator.policy_loss=decoupled_ppo"],
@@ -47,7 +47,7 @@ def run(mode: str, args, output_dir: str) -> dict[str, float]:
         overrides += [f"runtime.max_staleness={args.eta}", "runtime.schedule=concurrent",
                       *OBJECTIVES[args.objective]]
     config = load_config(CONFIG, overrides)
-    result = train_text(config)
+    result = train_lm(config)
     steps = [r for r in read_metrics(result.run_dir) if "train/loss" in r]
     return {"seconds": result.train_seconds, "trajectories_per_second": result.samples_per_second,
             "learner_idle": statistics.fmean(r["timing/learner_idle_fraction"] for r in steps),

@@ -6,7 +6,7 @@ wrapped by the ``faulty`` tool (``unipg.sample.tools.faulty``): calls raise, han
 garbage or 10 MB of text at the given rates. Three phases, each checked for what a long run needs:
 
 1. ``inprocess``: concurrent schedule (staleness 1) in one process; a chaos thread cancels a running group
-   of episodes every ``--interrupt-every`` seconds (``TextRollout.interrupt``); NaN gradients are injected at
+   of episodes every ``--interrupt-every`` seconds (``LMRollout.interrupt``); NaN gradients are injected at
    ``--nan-updates`` (a backward hook on the policy's first parameter), with ``rollback.enabled``.
 2. ``ray`` (``--ray``): the same on the Ray backend (2 rollout workers, 1 environment actor); the chaos
    thread kills a rollout worker (``ray.kill``) every ``--kill-every`` seconds instead.
@@ -20,7 +20,7 @@ the buffer: nothing lost); the metrics must hold each update exactly once; the f
 the learner's longest wait for data is reported against the limit after which a hung group is cut: in-process
 turns × (retries + 1) × tool timeout (tool calls are the only thing that can hang), on Ray
 ``ray.episode_timeout`` (a worker holding a request that long is killed and its episodes run again).
-``train_text`` is the unmodified driver; the benchmark reaches its runtime and policy by wrapping
+``train_lm`` is the unmodified driver; the benchmark reaches its runtime and policy by wrapping
 ``build_runtime`` and ``policy_from_config`` in ``unipg.runtime.lm``.
 
     python benchmarks/chaos.py                   # in-process and sigkill phases
@@ -67,7 +67,7 @@ def configuration(args, output_dir: str, name: str, *extra: str):
 
 
 class Chaos:
-    """A thread that breaks things while ``train_text`` runs, and what it injected."""
+    """A thread that breaks things while ``train_lm`` runs, and what it injected."""
 
     def __init__(self, args, backend: str):
         self.args, self.backend = args, backend
@@ -142,7 +142,7 @@ def run_phase(args, backend: str, output_dir: str) -> dict:
     start, error = time.time(), None
     with Chaos(args, backend) as chaos:
         try:
-            result = text.train_text(config)
+            result = text.train_lm(config)
             run_dir = result.run_dir
         except Exception as failure:  # noqa: BLE001 — the report says the run did not survive, and why
             error, run_dir = f"{type(failure).__name__}: {failure}", Path(output_dir) / backend
@@ -188,7 +188,7 @@ KILLED_RUN = "import sys\nfrom unipg.cli import main\nsys.argv = ['unipg', 'trai
 def sigkill_phase(args, output_dir: str) -> dict:
     overrides = configuration(args, output_dir, "reference", "deterministic=true", "checkpoint.every_updates=1",
                               "rollback.enabled=false")
-    reference = text.train_text(load_config(CONFIG, overrides)).run_dir
+    reference = text.train_lm(load_config(CONFIG, overrides)).run_dir
     rng, kills, runs, run_dir = random.Random(args.seed), 0, 0, Path(output_dir) / "killed"
     named = [o for o in overrides if not o.startswith("log.run_name=")] + ["log.run_name=killed"]
     while True:

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from unipg.config import load_config
-from unipg.runtime.gym import train_classic
+from unipg.runtime.gym import train_gym
 
 BUDGETS = {"ppo": 100_000, "trpo": 100_000, "a2c": 500_000, "reinforce": 500_000}
 THRESHOLD = 475.0
@@ -29,7 +29,7 @@ def run(algorithm: str, seed: int, output_dir: str, eval_every: int):
     config = load_config(None, [f"algorithm={algorithm}", f"seed={seed}", f"env.total_steps={BUDGETS[algorithm]}",
                                 f"eval.every_steps={eval_every}", "eval.episodes=20", f"log.output_dir={output_dir}",
                                 "log.progress=false", "log.tensorboard=false", "log.log_every_updates=10"])
-    return train_classic(config, return_threshold=THRESHOLD)
+    return train_gym(config, return_threshold=THRESHOLD)
 
 
 def reached(steps: int | None) -> str:

@@ -22,12 +22,12 @@ import torch
 
 def run_unipg(steps: int, seed: int, output_dir: str) -> tuple[float, float]:
     from unipg.config import load_config
-    from unipg.runtime.gym import train_classic
+    from unipg.runtime.gym import train_gym
 
     config = load_config(None, [f"seed={seed}", f"env.total_steps={steps}", f"eval.every_steps={10 * steps}",
                                 f"log.output_dir={output_dir}", "log.progress=false", "log.tensorboard=false"])
     start = time.perf_counter()
-    result = train_classic(config)
+    result = train_gym(config)
     return time.perf_counter() - start, result.final_train_return or float("nan")
 
 

@@ -4,7 +4,7 @@ Workload: the calculator agent of ``configs/calculator_agent.yaml`` from its war
 demonstrations only, so nearly every episode calls the calculator, whose every call takes a lognormal
 ``--latency`` seconds: most episodes wait on a tool at any moment, and ``agent.concurrency`` = 256 of them are
 in flight (32 groups of 8) on the concurrent schedule with ``runtime.max_staleness`` = 2. The run is the
-ordinary ``train_text`` driver with its metrics, checkpoints (every 10 updates, 3 kept) and evaluation; after
+ordinary ``train_lm`` driver with its metrics, checkpoints (every 10 updates, 3 kept) and evaluation; after
 ``--minutes`` it is stopped with SIGTERM (the run saves a checkpoint and stops after its update).
 
 Every update logs ``system/rss_mb``, ``system/open_files`` and ``system/threads`` (``process_metrics``); the
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from unipg.config import load_config
 from unipg.observe.metrics import limit_malloc_arenas, read_metrics
-from unipg.runtime.lm import TrainingStopped, train_text
+from unipg.runtime.lm import TrainingStopped, train_lm
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "calculator_agent.yaml"
 
@@ -68,7 +68,7 @@ def main() -> None:
         timer.start()
         start = time.time()
         try:
-            train_text(config)
+            train_lm(config)
         except TrainingStopped:
             pass
         finally:

@@ -50,7 +50,7 @@ def run_one(job: tuple[str, int, int, int, int]) -> dict:
     import torch
 
     from unipg.config import load_config
-    from unipg.runtime.gym import train_classic
+    from unipg.runtime.gym import train_gym
 
     objective, eta, seed, total_steps, eval_every = job
     torch.set_num_threads(1)
@@ -60,7 +60,7 @@ def run_one(job: tuple[str, int, int, int, int]) -> dict:
                                       f"runtime.max_staleness={eta}", f"log.output_dir={output_dir}",
                                       "log.progress=false", "log.tensorboard=false", "log.log_every_updates=50",
                                       *OBJECTIVES[objective]])
-        result = train_classic(config, return_threshold=THRESHOLD)
+        result = train_gym(config, return_threshold=THRESHOLD)
     return {"objective": objective, "eta": eta, "seed": seed, "steps_to_475": result.steps_to_eval_threshold,
             "final_return": result.final_eval_mean, "wall_seconds": result.wall_seconds}
 

@@ -4,7 +4,7 @@ What is compared: training throughput (samples/s = sampled completions per secon
 evaluation excluded) and held-out greedy accuracy (pass@1) before and after training. Both frameworks start
 from the same warm-started model (unipg's cached supervised warm start of the config), train on the same
 task's training split with its default reward, and are evaluated by the same function, unipg's
-``evaluate_text``, on the same held-out examples, so the two accuracies are measured identically. The runs
+``evaluate_lm``, on the same held-out examples, so the two accuracies are measured identically. The runs
 alternate per seed (TRL first on even seed positions, unipg first on odd ones) so that machine noise hits
 both alike; torch uses ``--threads`` threads for both.
 
@@ -214,7 +214,7 @@ def trl_rewards(spec: list[dict], tally: RewardTally) -> tuple[list, list[float]
 def held_out_pass_at_1(model, tokenizer, task, config) -> float:
     """Greedy pass@1 on the held-out split, measured exactly as unipg measures its own runs."""
     from unipg.policy.lm import LMPolicy
-    from unipg.runtime.lm import evaluate_text
+    from unipg.runtime.lm import evaluate_lm
     from unipg.sample.episodes import EpisodeRunner
     from unipg.sample.rewards.rules import build_rewards
 
@@ -223,7 +223,7 @@ def held_out_pass_at_1(model, tokenizer, task, config) -> float:
     was_training = model.training
     model.eval()
     try:
-        metrics = evaluate_text(runner, test, pass_k=0, seed=config.seed + EVAL_SEED)
+        metrics = evaluate_lm(runner, test, pass_k=0, seed=config.seed + EVAL_SEED)
     finally:
         runner.close()
         model.train(was_training)
@@ -265,9 +265,9 @@ def run_trl(config, task, output_dir: str) -> RunResult:
 
 def run_unipg(config, task) -> RunResult:
     from unipg.observe.metrics import read_metrics
-    from unipg.runtime.lm import train_text
+    from unipg.runtime.lm import train_lm
 
-    result = train_text(config, task=task)
+    result = train_lm(config, task=task)
     rewards = [record["rollout/reward_mean"] for record in read_metrics(result.run_dir)
                if "rollout/reward_mean" in record]
     return RunResult("unipg", config.seed, result.samples, result.train_seconds, statistics.fmean(rewards),

@@ -80,4 +80,4 @@ def test_eval_scores_the_policy_a_run_saved(embedded_path, tmp_path):
 
 def test_eval_of_a_folder_that_is_not_a_run_says_what_to_pass(tmp_path):
     result = runner.invoke(app, ["eval", "--run", str(tmp_path)])
-    assert result.exit_code == 2 and "not a finished text run" in " ".join(result.output.split())
+    assert result.exit_code == 2 and "not a finished lm run" in " ".join(result.output.split())

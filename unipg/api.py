@@ -23,7 +23,7 @@ from unipg.sample.validate import check_sample_options
 @dataclass
 class RunResult:
     """What ``train`` returns: the run's folder, the final value of every metric it logged, and the mode's own
-    result (``TrainResult`` for gymnasium runs, ``TextTrainResult`` for language-model runs) as ``details``."""
+    result (``GymTrainResult`` for gymnasium runs, ``LMTrainResult`` for language-model runs) as ``details``."""
 
     run_dir: Path
     metrics: dict[str, float]
@@ -72,15 +72,15 @@ def run(config: Config, *, resume: str | Path | None = None, return_threshold: f
     """Train a loaded ``config`` in its mode and return the mode's result: a language model on a text task
     (continuing the run in ``resume`` if given), or an MLP on a gymnasium environment (``return_threshold``
     marks when the evaluation return first reaches it)."""
-    if config.is_text:
-        from unipg.runtime.lm import train_text
+    if config.is_lm:
+        from unipg.runtime.lm import train_lm
 
-        return train_text(config, resume=resume)
+        return train_lm(config, resume=resume)
     if resume is not None:
         raise ConfigError(f"resume continues language-model runs only; this one trains on {config.env.id}")
-    from unipg.runtime.gym import train_classic
+    from unipg.runtime.gym import train_gym
 
-    return train_classic(config, return_threshold=return_threshold)
+    return train_gym(config, return_threshold=return_threshold)
 
 
 def evaluate(source: str | Path | Config, *, overrides: list[str] | None = None, **settings: Any) -> dict[str, float]:

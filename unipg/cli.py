@@ -57,7 +57,7 @@ def train(
     jobs: int = typer.Option(1, "--jobs", "-j", min=1, help="with --seeds: how many seeds train at once, each in "
                              "its own process (one thread each for the embedded model)"),
     threshold: Optional[float] = typer.Option(None, help="report the first step whose eval mean return ≥ this"),
-    resume: Optional[Path] = typer.Option(None, "--resume", help="continue the text run in this folder from its "
+    resume: Optional[Path] = typer.Option(None, "--resume", help="continue the lm run in this folder from its "
                                           "newest checkpoint; overrides apply on top of its config.yaml"),
     backend: Optional[str] = typer.Option(None, "--backend", help="inprocess, or ray: rollout workers and environment "
                                           "actors on a local Ray instance, or on a cluster with ray.address=auto"),
@@ -70,7 +70,7 @@ def train(
                         "(key=value overrides still apply)")
             raise typer.Exit(2)
         config = resolve_resumed(resume, list(overrides or []))
-        console.print(text_result_table([(config, run_guarded(config, threshold, resume=resume))]))
+        console.print(lm_result_table([(config, run_guarded(config, threshold, resume=resume))]))
         return
     seed_list = parse_seeds(seeds)
     if seed_list and any(override.partition("=")[0].strip() == "seed" for override in overrides):
@@ -82,12 +82,12 @@ def train(
         results = list(zip(configs, run_in_parallel(configs, threshold, jobs)))
     else:
         results = [(config, run_guarded(config, threshold)) for config in configs]
-    table = text_result_table(results) if results[0][0].is_text else result_table(results, threshold)
+    table = lm_result_table(results) if results[0][0].is_lm else gym_result_table(results, threshold)
     if len(results) > 1:
         from unipg.observe.seeds import write_seed_summary
 
         first = results[0][0]
-        name = f"{first.algorithm}-{first.task.name if first.is_text else first.env.id}"
+        name = f"{first.algorithm}-{first.task.name if first.is_lm else first.env.id}"
         summary = write_seed_summary(Path(first.log.output_dir), name, [config.seed for config, _ in results],
                                      [result.run_dir for _, result in results])
         table.caption += f"\nmean ± std of every final metric: {summary} (and .md)"
@@ -102,7 +102,7 @@ def run_in_parallel(configs: list[Config], threshold: Optional[float], jobs: int
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    if configs[0].is_text and configs[0].model.warm_start:
+    if configs[0].is_lm and configs[0].model.warm_start:
         from unipg.learn.warm_start import resolve_warm_start
         from unipg.sample.tasks.base import make_task
 
@@ -142,8 +142,8 @@ def resolve_resumed(run_dir: Path, overrides: List[str]) -> Config:
     except ConfigError as error:
         print_error(str(error))
         raise typer.Exit(2) from None
-    if not config.is_text:
-        print_error(f"--resume continues text runs only; '{run_dir}' trained on {config.env.id}")
+    if not config.is_lm:
+        print_error(f"--resume continues lm runs only; '{run_dir}' trained on {config.env.id}")
         raise typer.Exit(2)
     # config.warnings are not printed: config.yaml sets every key, so they would list all the unused ones.
     return config
@@ -175,7 +175,7 @@ def value_text(value: float | None) -> str:
     return "–" if value is None else f"{value:.3f}"  # e.g. the tool success rate of a policy that never called
 
 
-def text_result_table(results) -> Table:
+def lm_result_table(results) -> Table:
     """One row per run; what all runs share (algorithm, task, model, updates) goes into the title."""
     described = [(config.algorithm, config.task.name, Path(config.model.name).name or config.model.name,
                   str(result.updates), f"{result.samples:,}") for config, result in results]
@@ -212,10 +212,10 @@ def sft(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="folder for the fine-tuned model"),
 ) -> None:
     """Supervised fine-tuning on the task's demonstrations (completion-only loss); the warm start before RL."""
-    from unipg.learn.sft_job import run_sft
+    from unipg.learn.warm_start import run_sft
 
     config = resolve(config_path, list(overrides or []))
-    if not config.is_text:
+    if not config.is_lm:
         print_error("sft needs a text task; set task.name (e.g. task.name=arithmetic)")
         raise typer.Exit(2)
     try:
@@ -244,7 +244,7 @@ def parse_seeds(text: Optional[str]) -> list[int]:
     return seeds
 
 
-def result_table(results, threshold: Optional[float] = None) -> Table:
+def gym_result_table(results, threshold: Optional[float] = None) -> Table:
     table = Table(title="unipg results")
     columns = ["algorithm", "env", "seed", "env steps", "episodes", "train return", "eval return", "steps/s"]
     if threshold is not None:
@@ -296,7 +296,7 @@ def algorithm_table() -> Table:
         table.add_column(column)
     for name in sorted(ALGORITHMS):
         algorithm = ALGORITHMS[name]
-        presets = [preset for preset in (algorithm.preset, algorithm.text_preset) if preset is not None]
+        presets = [preset for preset in (algorithm.preset, algorithm.lm_preset) if preset is not None]
         chosen = [(preset["estimator"].get("advantage", "gae"), preset["estimator"].get("policy_loss", "ppo"))
                   for preset in presets]
         advantages = " / ".join(dict.fromkeys(advantage for advantage, _ in chosen))

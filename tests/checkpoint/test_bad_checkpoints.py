@@ -16,7 +16,7 @@ from unipg.checkpoint.lm import latest_checkpoint
 from unipg.checkpoint.store import CheckpointStore
 from unipg.cli import app
 from unipg.observe.metrics import read_metrics
-from unipg.runtime.lm import train_text
+from unipg.runtime.lm import train_lm
 from unipg.sample.rewards.rules import REWARDS
 
 
@@ -195,7 +195,7 @@ def test_tensor_mismatch_names_shapes_and_missing_tensors():
 @pytest.fixture(scope="module")
 def two_updates(embedded_path, tmp_path_factory):
     """A finished run of 2 updates with checkpoints of both; tests work on copies of its folder."""
-    return train_text(small_config(embedded_path, tmp_path_factory.mktemp("runs"), "two", 2)).run_dir
+    return train_lm(small_config(embedded_path, tmp_path_factory.mktemp("runs"), "two", 2)).run_dir
 
 
 @pytest.fixture
@@ -208,7 +208,7 @@ def test_resume_falls_back_to_the_newest_intact_checkpoint_and_keeps_the_damaged
     tamper_weights(damaged)
     before = fingerprint(damaged)
     with pytest.warns(RuntimeWarning) as caught:
-        resumed = train_text(small_config(embedded_path, run_copy.parent, "run", 3), resume=run_copy)
+        resumed = train_lm(small_config(embedded_path, run_copy.parent, "run", 3), resume=run_copy)
     messages = [str(warning.message) for warning in caught]
     assert any(message.startswith("skipping checkpoint step-00000002: ") for message in messages)
     assert ("resuming from step-00000001, the newest intact checkpoint; step-00000002 could not be used (see the "
@@ -227,7 +227,7 @@ def test_resume_with_another_model_names_both_models_and_changes_nothing(embedde
     before = {path.name: fingerprint(path) for path in (run_copy / "checkpoints").iterdir()}
     metrics = (run_copy / "metrics.jsonl").read_text()
     with pytest.raises(ValueError) as raised:
-        train_text(small_config(embedded_path, run_copy.parent, "run", 3, "model.name=embedded:small"),
+        train_lm(small_config(embedded_path, run_copy.parent, "run", 3, "model.name=embedded:small"),
                    resume=run_copy, log=lambda message: None)
     message = str(raised.value)
     assert message.startswith(f"checkpoint {run_copy / 'checkpoints' / 'step-00000002'} does not fit the "
@@ -271,7 +271,7 @@ def test_a_reward_that_fails_mid_run_stops_it_in_one_line_and_keeps_the_checkpoi
     monkeypatch.setattr(text, "rollout_batch", fail_from_the_next_rollout)
     config = small_config(embedded_path, tmp_path, "flaky", 3, "task.rewards=[{name: flaky_grader}]")
     with pytest.raises(ValueError) as raised:
-        train_text(config)
+        train_lm(config)
     expected = ("reward function 'flaky_grader' failed: grading service unreachable (ConnectionError); fix the "
                 "function, or leave it out of the rewards (its traceback is this error's cause)")
     assert expected in str(raised.value) and "\n" not in str(raised.value)

@@ -1,4 +1,4 @@
-"""Checkpointed text runs: ``train_text(..., resume=RUN_DIR)`` and ``unipg train --resume`` continue bit for bit."""
+"""Checkpointed lm runs: ``train_lm(..., resume=RUN_DIR)`` and ``unipg train --resume`` continue bit for bit."""
 
 import os
 import signal
@@ -13,7 +13,7 @@ from unipg.checkpoint.store import CheckpointStore
 from unipg.cli import app
 from unipg.config import load_config
 from unipg.observe.metrics import read_metrics
-from unipg.runtime.lm import TrainingStopped, train_text
+from unipg.runtime.lm import TrainingStopped, train_lm
 
 SMALL = ["task.name=arithmetic", "task.options={digits: 1, num_train: 40, num_test: 8}", "train.batch_size=8",
          "train.mini_batch_size=4", "train.micro_batch_size=4", "sample.samples_per_prompt=4",
@@ -39,7 +39,7 @@ def final_tensors(run_dir) -> dict:
 @pytest.fixture(scope="module")
 def full_run(embedded_path, tmp_path_factory):
     """An uninterrupted run of 4 updates, checkpointing after each."""
-    return train_text(small_config(embedded_path, tmp_path_factory.mktemp("runs"), "full", 4))
+    return train_lm(small_config(embedded_path, tmp_path_factory.mktemp("runs"), "full", 4))
 
 
 def assert_continues_like(full_run, resumed):
@@ -58,9 +58,9 @@ def assert_continues_like(full_run, resumed):
 
 
 def test_two_updates_resumed_to_four_equal_four_updates_bit_for_bit(embedded_path, tmp_path, full_run):
-    first = train_text(small_config(embedded_path, tmp_path, "split", 2))
+    first = train_lm(small_config(embedded_path, tmp_path, "split", 2))
     messages = []
-    resumed = train_text(small_config(embedded_path, tmp_path, "split", 4), resume=first.run_dir,
+    resumed = train_lm(small_config(embedded_path, tmp_path, "split", 4), resume=first.run_dir,
                          log=messages.append)
     assert resumed.run_dir == first.run_dir and resumed.resumed_from == 2
     assert any("resuming" in message for message in messages)
@@ -82,20 +82,20 @@ def test_sigterm_saves_a_checkpoint_after_the_current_update_and_the_run_resumes
     config = small_config(embedded_path, tmp_path, "stopped", 4, "checkpoint.every_updates=0")
     handler = signal.getsignal(signal.SIGTERM)
     with pytest.raises(TrainingStopped) as stopped:
-        train_text(config)
+        train_lm(config)
     assert stopped.value.update == 2 and stopped.value.signal_number == signal.SIGTERM
     assert signal.getsignal(signal.SIGTERM) == handler  # the run's handler is removed again
     run_dir = stopped.value.run_dir
     assert [path.name for path in CheckpointStore(run_dir / "checkpoints").list()] == ["step-00000002"]
     monkeypatch.setattr(text, "rollout_batch", original)
-    assert_continues_like(full_run, train_text(config, resume=run_dir))
+    assert_continues_like(full_run, train_lm(config, resume=run_dir))
 
 
 def test_resuming_a_finished_run_trains_nothing_and_says_so_until_updates_is_raised(embedded_path, tmp_path):
-    run = train_text(small_config(embedded_path, tmp_path, "done", 2))
+    run = train_lm(small_config(embedded_path, tmp_path, "done", 2))
     before = (run.run_dir / "metrics.jsonl").read_text()
     messages = []
-    again = train_text(small_config(embedded_path, tmp_path, "done", 2), resume=run.run_dir, log=messages.append)
+    again = train_lm(small_config(embedded_path, tmp_path, "done", 2), resume=run.run_dir, log=messages.append)
     assert again.resumed_from == 2 and again.updates == 2 and again.samples == run.samples
     assert messages == [f"run {run.run_dir} already finished at update 2 of 2; raise train.updates to train further"]
     assert (run.run_dir / "metrics.jsonl").read_text() == before
@@ -122,7 +122,7 @@ def test_resume_from_a_bad_folder_is_a_clear_error(embedded_path, tmp_path):
     assert result.exit_code == 2 and str(missing) in output and "not a run folder" in output
     assert "Traceback" not in output
 
-    run = train_text(small_config(embedded_path, tmp_path, "corrupt", 1))
+    run = train_lm(small_config(embedded_path, tmp_path, "corrupt", 1))
     (checkpoint,) = CheckpointStore(run.run_dir / "checkpoints").list()
     weights = checkpoint / "policy.safetensors"
     data = bytearray(weights.read_bytes())

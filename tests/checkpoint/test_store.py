@@ -115,7 +115,7 @@ def train_steps(model, optimizer, steps: range):
 
 
 def make_adamw(model, fused: bool):
-    # Two groups with different hyperparameters, as TextLearner has for actor and critic.
+    # Two groups with different hyperparameters, as LMLearner has for actor and critic.
     return torch.optim.AdamW([{"params": [model.weight], "lr": 1e-2, "base_lr": 1e-2},
                               {"params": [model.bias], "lr": 3e-3, "base_lr": 3e-3}],
                              betas=(0.8, 0.95), weight_decay=0.1, fused=fused)

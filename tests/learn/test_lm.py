@@ -2,8 +2,8 @@ import pytest
 import torch
 
 from unipg.config import load_config
-from unipg.learn.lm import TextLearner
-from unipg.learn.lm_batch import TextBatch, episode_ends, text_advantages, token_rewards
+from unipg.learn.lm import LMLearner
+from unipg.learn.lm_batch import LMBatch, episode_ends, lm_advantages, token_rewards
 from unipg.policy.loading import load_lm_policy
 
 GROUP = 4
@@ -23,7 +23,7 @@ def make_batch(policy, seed=0):
     ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts for _ in range(GROUP)]
     generation = policy.sample(ids, max_new_tokens=8, generator=torch.Generator().manual_seed(seed))
     scores = [float(i % 3 == 0) + 0.1 * i for i in range(len(ids))]
-    return TextBatch.from_generation(generation, scores)
+    return LMBatch.from_generation(generation, scores)
 
 
 @pytest.fixture
@@ -33,10 +33,10 @@ def policy(embedded_path):
 
 
 def bare_batch(mask, scores, **fields):
-    """A TextBatch with only the fields the reward layout reads."""
+    """A LMBatch with only the fields the reward layout reads."""
     mask = torch.as_tensor(mask, dtype=torch.float32)
     width = mask.shape[1]
-    return TextBatch(input_ids=torch.zeros((len(mask), width + 1), dtype=torch.long),
+    return LMBatch(input_ids=torch.zeros((len(mask), width + 1), dtype=torch.long),
                      attention_mask=torch.ones((len(mask), width + 1), dtype=torch.long), completion_mask=mask,
                      behaviour_logprobs=torch.zeros_like(mask), scores=torch.tensor(scores), **fields)
 
@@ -68,7 +68,7 @@ def test_turn_rewards_sit_on_the_last_sampled_token_of_each_turn():
 def test_turn_level_advantages_credit_each_turn_with_what_followed():
     config = make_config("grpo", "sample.samples_per_prompt=2", "estimator.advantage=turn_level",
                          "estimator.normalize_advantages=false", "estimator.gamma=1.0")
-    advantages, _ = text_advantages(two_turn_batch(), config, kl_coef=0.0)
+    advantages, _ = lm_advantages(two_turn_batch(), config, kl_coef=0.0)
     # returns: episode 0 turns (1.1, 1.0), episode 1 turns (-0.1, 0.0); baseline = the other episode, same turn
     expected = torch.tensor([[1.2, 1.2, 0.0, 0.0, 1.0, 1.0], [-1.2, 0.0, 0.0, -1.0, 0.0, 0.0]])
     assert torch.allclose(advantages, expected, atol=1e-6)
@@ -79,14 +79,14 @@ def test_gae_skips_inserted_tokens():
                          "estimator.lambda_gae=1.0", "sample.samples_per_prompt=2")
     batch = two_turn_batch()
     batch.values = torch.zeros_like(batch.completion_mask)
-    advantages, _ = text_advantages(batch, config, kl_coef=0.0)
+    advantages, _ = lm_advantages(batch, config, kl_coef=0.0)
     # episode 0's sampled tokens are 4 consecutive steps with rewards (0, 0.1, 0, 1.0) and γ = 0.5
     assert torch.allclose(advantages[0], torch.tensor([0.175, 0.35, 0.0, 0.0, 0.5, 1.0]), atol=1e-6)
 
 
 def test_grpo_advantages_have_zero_mean_within_each_group(policy):
     batch = make_batch(policy)
-    advantages, _ = text_advantages(batch, make_config("grpo"), kl_coef=0.0)
+    advantages, _ = lm_advantages(batch, make_config("grpo"), kl_coef=0.0)
     per_sequence = advantages.sum(1) / batch.completion_mask.sum(1)
     assert torch.allclose(per_sequence.reshape(-1, GROUP).mean(1), torch.zeros(4), atol=1e-5)
     assert (advantages[batch.completion_mask == 0] == 0).all()
@@ -94,7 +94,7 @@ def test_grpo_advantages_have_zero_mean_within_each_group(policy):
 
 def test_ppo_token_gae_uses_the_critic(policy):
     config = make_config("ppo", "estimator.kl_coef=0.0", "estimator.lambda_gae=1.0")
-    learner = TextLearner(policy, config)
+    learner = LMLearner(policy, config)
     batch = make_batch(policy)
     learner.prepare(batch)
     mask = batch.completion_mask
@@ -106,7 +106,7 @@ def test_ppo_token_gae_uses_the_critic(policy):
 def test_kl_to_reference_is_exactly_zero_before_the_first_update(policy):
     from unipg.estimate.kl import kl_penalty
 
-    learner = TextLearner(policy, make_config("grpo", "estimator.kl_coef=0.1"))
+    learner = LMLearner(policy, make_config("grpo", "estimator.kl_coef=0.1"))
     batch = make_batch(policy)
     learner.prepare(batch)
     same = batch.rows(torch.arange(len(batch.scores)))  # the rows exactly as the reference pass saw them
@@ -127,7 +127,7 @@ def surrogate(policy, batch, config):
 
 def test_one_update_changes_the_parameters_and_improves_the_surrogate(policy):
     config = make_config("grpo", "estimator.kl_coef=0.0", "train.learning_rate=3e-4")
-    learner = TextLearner(policy, config)
+    learner = LMLearner(policy, config)
     batch = make_batch(policy)
     learner.prepare(batch)
     before_params = [p.detach().clone() for p in policy.actor_parameters()]
@@ -149,7 +149,7 @@ def test_micro_batch_accumulation_gives_the_full_batch_gradient(embedded_path, m
         policy = load_lm_policy(embedded_path)
         config = make_config("grpo", "estimator.kl_coef=0.0", f"estimator.loss_agg_mode={mode}",
                              f"train.micro_batch_size={micro}", "train.max_grad_norm=null")
-        learner = TextLearner(policy, config)
+        learner = LMLearner(policy, config)
         batch = make_batch(policy)
         learner.prepare(batch)
         learner.optimizer.step = lambda: None  # keep the weights; only the accumulated gradient is compared

@@ -10,7 +10,7 @@ from unipg.config import load_config
 from unipg.config.schema import EstimatorConfig
 from unipg.learn import objective
 from unipg.learn.gym import GradientLearner, prepare_segment
-from unipg.learn.lm import TextLearner
+from unipg.learn.lm import LMLearner
 from unipg.learn.objective import ObjectiveBatch, micro_batch_share, unified_objective
 from unipg.policy.loading import load_lm_policy
 from unipg.policy.mlp import MLPActorCritic
@@ -115,7 +115,7 @@ def test_a_gym_update_goes_through_the_objective(calls):
 def test_an_lm_update_goes_through_the_objective(calls, embedded_path):
     torch.manual_seed(0)
     policy = load_lm_policy(embedded_path, needs_reference=True)
-    learner = TextLearner(policy, make_config("grpo", "estimator.kl_coef=0.1", "train.micro_batch_size=8"))
+    learner = LMLearner(policy, make_config("grpo", "estimator.kl_coef=0.1", "train.micro_batch_size=8"))
     batch = make_batch(policy)
     learner.prepare(batch)
     metrics = learner.update(batch)

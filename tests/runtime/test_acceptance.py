@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from unipg.config import load_config
-from unipg.runtime.gym import train_classic
-from unipg.runtime.lm import train_text
+from unipg.runtime.gym import train_gym
+from unipg.runtime.lm import train_lm
 
 MAIN_JOB = Path(__file__).resolve().parents[2] / "configs" / "calculator_agent.yaml"
 
@@ -18,7 +18,7 @@ def test_reaches_475_within_100k_steps(tmp_path, algorithm, seed):
     config = load_config(None, [f"algorithm={algorithm}", f"seed={seed}", "env.total_steps=100000",
                                 "eval.episodes=20", f"log.output_dir={tmp_path}", "log.progress=false",
                                 "log.tensorboard=false"])
-    result = train_classic(config)
+    result = train_gym(config)
     assert result.final_eval_mean >= 475, result.eval_history
 
 
@@ -28,7 +28,7 @@ def test_the_main_job_teaches_the_embedded_model_to_use_the_calculator(tmp_path,
     held-out greedy completion goes from nothing to at least 40%, every episode calling the tool."""
     monkeypatch.setenv("UNIPG_CACHE", str(tmp_path / "cache"))
     config = load_config(MAIN_JOB, [f"log.output_dir={tmp_path}", "log.progress=false", "log.tensorboard=false"])
-    result = train_text(config)
+    result = train_lm(config)
     assert result.initial_eval["eval/pass@1"] < 0.05
     assert result.final_eval["eval/pass@1"] >= 0.4, result.eval_history
     assert result.final_eval["eval/tool_calls"] >= 0.9

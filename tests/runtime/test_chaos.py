@@ -18,7 +18,7 @@ import unipg.runtime.lm as text
 from unipg.checkpoint.store import CheckpointStore, load_checkpoint
 from unipg.config import load_config
 from unipg.observe.metrics import read_metrics
-from unipg.runtime.lm import train_text
+from unipg.runtime.lm import train_lm
 from unipg.sample.envs.service import EnvironmentService, build_tools
 from unipg.sample.tools.faulty import FAULT_KINDS
 
@@ -81,7 +81,7 @@ def test_faulty_tool_options_are_checked():
 
 
 def capture_runtime(monkeypatch) -> list:
-    """The runtimes ``train_text`` builds, as it builds them."""
+    """The runtimes ``train_lm`` builds, as it builds them."""
     built, original = [], text.build_runtime
 
     def recording(*args, **kwargs):
@@ -125,7 +125,7 @@ def test_concurrent_agent_run_survives_tool_faults_interrupted_episodes_and_a_na
     monkey = threading.Thread(target=chaos, daemon=True)
     monkey.start()
     try:
-        result = train_text(config)
+        result = train_lm(config)
     finally:
         stop.set()
         monkey.join()
@@ -152,15 +152,15 @@ def test_concurrent_agent_run_survives_tool_faults_interrupted_episodes_and_a_na
 KILLED_RUN = """
 import sys
 from unipg.config import load_config
-from unipg.runtime.lm import train_text
-train_text(load_config(None, sys.argv[1:]))
+from unipg.runtime.lm import train_lm
+train_lm(load_config(None, sys.argv[1:]))
 """
 
 
 def test_a_sigkilled_run_resumes_to_the_same_weights_as_an_uninterrupted_one(embedded_path, tmp_path):
     overrides = AGENT + [f"log.output_dir={tmp_path}", "deterministic=true",
                          "train.updates=4", "checkpoint.every_updates=1", "checkpoint.keep_last=2"]
-    full = train_text(load_config(None, overrides + ["log.run_name=full"]))
+    full = train_lm(load_config(None, overrides + ["log.run_name=full"]))
     killed = subprocess.Popen([sys.executable, "-c", KILLED_RUN, *overrides, "log.run_name=killed"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     run_dir = tmp_path / "killed"
@@ -170,7 +170,7 @@ def test_a_sigkilled_run_resumes_to_the_same_weights_as_an_uninterrupted_one(emb
         time.sleep(0.05)
     os.kill(killed.pid, signal.SIGKILL)
     assert killed.wait() == -signal.SIGKILL, killed.stderr.read().decode()[-2000:]
-    resumed = train_text(load_config(None, overrides + ["log.run_name=killed"]), resume=run_dir)
+    resumed = train_lm(load_config(None, overrides + ["log.run_name=killed"]), resume=run_dir)
     assert resumed.resumed_from >= 2
     full_tensors = load_checkpoint(CheckpointStore(full.run_dir / "checkpoints").latest()).tensors
     resumed_tensors = load_checkpoint(CheckpointStore(run_dir / "checkpoints").latest()).tensors
@@ -185,7 +185,7 @@ def test_a_short_soak_opens_no_descriptors_and_starts_no_threads_per_update(tmp_
     config = load_config(None, AGENT + [f"log.output_dir={tmp_path}", "runtime.max_staleness=2",
                                         "runtime.schedule=concurrent", "agent.concurrency=32", "train.updates=8",
                                         "checkpoint.every_updates=2", "checkpoint.keep_last=2"])
-    records = [r for r in read_metrics(train_text(config).run_dir) if "train/loss" in r]
+    records = [r for r in read_metrics(train_lm(config).run_dir) if "train/loss" in r]
     assert [r["step"] for r in records] == list(range(1, 9))
     files = [r["system/open_files"] for r in records[2:]]
     threads = [r["system/threads"] for r in records[2:]]

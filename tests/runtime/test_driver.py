@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from unipg.config import load_config
-from unipg.learn.lm import TextBatch, TextLearner
+from unipg.learn.lm import LMBatch, LMLearner
 from unipg.observe.metrics import read_metrics
 from unipg.policy.loading import load_lm_policy, policy_from_config
 from unipg.runtime.gym import seed_everything
-from unipg.runtime.lm import PromptSampler, set_threads, train_text
+from unipg.runtime.lm import PromptSampler, set_threads, train_lm
 from unipg.runtime.replay import ProducerFailed
 from unipg.sample.episodes import EpisodeRunner
 from unipg.sample.rewards.rules import build_rewards
@@ -37,7 +37,7 @@ def synchronous_reference(config):
     task = make_task(config.task.name, **config.task.options)
     policy = policy_from_config(config)
     runner = EpisodeRunner(policy, task, config, build_rewards(task.rewards))
-    learner = TextLearner(policy, config)
+    learner = LMLearner(policy, config)
     sampler, generator = PromptSampler(task.train, config.seed), torch.Generator().manual_seed(config.seed)
     losses = []
     for update in range(1, config.train.updates + 1):
@@ -46,7 +46,7 @@ def synchronous_reference(config):
         group = config.sample.samples_per_prompt
         trajectories = runner.run([e for e in examples for _ in range(group)], params=runner.sampling(),
                                   generator=generator, policy_version=update - 1)
-        batch = TextBatch.from_trajectories(trajectories, policy.pad_id)
+        batch = LMBatch.from_trajectories(trajectories, policy.pad_id)
         learner.prepare(batch)
         losses.append(learner.update(batch)["loss"])
     return policy, losses
@@ -59,7 +59,7 @@ def test_staleness_zero_gives_the_same_updates_as_synchronous_training(embedded_
     config = load_config(None, SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
                                         f"runtime.schedule={schedule}", "runtime.max_staleness=0"])
     reference, reference_losses = synchronous_reference(config)
-    result = train_text(config)
+    result = train_lm(config)
     records = [r for r in read_metrics(result.run_dir) if "train/loss" in r]
     assert all(r["async/staleness_trajectory_max"] == 0 and r["async/staleness_token_max"] == 0 for r in records)
     trained = load_lm_policy(str(result.run_dir / "policy"), value_head=True).model.state_dict()
@@ -71,7 +71,7 @@ def test_sequential_staleness_trains_every_step_on_data_exactly_eta_versions_old
     config = load_config(None, SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
                                         "runtime.max_staleness=2", "runtime.schedule=sequential", "train.updates=5",
                                         "estimator.policy_loss=decoupled_ppo", "estimator.off_policy_weight=age_decay"])
-    records = [r for r in read_metrics(train_text(config).run_dir) if "train/loss" in r]
+    records = [r for r in read_metrics(train_lm(config).run_dir) if "train/loss" in r]
     assert [r["async/staleness_trajectory_max"] for r in records] == [0, 1, 2, 2, 2]
     assert [r["async/staleness_token_mean"] for r in records] == [0, 1, 2, 2, 2]
     # decoupled PPO's π_prox/μ: exactly 1 on fresh data (π_prox = μ), not on data two versions old
@@ -86,7 +86,7 @@ def test_concurrent_agent_training_keeps_every_token_within_the_bound(embedded_p
     """Episodes with heavy-tailed tool latency run on a background thread while the learner trains."""
     config = load_config(None, AGENT + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
                                         "runtime.max_staleness=1", "runtime.schedule=concurrent"])
-    records = [r for r in read_metrics(train_text(config).run_dir) if "train/loss" in r]
+    records = [r for r in read_metrics(train_lm(config).run_dir) if "train/loss" in r]
     assert len(records) == 4
     for record in records:
         assert record["async/staleness_trajectory_max"] <= 1 and record["async/staleness_token_max"] <= 1
@@ -96,23 +96,23 @@ def test_concurrent_agent_training_keeps_every_token_within_the_bound(embedded_p
 
 
 def test_a_failing_rollout_stops_the_run_with_its_error(embedded_path, tmp_path, monkeypatch):
-    import unipg.runtime.backends.local_lm as text_rollout
+    import unipg.runtime.backends.local_lm as lm_rollout
 
     config = load_config(None, SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
                                         "runtime.max_staleness=1", "runtime.schedule=concurrent",
                                         "deterministic=false"])
 
-    make_env = text_rollout.EpisodeRunner.make_env
+    make_env = lm_rollout.EpisodeRunner.make_env
 
     def broken(self, *args, **kwargs):  # evaluation (main thread) works, rollout (its own thread) fails
         if threading.current_thread() is not threading.main_thread():
             raise RuntimeError("environment crashed")
         return make_env(self, *args, **kwargs)
 
-    monkeypatch.setattr(text_rollout.EpisodeRunner, "make_env", broken)
+    monkeypatch.setattr(lm_rollout.EpisodeRunner, "make_env", broken)
     with pytest.raises(ValueError, match=r"rollout failed: RuntimeError: environment crashed; no update had "
                                          r"finished; the metrics so far are in") as raised:
-        train_text(config)
+        train_lm(config)
     assert isinstance(raised.value.__cause__, ProducerFailed)
     trace = str(raised.value).rsplit("(traceback: ", 1)[1].rstrip(")")  # the one line names the whole traceback
     assert "Traceback" in open(trace).read() and "in broken" in open(trace).read()
@@ -123,4 +123,4 @@ def test_a_buffer_too_small_for_one_batch_is_refused_before_training(embedded_pa
                                         "sample.replay_buffer_size=4", "runtime.max_staleness=1"])
     with pytest.raises(ValueError, match=r"replay_buffer_size \(4\) cannot hold one learner step's batch of 8 "
                                          r"trajectories; set it to at least 16"):
-        train_text(config)
+        train_lm(config)

@@ -15,7 +15,7 @@ from unipg.cli import app
 from unipg.config import ConfigError, load_config
 from unipg.config.secrets import REDACTED, is_secret_name, redact_secrets
 from unipg.observe.metrics import MetricsLogger
-from unipg.runtime.lm import train_text
+from unipg.runtime.lm import train_lm
 
 psutil = pytest.importorskip("psutil")
 
@@ -68,7 +68,7 @@ def test_a_training_run_with_wandb_opens_no_listener_and_leaves_no_secret_in_its
     config = load_config(None, SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
                                         "log.wandb=true", "log.wandb_mode=offline", "log.tensorboard=true",
                                         "checkpoint.every_updates=1", SECRET_OVERRIDE])
-    result = train_text(config)
+    result = train_lm(config)
 
     assert during and during[0] - before == set()
     assert listening_sockets() - before == set()

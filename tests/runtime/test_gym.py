@@ -6,7 +6,7 @@ import yaml
 
 from unipg.config import load_config
 from unipg.observe.metrics import read_metrics
-from unipg.runtime.gym import train_classic
+from unipg.runtime.gym import train_gym
 
 
 def short_config(tmp_path, *overrides):
@@ -19,7 +19,7 @@ def test_every_algorithm_trains_without_non_finite_metrics(tmp_path, algorithm):
     extra = {"reinforce": ["train.batch_transitions=400", "train.mini_batch_transitions=400"],
              "trpo": ["train.batch_transitions=256", "train.mini_batch_transitions=64", "train.critic_updates=2"]}.get(algorithm, [])
     config = short_config(tmp_path, f"algorithm={algorithm}", "env.total_steps=1200", *extra)
-    result = train_classic(config)
+    result = train_gym(config)
     records = read_metrics(result.run_dir)
     train_records = [r for r in records if "train/update" in r]
     assert train_records, "no training metrics were written"
@@ -31,7 +31,7 @@ def test_every_algorithm_trains_without_non_finite_metrics(tmp_path, algorithm):
 
 def test_metrics_are_namespaced_and_the_config_is_saved(tmp_path):
     config = short_config(tmp_path, "algorithm=ppo", "env.total_steps=512", "log.tensorboard=true")
-    result = train_classic(config)
+    result = train_gym(config)
     last = read_metrics(result.run_dir)[-1]
     for key in ("train/policy_loss", "train/value_loss", "train/approx_kl", "train/clip_fraction", "train/entropy",
                 "train/explained_variance", "train/grad_norm", "train/learning_rate", "timing/steps_per_second",
@@ -44,14 +44,14 @@ def test_metrics_are_namespaced_and_the_config_is_saved(tmp_path):
 
 def test_linear_schedule_anneals_the_learning_rate(tmp_path):
     config = short_config(tmp_path, "algorithm=ppo", "env.total_steps=1024", "train.lr_schedule=linear")
-    rates = [r["train/learning_rate"] for r in read_metrics(train_classic(config).run_dir) if "train/learning_rate" in r]
+    rates = [r["train/learning_rate"] for r in read_metrics(train_gym(config).run_dir) if "train/learning_rate" in r]
     assert rates[0] == pytest.approx(1e-3) and rates == sorted(rates, reverse=True) and rates[-1] < rates[0]
 
 
 def test_gaussian_policy_trains_on_a_continuous_environment(tmp_path):
     config = short_config(tmp_path, "algorithm=ppo", "env.id=Pendulum-v1", "env.num_envs=2", "env.total_steps=512",
                           "estimator.normalize_rewards=true")
-    assert math.isfinite(train_classic(config).final_eval_mean)
+    assert math.isfinite(train_gym(config).final_eval_mean)
 
 
 def test_same_seed_gives_identical_metrics(tmp_path):
@@ -59,7 +59,7 @@ def test_same_seed_gives_identical_metrics(tmp_path):
     for name in ("a", "b"):
         config = short_config(tmp_path, "algorithm=ppo", "env.total_steps=768", "deterministic=true",
                               f"log.run_name={name}")
-        records = read_metrics(train_classic(config).run_dir)
+        records = read_metrics(train_gym(config).run_dir)
         runs.append([{k: v for k, v in r.items() if not k.startswith("timing/") and k != "time"} for r in records])
     assert json.dumps(runs[0]) == json.dumps(runs[1])
 
@@ -67,20 +67,20 @@ def test_same_seed_gives_identical_metrics(tmp_path):
 def test_ppo_learns_cartpole(tmp_path):
     """A regression guard on the whole path: PPO must clearly improve on a random policy (≈ 22)."""
     config = short_config(tmp_path, "algorithm=ppo", "env.total_steps=15360", "eval.episodes=10")
-    result = train_classic(config)
+    result = train_gym(config)
     assert result.final_eval_mean >= 150, result.eval_history
 
 
 def test_an_existing_run_is_never_appended_to(tmp_path):
     config = short_config(tmp_path, "algorithm=ppo", "env.total_steps=256")
-    first = train_classic(config)
+    first = train_gym(config)
     before = (first.run_dir / "metrics.jsonl").read_bytes()
     with pytest.raises(ValueError, match="already holds a run"):
-        train_classic(config)
+        train_gym(config)
     assert (first.run_dir / "metrics.jsonl").read_bytes() == before
 
 
 def test_automatic_run_names_do_not_collide(tmp_path):
     config = load_config(None, [f"log.output_dir={tmp_path}", "log.progress=false", "log.tensorboard=false",
                                 "env.total_steps=256", "eval.episodes=2"])
-    assert train_classic(config).run_dir != train_classic(config).run_dir
+    assert train_gym(config).run_dir != train_gym(config).run_dir

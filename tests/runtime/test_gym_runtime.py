@@ -6,7 +6,7 @@ from unipg.config import load_config
 from unipg.learn.gym import GradientLearner, prepare_segment
 from unipg.observe.metrics import read_metrics
 from unipg.policy.mlp import MLPActorCritic
-from unipg.runtime.gym import train_classic
+from unipg.runtime.gym import train_gym
 from unipg.sample.gym_rollout import GymRollout
 
 
@@ -27,7 +27,7 @@ def without_clock(record: dict) -> dict:
 
 
 def test_sequential_and_concurrent_schedules_coincide_at_eta_0(tmp_path):
-    results = [train_classic(short_config(tmp_path, schedule, "env.total_steps=1536", f"runtime.schedule={schedule}",
+    results = [train_gym(short_config(tmp_path, schedule, "env.total_steps=1536", f"runtime.schedule={schedule}",
                                           "eval.deterministic=false"))  # evaluation draws random numbers too
                for schedule in ("sequential", "concurrent")]
     assert results[0].eval_history == results[1].eval_history
@@ -39,7 +39,7 @@ def test_sequential_and_concurrent_schedules_coincide_at_eta_0(tmp_path):
 def test_sequential_eta_2_trains_every_step_on_data_exactly_two_versions_old(tmp_path):
     config = short_config(tmp_path, "stale", "env.total_steps=2048", "runtime.schedule=sequential",
                           "runtime.max_staleness=2")
-    records = train_records(train_classic(config))
+    records = train_records(train_gym(config))
     assert len(records) == 8
     assert [r["async/staleness_trajectory_max"] for r in records] == [0, 1, 2, 2, 2, 2, 2, 2]  # warm-up: 0, 1
     assert all(r["async/staleness_step_mean"] == r["async/staleness_step_max"] == 2 for r in records[2:])
@@ -49,7 +49,7 @@ def test_sequential_eta_2_trains_every_step_on_data_exactly_two_versions_old(tmp
 def test_concurrent_eta_1_runs_and_never_trains_on_older_data(tmp_path):
     config = short_config(tmp_path, "concurrent", "env.total_steps=2048", "runtime.schedule=concurrent",
                           "runtime.max_staleness=1")
-    result = train_classic(config)
+    result = train_gym(config)
     records = train_records(result)
     assert len(records) == 8 and result.env_steps == 2048
     assert max(r["async/staleness_step_max"] for r in records) <= 1

@@ -8,7 +8,7 @@ from unipg.config import load_config
 from unipg.learn.warm_start import MARKER, resolve_warm_start
 from unipg.observe.metrics import read_metrics
 from unipg.policy.loading import load_lm_policy
-from unipg.runtime.lm import train_text
+from unipg.runtime.lm import train_lm
 from unipg.sample.tasks.base import make_task
 
 SMALL = ["task.name=arithmetic", "task.options={digits: 1, num_train: 40, num_test: 8}", "train.batch_size=8",
@@ -21,7 +21,7 @@ SMALL = ["task.name=arithmetic", "task.options={digits: 1, num_train: 40, num_te
 def test_training_run_logs_the_step_metrics_and_saves_the_policy(embedded_path, tmp_path, algorithm):
     config = load_config(None, SMALL + [f"algorithm={algorithm}", f"model.name={embedded_path}",
                                         f"log.output_dir={tmp_path}", "estimator.kl_coef=0.05"])
-    result = train_text(config)
+    result = train_lm(config)
     assert result.updates == 2 and result.samples == 16 and result.samples_per_second > 0
     assert set(result.final_eval) == {"eval/pass@1", "eval/pass@2", "eval/response_length", "eval/turns",
                                       "eval/truncated_fraction"}
@@ -62,7 +62,7 @@ def test_a_tools_simulated_latency_or_injected_faults_do_not_change_the_warm_sta
 
 
 def test_sft_stages_run_in_order_each_on_the_task_built_with_its_options(embedded_path, monkeypatch):
-    import unipg.learn.sft_job as sft_job
+    import unipg.learn.warm_start as sft_job
 
     config = load_config(None, [
         "task.name=calculator", "task.options={digits: 2, num_train: 40, num_test: 4, tool_demonstrations: 0.0}",
@@ -89,7 +89,7 @@ def test_deterministic_agent_runs_with_the_same_seed_log_identical_metrics(embed
             "task.name=calculator", "task.options={digits: 2, num_train: 40, num_test: 8, tool_demonstrations: 1.0}",
             "sample.max_new_tokens=8", "agent.max_total_tokens=40", "deterministic=true", f"model.name={embedded_path}",
             f"log.output_dir={tmp_path}", f"log.run_name={name}"])
-        records = read_metrics(train_text(config).run_dir)
+        records = read_metrics(train_lm(config).run_dir)
         runs.append([{key: value for key, value in record.items()
                       if not key.startswith(("timing/", "system/")) and key != "time"
                       and not key.endswith("tool_seconds")}

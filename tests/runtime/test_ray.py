@@ -16,7 +16,7 @@ from tests.runtime.test_driver import AGENT, SMALL
 from unipg.config import ConfigError, load_config
 from unipg.observe.metrics import read_metrics
 from unipg.policy.loading import load_lm_policy
-from unipg.runtime.lm import train_text
+from unipg.runtime.lm import train_lm
 from unipg.sample.envs.service import EnvironmentService
 from unipg.sample.tools.base import Tool, ToolError
 
@@ -81,7 +81,7 @@ def test_a_local_instance_too_small_for_the_workers_is_refused_up_front(embedded
     config = load_config(None, SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}", "backend=ray",
                                         "ray.num_cpus=1", "ray.rollout_workers=3"])
     with pytest.raises(ValueError, match=r"needs 3 CPUs, the cluster has 1"):
-        train_text(config)
+        train_lm(config)
     assert not ray.is_initialized()
 
 
@@ -102,7 +102,7 @@ def test_ray_and_in_process_backends_give_the_same_updates_at_staleness_zero(loc
     """η = 0 with one rollout worker: the generator's state travels to the worker and back, so the samples, the
     losses and the trained weights are those of the in-process run, bit for bit."""
     base = SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}", "runtime.max_staleness=0"]
-    runs = {backend: train_text(load_config(None, base + [f"backend={backend}", "ray.rollout_workers=1"]))
+    runs = {backend: train_lm(load_config(None, base + [f"backend={backend}", "ray.rollout_workers=1"]))
             for backend in ("inprocess", "ray")}
     losses = {backend: [r["train/loss"] for r in read_metrics(result.run_dir) if "train/loss" in r]
               for backend, result in runs.items()}
@@ -143,7 +143,7 @@ def test_a_killed_rollout_worker_is_replaced_and_every_episode_is_accounted_for(
                                         "ray.env_num_cpus=0.1"])
     killer = threading.Thread(target=kill_first_busy_worker, daemon=True)
     killer.start()
-    result = train_text(config)
+    result = train_lm(config)
     killer.join()
     assert killed.is_set()
     records = [r for r in read_metrics(result.run_dir) if "train/loss" in r]
@@ -175,7 +175,7 @@ def test_a_run_whose_workers_keep_dying_stops_with_a_checkpoint_to_resume_from(l
     config = load_config(None, SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}", "backend=ray",
                                         "ray.rollout_workers=1", "ray.max_restarts=0", "train.updates=4"])
     with pytest.raises(ValueError) as raised:
-        train_text(config)
+        train_lm(config)
     (run_dir,) = [path.parent for path in tmp_path.glob("*/metrics.jsonl")]
     message = str(raised.value)
     assert "more than ray.max_restarts=0" in message
@@ -183,7 +183,7 @@ def test_a_run_whose_workers_keep_dying_stops_with_a_checkpoint_to_resume_from(l
     assert (run_dir / "checkpoints" / "step-00000002").is_dir()
     assert unipg_actors() == []
     monkeypatch.setattr(backend.RayRollout, "produce", produce)
-    resumed = train_text(load_config(run_dir / "config.yaml", []), resume=run_dir)
+    resumed = train_lm(load_config(run_dir / "config.yaml", []), resume=run_dir)
     assert resumed.resumed_from == 2 and resumed.updates == 4
     assert [r["step"] for r in read_metrics(run_dir) if "train/loss" in r] == [1, 2, 3, 4]
 
@@ -206,7 +206,7 @@ def test_an_episode_that_raises_on_a_worker_ends_the_run_with_a_one_line_message
     config = load_config(None, SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}", "backend=ray",
                                         "ray.rollout_workers=1", "task.rewards=[{name: fragile}]"])
     with pytest.raises(ValueError) as raised:
-        train_text(config)
+        train_lm(config)
     message = str(raised.value)
     assert message.startswith("an episode raised on rollout worker 0: RewardFunctionError: reward function "
                               "'fragile' failed: reward service unreachable (RuntimeError); fix the function")

@@ -1,4 +1,4 @@
-"""Rollback of text runs: skipped non-finite steps, reverted KL spikes, and rolling back to a checkpoint."""
+"""Rollback of lm runs: skipped non-finite steps, reverted KL spikes, and rolling back to a checkpoint."""
 
 import json
 
@@ -7,10 +7,10 @@ import torch
 
 from unipg.checkpoint.store import CheckpointStore, load_checkpoint
 from unipg.config import load_config
-from unipg.learn.lm import TextBatch, TextLearner
+from unipg.learn.lm import LMBatch, LMLearner
 from unipg.observe.metrics import read_metrics
 from unipg.policy.loading import load_lm_policy
-from unipg.runtime.lm import train_text
+from unipg.runtime.lm import train_lm
 
 SMALL = ["task.name=arithmetic", "task.options={digits: 1, num_train: 40, num_test: 8}", "train.batch_size=8",
          "train.mini_batch_size=4", "train.micro_batch_size=4", "sample.samples_per_prompt=4",
@@ -28,22 +28,22 @@ def policy(embedded_path):
     return load_lm_policy(embedded_path)
 
 
-def prepared_batch(policy, learner) -> TextBatch:
+def prepared_batch(policy, learner) -> LMBatch:
     """Two prompts of four sampled completions each, with advantages."""
     tokenizer = policy.tokenizer
     texts = [tokenizer.apply_chat_template([{"role": "user", "content": f"{i}+{i}="}], tokenize=False,
                                            add_generation_prompt=True) for i in (3, 4)]
     ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts for _ in range(4)]
     generation = policy.sample(ids, max_new_tokens=4, generator=torch.Generator().manual_seed(0))
-    batch = TextBatch.from_generation(generation, [float(i % 2) for i in range(len(ids))])
+    batch = LMBatch.from_generation(generation, [float(i % 2) for i in range(len(ids))])
     learner.prepare(batch)
     return batch
 
 
 def poison(monkeypatch, updates: set[int]) -> None:
-    """Make the loss NaN (so every gradient is NaN) in the given updates (1-based calls of TextLearner.update)."""
+    """Make the loss NaN (so every gradient is NaN) in the given updates (1-based calls of LMLearner.update)."""
     calls = []
-    update, loss = TextLearner.update, TextLearner._loss
+    update, loss = LMLearner.update, LMLearner._loss
 
     def counted_update(self, batch):
         calls.append(None)
@@ -54,11 +54,11 @@ def poison(monkeypatch, updates: set[int]) -> None:
         value, metrics = loss(self, micro)
         return (value * float("nan") if self.poisoned else value), metrics
 
-    monkeypatch.setattr(TextLearner, "update", counted_update)
-    monkeypatch.setattr(TextLearner, "_loss", poisoned_loss)
+    monkeypatch.setattr(LMLearner, "update", counted_update)
+    monkeypatch.setattr(LMLearner, "_loss", poisoned_loss)
 
 
-def parameters(learner: TextLearner) -> list[torch.Tensor]:
+def parameters(learner: LMLearner) -> list[torch.Tensor]:
     return [p.detach().clone() for p in learner.parameters]
 
 
@@ -67,7 +67,7 @@ def bitwise_equal(first: list[torch.Tensor], second: list[torch.Tensor]) -> bool
 
 
 def test_a_non_finite_gradient_skips_the_step_and_leaves_the_parameters(policy, monkeypatch):
-    learner = TextLearner(policy, make_config("train.learning_rate=1e-2"))
+    learner = LMLearner(policy, make_config("train.learning_rate=1e-2"))
     batch = prepared_batch(policy, learner)
     poison(monkeypatch, {1})
     before = parameters(learner)
@@ -81,7 +81,7 @@ def test_a_non_finite_gradient_skips_the_step_and_leaves_the_parameters(policy, 
 
 
 def test_a_kl_spike_reverts_the_whole_update_bit_for_bit(policy):
-    learner = TextLearner(policy, make_config("train.learning_rate=1e-2", "train.num_epochs=2",
+    learner = LMLearner(policy, make_config("train.learning_rate=1e-2", "train.num_epochs=2",
                                               "estimator.target_kl=1e-12"))
     assert learner.kl_spike == pytest.approx(1e-11)
     batch = prepared_batch(policy, learner)
@@ -107,7 +107,7 @@ def test_repeated_trips_roll_back_to_the_last_checkpoint_with_a_lower_learning_r
     overrides = [f"model.name={embedded_path}", f"log.output_dir={tmp_path}", "log.run_name=run",
                  "rollback.max_trips=2", "rollback.lr_factor=0.5", "train.learning_rate=1e-3"]
     poison(monkeypatch, {2, 3})  # updates 2 and 3 trip; the run rolls back to update 1 and trains on
-    result = train_text(make_config("train.updates=3", "checkpoint.every_updates=1", *overrides))
+    result = train_lm(make_config("train.updates=3", "checkpoint.every_updates=1", *overrides))
     events = [json.loads(line) for line in (result.run_dir / "events.jsonl").read_text().splitlines()]
     tripped = [event for event in events if event["event"] == "skipped_update"]
     assert [event["step"] for event in tripped] == [2, 3]
@@ -121,7 +121,7 @@ def test_repeated_trips_roll_back_to_the_last_checkpoint_with_a_lower_learning_r
     assert [r["train/skipped_steps"] for r in records] == [0.0, 2.0, 2.0, 0.0]
     final = load_checkpoint(CheckpointStore(result.run_dir / "checkpoints").latest())
     assert final.step == 3 and final.state["learner"]["lr_factor"] == 0.5
-    resumed = train_text(make_config("train.updates=4", "checkpoint.every_updates=1", *overrides),
+    resumed = train_lm(make_config("train.updates=4", "checkpoint.every_updates=1", *overrides),
                          resume=result.run_dir)
     assert resumed.resumed_from == 3
     assert read_metrics(result.run_dir)[-1]["train/learning_rate"] == 5e-4  # the factor survives a resume
@@ -129,7 +129,7 @@ def test_repeated_trips_roll_back_to_the_last_checkpoint_with_a_lower_learning_r
 
 def test_a_fresh_run_rolls_back_to_its_initial_checkpoint(embedded_path, tmp_path, monkeypatch):
     poison(monkeypatch, {1, 2})
-    result = train_text(make_config("train.updates=2", "rollback.max_trips=2", f"model.name={embedded_path}",
+    result = train_lm(make_config("train.updates=2", "rollback.max_trips=2", f"model.name={embedded_path}",
                                     f"log.output_dir={tmp_path}"))
     events = [json.loads(line) for line in (result.run_dir / "events.jsonl").read_text().splitlines()]
     assert [event for event in events if event["event"] == "rollback"] == [
@@ -144,7 +144,7 @@ def test_a_run_that_keeps_tripping_stops_with_a_clear_error(embedded_path, tmp_p
     config = make_config("train.updates=2", "rollback.max_trips=1", "rollback.max_rollbacks=2",
                          f"model.name={embedded_path}", f"log.output_dir={tmp_path}")
     with pytest.raises(ValueError, match="keep tripping after 2 rollbacks"):
-        train_text(config)
+        train_lm(config)
     run_dir = next(tmp_path.iterdir())
     events = [json.loads(line)["event"] for line in (run_dir / "events.jsonl").read_text().splitlines()]
     assert events.count("rollback") == 2 and events[-1] == "gave_up"
@@ -152,7 +152,7 @@ def test_a_run_that_keeps_tripping_stops_with_a_clear_error(embedded_path, tmp_p
 
 
 def test_with_rollback_disabled_nothing_is_skipped_or_reverted(policy, monkeypatch):
-    learner = TextLearner(policy, make_config("train.learning_rate=1e-2", "train.num_epochs=2",
+    learner = LMLearner(policy, make_config("train.learning_rate=1e-2", "train.num_epochs=2",
                                               "estimator.target_kl=1e-12", "rollback.enabled=false"))
     assert learner.kl_spike is None
     batch = prepared_batch(policy, learner)

@@ -9,7 +9,7 @@ import inspect
 import pytest
 
 from unipg.runtime.backends.local_gym import GymSegments
-from unipg.runtime.backends.local_lm import TextRollout
+from unipg.runtime.backends.local_lm import LMRollout
 from unipg.runtime.driver import Rollout
 
 
@@ -18,7 +18,7 @@ def protocol_members() -> list[str]:
 
 
 def backends() -> list[type]:
-    classes = [GymSegments, TextRollout]
+    classes = [GymSegments, LMRollout]
     try:
         from unipg.runtime.backends.ray_lm import RayRollout
     except (ImportError, ValueError):  # Ray is not installed: the two in-process backends are still checked

@@ -3,7 +3,7 @@ import asyncio
 import pytest
 import torch
 
-from unipg.learn.lm import TextBatch
+from unipg.learn.lm import LMBatch
 from unipg.policy.chat import TurnTemplate
 from unipg.policy.generation import cut_at_stop
 from unipg.policy.loading import load_lm_policy
@@ -72,7 +72,7 @@ def test_loss_mask_is_one_exactly_on_sampled_tokens_of_a_two_turn_episode(policy
 
 def test_training_forward_reproduces_the_behaviour_logprobs_of_every_turn(policy):
     trajectories = run(make_loop(policy, seed=3), count=4)
-    batch = TextBatch.from_trajectories(trajectories, policy.pad_id)
+    batch = LMBatch.from_trajectories(trajectories, policy.pad_id)
     with torch.no_grad():
         logprobs = policy.evaluate(batch.input_ids, batch.attention_mask, batch.completion_length).logprobs
     sampled = batch.completion_mask.bool()

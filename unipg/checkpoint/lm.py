@@ -1,4 +1,4 @@
-"""Checkpoints of a text run: everything ``train_text`` needs to continue bit for bit, under
+"""Checkpoints of an lm run: everything ``train_lm`` needs to continue bit for bit, under
 ``<run>/checkpoints``, and finding the newest intact one of an earlier run to resume from."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 from unipg.checkpoint.files import Checkpoint, load_checkpoint, tensor_mismatch
 from unipg.checkpoint.store import CheckpointStore
 from unipg.config import Config
-from unipg.learn.lm import TextLearner
+from unipg.learn.lm import LMLearner
 from unipg.learn.state import generator_state, restore_generator, restore_rng, rng_state
 from unipg.observe.metrics import read_metrics
 from unipg.policy.lm import LMPolicy
@@ -30,14 +30,14 @@ class Resumable(Protocol):
 CHECKPOINT_DIR = "checkpoints"
 
 
-class TextCheckpointer:
-    """Saves and restores everything a text run needs to continue bit for bit, under ``run_dir/checkpoints``.
+class LMCheckpointer:
+    """Saves and restores everything an lm run needs to continue bit for bit, under ``run_dir/checkpoints``.
 
     Not saved: the reference model, which is the frozen initial model; the state records its name
     (``reference_model``) and a resumed run rebuilds it from the configuration.
     """
 
-    def __init__(self, run_dir: Path, config: Config, policy: LMPolicy, learner: TextLearner, sampler: Resumable,
+    def __init__(self, run_dir: Path, config: Config, policy: LMPolicy, learner: LMLearner, sampler: Resumable,
                  generator: torch.Generator):
         settings = config.checkpoint
         self.store = CheckpointStore(run_dir / CHECKPOINT_DIR, keep_last=settings.keep_last,
@@ -98,7 +98,7 @@ class TextCheckpointer:
             return state["samples"], state["train_seconds"], history
         except (KeyError, TypeError, ValueError, RuntimeError) as error:  # a state.json from another program
             raise ValueError(f"checkpoint {checkpoint.path} has an incomplete run state ({type(error).__name__}: "
-                             f"{error}); it was not written by train_text, so resume from a checkpoint that "
+                             f"{error}); it was not written by train_lm, so resume from a checkpoint that "
                              "was") from None
 
 

@@ -297,7 +297,7 @@ def chosen_in(tree: dict[str, Any]) -> dict[str, str]:
         if isinstance(tree.get("algorithm", ""), str) else None
     text = isinstance(tree.get("task"), dict) and tree["task"].get("name") is not None
     preset = {}
-    if algorithm is not None and (algorithm.text_preset if text else algorithm.preset) is not None:
+    if algorithm is not None and (algorithm.lm_preset if text else algorithm.preset) is not None:
         preset = dict(algorithm.preset_for(text).get("estimator", {}))
     section = tree.get("estimator")
     return chosen_estimators({**preset, **(section if isinstance(section, dict) else {})})

@@ -34,15 +34,15 @@ _TRPO_TRAIN = frozenset({"train.critic_updates"})
 
 
 # Keys that only language-model training on text tasks reads.
-_TEXT_ONLY = frozenset({"task.*", "model.*", "sft.*", "agent.*", "checkpoint.*", "rollback.*",
+_LM_ONLY = frozenset({"task.*", "model.*", "sft.*", "agent.*", "checkpoint.*", "rollback.*",
                         "sample.samples_per_prompt", "sample.max_new_tokens",
                         "sample.temperature", "sample.top_p", "sample.top_k", "sample.stop", "sample.max_prompt_length",
                         "train.updates", "train.batch_size", "train.mini_batch_size", "train.micro_batch_size",
                         "train.weight_decay", "estimator.kl_in_reward",
                         "eval.every_updates", "eval.pass_k", "eval.max_examples"})
-# Keys that language-model training never reads: the gymnasium environment, the MLP, the classic evaluation,
+# Keys that language-model training never reads: the gymnasium environment, the MLP, the gym evaluation,
 # the gym rollout length, and TRPO.
-_TEXT_UNUSED = frozenset({"env.*", "policy.*", "eval.every_steps", "eval.episodes", "eval.deterministic",
+_LM_UNUSED = frozenset({"env.*", "policy.*", "eval.every_steps", "eval.episodes", "eval.deterministic",
                           "sample.rollout_steps", "train.batch_transitions", "train.mini_batch_transitions"}) | _TRPO_TRAIN
 
 
@@ -52,21 +52,21 @@ class Algorithm:
     summary: str
     preset: dict[str, Any] | None  # defaults on gymnasium environments; None: text tasks only
     unused: frozenset[str] = field(default_factory=frozenset)
-    text_preset: dict[str, Any] | None = None  # defaults on text tasks; None: gymnasium environments only
-    text_unused: frozenset[str] = field(default_factory=frozenset)
+    lm_preset: dict[str, Any] | None = None  # defaults on text tasks; None: gymnasium environments only
+    lm_unused: frozenset[str] = field(default_factory=frozenset)
 
     def preset_for(self, text: bool) -> dict[str, Any]:
-        preset = self.text_preset if text else self.preset
+        preset = self.lm_preset if text else self.preset
         if preset is None:
             if text:
                 raise ValueError(f"algorithm '{self.name}' trains MLP policies on gymnasium environments, not "
-                                 f"language models; pick one of: {', '.join(text_algorithm_names())}")
+                                 f"language models; pick one of: {', '.join(lm_algorithm_names())}")
             raise ValueError(f"algorithm '{self.name}' trains language models on text tasks; set task.name "
                              "(e.g. task.name=arithmetic) or pick one of: " + ", ".join(gym_algorithm_names()))
         return preset
 
     def uses(self, dotted_key: str, text: bool = False) -> bool:
-        unused = (self.text_unused | _TEXT_UNUSED) if text else (self.unused | _TEXT_ONLY)
+        unused = (self.lm_unused | _LM_UNUSED) if text else (self.unused | _LM_ONLY)
         section = dotted_key.split(".", 1)[0] + ".*"
         return dotted_key not in unused and section not in unused
 
@@ -75,10 +75,10 @@ ALGORITHMS: dict[str, Algorithm] = {}
 
 
 def _define(name: str, summary: str, preset: dict[str, Any] | None, unused: frozenset[str] = frozenset(),
-            text_preset: dict[str, Any] | None = None, text_unused: frozenset[str] = frozenset()) -> None:
+            lm_preset: dict[str, Any] | None = None, lm_unused: frozenset[str] = frozenset()) -> None:
     if name in ALGORITHMS:
         raise ValueError(f"algorithm '{name}' is defined twice")
-    ALGORITHMS[name] = Algorithm(name, summary, preset, unused, text_preset, text_unused)
+    ALGORITHMS[name] = Algorithm(name, summary, preset, unused, lm_preset, lm_unused)
 
 
 def algorithm_names() -> list[str]:
@@ -89,11 +89,11 @@ def gym_algorithm_names() -> list[str]:
     return sorted(name for name, algorithm in ALGORITHMS.items() if algorithm.preset is not None)
 
 
-def text_algorithm_names() -> list[str]:
-    return sorted(name for name, algorithm in ALGORITHMS.items() if algorithm.text_preset is not None)
+def lm_algorithm_names() -> list[str]:
+    return sorted(name for name, algorithm in ALGORITHMS.items() if algorithm.lm_preset is not None)
 
 
-def _text(estimator: dict[str, Any], train: dict[str, Any] | None = None, **sections: dict[str, Any]) -> dict[str, Any]:
+def _lm_preset(estimator: dict[str, Any], train: dict[str, Any] | None = None, **sections: dict[str, Any]) -> dict[str, Any]:
     """A text-task preset: shared language-model defaults plus the algorithm's own choices."""
     preset = {
         "estimator": {"gamma": 1.0, "lambda_gae": 0.95, "normalize_advantages": False, "entropy_coef": 0.0,
@@ -124,7 +124,7 @@ _define(
     _GYM_UNUSED | _TRPO_TRAIN,
     # RLHF-style PPO (Ziegler et al. 2019; Ouyang et al. 2022): value head, token-level GAE with γ = 1,
     # the KL to the reference folded into each token's reward.
-    _text({"advantage": "gae", "policy_loss": "ppo", "clip_range": 0.2, "normalize_advantages": True,
+    _lm_preset({"advantage": "gae", "policy_loss": "ppo", "clip_range": 0.2, "normalize_advantages": True,
            "kl_coef": 0.05, "kl_in_reward": True, "value_loss_coef": 0.5, "value_clip_range": 0.2,
            "loss_agg_mode": "token-mean"},
           {"num_epochs": 2, "mini_batch_size": 32}, model={"value_head": True}),
@@ -166,7 +166,7 @@ _define(
     },
     _GYM_UNUSED | _TRPO_TRAIN | {"estimator.value_clip_range"},
     # On text: the sequence reward on every token minus the batch mean, no critic.
-    _text({"advantage": "batch_mean_baseline", "policy_loss": "vanilla", "kl_coef": 0.0}),
+    _lm_preset({"advantage": "batch_mean_baseline", "policy_loss": "vanilla", "kl_coef": 0.0}),
     _CRITIC_FREE,
 )
 _define(
@@ -174,7 +174,7 @@ _define(
     "GRPO: group-normalised advantages over samples_per_prompt completions, PPO-clip, k3 KL to the "
     "reference as a loss term, no critic (Shao et al. 2024)",
     None, frozenset(),
-    _text({"advantage": "grpo", "policy_loss": "ppo", "clip_range": 0.2, "kl_coef": 0.04,
+    _lm_preset({"advantage": "grpo", "policy_loss": "ppo", "clip_range": 0.2, "kl_coef": 0.04,
            "loss_agg_mode": "seq-mean-token-mean"}),
     _CRITIC_FREE,
 )
@@ -182,7 +182,7 @@ _define(
     "dr_grpo",
     "Dr.GRPO: GRPO without the std division and with a constant token-sum normaliser (Liu et al. 2025)",
     None, frozenset(),
-    _text({"advantage": "dr_grpo", "policy_loss": "ppo", "clip_range": 0.2, "kl_coef": 0.0,
+    _lm_preset({"advantage": "dr_grpo", "policy_loss": "ppo", "clip_range": 0.2, "kl_coef": 0.0,
            "loss_agg_mode": "seq-mean-token-sum-norm"}),
     _CRITIC_FREE,
 )
@@ -190,7 +190,7 @@ _define(
     "dapo",
     "DAPO-style GRPO: token-level loss, asymmetric clip-higher (ε_low 0.2, ε_high 0.28), no KL (Yu et al. 2025)",
     None, frozenset(),
-    _text({"advantage": "grpo", "policy_loss": "ppo", "clip_range": 0.2, "clip_range_high": 0.28,
+    _lm_preset({"advantage": "grpo", "policy_loss": "ppo", "clip_range": 0.2, "clip_range_high": 0.28,
            "kl_coef": 0.0, "loss_agg_mode": "token-mean"}),
     _CRITIC_FREE,
 )
@@ -198,7 +198,7 @@ _define(
     "rloo",
     "RLOO: leave-one-out baseline over samples_per_prompt completions, no critic (Ahmadian et al. 2024)",
     None, frozenset(),
-    _text({"advantage": "rloo", "policy_loss": "ppo", "clip_range": 0.2, "kl_coef": 0.05, "kl_in_reward": True,
+    _lm_preset({"advantage": "rloo", "policy_loss": "ppo", "clip_range": 0.2, "kl_coef": 0.05, "kl_in_reward": True,
            "loss_agg_mode": "seq-mean-token-mean"}),
     _CRITIC_FREE,
 )
@@ -207,7 +207,7 @@ _define(
     "REINFORCE++: token-level reward-to-go with the KL in the reward, whitened over the batch, PPO-clip, no "
     "critic (Hu 2025)",
     None, frozenset(),
-    _text({"advantage": "reinforce_plus_plus", "policy_loss": "ppo", "clip_range": 0.2, "kl_coef": 0.01,
+    _lm_preset({"advantage": "reinforce_plus_plus", "policy_loss": "ppo", "clip_range": 0.2, "kl_coef": 0.01,
            "kl_in_reward": True, "loss_agg_mode": "token-mean"}),
     _CRITIC_FREE,
 )
@@ -217,7 +217,7 @@ def ignored_keys(config, user_keys: set[str]) -> list[str]:
     """A warning for each key the user set that this configuration never reads: keys the algorithm does not use
     (the lists above), and estimator hyperparameters that no chosen estimator declares (from the registries)."""
     algorithm = ALGORITHMS[config.algorithm]
-    text = config.is_text
+    text = config.is_lm
     where = "on a text task" if text else "on a gymnasium environment"
     unread = unread_hyperparameters(config.estimator, user_keys)
     warnings = []

@@ -22,9 +22,9 @@ STEP_ADVANTAGES = frozenset({"gae", "td", "reward_to_go", "batch_mean_baseline",
 def cross_field_problems(config: Config) -> list[str]:
     """Rules that involve more than one field, each phrased as how to fix it."""
     problems = []
-    train, est = config.train, config.estimator
-    problems += text_problems(config) if config.is_text else gym_problems(config)
-    if config.backend == "ray" and not config.is_text:
+    est = config.estimator
+    problems += lm_problems(config) if config.is_lm else gym_problems(config)
+    if config.backend == "ray" and not config.is_lm:
         problems.append("backend 'ray' runs text tasks; train gymnasium environments with backend=inprocess "
                         "(their vectorised environments already step in one process)")
     if est.policy_loss != "trpo" and est.policy_loss not in POLICY_LOSSES:
@@ -76,7 +76,7 @@ def gym_problems(config: Config) -> list[str]:
 CRITIC_ADVANTAGES = frozenset({"gae", "td", "value_baseline"})
 
 
-def text_problems(config: Config) -> list[str]:
+def lm_problems(config: Config) -> list[str]:
     problems = []
     train, est, sample, model = config.train, config.estimator, config.sample, config.model
     if train.batch_size % train.mini_batch_size:

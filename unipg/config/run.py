@@ -20,11 +20,11 @@ class EvalConfig(Section):
     deterministic: bool = True
     """act greedily (mode of the policy) during evaluation."""
     every_updates: int = Field(10, ge=1)
-    """text tasks: evaluate on the held-out split every this many learner updates (and before and after)."""
+    """lm runs: evaluate on the held-out split every this many learner updates (and before and after)."""
     pass_k: int = Field(4, ge=0)
-    """text tasks: also report sampled pass@k with this k (0 = greedy pass@1 only)."""
+    """lm runs: also report sampled pass@k with this k (0 = greedy pass@1 only)."""
     max_examples: int | None = Field(None, ge=1)
-    """text tasks: evaluate on the first this many held-out examples (None = all)."""
+    """lm runs: evaluate on the first this many held-out examples (None = all)."""
 
 
 class RuntimeConfig(Section):
@@ -47,7 +47,7 @@ class RuntimeConfig(Section):
 
 
 class RayConfig(Section):
-    """``backend: ray``: where the roles of a text run are placed (``unipg.runtime.backends.ray_lm``, docs/runtime.md)."""
+    """``backend: ray``: where the roles of an lm run are placed (``unipg.runtime.backends.ray_lm``, docs/runtime.md)."""
 
     address: str | None = None
     """None starts a local Ray instance for the run (and stops it at the end); ``auto`` joins the cluster this

@@ -1,7 +1,7 @@
 """The configuration schema: one typed, documented section per concern, and the run's ``Config``.
 
 The sections of classic-control training and of the gradient estimate are here; those of text tasks are in
-``unipg.config.text`` and those of how a run executes and records itself in ``unipg.config.run``, all
+``unipg.config.lm`` and those of how a run executes and records itself in ``unipg.config.run``, all
 importable from here.
 
 ``load_config`` (in ``unipg.config.loading``, re-exported here) builds a ``Config`` from a YAML file and
@@ -20,7 +20,7 @@ from unipg.config.section import (  # ConfigError: the error callers catch
     ConfigError,
     Section,
 )
-from unipg.config.text import (
+from unipg.config.lm import (
     AgentConfig,
     CheckpointConfig,
     ModelConfig,
@@ -103,7 +103,7 @@ class EstimatorConfig(Section):
     kl_horizon: int = Field(10_000, ge=1)
     """horizon (in samples) of the adaptive KL controller."""
     kl_in_reward: bool = False
-    """text tasks: subtract kl_coef·KL_t from each token's reward (classic RLHF PPO, REINFORCE++) instead of
+    """lm runs: subtract kl_coef·KL_t from each token's reward (classic RLHF PPO, REINFORCE++) instead of
     adding the KL as a loss term (GRPO)."""
     off_policy_weight: str = "none"
     """weight w(ρ, age) of the unified objective, a name from unipg.estimate.OFF_POLICY_WEIGHTS."""
@@ -157,11 +157,11 @@ class TrainConfig(Section):
     critic_updates: int = Field(5, ge=1)
     """TRPO: epochs of critic regression per update (the actor takes one natural-gradient step)."""
     updates: int = Field(100, ge=1)
-    """text tasks: learner updates after which training stops (gymnasium tasks stop at env.total_steps)."""
+    """lm runs: learner updates after which training stops (gym runs stop at env.total_steps)."""
     micro_batch_size: int = Field(64, ge=1)
-    """text tasks: sequences per forward pass; gradients of a mini-batch are accumulated over micro-batches."""
+    """lm runs: sequences per forward pass; gradients of a mini-batch are accumulated over micro-batches."""
     weight_decay: float = Field(0.0, ge=0.0)
-    """text tasks: AdamW weight decay."""
+    """lm runs: AdamW weight decay."""
 
 
 class Config(Section):
@@ -177,7 +177,7 @@ class Config(Section):
     device: str = "cpu"
     """torch device of the learner."""
     backend: Literal["inprocess", "ray"] = "inprocess"
-    """text tasks: ``inprocess`` runs rollout in this process (threads); ``ray`` places rollout workers and
+    """lm runs: ``inprocess`` runs rollout in this process (threads); ``ray`` places rollout workers and
     environment actors on a Ray cluster (section ``ray``); the learner and the buffer stay in this process."""
     threads: int | None = Field(None, ge=1)
     """torch intra-op CPU threads; None = 1 for MLPs and the embedded model (their small matrix products run
@@ -202,13 +202,20 @@ class Config(Section):
     warnings: list[str] = Field(default_factory=list, exclude=True)
 
     @property
-    def is_text(self) -> bool:
-        """Whether this run trains a language model on a text task (else an MLP on a gymnasium env)."""
-        return self.task.name is not None
+    def mode(self) -> str:
+        """``lm``: a language model on a text task (``task.name`` is set); ``gym``: an MLP on a gymnasium
+        environment. The two modes share estimators, runtime, checkpoints and metrics; their batch sizes
+        count different units (``TrainConfig``)."""
+        return "lm" if self.task.name is not None else "gym"
+
+    @property
+    def is_lm(self) -> bool:
+        """Whether this run is in ``lm`` mode (see ``mode``)."""
+        return self.mode == "lm"
 
     @property
     def prompts_per_step(self) -> int:
-        """Text tasks: distinct prompts per learner update."""
+        """lm runs: distinct prompts per learner update."""
         return self.train.batch_size // self.sample.samples_per_prompt
 
     @property

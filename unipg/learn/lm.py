@@ -25,12 +25,12 @@ from unipg.estimate.losses import explained_variance
 from unipg.estimate.masked import masked_mean, masked_var
 from unipg.learn import objective
 from unipg.learn.common import clip_grad_norm, shuffled_minibatches
-from unipg.learn.lm_batch import (  # noqa: F401  (TextBatch and the advantage helpers are imported from here too)
+from unipg.learn.lm_batch import (  # noqa: F401  (LMBatch and the advantage helpers are imported from here too)
     GROUP_ADVANTAGES,
-    TextBatch,
+    LMBatch,
     episode_ends,
     last_sampled,
-    text_advantages,
+    lm_advantages,
     token_rewards,
     turn_table,
 )
@@ -44,8 +44,8 @@ from unipg.learn.state import (
 from unipg.policy.lm import LMPolicy
 
 
-class TextLearner:
-    """Epochs of mini-batch updates of an ``LMPolicy`` (and its critic) on a ``TextBatch``.
+class LMLearner:
+    """Epochs of mini-batch updates of an ``LMPolicy`` (and its critic) on a ``LMBatch``.
 
     With ``rollback.enabled`` and ``estimator.target_kl`` set, every update first copies the trainable parameters
     and the optimizer's state, so that an update whose KL spikes can be undone. The copy lives on the parameters'
@@ -76,7 +76,7 @@ class TextLearner:
         return float(self.kl_controller.coef)
 
     @torch.no_grad()
-    def prepare(self, batch: TextBatch) -> dict[str, float]:
+    def prepare(self, batch: LMBatch) -> dict[str, float]:
         """Reference log-probs and values under no_grad, then advantages; returns rollout metrics."""
         micro = self.config.train.micro_batch_size
         chunks = [batch.rows(index) for index in torch.arange(len(batch.scores)).split(micro)]
@@ -98,7 +98,7 @@ class TextLearner:
         if self.policy.has_critic:
             batch.values = padded([self.policy.values(c.input_ids, c.attention_mask, c.completion_length)
                                    for c in chunks]) * batch.completion_mask
-        batch.advantages, batch.returns = text_advantages(batch, self.config, self.kl_coef)
+        batch.advantages, batch.returns = lm_advantages(batch, self.config, self.kl_coef)
         mask = batch.completion_mask
         metrics = {"advantage_mean": float(masked_mean(batch.advantages, mask)),
                    "advantage_std": float(masked_var(batch.advantages, mask).sqrt())}
@@ -110,7 +110,7 @@ class TextLearner:
             metrics["value_mean"] = float(masked_mean(batch.values, mask))
         return metrics
 
-    def update(self, batch: TextBatch) -> dict[str, float]:
+    def update(self, batch: LMBatch) -> dict[str, float]:
         """num_epochs passes of shuffled mini-batches; each optimizer step accumulates micro-batches.
 
         With ``rollback.enabled`` the metrics hold ``skipped_steps``, the optimizer steps skipped for a
@@ -155,7 +155,7 @@ class TextLearner:
                 parameter.copy_(saved)
         self.optimizer.load_state_dict(optimizer_state)
 
-    def _optimizer_step(self, batch: TextBatch, mini_rows: torch.Tensor) -> tuple[dict[str, float], bool]:
+    def _optimizer_step(self, batch: LMBatch, mini_rows: torch.Tensor) -> tuple[dict[str, float], bool]:
         """One optimizer step on a mini-batch; returns its metrics and whether the step was taken (with
         ``rollback.enabled``, a step whose loss or gradient norm is not finite is not: its gradient is dropped)."""
         mini_mask = batch.completion_mask[mini_rows]
@@ -177,7 +177,7 @@ class TextLearner:
         self.optimizer.step()
         return totals, True
 
-    def _loss(self, micro: TextBatch) -> tuple[torch.Tensor, dict[str, float]]:
+    def _loss(self, micro: LMBatch) -> tuple[torch.Tensor, dict[str, float]]:
         """The unified objective of a micro-batch and its metrics."""
         est = self.config.estimator
         out = self.policy.evaluate(micro.input_ids, micro.attention_mask, micro.completion_length,

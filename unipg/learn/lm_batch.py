@@ -1,4 +1,4 @@
-"""Completions laid out for the learner: the ``TextBatch`` of (B, C) token tensors, and its advantages.
+"""Completions laid out for the learner: the ``LMBatch`` of (B, C) token tensors, and its advantages.
 
 - the sequence reward sits on the last sampled token; with ``kl_in_reward`` each token also pays
   −β·KL_t to the reference (classic RLHF PPO, REINFORCE++), otherwise β·KL enters the loss (GRPO);
@@ -25,7 +25,7 @@ GROUP_ADVANTAGES = frozenset({"grpo", "dr_grpo", "rloo"})
 
 
 @dataclass
-class TextBatch:
+class LMBatch:
     """B completions; samples of one prompt are consecutive. C = completion length, L = P + C."""
 
     input_ids: torch.Tensor  # (B, L) left-padded prompt followed by the right-padded completion
@@ -46,7 +46,7 @@ class TextBatch:
     proximal_logprobs: torch.Tensor | None = None  # (B, C) log π_prox: the weights the update starts from
 
     @classmethod
-    def from_generation(cls, generation: Generation, scores: list[float]) -> TextBatch:
+    def from_generation(cls, generation: Generation, scores: list[float]) -> LMBatch:
         return cls(input_ids=torch.cat([generation.prompt_ids, generation.completion_ids], dim=1),
                    attention_mask=torch.cat([generation.prompt_mask, generation.completion_mask], dim=1),
                    completion_mask=generation.completion_mask.float(),
@@ -54,7 +54,7 @@ class TextBatch:
                    scores=torch.tensor(scores, dtype=torch.float32))
 
     @classmethod
-    def from_trajectories(cls, trajectories: list, pad_id: int, version: int | None = None) -> TextBatch:
+    def from_trajectories(cls, trajectories: list, pad_id: int, version: int | None = None) -> LMBatch:
         """Episodes of the agent loop: the prompt left-padded, every later token right-padded; the loss mask
         (1 on sampled tokens only) is the completion mask. With the learner's ``version``, ``ages`` holds each
         sampled token's age (each turn records the weights version that sampled it)."""
@@ -89,7 +89,7 @@ class TextBatch:
     def completion_length(self) -> int:
         return self.completion_mask.shape[1]
 
-    def rows(self, index: torch.Tensor) -> TextBatch:
+    def rows(self, index: torch.Tensor) -> LMBatch:
         """The sub-batch of the given rows in batch order, with all-padding columns on either side dropped.
 
         Rows are taken in batch order whatever the order of ``index`` (the loss does not depend on it), so a
@@ -98,7 +98,7 @@ class TextBatch:
         index = index.sort().values
         fields = {name: (value[index] if isinstance(value, torch.Tensor) else value)
                   for name, value in vars(self).items()}
-        sub = TextBatch(**fields)
+        sub = LMBatch(**fields)
         first_real = int(sub.attention_mask.argmax(dim=1).min())  # leftmost prompt token of any row
         prompt_width = sub.input_ids.shape[1] - sub.completion_length
         real = sub.attention_mask[:, prompt_width:]  # (b, C) sampled and inserted tokens after the prompt
@@ -122,7 +122,7 @@ def last_sampled(completion_mask: torch.Tensor) -> torch.Tensor:
     return (width - 1 - completion_mask.flip(1).argmax(1)).clamp(min=0) * (completion_mask.sum(1) > 0)
 
 
-def token_rewards(batch: TextBatch, kl: torch.Tensor | None, kl_coef: float) -> torch.Tensor:
+def token_rewards(batch: LMBatch, kl: torch.Tensor | None, kl_coef: float) -> torch.Tensor:
     """(B, C) rewards: each turn's reward on that turn's last sampled token (single-turn: the sequence score
     on the last sampled token), minus β·KL_t on every sampled token if given."""
     mask = batch.completion_mask
@@ -147,7 +147,7 @@ def episode_ends(completion_mask: torch.Tensor) -> torch.Tensor:
     return dones.scatter_(1, last_sampled(completion_mask)[:, None], 1.0)
 
 
-def text_advantages(batch: TextBatch, config: Config, kl_coef: float) -> tuple[torch.Tensor, torch.Tensor]:
+def lm_advantages(batch: LMBatch, config: Config, kl_coef: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(advantages, returns), (B, C), from the configured estimator; 0 on padding and inserted tokens."""
     est, mask = config.estimator, batch.completion_mask
     kl = None
@@ -178,7 +178,7 @@ def text_advantages(batch: TextBatch, config: Config, kl_coef: float) -> tuple[t
     return advantages, returns
 
 
-def turn_table(batch: TextBatch, rewards: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def turn_table(batch: LMBatch, rewards: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, K) rewards per policy turn (token rewards, KL included, summed within each turn) and turn mask;
     a single-turn batch is one turn per row."""
     if batch.token_turns is None:

@@ -47,7 +47,7 @@ from unipg.runtime.replay import (
 class Rollout(Protocol):
     """What produces groups for ``Runtime``, and everything the drivers ask of it.
 
-    The backends (``GymSegments``, ``TextRollout``, ``RayRollout``) implement every member; one with nothing to
+    The backends (``GymSegments``, ``LMRollout``, ``RayRollout``) implement every member; one with nothing to
     report returns the neutral value its docstring names. ``tests/runtime/test_rollout_protocol.py`` checks that
     each backend has every member with the same parameters.
     """

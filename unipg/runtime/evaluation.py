@@ -19,7 +19,7 @@ evaluate it."""
 def run_config(run_dir: Path, overrides: list[str]) -> Config:
     """The configuration of a finished run, pointed at the policy the run saved."""
     if not (run_dir / "config.yaml").is_file() or not (run_dir / "policy").is_dir():
-        raise ValueError(f"'{run_dir}' is not a finished text run (it needs config.yaml and policy/); pass the "
+        raise ValueError(f"'{run_dir}' is not a finished lm run (it needs config.yaml and policy/); pass the "
                          "folder `unipg train` created, or evaluate a model with model.name=...")
     unread = tuple(name for name in Config.model_fields if name not in EVALUATION_SECTIONS)
     return load_config(run_dir / "config.yaml", [f"model.name={run_dir / 'policy'}", "model.warm_start=false",
@@ -29,13 +29,13 @@ def run_config(run_dir: Path, overrides: list[str]) -> Config:
 def evaluate_model(config: Config) -> dict[str, float]:
     """Held-out metrics of ``config.model.name`` on ``config.task.name`` (``eval.max_examples`` of its test split)."""
     from unipg.policy.loading import load_lm_policy
-    from unipg.runtime.lm import evaluate_text
+    from unipg.runtime.lm import evaluate_lm
     from unipg.runtime.setup import seed_everything, set_threads
     from unipg.sample.episodes import EpisodeRunner, held_out
     from unipg.sample.rewards.rules import build_rewards
     from unipg.sample.tasks.base import make_task
 
-    if not config.is_text:
+    if not config.is_lm:
         raise ValueError("unipg eval evaluates language models on text tasks: set task.name (gymnasium runs are "
                          "evaluated during training, see eval.episodes)")
     seed_everything(config.seed, config.deterministic)
@@ -50,6 +50,6 @@ def evaluate_model(config: Config) -> dict[str, float]:
     runner = EpisodeRunner(policy, task, config, build_rewards(config.task.rewards or task.rewards))
     test = held_out(task, config)
     try:
-        return evaluate_text(runner, test, pass_k=config.eval.pass_k, seed=config.seed + 10_000)
+        return evaluate_lm(runner, test, pass_k=config.eval.pass_k, seed=config.seed + 10_000)
     finally:
         runner.close()

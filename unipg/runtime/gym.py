@@ -34,7 +34,7 @@ from unipg.sample.gym_rollout import GymRollout, RolloutBatch, evaluate_policy
 
 
 @dataclass
-class TrainResult:
+class GymTrainResult:
     """What a finished run reports: its folder, final figures and the evaluation history."""
 
     run_dir: Path
@@ -87,7 +87,7 @@ class Progression:
         return statistics.fmean(self.recent_returns) if self.recent_returns else None
 
 
-def train_classic(config: Config, *, return_threshold: float | None = None) -> TrainResult:
+def train_gym(config: Config, *, return_threshold: float | None = None) -> GymTrainResult:
     """Train an MLP policy on ``config.env.id``; ``return_threshold`` marks when the return first reaches it."""
     run_dir = run_dir_for(config)
     seed_everything(config.seed, config.deterministic)
@@ -123,7 +123,7 @@ def train_classic(config: Config, *, return_threshold: float | None = None) -> T
             is_last = update == num_updates
             if run.env_steps >= next_eval or is_last:
                 with timer("eval"):
-                    returns_eval = evaluate_classic(policy, config, seed=config.seed + 10_000 + run.env_steps)
+                    returns_eval = evaluate_gym(policy, config, seed=config.seed + 10_000 + run.env_steps)
                 logger.log(run.env_steps, run.add_eval(returns_eval))
                 next_eval += config.eval.every_steps
             # Published after evaluating: a concurrent rollout then never draws random numbers while a
@@ -143,19 +143,19 @@ def train_classic(config: Config, *, return_threshold: float | None = None) -> T
         progress.close()
         logger.close()
         rollout.close()
-    return TrainResult(run_dir, run.env_steps, run.episodes, time.time() - start, statistics.fmean(run.last_eval),
+    return GymTrainResult(run_dir, run.env_steps, run.episodes, time.time() - start, statistics.fmean(run.last_eval),
                        statistics.pstdev(run.last_eval), run.steps_to_eval_threshold, run.steps_to_train_threshold,
                        run.eval_history, run.train_return)
 
 
-def evaluate_classic(policy: MLPActorCritic, config: Config, *, seed: int) -> list[float]:
+def evaluate_gym(policy: MLPActorCritic, config: Config, *, seed: int) -> list[float]:
     """The returns of ``eval.episodes`` evaluation episodes on a fresh environment seeded with ``seed``."""
     return evaluate_policy(policy, config.env.id, episodes=config.eval.episodes, seed=seed,
                            deterministic=config.eval.deterministic, max_episode_steps=config.env.max_episode_steps)
 
 
 def make_runtime(config: Config, rollout: GymRollout, policy: MLPActorCritic) -> Runtime:
-    """The runtime of a classic run: one segment per learner step, ``sample.replay_buffer_size`` segments
+    """The runtime of a gym run: one segment per learner step, ``sample.replay_buffer_size`` segments
     of buffer, the schedule resolved from ``runtime.schedule`` (``auto``: sequential when η = 0)."""
     settings = config.runtime
     schedule = resolve_schedule(settings.schedule, settings.max_staleness, config.deterministic)

@@ -11,7 +11,7 @@ starts from, so ρ = 1 at the first mini-batch step: synchronous training. With 
 versions old and the configured objective corrects for it (``unipg.runtime.driver``, docs/runtime.md).
 
 Checkpoints (``run/checkpoints/step-<update>``) are saved every ``checkpoint.every_updates`` updates, at the
-end, and when Ctrl-C or SIGTERM stops the run after its current update. ``train_text(config, resume=RUN_DIR)``
+end, and when Ctrl-C or SIGTERM stops the run after its current update. ``train_lm(config, resume=RUN_DIR)``
 continues from the newest one exactly as the uninterrupted run would have: weights, optimizer, KL coefficient,
 learning-rate fraction, the prompt order and every random generator are restored (``unipg.checkpoint.lm``).
 
@@ -24,7 +24,7 @@ from there; the checkpoint's prompt order and random generators come back with i
 records of the updates given up, so its steps repeat after a rollback.
 
 Stopping on a signal, rolling back and ending after a rollout failure live in ``unipg.runtime.stopping``; here
-``open_run`` builds a run's parts (``TextRun``) and ``train_updates`` is the loop of updates.
+``open_run`` builds a run's parts (``LMRun``) and ``train_updates`` is the loop of updates.
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ from pathlib import Path
 
 import torch
 
-from unipg.checkpoint.lm import TextCheckpointer, drop_metrics_after, latest_checkpoint
+from unipg.checkpoint.lm import LMCheckpointer, drop_metrics_after, latest_checkpoint
 from unipg.checkpoint.store import Checkpoint
 from unipg.config import Config
-from unipg.learn.lm import TextLearner
+from unipg.learn.lm import LMLearner
 from unipg.learn.state import generator_state, restore_generator
 from unipg.observe.metrics import (
     MetricsLogger,
@@ -51,7 +51,7 @@ from unipg.observe.metrics import (
 )
 from unipg.policy.lm import LMPolicy
 from unipg.policy.loading import policy_from_config
-from unipg.runtime.backends.local_lm import TextRollout, inference_copy, rollout_batch
+from unipg.runtime.backends.local_lm import LMRollout, inference_copy, rollout_batch
 from unipg.runtime.driver import Runtime, WeightSync, resolve_schedule
 from unipg.runtime.replay import ProducerFailed
 from unipg.runtime.setup import run_dir_for, seed_everything, set_threads
@@ -74,8 +74,8 @@ from unipg.sample.tasks.base import Example, Task, make_task
 
 
 @dataclass
-class TextTrainResult:
-    """What a finished text run reports."""
+class LMTrainResult:
+    """What a finished lm run reports."""
 
     run_dir: Path
     updates: int
@@ -119,7 +119,7 @@ class PromptSampler:
         restore_generator(self.generator, state["generator"])
 
 
-def evaluate_text(runner: EpisodeRunner, examples: list[Example], *, pass_k: int, seed: int) -> dict[str, float]:
+def evaluate_lm(runner: EpisodeRunner, examples: list[Example], *, pass_k: int, seed: int) -> dict[str, float]:
     """Greedy episodes on held-out examples — pass@1 is the task completion rate (the final answer equals the
     reference), with turns and tool use — and sampled pass@k (solved by any of ``pass_k`` sampled episodes;
     none if 0, ``eval.pass_k``)."""
@@ -141,7 +141,7 @@ def evaluate_text(runner: EpisodeRunner, examples: list[Example], *, pass_k: int
 
 def build_runtime(config: Config, runner: EpisodeRunner, sampler: PromptSampler, generator: torch.Generator,
                   task: Task, reward_fn, log: Callable[[str], None] = print) -> Runtime:
-    """The runtime of a text run: sequential on the learner's own weights, or concurrent on a synced copy
+    """The runtime of an lm run: sequential on the learner's own weights, or concurrent on a synced copy
     with its own episode runner (tools and environment service included); with ``backend: ray``, on rollout
     workers and environment actors of a Ray cluster (``unipg.runtime.backends.ray_lm``)."""
     settings = config.runtime
@@ -152,11 +152,11 @@ def build_runtime(config: Config, runner: EpisodeRunner, sampler: PromptSampler,
         rollout = RayRollout(runner, sampler, config, generator, task, log=log)
     elif schedule == "concurrent":
         copy = inference_copy(runner.policy)
-        rollout = TextRollout(EpisodeRunner(copy, task, config, reward_fn), sampler, generator,
+        rollout = LMRollout(EpisodeRunner(copy, task, config, reward_fn), sampler, generator,
                               WeightSync(runner.policy.model, copy.model), owns_runner=True,
                               group_size=config.sample.samples_per_prompt, concurrency=config.agent.concurrency)
     else:
-        rollout = TextRollout(runner, sampler, generator, group_size=config.sample.samples_per_prompt,
+        rollout = LMRollout(runner, sampler, generator, group_size=config.sample.samples_per_prompt,
                               concurrency=config.agent.concurrency)
     try:
         return Runtime(rollout, groups_per_step=config.prompts_per_step, group_size=config.sample.samples_per_prompt,
@@ -168,14 +168,14 @@ def build_runtime(config: Config, runner: EpisodeRunner, sampler: PromptSampler,
         raise
 
 
-def finished_run(run_dir: Path, checkpoint: Checkpoint) -> TextTrainResult:
+def finished_run(run_dir: Path, checkpoint: Checkpoint) -> LMTrainResult:
     """The result of a run whose newest ``checkpoint`` is already at ``train.updates``: nothing more is trained."""
     history = [(at, evaluation) for at, evaluation in checkpoint.state["eval_history"]]
-    return TextTrainResult(run_dir, checkpoint.step, checkpoint.state["samples"], 0.0, history[0][1], history[-1][1],
+    return LMTrainResult(run_dir, checkpoint.step, checkpoint.state["samples"], 0.0, history[0][1], history[-1][1],
                            history, checkpoint.state["train_seconds"], resumed_from=checkpoint.step)
 
 
-def train_step(runtime: Runtime, learner: TextLearner, timer: Timer, update: int, *, group_size: int,
+def train_step(runtime: Runtime, learner: LMLearner, timer: Timer, update: int, *, group_size: int,
                tools: bool) -> tuple[dict[str, float], int]:
     """Update ``update``: the next groups (of ``group_size`` episodes, with tool calls if ``tools``) from the
     runtime, their reference log-probs and values, the estimator's epochs of mini-batch steps, the new weights
@@ -201,16 +201,16 @@ def train_step(runtime: Runtime, learner: TextLearner, timer: Timer, update: int
 
 
 @dataclass
-class TextRun:
-    """The parts of a text run as ``train_text`` builds them (``open_run``), and its running totals."""
+class LMRun:
+    """The parts of an lm run as ``train_lm`` builds them (``open_run``), and its running totals."""
 
     config: Config  # warm start resolved
     run_dir: Path
     policy: LMPolicy
     runner: EpisodeRunner  # the learner's; evaluation runs on it, and sequential rollout too
     test: list[Example]  # the held-out examples of evaluation
-    learner: TextLearner
-    checkpointer: TextCheckpointer
+    learner: LMLearner
+    checkpointer: LMCheckpointer
     logger: MetricsLogger
     progress: Progress
     trips: TripCounter
@@ -234,7 +234,7 @@ class TextRun:
 
 
 def open_run(config: Config, task: Task | None, run_dir: Path | None, checkpoint: Checkpoint | None,
-             log: Callable[[str], None]) -> TextRun:
+             log: Callable[[str], None]) -> LMRun:
     """Seed, build the policy, learner, checkpointer and logger of a run, continue ``checkpoint`` if given
     (``run_dir`` is then the run's folder), and start its runtime (``build_runtime``)."""
     from unipg.learn.warm_start import resolve_warm_start
@@ -247,10 +247,10 @@ def open_run(config: Config, task: Task | None, run_dir: Path | None, checkpoint
     policy = policy_from_config(config)
     runner = EpisodeRunner(policy, task, config, reward_fn)
     test = held_out(task, config)
-    learner = TextLearner(policy, config)
+    learner = LMLearner(policy, config)
     sampler, generator = PromptSampler(task.train, config.seed), torch.Generator().manual_seed(config.seed)
     run_dir = run_dir if run_dir is not None else run_dir_for(config)
-    checkpointer = TextCheckpointer(run_dir, config, policy, learner, sampler, generator)
+    checkpointer = LMCheckpointer(run_dir, config, policy, learner, sampler, generator)
     restored = None
     if checkpoint is not None:
         restored = resume_run(checkpointer, checkpoint, run_dir=run_dir, updates=config.train.updates,
@@ -258,7 +258,7 @@ def open_run(config: Config, task: Task | None, run_dir: Path | None, checkpoint
     logger = MetricsLogger(run_dir, tensorboard=config.log.tensorboard)
     logger.write_config(config.to_dict())
     progress = Progress(config.train.updates, enabled=config.log.progress, description=f"{config.algorithm} {task.name}")
-    run = TextRun(config, run_dir, policy, runner, test, learner, checkpointer, logger, progress,
+    run = LMRun(config, run_dir, policy, runner, test, learner, checkpointer, logger, progress,
                   TripCounter(logger, config.rollback, config.estimator.target_kl))
     if restored is not None:
         run.samples, run.train_seconds, run.history = restored
@@ -274,7 +274,7 @@ def open_run(config: Config, task: Task | None, run_dir: Path | None, checkpoint
     return run
 
 
-def resume_run(checkpointer: TextCheckpointer, checkpoint: Checkpoint, *, run_dir: Path, updates: int,
+def resume_run(checkpointer: LMCheckpointer, checkpoint: Checkpoint, *, run_dir: Path, updates: int,
                model_name: str, log: Callable[[str], None]) -> tuple[int, float, list]:
     """Load ``checkpoint`` into the run's objects and drop the metrics ``run_dir`` logged after it; its samples,
     train seconds and evaluation history. Warns if the reference model (``model_name`` now) changed."""
@@ -287,14 +287,14 @@ def resume_run(checkpointer: TextCheckpointer, checkpoint: Checkpoint, *, run_di
     return restored
 
 
-def log_update(run: TextRun, update: int, record: dict[str, float]) -> dict[str, float]:
+def log_update(run: LMRun, update: int, record: dict[str, float]) -> dict[str, float]:
     """Evaluate after ``update`` if it is due (every ``eval.every_updates`` and the last), log ``record`` if due,
     advance the progress bar; the evaluation (empty if none)."""
     config, updates = run.config, run.config.train.updates
     evaluation = {}
     if update % config.eval.every_updates == 0 or update == updates:
         with run.timer("eval"):
-            evaluation = evaluate_text(run.runner, run.test, pass_k=config.eval.pass_k,
+            evaluation = evaluate_lm(run.runner, run.test, pass_k=config.eval.pass_k,
                                        seed=config.seed + 10_000 + update)
         run.history.append((update, evaluation))
         record.update(evaluation)
@@ -305,7 +305,7 @@ def log_update(run: TextRun, update: int, record: dict[str, float]) -> dict[str,
     return evaluation
 
 
-def train_updates(run: TextRun, stop: StopRequest) -> None:
+def train_updates(run: LMRun, stop: StopRequest) -> None:
     """Updates ``run.first`` … ``train.updates``, each evaluated and logged when due, rolled back after too many
     trips, checkpointed every ``checkpoint.every_updates``, at the end and when ``stop`` was asked for."""
     config, updates, every = run.config, run.config.train.updates, run.config.checkpoint.every_updates
@@ -338,8 +338,8 @@ def train_updates(run: TextRun, stop: StopRequest) -> None:
         update += 1
 
 
-def train_text(config: Config, *, task: Task | None = None, resume: str | Path | None = None,
-               log: Callable[[str], None] = print) -> TextTrainResult:
+def train_lm(config: Config, *, task: Task | None = None, resume: str | Path | None = None,
+               log: Callable[[str], None] = print) -> LMTrainResult:
     """Train ``config.model.name`` on ``config.task.name`` with the configured estimator.
 
     With ``resume`` (the folder of an earlier run), continue that run from its newest checkpoint, appending to
@@ -356,7 +356,7 @@ def train_text(config: Config, *, task: Task | None = None, resume: str | Path |
     try:
         with StopRequest() as stop:
             if checkpoint is None:
-                initial = evaluate_text(run.runner, run.test, pass_k=config.eval.pass_k, seed=config.seed + 10_000)
+                initial = evaluate_lm(run.runner, run.test, pass_k=config.eval.pass_k, seed=config.seed + 10_000)
                 run.history = [(0, initial)]
                 run.logger.log(0, initial)
                 if config.rollback.enabled:  # something to roll back to before the first periodic checkpoint
@@ -367,5 +367,5 @@ def train_text(config: Config, *, task: Task | None = None, resume: str | Path |
         run.policy.save(run.run_dir / "policy")
     finally:
         run.close()
-    return TextTrainResult(run.run_dir, updates, run.samples, time.time() - run.started, run.history[0][1],
+    return LMTrainResult(run.run_dir, updates, run.samples, time.time() - run.started, run.history[0][1],
                            run.history[-1][1], run.history, run.train_seconds, resumed_from=run.first - 1)

@@ -30,7 +30,7 @@ def run_dir_for(config: Config) -> Path:
             raise ValueError(f"run directory '{run_dir}' already holds a run; choose another log.run_name "
                              "or move that run away")
         return run_dir
-    subject = config.task.name if config.is_text else config.env.id
+    subject = config.task.name if config.is_lm else config.env.id
     stem = f"{config.algorithm}-{subject}-seed{config.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir, suffix = root / stem, 1
     while run_dir.exists():

@@ -1,4 +1,4 @@
-"""How a text run stops early, and how it goes on: on a signal (Ctrl-C, SIGTERM) after its current update; after
+"""How an lm run stops early, and how it goes on: on a signal (Ctrl-C, SIGTERM) after its current update; after
 ``rollback.max_trips`` tripped updates in a row, back to its newest checkpoint with a lower learning rate; and when
 rollout fails for good, with a checkpoint of the last finished update. See ``unipg.runtime.lm``."""
 
@@ -10,7 +10,7 @@ import threading
 import traceback
 from pathlib import Path
 
-from unipg.checkpoint.lm import TextCheckpointer
+from unipg.checkpoint.lm import LMCheckpointer
 from unipg.checkpoint.store import load_checkpoint
 from unipg.config import RollbackConfig
 from unipg.observe.metrics import MetricsLogger
@@ -99,7 +99,7 @@ class TripCounter:
                                   f"update {to_update} with the learning rate × {learning_rate_factor:g}")
 
 
-def rollout_failed(failure: ProducerFailed, checkpointer: TextCheckpointer, update: int, saved: int | None,
+def rollout_failed(failure: ProducerFailed, checkpointer: LMCheckpointer, update: int, saved: int | None,
                    samples: int, train_seconds: float, history: list) -> str:
     """After rollout failed for good: save a checkpoint of the last finished ``update`` unless ``saved`` is it,
     and the failure's whole traceback to ``run_dir/rollout_error.txt``; the one-line message of the run's end,
@@ -115,7 +115,7 @@ def rollout_failed(failure: ProducerFailed, checkpointer: TextCheckpointer, upda
     return f"{failure}; {where} (traceback: {trace})"
 
 
-def roll_back(update: int, checkpointer: TextCheckpointer, runtime: Runtime,
+def roll_back(update: int, checkpointer: LMCheckpointer, runtime: Runtime,
               trips: TripCounter) -> tuple[int, int, list]:
     """After ``update`` tripped ``rollback.max_trips`` times in a row: stop rollout, restore the newest intact
     checkpoint with the learning rate lowered by ``rollback.lr_factor``, restart rollout from it. The checkpoint's

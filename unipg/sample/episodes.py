@@ -1,4 +1,4 @@
-"""Episodes of a text run: environments, the environment service, the inference engine, and their metrics.
+"""Episodes of an lm run: environments, the environment service, the inference engine, and their metrics.
 
 Every text task runs through the agent loop; a single-turn task is the one-step case (``single_turn``
 environment, no tools), a task with tools runs the ``tool`` environment with up to ``max_turns`` policy

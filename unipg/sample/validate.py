@@ -24,7 +24,7 @@ from unipg.sample.tools.base import TOOLS
 def check_sample_options(config: Config) -> None:
     """Raise ``ConfigError`` listing every unknown task, reward or tool name or option of ``config``, every
     missing required option and every option of the wrong plain type; each problem names where it is set."""
-    if not config.is_text:
+    if not config.is_lm:
         return
     task = config.task
     if task.name not in TASKS:

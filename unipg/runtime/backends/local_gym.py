@@ -1,7 +1,7 @@
 """Gym rollout segments as the ``Rollout`` of ``unipg.runtime.driver.Runtime``.
 
 One group is one rollout segment: every environment of the vector stepped ``steps_per_env`` times, one
-learner step's worth of data. So for the classic driver the runtime counts in segments: the gate admits
+learner step's worth of data. So for the gym driver the runtime counts in segments: the gate admits
 ``max_staleness + 1`` segments ahead of the learner, and ``sample.replay_buffer_size`` is the buffer's
 capacity in segments, not in episodes or environment steps.
 
@@ -80,7 +80,7 @@ class GymSegments:
         return self.sync.pop_seconds() if self.sync is not None else None
 
     def episode_state(self) -> dict[str, int] | None:
-        """None: the classic driver counts episodes itself and keeps no checkpoints."""
+        """None: the gym driver counts episodes itself and keeps no checkpoints."""
         return None
 
     def resume_episodes(self, state: dict[str, int] | None) -> None:

@@ -1,4 +1,4 @@
-"""The rollout side of a text run, for ``unipg.runtime.driver``: groups of episodes of one prompt each.
+"""The rollout side of an lm run, for ``unipg.runtime.driver``: groups of episodes of one prompt each.
 
 A group is the ``samples_per_prompt`` episodes of one prompt (the GRPO group), written to the replay buffer
 when its last episode ends, so a group is never split.
@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from unipg.learn.lm import TextBatch
+from unipg.learn.lm import LMBatch
 from unipg.policy.lm import LMPolicy
 from unipg.runtime.driver import (
     EpisodeAccount,
@@ -120,7 +120,7 @@ class RunningGroups:
         self._ended.set()
 
 
-class TextRollout:
+class LMRollout:
     """Runs groups of episodes for the runtime (module docstring)."""
 
     def __init__(self, runner: EpisodeRunner, sampler, generator: torch.Generator, weights: WeightSync | None = None,
@@ -275,14 +275,14 @@ class TextRollout:
 
 
 def rollout_batch(groups: list[Group], rollout: Rollout, version: int, seconds: float, *, group_size: int,
-                  pad_id: int, tools: bool) -> tuple[TextBatch, dict[str, float]]:
+                  pad_id: int, tools: bool) -> tuple[LMBatch, dict[str, float]]:
     """The learner's batch from ``groups`` (group after group, each ``group_size`` episodes, padded with
     ``pad_id``) and the rollout metrics of the step, read from ``rollout``'s reporting methods; ``seconds`` is
     the step's time spent waiting for rollout; ``tools``: the episodes may call tools (their metrics are
     reported)."""
     group = group_size
     trajectories = [t for g in groups for t in g.items]
-    batch = TextBatch.from_trajectories(trajectories, pad_id, version=version)
+    batch = LMBatch.from_trajectories(trajectories, pad_id, version=version)
     scores, lengths = batch.scores, batch.completion_mask.sum(1)
     sizes, generate_seconds = rollout.pop_generation()
     metrics = {"rollout/reward_mean": float(scores.mean()), "rollout/reward_std": float(scores.std()),

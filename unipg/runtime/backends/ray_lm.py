@@ -1,6 +1,6 @@
 """The Ray backend: the runtime's rollout side on Ray actors, with fault tolerance (``backend: ray``).
 
-The driver loop is the one of the in-process backend (``unipg.runtime.lm.train_text``); only the ``Rollout``
+The driver loop is the one of the in-process backend (``unipg.runtime.lm.train_lm``); only the ``Rollout``
 behind ``unipg.runtime.driver.Runtime`` changes. Where the roles run:
 
 - **learner, replay buffer, staleness gate**: the driver process. The buffer has one consumer, the learner,

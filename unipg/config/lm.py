@@ -144,7 +144,7 @@ class SampleConfig(Section):
 
 
 class CheckpointConfig(Section):
-    """Text tasks: checkpoints under <run>/checkpoints, from which ``unipg train --resume RUN_DIR`` continues."""
+    """lm runs: checkpoints under <run>/checkpoints, from which ``unipg train --resume RUN_DIR`` continues."""
 
     every_updates: int = Field(50, ge=0)
     """save a checkpoint every this many learner updates (0 = only at the end and when interrupted); a
@@ -159,7 +159,7 @@ class CheckpointConfig(Section):
 
 
 class RollbackConfig(Section):
-    """Text tasks: skip updates that blow up and, when they keep doing so, go back to the last checkpoint."""
+    """lm runs: skip updates that blow up and, when they keep doing so, go back to the last checkpoint."""
 
     enabled: bool = True
     """skip an optimizer step whose loss or gradient norm is not finite, revert an update whose KL spikes (see
