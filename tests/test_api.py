@@ -34,3 +34,11 @@ def test_a_bad_setting_is_a_config_error_that_says_what_to_fix():
 
 def test_the_package_exports_the_api():
     assert set(unipg.__all__) >= {"train", "evaluate", "load_config", "Config", "ConfigError", "RunResult"}
+
+
+def test_the_backend_is_a_registered_name():
+    from unipg.runtime.backends import BACKENDS
+
+    assert BACKENDS.names() == ["inprocess", "ray"]
+    with pytest.raises(unipg.ConfigError, match=r"unknown backend 'rayy'; did you mean 'ray'\? Valid names: inprocess, ray"):
+        unipg.load_config(None, overrides=["task.name=arithmetic", "backend=rayy"])

@@ -46,6 +46,7 @@ def load_config(source: str | Path | Config | None = None, *, overrides: list[st
     else:
         config = _load_config_file(source, pairs)
     check_sample_options(config)
+    _check_backend(config)
     return config
 
 
@@ -99,6 +100,16 @@ def evaluation_config(run_dir: str | Path, *, overrides: list[str] | None = None
     config = run_config(Path(run_dir), _override_pairs(overrides, settings))
     check_sample_options(config)
     return config
+
+
+def _check_backend(config: Config) -> None:
+    from unipg.estimate.registry import RegistryError
+    from unipg.runtime.backends import BACKENDS
+
+    try:
+        BACKENDS.entry(config.backend)
+    except RegistryError as error:
+        raise ConfigError(f"backend: {error}") from None
 
 
 def _override_pairs(overrides: list[str] | None, settings: dict[str, Any]) -> list[str]:

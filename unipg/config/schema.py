@@ -176,9 +176,10 @@ class Config(Section):
     """use deterministic torch kernels and a single thread (bitwise-reproducible on CPU)."""
     device: str = "cpu"
     """torch device of the learner."""
-    backend: Literal["inprocess", "ray"] = "inprocess"
-    """lm runs: ``inprocess`` runs rollout in this process (threads); ``ray`` places rollout workers and
-    environment actors on a Ray cluster (section ``ray``); the learner and the buffer stay in this process."""
+    backend: str = "inprocess"
+    """lm runs: where episodes run, a name from unipg.runtime.backends.BACKENDS: ``inprocess`` (threads of this
+    process) or ``ray`` (rollout workers and environment actors on a Ray cluster, section ``ray``); the learner
+    and the buffer stay in this process."""
     threads: int | None = Field(None, ge=1)
     """torch intra-op CPU threads; None = 1 for MLPs and the embedded model (their small matrix products run
     fastest on one thread, and extra threads only contend), torch's default for other models."""

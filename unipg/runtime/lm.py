@@ -51,8 +51,9 @@ from unipg.observe.metrics import (
 )
 from unipg.policy.lm import LMPolicy
 from unipg.policy.loading import policy_from_config
-from unipg.runtime.backends.local_lm import LMRollout, inference_copy, rollout_batch
-from unipg.runtime.driver import Runtime, WeightSync, resolve_schedule
+from unipg.runtime.backends import BACKENDS
+from unipg.runtime.backends.local_lm import rollout_batch
+from unipg.runtime.driver import Runtime, resolve_schedule
 from unipg.runtime.replay import ProducerFailed
 from unipg.runtime.setup import run_dir_for, seed_everything, set_threads
 from unipg.runtime.stopping import (  # TrainingStopped: where callers catch it
@@ -146,18 +147,9 @@ def build_runtime(config: Config, runner: EpisodeRunner, sampler: PromptSampler,
     workers and environment actors of a Ray cluster (``unipg.runtime.backends.ray_lm``)."""
     settings = config.runtime
     schedule = resolve_schedule(settings.schedule, settings.max_staleness, config.deterministic)
-    if config.backend == "ray":
-        from unipg.runtime.backends.ray_lm import RayRollout
-
-        rollout = RayRollout(runner, sampler, config, generator, task, log=log)
-    elif schedule == "concurrent":
-        copy = inference_copy(runner.policy)
-        rollout = LMRollout(EpisodeRunner(copy, task, config, reward_fn), sampler, generator,
-                              WeightSync(runner.policy.model, copy.model), owns_runner=True,
-                              group_size=config.sample.samples_per_prompt, concurrency=config.agent.concurrency)
-    else:
-        rollout = LMRollout(runner, sampler, generator, group_size=config.sample.samples_per_prompt,
-                              concurrency=config.agent.concurrency)
+    rollout = BACKENDS.call(config.backend, {"runner": runner, "sampler": sampler, "generator": generator,
+                                             "config": config, "task": task, "reward_fn": reward_fn,
+                                             "schedule": schedule, "log": log})
     try:
         return Runtime(rollout, groups_per_step=config.prompts_per_step, group_size=config.sample.samples_per_prompt,
                        max_staleness=settings.max_staleness, capacity=config.sample.replay_buffer_size,
