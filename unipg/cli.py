@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import statistics
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -19,8 +18,16 @@ from rich.table import Table
 
 from unipg import api
 from unipg.config import Config, ConfigError
-from unipg.config.presets import ALGORITHMS
 from unipg.estimate.registry import RegistryError
+from unipg.observe.report import (
+    LM_COLUMN_NAMES,
+    algorithm_table,
+    choice_table,
+    gym_result_table,
+    hyperparameter_list,
+    lm_result_table,
+    value_text,
+)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="unipg: policy-gradient RL from CartPole to LLM agents.")
 console = Console(width=None if sys.stdout.isatty() else 120)
@@ -167,44 +174,6 @@ def run_guarded(config: Config, threshold: Optional[float], resume: Optional[Pat
         raise typer.Exit(130) from None
 
 
-TEXT_COLUMN_NAMES = {"eval/pass@1": "completion", "eval/tool_calls": "tool calls",
-                     "eval/tool_success_rate": "tool success", "eval/turns": "turns"}
-
-
-def value_text(value: float | None) -> str:
-    return "–" if value is None else f"{value:.3f}"  # e.g. the tool success rate of a policy that never called
-
-
-def lm_result_table(results) -> Table:
-    """One row per run; what all runs share (algorithm, task, model, updates) goes into the title."""
-    described = [(config.algorithm, config.task.name, Path(config.model.name).name or config.model.name,
-                  str(result.updates), f"{result.samples:,}") for config, result in results]
-    shared = len(set(described)) == 1
-    title = "unipg results: held-out, greedy, before → after training"
-    if shared:
-        algorithm, task, model, updates, samples = described[0]
-        title = f"{algorithm} on {task} with {model}: {updates} updates, {samples} samples\n{title}"
-    table = Table(title=title)
-    final = results[0][1].final_eval
-    keys = [key for key in final if key.startswith("eval/pass@")]
-    if "eval/tool_calls" in final:
-        keys += ["eval/tool_calls", "eval/tool_success_rate", "eval/turns"]
-    columns = ["seed"] if shared else ["algorithm", "task", "model", "seed", "updates", "samples"]
-    columns += [TEXT_COLUMN_NAMES.get(key, key[5:]) for key in keys] + ["samples/s"]
-    for column in columns:
-        table.add_column(column, justify="left" if column in ("algorithm", "task", "model") else "right")
-    for (config, result), description in zip(results, described):
-        row = [str(config.seed)] if shared else [*description[:3], str(config.seed), *description[3:]]
-        row += [f"{value_text(result.initial_eval.get(key))} → {value_text(result.final_eval.get(key))}" for key in keys]
-        table.add_row(*row, f"{result.samples_per_second:.1f}")
-    table.caption = f"runs in: {', '.join(str(result.run_dir) for _, result in results)}"
-    if len(results) > 1:
-        gains = [result.final_eval["eval/pass@1"] - result.initial_eval["eval/pass@1"] for _, result in results]
-        table.caption = (f"pass@1 gain over {len(gains)} seeds: {statistics.fmean(gains):+.3f} ± "
-                         f"{statistics.pstdev(gains):.3f}\n" + table.caption)
-    return table
-
-
 @app.command()
 def sft(
     overrides: List[str] = typer.Argument(None, help="dotted overrides, e.g. sft.steps=1000"),
@@ -244,28 +213,6 @@ def parse_seeds(text: Optional[str]) -> list[int]:
     return seeds
 
 
-def gym_result_table(results, threshold: Optional[float] = None) -> Table:
-    table = Table(title="unipg results")
-    columns = ["algorithm", "env", "seed", "env steps", "episodes", "train return", "eval return", "steps/s"]
-    if threshold is not None:
-        columns.insert(7, f"steps to eval ≥ {threshold:g}")
-    for column in columns:
-        table.add_column(column, justify="left" if column in ("algorithm", "env") else "right")
-    for config, result in results:
-        row = [config.algorithm, config.env.id, str(config.seed), f"{result.env_steps:,}", str(result.episodes),
-               f"{result.final_train_return:.1f}" if result.final_train_return is not None else "-",
-               f"{result.final_eval_mean:.1f} ± {result.final_eval_std:.1f}", f"{result.steps_per_second:,.0f}"]
-        if threshold is not None:
-            row.insert(7, f"{result.steps_to_eval_threshold:,}" if result.steps_to_eval_threshold else "not reached")
-        table.add_row(*row)
-    captions = [f"runs in: {', '.join(str(result.run_dir) for _, result in results)}"]
-    if len(results) > 1:
-        means = [result.final_eval_mean for _, result in results]
-        captions.insert(0, f"eval return over {len(means)} seeds: {statistics.fmean(means):.1f} ± {statistics.pstdev(means):.1f}")
-    table.caption = "\n".join(captions)
-    return table
-
-
 @app.command("config")
 def show_config(
     overrides: List[str] = typer.Argument(None, help="dotted overrides"),
@@ -287,40 +234,6 @@ def algorithms() -> None:
         console.print(choice_table(choice))
     console.print(f"read whatever the estimators chosen: {hyperparameter_list(general_settings())}", highlight=False,
                   soft_wrap=True)
-
-
-def algorithm_table() -> Table:
-    """One row per preset: its estimators (gymnasium preset; text preset where it differs) and what it is."""
-    table = Table(title="algorithms")
-    for column in ("name", "advantage", "policy loss", "what it is"):
-        table.add_column(column)
-    for name in sorted(ALGORITHMS):
-        algorithm = ALGORITHMS[name]
-        presets = [preset for preset in (algorithm.preset, algorithm.lm_preset) if preset is not None]
-        chosen = [(preset["estimator"].get("advantage", "gae"), preset["estimator"].get("policy_loss", "ppo"))
-                  for preset in presets]
-        advantages = " / ".join(dict.fromkeys(advantage for advantage, _ in chosen))
-        losses = " / ".join(dict.fromkeys(loss for _, loss in chosen))
-        table.add_row(name, advantages, losses, algorithm.summary)
-    return table
-
-
-def choice_table(choice) -> Table:
-    """The entries ``estimator.<selector>`` can name, each with its summary and accepted hyperparameters."""
-    table = Table(title=f"estimator.{choice.selector} ({choice.kind})")
-    for column in ("name", "hyperparameters (default)", "what it is"):
-        table.add_column(column)
-    for name in choice.names():
-        registry = choice.registry_of(name)
-        table.add_row(name, hyperparameter_list(choice.options(name)) or "–", registry.entry(name).summary)
-    return table
-
-
-def hyperparameter_list(names: list[str]) -> str:
-    """``clip_range=0.2, dual_clip=None``: estimator settings with their defaults."""
-    from unipg.config.hyperparameters import default
-
-    return ", ".join(f"{name}={default(name)}" for name in names)
 
 
 @app.command("eval")
@@ -348,7 +261,7 @@ def evaluate(
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in metrics.items():
-        table.add_row(TEXT_COLUMN_NAMES.get(key, key), value_text(value))
+        table.add_row(LM_COLUMN_NAMES.get(key, key), value_text(value))
     console.print(table)
     if output is not None:
         output.write_text(json.dumps(metrics, indent=2), encoding="utf-8")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from unipg.estimate import ADVANTAGES, OFF_POLICY_WEIGHTS, POLICY_LOSSES
+from unipg.estimate import ADVANTAGES, KL_ESTIMATORS, OFF_POLICY_WEIGHTS, POLICY_LOSSES
 from unipg.estimate.registry import unknown_name_message
 
 if TYPE_CHECKING:
@@ -33,6 +33,9 @@ def cross_field_problems(config: Config) -> list[str]:
     if est.off_policy_weight not in OFF_POLICY_WEIGHTS:
         names = OFF_POLICY_WEIGHTS.names()
         problems.append("estimator.off_policy_weight: " + unknown_name_message("off-policy weight", est.off_policy_weight, names))
+    if est.kl_estimator not in KL_ESTIMATORS:
+        names = KL_ESTIMATORS.names()
+        problems.append("estimator.kl_estimator: " + unknown_name_message("KL estimator", est.kl_estimator, names))
     if est.kl_control == "adaptive" and est.target_kl is None:
         problems.append("estimator.kl_control is 'adaptive' but estimator.target_kl is not set; set target_kl (e.g. 0.02)")
     if est.clip_range_high is not None and est.clip_range_high < est.clip_range:

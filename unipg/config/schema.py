@@ -94,8 +94,8 @@ class EstimatorConfig(Section):
     """how per-sample losses are reduced: token-mean, seq-mean-token-mean, seq-mean-token-sum, ..."""
     kl_coef: float = Field(0.0, ge=0.0)
     """weight of the KL penalty to the reference model (language models)."""
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    """per-token KL estimator for the reference penalty."""
+    kl_estimator: str = "k3"
+    """per-token KL estimator for the reference penalty, a name from unipg.estimate.KL_ESTIMATORS (k1, k2, k3)."""
     kl_control: Literal["fixed", "adaptive"] = "fixed"
     """fixed kl_coef, or adapt it so the observed KL tracks target_kl (Ziegler et al. 2019)."""
     target_kl: float | None = Field(None, gt=0.0)
