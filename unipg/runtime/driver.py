@@ -129,6 +129,23 @@ class EpisodeAccount:
         self.cancelled, self.in_flight = self.cancelled + self.in_flight, 0
 
 
+class CountedEpisodes:
+    """The episode bookkeeping of a rollout that counts its episodes in ``account`` under ``_lock``."""
+
+    account: EpisodeAccount
+    _lock: threading.Lock
+
+    def episode_state(self) -> dict[str, int]:
+        """The episode counts, consistent (read under the lock the rollout counts under)."""
+        with self._lock:
+            return self.account.state()
+
+    def resume_episodes(self, state: dict[str, int] | None) -> None:
+        """Continue the episode counts of a checkpoint (``EpisodeAccount.resume``)."""
+        with self._lock:
+            self.account.resume(state)
+
+
 def serve_one_by_one(rollout: Rollout, gate: StalenessGate, buffer: ReplayBuffer, stop: threading.Event,
                      group_size: int) -> None:
     """``serve`` for a rollout without inner concurrency: produce admitted groups one at a time."""

@@ -27,6 +27,7 @@ import torch
 from unipg.learn.lm import LMBatch
 from unipg.policy.lm import LMPolicy
 from unipg.runtime.driver import (
+    CountedEpisodes,
     EpisodeAccount,
     Rollout,
     WeightSync,
@@ -120,7 +121,7 @@ class RunningGroups:
         self._ended.set()
 
 
-class LMRollout:
+class LMRollout(CountedEpisodes):
     """Runs groups of episodes for the runtime (module docstring)."""
 
     def __init__(self, runner: EpisodeRunner, sampler, generator: torch.Generator, weights: WeightSync | None = None,
@@ -232,16 +233,6 @@ class LMRollout:
             return asyncio.run_coroutine_threadsafe(on_the_loop(), engine_loop).result(timeout=10)
         except (RuntimeError, concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
             return 0  # rollout stopped in the meantime: nothing is running to interrupt
-
-    def episode_state(self) -> dict[str, int]:
-        """The episode counts, consistent (read under the lock the rollout counts under)."""
-        with self._lock:
-            return self.account.state()
-
-    def resume_episodes(self, state: dict[str, int] | None) -> None:
-        """Continue the episode counts of a checkpoint (``EpisodeAccount.resume``)."""
-        with self._lock:
-            self.account.resume(state)
 
     def pop_service_metrics(self, prefix: str) -> dict[str, float]:
         """The runner's environment service counters under ``prefix`` and the episode counts."""

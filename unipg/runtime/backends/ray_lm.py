@@ -61,7 +61,7 @@ from unipg.runtime.backends.ray_setup import (  # connect: here, where tests rep
     start_worker,
     wait_ready,
 )
-from unipg.runtime.driver import EpisodeAccount
+from unipg.runtime.driver import CountedEpisodes, EpisodeAccount
 from unipg.runtime.replay import Group, ProducerFailed, ReplayBuffer, StalenessGate
 from unipg.sample.envs.service import ServiceStats
 from unipg.sample.episodes import EpisodeRunner
@@ -84,7 +84,7 @@ class _Job:
     since: float = field(default_factory=time.monotonic)
 
 
-class RayRollout:
+class RayRollout(CountedEpisodes):
     """The ``Rollout`` of ``unipg.runtime.driver`` on Ray actors (module docstring)."""
 
     def __init__(self, runner: EpisodeRunner, sampler, config: Config, generator: torch.Generator, task,
@@ -334,16 +334,6 @@ class RayRollout:
             sizes, seconds = self.batch_sizes, self.generate_seconds
             self.batch_sizes, self.generate_seconds = [], 0.0
             return sizes, seconds
-
-    def episode_state(self) -> dict[str, int]:
-        """The episode counts, consistent (read under the lock the rollout counts under)."""
-        with self._lock:
-            return self.account.state()
-
-    def resume_episodes(self, state: dict[str, int] | None) -> None:
-        """Continue the episode counts of a checkpoint (``EpisodeAccount.resume``)."""
-        with self._lock:
-            self.account.resume(state)
 
     def pop_service_metrics(self, prefix: str) -> dict[str, float]:
         """The workers' environment service counters, the episode counts and the worker and actor restarts."""
