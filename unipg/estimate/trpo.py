@@ -31,6 +31,7 @@ from unipg.estimate.registry import Registry
 # ``estimator.policy_loss: trpo`` reads (setting name → keyword of ``trpo_step``).
 TRUST_REGION_STEPS = Registry("trust-region step")
 
+
 def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """Concatenate tensors into one flat vector (P,)."""
     return torch.cat([tensor.reshape(-1) for tensor in tensors])

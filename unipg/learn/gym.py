@@ -26,7 +26,7 @@ from unipg.config import Config
 from unipg.estimate import ADVANTAGES
 from unipg.estimate.losses import value_loss
 from unipg.estimate.masked import masked_whiten
-from unipg.estimate.trpo import trpo_step
+from unipg.estimate.trpo import TRUST_REGION_STEPS
 from unipg.learn import objective
 from unipg.learn.common import clip_grad_norm, shuffled_minibatches
 from unipg.learn.objective import ObjectiveBatch, as_tokens
@@ -198,9 +198,8 @@ class TRPOLearner:
         def mean_kl() -> torch.Tensor:  # E_s[KL(π_old(·|s) ‖ π_θ(·|s))], old detached
             return kl_divergence(old_dist, self.policy.distribution(observations)).mean()
 
-        result = trpo_step(self.policy.actor_parameters(), surrogate, mean_kl, max_kl=est.max_kl,
-                           damping=est.cg_damping, cg_iterations=est.cg_iterations,
-                           backtrack_coef=est.backtrack_coef, max_backtracks=est.line_search_steps)
+        result = TRUST_REGION_STEPS.call(est.policy_loss, {"params": self.policy.actor_parameters(),
+                                                           "surrogate_fn": surrogate, "kl_fn": mean_kl}, est)
         with torch.no_grad():
             entropy = self.policy.distribution(observations).entropy().mean().item()
         # approx_kl is the exact mean KL(π_old‖π_new) here, named as in the other learners.
