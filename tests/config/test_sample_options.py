@@ -52,3 +52,9 @@ def test_valid_options_pass():
     check("task.options={digits: 3}", "task.rewards=[{name: math, weight: 1.0, tolerance: 0.01}]",
           "task.tools=[{name: python, options: {timeout: 3}}]")
     check_sample_options(load_config(None, []))  # gymnasium: nothing to check
+
+
+def test_a_tool_spec_may_carry_a_simulated_latency_but_no_other_key():
+    check("task.tools=[{name: calculator, latency: {kind: lognormal, seconds: 0.2, sigma: 1.0}}]")
+    with pytest.raises(ConfigError, match=r"a tool takes only name, options, latency, not timeout"):
+        check("task.tools=[{name: python, timeout: 5}]")

@@ -21,6 +21,10 @@ from unipg.sample.tasks.base import TASKS, check_option_types, validate_options
 from unipg.sample.tools.base import TOOLS
 
 
+# The keys of a tool spec: its registered name, its factory's options, and a simulated delay per call.
+TOOL_SPEC_KEYS = ("name", "options", "latency")
+
+
 def check_sample_options(config: Config) -> None:
     """Raise ``ConfigError`` listing every unknown task, reward or tool name or option of ``config``, every
     missing required option and every option of the wrong plain type; each problem names where it is set."""
@@ -39,11 +43,11 @@ def check_sample_options(config: Config) -> None:
         problems += spec_problems(REWARDS, spec, options, f"task.rewards[{index}]", "{name: math, weight: 1.0}")
     for index, spec in enumerate(task.tools or []):
         where = f"task.tools[{index}]"
-        extra = [key for key in spec if key not in ("name", "options")]
+        extra = [key for key in spec if key not in TOOL_SPEC_KEYS] if isinstance(spec, dict) else []
         if extra:
-            problems.append(f"{where}: a tool takes only 'name' and 'options', not {', '.join(extra)}; put the tool's "
-                            f"settings under options, e.g. {{name: python, options: {{timeout: 5}}}}")
-        options = spec.get("options") or {}
+            problems.append(f"{where}: a tool takes only {', '.join(TOOL_SPEC_KEYS)}, not {', '.join(extra)}; put the "
+                            f"tool's settings under options, e.g. {{name: python, options: {{timeout: 5}}}}")
+        options = (spec.get("options") or {}) if isinstance(spec, dict) else {}
         if not isinstance(options, dict):
             problems.append(f"{where}.options must be a mapping of option names to values, got {options!r}")
             continue
