@@ -41,7 +41,12 @@ def test_config_and_algorithms_commands():
 
 def test_algorithms_lists_every_registry_entry_with_its_hyperparameters():
     from unipg.config.presets import ALGORITHMS
-    from unipg.estimate import ADVANTAGES, KL_ESTIMATORS, OFF_POLICY_WEIGHTS, POLICY_LOSSES
+    from unipg.estimate import (
+        ADVANTAGES,
+        KL_ESTIMATORS,
+        OFF_POLICY_WEIGHTS,
+        POLICY_LOSSES,
+    )
 
     listed = runner.invoke(app, ["algorithms"])
     assert listed.exit_code == 0, listed.output

@@ -68,7 +68,7 @@ def test_turn_rewards_sit_on_the_last_sampled_token_of_each_turn():
 def test_turn_level_advantages_credit_each_turn_with_what_followed():
     config = make_config("grpo", "sample.samples_per_prompt=2", "estimator.advantage=turn_level",
                          "estimator.normalize_advantages=false", "estimator.gamma=1.0")
-    advantages, _ = lm_advantages(two_turn_batch(), config, kl_coef=0.0)
+    advantages, _ = lm_advantages(two_turn_batch(), config.estimator, group_size=config.sample.samples_per_prompt, kl_coef=0.0)
     # returns: episode 0 turns (1.1, 1.0), episode 1 turns (-0.1, 0.0); baseline = the other episode, same turn
     expected = torch.tensor([[1.2, 1.2, 0.0, 0.0, 1.0, 1.0], [-1.2, 0.0, 0.0, -1.0, 0.0, 0.0]])
     assert torch.allclose(advantages, expected, atol=1e-6)
@@ -79,14 +79,15 @@ def test_gae_skips_inserted_tokens():
                          "estimator.lambda_gae=1.0", "sample.samples_per_prompt=2")
     batch = two_turn_batch()
     batch.values = torch.zeros_like(batch.completion_mask)
-    advantages, _ = lm_advantages(batch, config, kl_coef=0.0)
+    advantages, _ = lm_advantages(batch, config.estimator, group_size=config.sample.samples_per_prompt, kl_coef=0.0)
     # episode 0's sampled tokens are 4 consecutive steps with rewards (0, 0.1, 0, 1.0) and γ = 0.5
     assert torch.allclose(advantages[0], torch.tensor([0.175, 0.35, 0.0, 0.0, 0.5, 1.0]), atol=1e-6)
 
 
 def test_grpo_advantages_have_zero_mean_within_each_group(policy):
     batch = make_batch(policy)
-    advantages, _ = lm_advantages(batch, make_config("grpo"), kl_coef=0.0)
+    advantages, _ = lm_advantages(batch, make_config("grpo").estimator, group_size=make_config("grpo").sample.samples_per_prompt,
+                                  kl_coef=0.0)
     per_sequence = advantages.sum(1) / batch.completion_mask.sum(1)
     assert torch.allclose(per_sequence.reshape(-1, GROUP).mean(1), torch.zeros(4), atol=1e-5)
     assert (advantages[batch.completion_mask == 0] == 0).all()

@@ -106,7 +106,7 @@ def test_a_gym_update_goes_through_the_objective(calls):
     policy = MLPActorCritic(rollout.observation_space, rollout.action_space, hidden_sizes=(16,))
     batch = rollout.collect(policy, 16, bootstrap=True)
     rollout.close()
-    metrics = GradientLearner(policy, config).update(prepare_segment(policy, batch, config).samples)
+    metrics = GradientLearner(policy, config).update(prepare_segment(policy, batch, config.estimator).samples)
     assert len(calls) == 4  # 2 epochs × 2 mini-batches of 16 steps
     assert all(call == {} for call in calls)  # no reference policy: no KL coefficient
     assert {"policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm", "loss"} <= set(metrics)

@@ -73,12 +73,12 @@ def learner_and_segment(*overrides):
 def test_decoupled_ppo_anchors_at_the_current_policy_only_when_the_data_is_stale():
     config, policy, batch = learner_and_segment("estimator.policy_loss=decoupled_ppo")
     learner = GradientLearner(policy, config)
-    stale = prepare_segment(policy, batch, config, age=2).samples
+    stale = prepare_segment(policy, batch, config.estimator, age=2).samples
     with torch.no_grad():
         current, _, _ = policy.evaluate(stale["observations"], stale["actions"])
     proximal = learner.proximal_logprobs(stale)
     assert torch.equal(proximal, current) and not torch.allclose(proximal, stale["behaviour_logprobs"])
-    fresh = prepare_segment(policy, batch, config, age=0).samples
+    fresh = prepare_segment(policy, batch, config.estimator, age=0).samples
     assert torch.equal(learner.proximal_logprobs(fresh), fresh["behaviour_logprobs"])
     ppo = GradientLearner(policy, load_config(None, ["algorithm=ppo"]))
     assert torch.equal(ppo.proximal_logprobs(stale), stale["behaviour_logprobs"])  # plain PPO clips against μ
@@ -87,9 +87,9 @@ def test_decoupled_ppo_anchors_at_the_current_policy_only_when_the_data_is_stale
 
 def test_a_stale_segment_gets_the_current_critics_values_before_gae():
     config, policy, batch = learner_and_segment()
-    fresh = prepare_segment(policy, batch, config, age=0)
+    fresh = prepare_segment(policy, batch, config.estimator, age=0)
     assert torch.equal(fresh.batch.values, batch.values) and torch.equal(fresh.samples["age"], torch.zeros(32))
-    stale = prepare_segment(policy, batch, config, age=3)
+    stale = prepare_segment(policy, batch, config.estimator, age=3)
     with torch.no_grad():
         assert torch.allclose(stale.batch.values, policy.value(batch.observations.reshape(32, -1)).reshape(2, 16))
         assert torch.allclose(stale.batch.bootstrap_value, policy.value(batch.final_observations))

@@ -13,7 +13,7 @@ import torch
 
 from unipg.checkpoint.files import Checkpoint, load_checkpoint, tensor_mismatch
 from unipg.checkpoint.store import CheckpointStore
-from unipg.config import Config
+from unipg.config.lm import CheckpointConfig
 from unipg.learn.lm import LMLearner
 from unipg.learn.state import generator_state, restore_generator, restore_rng, rng_state
 from unipg.observe.metrics import read_metrics
@@ -37,12 +37,12 @@ class LMCheckpointer:
     (``reference_model``) and a resumed run rebuilds it from the configuration.
     """
 
-    def __init__(self, run_dir: Path, config: Config, policy: LMPolicy, learner: LMLearner, sampler: Resumable,
-                 generator: torch.Generator):
-        settings = config.checkpoint
+    def __init__(self, run_dir: Path, settings: CheckpointConfig, model_name: str, policy: LMPolicy,
+                 learner: LMLearner, sampler: Resumable, generator: torch.Generator):
+        """``settings``: section ``checkpoint``; ``model_name``: the configured model, which is the reference."""
         self.store = CheckpointStore(run_dir / CHECKPOINT_DIR, keep_last=settings.keep_last,
                                      keep_best=int(settings.keep_best), best_metric=settings.best_metric)
-        self.config, self.policy, self.learner = config, policy, learner
+        self.model_name, self.policy, self.learner = model_name, policy, learner
         self.sampler, self.generator = sampler, generator
         # the rollout's episode counts, saved with the run's state (read under the rollout's lock)
         self.episode_state: Callable[[], dict[str, int]] | None = None
@@ -59,7 +59,7 @@ class LMCheckpointer:
         state = {"update": update, "policy_version": update, "samples": samples, "train_seconds": train_seconds,
                  "eval_history": [[at, evaluation] for at, evaluation in history], "learner": learner_state,
                  "sampler": self.sampler.state(), "rollout_generator": generator_state(self.generator),
-                 "rng": rng_state(), "reference_model": self.config.model.name}
+                 "rng": rng_state(), "reference_model": self.model_name}
         if self.episode_state is not None:
             state["episodes"] = self.episode_state()
         path = self.store.save(update, tensors, state, metrics=metrics)
@@ -88,7 +88,7 @@ class LMCheckpointer:
         except (RuntimeError, KeyError, ValueError, TypeError) as error:
             raise ValueError(f"checkpoint {checkpoint.path} does not fit the configured model: it was written for "
                              f"{state.get('reference_model', 'an unrecorded model')}, the configuration asks for "
-                             f"{self.config.model.name} ({str(error).splitlines()[0]}); resume with the run's own "
+                             f"{self.model_name} ({str(error).splitlines()[0]}); resume with the run's own "
                              "config.yaml, leaving model.* as it was") from None
         try:
             self.sampler.load_state(state["sampler"])

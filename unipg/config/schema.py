@@ -14,12 +14,6 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from unipg.config.run import EvalConfig, LogConfig, RayConfig, RuntimeConfig
-from unipg.config.secrets import restore_secrets
-from unipg.config.section import (  # ConfigError: the error callers catch
-    ConfigError,
-    Section,
-)
 from unipg.config.lm import (
     AgentConfig,
     CheckpointConfig,
@@ -29,6 +23,12 @@ from unipg.config.lm import (
     SFTConfig,
     SFTStage,
     TaskConfig,
+)
+from unipg.config.run import EvalConfig, LogConfig, RayConfig, RuntimeConfig
+from unipg.config.secrets import restore_secrets
+from unipg.config.section import (  # ConfigError: the error callers catch
+    ConfigError,
+    Section,
 )
 
 

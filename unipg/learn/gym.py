@@ -23,6 +23,7 @@ import torch
 from torch.distributions import kl_divergence
 
 from unipg.config import Config
+from unipg.config.schema import EstimatorConfig
 from unipg.estimate import ADVANTAGES
 from unipg.estimate.losses import value_loss
 from unipg.estimate.masked import masked_whiten
@@ -37,20 +38,20 @@ from unipg.sample.gym_rollout import RolloutBatch
 MONTE_CARLO_ESTIMATORS = frozenset({"reward_to_go", "batch_mean_baseline"})
 
 
-def uses_critic(config: Config) -> bool:
-    return config.estimator.advantage not in MONTE_CARLO_ESTIMATORS
+def uses_critic(estimator: EstimatorConfig) -> bool:
+    return estimator.advantage not in MONTE_CARLO_ESTIMATORS
 
 
-def bootstraps(config: Config) -> bool:
+def bootstraps(estimator: EstimatorConfig) -> bool:
     """Whether unfinished episodes are completed with the critic's value (else they are masked out)."""
-    return uses_critic(config) and config.estimator.advantage != "value_baseline"
+    return uses_critic(estimator) and estimator.advantage != "value_baseline"
 
 
-def compute_advantages(batch: RolloutBatch, config: Config) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_advantages(batch: RolloutBatch, estimator: EstimatorConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """(advantages, returns), each (N, T), from the configured estimator."""
     data = {"rewards": batch.rewards, "values": batch.values, "dones": batch.dones, "mask": batch.mask,
             "bootstrap_value": batch.bootstrap_value}
-    advantages, returns = ADVANTAGES.call(config.estimator.advantage, data, config.estimator)
+    advantages, returns = ADVANTAGES.call(estimator.advantage, data, estimator)
     return advantages * batch.mask, returns
 
 
@@ -81,7 +82,8 @@ class PreparedSegment:
     samples: dict[str, torch.Tensor]  # flat (N·T, ...), for ``update``
 
 
-def prepare_segment(policy: MLPActorCritic, batch: RolloutBatch, config: Config, *, age: int = 0) -> PreparedSegment:
+def prepare_segment(policy: MLPActorCritic, batch: RolloutBatch, estimator: EstimatorConfig, *,
+                    age: int = 0) -> PreparedSegment:
     """Advantages of a segment collected ``age`` learner versions ago, computed on the learner's side.
 
     A fresh segment (age 0) keeps the values its rollout recorded, which are the current critic's. A stale
@@ -89,15 +91,15 @@ def prepare_segment(policy: MLPActorCritic, batch: RolloutBatch, config: Config,
     the current critic first: the actions stay μ's, but the baseline and the bootstrapped returns should be
     the best estimates available now, not those of a critic ``age`` updates old.
     """
-    if age > 0 and uses_critic(config):
-        batch = batch.with_values(policy.value, config.estimator.gamma)
-    advantages, returns = compute_advantages(batch, config)
+    if age > 0 and uses_critic(estimator):
+        batch = batch.with_values(policy.value, estimator.gamma)
+    advantages, returns = compute_advantages(batch, estimator)
     return PreparedSegment(batch, advantages, returns, flatten_batch(batch, advantages, returns, age))
 
 
-def normalized(advantages: torch.Tensor, config: Config) -> torch.Tensor:
+def normalized(advantages: torch.Tensor, estimator: EstimatorConfig) -> torch.Tensor:
     """Advantages whitened over the (mini-)batch when ``estimator.normalize_advantages`` is on."""
-    if config.estimator.normalize_advantages and advantages.numel() > 1:
+    if estimator.normalize_advantages and advantages.numel() > 1:
         return masked_whiten(advantages, torch.ones_like(advantages))
     return advantages
 
@@ -146,10 +148,10 @@ class GradientLearner:
     def _step(self, mini: dict[str, torch.Tensor]) -> dict[str, float]:
         """One gradient step on a mini-batch of flat samples: the unified objective, viewed as (M, 1) tokens."""
         logprobs, entropy, values = self.policy.evaluate(mini["observations"], mini["actions"])
-        critic = uses_critic(self.config)
+        critic = uses_critic(self.config.estimator)
         batch = ObjectiveBatch.from_steps(
             logprobs=logprobs, behaviour_logprobs=mini["behaviour_logprobs"],
-            proximal_logprobs=mini["proximal_logprobs"], advantages=normalized(mini["advantages"], self.config),
+            proximal_logprobs=mini["proximal_logprobs"], advantages=normalized(mini["advantages"], self.config.estimator),
             age=mini.get("age"), entropy=entropy, values=values if critic else None,
             old_values=mini["values"] if critic else None, returns=mini["returns"] if critic else None)
         out = objective.unified_objective(batch, self.config.estimator)
@@ -187,7 +189,7 @@ class TRPOLearner:
         est = self.config.estimator
         valid = samples["mask"].nonzero().squeeze(-1)
         observations, actions = samples["observations"][valid], samples["actions"][valid]
-        advantages = normalized(samples["advantages"][valid], self.config)
+        advantages = normalized(samples["advantages"][valid], self.config.estimator)
         with torch.no_grad():
             old_dist = self.policy.distribution(observations)
             old_logprobs = old_dist.log_prob(actions)

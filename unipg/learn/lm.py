@@ -98,7 +98,8 @@ class LMLearner:
         if self.policy.has_critic:
             batch.values = padded([self.policy.values(c.input_ids, c.attention_mask, c.completion_length)
                                    for c in chunks]) * batch.completion_mask
-        batch.advantages, batch.returns = lm_advantages(batch, self.config, self.kl_coef)
+        batch.advantages, batch.returns = lm_advantages(
+            batch, self.config.estimator, group_size=self.config.sample.samples_per_prompt, kl_coef=self.kl_coef)
         mask = batch.completion_mask
         metrics = {"advantage_mean": float(masked_mean(batch.advantages, mask)),
                    "advantage_std": float(masked_var(batch.advantages, mask).sqrt())}

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from unipg.config import Config
+from unipg.config.schema import EstimatorConfig
 from unipg.estimate import ADVANTAGES
 from unipg.estimate.advantages import broadcast_to_tokens
 from unipg.estimate.kl import kl_penalty
@@ -147,14 +147,15 @@ def episode_ends(completion_mask: torch.Tensor) -> torch.Tensor:
     return dones.scatter_(1, last_sampled(completion_mask)[:, None], 1.0)
 
 
-def lm_advantages(batch: LMBatch, config: Config, kl_coef: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(advantages, returns), (B, C), from the configured estimator; 0 on padding and inserted tokens."""
-    est, mask = config.estimator, batch.completion_mask
+def lm_advantages(batch: LMBatch, est: EstimatorConfig, *, group_size: int,
+                  kl_coef: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(advantages, returns), (B, C), from the configured estimator over groups of ``group_size`` completions
+    of one prompt; 0 on padding and inserted tokens."""
+    mask = batch.completion_mask
     kl = None
     if est.kl_in_reward and batch.reference_logprobs is not None and kl_coef > 0:
         kl = kl_penalty(batch.behaviour_logprobs, batch.reference_logprobs, estimator=est.kl_estimator)
     rewards = token_rewards(batch, kl, kl_coef)
-    group_size = config.sample.samples_per_prompt
     if est.advantage in GROUP_ADVANTAGES:
         per_sequence = ADVANTAGES.call(est.advantage, {"scores": rewards.sum(1), "group_size": group_size}, est)  # (B,)
         advantages = broadcast_to_tokens(per_sequence, mask)

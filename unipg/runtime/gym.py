@@ -116,7 +116,7 @@ def train_gym(config: Config, *, return_threshold: float | None = None) -> GymTr
             batch = group.items[0]
             run.add_rollout(batch)
             with timer("advantage"):
-                segment = prepare_segment(policy, batch, config, age=group.age(version))
+                segment = prepare_segment(policy, batch, config.estimator, age=group.age(version))
             with timer("update"):
                 metrics = learner.update(segment.samples)
             meter.add(runtime_record, segment.samples)
@@ -159,7 +159,7 @@ def make_runtime(config: Config, rollout: GymRollout, policy: MLPActorCritic) ->
     of buffer, the schedule resolved from ``runtime.schedule`` (``auto``: sequential when η = 0)."""
     settings = config.runtime
     schedule = resolve_schedule(settings.schedule, settings.max_staleness, config.deterministic)
-    segments = GymSegments(rollout, policy, steps_per_env=config.steps_per_env, bootstrap=bootstraps(config),
+    segments = GymSegments(rollout, policy, steps_per_env=config.steps_per_env, bootstrap=bootstraps(config.estimator),
                            concurrent=schedule == "concurrent")
     return Runtime(segments, groups_per_step=1, group_size=1, max_staleness=settings.max_staleness,
                    capacity=config.sample.replay_buffer_size, schedule=schedule, sampling=settings.sampling,

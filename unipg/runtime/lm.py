@@ -242,7 +242,7 @@ def open_run(config: Config, task: Task | None, run_dir: Path | None, checkpoint
     learner = LMLearner(policy, config)
     sampler, generator = PromptSampler(task.train, config.seed), torch.Generator().manual_seed(config.seed)
     run_dir = run_dir if run_dir is not None else run_dir_for(config)
-    checkpointer = LMCheckpointer(run_dir, config, policy, learner, sampler, generator)
+    checkpointer = LMCheckpointer(run_dir, config.checkpoint, config.model.name, policy, learner, sampler, generator)
     restored = None
     if checkpoint is not None:
         restored = resume_run(checkpointer, checkpoint, run_dir=run_dir, updates=config.train.updates,

@@ -20,7 +20,6 @@ from unipg.sample.rewards.rules import REWARDS
 from unipg.sample.tasks.base import TASKS, check_option_types, validate_options
 from unipg.sample.tools.base import TOOLS
 
-
 # The keys of a tool spec: its registered name, its factory's options, and a simulated delay per call.
 TOOL_SPEC_KEYS = ("name", "options", "latency")
 
