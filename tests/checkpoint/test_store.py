@@ -5,7 +5,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import numpy as np
 import pytest
@@ -231,8 +230,16 @@ def test_checkpoint_without_manifest_is_not_listed(tmp_path):
 
 
 WRITER = textwrap.dedent("""
-    import sys, torch
+    import sys, threading, torch
+    import unipg.checkpoint.files as files
     from unipg.checkpoint.store import CheckpointStore
+    save_file = files.save_file
+    def save_and_stop_inside_step_2(tensors, path):  # the kill comes while checkpoint 2 is half written
+        save_file(tensors, path)
+        if path.parent.name.startswith(".tmp-step-00000002-"):
+            print("writing checkpoint 2", flush=True)
+            threading.Event().wait()
+    files.save_file = save_and_stop_inside_step_2
     store = CheckpointStore(sys.argv[1])
     store.save(1, {"policy": {"w": torch.arange(10.0)}}, {"step": 1})
     shard = torch.ones(4_000_000)  # 16 MB, written once per group: 256 MB in 16 files
@@ -241,13 +248,10 @@ WRITER = textwrap.dedent("""
 
 
 def test_kill_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path):
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], stderr=subprocess.PIPE,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
-    deadline = time.monotonic() + 120
-    while not any(any(tmp.glob("*.safetensors")) for tmp in tmp_path.glob(".tmp-step-00000002-*")):
-        assert writer.poll() is None, f"the writer exited before it was killed: {writer.stderr.read().decode()}"
-        assert time.monotonic() < deadline, "the writer never started checkpoint 2"
-        time.sleep(0.001)
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    started = writer.stdout.readline()  # the writer stops itself there, so the kill cannot come too late
+    assert started == b"writing checkpoint 2\n", f"the writer exited early: {writer.stderr.read().decode()}"
     os.kill(writer.pid, signal.SIGKILL)
     writer.communicate()
     assert writer.returncode == -signal.SIGKILL
