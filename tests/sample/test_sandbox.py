@@ -282,7 +282,7 @@ def test_an_infinite_loop_is_killed_at_the_timeout_and_leaves_no_process_behind(
     assert result.error == "timed out after 1.0 s"
     started, pid, group, session = result.output.split()  # what was printed before the kill is kept
     assert started == "started" and pid == group == session  # its own session, so killing the group is enough
-    assert 1.0 <= elapsed < 3.0
+    assert 1.0 <= elapsed < 30.0  # killed, not left to loop (the bound is loose: a busy machine starts it slowly)
     assert not psutil.pid_exists(int(pid))
     remaining = []
     for process in psutil.process_iter():
@@ -333,14 +333,19 @@ def test_long_output_is_truncated_with_a_marker_saying_how_much_was_cut():
 
 
 def test_sandboxes_run_concurrently_on_one_event_loop():
-    async def three_at_once():
-        code = "import time\ntime.sleep(0.6)\nprint('slept')"
-        return await asyncio.gather(*(run_python_async(code, timeout=3) for _ in range(3)))
+    code = "import time\ntime.sleep(0.6)\nprint('slept')"
 
-    start = time.monotonic()
+    async def timed():
+        start = time.monotonic()
+        result = await run_python_async(code, timeout=30)
+        return result, start, time.monotonic()
+
+    async def three_at_once():
+        return await asyncio.gather(*(timed() for _ in range(3)))
+
     results = asyncio.run(three_at_once())
-    assert [result.output for result in results] == ["slept\n"] * 3
-    assert time.monotonic() - start < 1.7  # 3 × 0.6 s one after the other would take 1.8 s
+    assert [result.output for result, _, _ in results] == ["slept\n"] * 3
+    assert max(start for _, start, _ in results) < min(end for _, _, end in results)  # all three ran at once
 
 
 def _child_pids() -> set[int]:
@@ -363,8 +368,12 @@ def test_cancelling_a_run_kills_its_interpreter():
 
     async def cancel_midway():
         task = asyncio.ensure_future(run_python_async("import time\ntime.sleep(30)", timeout=30))
-        await asyncio.sleep(0.5)
-        running = _child_pids() - before
+        running = set()
+        for _ in range(6000):  # until the interpreter has started (at most a minute)
+            running = _child_pids() - before
+            if running:
+                break
+            await asyncio.sleep(0.01)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
