@@ -2,6 +2,7 @@
 and a SIGKILL of the whole process, and loses nothing (the long version is benchmarks/chaos.py)."""
 
 import asyncio
+import contextvars
 import json
 import os
 import platform
@@ -20,6 +21,8 @@ from unipg.config import load_config
 from unipg.observe.metrics import read_metrics
 from unipg.runtime.lm import train_lm
 from unipg.sample.envs.service import EnvironmentService, build_tools
+from unipg.sample.tools import faulty
+from unipg.sample.tools.base import current_attempt
 from unipg.sample.tools.faulty import FAULT_KINDS
 
 # rates high enough that a few updates meet raising and hanging calls, and calls that fail on every attempt; which
@@ -45,12 +48,18 @@ def faulty_service(**rates) -> EnvironmentService:
 def test_every_tool_fault_becomes_an_observation_within_the_timeout():
     service = faulty_service(raise_rate=0.25, hang_rate=0.25, garbage_rate=0.25, huge_rate=0.25)
 
-    async def calls():
-        return await asyncio.gather(*[service.call("calculator", {"expression": f"{n}*3"}) for n in range(40)])
+    async def timed(n: int):
+        start = time.monotonic()
+        result = await service.call("calculator", {"expression": f"{n}*3"})
+        return result, start, time.monotonic()
 
-    start = time.monotonic()
-    results = asyncio.run(calls())
-    assert time.monotonic() - start < 2 * 0.2 + 1.0  # hangs are cut at the timeout, all calls run at once
+    async def calls():
+        return await asyncio.gather(*[timed(n) for n in range(40)])
+
+    timed_results = asyncio.run(calls())
+    results = [result for result, _, _ in timed_results]
+    hung = [(start, end) for result, start, end in timed_results if result.timeouts]
+    assert len(hung) > 1 and max(start for start, _ in hung) < min(end for _, end in hung)  # cut, and all at once
     injected = service.tools["calculator"].injected
     assert set(injected) == set(FAULT_KINDS)
     for result in results:
@@ -80,12 +89,14 @@ def test_faulty_tool_options_are_checked():
         build_tools([{"name": "faulty", "options": {"tool": "calculator", "hang_rate": -0.1}}])
 
 
-def capture_runtime(monkeypatch) -> list:
-    """The runtimes ``train_lm`` builds, as it builds them."""
+def capture_runtime(monkeypatch, prepare=None) -> list:
+    """The runtimes ``train_lm`` builds, as it builds them; ``prepare(runtime)`` runs on each before it starts."""
     built, original = [], text.build_runtime
 
     def recording(*args, **kwargs):
         built.append(original(*args, **kwargs))
+        if prepare is not None:
+            prepare(built[-1])
         return built[-1]
 
     monkeypatch.setattr(text, "build_runtime", recording)
@@ -109,26 +120,73 @@ def nan_gradient_at(backward_call: int, monkeypatch) -> None:
     monkeypatch.setattr(text, "policy_from_config", poisoned)
 
 
+FORCED_FAULT = contextvars.ContextVar("forced_fault", default=None)
+
+
+def calls_fail_until_one_has_timed_out(service, monkeypatch) -> None:
+    """Until a call of ``service`` has ended with the default observation after a timeout, every call of its
+    ``faulty`` calculator raises on its first attempt and hangs on its retry; after that, calls meet the faults
+    drawn for them. Which expressions the policy writes depends on timing, so the drawn faults alone may miss
+    these. A forced call that an interrupt cancels does not count: forcing goes on."""
+    tool, draw, call, done = service.tools["calculator"], faulty.draw_fault, service.call, threading.Event()
+    drawn, schedule = tool.function, {1: "raise", 2: "hang"}  # attempt -> fault
+
+    async def scheduled(**arguments):
+        token = FORCED_FAULT.set(None if done.is_set() else schedule.get(current_attempt()))
+        try:  # the forced fault goes through the faulty tool's own paths (and its ``injected`` count)
+            return await drawn(**arguments)
+        finally:
+            FORCED_FAULT.reset(token)
+
+    async def recording(name, arguments):
+        result = await call(name, arguments)
+        if result.status == "failed" and result.timeouts:
+            done.set()
+        return result
+
+    monkeypatch.setattr(faulty, "draw_fault", lambda rates, rng: FORCED_FAULT.get() or draw(rates, rng))
+    tool.function, service.call = scheduled, recording
+
+
+def interrupt_at_episode_starts(rollout, starts: set[int], interrupted: list[int]) -> None:
+    """When ``rollout`` starts its episode number ``starts`` (counting from 1), cancel one running group with
+    ``LMRollout.interrupt`` from another thread, as a crash of its task would, and append what it returned to
+    ``interrupted``. The starting episode waits for it, so at least its own group is running then."""
+    make_loop, started = rollout.runner.agent_loop, []
+
+    def interrupt_one():
+        interrupted.append(rollout.interrupt(1))
+
+    def agent_loop(engine):
+        loop = make_loop(engine)
+        run_episode = loop.run_episode
+
+        async def interrupting(env, example, order):
+            started.append(order)
+            if len(started) in starts:
+                await asyncio.to_thread(interrupt_one)  # may cancel this very group: it is then run again
+            return await run_episode(env, example, order)
+
+        loop.run_episode = interrupting
+        return loop
+
+    rollout.runner.agent_loop = agent_loop
+
+
 def test_concurrent_agent_run_survives_tool_faults_interrupted_episodes_and_a_nan_gradient(
         embedded_path, tmp_path, monkeypatch):
     config = load_config(None, AGENT + [f"log.output_dir={tmp_path}", "runtime.max_staleness=1", "runtime.schedule=concurrent", "train.updates=5",
                                         "checkpoint.every_updates=1", "rollback.enabled=true"])
-    runtimes = capture_runtime(monkeypatch)
+    interrupted = []
+
+    def chaos(runtime):  # on the rollout's own runner and service; the learner's evaluation is left alone
+        calls_fail_until_one_has_timed_out(runtime.rollout.runner.service, monkeypatch)
+        # the run needs 40 finished episodes, so it is still going when episode 21 starts
+        interrupt_at_episode_starts(runtime.rollout, {5, 13, 21}, interrupted)
+
+    runtimes = capture_runtime(monkeypatch, chaos)
     nan_gradient_at(3, monkeypatch)
-    stop, interrupted = threading.Event(), []
-
-    def chaos():  # cancel a running group a few times, as a crash of its task would
-        while not stop.wait(1.0) and sum(interrupted) < 3:
-            if runtimes:
-                interrupted.append(runtimes[0].rollout.interrupt(1))
-
-    monkey = threading.Thread(target=chaos, daemon=True)
-    monkey.start()
-    try:
-        result = train_lm(config)
-    finally:
-        stop.set()
-        monkey.join()
+    result = train_lm(config)
     assert sum(interrupted) >= 1
     records = [r for r in read_metrics(result.run_dir) if "train/loss" in r]
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5]  # no gap, no repeat
