@@ -119,32 +119,24 @@ def test_a_killed_rollout_worker_is_replaced_and_every_episode_is_accounted_for(
     replaced, its groups run again, and started = finished + failed + re-queued + cancelled + in flight."""
     import unipg.runtime.backends.ray_lm as backend
 
-    rollouts = []
-    original = backend.RayRollout.__init__
+    submit, submitted, killed = backend.RayRollout._submit, [], threading.Event()
 
-    def keep(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        rollouts.append(self)
-
-    monkeypatch.setattr(backend.RayRollout, "__init__", keep)
-    killed = threading.Event()
-
-    def kill_first_busy_worker():
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not killed.is_set():
-            if rollouts and rollouts[0].load and rollouts[0].load[0] > 0:
-                ray.kill(rollouts[0].workers[0])
+    def submit_and_kill_at_the_third_group(self, job, worker):
+        """The concurrent schedule's third group goes to a worker, which is killed while it holds it."""
+        request = submit(self, job, worker)
+        if job.state is None:  # a group of the concurrent schedule (not a shard of a sequential step)
+            submitted.append(job.order)
+            if len(submitted) == 3:
+                ray.kill(self.workers[worker])
                 killed.set()
-            time.sleep(0.01)
+        return request
 
+    monkeypatch.setattr(backend.RayRollout, "_submit", submit_and_kill_at_the_third_group)
     config = load_config(None, AGENT + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}", "backend=ray",
                                         "runtime.max_staleness=1", "runtime.schedule=concurrent", "train.updates=5",
                                         "ray.rollout_workers=2", "ray.rollout_num_cpus=0.5", "ray.env_workers=1",
                                         "ray.env_num_cpus=0.1"])
-    killer = threading.Thread(target=kill_first_busy_worker, daemon=True)
-    killer.start()
     result = train_lm(config)
-    killer.join()
     assert killed.is_set()
     records = [r for r in read_metrics(result.run_dir) if "train/loss" in r]
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
