@@ -34,6 +34,10 @@ CONFIG = Path(__file__).resolve().parents[1] / "configs" / "calculator_agent.yam
 OBJECTIVES = {"ppo": [], "decoupled_ppo": ["estimator.policy_loss=decoupled_ppo"],
               "truncated_is": ["estimator.off_policy_weight=truncated_is"],
               "age_decay": ["estimator.off_policy_weight=age_decay"]}
+# --smoke: a tiny run of the same code path, to check that the script still runs (its figures mean nothing)
+SMOKE = ["task.options={digits: 1, num_train: 16, num_test: 4, tool_demonstrations: 1.0}", "model.warm_start=false",
+         "train.batch_size=8", "train.mini_batch_size=8", "train.micro_batch_size=8", "sample.samples_per_prompt=4",
+         "sample.max_new_tokens=8", "agent.max_total_tokens=40", "eval.max_examples=4", "eval.pass_k=0"]
 
 
 def run(mode: str, args, output_dir: str) -> dict[str, float]:
@@ -46,7 +50,7 @@ def run(mode: str, args, output_dir: str) -> dict[str, float]:
     if mode == "async":
         overrides += [f"runtime.max_staleness={args.eta}", "runtime.schedule=concurrent",
                       *OBJECTIVES[args.objective]]
-    config = load_config(CONFIG, overrides)
+    config = load_config(CONFIG, overrides + (SMOKE if args.smoke else []))
     result = train_lm(config)
     steps = [r for r in read_metrics(result.run_dir) if "train/loss" in r]
     return {"seconds": result.train_seconds, "trajectories_per_second": result.samples_per_second,
@@ -69,7 +73,10 @@ def main() -> None:
     parser.add_argument("--batch-wait-ms", type=float, default=5.0,
                         help="how long the inference engine waits to fill a generate batch (both runs)")
     parser.add_argument("--output-dir", help="keep the runs here (default: a temporary folder)")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: checks that the script still runs, measures nothing")
     args = parser.parse_args()
+    if args.smoke:
+        args.updates, args.eta, args.latency, args.eval_examples = 2, 1, 0.01, 4
     tail = math.exp(2.3263 * args.sigma)
     print(f"tool latency: log-normal, median {args.latency:g} s, p99 {args.latency * tail:.2f} s "
           f"(p99/median {tail:.1f}); {args.updates} learner steps of 128 trajectories")

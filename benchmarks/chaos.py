@@ -54,6 +54,12 @@ from unipg.observe.metrics import read_metrics
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "calculator_agent.yaml"
 
 
+# --smoke: a tiny run of the same code path, to check that the script still runs (its figures mean nothing)
+SMOKE = ["task.options={digits: 1, num_train: 16, num_test: 4, tool_demonstrations: 1.0}", "model.warm_start=false",
+         "train.batch_size=8", "train.mini_batch_size=8", "train.micro_batch_size=8", "sample.samples_per_prompt=4",
+         "sample.max_new_tokens=8", "agent.max_total_tokens=40", "eval.max_examples=4", "eval.pass_k=0"]
+
+
 def configuration(args, output_dir: str, name: str, *extra: str):
     faulty = (f"task.tools=[{{name: faulty, options: {{tool: calculator, raise_rate: {args.raise_rate}, "
               f"hang_rate: {args.hang_rate}, garbage_rate: {args.garbage_rate}, huge_rate: {args.huge_rate}}}}}]")
@@ -62,7 +68,7 @@ def configuration(args, output_dir: str, name: str, *extra: str):
                  "train.batch_size=64", "train.mini_batch_size=64", "train.micro_batch_size=32",
                  "eval.every_updates=1000", "eval.max_examples=32", "checkpoint.every_updates=2",
                  "rollback.enabled=true", f"log.output_dir={output_dir}", f"log.run_name={name}",
-                 "log.progress=false", "log.tensorboard=false", *extra]
+                 "log.progress=false", "log.tensorboard=false", *extra, *(SMOKE if args.smoke else [])]
     return overrides
 
 
@@ -261,7 +267,11 @@ def main() -> None:
     parser.add_argument("--kill-after", type=float, nargs=2, default=[20.0, 60.0],
                         help="a SIGKILL comes uniformly between these seconds after a (re)start")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: checks that the script still runs, measures nothing")
     args = parser.parse_args()
+    if args.smoke:  # the SIGKILL phase restarts a run several times: too long for a smoke run
+        args.updates, args.nan_updates, args.interrupt_every, args.skip_sigkill = 3, [2], 0.5, True
+        print("smoke run: the sigkill phase is skipped")
     results = []
     with tempfile.TemporaryDirectory() as output_dir:
         phases = ([] if args.skip_inprocess else ["inprocess"]) + (["ray"] if args.ray else [])

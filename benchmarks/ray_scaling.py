@@ -39,13 +39,19 @@ from unipg.sample.tasks.base import make_task
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "calculator_agent.yaml"
 
 
+# --smoke: a tiny run of the same code path, to check that the script still runs (its figures mean nothing)
+SMOKE = ["task.options={digits: 1, num_train: 16, num_test: 4, tool_demonstrations: 1.0}", "model.warm_start=false",
+         "train.batch_size=8", "train.mini_batch_size=8", "train.micro_batch_size=8", "sample.samples_per_prompt=4",
+         "sample.max_new_tokens=8", "agent.max_total_tokens=40", "eval.max_examples=4", "eval.pass_k=0"]
+
+
 def configuration(args, backend: str, workers: int, output_dir: str):
     cpus = os.cpu_count() or 1
     overrides = ["task.options={digits: 3, operations: '*', tool_demonstrations: 1.0}",
                  f"task.tools=[{{name: calculator, latency: {{kind: fixed, seconds: {args.latency}}}}}]",
                  "runtime.max_staleness=4", "runtime.schedule=concurrent", "agent.tool_timeout=60",
                  f"log.output_dir={output_dir}", "log.progress=false", "log.tensorboard=false",
-                 f"backend={backend}", f"agent.concurrency={args.episodes}"]
+                 f"backend={backend}", f"agent.concurrency={args.episodes}", *(SMOKE if args.smoke else [])]
     if backend == "ray":
         overrides += [f"ray.rollout_workers={workers}", f"ray.episodes_per_worker={args.episodes}",
                       f"ray.rollout_num_cpus={min(1.0, cpus / workers):g}", "ray.env_workers=1",
@@ -91,11 +97,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5, help="timed consumer steps of 128 trajectories")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: checks that the script still runs, measures nothing")
     args = parser.parse_args()
+    if args.smoke:  # starting Ray alone takes longer than a smoke run
+        args.workers, args.episodes, args.latency, args.steps, args.warmup, args.repeats = [], 8, 0.01, 1, 0, 1
+        print("smoke run: the Ray backend is skipped, the in-process one runs")
+    else:
+        import ray
 
-    import ray
-
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="WARNING")
+        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="WARNING")
     modes = [("inprocess", 1)] + [("ray", workers) for workers in args.workers]
     results: dict[tuple[str, int], list[dict[str, float]]] = {mode: [] for mode in modes}
     with tempfile.TemporaryDirectory() as output_dir:
@@ -106,7 +116,8 @@ def main() -> None:
                 print(f"repeat {repeat + 1}: {backend:9s} workers {workers}: "
                       f"{outcome['trajectories_per_second']:.2f} trajectories/s, "
                       f"{outcome['tool_calls']:.2f} tool calls per episode", flush=True)
-    ray.shutdown()
+    if not args.smoke:
+        ray.shutdown()
 
     median = {mode: statistics.median(r["trajectories_per_second"] for r in runs) for mode, runs in results.items()}
     one = median[("ray", 1)] if ("ray", 1) in median else None

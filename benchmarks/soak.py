@@ -36,6 +36,13 @@ from unipg.runtime.lm import TrainingStopped, train_lm
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "calculator_agent.yaml"
 
 
+# --smoke: a tiny run of the same code path, to check that the script still runs (its figures mean nothing)
+SMOKE = ["task.options={digits: 1, num_train: 16, num_test: 4, tool_demonstrations: 1.0}", "model.warm_start=false",
+         "train.batch_size=8", "train.mini_batch_size=8", "train.micro_batch_size=8", "sample.samples_per_prompt=4",
+         "sample.max_new_tokens=8", "agent.max_total_tokens=40", "eval.max_examples=4", "eval.pass_k=0",
+         "train.updates=3", "eval.every_updates=2", "checkpoint.every_updates=2"]
+
+
 def slope_per_minute(times: list[float], values: list[float]) -> float:
     """Least-squares slope of ``values`` against ``times`` (seconds), per minute."""
     if len(times) < 2:
@@ -51,7 +58,10 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=256, help="episodes in flight")
     parser.add_argument("--latency", type=float, default=1.0, help="median seconds of a tool call")
     parser.add_argument("--default-arenas", action="store_true", help="keep glibc's default malloc arenas")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: checks that the script still runs, measures nothing")
     args = parser.parse_args()
+    if args.smoke:  # three updates, not a time limit
+        args.concurrency, args.latency = 8, 0.01
     if not args.default_arenas:
         limit_malloc_arenas()
     arenas = os.environ.get("MALLOC_ARENA_MAX")
@@ -63,7 +73,7 @@ def main() -> None:
             f"agent.concurrency={args.concurrency}", "runtime.max_staleness=2", "runtime.schedule=concurrent",
             "sample.replay_buffer_size=512", "train.updates=1000000", "eval.every_updates=50", "eval.max_examples=64",
             "checkpoint.every_updates=10", "checkpoint.keep_last=3", f"log.output_dir={output_dir}",
-            "log.run_name=soak", "log.progress=false"])
+            "log.run_name=soak", "log.progress=false", *(SMOKE if args.smoke else [])])
         timer = threading.Timer(args.minutes * 60, os.kill, (os.getpid(), signal.SIGTERM))
         timer.start()
         start = time.time()

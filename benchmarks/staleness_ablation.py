@@ -115,7 +115,11 @@ def main() -> None:
     parser.add_argument("--total-steps", type=int, default=100_000, help="environment steps per run")
     parser.add_argument("--eval-every", type=int, default=5_000, help="environment steps between evaluations")
     parser.add_argument("--out", type=Path, help="also write every run's figures to this JSON file")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: checks that the script still runs, measures nothing")
     args = parser.parse_args()
+    if args.smoke:
+        args.etas, args.objectives, args.seeds = [0, 1], ["naive_ppo", "decoupled_ppo"], [0]
+        args.jobs, args.total_steps, args.eval_every = 1, 1_024, 512
 
     objectives = list(args.objectives)
     if 0 in args.etas and "naive_ppo" not in objectives and SAME_AS_NAIVE_WHEN_FRESH & set(objectives):

@@ -64,6 +64,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import argparse  # noqa: E402
 import functools  # noqa: E402
+import importlib.util  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -106,7 +107,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--config", default="configs/arithmetic_grpo.yaml", help="unipg config both runs follow")
     parser.add_argument("--threads", type=int, default=2, help="torch threads for both frameworks")
     parser.add_argument("--quick", action="store_true", help="tiny batches and 2 updates: a smoke run")
-    return parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="--quick, without the warm start, and without TRL "
+                        "where it is not installed: checks that the script still runs, measures nothing")
+    args = parser.parse_args()
+    args.quick = args.quick or args.smoke
+    return args
 
 
 def load_benchmark_config(args: argparse.Namespace, seed: int, output_dir: str):
@@ -116,7 +121,9 @@ def load_benchmark_config(args: argparse.Namespace, seed: int, output_dir: str):
     updates = min(args.updates, 2) if args.quick else args.updates
     overrides = [f"seed={seed}", f"train.updates={updates}", f"eval.every_updates={updates}", "eval.pass_k=0",
                  f"log.output_dir={output_dir}", "log.progress=false", "log.tensorboard=false"]
-    return load_config(args.config, overrides + (QUICK_OVERRIDES if args.quick else []))
+    smoke = ["model.warm_start=false", "train.batch_size=8", "train.mini_batch_size=8", "train.micro_batch_size=8",
+             "eval.max_examples=4"] if args.smoke else []
+    return load_config(args.config, overrides + (QUICK_OVERRIDES if args.quick else []) + smoke)
 
 
 def check_comparable(config) -> None:
@@ -309,6 +316,8 @@ def print_table(results: list[RunResult], seeds: list[int]) -> None:
             means = [statistics.fmean(getattr(r, field) for r in mine)
                      for field in ("samples_per_second", "train_reward", "pass_before", "pass_after")]
             print(table_row(name, "mean", (None, None, *means)))
+    if not runs["trl"]:
+        return
     ratios = [u.samples_per_second / t.samples_per_second for t, u in zip(runs["trl"], runs["unipg"])]
     per_seed = ", ".join(f"seed {t.seed}: {ratio:.2f}" for t, ratio in zip(runs["trl"], ratios))
     print(f"\nsamples/s ratio unipg / TRL: {statistics.fmean(ratios):.2f}"
@@ -328,6 +337,10 @@ def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
     quiet_libraries()
+    frameworks = ["trl", "unipg"]
+    if args.smoke and importlib.util.find_spec("trl") is None:
+        print("TRL is not installed: its side is skipped")
+        frameworks.remove("trl")
     from unipg.learn.warm_start import resolve_warm_start
     from unipg.sample.tasks.base import make_task
 
@@ -341,7 +354,7 @@ def main() -> None:
             config = resolve_warm_start(config, task)  # supervised fine-tuning on first use, then cached
             if position == 0:
                 print_settings(config)
-            order = ("trl", "unipg") if position % 2 == 0 else ("unipg", "trl")
+            order = frameworks if position % 2 == 0 else frameworks[::-1]
             for framework in order:
                 print(f"seed {seed}: training with {framework} ...", flush=True)
                 try:
