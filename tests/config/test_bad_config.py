@@ -105,6 +105,8 @@ def test_a_utf8_byte_order_mark_is_accepted(tmp_path):
     ("seed=-1", "'seed': Input should be greater than or equal to 0"),
     ("seed=99999999999", "'seed': Input should be less than 2147483648"),
     ("sample.stop=</s>", "'sample.stop': Input should be a valid list (got '</s>')"),
+    ("sample.stop=['']", "'sample.stop': stop strings must not be empty: an empty string matches everywhere"),
+    ("sample.stop=['</s>', '']", "ends every completion after one token; remove it"),
     ("log.run_name=../elsewhere", "'log.run_name': run_name must be a relative folder path"),
     ("log.run_name=/tmp/x", "without '..', '.' or empty parts; the folder is made under log.output_dir"),
     ("log.run_name=sweep/../../x", "run_name must be a relative folder path"),
@@ -132,6 +134,8 @@ def test_text_field_overrides_keep_the_text_as_written():
     ([*TEXT, "sample.samples_per_prompt=3"], "sample.samples_per_prompt (3) must divide train.batch_size (64)"),
     ([*TEXT, "algorithm=grpo", "sample.samples_per_prompt=1"], "set sample.samples_per_prompt to at least 2"),
     ([*TEXT, "train.micro_batch_size=24"], "train.micro_batch_size (24) must divide train.mini_batch_size (32)"),
+    ([*TEXT, "sample.replay_buffer_size=1"], "sample.replay_buffer_size (1) cannot hold one learner step's batch of "
+                                             "64 trajectories"),
     ([*TEXT, "algorithm=ppo", "model.value_head=false"], "needs a critic; set model.value_head=true"),
     (["env.total_steps=100"], "train.batch_transitions (256) exceeds env.total_steps (100)"),
     (["estimator.clip_range_high=0.1"], "clip-higher needs ε_high ≥ ε_low"),

@@ -11,6 +11,7 @@ from unipg.observe.metrics import read_metrics
 from unipg.policy.loading import load_lm_policy, policy_from_config
 from unipg.runtime.gym import seed_everything
 from unipg.runtime.lm import PromptSampler, set_threads, train_lm
+from unipg.runtime.driver import Runtime
 from unipg.runtime.replay import ProducerFailed
 from unipg.sample.episodes import EpisodeRunner
 from unipg.sample.rewards.rules import build_rewards
@@ -118,9 +119,18 @@ def test_a_failing_rollout_stops_the_run_with_its_error(embedded_path, tmp_path,
     assert "Traceback" in open(trace).read() and "in broken" in open(trace).read()
 
 
-def test_a_buffer_too_small_for_one_batch_is_refused_before_training(embedded_path, tmp_path):
-    config = load_config(None, SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
-                                        "sample.replay_buffer_size=4", "runtime.max_staleness=1"])
-    with pytest.raises(ValueError, match=r"replay_buffer_size \(4\) cannot hold one learner step's batch of 8 "
-                                         r"trajectories; set it to at least 16"):
-        train_lm(config)
+def test_a_buffer_too_small_for_one_batch_is_refused_at_config_load_before_a_run_folder_exists(embedded_path,
+                                                                                              tmp_path):
+    overrides = SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}", "log.run_name=tiny-buffer",
+                         "runtime.max_staleness=1"]
+    for size in (1, 4):
+        with pytest.raises(ValueError, match=rf"replay_buffer_size \({size}\) cannot hold one learner step's batch "
+                                             r"of 8 trajectories; set it to at least 16"):
+            load_config(None, overrides + [f"sample.replay_buffer_size={size}"])
+    assert list(tmp_path.iterdir()) == []
+    load_config(None, overrides + ["sample.replay_buffer_size=8"])  # one batch is enough to train
+
+
+def test_the_runtime_still_refuses_a_buffer_too_small_for_one_batch():
+    with pytest.raises(ValueError, match=r"replay_buffer_size \(4\) cannot hold one learner step's batch of 8"):
+        Runtime(None, groups_per_step=2, group_size=4, max_staleness=0, capacity=4)

@@ -45,11 +45,26 @@ def test_a_missing_parquet_column_names_the_columns_found(tmp_path):
     ({"question": "Why?", "answer": ""}, "line 2: field 'answer' is empty"),
     ({"question": 12, "answer": "#### 1"}, "line 2: missing or non-text field 'question': it holds int 12, not text"),
     ({"question": "q", "answer": ["#### 1"]}, "line 2: missing or non-text field 'answer': it holds list"),
-    ({"question": "q", "answer": None}, "line 2: missing or non-text field 'answer'"),
+    ({"question": "q", "answer": None}, "line 2: field 'answer' is null"),
+    ({"question": None, "answer": "#### 1"}, "line 2: field 'question' is null; every example needs a question"),
+    ({"question": "q", "answer": "3 + 4\n#### seven"}, "line 2: the final answer '#### seven' is not a number"),
+    ({"question": "q", "answer": "#### 7 apples"}, "line 2: the final answer '#### 7 apples' is not a number"),
+    ({"question": "q", "answer": "#### $"}, "line 2: the answer has no final line '#### <number>'"),
     ({"question": "q", "answer": "no final line"}, "line 2: the answer has no final line '#### <number>'"),
 ])
 def test_empty_prompts_and_wrong_value_types_name_the_line(tmp_path, record, expected):
     assert expected in load_error(jsonl(tmp_path, GOOD, record))
+
+
+@pytest.mark.parametrize("answer", ["#### 7", "#### -7", "#### 1,234", "#### $5", "#### 0.25", "#### 3/4", "#### 5."])
+def test_numeric_final_answers_in_every_gsm8k_form_are_accepted(tmp_path, answer):
+    task = make_task("gsm8k", path=str(jsonl(tmp_path, GOOD, {"question": "q", "answer": answer})))
+    assert len(task.train + task.test) == 2
+
+
+def test_a_null_question_is_not_reported_as_missing(tmp_path):
+    message = load_error(jsonl(tmp_path, GOOD, {"question": None, "answer": "#### 4"}))
+    assert "is null" in message and "fields found" not in message
 
 
 def test_wrong_value_types_in_a_parquet_column_name_the_row(tmp_path):
@@ -57,7 +72,7 @@ def test_wrong_value_types_in_a_parquet_column_name_the_row(tmp_path):
     parquet = pytest.importorskip("pyarrow.parquet")
     path = tmp_path / "data.parquet"
     parquet.write_table(pyarrow.table({"question": ["a", None], "answer": ["#### 1", "#### 2"]}), path)
-    assert f"{path}, row 2: missing or non-text field 'question'" in load_error(path)
+    assert f"{path}, row 2: field 'question' is null" in load_error(path)
 
 
 def test_non_utf8_bytes_name_the_file_and_line(tmp_path):

@@ -40,6 +40,11 @@ turns = st.lists(call_pieces | st.text(max_size=10), max_size=30).map("".join)
 @given(text=st.text() | turns)
 @example(text=OPEN_TAG + "[" * 100_000 + CLOSE_TAG)  # deeper than the interpreter's recursion limit
 @example(text=OPEN_TAG + '{"name": ["lookup"]}' + CLOSE_TAG)  # an unhashable name
+@example(text=OPEN_TAG + '{"name": "lookup", "arguments": {"limit": ' + "9" * 5000 + "}}" + CLOSE_TAG)
+@example(text=OPEN_TAG + "9" * 4301 + CLOSE_TAG)  # past Python's int-string conversion limit
+@example(text=OPEN_TAG + "-" + "1" * 10_000 + " trailing" + CLOSE_TAG)
+@example(text=OPEN_TAG + '{"name": "lookup", "arguments": {"mode": ' + "[" * 900 + "]" * 900 + "}}" + CLOSE_TAG)
+@example(text=OPEN_TAG + '{"a": ' * 50_000 + CLOSE_TAG)
 def test_any_turn_is_an_answer_a_call_or_a_malformed_call_and_never_raises(text):
     turn = parse_turn(text, SERVICE)
     assert turn.kind in ("answer", "call", "malformed")
@@ -60,6 +65,31 @@ def test_a_formatted_call_parses_back_to_its_name_and_arguments(name, arguments,
                     lambda **kwargs: "")
     turn = parse_turn(before + format_tool_call(name, arguments) + after, EnvironmentService({name: anything}))
     assert (turn.kind, turn.name, turn.arguments) == ("call", name, arguments)
+
+
+adversarial_bodies = st.one_of(
+    st.integers(4301, 20_000).map(lambda digits: "7" * digits),  # past the int-string conversion limit
+    st.integers(4301, 6000).map(lambda digits: '{"name": "lookup", "arguments": {"limit": -%s}}' % ("1" * digits)),
+    st.integers(1, 200_000).map(lambda depth: "[" * depth),  # nesting past the recursion limit
+    st.integers(1, 50_000).map(lambda depth: '{"x": ' * depth),
+    st.integers(500, 3000).map(lambda depth: '{"name": "lookup", "arguments": {"query": "q", "mode": '
+                               + "[" * depth + "]" * depth + "}}"),
+    st.sampled_from(["NaN", "-Infinity", "1e999999", "[1e400]", '"\ud800"', '{"name": "\udfff"}', "\u0000"]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(body=adversarial_bodies, before=st.text(max_size=5), after=st.sampled_from(["", CLOSE_TAG, " x " + CLOSE_TAG]))
+def test_adversarial_json_in_a_call_is_a_malformed_call_and_never_raises(body, before, after):
+    assume(OPEN_TAG not in before)
+    turn = parse_turn(before + OPEN_TAG + body + CLOSE_TAG + after, SERVICE)
+    assert turn.kind in ("call", "malformed")
+    if turn.kind == "malformed":
+        assert isinstance(turn.error, str) and turn.error
+
+
+def test_an_integer_too_long_for_python_is_reported_as_such():
+    turn = parse_turn(OPEN_TAG + '{"name": "lookup", "arguments": {"limit": ' + "9" * 5000 + "}}" + CLOSE_TAG, SERVICE)
+    assert turn.kind == "malformed" and "too many digits" in turn.error
 
 
 def test_unicode_nested_tags_missing_closing_tags_and_non_objects_are_malformed_with_a_reason():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from unipg.config.section import Section
 
@@ -141,6 +141,15 @@ class SampleConfig(Section):
     """trajectories the rollout side produces per learner step."""
     replay_buffer_size: int = Field(4096, ge=1)
     """capacity of the replay buffer in trajectories."""
+
+    @field_validator("stop")
+    @classmethod
+    def _no_empty_stop_strings(cls, stop: list[str]) -> list[str]:
+        # "" occurs at every position, so it would end every completion after its first token
+        if any(text == "" for text in stop):
+            raise ValueError("stop strings must not be empty: an empty string matches everywhere and ends every "
+                             "completion after one token; remove it (e.g. sample.stop=[] or sample.stop=['\\n\\n'])")
+        return stop
 
 
 class CheckpointConfig(Section):

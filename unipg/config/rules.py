@@ -96,6 +96,13 @@ def lm_problems(config: Config) -> list[str]:
             f"train.micro_batch_size ({train.micro_batch_size}) must divide train.mini_batch_size "
             f"({train.mini_batch_size}): gradients are accumulated over whole micro-batches"
         )
+    per_step = config.prompts_per_step * sample.samples_per_prompt  # trajectories one learner step trains on
+    if sample.replay_buffer_size < per_step:
+        problems.append(
+            f"sample.replay_buffer_size ({sample.replay_buffer_size}) cannot hold one learner step's batch of "
+            f"{per_step} trajectories; set it to at least {(config.runtime.max_staleness + 1) * per_step} "
+            "((runtime.max_staleness + 1) batches, so that nothing admitted is evicted)"
+        )
     if est.advantage not in ADVANTAGES:
         problems.append("estimator.advantage: " + unknown_name_message("advantage estimator", est.advantage, ADVANTAGES.names()))
     elif est.advantage in {"grpo", "dr_grpo", "rloo"} and sample.samples_per_prompt < 2:

@@ -356,3 +356,30 @@ def memory_growth(history: History) -> list[Finding]:
                       "shorter sequences and reach the batch size by gradient accumulation.")
             findings.append(Finding("memory_growth", "warning", evidence, remedy, name, span(steps)))
     return findings
+
+
+# ---- rewards that never apply ----------------------------------------------------------------------------------
+
+REWARD_NONE_PREFIX = "rollout/reward_none_fraction/"  # logged per reward function by the lm rollout
+
+
+@CHECKS.register("reward_never_applies")
+def reward_never_applies(history: History) -> list[Finding]:
+    """A reward function returned None (not applicable) for every completion of a batch, so it added nothing."""
+    findings = []
+    for metric in (name for name in history.metric_names() if name.startswith(REWARD_NONE_PREFIX)):
+        steps, fractions = history.finite(metric)
+        unscored = [step for step, fraction in zip(steps, fractions) if fraction >= 1.0]
+        if not unscored:
+            continue
+        function = metric.removeprefix(REWARD_NONE_PREFIX)
+        always = len(unscored) == len(steps)
+        evidence = (f"reward function '{function}' returned None for every completion in {len(unscored)} of "
+                    f"{len(steps)} logged step(s) (steps {unscored[0]}-{unscored[-1]})"
+                    + ("; it has never scored a completion, so the run trains without it" if always else ""))
+        remedy = (f"Check what '{function}' reads: it returns None (not applicable) when the keyword argument it "
+                  "expects (a dataset column) is missing or its answer parser never matches the completions. Fix "
+                  "the function or its column name, or remove it from task.rewards.")
+        findings.append(Finding("reward_never_applies", "error" if always else "warning", evidence, remedy, metric,
+                                (unscored[0], unscored[-1])))
+    return findings

@@ -19,7 +19,7 @@ import yaml
 
 from unipg.observe import checks as _checks  # noqa: F401  (registers the built-in checks)
 from unipg.observe.findings import CHECKS, DEFAULT_WINDOW, Finding, History
-from unipg.observe.records import finite_or_none, read_metrics
+from unipg.observe.records import finite_or_none, load_metrics
 
 # Monitor: how many records it keeps, and how many clean observations re-arm a condition that fired.
 MONITOR_WINDOW = 50
@@ -43,14 +43,22 @@ def diagnose_run(run_dir: Path, *, window: int = DEFAULT_WINDOW) -> list[Finding
         raise ValueError(f"'{run_dir}' {where}; pass the folder of a training run "
                          "(e.g. runs/ppo-CartPole-v1-seed0-...)")
     try:
-        records = read_metrics(run_dir)
+        loaded = load_metrics(run_dir)
         config_path = run_dir / "config.yaml"
         config = yaml.safe_load(config_path.read_text(encoding="utf-8")) if config_path.is_file() else None
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
         raise ValueError(f"cannot read the run in '{run_dir}': {error}") from None
-    if not records:
+    damage = loaded.damage(metrics_path)
+    if not loaded.records:
+        if damage:
+            raise ValueError(f"{damage}; no readable record is left to diagnose")
         raise ValueError(f"'{metrics_path}' has no records yet; run the doctor once training has logged a step")
-    return diagnose(records, config=config if isinstance(config, dict) else None, window=window)
+    findings = diagnose(loaded.records, config=config if isinstance(config, dict) else None, window=window)
+    if damage:
+        findings.insert(0, Finding("metrics_file", "warning", damage, "the findings use only the readable records; "
+                                   "metrics.jsonl is written by training, so check what else wrote to it",
+                                   "metrics.jsonl"))
+    return findings
 
 
 def format_report(findings: list[Finding]) -> str:

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import yaml
 
-from unipg.observe.metrics import read_metrics
+from unipg.observe.records import load_metrics
 
 # Metric groups, one PNG each; a pattern ending in "*" matches every metric with that prefix.
 METRIC_GROUPS: dict[str, tuple[str, ...]] = {
@@ -48,6 +49,8 @@ class RunGroup:
     run_dirs: list[Path]
     records: list[list[dict]]
     """metrics.jsonl records of each run, in the order of ``run_dirs``."""
+    damage: list[str]
+    """what was ignored in damaged metrics.jsonl files (see ``MetricsFile.damage``)."""
 
 
 def plot_runs(run_dirs: list[Path], out_dir: Path, *, metrics: list[str] | None = None) -> list[Path]:
@@ -57,6 +60,8 @@ def plot_runs(run_dirs: list[Path], out_dir: Path, *, metrics: list[str] | None 
     """
     figure_class, canvas_class = load_matplotlib()
     groups = group_runs([Path(run_dir) for run_dir in run_dirs])
+    for note in (note for group in groups for note in group.damage):
+        print(f"warning: {note}", file=sys.stderr)
     plan = plot_plan(groups, metrics)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -95,8 +100,13 @@ def group_runs(run_dirs: list[Path]) -> list[RunGroup]:
             raise ValueError(f"'{run_dir}' holds no metrics.jsonl; pass the folder of a training run "
                              "(e.g. runs/ppo-CartPole-v1-seed0-...)")
         grouped.setdefault(experiment_key(run_dir), []).append(run_dir)
-    return [RunGroup(group_label(members), members, [read_metrics(run_dir) for run_dir in members])
-            for members in grouped.values()]
+    groups = []
+    for members in grouped.values():
+        loaded = [load_metrics(run_dir) for run_dir in members]
+        damage = [note for run_dir, metrics in zip(members, loaded)
+                  if (note := metrics.damage(run_dir / "metrics.jsonl"))]
+        groups.append(RunGroup(group_label(members), members, [metrics.records for metrics in loaded], damage))
+    return groups
 
 
 def experiment_key(run_dir: Path) -> tuple[str, str]:

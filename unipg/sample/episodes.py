@@ -140,6 +140,7 @@ class EpisodeRunner:
         trajectories = await self.agent_loop(engine).run_episodes(envs, examples,
                                                                   concurrency=self.config.agent.concurrency)
         self.last_batch_sizes, self.last_generate_seconds = engine.batches, engine.generate_seconds
+        mark_unscored_rewards(trajectories, getattr(self.reward_fn, "names", []))
         return trajectories
 
     def pop_service_metrics(self, prefix: str) -> dict[str, float]:
@@ -204,10 +205,31 @@ def duplicate_fraction(texts: list[str]) -> float:
     return sum(count - 1 for count in counts.values()) / len(texts) if texts else 0.0
 
 
+REWARD_NONE_FRACTION = "reward_none_fraction"  # metric namespace of the fraction a reward function left None
+
+
+def mark_unscored_rewards(trajectories: list[Trajectory], names: list[str]) -> None:
+    """Record in each scored final answer's info (``reward_none``) the reward functions that returned None for
+    it, i.e. those of ``names`` missing from its ``reward_terms``."""
+    for trajectory in trajectories:
+        info = trajectory.infos[-1] if trajectory.infos else {}
+        if "reward_terms" in info:
+            info["reward_none"] = [name for name in names if name not in info["reward_terms"]]
+
+
 def reward_term_metrics(trajectories: list[Trajectory], prefix: str) -> dict[str, float]:
-    """The mean of each final-reward function over the episodes it applied to."""
+    """The mean of each final-reward function over the episodes it applied to, and the fraction of scored final
+    answers it returned None for (``<prefix>/reward_none_fraction/<name>``; 1.0: it scored none of the batch)."""
     values: dict[str, list[float]] = {}
     for trajectory in trajectories:
         for name, value in (trajectory.infos[-1].get("reward_terms", {}) if trajectory.infos else {}).items():
             values.setdefault(name, []).append(value)
-    return {f"{prefix}/reward_{name}": statistics.fmean(v) for name, v in values.items()}
+    metrics = {f"{prefix}/reward_{name}": statistics.fmean(v) for name, v in values.items()}
+    scored = [trajectory.infos[-1] for trajectory in trajectories
+              if trajectory.infos and "reward_none" in trajectory.infos[-1]]
+    names = dict.fromkeys(name for info in scored for name in (*info["reward_terms"], *info["reward_none"]))
+    for name in names:
+        metrics[f"{prefix}/{REWARD_NONE_FRACTION}/{name}"] = statistics.fmean(
+            name in info["reward_none"] for info in scored)
+    return metrics
+

@@ -66,21 +66,33 @@ def parse_turn(text: str, service: EnvironmentService) -> ParsedTurn:
 
 def _call_json(text: str, body_start: int, first_close: int) -> tuple[object, str | None]:
     """(the JSON value of the call whose body starts at ``body_start``, None), or (None, what is wrong)."""
-    body = text[body_start:first_close].strip()
-    try:
-        return json.loads(body), None
-    except json.JSONDecodeError as error:
-        problem = f"the call is not valid JSON ({error.msg} at character {error.pos})"
-    except RecursionError:  # nesting deeper than the interpreter's recursion limit
-        return None, "the call is nested too deeply to be read as JSON"
+    call, problem = _read_json(lambda: json.loads(text[body_start:first_close].strip()))
+    if problem is None or problem == _TOO_DEEP:
+        return call, problem
     body_start = len(text) - len(text[body_start:].lstrip())  # the first character after the spaces
-    try:
-        call, body_end = _DECODER.raw_decode(text, body_start)
-    except (json.JSONDecodeError, RecursionError):
-        return None, problem
-    if text[body_end:].lstrip().startswith(CLOSE_TAG):
-        return call, None
+    decoded, _ = _read_json(lambda: _DECODER.raw_decode(text, body_start))
+    if decoded is not None and text[decoded[1]:].lstrip().startswith(CLOSE_TAG):
+        return decoded[0], None
     return None, problem
+
+
+_TOO_DEEP = "the call is nested too deeply to be read as JSON"
+
+
+def _read_json(decode) -> tuple[object, str | None]:
+    """(what ``decode()`` returns, None), or (None, what is wrong with the text): any policy text is read
+    without raising, whatever ``json`` raises on it (a decode error, nesting past the recursion limit, an
+    integer longer than Python's int-string conversion limit)."""
+    try:
+        return decode(), None
+    except json.JSONDecodeError as error:
+        return None, f"the call is not valid JSON ({error.msg} at character {error.pos})"
+    except RecursionError:  # nesting deeper than the interpreter's recursion limit
+        return None, _TOO_DEEP
+    except ValueError as error:
+        if "integer string conversion" in str(error):
+            return None, "the call holds an integer with too many digits to read"
+        return None, f"the call is not valid JSON ({str(error)[:80]})"
 
 
 _DECODER = json.JSONDecoder()

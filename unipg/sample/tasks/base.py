@@ -123,13 +123,8 @@ def arithmetic_task(
     _check_sizes("arithmetic", num_train=num_train, num_test=num_test)
     operand_count = 10**digits
     space = len(operations) * operand_count**2
-    if num_train is None:
-        num_train = max(0, min(20000, space - num_test))
-    if num_train + num_test > space:
-        raise ValueError(
-            f"arithmetic: digits={digits} with operations={operations!r} gives only {space} distinct problems, "
-            f"fewer than num_train + num_test = {num_train + num_test}; lower the sizes or raise digits"
-        )
+    num_train = split_sizes(f"arithmetic: digits={digits} with operations={operations!r}", space,
+                            num_train=num_train, num_test=num_test, default_train=20000)
     rng = random.Random(data_seed)
     test_ids = rng.sample(range(space), num_test)
     train_ids = _sample_excluding(rng, space, num_train, set(test_ids))
@@ -156,8 +151,27 @@ def _check_sizes(task: str, **sizes: int | None) -> None:
             raise ValueError(f"{task}: {option} must be a non-negative integer, got {value!r}")
 
 
+def split_sizes(what: str, space: int, *, num_train: int | None, num_test: int, default_train: int,
+                fix: str = "lower num_test / num_train or raise digits") -> int:
+    """The train size of a task with ``space`` distinct problems (``num_train`` None: ``default_train`` or all
+    that the test set leaves); a ValueError naming ``what`` limits the space when the sizes do not fit in it."""
+    if num_test > space:
+        raise ValueError(f"{what} gives only {space} distinct problems, fewer than num_test = {num_test}; {fix}")
+    if num_train is None:
+        num_train = min(default_train, space - num_test)
+        if num_train == 0:
+            raise ValueError(f"{what} gives only {space} distinct problems and num_test = {num_test} takes them "
+                             f"all, leaving none to train on; {fix}")
+    if num_train + num_test > space:
+        raise ValueError(f"{what} gives only {space} distinct problems, fewer than num_train + num_test = "
+                         f"{num_train + num_test}; {fix}")
+    return num_train
+
+
 def _sample_excluding(rng: random.Random, space: int, count: int, excluded: set[int]) -> list[int]:
     """``count`` distinct ids from range(space) outside ``excluded``, without materialising a large space."""
+    if count + len(excluded) > space:
+        raise ValueError(f"cannot draw {count} problems from {space - len(excluded)} left; ask for fewer")
     if count + len(excluded) > space // 2:  # dense: rejection sampling would mostly hit taken ids
         remaining = [i for i in range(space) if i not in excluded]
         return rng.sample(remaining, count)

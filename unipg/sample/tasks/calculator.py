@@ -22,6 +22,7 @@ from unipg.sample.tasks.base import (
     Task,
     _check_sizes,
     _sample_excluding,
+    split_sizes,
 )
 from unipg.sample.tools.base import format_tool_call
 
@@ -45,10 +46,8 @@ def calculator_task(digits: int = 3, operations: str = "*", num_train: int | Non
     low, high = 10 ** (digits - 1) if digits > 1 else 0, 10**digits
     span = high - low
     space = len(operations) * span**2
-    num_train = min(5000, space - num_test) if num_train is None else num_train
-    if num_train + num_test > space:
-        raise ValueError(f"calculator: only {space} distinct problems for num_train + num_test = "
-                         f"{num_train + num_test}; lower the sizes or raise digits")
+    num_train = split_sizes(f"calculator: digits={digits} with operations={operations!r}", space,
+                            num_train=num_train, num_test=num_test, default_train=5000)
     rng = random.Random(data_seed)
     test_ids = rng.sample(range(space), num_test)
     train_ids = _sample_excluding(rng, space, num_train, set(test_ids))

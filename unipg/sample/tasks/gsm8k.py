@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 from pathlib import Path
 from typing import Callable
 
@@ -44,11 +45,18 @@ def gsm8k_task(
     )
 
 
+# A final answer as ``normalize_answer`` leaves it: -1234, 0.5, .5, 3/4 (thousands separators and '$' removed).
+_NUMERIC_ANSWER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:/\d+)?")
+
+
 def gsm8k_example(question: str, answer_text: str) -> Example:
     """An Example from a GSM8K record; the final answer is what follows the last ``####``."""
     final = extract_final_answer(answer_text) if "####" in answer_text else None
     if final is None:
         raise ValueError("the answer has no final line '#### <number>'")
+    if not _NUMERIC_ANSWER.fullmatch(final):
+        raise ValueError(f"the final answer '#### {final[:40]}' is not a number; end the answer with '#### <number>' "
+                         "(an integer, decimal or fraction, e.g. '#### 42')")
     return Example(question.strip(), final, answer_text.strip(), {"answer": final})
 
 
@@ -159,7 +167,9 @@ def _record_to_example(record: object) -> Example:
     if not isinstance(record, dict):
         raise ValueError(f"expected a JSON object, got {type(record).__name__}")
     for key in ("question", "answer"):
-        if key not in record or record[key] is None:
+        if key in record and record[key] is None:
+            raise ValueError(f"field '{key}' is null; every example needs a question and an answer")
+        if key not in record:
             found = ", ".join(f"'{name}'" for name in record) or "none"
             raise ValueError(f"missing or non-text field '{key}': the record has no '{key}' (fields found: {found})")
         if not isinstance(record[key], str):

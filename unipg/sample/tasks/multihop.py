@@ -24,7 +24,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from unipg.sample.tasks.base import TASKS, Example, Task, _check_sizes
+from unipg.sample.tasks.base import TASKS, Example, Task, _check_sizes, split_sizes
 from unipg.sample.tools.base import format_tool_call
 from unipg.sample.tools.retrieval import BUNDLED_DIR, STOPWORDS, search_tool
 
@@ -150,11 +150,9 @@ def multihop_task(num_train: int | None = None, num_test: int = 80, data_seed: i
     """
     _check_sizes("multihop", num_train=num_train, num_test=num_test)
     world = generate_world()
-    if num_train is None:
-        num_train = max(0, len(world.people) - num_test)
-    if num_train + num_test > len(world.people):
-        raise ValueError(f"multihop: the world has {len(world.people)} people, fewer than num_train + num_test "
-                         f"= {num_train + num_test}; lower the sizes")
+    num_train = split_sizes("multihop: the bundled world (one question per person)", len(world.people),
+                            num_train=num_train, num_test=num_test, default_train=len(world.people),
+                            fix="lower num_test / num_train (each person is asked about once)")
     rng = random.Random(data_seed)
     order = rng.sample(world.people, len(world.people))
     test_people, train_people = order[:num_test], order[num_test:num_test + num_train]
