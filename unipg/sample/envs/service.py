@@ -25,6 +25,7 @@ observation, penalties).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import random
 import threading
@@ -119,12 +120,13 @@ class DaemonThreads(Executor):
 
     def submit(self, fn, /, *args, **kwargs) -> Future:
         future: Future = Future()
+        context = contextvars.copy_context()  # the tool sees the attempt number, as an async tool does
 
         def run() -> None:
             if not future.set_running_or_notify_cancel():
                 return
             try:
-                future.set_result(fn(*args, **kwargs))
+                future.set_result(context.run(fn, *args, **kwargs))
             except BaseException as error:  # noqa: BLE001 — handed to the waiting coroutine
                 future.set_exception(error)
 
