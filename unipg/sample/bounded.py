@@ -130,7 +130,7 @@ class IsolatedFunction:
             return json.loads(self._read_line(self.timeout))
 
     def _start(self) -> subprocess.Popen:
-        self._child = subprocess.Popen([sys.executable, "-m", "unipg.sample.bounded", self.target], text=True,
+        self._child = subprocess.Popen([sys.executable, "-c", _CHILD, self.target], text=True,
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self._read_line(self.start_timeout)  # the child says "ready" once its imports are done
         return self._child
@@ -156,7 +156,10 @@ class IsolatedFunction:
             child.stdout.close()
 
 
-def _serve(target: str) -> None:
+_CHILD = "import sys; from unipg.sample.bounded import serve; serve(sys.argv[1])"
+
+
+def serve(target: str) -> None:
     """The child's loop: read JSON argument lists from stdin, write the function's JSON results to stdout."""
     module, name = target.split(":")
     function = getattr(importlib.import_module(module), name)
@@ -164,6 +167,3 @@ def _serve(target: str) -> None:
     for line in sys.stdin:
         print(json.dumps(function(*json.loads(line))), flush=True)
 
-
-if __name__ == "__main__":
-    _serve(sys.argv[1])
