@@ -11,9 +11,12 @@ observation the episode can continue from:
 - a ``ToolError`` is the tool refusing a call it understood (bad expression, empty query): its message is
   the observation, it is not retried, and it does not cost the failure penalty.
 
-Synchronous tools run on the service's own thread pool. A synchronous tool that hangs keeps its thread
-busy after the timeout (Python cannot kill a thread), so tools that may hang should be ``async`` or run
-in a subprocess, as the Python sandbox does — or in other processes altogether: with ``remote`` (an object
+A tool that hangs costs its episode no more than the timeout. Each attempt of a synchronous tool runs on a
+daemon thread of its own, so a call that never returns keeps only that thread (Python cannot kill a thread),
+later calls still find threads, and the process can exit with it still stuck. An ``async`` tool that swallows
+its cancellation is abandoned rather than awaited. ``abandoned`` counts the attempts left running either
+way. Tools that may hang for good are still better ``async`` or run in a subprocess, as the Python sandbox
+does — or in other processes altogether: with ``remote`` (an object
 with ``async call(name, arguments, delay) -> str``, e.g. the Ray backend's pool of environment actors) every
 attempt runs there, and the service keeps its policy here (timeouts, retries, latency draws, default
 observation, penalties).
@@ -22,10 +25,12 @@ observation, penalties).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import random
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 
 from unipg.sample.tools.base import TOOLS, Tool, ToolError, attempt_number
@@ -106,11 +111,34 @@ def build_tools(specs: list[dict]) -> dict[str, Tool]:
     return tools
 
 
+class DaemonThreads(Executor):
+    """An executor that runs each call on a new daemon thread: no thread is shared, so one stuck call delays
+    no other, and none is joined when the process exits."""
+
+    def __init__(self, thread_name_prefix: str = "unipg-tool"):
+        self.thread_name_prefix = thread_name_prefix
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        future: Future = Future()
+        context = contextvars.copy_context()  # the tool sees the attempt number, as an async tool does
+
+        def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(context.run(fn, *args, **kwargs))
+            except BaseException as error:  # noqa: BLE001 — handed to the waiting coroutine
+                future.set_exception(error)
+
+        threading.Thread(target=run, name=self.thread_name_prefix, daemon=True).start()
+        return future
+
+
 class _Garbage(Exception):
     """The tool returned something that is neither text nor JSON-serializable."""
 
 
-async def run_tool(tool: Tool, arguments: dict, delay: float, threads: ThreadPoolExecutor) -> str:
+async def run_tool(tool: Tool, arguments: dict, delay: float, threads: Executor) -> str:
     """One attempt of ``tool``: its latency ``delay``, then the function (a sync one on ``threads``); the
     output as text. Raises what the tool raises, or ``_Garbage`` for an output that is not text."""
     if delay:
@@ -141,7 +169,9 @@ class EnvironmentService:
         self.max_output_chars = max_output_chars
         self.stats = ServiceStats()
         self._rng = random.Random(seed)  # latency draws: reproducible experiments
-        self._threads = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="unipg-tool")
+        self.max_threads = max_threads  # kept for callers that pass it; each sync attempt has its own thread
+        self.abandoned = 0  # attempts still running when their timeout passed (sync threads, async tasks)
+        self._threads = DaemonThreads()
 
     @classmethod
     def from_specs(cls, specs: list[dict], **options) -> EnvironmentService:
@@ -155,8 +185,7 @@ class EnvironmentService:
         while True:
             attempts += 1
             try:
-                with attempt_number(attempts):  # wait_for runs the attempt in a task that copies this context
-                    output = await asyncio.wait_for(self._attempt(tool, arguments), self.timeout)
+                output = await self._timed_attempt(tool, arguments, attempts)
                 result = ToolCallResult(output, "ok", attempts, timeouts, time.monotonic() - start, 0.0)
                 break
             except ToolError as refusal:
@@ -172,6 +201,23 @@ class EnvironmentService:
                 await asyncio.sleep(self.backoff * 2 ** (attempts - 1))
         self.stats.add(name, result)
         return result
+
+    async def _timed_attempt(self, tool: Tool, arguments: dict, attempt: int) -> str:
+        """One attempt, or ``TimeoutError`` after ``timeout`` seconds. An attempt still running then is cancelled
+        but not awaited: a tool that swallows the cancellation must not hold the episode past its timeout."""
+        with attempt_number(attempt):  # the task copies this context
+            task = asyncio.ensure_future(self._attempt(tool, arguments))
+        try:
+            done, _ = await asyncio.wait({task}, timeout=self.timeout)
+        except asyncio.CancelledError:  # the episode itself was cancelled: so is its attempt
+            task.cancel()
+            raise
+        if task in done:
+            return task.result()
+        task.cancel()
+        task.add_done_callback(_retrieve)  # its eventual exception is expected; don't log it as unretrieved
+        self.abandoned += 1
+        raise TimeoutError(f"tool '{tool.name}' ran past {self.timeout:g} s")
 
     async def _attempt(self, tool: Tool, arguments: dict) -> str:
         delay = tool.latency.draw(self._rng) if tool.latency is not None else 0.0
@@ -191,4 +237,10 @@ class EnvironmentService:
         return stats
 
     def close(self) -> None:
+        """Nothing to wait for: threads of stuck calls are daemons, and do not keep the process alive."""
         self._threads.shutdown(wait=False, cancel_futures=True)
+
+
+def _retrieve(task: asyncio.Task) -> None:
+    if not task.cancelled():
+        task.exception()

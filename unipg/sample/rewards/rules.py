@@ -22,11 +22,11 @@ from __future__ import annotations
 import functools
 import re
 import threading
-from fractions import Fraction
 from typing import Any, Callable
 
 from unipg.estimate.registry import FactoryRegistry
 from unipg.sample.answers import extract_final_answer, normalize_answer
+from unipg.sample.bounded import IsolatedFunction, parse_number, symbolic_refusal
 from unipg.sample.rewards.combine import (  # noqa: F401  (the combination, importable from here as before)
     CombinedReward,
     RewardFunction,
@@ -86,12 +86,14 @@ def answers_equivalent(predicted: str, reference: str, *, tolerance: float = 1e-
 
     Fast path, deciding most calls in microseconds: when both strings are integers they must be equal; when
     both are numbers (decimals or fractions ``p/q``), |predicted − reference| ≤ tolerance. Only otherwise
-    (LaTeX, radicals, expressions) fall back to ``math_verify`` when installed, else to sympy.
+    (LaTeX, radicals, expressions) fall back to ``math_verify`` when installed, else to sympy — in a child
+    process killed after ``SYMBOLIC_TIMEOUT`` seconds, and only for answers ``symbolic_refusal`` lets through
+    (no power towers, huge exponents or factorials): a policy's ``9^9^9^9`` scores 0.0 at once.
     """
     predicted, reference = normalize_answer(predicted), normalize_answer(reference)
     if predicted == reference:
         return True
-    predicted_number, reference_number = _as_number(predicted), _as_number(reference)
+    predicted_number, reference_number = parse_number(predicted), parse_number(reference)
     if predicted_number is not None and reference_number is not None:
         if isinstance(predicted_number, int) and isinstance(reference_number, int):
             return predicted_number == reference_number  # exact, even beyond float precision
@@ -99,19 +101,30 @@ def answers_equivalent(predicted: str, reference: str, *, tolerance: float = 1e-
             return abs(float(predicted_number) - float(reference_number)) <= tolerance
         except OverflowError:  # a number too large for a float is not within tolerance of a smaller one
             return False
-    verifier = _math_verify()
+    if symbolic_refusal(predicted) is not None or symbolic_refusal(reference) is not None:
+        return False
+    try:
+        use_math_verify = _math_verify() is not None
+        return bool(_isolated_symbolic_equal()(predicted, reference, tolerance, use_math_verify))
+    except (TimeoutError, OSError, ValueError):  # ran too long, or its process failed: not shown equal
+        return False
+
+
+SYMBOLIC_TIMEOUT = 5.0  # seconds one symbolic comparison may take
+
+
+@functools.lru_cache(maxsize=1)
+def _isolated_symbolic_equal() -> IsolatedFunction:
+    return IsolatedFunction(f"{__name__}:symbolic_equal", timeout=SYMBOLIC_TIMEOUT)
+
+
+def symbolic_equal(predicted: str, reference: str, tolerance: float, use_math_verify: bool) -> bool:
+    """``math_verify`` (when the caller found it installed), else sympy; runs in the child process of
+    ``answers_equivalent``."""
+    verifier = _math_verify() if use_math_verify else None
     if verifier is not None:
         return _math_verify_equal(verifier, predicted, reference)
     return _sympy_equal(predicted, reference, tolerance=tolerance)
-
-
-def _as_number(text: str) -> int | float | Fraction | None:
-    for parse in (int, float, Fraction):  # Fraction reads "3/4"; float also reads "1e3"
-        try:
-            return parse(text)
-        except (ValueError, ZeroDivisionError, OverflowError):
-            continue
-    return None
 
 
 @functools.lru_cache(maxsize=1)
@@ -200,8 +213,12 @@ def math_reward(tolerance: float = 1e-6) -> RewardFunction:
 
 
 @REWARDS.register("format")
-def format_reward(pattern: str = r"####\s*-?[\d,]*\.?\d+\s*$") -> RewardFunction:
-    """1.0 when ``re.search(pattern, completion.strip())`` matches, else 0.0; by default ``#### <number>``."""
+def format_reward(pattern: str = r"####\s*-?(?:[\d,]*[.,])?\d+\s*$") -> RewardFunction:
+    """1.0 when ``re.search(pattern, completion.strip())`` matches, else 0.0; by default ``#### <number>``.
+
+    The default pattern has one way to match each string (no nested choices between digit runs), so it takes
+    linear time on any completion; a custom pattern should too.
+    """
     try:
         compiled = re.compile(pattern)
     except re.error as err:

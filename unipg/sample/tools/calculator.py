@@ -2,8 +2,9 @@
 
 The expression is parsed with ``ast`` and only number literals, + - * / // % **, unary signs and
 parentheses are evaluated, on Python integers and ``Fraction``s, so "4738*29" is exact and "7/3" is a
-fraction rounded only when printed. Exponents and result sizes are bounded so that "9**9**9" cannot hang
-the process.
+fraction rounded only when printed. Exponents and the digits of every result's numerator and denominator are
+bounded, and a power is refused before it is computed when its operands' sizes say its result would be too
+large, so that neither "9**9**9" nor "((1/3**64)**64)**64" can hold the process.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ import ast
 import operator
 from fractions import Fraction
 
+from unipg.sample.bounded import power_bits
 from unipg.sample.tools.base import TOOLS, Tool, ToolError, tool
 
 MAX_EXPRESSION_CHARS = 200
 MAX_EXPONENT = 64  # |b| in a**b; large enough for any task, small enough to stay instant
-MAX_RESULT_DIGITS = 100
+MAX_RESULT_DIGITS = 100  # of a result's numerator and of its denominator
+_MAX_POWER_BITS = 4 * MAX_RESULT_DIGITS  # above log2(10) bits per digit: a power past it has too many digits
 
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
            ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
@@ -43,12 +46,15 @@ def _evaluate(node: ast.AST) -> Fraction:
         left, right = _evaluate(node.left), _evaluate(node.right)
         if isinstance(node.op, ast.Pow) and (right.denominator != 1 or abs(right) > MAX_EXPONENT):
             raise ToolError(f"exponents must be whole numbers of at most {MAX_EXPONENT}")
+        if isinstance(node.op, ast.Pow) and power_bits(left, int(right)) > _MAX_POWER_BITS:
+            raise ToolError(f"result has more than {MAX_RESULT_DIGITS} digits")
         if isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)) and right == 0:
             raise ToolError("division by zero")
         result = _BINARY[type(node.op)](left, right)
-        if len(str(abs(result.numerator))) > MAX_RESULT_DIGITS:
+        result = Fraction(result)
+        if max(len(str(abs(result.numerator))), len(str(result.denominator))) > MAX_RESULT_DIGITS:
             raise ToolError(f"result has more than {MAX_RESULT_DIGITS} digits")
-        return Fraction(result)
+        return result
     raise ToolError(f"'{ast.unparse(node)}' is not allowed; use numbers, + - * / // % ** and parentheses")
 
 
