@@ -192,5 +192,8 @@ def test_gymnasium_environments_speak_the_same_protocol():
     assert [s.reward for s in steps] == [1.0, 1.0, 1.0] and steps[-1].done and steps[-1].info["correct"]
     _, [invalid] = run_episode(env, Example("", "", "", {"seed": 0}), ["left"])
     assert invalid.done and invalid.reward == -1.0 and invalid.info["invalid_action"]
+    for action in ("9" * 5000, "-" + "1" * 5000):  # past int()'s digit limit: invalid, not an error
+        _, [invalid] = run_episode(env, Example("", "", "", {"seed": 0}), [action])
+        assert invalid.info["invalid_action"], action
     with pytest.raises(ValueError, match="Discrete"):
         ENVS.get("gym")(None, env_id="Pendulum-v1")

@@ -46,7 +46,10 @@ class GymTextEnv:
 
     async def step(self, action: str) -> StepResult:
         match = _INTEGER.search(action)
-        if match is None or not 0 <= int(match.group()) < self.env.action_space.n:
+        # An action is a small index: a run of digits longer than the largest index is invalid, and is not
+        # converted (a policy-written run past Python's int-string limit would raise).
+        if match is None or len(match.group().lstrip("-").lstrip("0")) > len(str(self.env.action_space.n)) \
+                or not 0 <= int(match.group()) < self.env.action_space.n:
             return StepResult("", self.invalid_action_penalty, True, {"final": True, "correct": False,
                                                                       "invalid_action": True})
         observation, reward, terminated, truncated, _ = self.env.step(int(match.group()))
