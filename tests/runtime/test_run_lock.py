@@ -123,3 +123,16 @@ def test_ray_addresses_are_checked_in_every_form(monkeypatch):
         server.bind(("127.0.0.1", 0))
         server.listen()
         check_ray_address(f"127.0.0.1:{server.getsockname()[1]}")
+
+
+def test_connecting_the_ray_backend_to_an_address_with_nothing_listening_fails_at_once():
+    ray = pytest.importorskip("ray")
+    from unipg.runtime.backends.ray_setup import connect
+
+    if ray.is_initialized():
+        pytest.skip("Ray is already connected in this process")
+    port = free_port()
+    settings = load_config(None, ["task.name=arithmetic", "backend=ray", f"ray.address=127.0.0.1:{port}"]).ray
+    with pytest.raises(ValueError, match=f"cannot connect to Ray at ray.address='127.0.0.1:{port}'"):
+        connect(settings)
+    assert not ray.is_initialized()
