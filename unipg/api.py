@@ -11,6 +11,7 @@ accepted as they are through ``overrides=[...]``. The command line (``unipg.cli`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,10 +64,26 @@ def train(config: str | Path | Config | None = None, *, overrides: list[str] | N
     if resume is not None:
         if config is not None:
             raise ConfigError("resume continues a run with its own config.yaml; pass config=None")
-        config = Path(resume) / "config.yaml"
-    loaded = load_config(config, overrides=overrides, **settings)
+        loaded = resumed_config(resume, overrides=overrides, **settings)
+    else:
+        loaded = load_config(config, overrides=overrides, **settings)
     details = run(loaded, resume=resume, return_threshold=return_threshold)
     return RunResult(details.run_dir, final_metrics(details.run_dir), loaded, details)
+
+
+def resumed_config(run_dir: str | Path, *, overrides: list[str] | None = None,
+                   notify: Callable[[str], None] | None = None, **settings: Any) -> Config:
+    """The configuration of the run in ``run_dir`` (its config.yaml) with ``overrides`` and ``settings`` applied,
+    as ``load_config`` checks it. The folder's ``model.trust_remote_code`` is not taken: it is false unless the
+    overrides set it, and ``notify`` (default: standard error) says so when the folder had it set."""
+    from unipg.runtime.evaluation import notify_stderr, remote_code_notice, run_folder_overrides
+
+    config = load_config(Path(run_dir) / "config.yaml",
+                         overrides=run_folder_overrides(_override_pairs(overrides, settings)))
+    notice = remote_code_notice(Path(run_dir), config)
+    if notice is not None:
+        (notify or notify_stderr)(notice)
+    return config
 
 
 def run(config: Config, *, resume: str | Path | None = None, return_threshold: float | None = None):
@@ -93,11 +110,14 @@ def evaluate(source: str | Path | Config, *, overrides: list[str] | None = None,
     return evaluate_model(config)
 
 
-def evaluation_config(run_dir: str | Path, *, overrides: list[str] | None = None, **settings: Any) -> Config:
-    """The configuration of the finished run in ``run_dir``, pointed at the policy it saved."""
-    from unipg.runtime.evaluation import run_config
+def evaluation_config(run_dir: str | Path, *, overrides: list[str] | None = None,
+                      notify: Callable[[str], None] | None = None, **settings: Any) -> Config:
+    """The configuration of the finished run in ``run_dir``, pointed at the policy it saved; the folder's
+    ``model.trust_remote_code`` is not taken unless the overrides set it (``notify`` says so, as in
+    ``resumed_config``)."""
+    from unipg.runtime.evaluation import notify_stderr, run_config
 
-    config = run_config(Path(run_dir), _override_pairs(overrides, settings))
+    config = run_config(Path(run_dir), _override_pairs(overrides, settings), notify or notify_stderr)
     check_sample_options(config)
     return config
 

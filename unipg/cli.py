@@ -40,6 +40,11 @@ def print_error(message: str) -> None:
     errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
+def print_notice(message: str) -> None:
+    """``notice: <message>`` on stderr, as ``print_error`` writes errors."""
+    errors.print(f"[yellow]notice:[/] {escape(message)}", highlight=False, soft_wrap=True)
+
+
 def load_checked(config_path: Optional[Path], overrides: List[str]) -> Config:
     """``unipg.api.load_config``: the schema, the cross-field rules and the registered options."""
     return api.load_config(config_path, overrides=overrides)
@@ -145,7 +150,7 @@ def resolve_resumed(run_dir: Path, overrides: List[str]) -> Config:
                     "that `unipg train` created for the run")
         raise typer.Exit(2)
     try:
-        config = load_checked(config_file, overrides)
+        config = api.resumed_config(run_dir, overrides=overrides, notify=print_notice)
     except ConfigError as error:
         print_error(str(error))
         raise typer.Exit(2) from None
@@ -250,7 +255,7 @@ def evaluate(
         if run is not None:
             if config_path is not None:
                 raise ValueError("--run evaluates with the run's own config.yaml; drop --config")
-            config = api.evaluation_config(run, overrides=list(overrides or []))
+            config = api.evaluation_config(run, overrides=list(overrides or []), notify=print_notice)
         else:
             config = resolve(config_path, list(overrides or []))
         metrics = api.evaluate(config)

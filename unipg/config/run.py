@@ -58,7 +58,11 @@ class RayConfig(Section):
     """start Ray's dashboard with a local instance (bound to 127.0.0.1)."""
     runtime_env: dict[str, Any] | None = None
     """Ray runtime environment of the run's actors, e.g. ``{working_dir: ., pip: [...]}`` on a cluster whose
-    machines lack unipg."""
+    machines lack unipg. The values of its ``env_vars`` are saved redacted with the run (config.yaml, TensorBoard,
+    W&B), except those of a few settings (``unipg.config.secrets.CLEAR_ENV_VARS``) and of
+    ``env_vars_in_clear``; a resumed run reads the others again from overrides or the environment."""
+    env_vars_in_clear: list[str] = Field(default_factory=list)
+    """names of ``runtime_env.env_vars`` that hold no secret, whose values are saved in clear with the run."""
     rollout_workers: int = Field(2, ge=1)
     """rollout worker actors; each runs episodes on its own copy of the policy."""
     rollout_num_cpus: float = Field(1.0, ge=0.0)

@@ -29,7 +29,7 @@ from unipg.observe.metrics import MetricsLogger, Progress, Timer
 from unipg.policy.mlp import MLPActorCritic
 from unipg.runtime.backends.local_gym import GymSegments
 from unipg.runtime.driver import Runtime, resolve_schedule, staleness_histogram
-from unipg.runtime.setup import run_dir_for, seed_everything  # noqa: F401
+from unipg.runtime.setup import locked_run_dir, run_dir_for, seed_everything  # noqa: F401
 from unipg.sample.gym_rollout import GymRollout, RolloutBatch, evaluate_policy
 
 
@@ -89,7 +89,12 @@ class Progression:
 
 def train_gym(config: Config, *, return_threshold: float | None = None) -> GymTrainResult:
     """Train an MLP policy on ``config.env.id``; ``return_threshold`` marks when the return first reaches it."""
-    run_dir = run_dir_for(config)
+    with locked_run_dir(run_dir_for(config)) as run_dir:  # held until the run ends: another writer is refused
+        return train_gym_in(run_dir, config, return_threshold)
+
+
+def train_gym_in(run_dir: Path, config: Config, return_threshold: float | None) -> GymTrainResult:
+    """``train_gym`` in the locked folder ``run_dir``."""
     seed_everything(config.seed, config.deterministic)
     # MLPs this small run fastest on one thread: intra-op parallelism costs more than it saves.
     torch.set_num_threads(config.threads or 1)

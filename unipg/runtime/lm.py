@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import torch
 
@@ -55,7 +56,7 @@ from unipg.runtime.backends import BACKENDS
 from unipg.runtime.backends.local_lm import rollout_batch
 from unipg.runtime.driver import Runtime, resolve_schedule
 from unipg.runtime.replay import ProducerFailed
-from unipg.runtime.setup import run_dir_for, seed_everything, set_threads
+from unipg.runtime.setup import check_ray_address, lock_run_dir, run_dir_for, seed_everything, set_threads
 from unipg.runtime.stopping import (  # TrainingStopped: where callers catch it
     StopRequest,
     TrainingStopped,
@@ -214,6 +215,7 @@ class LMRun:
     train_seconds: float = 0.0
     history: list[tuple[int, dict[str, float]]] = field(default_factory=list)  # (update, evaluation)
     saved: int | None = None  # the update of the newest checkpoint this run can roll back or resume to
+    lock: IO[str] | None = None  # the run folder's lock (``lock_run_dir``), released by ``close``
 
     def close(self) -> None:
         """Stop rollout, then close what the run opened (the rollout's own runner and actors first)."""
@@ -223,6 +225,8 @@ class LMRun:
         self.runner.close()
         self.progress.close()
         self.logger.close()
+        if self.lock is not None:
+            self.lock.close()
 
 
 def open_run(config: Config, task: Task | None, run_dir: Path | None, checkpoint: Checkpoint | None,
@@ -231,6 +235,8 @@ def open_run(config: Config, task: Task | None, run_dir: Path | None, checkpoint
     (``run_dir`` is then the run's folder), and start its runtime (``build_runtime``)."""
     from unipg.learn.warm_start import resolve_warm_start
 
+    if config.backend == "ray":
+        check_ray_address(config.ray.address)  # Ray would retry an absent cluster for minutes, after writing the run
     seed_everything(config.seed, config.deterministic)
     set_threads(config)
     task = task or make_task(config.task.name, **config.task.options)
@@ -242,16 +248,22 @@ def open_run(config: Config, task: Task | None, run_dir: Path | None, checkpoint
     learner = LMLearner(policy, config)
     sampler, generator = PromptSampler(task.train, config.seed), torch.Generator().manual_seed(config.seed)
     run_dir = run_dir if run_dir is not None else run_dir_for(config)
-    checkpointer = LMCheckpointer(run_dir, config.checkpoint, config.model.name, policy, learner, sampler, generator)
-    restored = None
-    if checkpoint is not None:
-        restored = resume_run(checkpointer, checkpoint, run_dir=run_dir, updates=config.train.updates,
-                              model_name=config.model.name, log=log)
-    logger = MetricsLogger(run_dir, tensorboard=config.log.tensorboard)
-    logger.write_config(config.to_dict())
+    lock = lock_run_dir(run_dir)  # a second writer is refused before it touches the run's files
+    try:
+        checkpointer = LMCheckpointer(run_dir, config.checkpoint, config.model.name, policy, learner, sampler,
+                                      generator)
+        restored = None
+        if checkpoint is not None:
+            restored = resume_run(checkpointer, checkpoint, run_dir=run_dir, updates=config.train.updates,
+                                  model_name=config.model.name, log=log)
+        logger = MetricsLogger(run_dir, tensorboard=config.log.tensorboard)
+        logger.write_config(config.to_dict())
+    except BaseException:
+        lock.close()
+        raise
     progress = Progress(config.train.updates, enabled=config.log.progress, description=f"{config.algorithm} {task.name}")
     run = LMRun(config, run_dir, policy, runner, test, learner, checkpointer, logger, progress,
-                  TripCounter(logger, config.rollback, config.estimator.target_kl))
+                  TripCounter(logger, config.rollback, config.estimator.target_kl), lock=lock)
     if restored is not None:
         run.samples, run.train_seconds, run.history = restored
         run.first = checkpoint.step + 1

@@ -1,10 +1,14 @@
-"""What every run does first, in either mode: seed the generators, set the threads, make its folder."""
+"""What every run does first, in either mode: seed the generators, set the threads, make its folder and lock it."""
 
 from __future__ import annotations
 
+import os
 import random
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 import torch
@@ -44,3 +48,76 @@ def set_threads(config: Config) -> None:
         torch.set_num_threads(config.threads)
     elif config.model.name.startswith("embedded"):
         torch.set_num_threads(1)
+
+
+LOCK_FILE = ".lock"
+"""The file in a run folder whose lock (``fcntl.flock``) the process writing the run holds."""
+
+
+def lock_run_dir(run_dir: Path) -> IO[str]:
+    """Make ``run_dir`` if needed and lock it for this process: the open lock file, which holds the lock until
+    it is closed (or the process ends, even by SIGKILL: the kernel releases it). ``ValueError`` naming the
+    process that holds it, if another writer does; nothing in the folder is touched then."""
+    import fcntl
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = (run_dir / LOCK_FILE).open("a+", encoding="utf-8")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.seek(0)
+        holder = lock.read().strip() or "unknown"
+        lock.close()
+        raise ValueError(f"run folder {run_dir} is in use by process {holder}; wait until that run ends or stop "
+                         "it, or train into another folder (log.run_name)") from None
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    return lock
+
+
+
+@contextmanager
+def locked_run_dir(run_dir: Path) -> Iterator[Path]:
+    """``run_dir`` locked (``lock_run_dir``) for the ``with`` block. A folder the block made and left empty (it
+    failed before writing anything, e.g. on a bad environment id) is removed again."""
+    made = not run_dir.exists()
+    lock = lock_run_dir(run_dir)
+    try:
+        yield run_dir
+    except BaseException:
+        lock.close()
+        if made and [path.name for path in run_dir.iterdir()] == [LOCK_FILE]:
+            (run_dir / LOCK_FILE).unlink()
+            run_dir.rmdir()
+        raise
+    finally:
+        lock.close()
+
+
+RAY_CONNECT_TIMEOUT = 5.0
+"""Seconds to wait for a TCP connection to an explicit ``ray.address`` before the run is refused."""
+
+
+def check_ray_address(address: str | None) -> None:
+    """A ``ValueError`` naming the address and what to do when nothing accepts a TCP connection at the Ray
+    cluster ``address`` (``host:port`` or ``ray://host:port``; None reads ``RAY_ADDRESS``, as ``ray.init`` does).
+    ``auto``, ``local`` and addresses without a port are left to Ray. Ray itself retries an absent cluster for
+    minutes; this fails within ``RAY_CONNECT_TIMEOUT`` seconds, before the run writes anything."""
+    import socket
+
+    text = address if address is not None else os.environ.get("RAY_ADDRESS")
+    if not text or text in ("auto", "local"):
+        return
+    host, _, port = text.removeprefix("ray://").rstrip("/").rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_CONNECT_TIMEOUT).close()
+    except OSError as error:
+        reason = "timed out" if isinstance(error, TimeoutError) else (error.strerror or str(error))
+        setting = "ray.address" if address is not None else "RAY_ADDRESS"
+        raise ValueError(f"cannot connect to Ray at {setting}={text!r}: nothing answers there ({reason}); start "
+                         f"the cluster there (`ray start --head --port {port}`), fix the address, or leave "
+                         "ray.address unset for a local instance") from None

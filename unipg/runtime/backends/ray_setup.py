@@ -16,6 +16,7 @@ from unipg.runtime.backends.ray_actors import (  # says how to install Ray if it
     RolloutWorker,
     ray,
 )
+from unipg.runtime.setup import check_ray_address
 
 
 def connect(settings) -> bool:
@@ -23,6 +24,7 @@ def connect(settings) -> bool:
     (e.g. a notebook that called ``ray.init``); whether this call connected (and ``close`` disconnects)."""
     if ray.is_initialized():
         return False
+    check_ray_address(settings.address)  # ray.init would retry an address where nothing listens for minutes
     options = {"runtime_env": settings.runtime_env, "logging_level": logging.WARNING,
                "configure_logging": True, "log_to_driver": True}
     if settings.address is None:
