@@ -60,9 +60,11 @@ import time
 from dataclasses import dataclass
 
 from unipg.sample.tools import sandbox_child
+from unipg.sample.tools.bubblewrap import bwrap_command, require_kernel_isolation
 from unipg.sample.tools.base import TOOLS, Tool, tool
 
 MAX_FILE_BYTES = 10 << 20  # RLIMIT_FSIZE: the largest file the code may write
+ISOLATIONS = ("kernel", "process")  # bubblewrap namespaces around the layers below, or the layers alone
 MIN_MEMORY_MB = 64  # below this a bare interpreter cannot start under RLIMIT_AS
 _READ_CHUNK = 1 << 16
 
@@ -82,42 +84,49 @@ class SandboxError(RuntimeError):
     """The sandbox itself could not start (not an error of the code it was given)."""
 
 
-def run_python(code: str, *, timeout: float = 5.0, memory_mb: int = 256,
-               max_output_chars: int = 2000) -> SandboxResult:
+def run_python(code: str, *, timeout: float = 5.0, memory_mb: int = 256, max_output_chars: int = 2000,
+               isolation: str = "kernel") -> SandboxResult:
     """Run ``code`` in a fresh sandboxed interpreter; synchronous wrapper of ``run_python_async``.
 
     Uses ``asyncio.run``, so call it from plain code; inside an event loop ``await run_python_async``.
     """
     return asyncio.run(run_python_async(code, timeout=timeout, memory_mb=memory_mb,
-                                        max_output_chars=max_output_chars))
+                                        max_output_chars=max_output_chars, isolation=isolation))
 
 
-async def run_python_async(code: str, *, timeout: float = 5.0, memory_mb: int = 256,
-                           max_output_chars: int = 2000) -> SandboxResult:
+async def run_python_async(code: str, *, timeout: float = 5.0, memory_mb: int = 256, max_output_chars: int = 2000,
+                           isolation: str = "kernel") -> SandboxResult:
     """Run ``code`` in a fresh sandboxed interpreter (see the module docstring for the layers).
 
     Errors of the code (exceptions, limits, timeouts) are reported in the result; ``SandboxError`` is
-    raised only when the interpreter could not be started or set up.
+    raised only when the interpreter could not be started or set up. ``isolation="kernel"`` (the default)
+    runs the child under bubblewrap and raises ``RuntimeError`` when bubblewrap cannot be used here.
     """
     check_limits(timeout=timeout, memory_mb=memory_mb, max_output_chars=max_output_chars)
+    check_isolation(isolation)
     start = time.monotonic()
     # ignore_cleanup_errors: the code may leave read-only files behind; TemporaryDirectory still
     # resets permissions and removes them, and a failure there must not hide the result
     with tempfile.TemporaryDirectory(prefix="unipg-sandbox-", ignore_cleanup_errors=True) as workdir:
         report_read, report_write = os.pipe()  # a private channel for "ready" and the exception line
+        # bubblewrap writes the host pid of the namespace's init (the child) here
+        info_read, info_write = os.pipe() if isolation == "kernel" else (-1, -1)
         try:
             config = {"workdir": os.path.realpath(workdir), "report_fd": report_write,
                       "memory_bytes": memory_mb << 20, "cpu_seconds": math.ceil(timeout) + 1,
                       "file_bytes": MAX_FILE_BYTES}
-            process = await _spawn(config, workdir)
-            os.close(report_write)
-            report_write = -1
+            process = await _spawn(config, info_write)
+            for fd in (report_write, info_write):
+                if fd >= 0:
+                    os.close(fd)
+            report_write = info_write = -1
             # UTF-8 takes at most 4 bytes a character, so this head always holds max_output_chars + 1
             capture = _Capture(limit=4 * max_output_chars + 4)
-            timed_out = await _wait_with_timeout(process, code.encode("utf-8", "replace"), capture, timeout)
+            timed_out = await _wait_with_timeout(process, code.encode("utf-8", "replace"), capture, timeout,
+                                                 info_read)
             report = _read_available(report_read)
         finally:
-            for fd in (report_read, report_write):
+            for fd in (report_read, report_write, info_read, info_write):
                 if fd >= 0:
                     os.close(fd)
     output = _truncate(capture.head.decode("utf-8", "replace"), capture.dropped, max_output_chars)
@@ -139,18 +148,35 @@ def check_limits(*, timeout: float, memory_mb: int, max_output_chars: int) -> No
         raise ValueError(f"sandbox max_output_chars must be >= 1, got {max_output_chars}")
 
 
-async def _spawn(config: dict, workdir: str) -> asyncio.subprocess.Process:
-    """Start the child interpreter on the bootstrap, in its own session so its whole group can be killed."""
+def check_isolation(isolation: str) -> None:
+    """Reject an unknown isolation; for ``"kernel"``, raise ``RuntimeError`` if bubblewrap cannot run here."""
+    if isolation not in ISOLATIONS:
+        raise ValueError(f"sandbox isolation must be one of {ISOLATIONS}, got {isolation!r}")
+    if isolation == "kernel":
+        require_kernel_isolation()
+
+
+async def _spawn(config: dict, info_fd: int) -> asyncio.subprocess.Process:
+    """Start the child interpreter on the bootstrap, in its own session so its whole group can be killed.
+
+    With an ``info_fd`` (kernel isolation) the child runs under bubblewrap, which reports on that descriptor.
+    """
+    workdir = config["workdir"]
     environment = {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
                    "LC_ALL": "C.UTF-8",
                    # one thread per BLAS library: many sandboxes share the machine, and each thread's
                    # arena would count against RLIMIT_AS
                    "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    command = [sys.executable, "-I", "-B", "-c", _bootstrap_source(), json.dumps(config)]
+    pass_fds = (config["report_fd"],)
+    if info_fd >= 0:
+        command = bwrap_command(workdir, environment, info_fd) + command
+        pass_fds += (info_fd,)
     try:
         return await asyncio.create_subprocess_exec(
-            sys.executable, "-I", "-B", "-c", _bootstrap_source(), json.dumps(config),
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-            cwd=workdir, env=environment, start_new_session=True, pass_fds=(config["report_fd"],))
+            *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT, cwd=workdir, env=environment, start_new_session=True,
+            pass_fds=pass_fds)
     except OSError as error:
         raise SandboxError(f"could not start the sandbox interpreter {sys.executable}: {error}") from error
 
@@ -172,8 +198,12 @@ class _Capture:
 
 
 async def _wait_with_timeout(process: asyncio.subprocess.Process, code: bytes, capture: _Capture,
-                             timeout: float) -> bool:
-    """Feed the code, collect output until exit or ``timeout``; always kill the group. True if timed out."""
+                             timeout: float, info_fd: int = -1) -> bool:
+    """Feed the code, collect output until exit or ``timeout``; always kill the group. True if timed out.
+
+    Under bubblewrap (``info_fd``) the namespace's init is killed first and bubblewrap waited for: the
+    kernel ends every process of a PID namespace before its init is reaped, so none survives the call.
+    """
 
     async def communicate() -> None:
         try:
@@ -192,11 +222,26 @@ async def _wait_with_timeout(process: asyncio.subprocess.Process, code: bytes, c
         return True
     finally:
         # also on success and on cancellation: nothing the code started may outlive the call
+        if info_fd >= 0 and process.returncode is None:
+            await _end_namespace(process, info_fd)
         try:
             os.killpg(process.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass  # the group is already gone
         await process.wait()
+
+
+async def _end_namespace(process: asyncio.subprocess.Process, info_fd: int) -> None:
+    """SIGKILL the PID namespace's init named on bubblewrap's info pipe, then wait for bubblewrap to exit."""
+    try:
+        child = int(json.loads(_read_available(info_fd) or "{}").get("child-pid", 0))
+        with open(f"/proc/{child}/stat") as stat:  # only our bubblewrap's child: the pid may be reused
+            parent = int(stat.read().rpartition(")")[2].split()[1])
+        if child > 0 and parent == process.pid:
+            os.kill(child, signal.SIGKILL)
+            await asyncio.wait_for(process.wait(), 30)  # bubblewrap exits once its child is reaped
+    except (ValueError, AttributeError, OSError, TimeoutError):
+        pass  # not started yet, or already gone: killing bubblewrap's group below ends it
 
 
 def _read_available(fd: int) -> str:
@@ -253,13 +298,19 @@ def format_observation(result: SandboxResult) -> str:
 
 
 @TOOLS.register("python")
-def python_tool(timeout: float = 5.0, memory_mb: int = 256, max_output_chars: int = 2000) -> Tool:
-    """The ``python`` tool: run code in a sandbox (``run_python_async``) and return its printed output."""
+def python_tool(timeout: float = 5.0, memory_mb: int = 256, max_output_chars: int = 2000,
+                isolation: str = "kernel") -> Tool:
+    """The ``python`` tool: run code in a sandbox (``run_python_async``) and return its printed output.
+
+    ``isolation="kernel"`` needs bubblewrap and fails here, when the tool is built, if it cannot run;
+    ``"process"`` keeps only the in-process layers, which are not a security boundary.
+    """
     check_limits(timeout=timeout, memory_mb=memory_mb, max_output_chars=max_output_chars)
+    check_isolation(isolation)
 
     async def python(code: str) -> str:
         result = await run_python_async(code, timeout=timeout, memory_mb=memory_mb,
-                                        max_output_chars=max_output_chars)
+                                        max_output_chars=max_output_chars, isolation=isolation)
         return format_observation(result)
 
     # the first paragraph becomes the description the model sees, so the limits go there
