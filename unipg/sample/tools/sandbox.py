@@ -2,47 +2,56 @@
 
 Every call starts ``sys.executable -I -B`` (isolated mode: no user site, no ``PYTHON*`` variables, no
 bytecode written) in a new session, with a stripped environment and a fresh temporary working directory
-that is deleted afterwards. The code travels over stdin, never through a shell. Protection comes in
-layers, each enforced by the operating system or by the interpreter itself:
+that is deleted afterwards. The code travels over stdin, never through a shell. Protection comes in layers:
 
-1. **Wall clock.** The whole process group is killed with SIGKILL after ``timeout`` seconds.
-2. **Resource limits** (``setrlimit`` in the child, soft = hard, so the code cannot raise them back):
+1. **Kernel isolation** (``isolation="kernel"``, the default; ``unipg.sample.tools.bubblewrap``). The child
+   runs under ``bwrap`` in new user, mount, PID, network, IPC, UTS and cgroup namespaces, with no
+   capabilities, ``--die-with-parent`` and ``--new-session`` (no terminal to inject input into). Its root file
+   system holds the working directory (read-write, the only writable path besides an empty private ``/tmp``),
+   read-only: the interpreter, its standard library and site-packages, ``/usr/lib`` and ``/lib``; a private
+   ``/proc`` showing only its own namespace, and a minimal ``/dev``. There is no ``/etc``, home folder, run
+   folder, repository or ``/usr/bin``, so no shell or other program to run, and only a downed loopback. The
+   child is the PID namespace's init: when it ends or is killed, the kernel kills every process it started,
+   detached with ``setsid`` or not. This layer is the security boundary, enforced by the kernel whatever the
+   code does inside the interpreter. Building the tool raises ``RuntimeError`` with the remedy when ``bwrap``
+   is missing or cannot create namespaces (checked once per process); ``isolation="process"`` runs the layers
+   below alone.
+2. **Wall clock.** After ``timeout`` seconds the namespace's init, then the whole process group, is killed
+   with SIGKILL.
+3. **Resource limits** (``setrlimit`` in the child, soft = hard, so the code cannot raise them back):
    ``RLIMIT_AS`` (``memory_mb``; exceeding it raises ``MemoryError`` in the child, the parent is unaffected),
    ``RLIMIT_CPU`` (a backstop, slightly above ``timeout``), ``RLIMIT_FSIZE`` (10 MB per file) and
-   ``RLIMIT_CORE`` 0. ``RLIMIT_NPROC`` is not set: it counts every process of the user, trainer included,
-   and starting processes is refused by layer 3 anyway.
-3. **An audit hook** (PEP 578), installed before the code runs, refuses with ``PermissionError``: sockets
+   ``RLIMIT_CORE`` 0. ``RLIMIT_NPROC`` is not set: it counts every process of the user, trainer included.
+4. **An audit hook** (PEP 578), installed before the code runs, refuses with ``PermissionError``: sockets
    and name lookups; starting processes (``subprocess``, ``multiprocessing``, ``os.system``, ``os.exec*``,
    ``os.posix_spawn``, ``os.fork``), new interpreters, and signalling processes (``os.kill``); every
-   ``ctypes`` event; ``sqlite3`` connections (SQL's ``ATTACH`` opens any file out of the hook's sight);
-   raising resource limits; creating, writing, renaming, removing or chmod-ing any path that resolves outside
-   the working directory; and reading or listing any path outside the *read roots*: the working directory,
-   the interpreter's standard library and site-packages, the time-zone database, ``/dev/null``,
-   ``/dev/urandom`` and the child's own ``/proc/<pid>``. So the trainer's run folder, ``/etc/passwd`` and
-   ``/proc/<trainer pid>/environ`` (its API keys) are refused. Importing modules that reach outside with no
-   audit event is an ``ImportError`` (so libraries that merely try them, such as NumPy with ``ctypes``, still
-   load): ``ctypes``, ``_tkinter`` (Tcl runs programs), subinterpreters, ``readline``, ``_ssl`` and ``pwd``
-   (they read files), ``_posixshmem`` and ``syslog`` (they write outside). ``os.mknod``, ``os.mkfifo``,
-   ``os.pidfd_open``, ``signal.pidfd_send_signal`` and the calls that set another process's priority or
-   CPUs are deleted before the code runs, and re-importing ``posix`` or ``_signal`` to get them back is
-   refused. The environment is rebuilt from scratch, so none of the trainer's variables is inherited.
-4. **Network namespace.** When the kernel allows unprivileged user namespaces, the child also moves into
-   a new user + network namespace (only a downed loopback exists, and root in it can no longer raise its
-   limits). Failure is ignored: this layer is a bonus, the hook is what the tests rely on.
+   ``ctypes`` event; ``sqlite3`` connections; raising resource limits; creating, writing, renaming, removing
+   or chmod-ing any path that resolves outside the working directory; and reading or listing any path outside
+   the working directory, the interpreter's libraries, the time-zone database and a few devices. Importing
+   modules that reach outside with no audit event is an ``ImportError``; ``os.mknod``, ``os.mkfifo``,
+   ``os.pidfd_open`` and similar calls are deleted. The environment is rebuilt from scratch. Under kernel
+   isolation this layer exists for clear error messages; with ``isolation="process"`` it is all there is
+   (with a best-effort private network namespace), and it is not a security boundary: it runs inside the
+   process it guards, so introspection can reach its closure and switch it off, a ``dir_fd`` path is resolved
+   against the working directory while the kernel resolves it against the descriptor, and a forked process
+   in a new session outlives the group kill.
 
-Limits, honestly: an audit hook runs inside the process it guards, so it is not a security boundary
-against a determined attacker (introspection can reach the hook's objects; a path is checked, then opened,
-so two threads racing a symlink swap can win; C extensions in site-packages can read, write and start
-processes without any event); it stops accidental and casual misuse by a model. Calls with no audit event
-still work outside the working directory: ``os.stat``, ``os.path.exists``, ``os.access`` and
-``os.readlink`` reveal whether a path exists, its size and times, and where a link points (for example
-which files ``/proc/<trainer pid>/fd`` holds open), though never a file's content. Libraries that need
-``ctypes`` at import, such as SymPy, cannot be used. For untrusted code at scale, run this inside a
-container or gVisor as well.
+What holds under kernel isolation: no file outside the working directory can be written; nothing but the
+read-only paths above can be read (not ``/etc/passwd``, not the trainer's ``/proc/<pid>/environ``, not its
+run folder); no network; no process survives the call; CPU time, memory and file size are bounded by the
+rlimits and the wall clock. What does not: the code can read everything bound read-only (the standard
+library, every package in the environment's site-packages, and ``/usr/lib``), and learn the kernel version,
+CPU count and load; once it switches the audit hook off it can fork more interpreters (inside the same
+namespaces, dying with it) and use ``ctypes``; timing side channels on shared CPUs and caches remain; the
+kernel itself is the attack surface (no seccomp filter is installed); disk use in the working directory and
+``/tmp`` is bounded only by ``RLIMIT_FSIZE`` per file, not in total. ``bwrap`` needs unprivileged user
+namespaces enabled (``kernel.unprivileged_userns_clone``, AppArmor's ``restrict_unprivileged_userns`` on
+recent Ubuntu) or root; a container that forbids them (Docker's default seccomp profile) needs
+``isolation="process"`` or a different outer sandbox such as gVisor.
 
 ``run_python_async`` is the implementation (asyncio subprocesses, so many episodes can run sandboxes at
 once without threads); ``run_python`` is its synchronous wrapper. The tool is registered as ``"python"``.
-The code that runs inside the child, applying layers 2 to 4, is in ``unipg.sample.tools.sandbox_child``.
+The code that runs inside the child, applying layers 3 and 4, is in ``unipg.sample.tools.sandbox_child``.
 """
 
 from __future__ import annotations
