@@ -41,23 +41,28 @@ def attempt(code: str, isolation: str = "kernel", timeout: float = 10) -> str:
 @needs_bwrap
 def test_dir_fd_traversal_cannot_read_or_write_outside(tmp_path):
     target = tmp_path / "outside.txt"
+    # the descriptor is on the working directory, the cwd far below it: the audit hook resolves the path
+    # against the cwd (inside), the kernel against the descriptor (outside)
     code = f"""
 import os
-os.makedirs("a/b/c/d/e/f/g/h")
-os.chdir("a/b/c/d/e/f/g/h")
 fd = os.open(".", os.O_RDONLY)
-up = "../" * 16
+deep = "/".join("d" * 40)
+os.makedirs(deep)
+os.chdir(deep)
+up = "../" * 32
 try:
     print("read", os.read(os.open(up + "etc/passwd", os.O_RDONLY, dir_fd=fd), 100))
 except OSError as error:
     print("read refused", type(error).__name__)
-try:
-    os.write(os.open(up + {str(target)[1:]!r}, os.O_WRONLY | os.O_CREAT, dir_fd=fd), b"escaped")
-    print("wrote")
-except OSError as error:
-    print("write refused", type(error).__name__)
+if {{isolation!r}} == "kernel":
+    try:
+        os.write(os.open(up + {str(target)[1:]!r}, os.O_WRONLY | os.O_CREAT, dir_fd=fd), b"escaped")
+        print("wrote")
+    except OSError as error:
+        print("write refused", type(error).__name__)
 """
-    output = attempt(code)
+    assert "read b'root:" in attempt(code.format(isolation="process"), isolation="process")  # the weak boundary
+    output = attempt(code.format(isolation="kernel"))
     assert "read refused" in output and "write refused" in output, output
     assert "root:" not in output and not target.exists()
 
