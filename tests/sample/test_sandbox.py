@@ -11,20 +11,8 @@ import time
 
 import pytest
 
-from unipg.sample.tools import sandbox
 from unipg.sample.tools.base import TOOLS
-from unipg.sample.tools.bubblewrap import kernel_isolation_available
 from unipg.sample.tools.sandbox import MAX_FILE_BYTES, run_python, run_python_async
-
-
-@pytest.fixture(autouse=True)
-def _in_process_layers_without_bubblewrap(monkeypatch):
-    """Without bubblewrap these tests check the in-process layers alone; with it, the default (kernel)."""
-    if not kernel_isolation_available():
-        for function in (sandbox.run_python, sandbox.run_python_async):  # keyword-only defaults
-            monkeypatch.setitem(function.__kwdefaults__, "isolation", "process")
-        # the tool factory's last positional default
-        monkeypatch.setattr(sandbox.python_tool, "__defaults__", (*sandbox.python_tool.__defaults__[:-1], "process"))
 
 
 def test_prints_are_captured_and_an_exception_is_reported_with_its_type():

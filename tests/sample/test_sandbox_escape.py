@@ -154,7 +154,7 @@ def test_kernel_isolation_without_bubblewrap_fails_when_the_tool_is_built(monkey
     kernel_isolation_available.cache_clear()
     try:
         with pytest.raises(RuntimeError, match="apt-get install bubblewrap"):
-            TOOLS.get("python")(timeout=2)
+            TOOLS.get("python")(timeout=2, isolation="kernel")  # the default, named: conftest may change it
         assert "isolation: process" in MISSING
         assert TOOLS.get("python")(timeout=2, isolation="process") is not None
         with pytest.raises(ValueError, match="isolation"):
