@@ -235,3 +235,10 @@ def test_a_rejected_run_leaves_an_earlier_run_untouched(tmp_path):
     assert result.exit_code == 2 and "run_name must be a relative folder path" in result.output
     assert {name: (earlier / name).read_text() for name in files} == files
     assert sorted(path.name for path in tmp_path.iterdir()) == ["baseline"]
+
+
+@pytest.mark.parametrize("device", ["tpu9", "cuda", "cuda:0"])
+def test_an_lm_run_refuses_a_device_it_would_not_use(device):
+    with pytest.raises(ConfigError, match=rf"device '{device}': language-model runs train .* on the CPU"):
+        load_config(None, ["task.name=arithmetic", "algorithm=grpo", f"device={device}"])
+    assert load_config(None, ["task.name=arithmetic", "algorithm=grpo", "device=cpu"]).device == "cpu"

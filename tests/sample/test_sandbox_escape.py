@@ -11,7 +11,7 @@ import pytest
 import unipg
 from tests.sample.test_sandbox import processes_mentioning
 from unipg.sample.tools.base import TOOLS
-from unipg.sample.tools.bubblewrap import MISSING, kernel_isolation_available
+from unipg.sample.tools.bubblewrap import MISSING, bwrap_command, kernel_isolation_available
 from unipg.sample.tools.sandbox import run_python
 
 needs_bwrap = pytest.mark.skipif(not kernel_isolation_available(),
@@ -161,3 +161,10 @@ def test_kernel_isolation_without_bubblewrap_fails_when_the_tool_is_built(monkey
             TOOLS.get("python")(isolation="container")
     finally:
         kernel_isolation_available.cache_clear()
+
+
+def test_the_fresh_tmp_is_mounted_before_the_interpreter_so_a_venv_under_tmp_stays_visible():
+    command = bwrap_command("/tmp/work", {})
+    first_bind = command.index("--ro-bind")
+    assert command.index("--tmpfs") < first_bind and command[command.index("--tmpfs") + 1] == "/tmp"
+    assert command.index("--bind") > first_bind  # the working directory comes last, writable

@@ -86,6 +86,11 @@ def lm_problems(config: Config) -> list[str]:
         problems.append(
             f"train.mini_batch_size ({train.mini_batch_size}) must divide train.batch_size ({train.batch_size})"
         )
+    if config.device != "cpu":
+        # Refused rather than ignored: a run that asked for a GPU must not train on the CPU with exit 0.
+        problems.append(f"device '{config.device}': language-model runs train their learner, critic and reference "
+                        "on the CPU in this version (rollout workers of backend=ray take GPUs through "
+                        "ray.rollout_num_gpus); remove device or set device=cpu")
     if train.batch_size % sample.samples_per_prompt:
         problems.append(
             f"sample.samples_per_prompt ({sample.samples_per_prompt}) must divide train.batch_size "

@@ -175,7 +175,7 @@ class Config(Section):
     deterministic: bool = False
     """use deterministic torch kernels and a single thread (bitwise-reproducible on CPU)."""
     device: str = "cpu"
-    """torch device of the learner."""
+    """torch device of the learner; lm runs accept only cpu in this version (anything else is refused)."""
     backend: str = "inprocess"
     """lm runs: where episodes run, a name from unipg.runtime.backends.BACKENDS: ``inprocess`` (threads of this
     process) or ``ray`` (rollout workers and environment actors on a Ray cluster, section ``ray``); the learner

@@ -46,14 +46,15 @@ def read_only_paths() -> tuple[str, ...]:
 
 def bwrap_command(workdir: str, environment: dict, info_fd: int | None = None) -> list[str]:
     """The ``bwrap`` arguments up to the child's own command line, for a child working in ``workdir``."""
-    command = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--as-pid-1", "--cap-drop", "ALL"]
+    command = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--as-pid-1", "--cap-drop", "ALL",
+               # the fresh /tmp comes before the binds: an interpreter installed under /tmp stays visible
+               "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     for path in read_only_paths():
         if os.path.islink(path):  # /lib -> usr/lib on merged-/usr systems: recreate the link, bind its target
             command += ["--symlink", os.readlink(path), path]
         else:
             command += ["--ro-bind", path, path]
-    command += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", workdir, workdir,
-                "--chdir", workdir, "--clearenv"]
+    command += ["--bind", workdir, workdir, "--chdir", workdir, "--clearenv"]
     for key, value in environment.items():
         command += ["--setenv", key, value]
     if info_fd is not None:
