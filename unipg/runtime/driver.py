@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -208,7 +209,10 @@ class Runtime:
 
     def __init__(self, rollout: Rollout, *, groups_per_step: int, group_size: int, max_staleness: int,
                  capacity: int, schedule: str = "sequential", sampling: str = "fifo", eviction: str = "oldest",
-                 freshness_decay: float = 0.5, seed: int = 0):
+                 freshness_decay: float = 0.5, seed: int = 0,
+                 on_settled: Callable[[list[Group]], None] | None = None):
+        """``on_settled`` is told of the groups that will not be trained on later: those each step takes, and
+        those the buffer drops (the prompt sampler's bookkeeping for exact resumes)."""
         if schedule not in ("sequential", "concurrent"):
             raise ValueError(f"runtime schedule '{schedule}' is not known; use sequential or concurrent")
         per_step = groups_per_step * group_size
@@ -218,8 +222,9 @@ class Runtime:
                              "((runtime.max_staleness + 1) batches, so that nothing admitted is evicted)")
         self.rollout, self.schedule = rollout, schedule
         self.groups_per_step, self.group_size, self.max_staleness = groups_per_step, group_size, max_staleness
+        self.on_settled = on_settled or (lambda groups: None)
         self.buffer = ReplayBuffer(capacity, max_staleness=max_staleness, sampling=sampling, eviction=eviction,
-                                   freshness_decay=freshness_decay, seed=seed)
+                                   freshness_decay=freshness_decay, seed=seed, on_discard=self.on_settled)
         self.gate = StalenessGate(max_staleness, per_step, on_admit=self.buffer.expect)
         self.buffer.on_drop = self.gate.release
         self._stop = threading.Event()
@@ -262,6 +267,7 @@ class Runtime:
                 produced = time.perf_counter() - wait_start
         occupancy = len(self.buffer)
         groups = self.buffer.take(self.groups_per_step, version)
+        self.on_settled(groups)
         now = time.perf_counter()
         waited, period = now - wait_start, max(now - self._since, 1e-9)
         self._since = now

@@ -153,7 +153,8 @@ class ReplayBuffer:
 
     def __init__(self, capacity: int, *, max_staleness: int | None = None, sampling: str = "fifo",
                  eviction: str = "oldest", freshness_decay: float = 0.5, seed: int = 0,
-                 on_drop: Callable[[int], None] | None = None):
+                 on_drop: Callable[[int], None] | None = None,
+                 on_discard: Callable[[list[Group]], None] | None = None):
         if capacity < 1:
             raise ValueError(f"replay buffer capacity ({capacity}) must be ≥ 1 trajectory")
         if sampling not in SAMPLING:
@@ -164,7 +165,8 @@ class ReplayBuffer:
             raise ValueError(f"freshness_decay ({freshness_decay}) must be in (0, 1]; 1 samples uniformly")
         self.capacity, self.max_staleness = capacity, max_staleness
         self.sampling, self.eviction, self.freshness_decay = sampling, eviction, freshness_decay
-        self.on_drop = on_drop or (lambda size: None)
+        self.on_drop = on_drop or (lambda size: None)  # told the trajectories of the groups dropped
+        self.on_discard = on_discard or (lambda groups: None)  # told the groups dropped themselves
         self.random = random.Random(seed)
         self.groups: list[Group] = []  # in write order
         self.pending: dict[int, int] = {}  # groups admitted but not yet written, by start version
@@ -200,20 +202,21 @@ class ReplayBuffer:
         if group.size > self.capacity:
             raise ValueError(f"a group of {group.size} trajectories cannot fit a replay buffer of {self.capacity}; "
                              "raise sample.replay_buffer_size")
-        dropped = 0
+        victims = []
         with self._condition:
             self._unexpect(group.version)
             self.groups.append(group)
             held = sum(g.size for g in self.groups)
             while held > self.capacity:
-                victim = self._victim()
-                self.groups.remove(victim)
-                held -= victim.size
-                dropped += victim.size
+                victims.append(self._victim())
+                self.groups.remove(victims[-1])
+                held -= victims[-1].size
+            dropped = sum(g.size for g in victims)
             self.stats.evicted += dropped
             self._condition.notify_all()
         if dropped:  # outside the lock: the gate's lock is taken in the other order on admission
             self.on_drop(dropped)
+            self.on_discard(victims)
 
     def _victim(self) -> Group:
         if self.eviction == "oldest":
@@ -233,13 +236,13 @@ class ReplayBuffer:
         bound requires (module docstring), then the preferred ones. Waits until ``count`` groups are held and the
         required ones have finished. Returns None if ``timeout`` passed."""
         start = time.perf_counter()
-        dropped = 0
+        stale: list[Group] = []
         with self._condition:
             self._version = version
             while True:
                 if self._failure is not None:
                     raise ProducerFailed(rollout_failure(self._failure)) from self._failure
-                dropped += self._drop_stale(version)
+                stale += self._drop_stale(version)
                 required = self._required(count, version) if len(self.groups) >= count else None
                 if required is not None:
                     break
@@ -255,8 +258,9 @@ class ReplayBuffer:
                 self.groups = [g for g in self.groups if id(g) not in taken]
                 self.stats.taken += sum(g.size for g in chosen)
                 self.stats.wait_seconds += time.perf_counter() - start
-        if dropped:  # outside the lock, as in ``put``
-            self.on_drop(dropped)
+        if stale:  # outside the lock, as in ``put``
+            self.on_drop(sum(g.size for g in stale))
+            self.on_discard(stale)
         return chosen
 
     def _required(self, count: int, version: int) -> int | None:
@@ -276,16 +280,15 @@ class ReplayBuffer:
             required = max(required, need)
         return required
 
-    def _drop_stale(self, version: int) -> int:
-        """Drop groups past the bound (left over after a rollback, say); returns the trajectories dropped."""
+    def _drop_stale(self, version: int) -> list[Group]:
+        """Drop groups past the bound (left over after a rollback, say); returns them."""
         if self.max_staleness is None:
-            return 0
+            return []
         stale = [g for g in self.groups if g.age(version) > self.max_staleness]
         for group in stale:
             self.groups.remove(group)
-        dropped = sum(g.size for g in stale)
-        self.stats.dropped_stale += dropped
-        return dropped
+        self.stats.dropped_stale += sum(g.size for g in stale)
+        return stale
 
     def _choose(self, count: int, version: int, required: int) -> list[Group]:
         oldest_first = sorted(self.groups, key=lambda g: (g.version, g.created))
