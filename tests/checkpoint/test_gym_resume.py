@@ -77,3 +77,15 @@ def test_cli_resumes_a_gym_run_and_a_finished_run_trains_nothing(tmp_path, full_
     assert result.exit_code == 0, result.output
     assert [comparable(r) for r in read_metrics(first.run_dir)] == [
         comparable(r) for r in read_metrics(full_run.run_dir)]
+
+
+def test_a_trpo_run_resumes_bit_for_bit_too(tmp_path):
+    extra = ["algorithm=trpo", "train.num_epochs=1"]
+    full = train_gym(small_config(tmp_path, "trpo-full", 1536, *extra))
+    first = train_gym(small_config(tmp_path, "trpo-split", 768, *extra))
+    resumed = train_gym(small_config(tmp_path, "trpo-split", 1536, *extra), resume=first.run_dir, log=lambda _: None)
+    full_tensors, resumed_tensors = final_tensors(full.run_dir), final_tensors(resumed.run_dir)
+    for group in full_tensors:
+        for name in full_tensors[group]:
+            assert torch.equal(full_tensors[group][name], resumed_tensors[group][name]), (group, name)
+    assert [comparable(r) for r in read_metrics(resumed.run_dir)] == [comparable(r) for r in read_metrics(full.run_dir)]

@@ -8,7 +8,8 @@ generator and the runtime figures not yet logged. On the sequential schedule a r
 bit for bit on CPU for environments whose state lives in plain attributes (gymnasium's classic control).
 
 It also records how many metrics records the run had written, so that a resumed run cuts metrics.jsonl back
-to exactly those (``keep_metrics``): a run's last update logs a closing evaluation that a longer run does not.
+to exactly those (``keep_metrics``), less the closing evaluation and log line of a run's last update, which a
+longer run does not have.
 """
 
 from __future__ import annotations
@@ -99,13 +100,15 @@ def _random_state(generator) -> list | None:
     return [version, list(internal), gauss]
 
 
-def keep_metrics(run_dir: Path, count: int) -> None:
-    """Cut metrics.jsonl back to its first ``count`` records: a resumed run writes the later ones again."""
+def keep_metrics(run_dir: Path, count: int, *, dropped: list[int] = ()) -> None:
+    """Cut metrics.jsonl back to its first ``count`` records, less those at the indices ``dropped`` (a last
+    update's closing evaluation and log line): a resumed run writes what follows again."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return
     records = read_metrics(run_dir)
-    if len(records) > count:
+    kept = [record for index, record in enumerate(records[:count]) if index not in set(dropped)]
+    if len(kept) < len(records):
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(json.dumps(record) + "\n" for record in records[:count]), encoding="utf-8")
+        tmp.write_text("".join(json.dumps(record) + "\n" for record in kept), encoding="utf-8")
         tmp.replace(path)

@@ -31,7 +31,12 @@ from unipg.estimate.trpo import TRUST_REGION_STEPS
 from unipg.learn import objective
 from unipg.learn.common import clip_grad_norm, shuffled_minibatches
 from unipg.learn.objective import ObjectiveBatch, as_tokens
-from unipg.learn.state import generator_state, load_optimizer, optimizer_tensors, restore_generator
+from unipg.learn.state import (
+    generator_state,
+    load_optimizer,
+    optimizer_tensors,
+    restore_generator,
+)
 from unipg.policy.mlp import MLPActorCritic
 from unipg.sample.gym_rollout import RolloutBatch
 

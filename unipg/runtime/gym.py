@@ -34,7 +34,7 @@ from unipg.observe.metrics import MetricsLogger, Progress, Timer
 from unipg.policy.mlp import MLPActorCritic
 from unipg.runtime.backends.local_gym import GymSegments
 from unipg.runtime.driver import Runtime, resolve_schedule, staleness_histogram
-from unipg.runtime.setup import locked_run_dir, run_dir_for, seed_everything  # noqa: F401
+from unipg.runtime.setup import locked_run_dir, run_dir_for, seed_everything
 from unipg.sample.gym_rollout import GymRollout, RolloutBatch, evaluate_policy
 
 
@@ -185,7 +185,8 @@ def open_gym_run(run_dir: Path, config: Config, threshold: float | None, checkpo
         run.records, run.first = saved["records"], checkpoint.step + 1
         for record, ages, masks in pending:
             run.meter.add(record, {"age": ages, "mask": masks})
-        keep_metrics(run_dir, run.records)
+        keep_metrics(run_dir, run.records, dropped=saved.get("dropped", []))
+        run.records -= len(saved.get("dropped", []))
         log(f"resuming {run_dir} from update {checkpoint.step} of {num_updates}")
     run.logger = MetricsLogger(run_dir, tensorboard=config.log.tensorboard)
     run.logger.write_config(config.to_dict())
@@ -231,22 +232,36 @@ def train_update(g: GymRun, update: int) -> None:
     with timer("update"):
         metrics = g.learner.update(segment.samples)
     g.meter.add(runtime_record, segment.samples)
-    is_last, evaluated, logged = update == g.num_updates, {}, False
-    if run.env_steps >= g.next_eval:
-        evaluated = evaluate_and_log(g)
+    is_last = update == g.num_updates
+    before = g.state(), g.meter.pending()  # what a checkpoint keeps of a closing evaluation or log line: nothing
+    eval_due, log_due = run.env_steps >= g.next_eval, update % config.log.log_every_updates == 0
+    evaluated = evaluate_and_log(g) if eval_due or is_last else {}
+    if eval_due:
         g.next_eval += config.eval.every_steps
-    if update % config.log.log_every_updates == 0:
+    if log_due or is_last:
         log_train(g, update, metrics, segment, lr)
-        logged = True
     if g.checkpointer.due(update, is_last):
-        g.checkpointer.save(update, g.state(), pending=g.meter.pending(), metrics=evaluated)
-    if is_last and not evaluated:
-        evaluate_and_log(g)
-    if is_last and not logged:
-        log_train(g, update, metrics, segment, lr)
+        save_checkpoint(g, update, before, evaluated, closing_eval=is_last and not eval_due,
+                        closing_log=is_last and not log_due)
     # Published after evaluating: a concurrent rollout then never draws random numbers while a
     # stochastic evaluation does, so at η = 0 both schedules give the same run.
     g.runtime.publish(update)
+
+
+def save_checkpoint(g: GymRun, update: int, before: tuple[dict, list], evaluated: dict[str, float], *,
+                    closing_eval: bool, closing_log: bool) -> None:
+    """Save after ``update``. The closing evaluation and log line of a last update that were not due (a longer
+    run does not have them) are left out: the run's figures from ``before`` them, their records listed in
+    ``dropped`` for a resumed run to remove from metrics.jsonl."""
+    state, pending, dropped = g.state(), g.meter.pending(), []
+    if closing_eval:  # this update's records start with its evaluation
+        state["progression"] = before[0]["progression"]
+        dropped.append(before[0]["records"])
+    if closing_log:  # and end with its log line
+        pending = before[1]
+        dropped.append(g.records - 1)
+    state["dropped"] = dropped
+    g.checkpointer.save(update, state, pending=pending, metrics={} if closing_eval else evaluated)
 
 
 def evaluate_and_log(g: GymRun) -> dict[str, float]:
