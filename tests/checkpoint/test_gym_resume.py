@@ -1,5 +1,8 @@
 """Checkpointed gym runs: ``train_gym(..., resume=RUN_DIR)`` and ``unipg train --resume`` continue bit for bit."""
 
+import json
+import shutil
+
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -89,3 +92,16 @@ def test_a_trpo_run_resumes_bit_for_bit_too(tmp_path):
         for name in full_tensors[group]:
             assert torch.equal(full_tensors[group][name], resumed_tensors[group][name]), (group, name)
     assert [comparable(r) for r in read_metrics(resumed.run_dir)] == [comparable(r) for r in read_metrics(full.run_dir)]
+
+
+def test_a_killed_run_resumes_from_its_newest_checkpoint_and_rewrites_the_records_after_it(tmp_path, full_run):
+    """A run killed after update 7 has checkpoint 6 (and 4, rotated away) and the records of update 7 on disk."""
+    run_dir = tmp_path / "killed"
+    shutil.copytree(full_run.run_dir, run_dir, ignore=shutil.ignore_patterns(".lock"))
+    CheckpointStore(run_dir / "checkpoints").remove(8)
+    records = read_metrics(run_dir)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records if r["step"] <= 7 * 256))
+    messages = []
+    resumed = train_gym(small_config(tmp_path, "killed", FULL_STEPS), resume=run_dir, log=messages.append)
+    assert messages == [f"resuming {run_dir} from update 6 of 8"]
+    assert_continues_like(full_run, resumed)
