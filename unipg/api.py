@@ -56,7 +56,7 @@ def train(config: str | Path | Config | None = None, *, overrides: list[str] | N
     """Train the policy ``config`` describes and return its ``RunResult``.
 
     ``config`` is a YAML path, a ``Config`` or None (the defaults); ``settings`` override it
-    (``train__updates=2``). ``resume`` continues a language-model run from its folder's newest checkpoint, with
+    (``train__updates=2``). ``resume`` continues a run from its folder's newest checkpoint, with
     that folder's config.yaml (``config`` must then be None).
     """
     from unipg.observe.seeds import final_metrics
@@ -88,17 +88,15 @@ def resumed_config(run_dir: str | Path, *, overrides: list[str] | None = None,
 
 def run(config: Config, *, resume: str | Path | None = None, return_threshold: float | None = None):
     """Train a loaded ``config`` in its mode and return the mode's result: a language model on a text task
-    (continuing the run in ``resume`` if given), or an MLP on a gymnasium environment (``return_threshold``
-    marks when the evaluation return first reaches it)."""
+    or an MLP on a gymnasium environment (``return_threshold`` marks when the evaluation return first reaches
+    it), continuing the run in ``resume`` if given."""
     if config.is_lm:
         from unipg.runtime.lm import train_lm
 
         return train_lm(config, resume=resume)
-    if resume is not None:
-        raise ConfigError(f"resume continues language-model runs only; this one trains on {config.env.id}")
     from unipg.runtime.gym import train_gym
 
-    return train_gym(config, return_threshold=return_threshold)
+    return train_gym(config, return_threshold=return_threshold, resume=resume)
 
 
 def evaluate(source: str | Path | Config, *, overrides: list[str] | None = None, **settings: Any) -> dict[str, float]:

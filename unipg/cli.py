@@ -69,7 +69,7 @@ def train(
     jobs: int = typer.Option(1, "--jobs", "-j", min=1, help="with --seeds: how many seeds train at once, each in "
                              "its own process (one thread each for the embedded model)"),
     threshold: Optional[float] = typer.Option(None, help="report the first step whose eval mean return ≥ this"),
-    resume: Optional[Path] = typer.Option(None, "--resume", help="continue the lm run in this folder from its "
+    resume: Optional[Path] = typer.Option(None, "--resume", help="continue the run in this folder from its "
                                           "newest checkpoint; overrides apply on top of its config.yaml"),
     backend: Optional[str] = typer.Option(None, "--backend", help="inprocess, or ray: rollout workers and environment "
                                           "actors on a local Ray instance, or on a cluster with ray.address=auto"),
@@ -82,7 +82,8 @@ def train(
                         "(key=value overrides still apply)")
             raise typer.Exit(2)
         config = resolve_resumed(resume, list(overrides or []))
-        console.print(lm_result_table([(config, run_guarded(config, threshold, resume=resume))]))
+        result = [(config, run_guarded(config, threshold, resume=resume))]
+        console.print(lm_result_table(result) if config.is_lm else gym_result_table(result, threshold))
         return
     seed_list = parse_seeds(seeds)
     if seed_list and any(override.partition("=")[0].strip() == "seed" for override in overrides):
@@ -154,9 +155,6 @@ def resolve_resumed(run_dir: Path, overrides: List[str]) -> Config:
     except ConfigError as error:
         print_error(str(error))
         raise typer.Exit(2) from None
-    if not config.is_lm:
-        print_error(f"--resume continues lm runs only; '{run_dir}' trained on {config.env.id}")
-        raise typer.Exit(2)
     # config.warnings are not printed: config.yaml sets every key, so they would list all the unused ones.
     return config
 

@@ -34,7 +34,7 @@ _TRPO_TRAIN = frozenset({"train.critic_updates"})
 
 
 # Keys that only language-model training on text tasks reads.
-_LM_ONLY = frozenset({"task.*", "model.*", "sft.*", "agent.*", "checkpoint.*", "rollback.*",
+_LM_ONLY = frozenset({"task.*", "model.*", "sft.*", "agent.*", "rollback.*",
                         "sample.samples_per_prompt", "sample.max_new_tokens",
                         "sample.temperature", "sample.top_p", "sample.top_k", "sample.stop", "sample.max_prompt_length",
                         "train.updates", "train.batch_size", "train.mini_batch_size", "train.micro_batch_size",

@@ -31,6 +31,12 @@ from unipg.estimate.trpo import TRUST_REGION_STEPS
 from unipg.learn import objective
 from unipg.learn.common import clip_grad_norm, shuffled_minibatches
 from unipg.learn.objective import ObjectiveBatch, as_tokens
+from unipg.learn.state import (
+    generator_state,
+    load_optimizer,
+    optimizer_tensors,
+    restore_generator,
+)
 from unipg.policy.mlp import MLPActorCritic
 from unipg.sample.gym_rollout import RolloutBatch
 
@@ -173,6 +179,16 @@ class GradientLearner:
         self.optimizer.load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"])
 
+    def checkpoint(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """(optimizer tensors, JSON state) for a checkpoint: the optimizer and the mini-batch generator."""
+        tensors, meta = optimizer_tensors(self.optimizer)
+        return tensors, {"optimizer": meta, "generator": generator_state(self.generator)}
+
+    def restore(self, tensors: dict[str, torch.Tensor], state: dict) -> None:
+        """Continue from ``checkpoint``'s output."""
+        load_optimizer(self.optimizer, tensors, state["optimizer"])
+        restore_generator(self.generator, state["generator"])
+
 
 class TRPOLearner:
     """TRPO: a natural-gradient actor step constrained to mean KL ≤ δ, then Adam epochs on the critic."""
@@ -236,6 +252,16 @@ class TRPOLearner:
     def load_state_dict(self, state: dict) -> None:
         self.critic_optimizer.load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"])
+
+    def checkpoint(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """(optimizer tensors, JSON state) for a checkpoint: the optimizer and the mini-batch generator."""
+        tensors, meta = optimizer_tensors(self.critic_optimizer)
+        return tensors, {"optimizer": meta, "generator": generator_state(self.generator)}
+
+    def restore(self, tensors: dict[str, torch.Tensor], state: dict) -> None:
+        """Continue from ``checkpoint``'s output."""
+        load_optimizer(self.critic_optimizer, tensors, state["optimizer"])
+        restore_generator(self.generator, state["generator"])
 
 
 def make_learner(policy: MLPActorCritic, config: Config):

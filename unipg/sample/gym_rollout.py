@@ -208,8 +208,95 @@ class GymRollout:
                 final_values[index] = policy.value(final_obs[index])
         return cut, final_obs, final_values
 
+    def state_dict(self) -> dict:
+        """JSON-ready state of the rollout between two segments: the environments (``env_state``), the latest
+        observations, the running returns and lengths of unfinished episodes, and the reward scaler."""
+        return {"envs": [env_state(env) for env in self.envs.envs], "vector": plain_attributes(self.envs),
+                "observations": self.observations.tolist(), "running_returns": self.running_returns.tolist(),
+                "running_lengths": self.running_lengths.tolist(),
+                "reward_scaler": self.reward_scaler.state_dict() if self.reward_scaler is not None else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a ``state_dict``, in a rollout made with the same environment id and count."""
+        if len(state["envs"]) != self.num_envs:
+            raise ValueError(f"the state holds {len(state['envs'])} environments, this rollout has {self.num_envs}")
+        for env, saved in zip(self.envs.envs, state["envs"]):
+            load_env_state(env, saved)
+        load_plain_attributes(self.envs, state["vector"])
+        self.observations = torch.tensor(state["observations"], dtype=torch.float32)
+        self.running_returns = np.asarray(state["running_returns"], dtype=float)
+        self.running_lengths = np.asarray(state["running_lengths"], dtype=int)
+        if (state["reward_scaler"] is None) != (self.reward_scaler is None):
+            raise ValueError("estimator.normalize_rewards changed since the state was saved")
+        if self.reward_scaler is not None:
+            self.reward_scaler.load_state_dict(state["reward_scaler"])
+
     def close(self) -> None:
         self.envs.close()
+
+
+# --- environment state as JSON ---------------------------------------------------------------------------
+# An environment whose dynamics live in plain attributes (numbers, NumPy arrays, its ``np_random``), as in
+# gymnasium's classic-control ones, is restored exactly; state held elsewhere (a MuJoCo simulator, a Box2D
+# world) is not captured, and such an environment continues from where a fresh reset put it.
+
+
+def _encode(value):
+    """A JSON-ready form of ``value``, or None when it is not plain data (spaces, callables, simulators)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return {"v": value}
+    if isinstance(value, np.generic):
+        return {"v": value.item(), "scalar": value.dtype.str}
+    if isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
+        return {"v": value.tolist(), "array": value.dtype.str, "shape": list(value.shape)}
+    if isinstance(value, np.random.Generator):
+        return {"v": value.bit_generator.state, "generator": True}
+    if isinstance(value, tuple) and all(isinstance(item, (int, float)) for item in value):
+        return {"v": list(value), "tuple": True}
+    return None
+
+
+def _decode(encoded: dict, current):
+    value = encoded["v"]
+    if "scalar" in encoded:
+        return np.dtype(encoded["scalar"]).type(value)
+    if "array" in encoded:
+        return np.asarray(value, dtype=np.dtype(encoded["array"])).reshape(encoded["shape"])
+    if "generator" in encoded:
+        generator = current if isinstance(current, np.random.Generator) else np.random.default_rng()
+        generator.bit_generator.state = value
+        return generator
+    if "tuple" in encoded:
+        return tuple(value)
+    return value
+
+
+def plain_attributes(obj) -> dict:
+    """The attributes of ``obj`` that are plain data, encoded for JSON."""
+    encoded = {name: _encode(value) for name, value in vars(obj).items()}
+    return {name: value for name, value in encoded.items() if value is not None}
+
+
+def load_plain_attributes(obj, state: dict) -> None:
+    for name, encoded in state.items():
+        setattr(obj, name, _decode(encoded, getattr(obj, name, None)))
+
+
+def env_state(env: gym.Env) -> list[dict]:
+    """The plain attributes of ``env`` and of every environment it wraps, outermost first."""
+    layers = [plain_attributes(env)]
+    while isinstance(env, gym.Wrapper):
+        env = env.env
+        layers.append(plain_attributes(env))
+    return layers
+
+
+def load_env_state(env: gym.Env, layers: list[dict]) -> None:
+    for layer in layers:
+        load_plain_attributes(env, layer)
+        env = env.env if isinstance(env, gym.Wrapper) else None
+    if env is not None:
+        raise ValueError("the saved environment has fewer wrapper layers than this one")
 
 
 def complete_episode_mask(dones: torch.Tensor) -> torch.Tensor:

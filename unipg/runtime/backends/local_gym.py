@@ -80,7 +80,7 @@ class GymSegments:
         return self.sync.pop_seconds() if self.sync is not None else None
 
     def episode_state(self) -> dict[str, int] | None:
-        """None: the gym driver counts episodes itself and keeps no checkpoints."""
+        """None: the gym driver counts episodes itself, and its checkpoints keep the count."""
         return None
 
     def resume_episodes(self, state: dict[str, int] | None) -> None:
