@@ -153,7 +153,7 @@ class SampleConfig(Section):
 
 
 class CheckpointConfig(Section):
-    """lm runs: checkpoints under <run>/checkpoints, from which ``unipg train --resume RUN_DIR`` continues."""
+    """Checkpoints under <run>/checkpoints, from which ``unipg train --resume RUN_DIR`` continues (both modes)."""
 
     every_updates: int = Field(50, ge=0)
     """save a checkpoint every this many learner updates (0 = only at the end and when interrupted); a
@@ -164,7 +164,7 @@ class CheckpointConfig(Section):
     """also keep the checkpoint with the best best_metric, however old."""
     best_metric: str = "eval/pass@1"
     """metric, higher is better, that ranks checkpoints for keep_best; only checkpoints saved at an update
-    with an evaluation carry it."""
+    with an evaluation carry it (gym runs: set eval/return_mean)."""
 
 
 class RollbackConfig(Section):
