@@ -116,18 +116,11 @@ def arithmetic_task(
     ``num_train`` None means 20000, or every remaining problem when fewer are left (19800 for the default
     two digits and "+-"); an explicit size the space cannot hold is an error.
     """
-    if not isinstance(digits, int) or not 1 <= digits <= 6:
-        raise ValueError(f"arithmetic: digits must be an integer in 1..6, got {digits!r}")
-    if not operations or set(operations) - set("+-*") or len(set(operations)) != len(operations):
-        raise ValueError(f"arithmetic: operations must be distinct characters from '+-*', got {operations!r}")
-    _check_sizes("arithmetic", num_train=num_train, num_test=num_test)
+    check_operation_task("arithmetic", digits, operations)
     operand_count = 10**digits
-    space = len(operations) * operand_count**2
-    num_train = split_sizes(f"arithmetic: digits={digits} with operations={operations!r}", space,
-                            num_train=num_train, num_test=num_test, default_train=20000)
-    rng = random.Random(data_seed)
-    test_ids = rng.sample(range(space), num_test)
-    train_ids = _sample_excluding(rng, space, num_train, set(test_ids))
+    train_ids, test_ids = operation_problem_split("arithmetic", digits, operations, operand_count,
+                                                  num_train=num_train, num_test=num_test, data_seed=data_seed,
+                                                  default_train=20000)
 
     def example(problem_id: int) -> Example:
         operation_index, operand_pair = divmod(problem_id, operand_count**2)
@@ -143,6 +136,29 @@ def arithmetic_task(
         system_prompt=None,
         rewards=[{"name": "math", "weight": 1.0}],
     )
+
+
+def check_operation_task(task: str, digits: int, operations: str) -> None:
+    """``digits`` an integer in 1..6, ``operations`` distinct characters from '+-*'."""
+    if not isinstance(digits, int) or not 1 <= digits <= 6:
+        raise ValueError(f"{task}: digits must be an integer in 1..6, got {digits!r}")
+    if not operations or set(operations) - set("+-*") or len(set(operations)) != len(operations):
+        raise ValueError(f"{task}: operations must be distinct characters from '+-*', got {operations!r}")
+
+
+def operation_problem_split(task: str, digits: int, operations: str, operand_count: int, *,
+                            num_train: int | None, num_test: int, data_seed: int,
+                            default_train: int) -> tuple[list[int], list[int]]:
+    """(train ids, test ids) of distinct problems ``left op right``, each operand one of ``operand_count``
+    values, id = operation index · operand_count² + left · operand_count + right; the test split is drawn first
+    and the train split never repeats it (``check_operation_task`` first)."""
+    _check_sizes(task, num_train=num_train, num_test=num_test)
+    space = len(operations) * operand_count**2
+    num_train = split_sizes(f"{task}: digits={digits} with operations={operations!r}", space,
+                            num_train=num_train, num_test=num_test, default_train=default_train)
+    rng = random.Random(data_seed)
+    test_ids = rng.sample(range(space), num_test)
+    return _sample_excluding(rng, space, num_train, set(test_ids)), test_ids
 
 
 def _check_sizes(task: str, **sizes: int | None) -> None:

@@ -20,9 +20,8 @@ from unipg.sample.tasks.base import (
     TASKS,
     Example,
     Task,
-    _check_sizes,
-    _sample_excluding,
-    split_sizes,
+    check_operation_task,
+    operation_problem_split,
 )
 from unipg.sample.tools.base import format_tool_call
 
@@ -36,21 +35,13 @@ def calculator_task(digits: int = 3, operations: str = "*", num_train: int | Non
     example, deterministically from ``data_seed``); the others answer at once. ``num_train`` None means
     5000. Train and test never share a problem.
     """
-    if not isinstance(digits, int) or not 1 <= digits <= 6:
-        raise ValueError(f"calculator: digits must be an integer in 1..6, got {digits!r}")
-    if not operations or set(operations) - set("+-*") or len(set(operations)) != len(operations):
-        raise ValueError(f"calculator: operations must be distinct characters from '+-*', got {operations!r}")
+    check_operation_task("calculator", digits, operations)
     if not 0.0 <= tool_demonstrations <= 1.0:
         raise ValueError(f"calculator: tool_demonstrations must be a fraction in [0, 1], got {tool_demonstrations}")
-    _check_sizes("calculator", num_train=num_train, num_test=num_test)
     low, high = 10 ** (digits - 1) if digits > 1 else 0, 10**digits
     span = high - low
-    space = len(operations) * span**2
-    num_train = split_sizes(f"calculator: digits={digits} with operations={operations!r}", space,
-                            num_train=num_train, num_test=num_test, default_train=5000)
-    rng = random.Random(data_seed)
-    test_ids = rng.sample(range(space), num_test)
-    train_ids = _sample_excluding(rng, space, num_train, set(test_ids))
+    train_ids, test_ids = operation_problem_split("calculator", digits, operations, span, num_train=num_train,
+                                                  num_test=num_test, data_seed=data_seed, default_train=5000)
     uses_tool = random.Random(data_seed + 1)
 
     def example(problem_id: int, with_tool: bool) -> Example:
