@@ -110,7 +110,27 @@ def normalized(advantages: torch.Tensor, estimator: EstimatorConfig) -> torch.Te
     return advantages
 
 
-class GradientLearner:
+class LearnerState:
+    """What a gym learner's checkpoint holds: its optimizer (``_optimizer``) and its mini-batch generator."""
+
+    generator: torch.Generator
+
+    @property
+    def _optimizer(self) -> torch.optim.Optimizer:
+        raise NotImplementedError
+
+    def checkpoint(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """(optimizer tensors, JSON state) for a checkpoint: the optimizer and the mini-batch generator."""
+        tensors, meta = optimizer_tensors(self._optimizer)
+        return tensors, {"optimizer": meta, "generator": generator_state(self.generator)}
+
+    def restore(self, tensors: dict[str, torch.Tensor], state: dict) -> None:
+        """Continue from ``checkpoint``'s output."""
+        load_optimizer(self._optimizer, tensors, state["optimizer"])
+        restore_generator(self.generator, state["generator"])
+
+
+class GradientLearner(LearnerState):
     """PPO, A2C and REINFORCE: stochastic gradient steps on policy loss + c_v·value loss − c_e·entropy."""
 
     def __init__(self, policy: MLPActorCritic, config: Config):
@@ -167,30 +187,18 @@ class GradientLearner:
         self.optimizer.step()
         return {**out.metrics, "grad_norm": grad_norm}
 
+    @property
+    def _optimizer(self) -> torch.optim.Optimizer:
+        return self.optimizer
+
     def set_lr_fraction(self, fraction: float) -> float:
         for group in self.optimizer.param_groups:
             group["lr"] = group["base_lr"] * fraction
         return self.optimizer.param_groups[0]["lr"]
 
-    def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state()}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.generator.set_state(state["generator"])
-
-    def checkpoint(self) -> tuple[dict[str, torch.Tensor], dict]:
-        """(optimizer tensors, JSON state) for a checkpoint: the optimizer and the mini-batch generator."""
-        tensors, meta = optimizer_tensors(self.optimizer)
-        return tensors, {"optimizer": meta, "generator": generator_state(self.generator)}
-
-    def restore(self, tensors: dict[str, torch.Tensor], state: dict) -> None:
-        """Continue from ``checkpoint``'s output."""
-        load_optimizer(self.optimizer, tensors, state["optimizer"])
-        restore_generator(self.generator, state["generator"])
 
 
-class TRPOLearner:
+class TRPOLearner(LearnerState):
     """TRPO: a natural-gradient actor step constrained to mean KL ≤ δ, then Adam epochs on the critic."""
 
     def __init__(self, policy: MLPActorCritic, config: Config):
@@ -241,27 +249,15 @@ class TRPOLearner:
             losses.append(out.loss.item())
         return {"value_loss": sum(losses) / len(losses), "grad_norm": sum(grad_norms) / len(grad_norms)}
 
+    @property
+    def _optimizer(self) -> torch.optim.Optimizer:
+        return self.critic_optimizer
+
     def set_lr_fraction(self, fraction: float) -> float:
         for group in self.critic_optimizer.param_groups:
             group["lr"] = self.base_lr * fraction
         return self.base_lr * fraction
 
-    def state_dict(self) -> dict:
-        return {"optimizer": self.critic_optimizer.state_dict(), "generator": self.generator.get_state()}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.critic_optimizer.load_state_dict(state["optimizer"])
-        self.generator.set_state(state["generator"])
-
-    def checkpoint(self) -> tuple[dict[str, torch.Tensor], dict]:
-        """(optimizer tensors, JSON state) for a checkpoint: the optimizer and the mini-batch generator."""
-        tensors, meta = optimizer_tensors(self.critic_optimizer)
-        return tensors, {"optimizer": meta, "generator": generator_state(self.generator)}
-
-    def restore(self, tensors: dict[str, torch.Tensor], state: dict) -> None:
-        """Continue from ``checkpoint``'s output."""
-        load_optimizer(self.critic_optimizer, tensors, state["optimizer"])
-        restore_generator(self.generator, state["generator"])
 
 
 def make_learner(policy: MLPActorCritic, config: Config):
