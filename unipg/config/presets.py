@@ -38,7 +38,7 @@ _LM_ONLY = frozenset({"task.*", "model.*", "sft.*", "agent.*", "rollback.*",
                         "sample.samples_per_prompt", "sample.max_new_tokens",
                         "sample.temperature", "sample.top_p", "sample.top_k", "sample.stop", "sample.max_prompt_length",
                         "train.updates", "train.batch_size", "train.mini_batch_size", "train.micro_batch_size",
-                        "train.weight_decay", "estimator.kl_in_reward",
+                        "train.weight_decay", "train.tis", "train.tis_cap", "estimator.kl_in_reward",
                         "eval.every_updates", "eval.pass_k", "eval.max_examples"})
 # Keys that language-model training never reads: the gymnasium environment, the MLP, the gym evaluation,
 # the gym rollout length, and TRPO.
