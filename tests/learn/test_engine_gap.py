@@ -9,7 +9,7 @@ import torch
 
 from tests.learn.test_lm import make_batch, make_config
 from unipg.config.schema import EstimatorConfig
-from unipg.learn.lm import LMLearner, engine_tis_cap
+from unipg.learn.lm import LMLearner
 from unipg.learn.objective import ObjectiveBatch, unified_objective
 from unipg.policy.loading import load_lm_policy
 
@@ -72,13 +72,14 @@ def test_tis_needs_the_trainers_log_probs():
 
 
 def test_tis_is_on_when_asked_or_when_the_engine_is_not_the_trainers_model():
-    assert engine_tis_cap(make_config("grpo")) is None  # auto with the hf engine (or none configured)
-    assert engine_tis_cap(make_config("grpo", "train.tis=on", "train.tis_cap=1.5")) == 1.5
-    assert engine_tis_cap(make_config("grpo", "train.tis=off")) is None
+    assert make_config("grpo").engine_tis_cap is None  # auto with the hf engine (or none configured)
+    assert make_config("grpo", "train.tis=on", "train.tis_cap=1.5").engine_tis_cap == 1.5
+    assert make_config("grpo", "train.tis=off").engine_tis_cap is None
     config = make_config("grpo")
     vllm = config.model_copy(update={"sample": config.sample.model_copy()})
     object.__setattr__(vllm.sample, "engine", "vllm")  # the engine setting, where it exists
-    assert engine_tis_cap(vllm) == config.train.tis_cap
+    assert vllm.engine_tis_cap == config.train.tis_cap
+    assert any("'train.tis_cap' has no effect" in w for w in make_config("grpo", "train.tis_cap=3").warnings)
 
 
 @pytest.fixture

@@ -224,6 +224,15 @@ class Config(Section):
         return self.mode == "lm"
 
     @property
+    def engine_tis_cap(self) -> float | None:
+        """lm runs: ``train.tis_cap`` when the learner corrects the gap between the inference engine's log-probs
+        and its own (``train.tis`` on, or auto with an engine other than the trainer's own model: ``sample.engine``
+        other than hf), else None."""
+        engine = getattr(self.sample, "engine", "hf")  # configurations without an engine setting sample with hf
+        on = self.train.tis == "on" or (self.train.tis == "auto" and engine != "hf")
+        return self.train.tis_cap if on else None
+
+    @property
     def prompts_per_step(self) -> int:
         """lm runs: distinct prompts per learner update."""
         return self.train.batch_size // self.sample.samples_per_prompt

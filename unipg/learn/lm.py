@@ -7,7 +7,7 @@ The batch layout and the advantages live in ``unipg.learn.lm_batch``; every piec
 - a mini-batch's gradient is accumulated over micro-batches, each weighted so that the sum equals the loss
   of the whole mini-batch under the configured aggregation mode;
 - the batch moves to the policy's device (``device``) before any pass; metrics come back as Python floats;
-- with ``train.tis`` on (``engine_tis_cap``), ``prepare`` recomputes the trainer's log-probs π_trainer_old of
+- with ``train.tis`` on (``Config.engine_tis_cap``), ``prepare`` recomputes the trainer's log-probs π_trainer_old of
   every sampled token, measures their gap to the engine's on the tokens of the current version (``mismatch/k3``,
   ``mismatch/max_ratio``, ``mismatch/fraction_capped``) and the objective corrects it (``unipg.learn.objective``);
 - with ``rollback.enabled``, an optimizer step whose loss or gradient norm is not finite is skipped, and with
@@ -49,14 +49,6 @@ from unipg.learn.state import (
 from unipg.policy.lm import LMPolicy
 
 
-def engine_tis_cap(config: Config) -> float | None:
-    """``train.tis_cap`` when the learner corrects the engine gap, else None: ``train.tis`` on, or auto with an
-    inference engine other than the trainer's own model (``sample.engine`` other than hf)."""
-    engine = getattr(config.sample, "engine", "hf")  # configurations without an engine setting sample with hf
-    on = config.train.tis == "on" or (config.train.tis == "auto" and engine != "hf")
-    return config.train.tis_cap if on else None
-
-
 def mismatch_metrics(batch: LMBatch, cap: float) -> dict[str, float]:
     """The gap between the trainer's log-probs before the update (``proximal_logprobs``) and the engine's
     (``behaviour_logprobs``) on the batch's tokens of the current version: ``mismatch/k3`` (KL(μ_engine‖π_trainer)),
@@ -96,7 +88,7 @@ class LMLearner:
         self.lr_factor = 1.0  # the product of rollback.lr_factor over the run's rollbacks
         rollback = config.rollback
         self.kl_spike = rollback.kl_multiple * est.target_kl if rollback.enabled and est.target_kl else None
-        self.tis_cap = engine_tis_cap(config)
+        self.tis_cap = config.engine_tis_cap
 
     @property
     def kl_coef(self) -> float:
