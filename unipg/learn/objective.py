@@ -28,6 +28,10 @@ Where the two learners differ, the caller says so with an explicit argument, so 
 - ``tis_cap``: the language-model learner corrects the gap between its inference engine and itself (below);
   the gymnasium learner samples with the very module it trains, so it has no such gap and passes None.
 
+The terms are summed in the order of the formula. Before the two paths shared this function, the language-model
+learner added the entropy bonus before the value loss; with both a critic and entropy_coef > 0 its loss can
+therefore differ from before in the last bit of float rounding, and in no other case.
+
 The engine gap, measured and corrected (truncated importance sampling, TIS). The log-probs μ_engine an inference
 engine reports for the tokens it sampled are not the trainer's log-probs π_trainer_old of the same tokens under
 the same weights: other kernels, other precision (vLLM, bfloat16). The PPO ratio π_θ/μ_engine would then clip
@@ -45,10 +49,6 @@ takes two policies apart, as decoupled PPO does for staleness:
 
 When π_trainer_old equals μ_engine the loss is the one without correction. The learner measures the gap once per
 update over the age-0 tokens of its batch (``mismatch/k3``, ``mismatch/max_ratio``, ``mismatch/fraction_capped``).
-
-The terms are summed in the order above. Before the two paths shared this function, the language-model
-learner added the entropy bonus before the value loss; with both a critic and entropy_coef > 0 its loss can
-therefore differ from before in the last bit of float rounding, and in no other case.
 """
 
 from __future__ import annotations
