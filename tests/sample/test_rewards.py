@@ -220,6 +220,8 @@ def test_a_reward_model_takes_the_runs_device_and_dtype_unless_its_entry_sets_th
                                    "dtype": "float32"}], defaults=defaults).functions
     assert own.model.dtype == torch.float32 and own.device == torch.device("cpu")
     assert [name for name, _, _ in build_rewards([{"name": "format"}], defaults=defaults).functions] == ["format"]
+    on_ray = reward_defaults(load_config(None, ["task.name=arithmetic", "device=auto", "backend=ray"]))
+    assert on_ray["device"] == "cpu"  # sent to rollout workers, which may have no GPU
     with pytest.raises(ConfigError, match="device 'tpu' is not a device name"):
         RewardModel(tiny_reward_model_path, device="tpu")
 

@@ -251,8 +251,9 @@ def length_penalty(max_length: int, penalty: float = 1.0) -> RewardFunction:
 
 def reward_defaults(config) -> dict[str, Any]:
     """The run's settings that a reward taking them (a reward model's ``device`` and ``dtype``) gets unless its
-    entry sets its own: the reward model lives beside the policy."""
-    return {"device": config.device, "dtype": config.model.dtype}
+    entry sets its own: the reward model lives beside the policy. With ``backend: ray`` the rewards are built here
+    and sent to rollout workers that may have no GPU, so there it defaults to the CPU."""
+    return {"device": "cpu" if config.backend == "ray" else config.device, "dtype": config.model.dtype}
 
 
 def build_rewards(spec: list[dict], *, defaults: dict[str, Any] | None = None) -> CombinedReward:
