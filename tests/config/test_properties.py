@@ -77,7 +77,7 @@ ROUND_TRIP = {
     "log.tensorboard": st.booleans(),
     "env.id": plain_text,
     "log.run_name": plain_text,
-    "device": plain_text,
+    "device": st.sampled_from(["cpu", "auto"]),
     "model.dtype": st.sampled_from(["float32", "bfloat16", "float16"]),
     "runtime.schedule": st.sampled_from(["auto", "sequential", "concurrent"]),
     "policy.hidden_sizes": st.lists(st.integers(1, 512), min_size=1, max_size=4),

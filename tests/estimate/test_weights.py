@@ -7,6 +7,7 @@ import torch
 
 from unipg.estimate.registry import RegistryError
 from unipg.estimate.weights import (
+    engine_mismatch_weights,
     OFF_POLICY_WEIGHTS,
     OffPolicyWeights,
     combine_weights,
@@ -182,3 +183,27 @@ def test_mismatched_shapes_are_rejected():
     logprobs, behaviour = batch_with_ratios([[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]])
     with pytest.raises(ValueError, match="same"):
         compute("none", logprobs, behaviour[:, :2])
+
+
+def test_engine_mismatch_gives_k3_and_max_ratio_as_computed_by_hand():
+    # r = π_trainer/μ_engine = (1.8, 0.5, 1, e²) on the masked tokens; the last column is off the mask
+    trainer = torch.log(torch.tensor([[0.36, 0.1, 0.3, 0.9], [math.exp(-1.0), 0.5, 0.5, 0.5]]))
+    engine = torch.log(torch.tensor([[0.2, 0.2, 0.3, 0.1], [math.exp(-3.0), 0.5, 0.5, 0.5]]))
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    out = engine_mismatch_weights(trainer, engine, mask, cap=2.0)
+    ratios = [1.8, 0.5, 1.0, math.exp(2.0)]
+    k3 = sum((r - 1) - math.log(r) for r in ratios) / 4  # Schulman's k3 of KL(μ_engine‖π_trainer)
+    assert float(out.metrics["k3"]) == pytest.approx(k3, rel=1e-5)
+    assert float(out.metrics["max_ratio"]) == pytest.approx(math.exp(2.0), rel=1e-5)
+    assert float(out.metrics["fraction_capped"]) == pytest.approx(1 / 4)  # only e² is above the cap
+    expected = torch.tensor([[1.8, 0.5, 1.0, 0.0], [2.0, 0.0, 0.0, 0.0]])  # min(r, cap), 0 off the mask
+    assert torch.allclose(out.weights, expected, atol=1e-6) and not out.weights.requires_grad
+
+
+def test_engine_mismatch_is_zero_and_weight_one_when_the_log_probs_agree():
+    logprobs = torch.log(torch.tensor([[0.3, 0.6]]))
+    out = engine_mismatch_weights(logprobs, logprobs.clone(), torch.ones(1, 2), cap=1.5)
+    assert float(out.metrics["k3"]) == 0.0 and float(out.metrics["max_ratio"]) == 1.0
+    assert torch.equal(out.weights, torch.ones(1, 2)) and float(out.metrics["fraction_capped"]) == 0.0
+    with pytest.raises(ValueError, match=r"cap \(0.0\) must be > 0"):
+        engine_mismatch_weights(logprobs, logprobs, torch.ones(1, 2), cap=0.0)

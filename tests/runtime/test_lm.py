@@ -126,3 +126,28 @@ def test_cli_unknown_task_or_reward_names_the_valid_ones(tmp_path):
         output = " ".join(result.output.split())
         assert result.exit_code == 2, result.output
         assert "did you mean" in output and expected in output and "Traceback" not in output
+
+
+def test_a_run_with_tis_on_logs_the_engine_gap_every_update(embedded_path, tmp_path):
+    config = load_config(None, SMALL + ["algorithm=grpo", f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
+                                        "train.tis=on", "eval.pass_k=0"])
+    records = [r for r in read_metrics(train_lm(config).run_dir) if "rollout/reward_mean" in r]
+    assert len(records) == 2
+    for record in records:
+        assert record["mismatch/tokens"] > 0 and record["mismatch/fraction_capped"] == 0.0
+        # the hf engine is the trainer's own model: only float rounding between its two forward passes
+        assert 0.0 <= record["mismatch/k3"] < 1e-6 and record["mismatch/max_ratio"] == pytest.approx(1.0, abs=1e-4)
+
+
+def test_a_bfloat16_run_trains_and_saves_a_bfloat16_policy(embedded_path, tmp_path):
+    import torch
+
+    config = load_config(None, SMALL + ["algorithm=ppo", f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
+                                        "dtype=bfloat16", "device=auto", "eval.pass_k=0", "train.learning_rate=1e-3",
+                                        "task.rewards=[{name: length, max_length: 3}]"])  # rewards that vary
+    result = train_lm(config)
+    records = [r for r in read_metrics(result.run_dir) if "rollout/reward_mean" in r]
+    assert len(records) == 2 and all(r["train/grad_norm"] > 0 and r["train/loss"] == r["train/loss"] for r in records)
+    policy = load_lm_policy(str(result.run_dir / "policy"), dtype="bfloat16", value_head=True)
+    assert {p.dtype for p in policy.model.parameters()} == {torch.bfloat16}
+    assert policy.value_head.linear.weight.dtype == torch.float32  # value heads stay float32

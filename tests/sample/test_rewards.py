@@ -206,6 +206,26 @@ def test_reward_model_scores_each_completion(tiny_reward_model_path):
     assert conversation == pytest.approx(model.score(["what is 2 + 2 ? 5 "], add_special_tokens=False), abs=1e-4)
 
 
+def test_a_reward_model_takes_the_runs_device_and_dtype_unless_its_entry_sets_them(tiny_reward_model_path):
+    import torch
+
+    from unipg.config import ConfigError, load_config
+    from unipg.sample.rewards.rules import reward_defaults
+
+    defaults = reward_defaults(load_config(None, ["task.name=arithmetic", "device=auto", "dtype=bfloat16"]))
+    (_, model, _), = build_rewards([{"name": "reward_model", "path": tiny_reward_model_path}],
+                                   defaults=defaults).functions
+    assert model.model.dtype == torch.bfloat16 and model.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+    (_, own, _), = build_rewards([{"name": "reward_model", "path": tiny_reward_model_path, "device": "cpu",
+                                   "dtype": "float32"}], defaults=defaults).functions
+    assert own.model.dtype == torch.float32 and own.device == torch.device("cpu")
+    assert [name for name, _, _ in build_rewards([{"name": "format"}], defaults=defaults).functions] == ["format"]
+    on_ray = reward_defaults(load_config(None, ["task.name=arithmetic", "device=auto", "backend=ray"]))
+    assert on_ray["device"] == "cpu"  # sent to rollout workers, which may have no GPU
+    with pytest.raises(ConfigError, match="device 'tpu' is not a device name"):
+        RewardModel(tiny_reward_model_path, device="tpu")
+
+
 def test_reward_model_bad_path_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="could not be loaded: .*; check the path"):
         RewardModel(str(tmp_path / "no_such_model"))

@@ -18,7 +18,8 @@ class ModelConfig(Section):
     warm_start: bool = False
     """fine-tune the model on the task's demonstrations (section sft) before RL; the result is cached."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """parameter dtype of the policy, critic and reference."""
+    """parameter dtype of the policy, critic, reference and SFT warm start (and of a reward model's default);
+    value heads stay float32. bfloat16 halves the memory and runs on CPUs too; log-probs are computed in float32."""
     value_head: bool = False
     """add a value head (critic) on the policy's last hidden state; PPO needs a critic."""
     critic: str | None = None

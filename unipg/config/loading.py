@@ -48,6 +48,7 @@ FLAT_ALIASES: dict[str, str] = {
     "max_grad_norm": "train.max_grad_norm",
     "value_loss_coef": "estimator.value_loss_coef",
     "target_kl": "estimator.target_kl",
+    "dtype": "model.dtype",  # beside the top-level device
 }
 
 

@@ -38,7 +38,7 @@ _LM_ONLY = frozenset({"task.*", "model.*", "sft.*", "agent.*", "rollback.*",
                         "sample.samples_per_prompt", "sample.max_new_tokens",
                         "sample.temperature", "sample.top_p", "sample.top_k", "sample.stop", "sample.max_prompt_length",
                         "train.updates", "train.batch_size", "train.mini_batch_size", "train.micro_batch_size",
-                        "train.weight_decay", "estimator.kl_in_reward",
+                        "train.weight_decay", "train.tis", "train.tis_cap", "estimator.kl_in_reward",
                         "eval.every_updates", "eval.pass_k", "eval.max_examples"})
 # Keys that language-model training never reads: the gymnasium environment, the MLP, the gym evaluation,
 # the gym rollout length, and TRPO.
@@ -228,6 +228,9 @@ def ignored_keys(config, user_keys: set[str]) -> list[str]:
             warnings.append(f"'{key}' has no effect with algorithm '{config.algorithm}' {where}; remove it")
         elif key in unread:
             warnings.append(unread[key])
+    if "train.tis_cap" in user_keys and text and config.engine_tis_cap is None:
+        warnings.append("'train.tis_cap' has no effect while the engine gap is not corrected (train.tis is off, or auto "
+                        "with the hf engine); set train.tis=on")
     if config.estimator.off_policy_weight in {"age_decay", "version_window"}:
         warnings.append(f"estimator.off_policy_weight '{config.estimator.off_policy_weight}' has no effect in "
                         "synchronous training: every sample comes from the current policy (age 0)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from unipg.config.devices import device_problem
 from unipg.estimate import ADVANTAGES, KL_ESTIMATORS, OFF_POLICY_WEIGHTS, POLICY_LOSSES
 from unipg.estimate.registry import unknown_name_message
 
@@ -24,6 +25,9 @@ def cross_field_problems(config: Config) -> list[str]:
     problems = []
     est = config.estimator
     problems += lm_problems(config) if config.is_lm else gym_problems(config)
+    device = device_problem(config.device)  # refused rather than ignored: no silent CPU run
+    if device is not None:
+        problems.append(device)
     if config.backend == "ray" and not config.is_lm:
         problems.append("backend 'ray' runs text tasks; train gymnasium environments with backend=inprocess "
                         "(their vectorised environments already step in one process)")
@@ -86,11 +90,6 @@ def lm_problems(config: Config) -> list[str]:
         problems.append(
             f"train.mini_batch_size ({train.mini_batch_size}) must divide train.batch_size ({train.batch_size})"
         )
-    if config.device != "cpu":
-        # Refused rather than ignored: a run that asked for a GPU must not train on the CPU with exit 0.
-        problems.append(f"device '{config.device}': language-model runs train their learner, critic and reference "
-                        "on the CPU in this version (rollout workers of backend=ray take GPUs through "
-                        "ray.rollout_num_gpus); remove device or set device=cpu")
     if train.batch_size % sample.samples_per_prompt:
         problems.append(
             f"sample.samples_per_prompt ({sample.samples_per_prompt}) must divide train.batch_size "

@@ -162,6 +162,13 @@ class TrainConfig(Section):
     """lm runs: sequences per forward pass; gradients of a mini-batch are accumulated over micro-batches."""
     weight_decay: float = Field(0.0, ge=0.0)
     """lm runs: AdamW weight decay."""
+    tis: Literal["auto", "on", "off"] = "auto"
+    """lm runs: measure and correct the gap between the inference engine's log-probs and the trainer's with
+    truncated importance sampling (``unipg.learn.objective``); auto = on whenever the engine is not the trainer's
+    own model (``sample.engine`` other than hf). On costs one more forward pass per update."""
+    tis_cap: float = Field(2.0, gt=0.0)
+    """lm runs with tis: the engine-gap weight is min(π_trainer / μ_engine, tis_cap) on tokens of the current
+    version."""
 
 
 class Config(Section):
@@ -175,7 +182,9 @@ class Config(Section):
     deterministic: bool = False
     """use deterministic torch kernels and a single thread (bitwise-reproducible on CPU)."""
     device: str = "cpu"
-    """torch device of the learner; lm runs accept only cpu in this version (anything else is refused)."""
+    """where the models live: cpu, cuda, cuda:N, mps, or auto (CUDA when this machine has it, else the CPU). lm
+    runs put the policy, critic, reference, reward model and SFT warm start there; gymnasium runs keep their MLPs
+    on the CPU. A device that is asked for and absent is refused when the config loads (``unipg.config.devices``)."""
     backend: str = "inprocess"
     """lm runs: where episodes run, a name from unipg.runtime.backends.BACKENDS: ``inprocess`` (threads of this
     process) or ``ray`` (rollout workers and environment actors on a Ray cluster, section ``ray``); the learner
@@ -213,6 +222,15 @@ class Config(Section):
     def is_lm(self) -> bool:
         """Whether this run is in ``lm`` mode (see ``mode``)."""
         return self.mode == "lm"
+
+    @property
+    def engine_tis_cap(self) -> float | None:
+        """lm runs: ``train.tis_cap`` when the learner corrects the gap between the inference engine's log-probs
+        and its own (``train.tis`` on, or auto with an engine other than the trainer's own model: ``sample.engine``
+        other than hf), else None."""
+        engine = getattr(self.sample, "engine", "hf")  # configurations without an engine setting sample with hf
+        on = self.train.tis == "on" or (self.train.tis == "auto" and engine != "hf")
+        return self.train.tis_cap if on else None
 
     @property
     def prompts_per_step(self) -> int:

@@ -56,7 +56,7 @@ def pack_masked(values: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor,
     slots = valid.long().cumsum(1) - 1  # (B, T) packed position of each valid entry
     packed = values.new_zeros((values.shape[0], width))
     packed_mask = mask.new_zeros((values.shape[0], width))
-    rows = torch.arange(values.shape[0])[:, None].expand_as(valid)
+    rows = torch.arange(values.shape[0], device=values.device)[:, None].expand_as(valid)
     packed[rows[valid], slots[valid]] = values[valid]
     packed_mask[rows[valid], slots[valid]] = 1
     return packed, packed_mask

@@ -160,7 +160,7 @@ def truncated_importance_weights(
     log_ratio = _log_ratio(logprobs, behaviour_logprobs, mask)  # (B, T)
     if level == "sequence":
         log_ratio = log_ratio.sum(dim=-1, keepdim=True).expand_as(log_ratio)  # (B, T), same per row
-    log_truncation = torch.log(torch.tensor(float(truncation), dtype=log_ratio.dtype))
+    log_truncation = torch.log(log_ratio.new_tensor(float(truncation)))
     weights = torch.exp(torch.minimum(log_ratio, log_truncation))
     clipped = (log_ratio > log_truncation) & mask.bool()
     fraction_truncated = clipped.to(weights.dtype).sum() / mask.to(weights.dtype).sum().clamp(min=1.0)
@@ -184,7 +184,7 @@ def age_decay_weights(
         raise ValueError(f"age decay γ_age ({decay}) must be in (0, 1]; 1 disables the decay, 0.99 is typical")
     _check_inputs(logprobs, behaviour_logprobs, mask)
     token_age = _token_age(age, mask, "age_decay", logprobs.dtype)  # (B, T)
-    weights = torch.pow(torch.tensor(float(decay), dtype=token_age.dtype), token_age)
+    weights = torch.pow(token_age.new_tensor(float(decay)), token_age)
     return _finish(weights, mask, "age_decay", age_mean=masked_mean(token_age, mask))
 
 
@@ -246,3 +246,37 @@ def version_window_weights(
     token_age = _token_age(age, mask, "version_window", logprobs.dtype)  # (B, T)
     weights = (token_age <= window).to(token_age.dtype)
     return _finish(weights, mask, "version_window")
+
+
+def engine_mismatch_weights(
+    trainer_logprobs: torch.Tensor, engine_logprobs: torch.Tensor, mask: torch.Tensor, *, cap: float = 2.0
+) -> OffPolicyWeights:
+    """Truncated importance weights for the gap between the inference engine and the trainer (TIS; Yao et al.
+    2025, "Your efficient RL framework secretly brings you off-policy RL training"):
+
+        r_t = π_trainer(a_t|s_t) / μ_engine(a_t|s_t),     w_t = min(r_t, cap)
+
+    ``trainer_logprobs`` (B, T) are the trainer's log-probs of the sampled tokens under the weights that sampled
+    them, before any gradient step; ``engine_logprobs`` (B, T) the log-probs the engine reported when it sampled
+    them (different kernels and precision give different numbers for the same weights); ``mask`` (B, T) 1 on the
+    tokens to weigh. Detached, 0 off the mask. Metrics over the masked tokens: ``k3``, Schulman's estimator of
+    KL(μ_engine‖π_trainer), mean (r − 1) − log r ≥ 0; ``max_ratio``, the largest r (0 with no token);
+    ``fraction_capped``, the share of tokens with r > cap.
+
+    >>> out = engine_mismatch_weights(torch.tensor([[0.0, -1.0]]), torch.tensor([[-1.0, -1.0]]),
+    ...                               torch.ones(1, 2), cap=2.0)
+    >>> [round(w, 4) for w in out.weights[0].tolist()], round(float(out.metrics["max_ratio"]), 4)
+    ([2.0, 1.0], 2.7183)
+    """
+    if cap <= 0:
+        raise ValueError(f"cap ({cap}) must be > 0; 2 is typical, and 1 never weighs a token up")
+    log_ratio = _log_ratio(trainer_logprobs, engine_logprobs, mask)  # (B, T), 0 off the mask
+    log_cap = torch.log(log_ratio.new_tensor(float(cap)))
+    weights = torch.exp(torch.minimum(log_ratio, log_cap))
+    valid = mask.bool()
+    k3 = torch.expm1(log_ratio) - log_ratio  # (B, T) (r − 1) − log r, 0 off the mask
+    ratio = torch.where(valid, log_ratio.exp(), torch.zeros_like(log_ratio))
+    capped = (log_ratio > log_cap) & valid
+    count = mask.to(log_ratio.dtype).sum().clamp(min=1.0)
+    return _finish(weights, mask, "engine_mismatch", k3=masked_mean(k3, mask), max_ratio=ratio.max(),
+                   fraction_capped=capped.to(log_ratio.dtype).sum() / count)

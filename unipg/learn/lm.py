@@ -6,6 +6,10 @@ The batch layout and the advantages live in ``unipg.learn.lm_batch``; every piec
 
 - a mini-batch's gradient is accumulated over micro-batches, each weighted so that the sum equals the loss
   of the whole mini-batch under the configured aggregation mode;
+- the batch moves to the policy's device (``device``) before any pass; metrics come back as Python floats;
+- with ``train.tis`` on (``Config.engine_tis_cap``), ``prepare`` recomputes the trainer's log-probs π_trainer_old of
+  every sampled token, measures their gap to the engine's on the tokens of the current version (``mismatch/k3``,
+  ``mismatch/max_ratio``, ``mismatch/fraction_capped``) and the objective corrects it (``unipg.learn.objective``);
 - with ``rollback.enabled``, an optimizer step whose loss or gradient norm is not finite is skipped, and with
   ``estimator.target_kl`` also set, an update whose approx KL exceeds ``rollback.kl_multiple × target_kl`` is
   undone; ``unipg.runtime.lm`` counts such tripped updates and rolls back to a checkpoint when they persist.
@@ -23,6 +27,7 @@ from unipg.estimate.kl import kl_penalty
 from unipg.estimate.kl_control import make_kl_controller
 from unipg.estimate.losses import explained_variance
 from unipg.estimate.masked import masked_mean, masked_var
+from unipg.estimate.weights import engine_mismatch_weights
 from unipg.learn import objective
 from unipg.learn.common import clip_grad_norm, shuffled_minibatches
 from unipg.learn.lm_batch import (  # noqa: F401  (LMBatch and the advantage helpers are imported from here too)
@@ -42,6 +47,19 @@ from unipg.learn.state import (
     restore_generator,
 )
 from unipg.policy.lm import LMPolicy
+
+
+def mismatch_metrics(batch: LMBatch, cap: float) -> dict[str, float]:
+    """The gap between the trainer's log-probs before the update (``proximal_logprobs``) and the engine's
+    (``behaviour_logprobs``) on the batch's tokens of the current version: ``mismatch/k3`` (KL(μ_engine‖π_trainer)),
+    ``mismatch/max_ratio``, ``mismatch/fraction_capped`` (share above ``cap``) and ``mismatch/tokens``, how many
+    tokens were compared (only this when every token is stale)."""
+    fresh = objective.fresh_tokens(batch.completion_mask, batch.ages)
+    metrics = {"mismatch/tokens": float(fresh.sum())}
+    if metrics["mismatch/tokens"] > 0:
+        gap = engine_mismatch_weights(batch.proximal_logprobs, batch.behaviour_logprobs, fresh, cap=cap)
+        metrics.update({f"mismatch/{name}": float(gap.metrics[name]) for name in ("k3", "max_ratio", "fraction_capped")})
+    return metrics
 
 
 class LMLearner:
@@ -70,6 +88,7 @@ class LMLearner:
         self.lr_factor = 1.0  # the product of rollback.lr_factor over the run's rollbacks
         rollback = config.rollback
         self.kl_spike = rollback.kl_multiple * est.target_kl if rollback.enabled and est.target_kl else None
+        self.tis_cap = config.engine_tis_cap
 
     @property
     def kl_coef(self) -> float:
@@ -77,7 +96,9 @@ class LMLearner:
 
     @torch.no_grad()
     def prepare(self, batch: LMBatch) -> dict[str, float]:
-        """Reference log-probs and values under no_grad, then advantages; returns rollout metrics."""
+        """Reference log-probs and values under no_grad, then advantages; returns rollout metrics (with tis, the
+        engine gap's under their ``mismatch/`` names). Moves ``batch`` to the policy's device."""
+        batch.move_to(self.policy.device)
         micro = self.config.train.micro_batch_size
         chunks = [batch.rows(index) for index in torch.arange(len(batch.scores)).split(micro)]
         width = batch.completion_length
@@ -87,8 +108,9 @@ class LMLearner:
 
         temperature = self.config.sample.temperature
         stale = batch.ages is not None and bool((batch.ages > 0).any())
-        if self.config.estimator.policy_loss == "decoupled_ppo" and stale:
-            # π_prox, the weights this update starts from; on fresh data it is μ, whose log-probs the batch has
+        if self.tis_cap is not None or (self.config.estimator.policy_loss == "decoupled_ppo" and stale):
+            # π_prox = π_trainer_old, the weights this update starts from; without tis, on fresh data it is taken
+            # to be μ, whose log-probs the batch has
             batch.proximal_logprobs = padded([self.policy.evaluate(
                 c.input_ids, c.attention_mask, c.completion_length, temperature=temperature).logprobs
                 for c in chunks]) * batch.completion_mask
@@ -109,6 +131,8 @@ class LMLearner:
         if batch.values is not None:
             metrics["explained_variance"] = float(explained_variance(batch.values, batch.returns, mask))
             metrics["value_mean"] = float(masked_mean(batch.values, mask))
+        if self.tis_cap is not None:
+            metrics.update(mismatch_metrics(batch, self.tis_cap))
         return metrics
 
     def update(self, batch: LMBatch) -> dict[str, float]:
@@ -121,6 +145,7 @@ class LMLearner:
         began. A tripped update (a step skipped, or reverted) does not move the KL controller.
         """
         train = self.config.train
+        batch.move_to(self.policy.device)
         start = self._snapshot() if self.kl_spike is not None else None
         history: dict[str, list[float]] = {}
         skipped = 0
@@ -191,7 +216,7 @@ class LMLearner:
             entropy=out.entropy, values=out.values, old_values=micro.values, returns=micro.returns,
             reference_logprobs=micro.reference_logprobs)
         out = objective.unified_objective(batch, est, kl_coef=0.0 if est.kl_in_reward else self.kl_coef,
-                                          report_importance_ess=micro.ages is not None)
+                                          report_importance_ess=micro.ages is not None, tis_cap=self.tis_cap)
         return out.loss, out.metrics
 
     def set_lr_fraction(self, fraction: float) -> float:

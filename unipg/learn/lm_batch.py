@@ -85,6 +85,13 @@ class LMBatch:
                    scores=torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
                    token_turns=token_turns, turn_rewards=turn_rewards, turn_mask=turn_mask, ages=ages)
 
+    def move_to(self, device: torch.device) -> LMBatch:
+        """Put every tensor of the batch on ``device``, in place (the learner's: where its model is); returns it."""
+        for name, value in vars(self).items():
+            if isinstance(value, torch.Tensor) and value.device != device:
+                setattr(self, name, value.to(device))
+        return self
+
     @property
     def completion_length(self) -> int:
         return self.completion_mask.shape[1]
@@ -102,7 +109,7 @@ class LMBatch:
         first_real = int(sub.attention_mask.argmax(dim=1).min())  # leftmost prompt token of any row
         prompt_width = sub.input_ids.shape[1] - sub.completion_length
         real = sub.attention_mask[:, prompt_width:]  # (b, C) sampled and inserted tokens after the prompt
-        keep = max(int((real * torch.arange(1, real.shape[1] + 1)).max()), 1)  # last real column, 1-based
+        keep = max(int((real * torch.arange(1, real.shape[1] + 1, device=real.device)).max()), 1)  # last real column, 1-based
         drop = sub.completion_length - keep
         if first_real > 0 or drop > 0:
             end = sub.input_ids.shape[1] - drop
@@ -185,6 +192,6 @@ def turn_table(batch: LMBatch, rewards: torch.Tensor) -> tuple[torch.Tensor, tor
     if batch.token_turns is None:
         return rewards.sum(1, keepdim=True), (batch.completion_mask.sum(1, keepdim=True) > 0).float()
     turns = batch.turn_rewards.shape[1]
-    per_turn = torch.zeros((rewards.shape[0], turns), dtype=rewards.dtype)
+    per_turn = rewards.new_zeros((rewards.shape[0], turns))
     per_turn.scatter_add_(1, batch.token_turns.clamp(min=0), rewards * (batch.token_turns >= 0))
     return per_turn, batch.turn_mask

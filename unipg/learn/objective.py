@@ -25,15 +25,35 @@ Where the two learners differ, the caller says so with an explicit argument, so 
   never had the metric, so the gymnasium learner does not ask for it.
 - Advantages are prepared by the caller: the gymnasium learner whitens them per mini-batch, the language-model
   learner once per batch when it computes them.
+- ``tis_cap``: the language-model learner corrects the gap between its inference engine and itself (below);
+  the gymnasium learner samples with the very module it trains, so it has no such gap and passes None.
 
-The terms are summed in the order above. Before the two paths shared this function, the language-model
+The terms are summed in the order of the formula. Before the two paths shared this function, the language-model
 learner added the entropy bonus before the value loss; with both a critic and entropy_coef > 0 its loss can
 therefore differ from before in the last bit of float rounding, and in no other case.
+
+The engine gap, measured and corrected (truncated importance sampling, TIS). The log-probs μ_engine an inference
+engine reports for the tokens it sampled are not the trainer's log-probs π_trainer_old of the same tokens under
+the same weights: other kernels, other precision (vLLM, bfloat16). The PPO ratio π_θ/μ_engine would then clip
+on noise, and the gradient would be that of a slightly different policy. With ``tis_cap`` set, the objective
+takes two policies apart, as decoupled PPO does for staleness:
+
+- for a token sampled at the learner's current version (age 0), π_trainer_old (``proximal_logprobs``: the
+  trainer's log-probs before any gradient step of the update) stands in for μ in the policy loss — the PPO ratio
+  is π_θ/π_trainer_old, and any off-policy weight reads it too — and the engine gap enters as the detached weight
+      w_tis = min(π_trainer_old / μ_engine, tis_cap),
+  multiplied into the off-policy weight w (``unipg.estimate.weights.engine_mismatch_weights``);
+- a stale token (age > 0) keeps μ_engine: the trainer's log-probs under the weights that sampled it are gone,
+  so its engine gap cannot be told apart from its staleness, and the staleness correction handles both (with
+  decoupled_ppo the behaviour weight π_prox/μ_engine, capped by ``estimator.behaviour_weight_cap``); w_tis = 1.
+
+When π_trainer_old equals μ_engine the loss is the one without correction. The learner measures the gap once per
+update over the age-0 tokens of its batch (``mismatch/k3``, ``mismatch/max_ratio``, ``mismatch/fraction_capped``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -41,7 +61,7 @@ import torch
 from unipg.estimate import KL_ESTIMATORS, OFF_POLICY_WEIGHTS, POLICY_LOSSES
 from unipg.estimate.losses import aggregate, value_loss
 from unipg.estimate.masked import masked_mean
-from unipg.estimate.weights import OffPolicyWeights, weight_metrics
+from unipg.estimate.weights import OffPolicyWeights, engine_mismatch_weights, weight_metrics
 
 if TYPE_CHECKING:
     from unipg.config.schema import EstimatorConfig
@@ -60,7 +80,8 @@ class ObjectiveBatch:
     behaviour_logprobs: torch.Tensor  # (B, T) log μ(a_t|s_t) recorded when the sample was drawn
     advantages: torch.Tensor  # (B, T) A_t, constants
     mask: torch.Tensor  # (B, T) 1 on the tokens the policy sampled
-    proximal_logprobs: torch.Tensor | None = None  # (B, T) log π_prox, decoupled_ppo's anchor; None: μ
+    proximal_logprobs: torch.Tensor | None = None  # (B, T) log π_prox = π_trainer_old, the trainer's before the
+    # update's first step: decoupled_ppo's anchor and, with tis_cap, μ's stand-in on age-0 tokens; None: μ
     age: torch.Tensor | None = None  # (B,) or (B, T) current version − behaviour version; None: 0
     entropy: torch.Tensor | None = None  # (B, T) H(π_θ(·|s_t)); None: no entropy bonus nor metric
     values: torch.Tensor | None = None  # (B, T) V_φ(s_t), differentiable; None: no critic term
@@ -84,16 +105,21 @@ class ObjectiveOutput:
 
 
 def unified_objective(batch: ObjectiveBatch, settings: EstimatorConfig, *, kl_coef: float = 0.0,
-                      report_importance_ess: bool = False) -> ObjectiveOutput:
+                      report_importance_ess: bool = False, tis_cap: float | None = None) -> ObjectiveOutput:
     """policy loss + kl_coef·KL + value_loss_coef·value loss − entropy_coef·entropy of ``batch``.
 
     ``settings`` is the ``estimator`` config section. ``kl_coef`` scales the KL to the reference in the loss
-    (0: only report it). Metrics: policy_loss and the policy loss's own, approx_kl, kl_to_reference, value_loss, entropy,
+    (0: only report it). ``tis_cap``: correct the engine gap of age-0 tokens (module docstring); None: no
+    correction. Metrics: policy_loss and the policy loss's own, approx_kl, kl_to_reference, value_loss, entropy,
     weights_* (off-policy weight statistics), importance_ess (when asked) and loss.
     """
+    batch, engine_weights = engine_correction(batch, tis_cap)
     weights = off_policy_weights(settings, batch.logprobs.detach(), batch.behaviour_logprobs, batch.mask,
                                  age=batch.age)
-    loss, metrics = policy_term(batch, settings, weights)
+    combined = weights.weights if weights is not None else None
+    if engine_weights is not None:
+        combined = engine_weights if combined is None else combined * engine_weights
+    loss, metrics = policy_term(batch, settings, combined)
     if batch.reference_logprobs is not None:
         kl = KL_ESTIMATORS.call(settings.kl_estimator, {"logprobs": batch.logprobs,
                                                         "ref_logprobs": batch.reference_logprobs})
@@ -113,19 +139,19 @@ def unified_objective(batch: ObjectiveBatch, settings: EstimatorConfig, *, kl_co
     if weights is not None:
         metrics.update({f"weights_{k}": float(v) for k, v in weights.metrics.items()})
     if report_importance_ess:
-        metrics["importance_ess"] = importance_ess(batch, weights)
+        metrics["importance_ess"] = importance_ess(batch, combined)
     metrics["loss"] = loss.item()
     return ObjectiveOutput(loss, metrics)
 
 
 def policy_term(batch: ObjectiveBatch, settings: EstimatorConfig,
-                weights: OffPolicyWeights | None) -> tuple[torch.Tensor, dict[str, float]]:
-    """The configured policy loss weighted by w, its metrics, and approx_kl (k3 of KL(μ‖π)) where the loss
-    does not report it."""
+                weights: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, float]]:
+    """The configured policy loss weighted by ``weights`` (B, T) w (None: 1), its metrics, and approx_kl (k3 of
+    KL(μ‖π)) where the loss does not report it."""
     proximal = batch.behaviour_logprobs if batch.proximal_logprobs is None else batch.proximal_logprobs
     data = {"logprobs": batch.logprobs, "behaviour_logprobs": batch.behaviour_logprobs,
             "proximal_logprobs": proximal, "advantages": batch.advantages, "mask": batch.mask,
-            "weights": None if weights is None else weights.weights}
+            "weights": weights}
     out = POLICY_LOSSES.call(settings.policy_loss, data, settings)
     metrics = {"policy_loss": out.loss.item(), **{k: float(v) for k, v in out.metrics.items()}}
     if "approx_kl" not in metrics:
@@ -148,12 +174,39 @@ def off_policy_weights(settings: EstimatorConfig, logprobs: torch.Tensor, behavi
     return OFF_POLICY_WEIGHTS.call(settings.off_policy_weight, data, settings)
 
 
-def importance_ess(batch: ObjectiveBatch, weights: OffPolicyWeights | None) -> float:
-    """Normalised effective sample size of the importance weights ρ·w over the valid tokens."""
+def importance_ess(batch: ObjectiveBatch, weights: torch.Tensor | None) -> float:
+    """Normalised effective sample size of the importance weights ρ·w over the valid tokens (``weights`` (B, T)
+    w, None: 1)."""
     rho = (batch.logprobs.detach() - batch.behaviour_logprobs).exp() * batch.mask
     if weights is not None:
-        rho = rho * weights.weights
+        rho = rho * weights
     return float(weight_metrics(rho, batch.mask)["ess"])
+
+
+def fresh_tokens(mask: torch.Tensor, age: torch.Tensor | None) -> torch.Tensor:
+    """(B, T) bool: the valid tokens of ``mask`` sampled at the learner's current version (``age`` (B,) or (B, T)
+    is 0 there; None: every token)."""
+    valid = mask.bool()
+    if age is None:
+        return valid
+    age = age if age.dim() == mask.dim() else age.unsqueeze(-1)
+    return valid & (age == 0)
+
+
+def engine_correction(batch: ObjectiveBatch, tis_cap: float | None) -> tuple[ObjectiveBatch, torch.Tensor | None]:
+    """The batch as the policy loss reads it with the engine gap corrected, and the detached weight w_tis (B, T):
+    on age-0 tokens μ replaced by π_trainer_old and w_tis = min(π_trainer_old/μ_engine, tis_cap), elsewhere μ
+    kept and w_tis = 1 (module docstring). ``batch`` and None unchanged when ``tis_cap`` is None."""
+    if tis_cap is None:
+        return batch, None
+    if batch.proximal_logprobs is None:
+        raise ValueError("correcting the engine gap needs the trainer's log-probs before the update "
+                         "(ObjectiveBatch.proximal_logprobs); compute them with the weights that sampled the batch")
+    fresh = fresh_tokens(batch.mask, batch.age)
+    tis = engine_mismatch_weights(batch.proximal_logprobs, batch.behaviour_logprobs, fresh, cap=tis_cap).weights
+    weights = torch.where(fresh, tis, torch.ones_like(tis)) * batch.mask.to(tis.dtype)
+    behaviour = torch.where(fresh, batch.proximal_logprobs, batch.behaviour_logprobs)
+    return replace(batch, behaviour_logprobs=behaviour), weights
 
 
 def micro_batch_share(mask: torch.Tensor, batch_mask: torch.Tensor, *, mode: str, norm_length: int | None) -> float:

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from unipg.config import Config
+from unipg.config.devices import resolve_device
 from unipg.learn.sft import sft_train
 from unipg.policy.embedded import BUILDER_VERSION, cache_dir
 from unipg.policy.loading import load_causal_lm, load_tokenizer
@@ -42,9 +43,12 @@ def demonstration_spec(spec):
 
 def warm_start_key(config: Config) -> dict:
     tools = [demonstration_spec(spec) for spec in config.task.tools] if config.task.tools is not None else None
-    return {"version": WARM_START_VERSION, "model": config.model.name, "embedded_builder": BUILDER_VERSION,
-            "task": config.task.name, "options": config.task.options, "system_prompt": config.task.system_prompt,
-            "tools": tools, "tool_prompt": config.agent.tool_prompt, "sft": config.sft.model_dump()}
+    key = {"version": WARM_START_VERSION, "model": config.model.name, "embedded_builder": BUILDER_VERSION,
+           "task": config.task.name, "options": config.task.options, "system_prompt": config.task.system_prompt,
+           "tools": tools, "tool_prompt": config.agent.tool_prompt, "sft": config.sft.model_dump()}
+    if config.model.dtype != "float32":  # trained in another precision; float32 keys stay as they were
+        key["dtype"] = config.model.dtype
+    return key
 
 
 def warm_start_folder(config: Config, root: Path | None = None) -> Path:
@@ -71,7 +75,7 @@ def build_warm_start(config: Config, task: Task, folder: Path, *, log=print) -> 
     from unipg.policy.loading import load_causal_lm, load_tokenizer
 
     tokenizer = load_tokenizer(config.model.name)
-    model = load_causal_lm(config.model.name, dtype=config.model.dtype)
+    model = load_causal_lm(config.model.name, dtype=config.model.dtype, device=resolve_device(config.device))
     metrics = fine_tune_on_demonstrations(model, tokenizer, task, config, seed=0, log_every=250,
                                           log=lambda text: log(f"warm start: {text}"))
     scratch = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
@@ -112,7 +116,7 @@ def run_sft(config: Config, output: Path | None = None, *, log=print) -> dict:
         raise ValueError(f"output folder '{output}' is not empty; choose another --output")
     tokenizer = load_tokenizer(config.model.name, trust_remote_code=config.model.trust_remote_code)
     model = load_causal_lm(config.model.name, dtype=config.model.dtype,
-                           trust_remote_code=config.model.trust_remote_code)
+                           trust_remote_code=config.model.trust_remote_code, device=resolve_device(config.device))
     test = held_out(task, config)
     before = greedy_completion_rate(model, tokenizer, task, config, test)
     metrics = fine_tune_on_demonstrations(model, tokenizer, task, config, seed=config.seed, log_every=50,

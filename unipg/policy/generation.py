@@ -84,6 +84,15 @@ def draw_next(logits: torch.Tensor, temperature: float, top_k: int | None, top_p
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1), log_dist
 
 
+def on_device(generator: torch.Generator | None, device: torch.device) -> torch.Generator | None:
+    """A generator that draws on ``device``: ``generator`` itself when it is there, else one seeded from it (which
+    advances it by one draw), so a run keeps one CPU generator, checkpointed and restored, whatever the device."""
+    if generator is None or generator.device.type == device.type:
+        return generator
+    seed = int(torch.randint(2**62, (1,), generator=generator))
+    return torch.Generator(device).manual_seed(seed)
+
+
 def cut_at_stop(text: str, stop: list[str] | None, keep: tuple[str, ...] = ()) -> str:
     """``text`` up to its earliest stop string: cut before it, or after it if the stop string is in ``keep``."""
     found = [(index, s) for s in stop or [] if (index := text.find(s)) >= 0]
@@ -109,6 +118,7 @@ def generate(policy: SamplingPolicy, prompt_ids: list[list[int]], *, max_new_tok
     if not prompt_ids or any(len(ids) == 0 for ids in prompt_ids):
         raise ValueError("every prompt must have at least one token")
     room = _room(policy, prompt_ids, max_new_tokens)
+    generator = on_device(generator, policy.device)
     ids, prompt_mask = left_pad(prompt_ids, policy.pad_id)
     ids, prompt_mask = ids.to(policy.device), prompt_mask.to(policy.device)
     batch = ids.shape[0]

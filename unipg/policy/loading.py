@@ -14,11 +14,10 @@ from pathlib import Path
 
 import torch
 
+from unipg.config.devices import resolve_device, torch_dtype
 from unipg.policy.chat import check_tokenizer
 from unipg.policy.embedded import resolve_model_name
 from unipg.policy.lm import VALUE_HEAD_FILE, CriticModel, LMPolicy
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def _looks_like_path(name: str) -> bool:
@@ -61,17 +60,19 @@ def _is_character_tokenizer(resolved: str) -> bool:
         return False
 
 
-def load_causal_lm(name: str, *, dtype: str = "float32", trust_remote_code: bool = False):
+def load_causal_lm(name: str, *, dtype: str = "float32", trust_remote_code: bool = False,
+                   device: torch.device | str | None = None):
+    """The causal LM ``name`` with parameters of ``dtype``, on ``device`` (None: where it loads, the CPU)."""
     from transformers import AutoModelForCausalLM
 
     resolved = resolve_model_name(name)
     _check_exists(name, resolved)
     try:
-        model = AutoModelForCausalLM.from_pretrained(resolved, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(resolved, dtype=torch_dtype(dtype), trust_remote_code=trust_remote_code)
     except (OSError, ValueError, TypeError, KeyError) as error:
         raise ValueError(f"could not load a causal language model from '{name}' ({resolved}): {first_line(error)}. "
                          "Pass a hub id or a folder written by save_pretrained") from None
-    return model
+    return model if device is None else model.to(device)
 
 
 def first_line(error: Exception) -> str:
@@ -99,8 +100,9 @@ def reference_mode(requested: str, *, needs_reference: bool, lora: bool) -> str:
 def load_lm_policy(name: str, *, dtype: str = "float32", value_head: bool = False, critic: str | None = None,
                    reference: str = "auto", needs_reference: bool = False, lora_rank: int = 0,
                    lora_alpha: float = 16.0, lora_target_modules="all-linear", gradient_checkpointing: bool = False,
-                   trust_remote_code: bool = False) -> LMPolicy:
-    """Assemble an ``LMPolicy``; a value head saved beside the model (``LMPolicy.save``) is loaded back."""
+                   trust_remote_code: bool = False, device: torch.device | str | None = None) -> LMPolicy:
+    """Assemble an ``LMPolicy`` on ``device`` (None: the CPU): the LM, critic and reference in ``dtype``, a value
+    head in float32; a value head saved beside the model (``LMPolicy.save``) is loaded back."""
     tokenizer = load_tokenizer(name, trust_remote_code=trust_remote_code)
     model = load_causal_lm(name, dtype=dtype, trust_remote_code=trust_remote_code)
     if model.config.vocab_size < len(tokenizer):
@@ -118,7 +120,7 @@ def load_lm_policy(name: str, *, dtype: str = "float32", value_head: bool = Fals
                       reference=reference_mode(reference, needs_reference=needs_reference, lora=lora_rank > 0))
     if policy.value_head is not None:
         _load_head(policy.value_head, Path(resolve_model_name(name)))
-    return policy
+    return policy if device is None else policy.to(device)
 
 
 def _load_head(head: torch.nn.Module, folder: Path) -> None:
@@ -135,7 +137,7 @@ def policy_from_config(config) -> LMPolicy:
                             reference=model.reference, needs_reference=needs_reference, lora_rank=model.lora_rank,
                             lora_alpha=model.lora_alpha, lora_target_modules=model.lora_target_modules,
                             gradient_checkpointing=model.gradient_checkpointing,
-                            trust_remote_code=model.trust_remote_code)
+                            trust_remote_code=model.trust_remote_code, device=resolve_device(config.device))
     check_policy_fits(policy, config)
     return policy
 

@@ -61,11 +61,12 @@ def run_config(run_dir: Path, overrides: list[str], notify: Callable[[str], None
 
 def evaluate_model(config: Config) -> dict[str, float]:
     """Held-out metrics of ``config.model.name`` on ``config.task.name`` (``eval.max_examples`` of its test split)."""
+    from unipg.config.devices import resolve_device
     from unipg.policy.loading import load_lm_policy
     from unipg.runtime.lm import evaluate_lm
     from unipg.runtime.setup import seed_everything, set_threads
     from unipg.sample.episodes import EpisodeRunner, held_out
-    from unipg.sample.rewards.rules import build_rewards
+    from unipg.sample.rewards.rules import build_rewards, reward_defaults
     from unipg.sample.tasks.base import make_task
 
     if not config.is_lm:
@@ -78,9 +79,11 @@ def evaluate_model(config: Config) -> dict[str, float]:
         from unipg.learn.warm_start import resolve_warm_start
 
         config = resolve_warm_start(config, task)
+    device = resolve_device(config.device)
     policy = load_lm_policy(config.model.name, dtype=config.model.dtype,
-                            trust_remote_code=config.model.trust_remote_code)
-    runner = EpisodeRunner(policy, task, config, build_rewards(config.task.rewards or task.rewards))
+                            trust_remote_code=config.model.trust_remote_code, device=device)
+    rewards = build_rewards(config.task.rewards or task.rewards, defaults=reward_defaults(config))
+    runner = EpisodeRunner(policy, task, config, rewards)
     test = held_out(task, config)
     try:
         return evaluate_lm(runner, test, pass_k=config.eval.pass_k, seed=config.seed + 10_000)

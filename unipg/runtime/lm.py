@@ -72,7 +72,7 @@ from unipg.sample.episodes import (  # noqa: F401
     held_out,
     reward_term_metrics,
 )
-from unipg.sample.rewards.rules import build_rewards
+from unipg.sample.rewards.rules import build_rewards, reward_defaults
 from unipg.sample.tasks.base import Example, Task, make_task
 
 
@@ -202,7 +202,8 @@ def train_step(runtime: Runtime, learner: LMLearner, timer: Timer, update: int, 
                                           group_size=group_size, pad_id=learner.policy.pad_id, tools=tools)
     record.update(rollout_record)
     with timer("logprob"):
-        record.update({f"train/{k}": v for k, v in learner.prepare(batch).items()})
+        # keys with a namespace of their own (mismatch/...) are logged as they are
+        record.update({k if "/" in k else f"train/{k}": v for k, v in learner.prepare(batch).items()})
     with timer("update"):
         record.update({f"train/{k}": v for k, v in learner.update(batch).items()})
     runtime.publish(update)
@@ -263,7 +264,7 @@ def open_run(config: Config, task: Task | None, run_dir: Path | None, checkpoint
     set_threads(config)
     task = task or make_task(config.task.name, **config.task.options)
     config = resolve_warm_start(config, task)
-    reward_fn = build_rewards(config.task.rewards or task.rewards)
+    reward_fn = build_rewards(config.task.rewards or task.rewards, defaults=reward_defaults(config))
     policy = policy_from_config(config)
     runner = EpisodeRunner(policy, task, config, reward_fn)
     test = held_out(task, config)

@@ -21,6 +21,8 @@ def seed_everything(seed: int, deterministic: bool) -> None:
     np.random.seed(seed)
     torch.manual_seed(seed)
     if deterministic:
+        # cuBLAS is deterministic only with a fixed workspace, set before its first use (CUDA's reproducibility notes)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
         torch.set_num_threads(1)  # a reduction split across threads may sum in a different order
 

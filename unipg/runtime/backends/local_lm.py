@@ -39,13 +39,15 @@ from unipg.sample.episodes import EpisodeRunner, episode_metrics, reward_term_me
 MAX_CANCELLATIONS = 5  # a group cancelled this often from inside its episodes has a bug, not bad luck
 
 
-def inference_copy(policy: LMPolicy) -> LMPolicy:
-    """A sampling-only copy of ``policy``'s language model (no reference, no critic) for the rollout side.
+def inference_copy(policy: LMPolicy, device: torch.device | str | None = None) -> LMPolicy:
+    """A sampling-only copy of ``policy``'s language model (no reference, no critic) for the rollout side, on
+    ``device`` (None: the policy's own).
 
     Its parameters keep ``requires_grad`` as they are: sampling runs under ``no_grad`` anyway, and CPU kernels
     take another path for weights that do not require grad, which changes results in the last bits — the
     copy samples exactly as the learner's model would."""
-    return LMPolicy(copy.deepcopy(policy.model), policy.tokenizer)
+    model = copy.deepcopy(policy.model)
+    return LMPolicy(model if device is None else model.to(device), policy.tokenizer)
 
 
 def split_groups(trajectories: list, version: int, size: int) -> list[Group]:

@@ -114,8 +114,9 @@ class RayRollout(CountedEpisodes):
                 start_env_actors(settings, tools, self.run_id, self.env_actors)
             if settings.placement != "none":
                 self.placement = place(settings)
-            # built here, so tasks, tools and rewards registered in the caller's own script work on workers too
-            self._setup = ray.put((inference_copy(runner.policy), task, config, tools, runner.reward_fn))
+            # built here, so tasks, tools and rewards registered in the caller's own script work on workers too;
+            # the policy copy travels on the CPU, and a worker moves it to its GPU when given one (rollout_num_gpus)
+            self._setup = ray.put((inference_copy(runner.policy, "cpu"), task, config, tools, runner.reward_fn))
             for i in range(settings.rollout_workers):
                 self.workers.append(self._start_worker(i))
             wait_ready(self.workers, "rollout worker", settings.start_timeout)

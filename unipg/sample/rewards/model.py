@@ -16,13 +16,16 @@ class RewardModel:
     when it has one (the format reward models are trained on), else their message texts are concatenated.
     """
 
-    def __init__(self, name_or_path: str, *, batch_size: int = 16, device: str = "cpu", max_length: int = 1024):
+    def __init__(self, name_or_path: str, *, batch_size: int = 16, device: str = "cpu", max_length: int = 1024,
+                 dtype: str = "float32"):
+        from unipg.config.devices import resolve_device
+
         self.name_or_path = name_or_path
         self.batch_size = batch_size
-        self.device = device
+        self.device = resolve_device(device)  # cpu, cuda, cuda:N, mps or auto; absent: ConfigError
         self.max_length = max_length
-        self.tokenizer, self.model = _load_sequence_classifier(name_or_path)
-        self.model.to(device).eval()
+        self.tokenizer, self.model = _load_sequence_classifier(name_or_path, dtype)
+        self.model.to(self.device).eval()
         self.__name__ = "reward_model"  # how CombinedReward.from_callables names it
 
     def __call__(self, prompts: list, completions: list, **columns) -> list[float]:
@@ -59,9 +62,11 @@ def _as_messages(sample: Any) -> list[dict]:
     return [{"role": "user", "content": sample}] if isinstance(sample, str) else list(sample)
 
 
-def _load_sequence_classifier(name_or_path: str) -> tuple[Any, Any]:
+def _load_sequence_classifier(name_or_path: str, dtype: str = "float32") -> tuple[Any, Any]:
     """(tokenizer, model) from a local folder or hub id, with a pad token set so batches can be padded."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from unipg.config.devices import torch_dtype
 
     location = os.path.expanduser(name_or_path)
     if location.startswith(("/", ".")) or os.path.exists(location):  # a local folder, not a hub id
@@ -75,7 +80,7 @@ def _load_sequence_classifier(name_or_path: str) -> tuple[Any, Any]:
         fix = "check the hub id, and that the model is downloaded when working offline"
     try:
         tokenizer = AutoTokenizer.from_pretrained(location)
-        model = AutoModelForSequenceClassification.from_pretrained(location)
+        model = AutoModelForSequenceClassification.from_pretrained(location, dtype=torch_dtype(dtype))
     except Exception as err:  # OSError, ValueError, hub errors...: all mean "cannot load this"
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ValueError(f"reward model '{name_or_path}' could not be loaded ({reason}); {fix}") from None
@@ -90,6 +95,8 @@ def _load_sequence_classifier(name_or_path: str) -> tuple[Any, Any]:
 
 
 @REWARDS.register("reward_model")
-def reward_model(path: str, batch_size: int = 16, device: str = "cpu", max_length: int = 1024) -> RewardModel:
-    """A ``RewardModel`` loaded from ``path`` (a local folder or a Hugging Face hub id)."""
-    return RewardModel(path, batch_size=batch_size, device=device, max_length=max_length)
+def reward_model(path: str, batch_size: int = 16, device: str = "cpu", max_length: int = 1024,
+                 dtype: str = "float32") -> RewardModel:
+    """A ``RewardModel`` loaded from ``path`` (a local folder or a Hugging Face hub id), in ``dtype`` on ``device``;
+    in a run both default to the run's ``device`` and ``model.dtype`` (``reward_defaults``)."""
+    return RewardModel(path, batch_size=batch_size, device=device, max_length=max_length, dtype=dtype)

@@ -20,6 +20,7 @@ stops on it: a broken reward would otherwise train the policy on wrong signals w
 from __future__ import annotations
 
 import functools
+import inspect
 import re
 import threading
 from typing import Any, Callable
@@ -248,11 +249,19 @@ def length_penalty(max_length: int, penalty: float = 1.0) -> RewardFunction:
     return overlong_penalty
 
 
-def build_rewards(spec: list[dict]) -> CombinedReward:
+def reward_defaults(config) -> dict[str, Any]:
+    """The run's settings that a reward taking them (a reward model's ``device`` and ``dtype``) gets unless its
+    entry sets its own: the reward model lives beside the policy. With ``backend: ray`` the rewards are built here
+    and sent to rollout workers that may have no GPU, so there it defaults to the CPU."""
+    return {"device": "cpu" if config.backend == "ray" else config.device, "dtype": config.model.dtype}
+
+
+def build_rewards(spec: list[dict], *, defaults: dict[str, Any] | None = None) -> CombinedReward:
     """A CombinedReward from ``[{"name": ..., "weight": 1.0, **options}, ...]`` using the ``REWARDS`` registry.
 
     An unknown name raises RegistryError listing the valid ones; an unknown or missing option raises
-    ValueError naming the reward and the options it accepts.
+    ValueError naming the reward and the options it accepts. ``defaults`` (``reward_defaults``) fill the
+    options a reward accepts and its entry leaves out.
     """
     functions = []
     for item in spec:
@@ -262,6 +271,9 @@ def build_rewards(spec: list[dict]) -> CombinedReward:
         options = dict(item)
         name, weight = options.pop("name"), options.pop("weight", 1.0)
         validate_options(REWARDS, name, options)
-        functions.append((name, REWARDS.get(name)(**options), weight))
+        factory = REWARDS.get(name)
+        accepted = inspect.signature(factory).parameters
+        options = {**{key: value for key, value in (defaults or {}).items() if key in accepted}, **options}
+        functions.append((name, factory(**options), weight))
     return CombinedReward(functions)
 
