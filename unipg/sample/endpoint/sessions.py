@@ -89,9 +89,12 @@ class Session:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
 
     def raw_text(self, token_ids: list[int]) -> str:
-        """The sampled ids as the chat template writes a reply: special tokens kept, and a final EOS as its
-        token text (the template's end of turn follows it)."""
-        return self.tokenizer.decode(token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        """The sampled ids as the chat template writes a reply: special tokens kept, a final EOS as its own
+        token text (the template's end of turn starts with it)."""
+        ended = bool(token_ids) and token_ids[-1] in self.eos_ids
+        body = token_ids[:-1] if ended else token_ids
+        text = self.tokenizer.decode(body, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return text + (self.tokenizer.convert_ids_to_tokens(token_ids[-1]) if ended else "")
 
     def context(self, text: str, ids: list[int] | None = None) -> Context:
         """The context of a call whose prompt renders to ``text`` (or is given as ``ids``): continuing the
@@ -128,8 +131,8 @@ class Session:
 
     def remember_reply(self, key: tuple, token_ids: list[int]) -> None:
         """The reply returned as ``key`` renders, when sent back, as the text of its sampled ids."""
-        ids = token_ids[:-1] if token_ids and token_ids[-1] in self.eos_ids else token_ids
-        self.raw_replies[key] = self.raw_text(ids)
+        ended = bool(token_ids) and token_ids[-1] in self.eos_ids
+        self.raw_replies[key] = self.raw_text(token_ids[:-1] if ended else token_ids)
 
 
 class Sessions:
