@@ -32,7 +32,7 @@ def policy(embedded_path):
 
 
 def make_loop(policy, **endpoint):
-    engine = RecordingEngine(policy, SamplingParams(), generator=torch.Generator().manual_seed(0), batch_wait=None)
+    engine = RecordingEngine(policy, SamplingParams(), generator=torch.Generator().manual_seed(0), batch_wait=0.005)
     return ExternalAgentLoop(engine, policy.tokenizer, eos_ids=policy.eos_ids, endpoint=EndpointConfig(**endpoint),
                              max_tokens=12, context_length=policy.context_length, describe_tools=True)
 
