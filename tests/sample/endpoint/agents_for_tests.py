@@ -10,17 +10,17 @@ set_tracing_disabled(True)
 
 async def two_turns(base_url, api_key, example):
     """Asks, adds a tool result to the conversation, asks again; returns its last reply as the answer."""
-    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
-    messages = [{"role": "user", "content": example.prompt}]
-    first = await client.chat.completions.create(model="unipg", messages=messages, max_tokens=8)
-    messages += [first.choices[0].message.model_dump(exclude_none=True), {"role": "tool", "content": "6"}]
-    second = await client.chat.completions.create(model="unipg", messages=messages, max_tokens=8)
+    async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
+        messages = [{"role": "user", "content": example.prompt}]
+        first = await client.chat.completions.create(model="unipg", messages=messages, max_tokens=8)
+        messages += [first.choices[0].message.model_dump(exclude_none=True), {"role": "tool", "content": "6"}]
+        second = await client.chat.completions.create(model="unipg", messages=messages, max_tokens=8)
     return {"answer": second.choices[0].message.content or ""}
 
 
 async def rewards_itself(base_url, api_key, example):
-    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
-    await client.chat.completions.create(model="unipg", messages=[{"role": "user", "content": example.prompt}])
+    async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
+        await client.chat.completions.create(model="unipg", messages=[{"role": "user", "content": example.prompt}])
     return 0.25
 
 
@@ -33,8 +33,8 @@ async def hangs(base_url, api_key, example):
 
 
 async def garbage(base_url, api_key, example):
-    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
-    await client.chat.completions.create(model="unipg", messages=[{"role": "user", "content": example.prompt}])
+    async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
+        await client.chat.completions.create(model="unipg", messages=[{"role": "user", "content": example.prompt}])
     return [1, 2]
 
 
@@ -50,9 +50,9 @@ def calculator(expression: str) -> str:
 
 async def sdk_agent(base_url, api_key, example):
     """An OpenAI Agents SDK agent with a function tool."""
-    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
-    agent = Agent(name="calc", instructions="Use the calculator.", tools=[calculator],
-                  model=OpenAIChatCompletionsModel(model="unipg", openai_client=client),
-                  model_settings=ModelSettings(temperature=0.8, max_tokens=10))
-    result = await Runner.run(agent, example.prompt, max_turns=3)
+    async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
+        agent = Agent(name="calc", instructions="Use the calculator.", tools=[calculator],
+                      model=OpenAIChatCompletionsModel(model="unipg", openai_client=client),
+                      model_settings=ModelSettings(temperature=0.8, max_tokens=10))
+        result = await Runner.run(agent, example.prompt, max_turns=3)
     return str(result.final_output)
