@@ -99,8 +99,6 @@ class EndpointConfig(Section):
     """seconds one episode of the agent may take before it counts as failed."""
     agent_retries: int = Field(1, ge=0)
     """extra attempts (each in a fresh session) after an episode that failed, raised or timed out."""
-    failure_penalty: float = Field(0.0, ge=0.0)
-    """reward of an episode that failed on every attempt is −failure_penalty (it has no sampled tokens)."""
     max_body_bytes: int = Field(1 << 20, ge=1024)
     """largest request body accepted (larger: HTTP 413)."""
     max_n: int = Field(16, ge=1)
