@@ -24,6 +24,9 @@ def cross_field_problems(config: Config) -> list[str]:
     problems = []
     est = config.estimator
     problems += lm_problems(config) if config.is_lm else gym_problems(config)
+    if config.backend == "ray" and config.task.agent:
+        problems.append("task.agent (an external agent) runs with backend=inprocess only: its episodes call the "
+                        "endpoint on the rollout's event loop; unset task.agent or use backend=inprocess")
     if config.backend == "ray" and not config.is_lm:
         problems.append("backend 'ray' runs text tasks; train gymnasium environments with backend=inprocess "
                         "(their vectorised environments already step in one process)")

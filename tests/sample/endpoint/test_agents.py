@@ -74,3 +74,11 @@ def test_agent_specs_name_a_module_or_a_file_and_bad_ones_are_config_errors(tmp_
                           ("no_such_package_here:run", "cannot import")):
         with pytest.raises(ConfigError, match=message):
             load_agent(spec)
+
+
+def test_an_external_agent_with_the_ray_backend_is_a_config_error():
+    from unipg.config import load_config
+
+    with pytest.raises(ConfigError, match="backend=inprocess only"):
+        load_config(None, ["task.name=calculator", "task.agent=tests.sample.endpoint.agents_for_tests:two_turns",
+                           "backend=ray"])
