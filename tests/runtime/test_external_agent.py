@@ -22,3 +22,12 @@ def test_an_external_agent_trains_like_the_built_in_loop_and_its_failures_are_lo
     assert len(rollouts) == 2 and all(record["rollout/agent_failures"] == 0 for record in rollouts)
     assert all(record["rollout/turns"] == 2 for record in rollouts)
     assert any("eval/pass@1" in record for record in records)  # evaluation plays the agent too
+
+
+def test_an_external_agent_runs_in_the_concurrent_schedule(embedded_path, tmp_path):
+    config = load_config(None, [*RUN, f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
+                                "log.run_name=concurrent", "runtime.max_staleness=1", "runtime.schedule=concurrent",
+                                "eval.every_updates=100"])
+    train_lm(config, log=lambda line: None)
+    records = [json.loads(line) for line in (tmp_path / "concurrent" / "metrics.jsonl").read_text().splitlines()]
+    assert sum("rollout/agent_failures" in record for record in records) == 2
