@@ -56,3 +56,15 @@ async def sdk_agent(base_url, api_key, example):
                       model_settings=ModelSettings(temperature=0.8, max_tokens=10))
         result = await Runner.run(agent, example.prompt, max_turns=3)
     return str(result.final_output)
+
+
+async def sdk_streamed_agent(base_url, api_key, example):
+    """The Agents SDK agent, run with streaming."""
+    async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
+        agent = Agent(name="calc", tools=[calculator],
+                      model=OpenAIChatCompletionsModel(model="unipg", openai_client=client),
+                      model_settings=ModelSettings(max_tokens=10))
+        result = Runner.run_streamed(agent, example.prompt, max_turns=3)
+        async for _ in result.stream_events():
+            pass
+    return str(result.final_output)

@@ -57,11 +57,10 @@ def test_an_agent_that_hangs_costs_its_episode_the_timeout(policy):
 
 def test_an_openai_agents_sdk_agent_with_a_function_tool_plays_episodes_concurrently(policy):
     loop = make_loop(policy)
-    trajectories = play(loop, [agents.sdk_agent] * 3)
-    assert all(t.finish in ("done", "failed") for t in trajectories)
-    played = [t for t in trajectories if t.finish == "done"]
-    assert played and all(sum(t.loss_mask) > 0 for t in played)
-    assert "Use the calculator." in policy.tokenizer.decode(played[0].prompt_ids)
+    trajectories = play(loop, [agents.sdk_agent] * 2 + [agents.sdk_streamed_agent] * 2)
+    assert [t.finish for t in trajectories] == ["done"] * 4 and loop.stats.failures == 0
+    assert all(sum(t.loss_mask) > 0 for t in trajectories)
+    assert "Use the calculator." in policy.tokenizer.decode(trajectories[0].prompt_ids)
 
 
 def test_agent_specs_name_a_module_or_a_file_and_bad_ones_are_config_errors(tmp_path):

@@ -58,9 +58,21 @@ def test_text_completions_with_token_ids_and_the_models_list(served):
 
 def test_unsupported_fields_are_refused_naming_the_field(served):
     _, client = session_client(served)
-    for field, value in (("seed", 3), ("top_logprobs", 2), ("stream", True), ("tool_choice", "required")):
+    for field, value in (("seed", 3), ("top_logprobs", 2), ("tool_choice", "required")):
         with pytest.raises(openai.BadRequestError, match=field):
             client.chat.completions.create(model="unipg", messages=MESSAGES, **{field: value})
+    with pytest.raises(openai.BadRequestError, match="stream"):
+        client.completions.create(model="unipg", prompt="x", stream=True)
+
+
+def test_a_streamed_chat_reply_is_the_recorded_reply_in_chunks(served):
+    session, client = session_client(served)
+    chunks = list(client.chat.completions.create(model="unipg", messages=MESSAGES, max_tokens=6, stream=True,
+                                                 stream_options={"include_usage": True}))
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+    [trajectory] = session.trajectories
+    assert text == trajectory.turn_texts[0] and chunks[-1].usage.completion_tokens == len(trajectory.token_ids)
+    assert [chunk.choices[0].finish_reason for chunk in chunks if chunk.choices][-1] in ("stop", "length")
 
 
 def test_requests_without_the_right_key_are_refused(served):

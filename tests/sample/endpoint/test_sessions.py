@@ -94,3 +94,21 @@ def test_hermes_calls_are_parsed_and_written_back_the_same_way():
                                                                                     '{"expression": "2*3"}')
     assert calls_format.parse(calls_format.format([call]))[1] == [call]
     assert calls_format.parse("<tool_call>{not json</tool_call>") == ("<tool_call>{not json</tool_call>", [])
+
+
+def test_a_tool_call_sent_back_as_openai_tool_calls_continues_the_trajectory(bpe):
+    end = bpe.convert_tokens_to_ids("<|end|>")
+    session = Session("s", bpe, eos_ids=[end])
+    history = [{"role": "user", "content": "c?"}]
+    first = follow_up(session, bpe, history)
+    sampled_text = '<tool_call>{"name": "f", "arguments": {"x": "ab"}}</tool_call>'
+    sampled = bpe.convert_tokens_to_ids(["a", "b"])  # the model's ids, whatever text the reply decodes to
+    raw = session.raw_text(sampled)
+    content, calls = HermesToolCalls().parse(sampled_text)
+    session.record(first, [turn(sampled + [end], sampled_text)])
+    session.remember_reply(reply_key(content, calls), sampled + [end])
+    returned = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"x":"ab"}'}}]}
+    second = follow_up(session, bpe, history + [returned, {"role": "tool", "tool_call_id": "call_1", "content": "7"}])
+    assert second.trajectory is session.trajectories[0] and raw == "ab"  # the sampled text stands in for the call
+    assert second.ids == first.ids + sampled + [end] + ids(bpe, "<|tool|>7<|end|><|assistant|>")

@@ -38,7 +38,7 @@ class _Request(BaseModel):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     max_tokens: int | None = Field(None, ge=1)
     stop: str | list[str] | None = None
-    stream: Literal[False] | None = None  # streaming is not offered
+    stream: Literal[False] | None = None  # text completions are not streamed
     user: str | None = None
     metadata: dict[str, Any] | None = None
     store: bool | None = None
@@ -47,6 +47,8 @@ class _Request(BaseModel):
 
 
 class ChatRequest(_Request):
+    stream: bool | None = None  # the whole reply is generated, then sent as chunks (``stream_chunks``)
+    stream_options: dict[str, bool] | None = None  # {include_usage: true}
     messages: list[dict[str, Any]] = Field(..., min_length=1)
     tools: list[dict[str, Any]] | None = None
     tool_choice: Literal["auto", "none"] | None = None
@@ -177,6 +179,25 @@ class Completions:
             position += len(token)
         return {"tokens": tokens, "token_logprobs": list(output.behaviour_logprobs),
                 "top_logprobs": None, "text_offset": offsets}
+
+
+def stream_chunks(response: dict, *, include_usage: bool = False):
+    """A chat completion as the server-sent events of a stream: per choice, its content, its tool calls and its
+    finish reason, then the usage if asked for, then ``[DONE]``. Generation is not incremental: the reply is
+    complete before the first chunk, which clients that ask for a stream accept all the same."""
+    head = {"id": response["id"], "object": "chat.completion.chunk", "created": response["created"],
+            "model": response["model"]}
+    for choice in response["choices"]:
+        message, index = choice["message"], choice["index"]
+        first = {"role": "assistant", "content": message["content"] or ""}
+        yield {**head, "choices": [{"index": index, "delta": first, "logprobs": choice["logprobs"],
+                                    "finish_reason": None}]}
+        if message.get("tool_calls"):
+            calls = [{"index": position, **call} for position, call in enumerate(message["tool_calls"])]
+            yield {**head, "choices": [{"index": index, "delta": {"tool_calls": calls}, "finish_reason": None}]}
+        yield {**head, "choices": [{"index": index, "delta": {}, "finish_reason": choice["finish_reason"]}]}
+    if include_usage:
+        yield {**head, "choices": [], "usage": response["usage"]}
 
 
 def _tokenize(tokenizer, text: str) -> list[int]:

@@ -14,7 +14,7 @@ import contextlib
 import secrets
 import socket
 
-from unipg.sample.endpoint.protocol import ChatRequest, CompletionRequest, Completions
+from unipg.sample.endpoint.protocol import ChatRequest, CompletionRequest, Completions, stream_chunks
 from unipg.sample.endpoint.render import RequestError
 from unipg.sample.endpoint.sessions import Sessions
 
@@ -88,9 +88,12 @@ def build_app(completions: Completions, sessions: Sessions, token: str, *, max_b
         if refused is not None:
             return refused
         try:
-            return await method(body, session)
+            response = await method(body, session)
         except RequestError as error:
             return _error(400, str(error), error.param)
+        if getattr(body, "stream", None):
+            return _event_stream(response, include_usage=bool((body.stream_options or {}).get("include_usage")))
+        return response
 
     async def models(body, session):
         return {"object": "list", "data": [{"id": completions.model_name, "object": "model", "created": 0,
@@ -103,6 +106,19 @@ def build_app(completions: Completions, sessions: Sessions, token: str, *, max_b
                                           ("models", models, None, "GET")):
             app.add_api_route(f"{prefix}/{path}", _route(answer, method, model, in_session), methods=[verb])
     return BodyLimit(app, max_body_bytes)
+
+
+def _event_stream(response: dict, *, include_usage: bool):
+    import json
+
+    from fastapi.responses import StreamingResponse
+
+    async def events():
+        for chunk in stream_chunks(response, include_usage=include_usage):
+            yield f"data: {json.dumps(chunk)}\n\n"
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream")
 
 
 def _route(answer, method, model, in_session: bool):
