@@ -54,6 +54,10 @@ class TaskConfig(Section):
     tools: list[dict[str, Any]] | None = None
     """tools the agent may call, e.g. [{name: calculator}, {name: python, options: {timeout: 5}}];
     None = the task's default (single-turn tasks have none)."""
+    agent: str | None = None
+    """an agent of your own that plays each episode through the OpenAI-compatible endpoint (section
+    endpoint): ``package.module:run`` or ``path/to/file.py:run`` naming ``async def run(base_url, api_key,
+    example) -> float | str | dict``; None = the built-in agent loop."""
 
 
 class AgentConfig(Section):
@@ -83,6 +87,23 @@ class AgentConfig(Section):
     tool_prompt: bool = True
     """describe the tools to the model: through the chat template's tools argument when it has one, else in
     the system message."""
+
+
+class EndpointConfig(Section):
+    """The OpenAI-compatible endpoint that external agents (``task.agent``) call, and their failure policy."""
+
+    host: str = "127.0.0.1"
+    """address the endpoint binds; the default keeps it on this machine (loopback)."""
+    port: int = Field(0, ge=0, le=65535)
+    """TCP port; 0 = a free one."""
+    agent_timeout: float = Field(300.0, gt=0.0)
+    """seconds one episode of the agent may take before it counts as failed."""
+    agent_retries: int = Field(1, ge=0)
+    """extra attempts (each in a fresh session) after an episode that failed, raised or timed out."""
+    max_body_bytes: int = Field(1 << 20, ge=1024)
+    """largest request body accepted (larger: HTTP 413)."""
+    max_n: int = Field(16, ge=1)
+    """most choices (``n``) one request may ask for."""
 
 
 class SFTStage(Section):

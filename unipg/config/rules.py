@@ -28,6 +28,9 @@ def cross_field_problems(config: Config) -> list[str]:
     device = device_problem(config.device)  # refused rather than ignored: no silent CPU run
     if device is not None:
         problems.append(device)
+    if config.backend == "ray" and config.task.agent:
+        problems.append("task.agent (an external agent) runs with backend=inprocess only: its episodes call the "
+                        "endpoint on the rollout's event loop; unset task.agent or use backend=inprocess")
     if config.backend == "ray" and not config.is_lm:
         problems.append("backend 'ray' runs text tasks; train gymnasium environments with backend=inprocess "
                         "(their vectorised environments already step in one process)")

@@ -17,6 +17,7 @@ from pydantic import Field, field_validator
 from unipg.config.lm import (
     AgentConfig,
     CheckpointConfig,
+    EndpointConfig,
     ModelConfig,
     RollbackConfig,
     SampleConfig,
@@ -198,6 +199,7 @@ class Config(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
     agent: AgentConfig = Field(default_factory=AgentConfig)
+    endpoint: EndpointConfig = Field(default_factory=EndpointConfig)
     estimator: EstimatorConfig = Field(default_factory=EstimatorConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     sample: SampleConfig = Field(default_factory=SampleConfig)
@@ -253,7 +255,7 @@ class Config(Section):
 
 
 __all__ = [
-    "AgentConfig", "CheckpointConfig", "Config", "ConfigError", "EnvConfig", "EstimatorConfig", "EvalConfig",
+    "AgentConfig", "CheckpointConfig", "Config", "ConfigError", "EndpointConfig", "EnvConfig", "EstimatorConfig", "EvalConfig",
     "LogConfig", "ModelConfig", "PolicyConfig", "RayConfig", "RollbackConfig", "RuntimeConfig", "SFTConfig",
     "SFTStage", "SampleConfig", "TaskConfig", "TrainConfig",
 ]

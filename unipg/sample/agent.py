@@ -13,6 +13,7 @@ final reward. Many episodes run concurrently; their generation requests meet in 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -94,6 +95,12 @@ class AgentLoop:
     def tokenize(self, text: str) -> list[int]:
         return self.template.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
 
+    @contextlib.asynccontextmanager
+    async def running(self):
+        """What episodes need running around them: the engine's batching worker."""
+        async with self.engine.running():
+            yield self
+
     async def run_episode(self, env: Env, example: Example, order: int) -> Trajectory:
         first = await env.reset(example)
         trajectory = Trajectory(example, self.encode_prompt(first))
@@ -134,5 +141,5 @@ class AgentLoop:
             async with limit:
                 return await self.run_episode(envs[index], examples[index], order=index)
 
-        async with self.engine.running():
+        async with self.running():
             return list(await asyncio.gather(*(bounded(i) for i in range(len(examples)))))

@@ -19,6 +19,7 @@ from unipg.config import Config
 from unipg.policy.chat import TurnTemplate, render_agent_prompt
 from unipg.policy.lm import LMPolicy
 from unipg.sample.agent import AgentLoop, Trajectory
+from unipg.sample.endpoint.agents import AgentStats, ExternalAgent, ExternalAgentLoop, load_agent
 from unipg.sample.envs import ENVS, EnvironmentService
 from unipg.sample.envs.service import build_tools
 from unipg.sample.inference import InferenceEngine, SamplingParams
@@ -76,7 +77,9 @@ class EpisodeRunner:
         ``remote_tools``: where tool calls run, if not in this process (``EnvironmentService``'s ``remote``)."""
         self.policy, self.task, self.config, self.reward_fn = policy, task, config, reward_fn
         agent = config.agent
-        specs = tool_specs(config, task)
+        self.external = load_agent(config.task.agent) if config.task.agent else None  # the user's own agent
+        self.agent_stats = AgentStats()
+        specs = tool_specs(config, task) if self.external is None else None  # an external agent has its own tools
         self.max_turns = agent.max_turns or task.max_turns
         self.service = None
         if specs:
@@ -96,6 +99,8 @@ class EpisodeRunner:
         self.template = TurnTemplate(policy.tokenizer)
 
     def make_env(self):
+        if self.external is not None:
+            return ExternalAgent(self.external, self.reward_fn)
         if self.service is None:
             return ENVS.get("single_turn")(self.task, self.reward_fn)
         return ENVS.get("tool")(self.task, self.reward_fn, self.service, process_weight=self.config.agent.process_weight)
@@ -120,7 +125,12 @@ class EpisodeRunner:
         return InferenceEngine(self.policy, params, generator=generator, batch_wait=wait,
                                max_batch=self.config.agent.concurrency, sync=sync)
 
-    def agent_loop(self, engine: InferenceEngine) -> AgentLoop:
+    def agent_loop(self, engine: InferenceEngine) -> AgentLoop | ExternalAgentLoop:
+        if self.external is not None:
+            return ExternalAgentLoop(engine, self.policy.tokenizer, eos_ids=self.policy.eos_ids,
+                                     endpoint=self.config.endpoint, max_tokens=self.config.sample.max_new_tokens,
+                                     context_length=self.policy.context_length,
+                                     describe_tools=self.config.agent.tool_prompt, stats=self.agent_stats)
         return AgentLoop(engine, self.template, self.encode, max_turns=self.max_turns,
                          max_new_tokens=self.config.sample.max_new_tokens,
                          max_total_tokens=self.config.agent.max_total_tokens if self.max_turns > 1
@@ -144,6 +154,9 @@ class EpisodeRunner:
         return trajectories
 
     def pop_service_metrics(self, prefix: str) -> dict[str, float]:
+        if self.external is not None:
+            stats, self.agent_stats = self.agent_stats, AgentStats()
+            return stats.metrics(prefix)
         if self.service is None:
             return {}
         return self.service.pop_stats().metrics(prefix)

@@ -58,7 +58,7 @@ class InferenceEngine:
         self.policy_version = 0  # bumped by the driver whenever the weights change
         self.batches: list[int] = []  # size of every generate call, for the batching metrics
         self.generate_seconds = 0.0  # wall time inside generate calls
-        self._pending: list[tuple[int, list[int], int, asyncio.Future]] = []
+        self._pending: list[tuple[int, list[int], int, asyncio.Future, SamplingParams | None]] = []
         self._active = 0
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
@@ -94,10 +94,12 @@ class InferenceEngine:
             self._active -= 1
             self._wakeup.set()
 
-    async def generate(self, context_ids: list[int], *, max_new_tokens: int, order: int = 0) -> TurnOutput:
-        """Sample one turn continuing ``context_ids``; ``order`` fixes the row order inside a batch."""
+    async def generate(self, context_ids: list[int], *, max_new_tokens: int, order: int = 0,
+                       params: SamplingParams | None = None) -> TurnOutput:
+        """Sample one turn continuing ``context_ids``; ``order`` fixes the row order inside a batch; ``params``
+        (optional) replaces the engine's sampling parameters for this request."""
         future = asyncio.get_running_loop().create_future()
-        self._pending.append((order, context_ids, max_new_tokens, future))
+        self._pending.append((order, context_ids, max_new_tokens, future, params))
         self._wakeup.set()
         return await future
 
@@ -119,7 +121,7 @@ class InferenceEngine:
             taken = {id(request) for request in batch}
             self._pending = [request for request in self._pending if id(request) not in taken]
             try:
-                outputs = await asyncio.to_thread(self._sample, [r[1] for r in batch], [r[2] for r in batch])
+                outputs = await asyncio.to_thread(self._sample_by_params, batch)
             except Exception as error:  # noqa: BLE001 — hand the failure to the waiting episodes
                 for request in batch:
                     if not request[3].done():
@@ -136,14 +138,29 @@ class InferenceEngine:
             self._wakeup.clear()
             await self._wakeup.wait()
 
-    def _sample(self, contexts: list[list[int]], budgets: list[int]) -> list[TurnOutput]:
+    def _sample_by_params(self, batch: list[tuple]) -> list[TurnOutput]:
+        """One sampling call per distinct set of parameters in ``batch`` (one call when no request overrides)."""
+        outputs: list[TurnOutput | None] = [None] * len(batch)
+        kinds: list[SamplingParams] = []
+        for request in batch:
+            if (request[4] or self.params) not in kinds:
+                kinds.append(request[4] or self.params)
+        for params in kinds:
+            rows = [row for row, request in enumerate(batch) if (request[4] or self.params) == params]
+            sampled = self._sample([batch[row][1] for row in rows], [batch[row][2] for row in rows], params)
+            for row, output in zip(rows, sampled):
+                outputs[row] = output
+        return outputs
+
+    def _sample(self, contexts: list[list[int]], budgets: list[int],
+                params: SamplingParams | None = None) -> list[TurnOutput]:
         if self.sync is not None:  # between generate calls: take the learner's newest weights
             version = self.sync()
             if version is not None:
                 self.policy_version = version
         self.batches.append(len(contexts))
         start = time.perf_counter()
-        params = self.params
+        params = params or self.params
         generation = self.policy.sample(contexts, max_new_tokens=max(budgets), temperature=params.temperature,
                                         top_p=params.top_p, top_k=params.top_k, stop=params.stop,
                                         keep_stop=params.keep_stop, generator=self.generator)

@@ -195,7 +195,7 @@ class LMRollout(CountedEpisodes):
         groups = RunningGroups(run_group, self.account, self._lock, self.group_size)
         most = max(self.concurrency // self.group_size, 1)  # groups running at once
         self._interrupt = groups.interrupt
-        async with engine.running():
+        async with loop.running():
             order = 0
             try:
                 while not stop.is_set() and not groups.failure:

@@ -1,0 +1,141 @@
+"""What the OpenAI-compatible endpoint costs: per request, and in episodes per second of a whole agent.
+
+One process, one policy (the warm start of ``configs/calculator_agent.yaml``), one inference engine per row:
+
+- per request: the same greedy 16-token generation, one request at a time, called on the engine directly
+  and through ``POST /v1/chat/completions`` with the ``openai`` client; the difference is the endpoint's
+  overhead (HTTP, JSON, rendering, session bookkeeping);
+- per episode: ``--episodes`` calculator episodes, ``--concurrency`` at once (one session each), played by
+  the built-in agent loop, by the same agent written with the ``openai`` client, and by the OpenAI Agents
+  SDK agent of ``examples/openai_agent/agent.py``.
+
+    python benchmarks/endpoint.py                    # 128 episodes, 64 concurrent sessions
+    python benchmarks/endpoint.py --episodes 64 --requests 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import ssl
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "calculator_agent.yaml"
+SMOKE = ["task.options={digits: 1, num_train: 16, num_test: 4, tool_demonstrations: 1.0}", "model.warm_start=false",
+         "sample.max_new_tokens=8", "agent.max_total_tokens=40"]
+
+
+_TLS = ssl.create_default_context()  # built once: loading the CA bundle costs about 0.1 s of CPU per client
+
+
+async def openai_agent(base_url: str, api_key: str, example) -> str:
+    """The built-in calculator loop, written as an external agent with the ``openai`` client."""
+    from openai import AsyncOpenAI, DefaultAsyncHttpxClient
+
+    from unipg.sample.tools.calculator import calculator
+
+    tools = [{"type": "function", "function": {"name": "calculator", "description": "Evaluate an expression.",
+                                               "parameters": {"type": "object", "properties": {
+                                                   "expression": {"type": "string"}}}}}]
+    messages = [{"role": "user", "content": example.prompt}]
+    async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0,
+                           http_client=DefaultAsyncHttpxClient(verify=_TLS)) as client:
+        for _ in range(3):
+            reply = (await client.chat.completions.create(model="unipg", messages=messages, tools=tools)).choices[0]
+            messages.append(reply.message.model_dump(exclude_none=True))
+            if not reply.message.tool_calls:
+                break
+            for call in reply.message.tool_calls:
+                try:
+                    output = calculator.function(**json.loads(call.function.arguments))
+                except Exception as error:  # noqa: BLE001 — the model's bad call is an observation
+                    output = f"error: {error}"
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": output})
+    return reply.message.content or ""
+
+
+def episodes_per_second(config, task, policy, agent: str | None, examples) -> tuple[float, float]:
+    """(episodes/s, completion rate) of one wave of episodes played by ``agent`` (None: the built-in loop)."""
+    from unipg.sample.episodes import EpisodeRunner
+    from unipg.sample.rewards.rules import build_rewards
+
+    config = config.model_copy(deep=True)
+    config.task.agent = agent
+    runner = EpisodeRunner(policy, task, config, build_rewards(config.task.rewards or task.rewards))
+    start = time.perf_counter()
+    trajectories = runner.run(examples, params=runner.sampling(), generator=torch.Generator().manual_seed(0))
+    seconds = time.perf_counter() - start
+    runner.close()
+    return len(examples) / seconds, statistics.fmean(t.correct for t in trajectories)
+
+
+async def request_overhead(policy, runner_engine, requests: int) -> tuple[float, float]:
+    """(ms per direct engine call, ms per endpoint call) for the same greedy 16-token generation."""
+    from openai import AsyncOpenAI
+
+    from unipg.config.lm import EndpointConfig
+    from unipg.sample.endpoint import ExternalAgentLoop
+
+    loop = ExternalAgentLoop(runner_engine, policy.tokenizer, eos_ids=policy.eos_ids, endpoint=EndpointConfig(),
+                             max_tokens=16, context_length=policy.context_length, describe_tools=False)
+    messages = [{"role": "user", "content": "What is 123*456?"}]
+    text = policy.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    context = policy.tokenizer(text, add_special_tokens=False)["input_ids"]
+    async with loop.running():
+        start = time.perf_counter()
+        for _ in range(requests):
+            await runner_engine.generate(list(context), max_new_tokens=16)
+        direct = (time.perf_counter() - start) / requests
+        session = loop.sessions.open()
+        async with AsyncOpenAI(base_url=loop.server.session_url(session.id), api_key=session.key) as client:
+            start = time.perf_counter()
+            for _ in range(requests):
+                await client.chat.completions.create(model="unipg", messages=messages, max_tokens=16)
+            served = (time.perf_counter() - start) / requests
+    return direct * 1000, served * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--episodes", type=int, default=128, help="episodes per row")
+    parser.add_argument("--concurrency", type=int, default=64, help="episodes (sessions) at once")
+    parser.add_argument("--requests", type=int, default=40, help="sequential requests of the overhead rows")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, no warm start: checks the script runs")
+    args = parser.parse_args()
+    from unipg.config import load_config
+    from unipg.learn.warm_start import resolve_warm_start
+    from unipg.policy.loading import policy_from_config
+    from unipg.sample.episodes import EpisodeRunner
+    from unipg.sample.inference import SamplingParams
+    from unipg.sample.tasks.base import make_task
+
+    episodes, concurrency, requests = (8, 4, 3) if args.smoke else (args.episodes, args.concurrency, args.requests)
+    config = load_config(CONFIG, [*(SMOKE if args.smoke else []), f"agent.concurrency={concurrency}"])
+    task = make_task(config.task.name, **config.task.options)
+    config = resolve_warm_start(config, task, log=lambda line: None)
+    policy = policy_from_config(config)
+    examples = [task.test[index % len(task.test)] for index in range(episodes)]
+    engine = EpisodeRunner(policy, task, config, None).engine(SamplingParams(temperature=0.0), None)
+    direct, served = asyncio.run(request_overhead(policy, engine, requests))
+    print(f"per request ({requests} sequential greedy 16-token calls): engine {direct:.1f} ms, "
+          f"endpoint {served:.1f} ms, overhead {served - direct:.1f} ms")
+    print(f"\n{episodes} calculator episodes, {concurrency} at once\n")
+    print("| agent | episodes/s | vs built-in | completion rate |")
+    print("|---|---|---|---|")
+    rows = [("built-in agent loop", None), ("openai client agent", f"{__file__}:openai_agent"),
+            ("OpenAI Agents SDK agent", f"{ROOT / 'examples' / 'openai_agent' / 'agent.py'}:run")]
+    baseline = None
+    for name, agent in rows:
+        rate, completion = episodes_per_second(config, task, policy, agent, examples)
+        baseline = baseline or rate
+        print(f"| {name} | {rate:.2f} | {rate / baseline - 1:+.0%} | {completion:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

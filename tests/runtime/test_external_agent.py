@@ -1,0 +1,33 @@
+"""A training run whose episodes are played by an external agent through the endpoint."""
+
+import json
+
+from unipg.config import load_config
+from unipg.runtime.lm import train_lm
+
+RUN = ["task.name=calculator", "task.options={digits: 2, num_train: 40, num_test: 4}",
+       "task.agent=tests.sample.endpoint.agents_for_tests:two_turns", "sample.max_new_tokens=8",
+       "algorithm=grpo", "train.batch_size=8", "train.mini_batch_size=8", "train.micro_batch_size=8",
+       "sample.samples_per_prompt=4", "eval.every_updates=2", "eval.pass_k=0", "eval.max_examples=4",
+       "log.progress=false", "log.tensorboard=false", "checkpoint.every_updates=0", "rollback.enabled=false",
+       "train.updates=2"]
+
+
+def test_an_external_agent_trains_like_the_built_in_loop_and_its_failures_are_logged(embedded_path, tmp_path):
+    config = load_config(None, [*RUN, f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
+                                "log.run_name=external"])
+    train_lm(config, log=lambda line: None)
+    records = [json.loads(line) for line in (tmp_path / "external" / "metrics.jsonl").read_text().splitlines()]
+    rollouts = [record for record in records if "rollout/agent_failures" in record]
+    assert len(rollouts) == 2 and all(record["rollout/agent_failures"] == 0 for record in rollouts)
+    assert all(record["rollout/turns"] == 2 for record in rollouts)
+    assert any("eval/pass@1" in record for record in records)  # evaluation plays the agent too
+
+
+def test_an_external_agent_runs_in_the_concurrent_schedule(embedded_path, tmp_path):
+    config = load_config(None, [*RUN, f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
+                                "log.run_name=concurrent", "runtime.max_staleness=1", "runtime.schedule=concurrent",
+                                "eval.every_updates=100"])
+    train_lm(config, log=lambda line: None)
+    records = [json.loads(line) for line in (tmp_path / "concurrent" / "metrics.jsonl").read_text().splitlines()]
+    assert sum("rollout/agent_failures" in record for record in records) == 2

@@ -1,0 +1,83 @@
+"""External agents as environments: episodes, failure accounting, and the learner's tokens."""
+
+import asyncio
+
+import pytest
+
+from unipg.config import ConfigError
+from unipg.learn.lm import LMBatch
+from unipg.sample.endpoint import ExternalAgent, load_agent
+from unipg.sample.rewards.rules import build_rewards
+from unipg.sample.tasks.base import Example
+from tests.sample.endpoint import agents_for_tests as agents
+from tests.sample.endpoint.conftest import make_loop
+
+EXAMPLE = Example("What is 2*3?", "6", "6", {"answer": "6"})
+REWARDS = build_rewards([{"name": "math"}])
+
+
+def play(loop, runs, examples=None):
+    examples = examples or [EXAMPLE] * len(runs)
+    return asyncio.run(loop.run_episodes([ExternalAgent(run, REWARDS) for run in runs], examples))
+
+
+def test_the_learner_trains_exactly_the_tokens_and_log_probs_the_engine_sampled(policy):
+    loop = make_loop(policy)
+    [trajectory] = play(loop, [agents.two_turns])
+    [(first_context, first), (second_context, second)] = loop.engine.sampled
+    assert second_context[:len(first_context) + len(first.token_ids)] == first_context + first.token_ids
+    batch = LMBatch.from_trajectories([trajectory], policy.pad_id)
+    row = batch.input_ids[0, -batch.completion_length:][batch.completion_mask[0] == 1].tolist()
+    assert row == first.token_ids + second.token_ids
+    sampled_logprobs = batch.behaviour_logprobs[0][batch.completion_mask[0] == 1].tolist()
+    assert sampled_logprobs == pytest.approx(first.behaviour_logprobs + second.behaviour_logprobs, abs=0)
+    prompt = batch.input_ids[0, batch.attention_mask[0].argmax():].tolist()
+    assert prompt == second_context + second.token_ids  # every token the model saw, in order
+    assert trajectory.turns == 2 and trajectory.infos[-1]["final"] and trajectory.finish == "done"
+
+
+def test_failed_agents_are_counted_episodes_never_a_crashed_run(policy):
+    loop = make_loop(policy, agent_retries=1)
+    good, own, failed_raise, failed_garbage = play(
+        loop, [agents.two_turns, agents.rewards_itself, agents.raises, agents.garbage])
+    assert good.finish == own.finish == "done" and own.reward == 0.25
+    for failed, why in ((failed_raise, "agent bug"), (failed_garbage, "list")):
+        assert failed.finish == "failed" and sum(failed.loss_mask) == 0 and why in failed.infos[-1]["agent_error"]
+    assert loop.stats.failures == 2 and loop.stats.retries == 2 and loop.stats.timeouts == 0
+    assert len(loop.sessions) == 0  # every session closed
+    LMBatch.from_trajectories([good, own, failed_raise], policy.pad_id)  # failed episodes still batch
+
+
+def test_an_agent_that_hangs_costs_its_episode_the_timeout(policy):
+    loop = make_loop(policy, agent_timeout=0.2, agent_retries=0)
+    [hung] = play(loop, [agents.hangs])
+    assert hung.finish == "failed" and "ran past" in hung.infos[-1]["agent_error"]
+    assert loop.stats.failures == 1 and loop.stats.timeouts == 1
+
+
+def test_an_openai_agents_sdk_agent_with_a_function_tool_plays_episodes_concurrently(policy):
+    loop = make_loop(policy)
+    trajectories = play(loop, [agents.sdk_agent] * 2 + [agents.sdk_streamed_agent] * 2)
+    assert [t.finish for t in trajectories] == ["done"] * 4 and loop.stats.failures == 0
+    assert all(sum(t.loss_mask) > 0 for t in trajectories)
+    assert "Use the calculator." in policy.tokenizer.decode(trajectories[0].prompt_ids)
+
+
+def test_agent_specs_name_a_module_or_a_file_and_bad_ones_are_config_errors(tmp_path):
+    assert load_agent("tests.sample.endpoint.agents_for_tests:two_turns") is agents.two_turns
+    path = tmp_path / "mine.py"
+    path.write_text("async def run(base_url, api_key, example):\n    return 1.0\n")
+    assert load_agent(f"{path}:run").__name__ == "run"
+    for spec, message in (("nocolon", "package.module"), (f"{tmp_path}/missing.py:run", "no file"),
+                          ("tests.sample.endpoint.agents_for_tests:nothing", "no async function"),
+                          ("no_such_package_here:run", "cannot import")):
+        with pytest.raises(ConfigError, match=message):
+            load_agent(spec)
+
+
+def test_an_external_agent_with_the_ray_backend_is_a_config_error():
+    from unipg.config import load_config
+
+    with pytest.raises(ConfigError, match="backend=inprocess only"):
+        load_config(None, ["task.name=calculator", "task.agent=tests.sample.endpoint.agents_for_tests:two_turns",
+                           "backend=ray"])
