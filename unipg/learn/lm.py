@@ -31,6 +31,7 @@ from unipg.learn.lm_batch import (  # noqa: F401  (LMBatch and the advantage hel
     episode_ends,
     last_sampled,
     lm_advantages,
+    token_budget_micro_batches,
     token_rewards,
     turn_table,
 )
@@ -61,6 +62,8 @@ class LMLearner:
         if policy.critic_parameters():
             groups.append({"params": policy.critic_parameters(), "lr": critic_lr, "base_lr": critic_lr})
         self.parameters = [p for group in groups for p in group["params"]]
+        policy.packed = train.max_tokens_per_micro_batch is not None
+        policy.logprob_chunk_tokens = train.logprob_chunk_tokens
         self.optimizer = torch.optim.AdamW(groups, eps=train.adam_eps, weight_decay=train.weight_decay,
                                            fused=policy.device.type in ("cpu", "cuda"))
         self.kl_controller = make_kl_controller(est.kl_control, coef=est.kl_coef, target_kl=est.target_kl,
@@ -78,8 +81,7 @@ class LMLearner:
     @torch.no_grad()
     def prepare(self, batch: LMBatch) -> dict[str, float]:
         """Reference log-probs and values under no_grad, then advantages; returns rollout metrics."""
-        micro = self.config.train.micro_batch_size
-        chunks = [batch.rows(index) for index in torch.arange(len(batch.scores)).split(micro)]
+        chunks = [batch.rows(index) for index in self.micro_batches(batch, torch.arange(len(batch.scores)))]
         width = batch.completion_length
 
         def padded(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -156,13 +158,21 @@ class LMLearner:
                 parameter.copy_(saved)
         self.optimizer.load_state_dict(optimizer_state)
 
-    def _optimizer_step(self, batch: LMBatch, mini_rows: torch.Tensor) -> tuple[dict[str, float], bool]:
-        """One optimizer step on a mini-batch; returns its metrics and whether the step was taken (with
-        ``rollback.enabled``, a step whose loss or gradient norm is not finite is not: its gradient is dropped)."""
+    def micro_batches(self, batch: LMBatch, rows: torch.Tensor) -> list[torch.Tensor]:
+        """``rows`` of ``batch`` split into micro-batches: ``train.micro_batch_size`` rows each, or by
+        ``train.max_tokens_per_micro_batch`` tokens (prompt + completion) each."""
+        budget = self.config.train.max_tokens_per_micro_batch
+        if budget is None:
+            return list(rows.split(self.config.train.micro_batch_size))
+        lengths = batch.attention_mask[rows].sum(1)
+        return [rows[group] for group in token_budget_micro_batches(lengths, budget)]
+
+    def accumulate_gradients(self, batch: LMBatch, mini_rows: torch.Tensor) -> dict[str, float]:
+        """Back-propagate a mini-batch's loss over its micro-batches, each weighted by its share, so the
+        accumulated gradient is that of the whole mini-batch's loss; returns the mini-batch's metrics."""
         mini_mask = batch.completion_mask[mini_rows]
         totals: dict[str, float] = {}
-        self.optimizer.zero_grad(set_to_none=True)
-        for micro_rows in mini_rows.split(self.config.train.micro_batch_size):
+        for micro_rows in self.micro_batches(batch, mini_rows):
             micro = batch.rows(micro_rows)
             share = micro_batch_share(micro.completion_mask, mini_mask, mode=self.config.estimator.loss_agg_mode,
                                       norm_length=self.config.sample.max_new_tokens)
@@ -170,6 +180,13 @@ class LMLearner:
             (loss * share).backward()
             for key, value in metrics.items():
                 totals[key] = totals.get(key, 0.0) + value * share
+        return totals
+
+    def _optimizer_step(self, batch: LMBatch, mini_rows: torch.Tensor) -> tuple[dict[str, float], bool]:
+        """One optimizer step on a mini-batch; returns its metrics and whether the step was taken (with
+        ``rollback.enabled``, a step whose loss or gradient norm is not finite is not: its gradient is dropped)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        totals = self.accumulate_gradients(batch, mini_rows)
         totals["grad_norm"] = clip_grad_norm(self.parameters, self.config.train.max_grad_norm)
         finite = math.isfinite(totals["loss"]) and math.isfinite(totals["grad_norm"])
         if self.config.rollback.enabled and not finite:
