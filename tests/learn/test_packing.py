@@ -117,3 +117,35 @@ def test_token_budget_micro_batches_fit_the_budget_and_cover_every_row():
     assert [int(lengths[g].sum()) for g in groups if len(g) > 1] == [min(32, int(lengths[g].sum())) for g in groups
                                                                      if len(g) > 1]
     assert [g.tolist() for g in groups if int(lengths[g].sum()) > 32] == [[0]]  # only the over-long one alone
+
+
+def saved_activation_numel(policy, batch) -> int:
+    """Elements autograd saves for the backward pass of one evaluation."""
+    saved = []
+
+    def pack(tensor):
+        saved.append(tensor.numel())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        policy.evaluate(batch.input_ids, batch.attention_mask, batch.completion_length)
+    return sum(saved)
+
+
+@pytest.mark.parametrize("lora_rank", [0, 4])
+def test_gradient_checkpointing_saves_fewer_activations_and_keeps_the_gradient(embedded_path, lora_rank):
+    if lora_rank:
+        pytest.importorskip("peft")
+    batch = skewed_batch(2)
+    results = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        policy = load_lm_policy(embedded_path, gradient_checkpointing=checkpointing, lora_rank=lora_rank)
+        grads = gradients(policy, config("train.micro_batch_size=3"), batch)
+        assert not any(module.training for module in policy.model.modules())  # dropout stays off
+        results.append((grads, saved_activation_numel(policy, batch)))
+    (plain, plain_saved), (checkpointed, checkpointed_saved) = results
+    assert checkpointed_saved < 0.5 * plain_saved
+    assert any(g.abs().sum() > 0 for g in checkpointed)
+    for expected, got in zip(plain, checkpointed):
+        assert torch.allclose(got, expected, atol=1e-6)

@@ -10,6 +10,7 @@ evaluation (``unipg.policy.lm``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from dataclasses import dataclass
@@ -45,6 +46,27 @@ def cache_keyword(model: nn.Module) -> str:
 def _cache_keyword_of(model_class: type) -> str:  # signature inspection is slow; every forward asks
     parameters = inspect.signature(model_class.forward).parameters
     return "cache" if "cache" in parameters else "past_key_values"
+
+
+@contextlib.contextmanager
+def recomputing(model: nn.Module):
+    """Turn on the gradient checkpointing of ``model``'s layers for a differentiable pass; yields whether any is.
+
+    Hugging Face layers enabled with ``gradient_checkpointing_enable`` recompute their activations in the
+    backward pass only in training mode, and the policy stays in eval mode (no dropout). So, while gradients
+    are recorded, only those layers' own ``training`` flags are set, not their submodules' (dropout stays off).
+    Checkpointed layers drop a KV cache, so a caller must not share prompts through one in such a pass.
+    """
+    layers = [module for module in model.modules() if getattr(module, "gradient_checkpointing", False) is True
+              and hasattr(module, "_gradient_checkpointing_func")] if torch.is_grad_enabled() else []
+    modes = [layer.training for layer in layers]
+    for layer in layers:
+        layer.training = True
+    try:
+        yield bool(layers)
+    finally:
+        for layer, mode in zip(layers, modes):
+            layer.training = mode
 
 
 def new_cache(model: nn.Module):

@@ -37,6 +37,7 @@ from unipg.policy.forward import (  # noqa: F401  (left_pad re-exported)
     completion_forward,
     context_length,
     left_pad,
+    recomputing,
     scaled_logits,
     token_logprobs,
 )
@@ -167,12 +168,13 @@ class LMPolicy(nn.Module):
                  completion_length: int, *, hidden: bool = False):
         """(logits, hidden or None, targets, layout) of the completion tokens, padded (B, C, ...) or packed
         (M, ...) per ``self.packed``; ``layout`` turns per-token values of either form into (B, C)."""
-        if self.packed:
-            packing = pack_rows(input_ids, attention_mask, completion_length)
-            out = packed_forward(model, packing, hidden=hidden)
-            return out.logits, out.hidden, packing.targets, packing.unpack
-        out = completion_forward(model, input_ids, attention_mask, completion_length, hidden=hidden,
-                                 share_prompts=self.share_prompts)
+        with recomputing(model) as recomputed:
+            if self.packed:
+                packing = pack_rows(input_ids, attention_mask, completion_length)
+                out = packed_forward(model, packing, hidden=hidden)
+                return out.logits, out.hidden, packing.targets, packing.unpack
+            out = completion_forward(model, input_ids, attention_mask, completion_length, hidden=hidden,
+                                     share_prompts=self.share_prompts and not recomputed)
         return out.logits, out.hidden, input_ids[:, -completion_length:], _same
 
     def _check_context(self, attention_mask: torch.Tensor) -> None:
