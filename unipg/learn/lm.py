@@ -25,12 +25,14 @@ from unipg.estimate.losses import explained_variance
 from unipg.estimate.masked import masked_mean, masked_var
 from unipg.learn import objective
 from unipg.learn.common import clip_grad_norm, shuffled_minibatches
+from unipg.learn.distributed import process_rank, sum_across_ranks
 from unipg.learn.lm_batch import (  # noqa: F401  (LMBatch and the advantage helpers are imported from here too)
     GROUP_ADVANTAGES,
     LMBatch,
     episode_ends,
     last_sampled,
     lm_advantages,
+    split_across_ranks,
     token_budget_micro_batches,
     token_rewards,
     turn_table,
@@ -62,10 +64,13 @@ class LMLearner:
         if policy.critic_parameters():
             groups.append({"params": policy.critic_parameters(), "lr": critic_lr, "base_lr": critic_lr})
         self.parameters = [p for group in groups for p in group["params"]]
+        # With the policy sharded over a process group (unipg.learn.distributed), every rank runs this learner
+        # on the same batch and takes its own share of each mini-batch's micro-batches.
+        self.rank, self.world_size = process_rank()
         policy.packed = train.max_tokens_per_micro_batch is not None
         policy.logprob_chunk_tokens = train.logprob_chunk_tokens
         self.optimizer = torch.optim.AdamW(groups, eps=train.adam_eps, weight_decay=train.weight_decay,
-                                           fused=policy.device.type in ("cpu", "cuda"))
+                                           fused=policy.device.type in ("cpu", "cuda") and self.world_size == 1)
         self.kl_controller = make_kl_controller(est.kl_control, coef=est.kl_coef, target_kl=est.target_kl,
                                                 horizon=est.kl_horizon)
         self.generator = torch.Generator().manual_seed(config.seed)
@@ -172,15 +177,19 @@ class LMLearner:
         accumulated gradient is that of the whole mini-batch's loss; returns the mini-batch's metrics."""
         mini_mask = batch.completion_mask[mini_rows]
         totals: dict[str, float] = {}
-        for micro_rows in self.micro_batches(batch, mini_rows):
-            micro = batch.rows(micro_rows)
+        groups = self.micro_batches(batch, mini_rows)
+        if self.world_size > 1:
+            groups = split_across_ranks(groups, batch.attention_mask.sum(1), self.world_size)[self.rank]
+        shortest = mini_rows[batch.attention_mask[mini_rows].sum(1).argmin()][None]  # for a rank's empty pass
+        for micro_rows in groups:
+            micro = batch.rows(micro_rows if micro_rows is not None else shortest)
             share = micro_batch_share(micro.completion_mask, mini_mask, mode=self.config.estimator.loss_agg_mode,
-                                      norm_length=self.config.sample.max_new_tokens)
+                                      norm_length=self.config.sample.max_new_tokens) if micro_rows is not None else 0.0
             loss, metrics = self._loss(micro)
-            (loss * share).backward()
+            (loss * share * self.world_size).backward()  # FSDP averages the gradients of the ranks
             for key, value in metrics.items():
                 totals[key] = totals.get(key, 0.0) + value * share
-        return totals
+        return sum_across_ranks(totals) if self.world_size > 1 else totals
 
     def _optimizer_step(self, batch: LMBatch, mini_rows: torch.Tensor) -> tuple[dict[str, float], bool]:
         """One optimizer step on a mini-batch; returns its metrics and whether the step was taken (with

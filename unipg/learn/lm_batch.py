@@ -137,6 +137,22 @@ def token_budget_micro_batches(lengths: torch.Tensor, budget: int) -> list[torch
     return [torch.tensor(sorted(group), dtype=torch.long) for group in groups]
 
 
+def split_across_ranks(groups: list[torch.Tensor], lengths: torch.Tensor,
+                       world_size: int) -> list[list[torch.Tensor | None]]:
+    """Micro-batches (index tensors into ``lengths``) dealt to ``world_size`` ranks: at most ⌈n / world_size⌉
+    each, the most tokens first to the rank with the fewest so far, so that ranks run their i-th micro-batches
+    (which are collective for a sharded model) in step and on similar token counts. Every rank gets as many
+    entries, None where it has no micro-batch left."""
+    ranks: list[list[torch.Tensor | None]] = [[] for _ in range(world_size)]
+    loads = [0] * world_size
+    cap = -(-len(groups) // world_size)
+    for group in sorted(groups, key=lambda g: -int(lengths[g].sum())):
+        rank = min((r for r in range(world_size) if len(ranks[r]) < cap), key=lambda r: loads[r])
+        ranks[rank].append(group)
+        loads[rank] += int(lengths[group].sum())
+    return [mine + [None] * (cap - len(mine)) for mine in ranks]
+
+
 def last_sampled(completion_mask: torch.Tensor) -> torch.Tensor:
     """(B,) index of each row's last sampled token (0 for a row without any)."""
     width = completion_mask.shape[1]
