@@ -220,6 +220,9 @@ class LMLearner:
                                           report_importance_ess=micro.ages is not None)
         return out.loss, out.metrics
 
+    def close(self) -> None:
+        """Nothing to release in one process (``ShardedLMLearner.close`` stops its processes)."""
+
     def set_lr_fraction(self, fraction: float) -> float:
         """Scale every group's learning rate to ``fraction`` of its base rate (times ``lr_factor``, lowered by
         rollbacks); returns the policy's rate."""
@@ -232,13 +235,21 @@ class LMLearner:
         """The optimizer's tensors, and as JSON the rest of the learner's state: the optimizer's metadata, the
         KL controller, the mini-batch shuffling generator and the learning-rate fraction and factor."""
         tensors, optimizer_meta = optimizer_tensors(self.optimizer)
-        return tensors, {"optimizer": optimizer_meta, "kl_controller": self.kl_controller.state_dict(),
-                         "generator": generator_state(self.generator), "lr_fraction": self.lr_fraction,
-                         "lr_factor": self.lr_factor}
+        return tensors, self.state(optimizer_meta)
+
+    def state(self, optimizer_meta: dict) -> dict:
+        """The JSON part of ``checkpoint``, around the optimizer's metadata."""
+        return {"optimizer": optimizer_meta, "kl_controller": self.kl_controller.state_dict(),
+                "generator": generator_state(self.generator), "lr_fraction": self.lr_fraction,
+                "lr_factor": self.lr_factor}
 
     def restore(self, tensors: dict[str, torch.Tensor], state: dict) -> None:
         """Set the learner back to a state from ``checkpoint``."""
         load_optimizer(self.optimizer, tensors, state["optimizer"])
+        self.restore_state(state)
+
+    def restore_state(self, state: dict) -> None:
+        """Everything of ``restore`` but the optimizer."""
         self.kl_controller.load_state_dict(state["kl_controller"])
         restore_generator(self.generator, state["generator"])
         self.lr_fraction = state["lr_fraction"]
