@@ -38,6 +38,7 @@ from unipg.learn.lm_batch import (  # noqa: F401  (LMBatch and the advantage hel
     turn_table,
 )
 from unipg.learn.objective import ObjectiveBatch, micro_batch_share
+from unipg.learn.precision import Float32Masters
 from unipg.learn.state import (
     generator_state,
     load_optimizer,
@@ -60,9 +61,13 @@ class LMLearner:
         self.policy, self.config = policy, config
         train, est = config.train, config.estimator
         critic_lr = train.critic_learning_rate or train.learning_rate
-        groups = [{"params": policy.actor_parameters(), "lr": train.learning_rate, "base_lr": train.learning_rate}]
+        # low-precision (bfloat16) weights are stepped through float32 masters (unipg.learn.precision)
+        self.masters = Float32Masters(policy.actor_parameters() + policy.critic_parameters())
+        groups = [{"params": self.masters.optimized(policy.actor_parameters()), "lr": train.learning_rate,
+                   "base_lr": train.learning_rate}]
         if policy.critic_parameters():
-            groups.append({"params": policy.critic_parameters(), "lr": critic_lr, "base_lr": critic_lr})
+            groups.append({"params": self.masters.optimized(policy.critic_parameters()), "lr": critic_lr,
+                           "base_lr": critic_lr})
         self.parameters = [p for group in groups for p in group["params"]]
         # With the policy sharded over a process group (unipg.learn.distributed), every rank runs this learner
         # on the same batch and takes its own share of each mini-batch's micro-batches.
@@ -161,6 +166,7 @@ class LMLearner:
         with torch.no_grad():
             for parameter, saved in zip(self.parameters, parameters):
                 parameter.copy_(saved)
+        self.masters.copy_to_model()
         self.optimizer.load_state_dict(optimizer_state)
 
     def micro_batches(self, batch: LMBatch, rows: torch.Tensor) -> list[torch.Tensor]:
@@ -196,12 +202,14 @@ class LMLearner:
         ``rollback.enabled``, a step whose loss or gradient norm is not finite is not: its gradient is dropped)."""
         self.optimizer.zero_grad(set_to_none=True)
         totals = self.accumulate_gradients(batch, mini_rows)
+        self.masters.move_gradients()
         totals["grad_norm"] = clip_grad_norm(self.parameters, self.config.train.max_grad_norm)
         finite = math.isfinite(totals["loss"]) and math.isfinite(totals["grad_norm"])
         if self.config.rollback.enabled and not finite:
             self.optimizer.zero_grad(set_to_none=True)
             return totals, False
         self.optimizer.step()
+        self.masters.copy_to_model()
         return totals, True
 
     def _loss(self, micro: LMBatch) -> tuple[torch.Tensor, dict[str, float]]:
@@ -234,7 +242,9 @@ class LMLearner:
     def checkpoint(self) -> tuple[dict[str, torch.Tensor], dict]:
         """The optimizer's tensors, and as JSON the rest of the learner's state: the optimizer's metadata, the
         KL controller, the mini-batch shuffling generator and the learning-rate fraction and factor."""
+        self.masters.stash(self.optimizer)
         tensors, optimizer_meta = optimizer_tensors(self.optimizer)
+        self.masters.unstash(self.optimizer)
         return tensors, self.state(optimizer_meta)
 
     def state(self, optimizer_meta: dict) -> dict:
@@ -246,6 +256,7 @@ class LMLearner:
     def restore(self, tensors: dict[str, torch.Tensor], state: dict) -> None:
         """Set the learner back to a state from ``checkpoint``."""
         load_optimizer(self.optimizer, tensors, state["optimizer"])
+        self.masters.unstash(self.optimizer)
         self.restore_state(state)
 
     def restore_state(self, state: dict) -> None:
