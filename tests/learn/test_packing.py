@@ -57,9 +57,12 @@ def plain_policy(embedded_path):
     return load_lm_policy(embedded_path)
 
 
-def test_packed_forward_equals_padded(embedded_path):
+@pytest.mark.parametrize("lora_rank", [0, 4])
+def test_packed_forward_equals_padded(embedded_path, lora_rank):
+    if lora_rank:
+        pytest.importorskip("peft")
     torch.manual_seed(0)
-    policy = load_lm_policy(embedded_path, value_head=True)
+    policy = load_lm_policy(embedded_path, value_head=True, lora_rank=lora_rank)
     batch = skewed_batch()
     arguments = (batch.input_ids, batch.attention_mask, batch.completion_length)
     padded = policy.evaluate(*arguments, with_entropy=True, with_values=True, temperature=0.7)

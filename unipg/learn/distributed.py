@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import socket
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -113,5 +114,7 @@ def load_sharded(directory: str | os.PathLike, model: nn.Module, optimizer: torc
 
     model_state, optimizer_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optimizer_state}
-    dcp.load(state, checkpoint_id=str(directory), no_dist=process_rank()[1] == 1)
+    with warnings.catch_warnings():  # loading in one process is what no_dist asks for
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=str(directory), no_dist=process_rank()[1] == 1)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])

@@ -9,6 +9,9 @@ to the other ranks. After every update the ranks gather the full weights once, a
 the driver's policy: what the inference side samples from and what checkpoints save. The optimizer's state is
 gathered into the one-process layout for a checkpoint and sharded again on restore, so a checkpoint resumes
 with any number of processes.
+
+The ranks are started with the ``spawn`` method: a script that calls ``unipg.train`` with learner processes
+must do so under ``if __name__ == "__main__":`` (the command line does).
 """
 
 from __future__ import annotations
