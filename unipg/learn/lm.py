@@ -5,7 +5,12 @@ The batch layout and the advantages live in ``unipg.learn.lm_batch``; every piec
 ``unipg.estimate``. This module runs the policy's forward passes and the optimizer:
 
 - a mini-batch's gradient is accumulated over micro-batches, each weighted so that the sum equals the loss
-  of the whole mini-batch under the configured aggregation mode;
+  of the whole mini-batch under the configured aggregation mode; a micro-batch is ``train.micro_batch_size``
+  sequences padded to the longest, or up to ``train.max_tokens_per_micro_batch`` tokens packed into one row
+  without padding (``unipg.policy.packed``);
+- bfloat16 weights are stepped through float32 masters (``unipg.learn.precision``); with the policy sharded
+  over several processes (``unipg.learn.sharded``) every rank runs this learner on the same batch and takes a
+  token-balanced share of each mini-batch's micro-batches;
 - with ``rollback.enabled``, an optimizer step whose loss or gradient norm is not finite is skipped, and with
   ``estimator.target_kl`` also set, an update whose approx KL exceeds ``rollback.kl_multiple × target_kl`` is
   undone; ``unipg.runtime.lm`` counts such tripped updates and rolls back to a checkpoint when they persist.
