@@ -15,6 +15,7 @@ REPORTS = {
     "chaos.py": "| phase | survived | faults injected |",
     "classic_control.py": "CartPole-v1: steps to deterministic eval mean",
     "endpoint.py": "| agent | episodes/s | vs built-in | completion rate |",
+    "learner.py": "packed / padded tokens/s:",
     "peer_ppo.py": "mean wall time: unipg",
     "ray_scaling.py": "| backend | rollout workers | trajectories/s |",
     "soak.py": "RSS trend over the second half:",

@@ -123,8 +123,12 @@ def _storable(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor]
 
 
 def write_checkpoint_files(directory: Path, step: int, tensors: dict[str, dict[str, torch.Tensor]],
-                            state_bytes: bytes, metrics: dict[str, float]) -> None:
-    """Every file of a checkpoint into ``directory``, each fsynced; the manifest last."""
+                            state_bytes: bytes, metrics: dict[str, float], extra_files: dict[str, bytes] | None = None
+                            ) -> None:
+    """Every file of a checkpoint into ``directory``, each fsynced; the manifest last. ``extra_files`` (name →
+    contents, e.g. an adapter's ``adapter_config.json``) are written and checksummed beside the tensors."""
+    for name, data in (extra_files or {}).items():
+        _write_durably(directory / name, data)
     groups = {}
     for group, group_tensors in tensors.items():
         stored, aliases = _storable(group_tensors)

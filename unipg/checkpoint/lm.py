@@ -17,6 +17,14 @@ from unipg.config.lm import CheckpointConfig
 from unipg.learn.lm import LMLearner
 from unipg.learn.state import generator_state, restore_generator, restore_rng, rng_state
 from unipg.observe.metrics import read_metrics
+from unipg.policy.adapters import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    adapter_config_json,
+    adapter_tensors,
+    has_adapter,
+    load_adapter_tensors,
+)
 from unipg.policy.lm import LMPolicy
 
 
@@ -34,7 +42,9 @@ class LMCheckpointer:
     """Saves and restores everything an lm run needs to continue bit for bit, under ``run_dir/checkpoints``.
 
     Not saved: the reference model, which is the frozen initial model; the state records its name
-    (``reference_model``) and a resumed run rebuilds it from the configuration.
+    (``reference_model``) and a resumed run rebuilds it from the configuration. With LoRA the policy's base
+    weights are that model too: only the adapter is saved, in the PEFT format (``adapter_model.safetensors``
+    and ``adapter_config.json``), so the checkpoint folder loads with ``PeftModel.from_pretrained``.
     """
 
     def __init__(self, run_dir: Path, settings: CheckpointConfig, model_name: str, policy: LMPolicy,
@@ -51,7 +61,12 @@ class LMCheckpointer:
              history: list[tuple[int, dict[str, float]]], metrics: dict[str, float]) -> Path:
         """A checkpoint of the run after ``update``; ``metrics`` (this update's evaluation, if any) rank it."""
         optimizer, learner_state = self.learner.checkpoint()
-        tensors = {"policy": self.policy.model.state_dict(), "optimizer": optimizer}
+        model, extra_files = self.policy.model, None
+        if has_adapter(model):
+            tensors = {ADAPTER_WEIGHTS: adapter_tensors(model), "optimizer": optimizer}
+            extra_files = {ADAPTER_CONFIG: adapter_config_json(model)}
+        else:
+            tensors = {"policy": model.state_dict(), "optimizer": optimizer}
         if self.policy.value_head is not None:
             tensors["value_head"] = self.policy.value_head.state_dict()
         if self.policy.critic is not None:
@@ -62,7 +77,7 @@ class LMCheckpointer:
                  "rng": rng_state(), "reference_model": self.model_name}
         if self.episode_state is not None:
             state["episodes"] = self.episode_state()
-        path = self.store.save(update, tensors, state, metrics=metrics)
+        path = self.store.save(update, tensors, state, metrics=metrics, extra_files=extra_files)
         if update > 0:  # the checkpoint of update 0 (see rollback) is needed only until the run saves its own
             self.store.remove(0)
         return path
@@ -74,7 +89,12 @@ class LMCheckpointer:
         removed) raises a ValueError naming both models and the first differing tensor."""
         state = checkpoint.state
         try:
-            for group in ("policy", "value_head", "critic"):
+            lora = has_adapter(self.policy.model)
+            if lora != (ADAPTER_WEIGHTS in checkpoint.tensors):
+                raise ValueError("the run's model.lora_rank setting changed since the checkpoint was saved")
+            if lora:  # the base weights are the configured model, loaded already
+                load_adapter_tensors(self.policy.model, checkpoint.tensors[ADAPTER_WEIGHTS])
+            for group in ("value_head", "critic") if lora else ("policy", "value_head", "critic"):
                 module = self.policy.model if group == "policy" else getattr(self.policy, group)
                 if (module is None) != (group not in checkpoint.tensors):
                     raise ValueError(f"the run's model.{group} setting changed since the checkpoint was saved")

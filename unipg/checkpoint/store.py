@@ -68,17 +68,21 @@ class CheckpointStore:
         self.keep_last, self.keep_best, self.best_metric, self.mode = keep_last, keep_best, best_metric, mode
 
     def save(self, step: int, tensors: dict[str, dict[str, torch.Tensor]], state: dict, *,
-             metrics: dict[str, float] | None = None) -> Path:
+             metrics: dict[str, float] | None = None, extra_files: dict[str, bytes] | None = None) -> Path:
         """Write ``root/step-{step:08d}`` atomically, then rotate; returns its path.
 
         ``tensors`` maps a group name to a flat ``name → tensor`` dict (one safetensors file per group);
-        ``state`` must be JSON-serializable. Saving a step that exists replaces it.
+        ``state`` must be JSON-serializable; ``extra_files`` maps plain file names to their bytes. Saving a step
+        that exists replaces it.
         """
         if step < 0:
             raise ValueError(f"step ({step}) must be ≥ 0")
         for group in tensors:
             if not _GROUP_NAME.fullmatch(group):
                 raise ValueError(f"tensor group name {group!r} must be a plain file name: letters, digits, _ . -")
+        for name in extra_files or {}:
+            if not _GROUP_NAME.fullmatch(name) or name.endswith(".safetensors") or name in (MANIFEST_FILE, "state.json"):
+                raise ValueError(f"extra file name {name!r} must be a plain file name that is not a checkpoint's own")
         # Check everything that can be checked before touching the disk.
         state_bytes = json_bytes(state, "state")
         metrics = {str(name): float(value) for name, value in (metrics or {}).items()}
@@ -91,7 +95,7 @@ class CheckpointStore:
         tmp = self.root / f"{TMP_PREFIX}{final.name}-{os.getpid()}"
         tmp.mkdir()
         try:
-            write_checkpoint_files(tmp, step, tensors, state_bytes, metrics)
+            write_checkpoint_files(tmp, step, tensors, state_bytes, metrics, extra_files)
             fsync_path(tmp)
             self._publish(tmp, final)
         except BaseException:

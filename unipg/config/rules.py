@@ -98,6 +98,10 @@ def lm_problems(config: Config) -> list[str]:
             f"sample.samples_per_prompt ({sample.samples_per_prompt}) must divide train.batch_size "
             f"({train.batch_size}): every prompt contributes a full group of completions"
         )
+    if train.learner_processes > 1 and config.backend != "inprocess":
+        problems.append(f"train.learner_processes ({train.learner_processes}) shards the learner over local "
+                        f"processes with backend=inprocess only; backend={config.backend} keeps its learner in one "
+                        "process in this version: set train.learner_processes=1 or backend=inprocess")
     if train.mini_batch_size % train.micro_batch_size and train.micro_batch_size < train.mini_batch_size:
         problems.append(
             f"train.micro_batch_size ({train.micro_batch_size}) must divide train.mini_batch_size "

@@ -161,6 +161,16 @@ class TrainConfig(Section):
     """lm runs: learner updates after which training stops (gym runs stop at env.total_steps)."""
     micro_batch_size: int = Field(64, ge=1)
     """lm runs: sequences per forward pass; gradients of a mini-batch are accumulated over micro-batches."""
+    max_tokens_per_micro_batch: int | None = Field(None, ge=1)
+    """lm runs: form micro-batches by token count instead (at most this many prompt + completion tokens each,
+    first-fit decreasing; a longer sequence is a micro-batch of its own) and pack each into one row without
+    padding; None = micro_batch_size sequences, padded to the longest."""
+    learner_processes: int = Field(1, ge=1)
+    """lm runs: local processes the learner is sharded over with FSDP2 (gloo on CPU, NCCL on GPU); the driver's
+    process keeps an unsharded copy for rollout and evaluation, refreshed after every update; backend=inprocess."""
+    logprob_chunk_tokens: int | None = Field(None, ge=1)
+    """lm runs: compute log-probs and entropy over this many tokens at a time, recomputing each chunk's
+    log-softmax in the backward pass, so the (tokens, vocabulary) log-softmax is never held whole; None = at once."""
     weight_decay: float = Field(0.0, ge=0.0)
     """lm runs: AdamW weight decay."""
     tis: Literal["auto", "on", "off"] = "auto"

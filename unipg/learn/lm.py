@@ -5,7 +5,12 @@ The batch layout and the advantages live in ``unipg.learn.lm_batch``; every piec
 ``unipg.estimate``. This module runs the policy's forward passes and the optimizer:
 
 - a mini-batch's gradient is accumulated over micro-batches, each weighted so that the sum equals the loss
-  of the whole mini-batch under the configured aggregation mode;
+  of the whole mini-batch under the configured aggregation mode; a micro-batch is ``train.micro_batch_size``
+  sequences padded to the longest, or up to ``train.max_tokens_per_micro_batch`` tokens packed into one row
+  without padding (``unipg.policy.packed``);
+- bfloat16 weights are stepped through float32 masters (``unipg.learn.precision``); with the policy sharded
+  over several processes (``unipg.learn.sharded``) every rank runs this learner on the same batch and takes a
+  token-balanced share of each mini-batch's micro-batches;
 - the batch moves to the policy's device (``device``) before any pass; metrics come back as Python floats;
 - with ``train.tis`` on (``Config.engine_tis_cap``), ``prepare`` recomputes the trainer's log-probs π_trainer_old of
   every sampled token, measures their gap to the engine's on the tokens of the current version (``mismatch/k3``,
@@ -30,16 +35,20 @@ from unipg.estimate.masked import masked_mean, masked_var
 from unipg.estimate.weights import engine_mismatch_weights
 from unipg.learn import objective
 from unipg.learn.common import clip_grad_norm, shuffled_minibatches
+from unipg.learn.distributed import process_rank, sum_across_ranks
 from unipg.learn.lm_batch import (  # noqa: F401  (LMBatch and the advantage helpers are imported from here too)
     GROUP_ADVANTAGES,
     LMBatch,
     episode_ends,
     last_sampled,
     lm_advantages,
+    split_across_ranks,
+    token_budget_micro_batches,
     token_rewards,
     turn_table,
 )
 from unipg.learn.objective import ObjectiveBatch, micro_batch_share
+from unipg.learn.precision import Float32Masters
 from unipg.learn.state import (
     generator_state,
     load_optimizer,
@@ -75,12 +84,21 @@ class LMLearner:
         self.policy, self.config = policy, config
         train, est = config.train, config.estimator
         critic_lr = train.critic_learning_rate or train.learning_rate
-        groups = [{"params": policy.actor_parameters(), "lr": train.learning_rate, "base_lr": train.learning_rate}]
+        # low-precision (bfloat16) weights are stepped through float32 masters (unipg.learn.precision)
+        self.masters = Float32Masters(policy.actor_parameters() + policy.critic_parameters())
+        groups = [{"params": self.masters.optimized(policy.actor_parameters()), "lr": train.learning_rate,
+                   "base_lr": train.learning_rate}]
         if policy.critic_parameters():
-            groups.append({"params": policy.critic_parameters(), "lr": critic_lr, "base_lr": critic_lr})
+            groups.append({"params": self.masters.optimized(policy.critic_parameters()), "lr": critic_lr,
+                           "base_lr": critic_lr})
         self.parameters = [p for group in groups for p in group["params"]]
+        # With the policy sharded over a process group (unipg.learn.distributed), every rank runs this learner
+        # on the same batch and takes its own share of each mini-batch's micro-batches.
+        self.rank, self.world_size = process_rank()
+        policy.packed = train.max_tokens_per_micro_batch is not None
+        policy.logprob_chunk_tokens = train.logprob_chunk_tokens
         self.optimizer = torch.optim.AdamW(groups, eps=train.adam_eps, weight_decay=train.weight_decay,
-                                           fused=policy.device.type in ("cpu", "cuda"))
+                                           fused=policy.device.type in ("cpu", "cuda") and self.world_size == 1)
         self.kl_controller = make_kl_controller(est.kl_control, coef=est.kl_coef, target_kl=est.target_kl,
                                                 horizon=est.kl_horizon)
         self.generator = torch.Generator().manual_seed(config.seed)
@@ -99,8 +117,7 @@ class LMLearner:
         """Reference log-probs and values under no_grad, then advantages; returns rollout metrics (with tis, the
         engine gap's under their ``mismatch/`` names). Moves ``batch`` to the policy's device."""
         batch.move_to(self.policy.device)
-        micro = self.config.train.micro_batch_size
-        chunks = [batch.rows(index) for index in torch.arange(len(batch.scores)).split(micro)]
+        chunks = [batch.rows(index) for index in self.micro_batches(batch, torch.arange(len(batch.scores)))]
         width = batch.completion_length
 
         def padded(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -179,28 +196,50 @@ class LMLearner:
         with torch.no_grad():
             for parameter, saved in zip(self.parameters, parameters):
                 parameter.copy_(saved)
+        self.masters.copy_to_model()
         self.optimizer.load_state_dict(optimizer_state)
+
+    def micro_batches(self, batch: LMBatch, rows: torch.Tensor) -> list[torch.Tensor]:
+        """``rows`` of ``batch`` split into micro-batches: ``train.micro_batch_size`` rows each, or by
+        ``train.max_tokens_per_micro_batch`` tokens (prompt + completion) each."""
+        budget = self.config.train.max_tokens_per_micro_batch
+        if budget is None:
+            return list(rows.split(self.config.train.micro_batch_size))
+        lengths = batch.attention_mask[rows].sum(1)
+        return [rows[group] for group in token_budget_micro_batches(lengths, budget)]
+
+    def accumulate_gradients(self, batch: LMBatch, mini_rows: torch.Tensor) -> dict[str, float]:
+        """Back-propagate a mini-batch's loss over its micro-batches, each weighted by its share, so the
+        accumulated gradient is that of the whole mini-batch's loss; returns the mini-batch's metrics."""
+        mini_mask = batch.completion_mask[mini_rows]
+        totals: dict[str, float] = {}
+        groups = self.micro_batches(batch, mini_rows)
+        if self.world_size > 1:
+            groups = split_across_ranks(groups, batch.attention_mask.sum(1), self.world_size)[self.rank]
+        shortest = mini_rows[batch.attention_mask[mini_rows].sum(1).argmin()][None]  # for a rank's empty pass
+        for micro_rows in groups:
+            micro = batch.rows(micro_rows if micro_rows is not None else shortest)
+            share = micro_batch_share(micro.completion_mask, mini_mask, mode=self.config.estimator.loss_agg_mode,
+                                      norm_length=self.config.sample.max_new_tokens) if micro_rows is not None else 0.0
+            loss, metrics = self._loss(micro)
+            (loss * share * self.world_size).backward()  # FSDP averages the gradients of the ranks
+            for key, value in metrics.items():
+                totals[key] = totals.get(key, 0.0) + value * share
+        return sum_across_ranks(totals) if self.world_size > 1 else totals
 
     def _optimizer_step(self, batch: LMBatch, mini_rows: torch.Tensor) -> tuple[dict[str, float], bool]:
         """One optimizer step on a mini-batch; returns its metrics and whether the step was taken (with
         ``rollback.enabled``, a step whose loss or gradient norm is not finite is not: its gradient is dropped)."""
-        mini_mask = batch.completion_mask[mini_rows]
-        totals: dict[str, float] = {}
         self.optimizer.zero_grad(set_to_none=True)
-        for micro_rows in mini_rows.split(self.config.train.micro_batch_size):
-            micro = batch.rows(micro_rows)
-            share = micro_batch_share(micro.completion_mask, mini_mask, mode=self.config.estimator.loss_agg_mode,
-                                      norm_length=self.config.sample.max_new_tokens)
-            loss, metrics = self._loss(micro)
-            (loss * share).backward()
-            for key, value in metrics.items():
-                totals[key] = totals.get(key, 0.0) + value * share
+        totals = self.accumulate_gradients(batch, mini_rows)
+        self.masters.move_gradients()
         totals["grad_norm"] = clip_grad_norm(self.parameters, self.config.train.max_grad_norm)
         finite = math.isfinite(totals["loss"]) and math.isfinite(totals["grad_norm"])
         if self.config.rollback.enabled and not finite:
             self.optimizer.zero_grad(set_to_none=True)
             return totals, False
         self.optimizer.step()
+        self.masters.copy_to_model()
         return totals, True
 
     def _loss(self, micro: LMBatch) -> tuple[torch.Tensor, dict[str, float]]:
@@ -219,6 +258,9 @@ class LMLearner:
                                           report_importance_ess=micro.ages is not None, tis_cap=self.tis_cap)
         return out.loss, out.metrics
 
+    def close(self) -> None:
+        """Nothing to release in one process (``ShardedLMLearner.close`` stops its processes)."""
+
     def set_lr_fraction(self, fraction: float) -> float:
         """Scale every group's learning rate to ``fraction`` of its base rate (times ``lr_factor``, lowered by
         rollbacks); returns the policy's rate."""
@@ -230,14 +272,25 @@ class LMLearner:
     def checkpoint(self) -> tuple[dict[str, torch.Tensor], dict]:
         """The optimizer's tensors, and as JSON the rest of the learner's state: the optimizer's metadata, the
         KL controller, the mini-batch shuffling generator and the learning-rate fraction and factor."""
+        self.masters.stash(self.optimizer)
         tensors, optimizer_meta = optimizer_tensors(self.optimizer)
-        return tensors, {"optimizer": optimizer_meta, "kl_controller": self.kl_controller.state_dict(),
-                         "generator": generator_state(self.generator), "lr_fraction": self.lr_fraction,
-                         "lr_factor": self.lr_factor}
+        self.masters.unstash(self.optimizer)
+        return tensors, self.state(optimizer_meta)
+
+    def state(self, optimizer_meta: dict) -> dict:
+        """The JSON part of ``checkpoint``, around the optimizer's metadata."""
+        return {"optimizer": optimizer_meta, "kl_controller": self.kl_controller.state_dict(),
+                "generator": generator_state(self.generator), "lr_fraction": self.lr_fraction,
+                "lr_factor": self.lr_factor}
 
     def restore(self, tensors: dict[str, torch.Tensor], state: dict) -> None:
         """Set the learner back to a state from ``checkpoint``."""
         load_optimizer(self.optimizer, tensors, state["optimizer"])
+        self.masters.unstash(self.optimizer)
+        self.restore_state(state)
+
+    def restore_state(self, state: dict) -> None:
+        """Everything of ``restore`` but the optimizer."""
         self.kl_controller.load_state_dict(state["kl_controller"])
         restore_generator(self.generator, state["generator"])
         self.lr_fraction = state["lr_fraction"]

@@ -123,6 +123,43 @@ class LMBatch:
         return sub
 
 
+def token_budget_micro_batches(lengths: torch.Tensor, budget: int) -> list[torch.Tensor]:
+    """Indices into ``lengths`` (B,) grouped into micro-batches of at most ``budget`` tokens (first-fit
+    decreasing, so few micro-batches and little left over); a sequence longer than the budget is alone.
+
+    >>> [m.tolist() for m in token_budget_micro_batches(torch.tensor([5, 2, 7, 3]), 8)]
+    [[2], [0, 3], [1]]
+    """
+    groups: list[list[int]] = []
+    loads: list[int] = []
+    for index in sorted(range(len(lengths)), key=lambda i: -int(lengths[i])):
+        tokens = int(lengths[index])
+        fits = next((g for g, load in enumerate(loads) if load + tokens <= budget), None)
+        if fits is None:
+            groups.append([index])
+            loads.append(tokens)
+        else:
+            groups[fits].append(index)
+            loads[fits] += tokens
+    return [torch.tensor(sorted(group), dtype=torch.long) for group in groups]
+
+
+def split_across_ranks(groups: list[torch.Tensor], lengths: torch.Tensor,
+                       world_size: int) -> list[list[torch.Tensor | None]]:
+    """Micro-batches (index tensors into ``lengths``) dealt to ``world_size`` ranks: at most ⌈n / world_size⌉
+    each, the most tokens first to the rank with the fewest so far, so that ranks run their i-th micro-batches
+    (which are collective for a sharded model) in step and on similar token counts. Every rank gets as many
+    entries, None where it has no micro-batch left."""
+    ranks: list[list[torch.Tensor | None]] = [[] for _ in range(world_size)]
+    loads = [0] * world_size
+    cap = -(-len(groups) // world_size)
+    for group in sorted(groups, key=lambda g: -int(lengths[g].sum())):
+        rank = min((r for r in range(world_size) if len(ranks[r]) < cap), key=lambda r: loads[r])
+        ranks[rank].append(group)
+        loads[rank] += int(lengths[group].sum())
+    return [mine + [None] * (cap - len(mine)) for mine in ranks]
+
+
 def last_sampled(completion_mask: torch.Tensor) -> torch.Tensor:
     """(B,) index of each row's last sampled token (0 for a row without any)."""
     width = completion_mask.shape[1]

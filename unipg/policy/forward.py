@@ -10,12 +10,15 @@ evaluation (``unipg.policy.lm``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from unipg.estimate.losses import entropy_from_logits
 
 # Config attributes under which Hugging Face architectures give the number of positions they were built for.
 CONTEXT_ATTRIBUTES = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length", "seq_length")
@@ -43,6 +46,27 @@ def cache_keyword(model: nn.Module) -> str:
 def _cache_keyword_of(model_class: type) -> str:  # signature inspection is slow; every forward asks
     parameters = inspect.signature(model_class.forward).parameters
     return "cache" if "cache" in parameters else "past_key_values"
+
+
+@contextlib.contextmanager
+def recomputing(model: nn.Module):
+    """Turn on the gradient checkpointing of ``model``'s layers for a differentiable pass; yields whether any is.
+
+    Hugging Face layers enabled with ``gradient_checkpointing_enable`` recompute their activations in the
+    backward pass only in training mode, and the policy stays in eval mode (no dropout). So, while gradients
+    are recorded, only those layers' own ``training`` flags are set, not their submodules' (dropout stays off).
+    Checkpointed layers drop a KV cache, so a caller must not share prompts through one in such a pass.
+    """
+    layers = [module for module in model.modules() if getattr(module, "gradient_checkpointing", False) is True
+              and hasattr(module, "_gradient_checkpointing_func")] if torch.is_grad_enabled() else []
+    modes = [layer.training for layer in layers]
+    for layer in layers:
+        layer.training = True
+    try:
+        yield bool(layers)
+    finally:
+        for layer, mode in zip(layers, modes):
+            layer.training = mode
 
 
 def new_cache(model: nn.Module):
@@ -143,3 +167,38 @@ def scaled_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """log softmax(logits) at the target tokens: (B, C, V), (B, C) → (B, C)."""
     return torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
+
+
+def chunked_token_statistics(logits: torch.Tensor, targets: torch.Tensor, *, chunk_tokens: int,
+                             with_entropy: bool = False, entropy_grad: bool = False
+                             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(log-probs of ``targets``, entropy or None), each shaped like ``targets``, from (..., V) ``logits``
+    taken ``chunk_tokens`` positions at a time.
+
+    Each chunk's log-softmax is recomputed in the backward pass (activation checkpointing), so autograd holds
+    the logits only, never a (tokens, V) log-softmax or softmax beside them; equal to ``token_logprobs`` and
+    ``entropy_from_logits`` up to float rounding. The entropy is differentiable only with ``entropy_grad``.
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    flat_logits, flat_targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+    logprobs, entropies = [], []
+    for start in range(0, len(flat_targets), chunk_tokens):
+        piece = slice(start, start + chunk_tokens)
+        if torch.is_grad_enabled() and flat_logits.requires_grad:
+            logprob, entropy = checkpoint(_chunk_statistics, flat_logits[piece], flat_targets[piece], with_entropy,
+                                          entropy_grad, use_reentrant=False)
+        else:
+            logprob, entropy = _chunk_statistics(flat_logits[piece], flat_targets[piece], with_entropy, entropy_grad)
+        logprobs.append(logprob)
+        entropies.append(entropy)
+    entropy = torch.cat(entropies).view_as(targets) if with_entropy else None
+    return torch.cat(logprobs).view_as(targets), entropy
+
+
+def _chunk_statistics(logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool,
+                      entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    logprob = token_logprobs(logits, targets)
+    if not with_entropy:
+        return logprob, logprob.new_zeros(())
+    return logprob, entropy_from_logits(logits if entropy_grad else logits.detach())

@@ -33,13 +33,16 @@ from torch import nn
 
 from unipg.estimate.losses import entropy_from_logits
 from unipg.policy.forward import (  # noqa: F401  (left_pad re-exported)
+    chunked_token_statistics,
     completion_forward,
     context_length,
     left_pad,
+    recomputing,
     scaled_logits,
     token_logprobs,
 )
 from unipg.policy.generation import Generation, cut_at_stop, generate  # noqa: F401  (cut_at_stop re-exported)
+from unipg.policy.packed import pack_rows, packed_forward, packed_hidden
 
 VALUE_HEAD_FILE = "value_head.pt"
 
@@ -81,6 +84,11 @@ class LMPolicy(nn.Module):
         self.reference_mode = reference
         self._reference = copy.deepcopy(model).eval().requires_grad_(False) if reference == "copy" else None
         self.share_prompts = True  # run each distinct prompt once per forward pass (see completion_forward)
+        # Set by the learner. packed: evaluation passes pack the rows into one padding-free row
+        # (unipg.policy.packed); logprob_chunk_tokens: log-probs and entropy are computed this many tokens at a
+        # time, recomputed in the backward pass (chunked_token_statistics); None: all at once.
+        self.packed = False
+        self.logprob_chunk_tokens: int | None = None
         self.pad_id = tokenizer.pad_token_id
         self.eos_ids = self._eos_ids()
         self.context_length = context_length(model)  # None: the model does not say; nothing is cut
@@ -141,15 +149,33 @@ class LMPolicy(nn.Module):
         """
         self._check_context(attention_mask)
         needs_hidden = with_values and self.value_head is not None
-        out = completion_forward(self.model, input_ids, attention_mask, completion_length, hidden=needs_hidden,
-                                 share_prompts=self.share_prompts)
-        logits = scaled_logits(out.logits, temperature)
-        result = Evaluation(logprobs=token_logprobs(logits, input_ids[:, -completion_length:]))
-        if with_entropy:
-            result.entropy = entropy_from_logits(logits if entropy_grad else logits.detach())
+        logits, hidden, targets, layout = self._outputs(self.model, input_ids, attention_mask, completion_length,
+                                                        hidden=needs_hidden)
+        logits = scaled_logits(logits, temperature)
+        if self.logprob_chunk_tokens is not None:
+            logprobs, entropy = chunked_token_statistics(logits, targets, chunk_tokens=self.logprob_chunk_tokens,
+                                                         with_entropy=with_entropy, entropy_grad=entropy_grad)
+        else:
+            logprobs = token_logprobs(logits, targets)
+            entropy = entropy_from_logits(logits if entropy_grad else logits.detach()) if with_entropy else None
+        result = Evaluation(logprobs=layout(logprobs), entropy=None if entropy is None else layout(entropy))
         if with_values:
-            result.values = self.values(input_ids, attention_mask, completion_length, hidden=out.hidden)
+            result.values = layout(self.value_head(hidden)) if needs_hidden else \
+                self.values(input_ids, attention_mask, completion_length)
         return result
+
+    def _outputs(self, model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 completion_length: int, *, hidden: bool = False):
+        """(logits, hidden or None, targets, layout) of the completion tokens, padded (B, C, ...) or packed
+        (M, ...) per ``self.packed``; ``layout`` turns per-token values of either form into (B, C)."""
+        with recomputing(model) as recomputed:
+            if self.packed:
+                packing = pack_rows(input_ids, attention_mask, completion_length)
+                out = packed_forward(model, packing, hidden=hidden)
+                return out.logits, out.hidden, packing.targets, packing.unpack
+            out = completion_forward(model, input_ids, attention_mask, completion_length, hidden=hidden,
+                                     share_prompts=self.share_prompts and not recomputed)
+        return out.logits, out.hidden, input_ids[:, -completion_length:], _same
 
     def _check_context(self, attention_mask: torch.Tensor) -> None:
         """A row longer than the model's context would reach it as an index error (learned positions)."""
@@ -165,13 +191,13 @@ class LMPolicy(nn.Module):
                hidden: torch.Tensor | None = None) -> torch.Tensor:
         """V(s_t) for each completion token t, (B, C): the value before the token is chosen."""
         if self.critic is not None:
-            return self.critic(input_ids, attention_mask, completion_length)
+            return self.critic(input_ids, attention_mask, completion_length, packed=self.packed)
         if self.value_head is None:
             raise ValueError("this policy has no critic; enable model.value_head or set model.critic")
-        if hidden is None:
-            hidden = completion_forward(self.model, input_ids, attention_mask, completion_length, hidden=True,
-                                        share_prompts=self.share_prompts).hidden
-        return self.value_head(hidden)
+        if hidden is not None:
+            return self.value_head(hidden)
+        _, hidden, _, layout = self._outputs(self.model, input_ids, attention_mask, completion_length, hidden=True)
+        return layout(self.value_head(hidden))
 
     @torch.no_grad()
     def reference_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_length: int,
@@ -185,9 +211,11 @@ class LMPolicy(nn.Module):
                 return self.evaluate(input_ids, attention_mask, completion_length, temperature=temperature).logprobs
         else:
             raise ValueError("this policy holds no reference model; set model.reference to 'copy' or use LoRA")
-        logits = completion_forward(model, input_ids, attention_mask, completion_length,
-                                    share_prompts=self.share_prompts).logits
-        return token_logprobs(scaled_logits(logits, temperature), input_ids[:, -completion_length:])
+        logits, _, targets, layout = self._outputs(model, input_ids, attention_mask, completion_length)
+        logits = scaled_logits(logits, temperature)
+        if self.logprob_chunk_tokens is not None:
+            return layout(chunked_token_statistics(logits, targets, chunk_tokens=self.logprob_chunk_tokens)[0])
+        return layout(token_logprobs(logits, targets))
 
     # ------------------------------------------------------------------------------------------------
     # Persistence
@@ -215,9 +243,18 @@ class CriticModel(nn.Module):
         self.backbone = backbone
         self.head = head or ValueHead(backbone.config.get_text_config().hidden_size)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_length: int) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_length: int, *,
+                packed: bool = False) -> torch.Tensor:
+        """(B, C) values; ``packed``: one padding-free pass (unipg.policy.packed)."""
+        if packed:
+            packing = pack_rows(input_ids, attention_mask, completion_length)
+            return packing.unpack(self.head(packed_hidden(self.backbone, packing)))
         return self.head(completion_forward(self.backbone, input_ids, attention_mask, completion_length, hidden=True).hidden)
 
     def save(self, path: Path) -> None:
         self.backbone.save_pretrained(path)
         torch.save(self.head.state_dict(), path / VALUE_HEAD_FILE)
+
+
+def _same(values: torch.Tensor) -> torch.Tensor:
+    return values

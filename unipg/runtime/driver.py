@@ -36,6 +36,7 @@ from typing import Protocol
 
 import torch
 
+from unipg.policy.adapters import load_synced_state, synced_state
 from unipg.runtime.replay import (
     Group,
     ProducerFailed,
@@ -161,7 +162,7 @@ def serve_one_by_one(rollout: Rollout, gate: StalenessGate, buffer: ReplayBuffer
 class WeightSync:
     """Copies a learner's weights into the rollout side's model, by version.
 
-    ``publish`` (learner thread) snapshots the parameters and buffers; ``pull`` (rollout thread, between
+    ``publish`` (learner thread) snapshots the parameters and buffers (with LoRA, the adapter's only); ``pull`` (rollout thread, between
     generation batches) loads the newest snapshot if it has not been loaded yet.
     """
 
@@ -175,7 +176,7 @@ class WeightSync:
     def publish(self, version: int) -> None:
         start = time.perf_counter()
         with torch.no_grad():
-            state = {name: tensor.detach().clone() for name, tensor in self.source.state_dict().items()}
+            state = {name: tensor.clone() for name, tensor in synced_state(self.source).items()}
         with self._lock:
             self._state, self.version, self._serial = state, version, self._serial + 1
         self.publish_seconds += time.perf_counter() - start
@@ -187,7 +188,7 @@ class WeightSync:
                 return None
             state, version, serial = self._state, self.version, self._serial
         start = time.perf_counter()
-        self.target.load_state_dict(state)
+        load_synced_state(self.target, state)
         self._loaded = serial
         self.pull_seconds += time.perf_counter() - start
         return version

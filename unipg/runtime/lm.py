@@ -43,6 +43,7 @@ from unipg.checkpoint.lm import LMCheckpointer, drop_metrics_after, latest_check
 from unipg.checkpoint.store import Checkpoint
 from unipg.config import Config
 from unipg.learn.lm import LMLearner
+from unipg.learn.sharded import make_learner
 from unipg.learn.state import generator_state, restore_generator
 from unipg.observe.metrics import (
     MetricsLogger,
@@ -246,6 +247,7 @@ class LMRun:
             self.runtime.close()
             self.runtime.rollout.close()
         self.runner.close()
+        self.learner.close()
         self.progress.close()
         self.logger.close()
         if self.lock is not None:
@@ -268,7 +270,7 @@ def open_run(config: Config, task: Task | None, run_dir: Path | None, checkpoint
     policy = policy_from_config(config)
     runner = EpisodeRunner(policy, task, config, reward_fn)
     test = held_out(task, config)
-    learner = LMLearner(policy, config)
+    learner = make_learner(policy, config)
     sampler, generator = PromptSampler(task.train, config.seed), torch.Generator().manual_seed(config.seed)
     run_dir = run_dir if run_dir is not None else run_dir_for(config)
     lock = lock_run_dir(run_dir)  # a second writer is refused before it touches the run's files
@@ -283,6 +285,7 @@ def open_run(config: Config, task: Task | None, run_dir: Path | None, checkpoint
         logger.write_config(config.to_dict())
     except BaseException:
         lock.close()
+        learner.close()
         raise
     progress = Progress(config.train.updates, enabled=config.log.progress, description=f"{config.algorithm} {task.name}")
     run = LMRun(config, run_dir, policy, runner, test, learner, checkpointer, logger, progress,

@@ -1,0 +1,70 @@
+"""The learner sharded with FSDP2 over 2 local gloo processes: one update equals the 1-process update, and
+its sharded checkpoint resumes in 1 process."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.learn.test_packing import config, skewed_batch
+from unipg.learn.distributed import (
+    full_state_dict,
+    init_local_group,
+    load_sharded,
+    save_sharded,
+    shard_model,
+    spawn_local,
+)
+from unipg.learn.lm import LMLearner
+from unipg.learn.lm_batch import split_across_ranks
+from unipg.policy.loading import load_lm_policy
+
+SETTINGS = ("train.max_tokens_per_micro_batch=24", "train.num_epochs=1", "train.learning_rate=1e-3",
+            "train.adam_eps=1e-3", "estimator.entropy_coef=0.01")
+
+
+def learner(model_path: str, shard: bool = False) -> LMLearner:
+    torch.manual_seed(0)
+    policy = load_lm_policy(model_path)
+    if shard:
+        shard_model(policy.model)
+    return LMLearner(policy, config(*SETTINGS))
+
+
+def update_rank(rank: int, world_size: int, port: int, model_path: str, out: str) -> None:
+    torch.set_num_threads(1)
+    init_local_group(rank, world_size, port)
+    sharded = learner(model_path, shard=True)
+    metrics = sharded.update(skewed_batch())
+    state = full_state_dict(sharded.policy.model)
+    save_sharded(Path(out) / "checkpoint", sharded.policy.model, sharded.optimizer)
+    if rank == 0:
+        torch.save({"state": state, "metrics": metrics}, Path(out) / "result.pt")
+    torch.distributed.destroy_process_group()
+
+
+def test_ranks_split_micro_batches_evenly():
+    lengths = torch.tensor([30, 3, 10, 10, 2, 5])
+    groups = [torch.tensor([0]), torch.tensor([1, 4]), torch.tensor([2]), torch.tensor([3]), torch.tensor([5])]
+    ranks = split_across_ranks(groups, lengths, 2)
+    assert [len(mine) for mine in ranks] == [3, 3] and ranks[0][0].tolist() == [0]
+    assert sorted(int(lengths[g].sum()) for mine in ranks for g in mine if g is not None) == [5, 5, 10, 10, 30]
+    assert ranks[0][-1] is None  # the rank holding the longest sequence runs an empty pass to keep in step
+
+
+def test_two_process_update_equals_one_process_and_its_checkpoint_resumes_in_one(embedded_path, tmp_path):
+    spawn_local(update_rank, 2, embedded_path, str(tmp_path))
+    result = torch.load(tmp_path / "result.pt")
+    single = learner(embedded_path)
+    metrics = single.update(skewed_batch())
+    for name, tensor in single.policy.model.state_dict().items():
+        assert torch.allclose(result["state"][name], tensor, atol=1e-5), name
+    assert metrics["loss"] == pytest.approx(result["metrics"]["loss"], abs=1e-5)
+    assert metrics["grad_norm"] == pytest.approx(result["metrics"]["grad_norm"], rel=1e-4)
+    resumed = learner(embedded_path)
+    load_sharded(tmp_path / "checkpoint", resumed.policy.model, resumed.optimizer)
+    for name, tensor in resumed.policy.model.state_dict().items():
+        assert torch.equal(tensor, result["state"][name]), name
+    for parameter, twin in zip(resumed.parameters, single.parameters):
+        moments = resumed.optimizer.state[parameter]["exp_avg_sq"], single.optimizer.state[twin]["exp_avg_sq"]
+        assert torch.allclose(*moments, atol=1e-9, rtol=1e-3)

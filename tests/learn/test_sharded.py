@@ -1,0 +1,44 @@
+"""train.learner_processes: a run whose learner is sharded over 2 processes trains like a one-process run, and
+its checkpoint resumes in one process."""
+
+import pytest
+import torch
+
+from unipg.checkpoint.files import load_checkpoint
+from unipg.checkpoint.store import CheckpointStore
+from unipg.config import ConfigError, load_config
+from unipg.runtime.lm import train_lm
+
+SMALL = ["task.name=arithmetic", "task.options={digits: 1, num_train: 40, num_test: 8}", "train.batch_size=8",
+         "train.mini_batch_size=8", "sample.samples_per_prompt=4", "sample.max_new_tokens=4",
+         "eval.every_updates=100", "log.progress=false", "log.tensorboard=false", "deterministic=true",
+         "algorithm=ppo", "estimator.kl_coef=0.05", "train.num_epochs=1", "train.adam_eps=1e-3",
+         "train.max_tokens_per_micro_batch=40", "checkpoint.every_updates=1", "checkpoint.keep_best=false"]
+
+
+def config(embedded_path, output_dir, name, updates, processes):
+    return load_config(None, SMALL + [f"model.name={embedded_path}", f"log.output_dir={output_dir}",
+                                      f"log.run_name={name}", f"train.updates={updates}",
+                                      f"train.learner_processes={processes}"])
+
+
+def weights(run):
+    return load_checkpoint(CheckpointStore(run.run_dir / "checkpoints").latest()).tensors
+
+
+def test_a_sharded_run_trains_like_one_process_and_resumes_in_one(embedded_path, tmp_path):
+    single = train_lm(config(embedded_path, tmp_path, "single", 2, 1))
+    sharded = train_lm(config(embedded_path, tmp_path, "sharded", 1, 2))
+    resumed = train_lm(config(embedded_path, tmp_path, "sharded", 2, 1), resume=sharded.run_dir)
+    assert resumed.resumed_from == 1
+    expected, got = weights(single), weights(resumed)
+    for group in ("policy", "value_head"):
+        for name, tensor in expected[group].items():
+            assert torch.allclose(got[group][name], tensor, atol=1e-5), name
+    for name, tensor in expected["optimizer"].items():
+        assert torch.allclose(got["optimizer"][name], tensor, atol=1e-6, rtol=1e-3), name
+
+
+def test_sharded_learner_is_refused_on_ray():
+    with pytest.raises(ConfigError, match="learner_processes"):
+        load_config(None, ["task.name=arithmetic", "backend=ray", "train.learner_processes=2"])

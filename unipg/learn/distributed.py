@@ -1,0 +1,120 @@
+"""Sharding a learner's model over several local processes with FSDP2 (``torch.distributed.fsdp.fully_shard``).
+
+Each process (rank) holds 1/N of every parameter, of its gradient and of the optimizer's state; a forward
+pass all-gathers one decoder layer at a time and the backward pass reduce-scatters the gradients. The process
+group is gloo on CPU and NCCL on GPU, on the loopback address.
+
+Here: the building blocks — starting the local process group, sharding a Hugging Face causal LM layer by
+layer, the bytes a rank holds, and the full weights gathered for an inference engine.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import warnings
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+
+def process_rank() -> tuple[int, int]:
+    """(rank, world size) of this process in the default process group; (0, 1) when there is none."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def sum_across_ranks(values: dict[str, float]) -> dict[str, float]:
+    """Each value summed over the ranks (every rank passes the same keys)."""
+    import torch.distributed as dist
+
+    names = sorted(values)
+    total = torch.tensor([values[name] for name in names], dtype=torch.float64)
+    dist.all_reduce(total)
+    return dict(zip(names, total.tolist()))
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for the process group's rendezvous)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def init_local_group(rank: int, world_size: int, port: int, *, device: str = "cpu") -> None:
+    """Join the process group of ``world_size`` local processes (gloo on CPU, NCCL on GPU)."""
+    import torch.distributed as dist
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+
+
+def spawn_local(function: Callable, world_size: int, *args) -> None:
+    """Run ``function(rank, world_size, port, *args)`` in ``world_size`` fresh processes and wait for all."""
+    import torch.multiprocessing as mp
+
+    mp.start_processes(function, args=(world_size, free_port(), *args), nprocs=world_size, join=True,
+                       start_method="spawn")
+
+
+def shard_model(model: nn.Module) -> nn.Module:
+    """Apply ``fully_shard`` to every decoder layer (the repeated blocks of a Hugging Face model), then to the
+    whole model for what is left (embeddings, final norm, lm_head); returns the model, sharded in place."""
+    from torch.distributed.fsdp import fully_shard
+
+    layers = [module for module in model.modules() if type(module).__name__.endswith(("DecoderLayer", "Block"))]
+    for layer in layers:
+        fully_shard(layer)
+    fully_shard(model)
+    return model
+
+
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a (possibly sharded, DTensor) tensor."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def resident_bytes(parameters: list[nn.Parameter], optimizer: torch.optim.Optimizer | None = None) -> int:
+    """Bytes this rank holds for ``parameters``, their gradients and the optimizer's state of them."""
+    tensors = [local_tensor(p) for p in parameters]
+    tensors += [local_tensor(p.grad) for p in parameters if p.grad is not None]
+    if optimizer is not None:
+        tensors += [local_tensor(value) for state in optimizer.state.values() for value in state.values()
+                    if isinstance(value, torch.Tensor)]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every rank gathers the full (unsharded) weights on CPU, e.g. once per version for an inference engine."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def save_sharded(directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Every rank writes its shards of the model and optimizer state with ``torch.distributed.checkpoint``;
+    the folder loads back with any number of processes (``load_sharded``), one included."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(directory),
+             no_dist=process_rank()[1] == 1)
+
+
+def load_sharded(directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Load a ``save_sharded`` folder into ``model`` and ``optimizer``, sharded over this process group or not."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    with warnings.catch_warnings():  # loading in one process is what no_dist asks for
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=str(directory), no_dist=process_rank()[1] == 1)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])

@@ -1,0 +1,77 @@
+"""LoRA adapters: what of a LoRA-wrapped policy is saved and synced, in the PEFT format.
+
+With ``model.lora_rank > 0`` only the adapter is trained; the base weights are the frozen initial model. So a
+checkpoint stores only the adapter, as PEFT writes it (``adapter_config.json`` and ``adapter_model.safetensors``,
+loadable with ``PeftModel.from_pretrained(base, folder)``), and the weight sync to an inference copy sends
+only the adapter's tensors. A model without adapters is saved and synced whole.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+ADAPTER_WEIGHTS = "adapter_model"  # PEFT's file stem: adapter_model.safetensors
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def has_adapter(model: nn.Module) -> bool:
+    """Whether ``model`` is a PEFT model (LoRA-wrapped)."""
+    return hasattr(model, "peft_config") and hasattr(model, "disable_adapter")
+
+
+def save_adapter(model: nn.Module, directory: str | Path) -> Path:
+    """Write the adapter of a PEFT ``model`` in the PEFT format into ``directory``; returns the folder."""
+    if not has_adapter(model):
+        raise ValueError("save_adapter needs a LoRA-wrapped model (model.lora_rank > 0)")
+    directory = Path(directory)
+    model.save_pretrained(directory)
+    return directory
+
+
+def adapter_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The adapter's tensors under PEFT's names (those of ``adapter_model.safetensors``)."""
+    from peft import get_peft_model_state_dict
+
+    return {name: tensor.detach() for name, tensor in get_peft_model_state_dict(model).items()}
+
+
+def load_adapter_tensors(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """Load ``adapter_tensors`` back; a ValueError names a tensor the adapter does not have or lacks."""
+    from peft import set_peft_model_state_dict
+
+    expected = adapter_tensors(model)
+    missing, unexpected = expected.keys() - tensors.keys(), tensors.keys() - expected.keys()
+    if missing or unexpected:
+        raise ValueError(f"the adapter does not fit: {len(missing)} tensor(s) missing, e.g. "
+                         f"{next(iter(missing), None)}; {len(unexpected)} unexpected, e.g. {next(iter(unexpected), None)}")
+    set_peft_model_state_dict(model, tensors)
+
+
+def adapter_config_json(model: nn.Module) -> bytes:
+    """The ``adapter_config.json`` PEFT writes beside the adapter's weights."""
+    config = model.peft_config[model.active_adapter].to_dict()
+    config = {key: sorted(value) if isinstance(value, set) else value for key, value in config.items()}
+    return json.dumps(config, indent=2, sort_keys=True).encode()
+
+
+def synced_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """What a weight sync sends to an inference copy: the adapter's tensors of a PEFT model (under the
+    model's own ``state_dict`` names), else every parameter and buffer. Detached, on the model's device."""
+    state = model.state_dict()
+    if has_adapter(model):
+        state = {name: tensor for name, tensor in state.items() if "lora_" in name}
+    return {name: tensor.detach() for name, tensor in state.items()}
+
+
+def load_synced_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load a ``synced_state`` into an inference copy of the same model (partial for an adapter)."""
+    if not has_adapter(model):
+        model.load_state_dict(state)
+        return
+    result = model.load_state_dict(state, strict=False)
+    if result.unexpected_keys:
+        raise ValueError(f"synced weights do not fit the inference copy: {result.unexpected_keys[0]} is not in it")

@@ -1,0 +1,76 @@
+"""Padding-free forward passes: the rows of a (B, P + C) batch packed into one row of their real tokens.
+
+A micro-batch of agent trajectories is length-skewed: padding every row to the longest one spends most of
+the forward and backward pass on pad tokens. Packing concatenates the real tokens of all rows into a single
+row (1, N) whose ``position_ids`` restart at 0 for every sequence; with ``attention_mask=None`` Hugging Face
+models derive a block-diagonal causal mask from the position resets (sdpa and eager attention), and flash
+attention derives the per-sequence lengths from them, so no token attends across sequences.
+
+Only the positions that predict a completion token go through the lm_head (``logits_to_keep`` as an index
+tensor). Per-token results come back flat, (M,) for the M completion tokens, and ``Packing.unpack`` lays
+them out in the (B, C) grid the objective reads, with 0 where a row has no real token.
+
+Rows must be left-padded prompts followed by right-padded completions, real tokens contiguous (the
+``LMBatch`` layout). A completion token without a token before it in its row (an empty prompt) has no
+prediction and is left at 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from unipg.policy.forward import positions
+
+
+@dataclass
+class Packing:
+    """B rows of a padded batch as one packed row; M = the real completion tokens that have a predecessor."""
+
+    input_ids: torch.Tensor  # (1, N) the real tokens of every row, row after row
+    position_ids: torch.Tensor  # (1, N) each token's position within its own sequence (0 at its first token)
+    predictors: torch.Tensor  # (M,) long, the packed index of the token whose output predicts each target
+    targets: torch.Tensor  # (M,) long, the completion tokens
+    rows: torch.Tensor  # (M,) long, each target's row in the (B, C) grid
+    columns: torch.Tensor  # (M,) long, each target's column in the (B, C) grid
+    shape: tuple[int, int]  # (B, C)
+
+    def unpack(self, values: torch.Tensor) -> torch.Tensor:
+        """(M, ...) per-token values → (B, C, ...) with zeros where no target is; differentiable."""
+        grid = values.new_zeros((*self.shape, *values.shape[1:]))
+        return grid.index_put((self.rows, self.columns), values)
+
+
+def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_length: int) -> Packing:
+    """Pack the real tokens of (B, P + C) left-padded prompts + right-padded completions into one row."""
+    real = attention_mask.bool()
+    flat_index = (real.flatten().cumsum(0) - 1).view_as(real)  # (B, L) packed index of each real token
+    position = positions(attention_mask)
+    prompt_width = input_ids.shape[1] - completion_length
+    completion_real = real[:, prompt_width:] & (position[:, prompt_width:] > 0)  # (B, C) has a predecessor
+    rows, columns = completion_real.nonzero(as_tuple=True)
+    return Packing(input_ids=input_ids[real][None], position_ids=position[real][None],
+                   predictors=flat_index[rows, prompt_width + columns] - 1,
+                   targets=input_ids[rows, prompt_width + columns], rows=rows, columns=columns,
+                   shape=(input_ids.shape[0], completion_length))
+
+
+@dataclass
+class PackedForward:
+    logits: torch.Tensor  # (M, V) the logits that predict each target
+    hidden: torch.Tensor | None  # (M, H) last hidden state at the same positions
+
+
+def packed_forward(model: nn.Module, packing: Packing, *, hidden: bool = False) -> PackedForward:
+    """One forward pass over the packed row; the lm_head runs only at the predicting positions."""
+    out = model(input_ids=packing.input_ids, position_ids=packing.position_ids, attention_mask=None,
+                use_cache=False, logits_to_keep=packing.predictors, output_hidden_states=hidden)
+    states = out.hidden_states[-1][0, packing.predictors] if hidden else None
+    return PackedForward(out.logits[0], states)
+
+
+def packed_hidden(model: nn.Module, packing: Packing) -> torch.Tensor:
+    """(M, H) the last hidden state at the predicting positions (a critic backbone's input to its head)."""
+    return packed_forward(model, packing, hidden=True).hidden
