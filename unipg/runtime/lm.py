@@ -45,13 +45,7 @@ from unipg.config import Config
 from unipg.learn.lm import LMLearner
 from unipg.learn.sharded import make_learner
 from unipg.learn.state import generator_state, restore_generator
-from unipg.observe.metrics import (
-    MetricsLogger,
-    Progress,
-    Timer,
-    process_metrics,
-    release_free_memory,
-)
+from unipg.observe.metrics import MetricsLogger, Progress, Timer, process_metrics, release_free_memory
 from unipg.policy.lm import LMPolicy
 from unipg.policy.loading import policy_from_config
 from unipg.runtime.backends import BACKENDS
