@@ -20,7 +20,7 @@ from unipg.policy.chat import TurnTemplate, render_agent_prompt
 from unipg.policy.lm import LMPolicy
 from unipg.sample.agent import AgentLoop, Trajectory
 from unipg.sample.envs import ENVS, EnvironmentService
-from unipg.sample.envs.service import build_tools
+from unipg.sample.envs.service import build_tools, close_tools
 from unipg.sample.inference import InferenceEngine, SamplingParams
 from unipg.sample.tasks.base import Example, Task
 from unipg.sample.tools.base import CLOSE_TAG
@@ -58,7 +58,11 @@ def demonstration_pairs(tokenizer, task: Task, config: Config, examples: list[Ex
     """(rendered prompt, completion) pairs for SFT, rendered exactly as rollouts render them: the same
     system prompt and tool descriptions, and multi-turn demonstrations as the loop lays out turns."""
     specs = tool_specs(config, task)
-    schemas = [tool.schema() for tool in build_tools(specs).values()] if specs and config.agent.tool_prompt else None
+    schemas = None
+    if specs and config.agent.tool_prompt:
+        tools = build_tools(specs)
+        close_tools(tools)  # only their descriptions are needed here (an MCP server need not keep running)
+        schemas = [tool.schema() for tool in tools.values()]
     encode = PromptEncoder(tokenizer, system_prompt=config.task.system_prompt or task.system_prompt,
                            max_length=config.sample.max_prompt_length, tools=schemas)
     template = TurnTemplate(tokenizer)

@@ -18,10 +18,8 @@ from unipg.config.loading import invalid_configuration
 from unipg.estimate.registry import FactoryRegistry, RegistryError, unknown_name_message
 from unipg.sample.rewards.rules import REWARDS
 from unipg.sample.tasks.base import TASKS, check_option_types, validate_options
-from unipg.sample.tools.base import TOOLS
+from unipg.sample.tools.base import TOOL_SPEC_KEYS, TOOLS
 
-# The keys of a tool spec: its registered name, its factory's options, and a simulated delay per call.
-TOOL_SPEC_KEYS = ("name", "options", "latency")
 
 
 def check_sample_options(config: Config) -> None:
@@ -50,6 +48,8 @@ def check_sample_options(config: Config) -> None:
         if not isinstance(options, dict):
             problems.append(f"{where}.options must be a mapping of option names to values, got {options!r}")
             continue
+        if isinstance(spec, dict) and "server" in spec:
+            options = {**options, "server": spec["server"]}
         problems += spec_problems(TOOLS, spec, options, where, "{name: calculator}")
     if problems:
         raise ConfigError(invalid_configuration(problems))

@@ -44,6 +44,10 @@ class ToolError(Exception):
     observation and not retried. Any other exception counts as the tool failing (retried, then the default
     observation and the failure penalty)."""
 
+# The keys of a tool spec: its registered name, its factory's options, a simulated delay per call, and the
+# process that serves the tools (an MCP server: ``{name: mcp, server: {command: ..., args: [...]}}``).
+TOOL_SPEC_KEYS = ("name", "options", "latency", "server")
+
 OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"  # the call format of OpenAI-style chat models
 
 
@@ -94,6 +98,7 @@ class Tool:
     function: Callable[..., Any]  # sync or async; returns a string or something JSON-serializable
     latency: LatencyModel | None = None
     required: list[str] = field(default_factory=list)
+    close: Callable[[], None] | None = None  # releases what the tool holds (an MCP server); idempotent
 
     def schema(self) -> dict:
         """The OpenAI-style function description used in system prompts and chat templates."""
