@@ -79,7 +79,7 @@ def evaluate_model(config: Config) -> dict[str, float]:
 
         config = resolve_warm_start(config, task)
     policy = load_lm_policy(config.model.name, dtype=config.model.dtype,
-                            trust_remote_code=config.model.trust_remote_code)
+                            trust_remote_code=config.model.trust_remote_code, chat_template=config.model.chat_template)
     runner = EpisodeRunner(policy, task, config, build_rewards(config.task.rewards or task.rewards))
     test = held_out(task, config)
     try:

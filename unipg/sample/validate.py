@@ -19,6 +19,7 @@ from unipg.estimate.registry import FactoryRegistry, RegistryError, unknown_name
 from unipg.sample.rewards.rules import REWARDS
 from unipg.sample.tasks.base import TASKS, check_option_types, validate_options
 from unipg.sample.tools.base import TOOL_SPEC_KEYS, TOOLS
+from unipg.sample.tools.formats import TOOL_PARSERS
 
 
 
@@ -51,6 +52,9 @@ def check_sample_options(config: Config) -> None:
         if isinstance(spec, dict) and "server" in spec:
             options = {**options, "server": spec["server"]}
         problems += spec_problems(TOOLS, spec, options, where, "{name: calculator}")
+    if config.model.tool_parser is not None and config.model.tool_parser not in TOOL_PARSERS:
+        problems.append("model.tool_parser: " + unknown_name_message(TOOL_PARSERS.kind, config.model.tool_parser,
+                                                                     TOOL_PARSERS.names()))
     if problems:
         raise ConfigError(invalid_configuration(problems))
 
