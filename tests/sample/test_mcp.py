@@ -106,3 +106,18 @@ def test_the_config_checks_the_server_settings():
         check_sample_options(load_config(None, ["task.name=calculator", f"task.tools={bad}"]))
     assert "task.tools[0]: tool 'calculator' has no option 'server'" in str(raised.value)
     assert "task.tools[1]: tool 'mcp' needs the option(s) server" in str(raised.value)
+
+
+def test_a_copy_in_another_process_starts_its_own_server_on_its_first_call(tools):
+    """Ray ships tools to environment actors by pickling them: the copy connects where it is called."""
+    import cloudpickle
+
+    copies = cloudpickle.loads(cloudpickle.dumps(tools))
+    try:
+        assert copies["add"].close.__self__ is not tools["add"].close.__self__  # another server
+        assert copies["add"].close.__self__ is copies["lookup"].close.__self__  # one per copied server
+        service = EnvironmentService(copies, timeout=30, retries=0)
+        assert asyncio.run(service.call("add", {"a": 1, "b": 2})).observation == "3"
+        assert asyncio.run(EnvironmentService(tools, timeout=20).call("add", {"a": 2, "b": 2})).observation == "4"
+    finally:
+        close_tools(copies)

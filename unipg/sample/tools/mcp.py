@@ -31,7 +31,10 @@ class McpServer:
 
     def __init__(self, command: str, args: list[str] | None = None, env: dict[str, str] | None = None,
                  cwd: str | None = None, *, startup_timeout: float = 30.0):
-        from mcp.client.stdio import StdioServerParameters
+        try:
+            from mcp.client.stdio import StdioServerParameters
+        except ImportError:
+            raise ValueError("mcp tools need the MCP SDK: pip install 'unipg[mcp]'") from None
 
         self.parameters = StdioServerParameters(command=command, args=[str(a) for a in args or []],
                                                 env={str(k): str(v) for k, v in (env or {}).items()} or None,
@@ -45,6 +48,12 @@ class McpServer:
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=lambda: self._loop.run_until_complete(self._serve()),
                                         name="unipg-mcp", daemon=True)
+        self._starting = threading.Lock()
+
+    def __reduce__(self):
+        """A copy for another process (a Ray environment actor) starts its own server there, on its first call."""
+        settings = self.parameters.model_dump(include=set(SERVER_KEYS))
+        return _unstarted, (settings, self.startup_timeout)
 
     def start(self) -> McpServer:
         """Start the server, initialise the session and list the tools; raises ``ValueError`` with the cause."""
@@ -78,6 +87,8 @@ class McpServer:
 
     async def call(self, name: str, arguments: dict) -> str:
         """Call tool ``name`` on the server from any event loop; its result as text."""
+        if not self._thread.is_alive() and self._thread.ident is None:  # a copy that has not started yet
+            await asyncio.to_thread(self._start_once)
         if self._session is None:
             raise RuntimeError(f"MCP server '{self.describe()}' is not running")
         future = asyncio.run_coroutine_threadsafe(self._call(name, arguments), self._loop)
@@ -90,6 +101,11 @@ class McpServer:
             raise ToolError(text or f"{name} failed")
         return text
 
+    def _start_once(self) -> None:
+        with self._starting:
+            if self._thread.ident is None:
+                self.start()
+
     def close(self) -> None:
         """End the session and stop the server (and its children); idempotent."""
         atexit.unregister(self.close)
@@ -101,6 +117,10 @@ class McpServer:
 
     def describe(self) -> str:
         return " ".join([self.parameters.command, *self.parameters.args])
+
+
+def _unstarted(settings: dict, startup_timeout: float) -> McpServer:
+    return McpServer(**settings, startup_timeout=startup_timeout)
 
 
 def _field(value: Any, *names: str) -> Any:
