@@ -1,7 +1,7 @@
 """A small MCP server for the tests, written with the MCP SDK and served over stdio.
 
-Run as ``python mcp_server.py [pid_file]``: it writes its process id to ``pid_file`` (so a test can check that
-the server is gone after the run) and serves ``add``, ``lookup`` and ``fail``.
+Run as ``python mcp_server.py [pid_file]``: it appends its process id to ``pid_file`` (so a test can check that
+every server started is gone after the run) and serves ``add``, ``lookup`` and ``fail``.
 """
 
 import os
@@ -41,6 +41,6 @@ def fail() -> str:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1:
-        with open(sys.argv[1], "w") as pid_file:
-            pid_file.write(str(os.getpid()))
+        with open(sys.argv[1], "a") as pid_file:
+            pid_file.write(f"{os.getpid()}\n")
     server.run()

@@ -38,6 +38,10 @@ def is_running(pid: int) -> bool:
         return stat.read().split(")")[-1].split()[0] != "Z"
 
 
+def server_pids(pid_file: Path) -> list[int]:
+    return [int(line) for line in pid_file.read_text().split()]
+
+
 @pytest.fixture(scope="module")
 def tools():
     built = build_tools([server_spec()])
@@ -81,7 +85,7 @@ def test_an_agent_episode_calls_the_server_and_gets_the_result_as_its_observatio
     try:
         assert sorted(service.tools) == ["add"]  # include: only the tools named
         [trajectory] = asyncio.run(loop.run_episodes([env], [example]))
-        pid = int(pid_file.read_text())
+        [pid] = server_pids(pid_file)
         assert is_running(pid)
     finally:
         service.close()
