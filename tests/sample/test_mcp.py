@@ -102,6 +102,15 @@ def test_a_server_that_cannot_start_says_why():
         build_tools([server_spec(include=["subtract"])])
 
 
+def test_a_server_that_never_answers_is_stopped_after_the_startup_timeout(tmp_path):
+    pid_file = tmp_path / "server.pid"
+    silent = f"import os, time; open({str(pid_file)!r}, 'a').write(f'{{os.getpid()}}\\n'); time.sleep(120)"
+    with pytest.raises(ValueError, match="did not answer within 2 s"):
+        build_tools([{"name": "mcp", "server": {"command": sys.executable, "args": ["-c", silent]},
+                      "options": {"startup_timeout": 2}}])
+    assert not any(is_running(pid) for pid in server_pids(pid_file))
+
+
 def test_the_config_checks_the_server_settings():
     spec = json.dumps([server_spec(include=["add"])])
     check_sample_options(load_config(None, ["task.name=calculator", f"task.tools={spec}"]))  # accepted, not started

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from unipg.estimate.registry import FactoryRegistry
+from unipg.sample.tools.formats import Hermes
 
 TOOLS = FactoryRegistry("tool")
 
@@ -46,12 +47,13 @@ class ToolError(Exception):
 # process that serves the tools (an MCP server: ``{name: mcp, server: {command: ..., args: [...]}}``).
 TOOL_SPEC_KEYS = ("name", "options", "latency", "server")
 
-OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"  # the call format of OpenAI-style chat models
+OPEN_TAG, CLOSE_TAG = Hermes.open_tag, Hermes.close_tag  # the format tasks write demonstrations in
 
 
 def format_tool_call(name: str, arguments: dict) -> str:
-    """The text of a well-formed call, as demonstrations write it."""
-    return f"{OPEN_TAG}{json.dumps({'name': name, 'arguments': arguments})}{CLOSE_TAG}"
+    """The text of a well-formed call, as demonstrations write it (``hermes``; ``rewrite_calls`` turns it into
+    another family's format)."""
+    return Hermes().format_tool_call(name, arguments)
 
 
 @dataclass(frozen=True)

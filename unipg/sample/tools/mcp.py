@@ -45,9 +45,8 @@ class McpServer:
         self._ready = threading.Event()
         self._failure: BaseException | None = None
         self._session = None
-        self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=lambda: self._loop.run_until_complete(self._serve()),
-                                        name="unipg-mcp", daemon=True)
+        self._serving: asyncio.Task | None = None
+        self._thread = threading.Thread(target=self._run, name="unipg-mcp", daemon=True)
         self._starting = threading.Lock()
 
     def __reduce__(self):
@@ -67,19 +66,22 @@ class McpServer:
         atexit.register(self.close)
         return self
 
+    def _run(self) -> None:
+        self._serving = self._loop.create_task(self._serve())
+        self._loop.run_until_complete(self._serving)
+
     async def _serve(self) -> None:
         from mcp import ClientSession
         from mcp.client.stdio import stdio_client
 
-        self._stop = asyncio.Event()
         try:
             async with stdio_client(self.parameters) as (read, write), ClientSession(read, write) as session:
                 await session.initialize()
                 self.tools = list((await session.list_tools()).tools)
                 self._session = session
                 self._ready.set()
-                await self._stop.wait()
-        except BaseException as failure:  # noqa: BLE001 — reported by start(), or ends a closed session
+                await asyncio.Event().wait()  # until close() cancels the task: the SDK then stops the server
+        except BaseException as failure:  # noqa: BLE001 — reported by start(), or the cancellation of close()
             self._failure = failure
         finally:
             self._session = None
@@ -109,8 +111,8 @@ class McpServer:
     def close(self) -> None:
         """End the session and stop the server (and its children); idempotent."""
         atexit.unregister(self.close)
-        if self._thread.is_alive() and self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
+        if self._thread.is_alive():  # a session, or a server still starting: cancelling either stops the process
+            self._loop.call_soon_threadsafe(lambda: self._serving.cancel())  # set before the loop runs
             self._thread.join(timeout=15)
         if not self._thread.is_alive() and not self._loop.is_closed():
             self._loop.close()
