@@ -101,3 +101,4 @@ def test_a_template_that_rewrites_turns_without_a_known_variant_is_refused_with_
     prepare_chat_template(tokenizer)  # nothing known replaces it
     with pytest.raises(ValueError, match="rewrites earlier turns.*set model.chat_template"):
         TurnTemplate(tokenizer)
+    TurnTemplate(tokenizer, multi_turn=False)  # single-turn episodes insert nothing: any template serves them

@@ -103,14 +103,16 @@ class TurnTemplate:
     recorded at sampling time stay those of the exact tokens trained on.
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, *, multi_turn: bool = True):
+        """``multi_turn``: refuse a template that cannot lay out several turns (``prefix_stability_problem``);
+        single-turn episodes never insert anything, so any template serves them."""
         from unipg.policy.templates import prefix_stability_problem
 
         self.tokenizer = tokenizer
         self.eos_text = tokenizer.eos_token or ""
         self._head = None
         if getattr(tokenizer, "chat_template", None):
-            problem = prefix_stability_problem(tokenizer)
+            problem = prefix_stability_problem(tokenizer) if multi_turn else None
             if problem:
                 raise ValueError(f"the chat template of this tokenizer cannot lay out multi-turn rollouts: {problem}; "
                                  "set model.chat_template to a template that shows each assistant turn as written and "

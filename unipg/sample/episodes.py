@@ -65,7 +65,7 @@ def demonstration_pairs(tokenizer, task: Task, config: Config, examples: list[Ex
         schemas = [tool.schema() for tool in tools.values()]
     encode = PromptEncoder(tokenizer, system_prompt=config.task.system_prompt or task.system_prompt,
                            max_length=config.sample.max_prompt_length, tools=schemas)
-    template = TurnTemplate(tokenizer)
+    template = TurnTemplate(tokenizer, multi_turn=any(not isinstance(example.solution, str) for example in examples))
     parser = config.model.tool_parser or parser_for_template(tokenizer.chat_template)
 
     def in_format(message: dict) -> dict:  # tasks write calls in the hermes format
@@ -104,7 +104,7 @@ class EpisodeRunner:
             max_prompt = min(max_prompt, policy.context_length - 1)
         self.encode = PromptEncoder(policy.tokenizer, system_prompt=config.task.system_prompt or task.system_prompt,
                                     max_length=max_prompt, tools=schemas)
-        self.template = TurnTemplate(policy.tokenizer)
+        self.template = TurnTemplate(policy.tokenizer, multi_turn=self.max_turns > 1)
         self.tool_parser = config.model.tool_parser or parser_for_template(policy.tokenizer.chat_template)
 
     def make_env(self):
