@@ -95,3 +95,15 @@ def test_episodes_read_calls_in_the_family_format_unless_model_tool_parser_says_
 def test_an_unknown_tool_parser_is_a_config_error_listing_the_known_ones():
     with pytest.raises(ConfigError, match="model.tool_parser: unknown tool parser 'mistral'.*hermes, llama3_json"):
         check_sample_options(load_config(None, ["task.name=calculator", "model.tool_parser=mistral"]))
+
+
+def test_sft_demonstrations_call_tools_in_the_format_of_the_models_family():
+    from unipg.sample.episodes import demonstration_pairs
+
+    task = make_task("calculator", digits=2, num_train=4, num_test=2, tool_demonstrations=1.0)
+    config = load_config(None, ["task.name=calculator", "agent.tool_prompt=false"])
+    [(prompt, segments), *_] = demonstration_pairs(family_tokenizer("llama3.1"), task, config, task.train)
+    first_turn = segments[0][0]
+    assert first_turn.startswith('{"name": "calculator", "parameters": {"expression": ')
+    assert first_turn.endswith("}<|eot_id|>") and segments[0][1]  # trained, EOS included
+    assert prompt.endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
