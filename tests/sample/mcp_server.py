@@ -1,9 +1,10 @@
 """A small MCP server for the tests, written with the MCP SDK and served over stdio.
 
 Run as ``python mcp_server.py [pid_file]``: it appends its process id to ``pid_file`` (so a test can check that
-every server started is gone after the run) and serves ``add``, ``lookup`` and ``fail``.
+every server started is gone after the run) and serves ``add``, ``lookup``, ``slow`` and ``fail``.
 """
 
+import asyncio
 import os
 import sys
 
@@ -31,6 +32,13 @@ def lookup(word: str) -> str:
     if word not in WORDS:
         raise ToolError(f"no entry for {word!r}")  # a refusal, shown to the caller
     return WORDS[word]
+
+
+@server.tool()
+async def slow(seconds: float) -> str:
+    """Answer after a delay."""
+    await asyncio.sleep(seconds)
+    return "done"
 
 
 @server.tool()

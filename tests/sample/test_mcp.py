@@ -50,7 +50,7 @@ def tools():
 
 
 def test_every_tool_the_server_lists_becomes_a_tool_with_its_schema(tools):
-    assert sorted(tools) == ["add", "fail", "lookup"]
+    assert sorted(tools) == ["add", "fail", "lookup", "slow"]
     add = tools["add"].schema()["function"]
     assert add["name"] == "add" and add["description"] == "Add two integers."
     assert add["parameters"]["properties"]["a"]["type"] == "integer" and add["parameters"]["required"] == ["a", "b"]
@@ -69,6 +69,14 @@ def test_an_error_result_is_a_refusal_shown_to_the_agent(tools):
     result = asyncio.run(service.call("lookup", {"word": "zebra"}))
     assert result.status == "error" and result.attempts == 1 and "no entry for 'zebra'" in result.observation
     assert service.stats.errors == 1 and service.stats.failures == 0
+
+
+def test_a_call_past_the_timeout_is_retried_then_fails_as_any_tool_does(tools):
+    service = EnvironmentService(tools, timeout=0.5, retries=1, backoff=0.01, failure_penalty=0.3)
+    result = asyncio.run(service.call("slow", {"seconds": 30}))
+    assert (result.status, result.attempts, result.timeouts, result.penalty) == ("failed", 2, 2, -0.3)
+    assert asyncio.run(service.call("add", {"a": 1, "b": 1})).observation == "2"  # the session is still usable
+    assert service.stats.failures == 1 and service.stats.timeouts == 2
 
 
 def test_an_agent_episode_calls_the_server_and_gets_the_result_as_its_observation(tmp_path):
@@ -98,7 +106,7 @@ def test_an_agent_episode_calls_the_server_and_gets_the_result_as_its_observatio
 def test_a_server_that_cannot_start_says_why():
     with pytest.raises(ValueError, match="could not be started"):
         build_tools([{"name": "mcp", "server": {"command": "/nonexistent/mcp-server"}}])
-    with pytest.raises(ValueError, match="has no tool subtract; it offers add, fail, lookup"):
+    with pytest.raises(ValueError, match="has no tool subtract; it offers add, fail, lookup, slow"):
         build_tools([server_spec(include=["subtract"])])
 
 
