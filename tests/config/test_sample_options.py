@@ -56,5 +56,5 @@ def test_valid_options_pass():
 
 def test_a_tool_spec_may_carry_a_simulated_latency_but_no_other_key():
     check("task.tools=[{name: calculator, latency: {kind: lognormal, seconds: 0.2, sigma: 1.0}}]")
-    with pytest.raises(ConfigError, match=r"a tool takes only name, options, latency, not timeout"):
+    with pytest.raises(ConfigError, match=r"a tool takes only name, options, latency, server, not timeout"):
         check("task.tools=[{name: python, timeout: 5}]")

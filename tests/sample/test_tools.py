@@ -1,9 +1,9 @@
 import asyncio
+import typing
 
 import pytest
 
 from unipg.sample.tools import TOOLS, LatencyModel, ToolError, tool
-from unipg.sample.tools.base import parse_docstring
 from unipg.sample.tools.calculator import calculator
 
 
@@ -23,23 +23,50 @@ def test_schema_comes_from_the_signature_and_docstring():
     assert schema["name"] == "lookup" and schema["description"] == "Find documents."
     properties = schema["parameters"]["properties"]
     assert properties["query"] == {"type": "string", "description": "words to look for, over several lines."}
-    assert properties["limit"]["type"] == "integer" and properties["exact"] == {"type": "boolean"}
+    assert properties["limit"]["type"] == "integer" and properties["exact"] == {"type": "boolean", "nullable": True}
     assert schema["parameters"]["required"] == ["query"]
     assert lookup.check_arguments({"query": "x"}) is None
     assert "missing" in lookup.check_arguments({})
     assert "unknown argument" in lookup.check_arguments({"query": "x", "colour": 1})
     assert "must be integer" in lookup.check_arguments({"query": "x", "limit": "3"})
+    assert lookup.check_arguments({"query": "x", "exact": None}) is None  # Optional: null is accepted
 
 
-def test_unsupported_parameter_types_are_rejected_at_definition():
-    with pytest.raises(TypeError, match="tool parameters must be"):
+def test_the_schema_is_the_one_transformers_builds_for_chat_templates():
+    from transformers.utils import get_json_schema
+
+    def convert(amount: float, unit: typing.Literal["km", "mi"] = "km", tags: list[str] | None = None) -> str:
+        """Convert a distance.
+
+        Args:
+            amount: the distance.
+            unit: the unit to convert to.
+            tags: labels to keep.
+        """
+        return ""
+
+    expected = get_json_schema(convert)
+    assert tool(convert).schema() == {"type": "function", "function": {
+        key: expected["function"][key] for key in ("name", "description", "parameters")}}
+    assert expected["function"]["parameters"]["properties"]["unit"]["enum"] == ["km", "mi"]
+
+
+def test_parameters_without_a_type_are_rejected_at_definition():
+    with pytest.raises(TypeError, match="tool parameters must be annotated.*missing a type hint"):
         @tool
-        def bad(value: set) -> str:
+        def bad(value) -> str:
             return ""
 
 
-def test_docstring_without_arguments_section():
-    assert parse_docstring("Just this.") == ("Just this.", {})
+def test_arguments_without_a_description_are_accepted_without_one():
+    @tool
+    def echo(text: str, times: int = 1) -> str:
+        """Repeat the text."""
+        return text * times
+
+    assert echo.description == "Repeat the text."
+    assert echo.parameters["properties"] == {"text": {"type": "string"}, "times": {"type": "integer"}}
+    assert echo.required == ["text"]
 
 
 @pytest.mark.parametrize("expression, result", [("4738*29", "137402"), ("7/3", "2.333333"), ("-(3+4)*2", "-14"),

@@ -37,6 +37,13 @@ class ModelConfig(Section):
     """recompute activations in the backward pass to save memory."""
     trust_remote_code: bool = False
     """allow model code from the hub repository (only for models you trust)."""
+    chat_template: str | None = None
+    """chat template: a bundled one (qwen2.5, qwen3, qwen3-training, llama3.1, llama3.2), the path of a Jinja file,
+    or Jinja text; None = the tokenizer's own, replaced by its training variant (with a warning) when it cannot lay
+    out multi-turn rollouts (Qwen3's drops past reasoning: qwen3-training keeps it)."""
+    tool_parser: str | None = None
+    """how tool calls are read from the policy's turns: hermes (<tool_call>{"name": ..., "arguments": ...}</tool_call>,
+    Qwen) or llama3_json ({"name": ..., "parameters": ...}, Llama 3.x); None = the one the chat template uses."""
 
 
 class TaskConfig(Section):

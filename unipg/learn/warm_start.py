@@ -45,7 +45,9 @@ def warm_start_key(config: Config) -> dict:
     tools = [demonstration_spec(spec) for spec in config.task.tools] if config.task.tools is not None else None
     key = {"version": WARM_START_VERSION, "model": config.model.name, "embedded_builder": BUILDER_VERSION,
            "task": config.task.name, "options": config.task.options, "system_prompt": config.task.system_prompt,
-           "tools": tools, "tool_prompt": config.agent.tool_prompt, "sft": config.sft.model_dump()}
+           "tools": tools, "tool_prompt": config.agent.tool_prompt, "sft": config.sft.model_dump(),
+           **{key: getattr(config.model, key) for key in ("chat_template", "tool_parser")
+              if getattr(config.model, key) is not None}}  # set only: caches built before them keep their key
     if config.model.dtype != "float32":  # trained in another precision; float32 keys stay as they were
         key["dtype"] = config.model.dtype
     return key
@@ -74,7 +76,7 @@ def resolve_warm_start(config: Config, task: Task, *, root: Path | None = None, 
 def build_warm_start(config: Config, task: Task, folder: Path, *, log=print) -> None:
     from unipg.policy.loading import load_causal_lm, load_tokenizer
 
-    tokenizer = load_tokenizer(config.model.name)
+    tokenizer = load_tokenizer(config.model.name, chat_template=config.model.chat_template)
     model = load_causal_lm(config.model.name, dtype=config.model.dtype, device=resolve_device(config.device))
     metrics = fine_tune_on_demonstrations(model, tokenizer, task, config, seed=0, log_every=250,
                                           log=lambda text: log(f"warm start: {text}"))
@@ -114,7 +116,8 @@ def run_sft(config: Config, output: Path | None = None, *, log=print) -> dict:
     output = output or Path(config.log.output_dir) / f"sft-{task.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     if output.exists() and any(output.iterdir()):
         raise ValueError(f"output folder '{output}' is not empty; choose another --output")
-    tokenizer = load_tokenizer(config.model.name, trust_remote_code=config.model.trust_remote_code)
+    tokenizer = load_tokenizer(config.model.name, trust_remote_code=config.model.trust_remote_code,
+                               chat_template=config.model.chat_template)
     model = load_causal_lm(config.model.name, dtype=config.model.dtype,
                            trust_remote_code=config.model.trust_remote_code, device=resolve_device(config.device))
     test = held_out(task, config)

@@ -103,25 +103,25 @@ class TurnTemplate:
     recorded at sampling time stay those of the exact tokens trained on.
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, *, multi_turn: bool = True):
+        """``multi_turn``: refuse a template that cannot lay out several turns (``prefix_stability_problem``);
+        single-turn episodes never insert anything, so any template serves them."""
+        from unipg.policy.templates import prefix_stability_problem
+
         self.tokenizer = tokenizer
         self.eos_text = tokenizer.eos_token or ""
+        self._head = None
         if getattr(tokenizer, "chat_template", None):
-            head = [{"role": "user", "content": "q"}, {"role": "assistant", "content": _CONTENT}]
-            base = tokenizer.apply_chat_template(head, tokenize=False)
-            self.turn_suffix = base[base.rindex(_CONTENT) + len(_CONTENT):]
-            self._observations = {}
-            for role in ("tool", "user"):
-                full = tokenizer.apply_chat_template(head + [{"role": role, "content": _CONTENT}], tokenize=False,
-                                                     add_generation_prompt=True).replace(_CONTENT, "\x04", 1)
-                base_once = base.replace(_CONTENT, "\x04", 1)
-                if not full.startswith(base_once):
-                    raise ValueError(f"the chat template of this tokenizer rewrites earlier turns when a '{role}' "
-                                     "message follows; multi-turn rollouts need a template that only appends")
-                self._observations[role] = full[len(base_once):]
+            problem = prefix_stability_problem(tokenizer) if multi_turn else None
+            if problem:
+                raise ValueError(f"the chat template of this tokenizer cannot lay out multi-turn rollouts: {problem}; "
+                                 "set model.chat_template to a template that shows each assistant turn as written and "
+                                 "only appends (e.g. qwen3-training for Qwen3)")
+            self._head = [{"role": "user", "content": "q"}, {"role": "assistant", "content": _CONTENT}]
+            self._base = tokenizer.apply_chat_template(self._head, tokenize=False)
+            self.turn_suffix = self._base[self._base.rindex(_CONTENT) + len(_CONTENT):]
         else:  # base models: a newline-separated transcript
             self.turn_suffix = "\n"
-            self._observations = {role: _CONTENT + "\n" for role in ("tool", "user")}
 
     def closing(self, ended_with_eos: bool) -> str:
         """What completes the policy's turn: the closing text minus the EOS the policy already wrote."""
@@ -130,10 +130,19 @@ class TurnTemplate:
         return self.turn_suffix
 
     def observation(self, content: str, role: str = "tool") -> str:
-        """The observation as a message of ``role``, followed by the opening of the next assistant turn."""
-        if role not in self._observations:
+        """The observation as a message of ``role``, followed by the opening of the next assistant turn.
+
+        Rendered by the template each time (a template may quote or escape the content, as Llama 3's does tool
+        output), and cut after the conversation it continues."""
+        if role not in ("tool", "user"):
             raise ValueError(f"observations can be 'tool' or 'user' messages, got '{role}'")
-        return self._observations[role].replace(_CONTENT, content, 1)
+        if self._head is None:
+            return content + "\n"
+        full = self.tokenizer.apply_chat_template(self._head + [{"role": role, "content": content}], tokenize=False,
+                                                  add_generation_prompt=True)
+        if not full.startswith(self._base):
+            raise ValueError(f"the chat template rewrote earlier turns when this {role} message followed: {content!r}")
+        return full[len(self._base):]
 
     def demonstration(self, messages: list[dict]) -> list[tuple[str, bool]]:
         """(text, trained) segments of a multi-turn demonstration, laid out exactly as rollouts lay out turns:

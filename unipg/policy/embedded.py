@@ -70,23 +70,35 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     per-character split and never broken into characters; `decode(..., skip_special_tokens=True)` drops them.
     Characters outside the vocabulary encode as `<unk>`. There is no BOS token: prompts start with a role.
     """
-    vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS + CHARACTERS)}
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNKNOWN_TOKEN))
+    return character_tokenizer(SPECIAL_TOKENS, eos_token=END_TOKEN, pad_token=PAD_TOKEN, chat_template=CHAT_TEMPLATE)
+
+
+def character_tokenizer(special_tokens: tuple[str, ...], *, eos_token: str, pad_token: str, chat_template: str,
+                        bos_token: str | None = None, added_tokens: tuple[str, ...] = (),
+                        unk_token: str = UNKNOWN_TOKEN) -> PreTrainedTokenizerFast:
+    """A character-level tokenizer with the given special tokens (ids first, in order) and ``added_tokens``
+    (matched whole like special tokens, but kept by ``decode(..., skip_special_tokens=True)``, as Qwen's
+    ``<tool_call>`` and ``<think>`` are), then one token per character of ``CHARACTERS``."""
+    specials = tuple(dict.fromkeys((*special_tokens, unk_token)))
+    vocab = {token: index for index, token in enumerate(specials + tuple(added_tokens) + CHARACTERS)}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=unk_token))
     # `[\s\S]` rather than `.` so that a newline is isolated as its own piece too.
     backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     # Fuse joins the pieces back with nothing between them; the default decoder would insert spaces.
     backend.decoder = decoders.Fuse()
-    backend.add_special_tokens([AddedToken(token, special=True, normalized=False) for token in SPECIAL_TOKENS])
+    backend.add_special_tokens([AddedToken(token, special=True, normalized=False) for token in specials])
+    backend.add_tokens([AddedToken(token, special=False, normalized=False) for token in added_tokens])
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
-        pad_token=PAD_TOKEN,
-        eos_token=END_TOKEN,
-        unk_token=UNKNOWN_TOKEN,
+        pad_token=pad_token,
+        eos_token=eos_token,
+        bos_token=bos_token,
+        unk_token=unk_token,
         model_max_length=MAX_POSITIONS,
         # Clean-up would rewrite " ." as "." and break the exact round trip.
         clean_up_tokenization_spaces=False,
     )
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.chat_template = chat_template
     # Saved into tokenizer_config.json: AutoTokenizer would rebuild a Qwen2 model's tokenizer with Qwen2's
     # byte-level pre-tokenizer (dropping spaces and newlines here); `load_tokenizer` sees this flag and
     # loads tokenizer.json as written.

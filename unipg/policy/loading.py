@@ -18,6 +18,7 @@ from unipg.config.devices import resolve_device, torch_dtype
 from unipg.policy.chat import check_tokenizer
 from unipg.policy.embedded import resolve_model_name
 from unipg.policy.lm import VALUE_HEAD_FILE, CriticModel, LMPolicy
+from unipg.policy.templates import prepare_chat_template
 
 
 def _looks_like_path(name: str) -> bool:
@@ -31,7 +32,9 @@ def _check_exists(name: str, resolved: str) -> None:
                          "by save_pretrained, a Hugging Face hub id, or 'embedded'")
 
 
-def load_tokenizer(name: str, *, trust_remote_code: bool = False):
+def load_tokenizer(name: str, *, trust_remote_code: bool = False, chat_template: str | None = None):
+    """The tokenizer of model ``name``, with a pad token, and with ``chat_template`` (``model.chat_template``) or a
+    chat template fit for multi-turn rollouts (``prepare_chat_template``)."""
     from transformers import AutoTokenizer
 
     resolved = resolve_model_name(name)
@@ -46,7 +49,7 @@ def load_tokenizer(name: str, *, trust_remote_code: bool = False):
     except (OSError, ValueError, TypeError) as error:
         raise ValueError(f"could not load a tokenizer for model '{name}' ({resolved}): {first_line(error)}. "
                          "Check the hub id or that the folder holds tokenizer files") from None
-    return check_tokenizer(tokenizer, name)
+    return check_tokenizer(prepare_chat_template(tokenizer, chat_template, model=name), name)
 
 
 def _is_character_tokenizer(resolved: str) -> bool:
@@ -100,10 +103,11 @@ def reference_mode(requested: str, *, needs_reference: bool, lora: bool) -> str:
 def load_lm_policy(name: str, *, dtype: str = "float32", value_head: bool = False, critic: str | None = None,
                    reference: str = "auto", needs_reference: bool = False, lora_rank: int = 0,
                    lora_alpha: float = 16.0, lora_target_modules="all-linear", gradient_checkpointing: bool = False,
-                   trust_remote_code: bool = False, device: torch.device | str | None = None) -> LMPolicy:
+                   trust_remote_code: bool = False, device: torch.device | str | None = None,
+                   chat_template: str | None = None) -> LMPolicy:
     """Assemble an ``LMPolicy`` on ``device`` (None: the CPU): the LM, critic and reference in ``dtype``, a value
     head in float32; a value head saved beside the model (``LMPolicy.save``) is loaded back."""
-    tokenizer = load_tokenizer(name, trust_remote_code=trust_remote_code)
+    tokenizer = load_tokenizer(name, trust_remote_code=trust_remote_code, chat_template=chat_template)
     model = load_causal_lm(name, dtype=dtype, trust_remote_code=trust_remote_code)
     if model.config.vocab_size < len(tokenizer):
         raise ValueError(f"tokenizer of '{name}' has {len(tokenizer)} tokens but the model only "
@@ -137,7 +141,8 @@ def policy_from_config(config) -> LMPolicy:
                             reference=model.reference, needs_reference=needs_reference, lora_rank=model.lora_rank,
                             lora_alpha=model.lora_alpha, lora_target_modules=model.lora_target_modules,
                             gradient_checkpointing=model.gradient_checkpointing,
-                            trust_remote_code=model.trust_remote_code, device=resolve_device(config.device))
+                            trust_remote_code=model.trust_remote_code, device=resolve_device(config.device),
+                            chat_template=model.chat_template)
     check_policy_fits(policy, config)
     return policy
 

@@ -81,7 +81,8 @@ def evaluate_model(config: Config) -> dict[str, float]:
         config = resolve_warm_start(config, task)
     device = resolve_device(config.device)
     policy = load_lm_policy(config.model.name, dtype=config.model.dtype,
-                            trust_remote_code=config.model.trust_remote_code, device=device)
+                            trust_remote_code=config.model.trust_remote_code, device=device,
+                            chat_template=config.model.chat_template)
     rewards = build_rewards(config.task.rewards or task.rewards, defaults=reward_defaults(config))
     runner = EpisodeRunner(policy, task, config, rewards)
     test = held_out(task, config)

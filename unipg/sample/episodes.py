@@ -21,10 +21,10 @@ from unipg.policy.lm import LMPolicy
 from unipg.sample.agent import AgentLoop, Trajectory
 from unipg.sample.endpoint.agents import AgentStats, ExternalAgent, ExternalAgentLoop, load_agent
 from unipg.sample.envs import ENVS, EnvironmentService
-from unipg.sample.envs.service import build_tools
+from unipg.sample.envs.service import build_tools, close_tools
 from unipg.sample.inference import InferenceEngine, SamplingParams
 from unipg.sample.tasks.base import Example, Task
-from unipg.sample.tools.base import CLOSE_TAG
+from unipg.sample.tools.formats import TOOL_PARSERS, parser_for_template, rewrite_calls
 
 
 class PromptEncoder:
@@ -59,12 +59,23 @@ def demonstration_pairs(tokenizer, task: Task, config: Config, examples: list[Ex
     """(rendered prompt, completion) pairs for SFT, rendered exactly as rollouts render them: the same
     system prompt and tool descriptions, and multi-turn demonstrations as the loop lays out turns."""
     specs = tool_specs(config, task)
-    schemas = [tool.schema() for tool in build_tools(specs).values()] if specs and config.agent.tool_prompt else None
+    schemas = None
+    if specs and config.agent.tool_prompt:
+        tools = build_tools(specs)
+        close_tools(tools)  # only their descriptions are needed here (an MCP server need not keep running)
+        schemas = [tool.schema() for tool in tools.values()]
     encode = PromptEncoder(tokenizer, system_prompt=config.task.system_prompt or task.system_prompt,
                            max_length=config.sample.max_prompt_length, tools=schemas)
-    template = TurnTemplate(tokenizer)
-    return [(encode.render(example.prompt),
-             example.solution if isinstance(example.solution, str) else template.demonstration(example.solution))
+    template = TurnTemplate(tokenizer, multi_turn=any(not isinstance(example.solution, str) for example in examples))
+    parser = config.model.tool_parser or parser_for_template(tokenizer.chat_template)
+
+    def in_format(message: dict) -> dict:  # tasks write calls in the hermes format
+        if message["role"] != "assistant":
+            return message
+        return {**message, "content": rewrite_calls(message["content"], parser)}
+
+    return [(encode.render(example.prompt), example.solution if isinstance(example.solution, str)
+             else template.demonstration([in_format(message) for message in example.solution]))
             for example in examples]
 
 
@@ -96,26 +107,29 @@ class EpisodeRunner:
             max_prompt = min(max_prompt, policy.context_length - 1)
         self.encode = PromptEncoder(policy.tokenizer, system_prompt=config.task.system_prompt or task.system_prompt,
                                     max_length=max_prompt, tools=schemas)
-        self.template = TurnTemplate(policy.tokenizer)
+        self.template = TurnTemplate(policy.tokenizer, multi_turn=self.max_turns > 1)
+        self.tool_parser = config.model.tool_parser or parser_for_template(policy.tokenizer.chat_template)
 
     def make_env(self):
         if self.external is not None:
             return ExternalAgent(self.external, self.reward_fn)
         if self.service is None:
             return ENVS.get("single_turn")(self.task, self.reward_fn)
-        return ENVS.get("tool")(self.task, self.reward_fn, self.service, process_weight=self.config.agent.process_weight)
+        return ENVS.get("tool")(self.task, self.reward_fn, self.service, process_weight=self.config.agent.process_weight,
+                                tool_parser=self.tool_parser)
 
     def sampling(self, *, greedy: bool = False) -> SamplingParams:
         sample = self.config.sample
-        keep = (CLOSE_TAG,) if self.service is not None else ()  # the parser needs a call's closing tag
+        # the parser needs a call's closing tag
+        keep = TOOL_PARSERS.get(self.tool_parser).stop if self.service is not None else ()
         if greedy:
             return SamplingParams(temperature=0.0, stop=self._stop(), keep_stop=keep)
         return SamplingParams(sample.temperature, sample.top_p, sample.top_k, self._stop(), keep)
 
     def _stop(self) -> list[str] | None:
         stop = list(self.config.sample.stop)
-        if self.service is not None and CLOSE_TAG not in stop:
-            stop.append(CLOSE_TAG)  # a call is complete at its closing tag; the tool can run right away
+        if self.service is not None:  # a call is complete at its closing tag; the tool can run right away
+            stop += [tag for tag in TOOL_PARSERS.get(self.tool_parser).stop if tag not in stop]
         return stop or None
 
     def engine(self, params: SamplingParams, generator: torch.Generator | None, *,

@@ -18,10 +18,9 @@ from unipg.config.loading import invalid_configuration
 from unipg.estimate.registry import FactoryRegistry, RegistryError, unknown_name_message
 from unipg.sample.rewards.rules import REWARDS
 from unipg.sample.tasks.base import TASKS, check_option_types, validate_options
-from unipg.sample.tools.base import TOOLS
+from unipg.sample.tools.base import TOOL_SPEC_KEYS, TOOLS
+from unipg.sample.tools.formats import TOOL_PARSERS
 
-# The keys of a tool spec: its registered name, its factory's options, and a simulated delay per call.
-TOOL_SPEC_KEYS = ("name", "options", "latency")
 
 
 def check_sample_options(config: Config) -> None:
@@ -50,7 +49,12 @@ def check_sample_options(config: Config) -> None:
         if not isinstance(options, dict):
             problems.append(f"{where}.options must be a mapping of option names to values, got {options!r}")
             continue
+        if isinstance(spec, dict) and "server" in spec:
+            options = {**options, "server": spec["server"]}
         problems += spec_problems(TOOLS, spec, options, where, "{name: calculator}")
+    if config.model.tool_parser is not None and config.model.tool_parser not in TOOL_PARSERS:
+        problems.append("model.tool_parser: " + unknown_name_message(TOOL_PARSERS.kind, config.model.tool_parser,
+                                                                     TOOL_PARSERS.names()))
     if problems:
         raise ConfigError(invalid_configuration(problems))
 

@@ -33,7 +33,7 @@ import time
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 
-from unipg.sample.tools.base import TOOLS, Tool, ToolError, attempt_number
+from unipg.sample.tools.base import TOOL_SPEC_KEYS, TOOLS, Tool, ToolError, attempt_number
 
 
 @dataclass
@@ -90,25 +90,52 @@ class ServiceStats:
 
 def build_tools(specs: list[dict]) -> dict[str, Tool]:
     """Tools by name, built from ``[{"name": ..., "options": {...}, "latency": {...}}]`` with the ``TOOLS``
-    registry; ``latency`` (optional) takes ``LatencyModel`` fields, e.g. ``{kind: lognormal, seconds: 0.2}``."""
+    registry; ``latency`` (optional) takes ``LatencyModel`` fields, e.g. ``{kind: lognormal, seconds: 0.2}``;
+    ``server`` (the ``mcp`` entry's) is the process serving the tools. An entry may build several tools (every
+    tool of an MCP server); what is built is closed again when a later entry fails."""
+    import unipg.sample.tools  # noqa: F401  (registers the built-in tools)
+
+    tools: dict[str, Tool] = {}
+    try:
+        for spec in specs:
+            if not isinstance(spec, dict) or "name" not in spec or set(spec) - set(TOOL_SPEC_KEYS):
+                raise ValueError(f"a tool spec is {{name: ..., options: {{...}}, latency: {{...}}}} (an mcp tool also "
+                                 f"takes server: {{command: ..., args: [...]}}), got {spec}")
+            built = TOOLS.get(spec["name"])(**spec_options(spec))
+            for one in built if isinstance(built, list) else [built]:
+                tools[one.name] = _with_latency(one, spec)
+    except BaseException:
+        close_tools(tools)
+        raise
+    return tools
+
+
+def spec_options(spec: dict) -> dict:
+    """The keyword arguments of a tool spec's factory: its ``options``, and its ``server`` when it has one."""
+    options = dict(spec.get("options") or {})
+    if "server" in spec:
+        options["server"] = spec["server"]
+    return options
+
+
+def _with_latency(built: Tool, spec: dict) -> Tool:
     import dataclasses
 
-    import unipg.sample.tools  # noqa: F401  (registers the built-in tools)
     from unipg.sample.tools.base import LatencyModel
 
-    tools = {}
-    for spec in specs:
-        if not isinstance(spec, dict) or "name" not in spec or set(spec) - {"name", "options", "latency"}:
-            raise ValueError(f"a tool spec is {{name: ..., options: {{...}}, latency: {{...}}}}, got {spec}")
-        built = TOOLS.get(spec["name"])(**spec.get("options", {}))
-        if spec.get("latency") is not None:
-            try:
-                built = dataclasses.replace(built, latency=LatencyModel(**spec["latency"]))
-            except TypeError as error:
-                raise ValueError(f"tool '{spec['name']}': latency takes kind, seconds, sigma, alpha; "
-                                 f"got {spec['latency']}") from error
-        tools[built.name] = built
-    return tools
+    if spec.get("latency") is None:
+        return built
+    try:
+        return dataclasses.replace(built, latency=LatencyModel(**spec["latency"]))
+    except TypeError as error:
+        raise ValueError(f"tool '{spec['name']}': latency takes kind, seconds, sigma, alpha; "
+                         f"got {spec['latency']}") from error
+
+
+def close_tools(tools: dict[str, Tool]) -> None:
+    """Release what the tools hold (MCP server processes), each holder once."""
+    for close in {id(tool.close): tool.close for tool in tools.values() if tool.close is not None}.values():
+        close()
 
 
 class DaemonThreads(Executor):
@@ -237,8 +264,10 @@ class EnvironmentService:
         return stats
 
     def close(self) -> None:
-        """Nothing to wait for: threads of stuck calls are daemons, and do not keep the process alive."""
+        """Stop the tools' servers (MCP); nothing else to wait for: threads of stuck calls are daemons, and do not
+        keep the process alive."""
         self._threads.shutdown(wait=False, cancel_futures=True)
+        close_tools(self.tools)
 
 
 def _retrieve(task: asyncio.Task) -> None:

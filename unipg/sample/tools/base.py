@@ -1,8 +1,9 @@
 """Tools an agent can call: typed Python functions with a JSON schema taken from their signature.
 
 A ``Tool`` wraps a function (sync or async). Its name, description and parameter schema come from the
-function itself: the name from ``__name__``, the description from the docstring's first paragraph, each
-parameter's JSON type from its annotation and its description from the docstring's ``Args:`` section::
+function itself, through ``transformers.utils.get_json_schema``: the name from ``__name__``, the description
+from the docstring, each parameter's JSON type from its annotation and its description from the docstring's
+``Args:`` section::
 
     @tool
     def calculator(expression: str) -> str:
@@ -28,13 +29,11 @@ import inspect
 import json
 import math
 import random
-import re
-import types
-import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from unipg.estimate.registry import FactoryRegistry
+from unipg.sample.tools.formats import Hermes
 
 TOOLS = FactoryRegistry("tool")
 
@@ -44,15 +43,17 @@ class ToolError(Exception):
     observation and not retried. Any other exception counts as the tool failing (retried, then the default
     observation and the failure penalty)."""
 
-OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"  # the call format of OpenAI-style chat models
+# The keys of a tool spec: its registered name, its factory's options, a simulated delay per call, and the
+# process that serves the tools (an MCP server: ``{name: mcp, server: {command: ..., args: [...]}}``).
+TOOL_SPEC_KEYS = ("name", "options", "latency", "server")
+
+OPEN_TAG, CLOSE_TAG = Hermes.open_tag, Hermes.close_tag  # the format tasks write demonstrations in
 
 
 def format_tool_call(name: str, arguments: dict) -> str:
-    """The text of a well-formed call, as demonstrations write it."""
-    return f"{OPEN_TAG}{json.dumps({'name': name, 'arguments': arguments})}{CLOSE_TAG}"
-
-
-_JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}
+    """The text of a well-formed call, as demonstrations write it (``hermes``; ``rewrite_calls`` turns it into
+    another family's format)."""
+    return Hermes().format_tool_call(name, arguments)
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,7 @@ class Tool:
     function: Callable[..., Any]  # sync or async; returns a string or something JSON-serializable
     latency: LatencyModel | None = None
     required: list[str] = field(default_factory=list)
+    close: Callable[[], None] | None = None  # releases what the tool holds (an MCP server); idempotent
 
     def schema(self) -> dict:
         """The OpenAI-style function description used in system prompts and chat templates."""
@@ -135,7 +137,7 @@ def json_type_name(value: object) -> str:
 
 def _schema_problem(value: object, spec: object) -> str | None:
     """What keeps ``value`` from matching one parameter's schema (its type, enum, item type), or None."""
-    if not isinstance(spec, dict):
+    if not isinstance(spec, dict) or (value is None and spec.get("nullable")):
         return None
     expected = spec.get("type")
     if isinstance(expected, str) and not _json_type_matches(value, expected):
@@ -167,62 +169,59 @@ def tool(function: Callable | None = None, *, name: str | None = None,
     """Make a ``Tool`` from a typed function; usable as ``@tool`` or ``@tool(name=..., latency=...)``."""
 
     def build(fn: Callable) -> Tool:
-        description, argument_docs = parse_docstring(inspect.getdoc(fn) or "")
-        hints = typing.get_type_hints(fn)
-        properties, required = {}, []
-        for parameter in inspect.signature(fn).parameters.values():
-            if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
-                continue
-            spec = json_schema_of(hints.get(parameter.name, str))
-            if parameter.name in argument_docs:
-                spec["description"] = argument_docs[parameter.name]
-            properties[parameter.name] = spec
-            if parameter.default is inspect.Parameter.empty:
-                required.append(parameter.name)
-        schema = {"type": "object", "properties": properties, "required": required}
-        return Tool(name or fn.__name__, description, schema, fn, latency, required)
+        described = function_schema(fn)["function"]
+        parameters = described["parameters"]
+        parameters.setdefault("required", [])
+        return Tool(name or fn.__name__, described.get("description") or "", parameters, fn, latency,
+                    list(parameters["required"]))
 
     return build(function) if function is not None else build
 
 
-def json_schema_of(annotation: Any) -> dict:
-    """JSON schema of a Python annotation: str/int/float/bool/list[...]/dict/Optional/Literal."""
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin is typing.Literal:
-        return {"type": _JSON_TYPES.get(type(args[0]), "string"), "enum": list(args)}
-    if origin in (typing.Union, types.UnionType):
-        options = [a for a in args if a is not type(None)]
-        return json_schema_of(options[0]) if len(options) == 1 else {"anyOf": [json_schema_of(a) for a in options]}
-    if origin is list:
-        return {"type": "array", "items": json_schema_of(args[0])} if args else {"type": "array"}
-    if origin is dict:
-        return {"type": "object"}
-    if annotation in _JSON_TYPES:
-        return {"type": _JSON_TYPES[annotation]}
-    raise TypeError(f"tool parameters must be str, int, float, bool, list, dict, Optional or Literal; "
-                    f"got {annotation!r}")
+_UNDOCUMENTED = "UNIPG-UNDOCUMENTED-ARGUMENT"
 
 
-def parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
-    """(description, {argument: description}) from a Google-style docstring."""
-    description = doc.split("\n\n", 1)[0].strip().replace("\n", " ")
-    arguments: dict[str, str] = {}
-    section = re.search(r"^(?:Args|Arguments|Parameters):\s*\n((?:[ \t]+.*\n?)+)", doc, re.MULTILINE)
-    if section:
-        current = None
-        for line in section.group(1).splitlines():
-            match = re.match(r"\s+(\w+)(?:\s*\([^)]*\))?:\s*(.*)", line)
-            if match and (current is None or len(line) - len(line.lstrip()) <= _indent_of(section.group(1))):
-                current = match.group(1)
-                arguments[current] = match.group(2).strip()
-            elif current and line.strip():
-                arguments[current] += " " + line.strip()
-    return description, arguments
+def function_schema(fn: Callable) -> dict:
+    """The OpenAI function description of ``fn``, by ``transformers.utils.get_json_schema``: the JSON type of each
+    parameter from its annotation, descriptions from the Google-style docstring (``Args:``). Unlike
+    ``get_json_schema``, an argument the docstring does not describe is accepted, and left without a description."""
+    from transformers.utils import get_json_schema
+    from transformers.utils.chat_template_utils import DocstringParsingException, TypeHintParsingException
+
+    try:
+        try:
+            return get_json_schema(fn)
+        except DocstringParsingException:
+            return _schema_with_undocumented_arguments(fn)
+    except TypeHintParsingException as error:
+        raise TypeError(f"tool parameters must be annotated with str, int, float, bool, list, dict, Optional or "
+                        f"Literal; {fn.__name__}: {error}") from None
 
 
-def _indent_of(block: str) -> int:
-    first = block.splitlines()[0]
-    return len(first) - len(first.lstrip())
+def _schema_with_undocumented_arguments(fn: Callable) -> dict:
+    """``get_json_schema`` of a copy of ``fn`` whose docstring describes every argument, undescribed ones by a
+    placeholder that is then removed."""
+    import functools
+
+    from transformers.utils import get_json_schema
+    from transformers.utils.chat_template_utils import parse_google_format_docstring
+
+    description, documented, _ = parse_google_format_docstring(inspect.getdoc(fn) or "")
+    arguments = [parameter.name for parameter in inspect.signature(fn).parameters.values()
+                 if parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD)]
+
+    @functools.wraps(fn)
+    def documented_copy(*args, **kwargs):
+        return fn(*args, **kwargs)
+
+    documented_copy.__doc__ = f"{description or fn.__name__}\n\nArgs:\n" + "\n".join(
+        f"    {argument}: {(documented or {}).get(argument, _UNDOCUMENTED)}" for argument in arguments)
+    schema = get_json_schema(documented_copy)
+    schema["function"]["description"] = description or ""
+    for spec in schema["function"]["parameters"]["properties"].values():
+        if spec.get("description") == _UNDOCUMENTED:
+            del spec["description"]
+    return schema
 
 
 _ATTEMPT = contextvars.ContextVar("unipg_tool_attempt", default=1)

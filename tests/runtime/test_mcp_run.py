@@ -1,0 +1,22 @@
+"""A run whose agents use the tools of an MCP server starts the server and stops it when the run ends."""
+
+import json
+import sys
+
+from tests.runtime.test_lm import SMALL
+from tests.sample.test_mcp import SERVER, is_running, server_pids
+from unipg.config import load_config
+from unipg.runtime.lm import train_lm
+
+
+def test_every_mcp_server_a_run_starts_is_stopped_when_it_ends(embedded_path, tmp_path):
+    pid_file = tmp_path / "servers.pid"
+    tools = json.dumps([{"name": "mcp", "server": {"command": sys.executable, "args": [str(SERVER), str(pid_file)]},
+                         "options": {"include": ["add"]}}])
+    config = load_config(None, SMALL + [
+        "task.name=calculator", "task.options={digits: 1, num_train: 16, num_test: 4}", f"task.tools={tools}",
+        "train.updates=1", "agent.max_total_tokens=24", f"model.name={embedded_path}", f"log.output_dir={tmp_path}"])
+    result = train_lm(config)
+    assert result.updates == 1
+    pids = server_pids(pid_file)
+    assert pids and not any(is_running(pid) for pid in pids)
