@@ -24,6 +24,8 @@ def cross_field_problems(config: Config) -> list[str]:
     problems = []
     est = config.estimator
     problems += lm_problems(config) if config.is_lm else gym_problems(config)
+    if config.data.offline is not None and not config.is_lm:
+        problems.append("data.offline holds recorded text episodes; it applies to text tasks (set task.name) only")
     if config.backend == "ray" and not config.is_lm:
         problems.append("backend 'ray' runs text tasks; train gymnasium environments with backend=inprocess "
                         "(their vectorised environments already step in one process)")
@@ -124,4 +126,8 @@ def lm_problems(config: Config) -> list[str]:
                         "model run `unipg sft` and point model.name at its output")
     if est.policy_loss == "trpo":
         problems.append("estimator.policy_loss 'trpo' is implemented for MLP policies only; use ppo for language models")
+    if config.data.offline is not None and config.prompts_per_step < 2:
+        problems.append("data.offline mixes recorded prompt groups into each batch and keeps at least one fresh; "
+                        f"the batch has {config.prompts_per_step} prompt group: raise train.batch_size to at least "
+                        f"{2 * sample.samples_per_prompt} (2 × sample.samples_per_prompt)")
     return problems

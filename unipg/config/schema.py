@@ -24,7 +24,7 @@ from unipg.config.lm import (
     SFTStage,
     TaskConfig,
 )
-from unipg.config.run import EvalConfig, LogConfig, RayConfig, RuntimeConfig
+from unipg.config.run import DataConfig, EvalConfig, LogConfig, MixSchedule, OfflineConfig, RayConfig, RuntimeConfig
 from unipg.config.secrets import restore_secrets
 from unipg.config.section import (  # ConfigError: the error callers catch
     ConfigError,
@@ -198,6 +198,7 @@ class Config(Section):
     log: LogConfig = Field(default_factory=LogConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     rollback: RollbackConfig = Field(default_factory=RollbackConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
 
     # Not part of the schema: keys the user set that the chosen algorithm does not use.
     warnings: list[str] = Field(default_factory=list, exclude=True)
@@ -235,7 +236,7 @@ class Config(Section):
 
 
 __all__ = [
-    "AgentConfig", "CheckpointConfig", "Config", "ConfigError", "EnvConfig", "EstimatorConfig", "EvalConfig",
-    "LogConfig", "ModelConfig", "PolicyConfig", "RayConfig", "RollbackConfig", "RuntimeConfig", "SFTConfig",
+    "AgentConfig", "CheckpointConfig", "Config", "ConfigError", "DataConfig", "EnvConfig", "EstimatorConfig", "EvalConfig",
+    "LogConfig", "MixSchedule", "ModelConfig", "OfflineConfig", "PolicyConfig", "RayConfig", "RollbackConfig", "RuntimeConfig", "SFTConfig",
     "SFTStage", "SampleConfig", "TaskConfig", "TrainConfig",
 ]

@@ -95,6 +95,10 @@ class EpisodeRunner:
                                     max_length=max_prompt, tools=schemas)
         self.template = TurnTemplate(policy.tokenizer)
 
+    def encoder_for(self, role: str | None) -> PromptEncoder:
+        """The prompt encoder of ``role``'s first observations (None: the run's one role)."""
+        return self.encode if role is None else self.role_encoders[role]
+
     def make_env(self):
         if self.service is None:
             return ENVS.get("single_turn")(self.task, self.reward_fn)
@@ -187,6 +191,20 @@ def episode_metrics(trajectories: list[Trajectory], prefix: str, *, group_size: 
         metrics[f"{prefix}/distinct_1"] = statistics.fmean(distinct_n(g, 1) for g in groups)
         metrics[f"{prefix}/distinct_2"] = statistics.fmean(distinct_n(g, 2) for g in groups)
         metrics[f"{prefix}/duplicate_fraction"] = statistics.fmean(duplicate_fraction(g) for g in groups)
+    return metrics
+
+
+def role_metrics(trajectories: list[Trajectory], prefix: str, *, tools: bool = False) -> dict[str, float]:
+    """Per role of multi-role episodes (none for one-role episodes): ``<prefix>/<role>/reward_mean``,
+    response length, turns and tool use of that role's trajectories."""
+    roles = dict.fromkeys(t.role for t in trajectories if t.role is not None)
+    metrics = {}
+    for role in roles:
+        mine = [t for t in trajectories if t.role == role]
+        metrics[f"{prefix}/{role}/reward_mean"] = statistics.fmean(t.reward for t in mine)
+        for key, value in episode_metrics(mine, f"{prefix}/{role}", tools=tools).items():
+            if not key.endswith(("completion_rate", "truncated_fraction")):
+                metrics[key] = value
     return metrics
 
 

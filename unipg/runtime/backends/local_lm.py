@@ -34,7 +34,7 @@ from unipg.runtime.driver import (
     staleness_histogram,
 )
 from unipg.runtime.replay import Group, ReplayBuffer, StalenessGate
-from unipg.sample.episodes import EpisodeRunner, episode_metrics, reward_term_metrics
+from unipg.sample.episodes import EpisodeRunner, episode_metrics, reward_term_metrics, role_metrics
 
 MAX_CANCELLATIONS = 5  # a group cancelled this often from inside its episodes has a bug, not bad luck
 
@@ -266,15 +266,16 @@ class LMRollout(CountedEpisodes):
 
 
 def rollout_batch(groups: list[Group], rollout: Rollout, version: int, seconds: float, *, group_size: int,
-                  pad_id: int, tools: bool) -> tuple[LMBatch, dict[str, float]]:
-    """The learner's batch from ``groups`` (group after group, each ``group_size`` episodes, padded with
-    ``pad_id``) and the rollout metrics of the step, read from ``rollout``'s reporting methods; ``seconds`` is
-    the step's time spent waiting for rollout; ``tools``: the episodes may call tools (their metrics are
-    reported)."""
+                  pad_id: int, tools: bool, offline: list[Group] = ()) -> tuple[LMBatch, dict[str, float]]:
+    """The learner's batch from ``groups`` (group after group, each ``group_size`` episodes per role, padded
+    with ``pad_id``), then the ``offline`` groups, and the rollout metrics of the step (of ``groups`` only), read
+    from ``rollout``'s reporting methods; ``seconds`` is the step's time spent waiting for rollout; ``tools``:
+    the episodes may call tools (their metrics are reported)."""
     group = group_size
     trajectories = [t for g in groups for t in g.items]
-    batch = LMBatch.from_trajectories(trajectories, pad_id, version=version)
-    scores, lengths = batch.scores, batch.completion_mask.sum(1)
+    batch = LMBatch.from_trajectories(trajectories + [t for g in offline for t in g.items], pad_id, version=version)
+    online = len(trajectories)
+    scores, lengths = batch.scores[:online], batch.completion_mask[:online].sum(1)
     sizes, generate_seconds = rollout.pop_generation()
     metrics = {"rollout/reward_mean": float(scores.mean()), "rollout/reward_std": float(scores.std()),
                "rollout/response_length_max": float(lengths.max()), "rollout/generated_tokens": float(lengths.sum()),
@@ -284,11 +285,12 @@ def rollout_batch(groups: list[Group], rollout: Rollout, version: int, seconds: 
     if sizes:
         metrics["rollout/generate_batch_mean"] = statistics.fmean(sizes)
     metrics.update(episode_metrics(trajectories, "rollout", group_size=group, tools=tools))
+    metrics.update(role_metrics(trajectories, "rollout", tools=tools))
     metrics.update(reward_term_metrics(trajectories, "rollout"))
     metrics.update(rollout.pop_service_metrics("rollout"))
     solved = scores.reshape(-1, group).std(dim=1) == 0 if group > 1 else torch.zeros(1, dtype=torch.bool)
     metrics["rollout/uniform_group_fraction"] = float(solved.float().mean())  # groups with no learning signal
-    metrics.update(staleness_histogram(batch.ages, batch.completion_mask, "async/staleness_token"))
+    metrics.update(staleness_histogram(batch.ages[:online], batch.completion_mask[:online], "async/staleness_token"))
     sync_seconds = rollout.pop_sync_seconds()
     if sync_seconds is not None:
         metrics["timing/weight_sync"] = sync_seconds
