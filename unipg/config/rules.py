@@ -126,6 +126,9 @@ def lm_problems(config: Config) -> list[str]:
                         "model run `unipg sft` and point model.name at its output")
     if est.policy_loss == "trpo":
         problems.append("estimator.policy_loss 'trpo' is implemented for MLP policies only; use ppo for language models")
+    if config.agent.role_policy != "shared":
+        problems.append(f"agent.role_policy '{config.agent.role_policy}' (a LoRA adapter per role) is not supported "
+                        "yet; use agent.role_policy=shared (one model, a system prompt per role)")
     if config.data.offline is not None and config.prompts_per_step < 2:
         problems.append("data.offline mixes recorded prompt groups into each batch and keeps at least one fresh; "
                         f"the batch has {config.prompts_per_step} prompt group: raise train.batch_size to at least "

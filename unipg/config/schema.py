@@ -18,6 +18,7 @@ from unipg.config.lm import (
     AgentConfig,
     CheckpointConfig,
     ModelConfig,
+    RoleConfig,
     RollbackConfig,
     SampleConfig,
     SFTConfig,
@@ -237,6 +238,6 @@ class Config(Section):
 
 __all__ = [
     "AgentConfig", "CheckpointConfig", "Config", "ConfigError", "DataConfig", "EnvConfig", "EstimatorConfig", "EvalConfig",
-    "LogConfig", "MixSchedule", "ModelConfig", "OfflineConfig", "PolicyConfig", "RayConfig", "RollbackConfig", "RuntimeConfig", "SFTConfig",
+    "LogConfig", "MixSchedule", "ModelConfig", "OfflineConfig", "PolicyConfig", "RayConfig", "RoleConfig", "RollbackConfig", "RuntimeConfig", "SFTConfig",
     "SFTStage", "SampleConfig", "TaskConfig", "TrainConfig",
 ]

@@ -42,9 +42,13 @@ def demonstration_spec(spec):
 
 def warm_start_key(config: Config) -> dict:
     tools = [demonstration_spec(spec) for spec in config.task.tools] if config.task.tools is not None else None
-    return {"version": WARM_START_VERSION, "model": config.model.name, "embedded_builder": BUILDER_VERSION,
-            "task": config.task.name, "options": config.task.options, "system_prompt": config.task.system_prompt,
-            "tools": tools, "tool_prompt": config.agent.tool_prompt, "sft": config.sft.model_dump()}
+    key = {"version": WARM_START_VERSION, "model": config.model.name, "embedded_builder": BUILDER_VERSION,
+           "task": config.task.name, "options": config.task.options, "system_prompt": config.task.system_prompt,
+           "tools": tools, "tool_prompt": config.agent.tool_prompt, "sft": config.sft.model_dump()}
+    prompts = {role: settings.system_prompt for role, settings in config.agent.roles.items() if settings.system_prompt}
+    if prompts:  # role prompts are rendered into multi-role demonstrations
+        key["role_prompts"] = prompts
+    return key
 
 
 def warm_start_folder(config: Config, root: Path | None = None) -> Path:

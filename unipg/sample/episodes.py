@@ -15,13 +15,14 @@ from collections.abc import Callable
 
 import torch
 
-from unipg.config import Config
+from unipg.config import Config, ConfigError
 from unipg.policy.chat import TurnTemplate, render_agent_prompt
 from unipg.policy.lm import LMPolicy
 from unipg.sample.agent import AgentLoop, Trajectory
 from unipg.sample.envs import ENVS, EnvironmentService
 from unipg.sample.envs.service import build_tools
 from unipg.sample.inference import InferenceEngine, SamplingParams
+from unipg.sample.roles import RoleLoop
 from unipg.sample.tasks.base import Example, Task
 from unipg.sample.tools.base import CLOSE_TAG
 
@@ -54,17 +55,39 @@ def held_out(task: Task, config: Config) -> list[Example]:
     return task.test[: config.eval.max_examples] if config.eval.max_examples else task.test
 
 
+def role_system_prompt(config: Config, task: Task, role: str) -> str | None:
+    """The system prompt of ``role``: ``agent.roles.<role>.system_prompt``, else the task's for the role."""
+    settings = config.agent.roles.get(role)
+    return settings.system_prompt if settings is not None and settings.system_prompt is not None else task.roles[role]
+
+
+def check_roles(config: Config, task: Task) -> None:
+    """Refuse role settings that do not fit ``task``, with the fix."""
+    unknown = sorted(set(config.agent.roles) - set(task.roles))
+    if unknown:
+        valid = ", ".join(task.roles) or "none: it is a one-role task"
+        raise ConfigError(f"agent.roles names {', '.join(unknown)}, not a role of task '{task.name}' (its roles: {valid})")
+    if task.roles and config.backend != "inprocess":
+        raise ConfigError(f"task '{task.name}' has roles ({', '.join(task.roles)}); multi-role episodes run on "
+                          f"backend=inprocess only in this version, not '{config.backend}'")
+
+
 def demonstration_pairs(tokenizer, task: Task, config: Config, examples: list[Example]) -> list[tuple]:
     """(rendered prompt, completion) pairs for SFT, rendered exactly as rollouts render them: the same
-    system prompt and tool descriptions, and multi-turn demonstrations as the loop lays out turns."""
+    system prompt and tool descriptions, and multi-turn demonstrations as the loop lays out turns. A multi-role
+    task gives each example's demonstrations of every role, each rendered with its role's system prompt."""
     specs = tool_specs(config, task)
     schemas = [tool.schema() for tool in build_tools(specs).values()] if specs and config.agent.tool_prompt else None
-    encode = PromptEncoder(tokenizer, system_prompt=config.task.system_prompt or task.system_prompt,
-                           max_length=config.sample.max_prompt_length, tools=schemas)
+    encoders = {role: PromptEncoder(tokenizer, system_prompt=role_system_prompt(config, task, role),
+                                    max_length=config.sample.max_prompt_length, tools=schemas) for role in task.roles}
+    encoders[None] = PromptEncoder(tokenizer, system_prompt=config.task.system_prompt or task.system_prompt,
+                                   max_length=config.sample.max_prompt_length, tools=schemas)
     template = TurnTemplate(tokenizer)
-    return [(encode.render(example.prompt),
-             example.solution if isinstance(example.solution, str) else template.demonstration(example.solution))
-            for example in examples]
+    shown = ([demo for example in examples for demo in task.role_demonstrations(example)] if task.roles
+             else [(None, example.prompt, example.solution) for example in examples])
+    return [(encoders[role].render(observation),
+             solution if isinstance(solution, str) else template.demonstration(solution))
+            for role, observation, solution in shown]
 
 
 class EpisodeRunner:
@@ -93,6 +116,10 @@ class EpisodeRunner:
             max_prompt = min(max_prompt, policy.context_length - 1)
         self.encode = PromptEncoder(policy.tokenizer, system_prompt=config.task.system_prompt or task.system_prompt,
                                     max_length=max_prompt, tools=schemas)
+        check_roles(config, task)
+        self.roles = list(task.roles)  # empty for a one-role task
+        self.role_encoders = {role: PromptEncoder(policy.tokenizer, system_prompt=role_system_prompt(config, task, role),
+                                                  max_length=max_prompt, tools=schemas) for role in self.roles}
         self.template = TurnTemplate(policy.tokenizer)
 
     def encoder_for(self, role: str | None) -> PromptEncoder:
@@ -100,6 +127,11 @@ class EpisodeRunner:
         return self.encode if role is None else self.role_encoders[role]
 
     def make_env(self):
+        if self.task.env is not None:
+            options = dict(self.task.env_options)
+            if self.roles:
+                options["shaping"] = {role: settings.shaping for role, settings in self.config.agent.roles.items()}
+            return ENVS.get(self.task.env)(self.task, self.reward_fn, self.service, **options)
         if self.service is None:
             return ENVS.get("single_turn")(self.task, self.reward_fn)
         return ENVS.get("tool")(self.task, self.reward_fn, self.service, process_weight=self.config.agent.process_weight)
@@ -124,25 +156,37 @@ class EpisodeRunner:
         return InferenceEngine(self.policy, params, generator=generator, batch_wait=wait,
                                max_batch=self.config.agent.concurrency, sync=sync)
 
-    def agent_loop(self, engine: InferenceEngine) -> AgentLoop:
+    def agent_loop(self, engine: InferenceEngine) -> AgentLoop | RoleLoop:
+        """The loop of this task's episodes: a ``RoleLoop`` for a multi-role task (episodes → one trajectory
+        per role), else an ``AgentLoop``."""
+        if self.roles:
+            return RoleLoop(engine, self.template, self.role_encoders, max_turns=self.max_turns,
+                            max_new_tokens=self.config.sample.max_new_tokens,
+                            max_total_tokens=self.config.agent.max_total_tokens,
+                            context_length=self.policy.context_length)
         return AgentLoop(engine, self.template, self.encode, max_turns=self.max_turns,
                          max_new_tokens=self.config.sample.max_new_tokens,
                          max_total_tokens=self.config.agent.max_total_tokens if self.max_turns > 1
                          else self.config.sample.max_new_tokens, context_length=self.policy.context_length)
 
     def run(self, examples: list[Example], *, params: SamplingParams, generator: torch.Generator | None,
-            policy_version: int = 0) -> list[Trajectory]:
-        """One episode per example (repeat examples for groups); trajectories in input order."""
-        return asyncio.run(self.arun(examples, params=params, generator=generator, policy_version=policy_version))
+            policy_version: int = 0, all_roles: bool = False) -> list[Trajectory]:
+        """One episode per example (repeat examples for groups); trajectories in input order. A multi-role
+        episode gives its first role's trajectory (which carries the team's outcome), or with ``all_roles``
+        every role's, one after the other."""
+        return asyncio.run(self.arun(examples, params=params, generator=generator, policy_version=policy_version,
+                                     all_roles=all_roles))
 
     async def arun(self, examples: list[Example], *, params: SamplingParams, generator: torch.Generator | None,
-                   policy_version: int = 0) -> list[Trajectory]:
+                   policy_version: int = 0, all_roles: bool = False) -> list[Trajectory]:
         """``run`` on the running event loop."""
         engine = self.engine(params, generator)
         engine.policy_version = policy_version
         envs = [self.make_env() for _ in examples]
         trajectories = await self.agent_loop(engine).run_episodes(envs, examples,
                                                                   concurrency=self.config.agent.concurrency)
+        if self.roles:
+            trajectories = [t for episode in trajectories for t in (episode if all_roles else episode[:1])]
         self.last_batch_sizes, self.last_generate_seconds = engine.batches, engine.generate_seconds
         mark_unscored_rewards(trajectories, getattr(self.reward_fn, "names", []))
         return trajectories

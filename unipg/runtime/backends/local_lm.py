@@ -35,6 +35,7 @@ from unipg.runtime.driver import (
 )
 from unipg.runtime.replay import Group, ReplayBuffer, StalenessGate
 from unipg.sample.episodes import EpisodeRunner, episode_metrics, reward_term_metrics, role_metrics
+from unipg.sample.roles import role_major
 
 MAX_CANCELLATIONS = 5  # a group cancelled this often from inside its episodes has a bug, not bad luck
 
@@ -48,9 +49,13 @@ def inference_copy(policy: LMPolicy) -> LMPolicy:
     return LMPolicy(copy.deepcopy(policy.model), policy.tokenizer)
 
 
-def split_groups(trajectories: list, version: int, size: int) -> list[Group]:
-    """Consecutive runs of ``size`` trajectories as groups started at ``version``."""
-    return [Group(trajectories[start:start + size], version, size) for start in range(0, len(trajectories), size)]
+def split_groups(trajectories: list, version: int, size: int, roles: int = 1) -> list[Group]:
+    """Consecutive runs of ``size`` episodes (``roles`` trajectories each, one after the other) as groups
+    started at ``version``; a group of a multi-role task holds its trajectories role after role (``role_major``)."""
+    width = size * roles
+    return [Group(role_major([trajectories[start + i * roles:start + (i + 1) * roles] for i in range(size)])
+                  if roles > 1 else trajectories[start:start + width], version, size)
+            for start in range(0, len(trajectories), width)]
 
 
 class RunningGroups:
@@ -149,7 +154,7 @@ class LMRollout(CountedEpisodes):
         finished = False
         try:
             trajectories = self.runner.run(repeated, params=self.runner.sampling(), generator=self.generator,
-                                           policy_version=version)
+                                           policy_version=version, all_roles=True)
             finished = True
         finally:
             with self._lock:
@@ -160,7 +165,7 @@ class LMRollout(CountedEpisodes):
                     self.account.failed += len(repeated)
         self.batch_sizes += self.runner.last_batch_sizes
         self.generate_seconds += self.runner.last_generate_seconds
-        return split_groups(trajectories, version, self.group_size)
+        return split_groups(trajectories, version, self.group_size, max(len(self.runner.roles), 1))
 
     def publish(self, version: int) -> None:
         """Snapshot the learner's weights for the rollout's copy (nothing to do when it samples with the learner's)."""
@@ -188,7 +193,9 @@ class LMRollout(CountedEpisodes):
         async def run_group(example, version: int, order: int) -> None:
             envs = [self.runner.make_env() for _ in range(self.group_size)]
             episodes = [loop.run_episode(env, example, order=order * self.group_size + i) for i, env in enumerate(envs)]
-            buffer.put(Group(list(await asyncio.gather(*episodes)), version, self.group_size))
+            finished = list(await asyncio.gather(*episodes))
+            items = role_major(finished) if self.runner.roles else finished
+            buffer.put(Group(items, version, self.group_size))
 
         groups = RunningGroups(run_group, self.account, self._lock, self.group_size)
         most = max(self.concurrency // self.group_size, 1)  # groups running at once
