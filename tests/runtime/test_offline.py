@@ -120,3 +120,23 @@ def test_the_runtime_starts_fewer_rollouts_when_a_step_takes_offline_groups():
     runtime.publish(1)
     groups_again, _ = runtime.next_groups(1)
     assert (len(groups), len(groups_again), rollout.produced) == (1, 3, [1, 3])
+
+
+def test_records_of_roles_the_task_does_not_have_are_left_out_or_refused(embedded_path, tmp_path):
+    from unipg.runtime.offline import load_offline
+
+    path = tmp_path / "team.jsonl"
+    line = {"prompt": "3+4=", "messages": [{"role": "user", "content": "3+4="}, {"role": "assistant", "content": "7"}],
+            "reward": 1.0}
+    path.write_text("\n".join(json.dumps({**line, "role": role}) for role in ("checker", None)) + "\n")
+    config = load_config(None, SMALL + [f"model.name={embedded_path}", f"data.offline={{path: {path}}}"])
+    policy = load_lm_policy(embedded_path)
+    task = make_task("arithmetic", digits=1, num_train=40, num_test=4)
+    runner = EpisodeRunner(policy, task, config, build_rewards(task.rewards))
+    said = []
+    data = load_offline(config, runner, policy, log=said.append)
+    assert [t.role for roles in data.by_prompt.values() for ts in roles.values() for t in ts] == [None]
+    assert any("1 of 2 episodes are of roles this task does not have" in text for text in said)
+    path.write_text(json.dumps({**line, "role": "checker"}) + "\n")
+    with pytest.raises(ConfigError, match="no episode is of a role of task 'arithmetic'"):
+        load_offline(config, runner, policy, log=said.append)

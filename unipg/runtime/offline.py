@@ -114,9 +114,18 @@ def load_offline(config: Config, runner: EpisodeRunner, policy: LMPolicy,
     if settings is None:
         return None
     vocab_size = len(policy.tokenizer)
+    roles = runner.roles or [None]
+    records = read_episode_records(settings.path)
+    kept = [record for record in records if record.get("role") in roles]
+    if len(kept) < len(records):
+        shown = ", ".join(str(role) for role in roles)
+        if not kept:
+            raise ConfigError(f"data.offline.path '{settings.path}': no episode is of a role of task "
+                              f"'{runner.task.name}' (roles: {shown}; a one-role task's records have role null)")
+        log(f"data.offline: {len(records) - len(kept)} of {len(records)} episodes are of roles this task does not "
+            f"have (its roles: {shown}) and are left out")
     trajectories = [trajectory_from_record(record, encode=runner.encoder_for(record.get("role")),
-                                           template=runner.template, vocab_size=vocab_size)
-                    for record in read_episode_records(settings.path)]
+                                           template=runner.template, vocab_size=vocab_size) for record in kept]
     missing = [t for t in trajectories if len(t.behaviour_logprobs) != len(t.token_ids)]
     if missing:
         behaviour_at_load(policy, missing, temperature=config.sample.temperature,

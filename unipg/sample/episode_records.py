@@ -36,7 +36,7 @@ TOKEN_FIELDS = ("prompt_ids", "token_ids", "loss_mask")
 
 def episode_record(trajectory: Trajectory, *, update: int) -> dict:
     """The JSON record of ``trajectory``, trained at learner update ``update``."""
-    messages = list(trajectory.messages[:1])
+    messages = list(trajectory.messages[:1]) or [{"role": "user", "content": trajectory.example.prompt}]
     for turn, text in enumerate(trajectory.turn_texts):
         messages.append({"role": "assistant", "content": text})
         messages += trajectory.messages[turn + 1:turn + 2]
