@@ -15,8 +15,9 @@ Offline samples enter the unified objective J = E_μ[ρ·A·w(ρ, age)] unchange
   policy has moved since, and the configured weight bounds it as for any stale sample.
 - age: version −1, one version older than the learner's first weights, so age = learner version + 1,
   growing every update (a record's own versions count another run's updates and are not used); ``age: k``
-  fixes every offline sample at k versions old. The weight family (``age_decay``, ``kl_filter``, ``version_window``, ``truncated_is``)
-  then decides how much they are trusted; with ``off_policy_weight: none`` only the policy loss's clip does.
+  fixes every offline sample at k versions old. The weight family (``age_decay``, ``kl_filter``,
+  ``version_window``, ``truncated_is``) then decides how much they are trusted; with
+  ``off_policy_weight: none`` only the policy loss's clip does.
 
 Metrics: ``offline/share`` (offline rows of the batch), ``offline/mean_weight`` (the mean off-policy weight
 w of offline tokens as the update begins; 1 with no weight configured), ``offline/reward_mean``,

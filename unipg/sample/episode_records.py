@@ -107,13 +107,15 @@ def assistant_turns(messages: list[dict]) -> list[str]:
 def trajectory_from_record(record: dict, *, encode: Callable[[str], list[int]], template: TurnTemplate,
                            vocab_size: int) -> Trajectory:
     """The trajectory of a checked record (``check_record``), marked ``offline``, sampled by version −1 (one
-    version before this run's first weights; a record's own versions count another run's updates). ``encode`` renders and tokenises a first observation as rollouts do."""
+    version before this run's first weights; a record's own versions count another run's updates). ``encode``
+    renders and tokenises a first observation as rollouts do."""
     messages = [m for m in record["messages"] if m["role"] != "system"]
     turns = assistant_turns(messages)
     first = messages[0]["content"]
     example = Example(str(record.get("prompt", first)), str(record.get("answer", "")), "", {})
     trajectory = Trajectory(example, [], messages=[messages[0]] + [m for m in messages[1:] if m["role"] != "assistant"],
-                            role=record.get("role"), offline=True, turn_texts=turns, finish=record.get("finish", "done"))
+                            role=record.get("role"), offline=True, turn_texts=turns,
+                            finish=record.get("finish", "done"))
     if "token_ids" in record:
         trajectory.prompt_ids, trajectory.token_ids = list(record["prompt_ids"]), list(record["token_ids"])
         trajectory.loss_mask = [int(bool(m)) for m in record["loss_mask"]]

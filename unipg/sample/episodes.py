@@ -66,7 +66,8 @@ def check_roles(config: Config, task: Task) -> None:
     unknown = sorted(set(config.agent.roles) - set(task.roles))
     if unknown:
         valid = ", ".join(task.roles) or "none: it is a one-role task"
-        raise ConfigError(f"agent.roles names {', '.join(unknown)}, not a role of task '{task.name}' (its roles: {valid})")
+        raise ConfigError(f"agent.roles names {', '.join(unknown)}, not a role of task '{task.name}' "
+                          f"(its roles: {valid})")
     if task.roles and config.backend != "inprocess":
         raise ConfigError(f"task '{task.name}' has roles ({', '.join(task.roles)}); multi-role episodes run on "
                           f"backend=inprocess only in this version, not '{config.backend}'")
@@ -118,8 +119,9 @@ class EpisodeRunner:
                                     max_length=max_prompt, tools=schemas)
         check_roles(config, task)
         self.roles = list(task.roles)  # empty for a one-role task
-        self.role_encoders = {role: PromptEncoder(policy.tokenizer, system_prompt=role_system_prompt(config, task, role),
-                                                  max_length=max_prompt, tools=schemas) for role in self.roles}
+        self.role_encoders = {role: PromptEncoder(policy.tokenizer, max_length=max_prompt, tools=schemas,
+                                                  system_prompt=role_system_prompt(config, task, role))
+                              for role in self.roles}
         self.template = TurnTemplate(policy.tokenizer)
 
     def encoder_for(self, role: str | None) -> PromptEncoder:

@@ -27,7 +27,8 @@ def wrong_answer(answer: str, rng: random.Random) -> str:
     """``answer`` with one digit changed: a plausible wrong proposal."""
     digits = [i for i, c in enumerate(answer) if c.isdigit()]
     index = rng.choice(digits)
-    replacement = rng.choice([d for d in "0123456789" if d != answer[index] and (index or d != "0" or len(digits) == 1)])
+    leading = index == digits[0] and len(digits) > 1  # a leading digit never becomes 0
+    replacement = rng.choice([d for d in "0123456789" if d != answer[index] and not (leading and d == "0")])
     return answer[:index] + replacement + answer[index + 1:]
 
 
