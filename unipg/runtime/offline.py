@@ -80,7 +80,7 @@ class OfflineData:
     def count(self, update: int) -> int:
         """Offline groups in the batch of ``update``: the share of the step's groups, at most all but one."""
         share = mix_share(self.settings.mix, update)
-        return min(round(share * self.groups_per_step), self.groups_per_step - 1)
+        return min(int(share * self.groups_per_step + 0.5), self.groups_per_step - 1)  # half rounds up
 
     def take(self, count: int, version: int) -> list[Group]:
         """``count`` offline groups for the learner at ``version`` (prompts in shuffled passes over the file)."""
