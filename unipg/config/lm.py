@@ -67,6 +67,15 @@ class TaskConfig(Section):
     example) -> float | str | dict``; None = the built-in agent loop."""
 
 
+class RoleConfig(Section):
+    """One role of a multi-role task (e.g. the solver or the checker of ``solver_checker``)."""
+
+    system_prompt: str | None = None
+    """the role's system prompt (None = the task's prompt for the role)."""
+    shaping: float = 0.0
+    """weight of the environment's own term for this role, added to the team reward (0 = the team reward only)."""
+
+
 class AgentConfig(Section):
     """Multi-turn episodes: turn budget, the environment service's failure policy, process rewards."""
 
@@ -91,6 +100,11 @@ class AgentConfig(Section):
     process_weight: float = Field(0.1, ge=0.0)
     """weight of process rewards (valid call and tool success: +; malformed call: −) relative to a final
     reward of 1; positive process reward is capped at this weight per episode, so extra calls never pay."""
+    roles: dict[str, RoleConfig] = Field(default_factory=dict)
+    """per-role settings of a multi-role task, e.g. {checker: {shaping: 0.2}}; roles not named keep the task's."""
+    role_policy: Literal["shared", "adapters"] = "shared"
+    """how the roles of a multi-role task are parameterised: shared = one model, told apart by role prompts;
+    adapters (one LoRA adapter per role on one base model) is not supported yet."""
     tool_prompt: bool = True
     """describe the tools to the model: through the chat template's tools argument when it has one, else in
     the system message."""

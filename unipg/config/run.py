@@ -113,6 +113,9 @@ class LogConfig(Section):
     """Weights & Biases project of the run."""
     monitor: bool = True
     """run the doctor's checks live on the logged metrics and warn when a condition begins."""
+    episodes: bool = False
+    """lm runs: append every trained episode to <run>/episodes.jsonl (one record per episode and role: chat
+    messages, rewards, token ids, behaviour log-probs, versions), the format ``data.offline.path`` reads."""
 
     @field_validator("run_name")
     @classmethod
@@ -124,3 +127,44 @@ class LogConfig(Section):
             raise ValueError("run_name must be a relative folder path such as 'baseline-1' or 'sweep1/lr3e-4', "
                              "without '..', '.' or empty parts; the folder is made under log.output_dir")
         return name
+
+
+class MixSchedule(Section):
+    """A share that moves linearly from ``start`` to ``end`` over the first ``updates`` learner updates."""
+
+    start: float = Field(..., ge=0.0, le=1.0)
+    """share at update 1."""
+    end: float = Field(..., ge=0.0, le=1.0)
+    """share from update ``updates`` + 1 on."""
+    updates: int = Field(..., ge=1)
+    """updates over which the share moves from start to end."""
+
+
+class OfflineConfig(Section):
+    """Recorded episodes mixed into every learner batch beside the fresh ones (``unipg.runtime.offline``)."""
+
+    path: str
+    """a JSONL file of episodes, one JSON object per line (``log.episodes`` writes this format; docs/agents.md)."""
+    mix: float | MixSchedule = Field(0.25)
+    """share of each batch's prompt groups taken from the file: a number, or {start, end, updates} for a linear
+    schedule; at least one group per batch stays fresh."""
+    age: int | None = Field(None, ge=0)
+    """the age every offline sample is given (fixed); None: version −1, one version older than the learner's
+    first weights, so the age grows by one per update (learner version + 1)."""
+    only_correct: bool = False
+    """keep only records whose episode was completed correctly."""
+
+    @field_validator("mix")
+    @classmethod
+    def _a_share(cls, mix: float | MixSchedule) -> float | MixSchedule:
+        if isinstance(mix, (int, float)) and not 0.0 <= mix <= 1.0:
+            raise ValueError(f"mix ({mix}) is the share of each batch taken from the file: a number in [0, 1], or "
+                             "{start: 0.5, end: 0.0, updates: 20} for a linear schedule")
+        return mix
+
+
+class DataConfig(Section):
+    """Data that does not come from this run's own rollouts."""
+
+    offline: OfflineConfig | None = None
+    """recorded episodes mixed with online samples, e.g. {path: runs/a/episodes.jsonl, mix: 0.5}."""

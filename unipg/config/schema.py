@@ -19,13 +19,14 @@ from unipg.config.lm import (
     CheckpointConfig,
     EndpointConfig,
     ModelConfig,
+    RoleConfig,
     RollbackConfig,
     SampleConfig,
     SFTConfig,
     SFTStage,
     TaskConfig,
 )
-from unipg.config.run import EvalConfig, LogConfig, RayConfig, RuntimeConfig
+from unipg.config.run import DataConfig, EvalConfig, LogConfig, MixSchedule, OfflineConfig, RayConfig, RuntimeConfig
 from unipg.config.secrets import restore_secrets
 from unipg.config.section import (  # ConfigError: the error callers catch
     ConfigError,
@@ -219,6 +220,7 @@ class Config(Section):
     log: LogConfig = Field(default_factory=LogConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     rollback: RollbackConfig = Field(default_factory=RollbackConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
 
     # Not part of the schema: keys the user set that the chosen algorithm does not use.
     warnings: list[str] = Field(default_factory=list, exclude=True)
@@ -265,7 +267,7 @@ class Config(Section):
 
 
 __all__ = [
-    "AgentConfig", "CheckpointConfig", "Config", "ConfigError", "EndpointConfig", "EnvConfig", "EstimatorConfig", "EvalConfig",
-    "LogConfig", "ModelConfig", "PolicyConfig", "RayConfig", "RollbackConfig", "RuntimeConfig", "SFTConfig",
+    "AgentConfig", "CheckpointConfig", "Config", "ConfigError", "DataConfig", "EndpointConfig", "EnvConfig", "EstimatorConfig", "EvalConfig",
+    "LogConfig", "MixSchedule", "ModelConfig", "OfflineConfig", "PolicyConfig", "RayConfig", "RoleConfig", "RollbackConfig", "RuntimeConfig", "SFTConfig",
     "SFTStage", "SampleConfig", "TaskConfig", "TrainConfig",
 ]

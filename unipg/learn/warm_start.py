@@ -50,6 +50,9 @@ def warm_start_key(config: Config) -> dict:
               if getattr(config.model, key) is not None}}  # set only: caches built before them keep their key
     if config.model.dtype != "float32":  # trained in another precision; float32 keys stay as they were
         key["dtype"] = config.model.dtype
+    prompts = {role: settings.system_prompt for role, settings in config.agent.roles.items() if settings.system_prompt}
+    if prompts:  # role prompts are rendered into multi-role demonstrations
+        key["role_prompts"] = prompts
     return key
 
 

@@ -250,24 +250,29 @@ class Runtime:
         except BaseException as error:  # noqa: BLE001 — reported to the learner by the buffer
             self.buffer.fail(error)
 
-    def next_groups(self, version: int) -> tuple[list[Group], dict[str, float]]:
+    def next_groups(self, version: int, count: int | None = None) -> tuple[list[Group], dict[str, float]]:
         """The groups of the learner step that starts from ``version``, and the runtime's metrics of the
-        period since the previous call (waiting, occupancy, drops, staleness of the groups returned)."""
+        period since the previous call (waiting, occupancy, drops, staleness of the groups returned).
+        ``count``: groups to take (default ``groups_per_step``); the rest of the step's batch comes from
+        elsewhere (offline data), and rollout starts that many fewer."""
         wait_start = time.perf_counter()
         produced = 0.0
+        wanted = self.groups_per_step if count is None else count
+        if wanted < self.groups_per_step:
+            self.gate.credit((self.groups_per_step - wanted) * self.group_size)
         if not self.concurrent:
-            count = self.gate.room() // self.group_size
-            if count:
-                started = self.gate.take_room(count * self.group_size)
+            fill = self.gate.room() // self.group_size
+            if fill:
+                started = self.gate.take_room(fill * self.group_size)
                 try:
-                    groups = self.rollout.produce(count, started)
+                    groups = self.rollout.produce(fill, started)
                 except Exception as error:  # as the concurrent schedule reports it: the driver keeps what it has
                     raise ProducerFailed(rollout_failure(error)) from error
                 for group in groups:
                     self.buffer.put(group)
                 produced = time.perf_counter() - wait_start
         occupancy = len(self.buffer)
-        groups = self.buffer.take(self.groups_per_step, version)
+        groups = self.buffer.take(wanted, version)
         self.on_settled(groups)
         now = time.perf_counter()
         waited, period = now - wait_start, max(now - self._since, 1e-9)

@@ -30,7 +30,6 @@ Stopping on a signal, rolling back and ending after a rollout failure live in ``
 from __future__ import annotations
 
 import statistics
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,12 +44,15 @@ from unipg.config import Config
 from unipg.learn.lm import LMLearner
 from unipg.learn.sharded import make_learner
 from unipg.learn.state import generator_state, restore_generator
+from unipg.observe.episodes import EpisodeLog
 from unipg.observe.metrics import MetricsLogger, Progress, Timer, process_metrics, release_free_memory
 from unipg.policy.lm import LMPolicy
 from unipg.policy.loading import policy_from_config
 from unipg.runtime.backends import BACKENDS
 from unipg.runtime.backends.local_lm import rollout_batch
 from unipg.runtime.driver import Runtime, resolve_schedule
+from unipg.runtime.offline import OfflineData, load_offline, offline_metrics
+from unipg.runtime.prompts import PromptSampler
 from unipg.runtime.replay import ProducerFailed
 from unipg.runtime.setup import check_ray_address, lock_run_dir, run_dir_for, seed_everything, set_threads
 from unipg.runtime.stopping import (  # TrainingStopped: where callers catch it
@@ -88,54 +90,6 @@ class LMTrainResult:
     @property
     def samples_per_second(self) -> float:
         return self.samples / max(self.train_seconds, 1e-9)
-
-
-class PromptSampler:
-    """Draws training examples without replacement, reshuffling after every pass over the split. It keeps the
-    prompts drawn but not yet trained on (until ``settle``), saved with its position under one lock: a resumed
-    run draws exactly those again first, in order, then goes on where the interrupted run stopped."""
-
-    def __init__(self, examples: list[Example], seed: int):
-        if not examples:
-            raise ValueError("the task's training split is empty; give the task some training examples")
-        self.examples, self.generator = examples, torch.Generator().manual_seed(seed)
-        self._order: list[int] = []
-        self._pending: list[int] = []  # indices drawn, not yet settled, in draw order
-        self._replay: list[int] = []  # a checkpoint's pending indices, not yet drawn again
-        self._lock = threading.Lock()  # the rollout thread draws while the learner's thread saves and settles
-
-    def next(self, count: int) -> list[Example]:
-        with self._lock:
-            chosen = self._replay[:count]
-            del self._replay[:count]
-            while len(chosen) < count:
-                if not self._order:
-                    self._order = torch.randperm(len(self.examples), generator=self.generator).tolist()
-                chosen.append(self._order.pop())
-            self._pending += chosen
-        return [self.examples[index] for index in chosen]
-
-    def settle(self, groups: list) -> None:
-        """``groups`` (of trajectories) will not be trained on later: taken by the learner, or dropped."""
-        with self._lock:
-            for group in groups:
-                example = group.items[0].example
-                same = [i for i in self._pending if self.examples[i] is example or self.examples[i] == example]
-                if same:  # (a group of before a rollback is no longer pending)
-                    self._pending.remove(same[0])
-
-    def state(self) -> dict:
-        """The position in the current pass, the shuffling generator and the pending prompts, as JSON."""
-        with self._lock:
-            return {"order": list(self._order), "generator": generator_state(self.generator),
-                    "pending": self._pending + self._replay}
-
-    def load_state(self, state: dict) -> None:
-        """Continue from a position given by ``state``: its pending prompts are drawn first."""
-        with self._lock:
-            self._order, self._pending = list(state["order"]), []
-            self._replay = [int(index) for index in state.get("pending", [])]
-            restore_generator(self.generator, state["generator"])
 
 
 def evaluate_lm(runner: EpisodeRunner, examples: list[Example], *, pass_k: int, seed: int) -> dict[str, float]:
@@ -186,19 +140,28 @@ def finished_run(run_dir: Path, checkpoint: Checkpoint) -> LMTrainResult:
 
 
 def train_step(runtime: Runtime, learner: LMLearner, timer: Timer, update: int, *, group_size: int,
-               tools: bool) -> tuple[dict[str, float], int]:
+               tools: bool, offline: OfflineData | None = None,
+               episodes: EpisodeLog | None = None) -> tuple[dict[str, float], int]:
     """Update ``update``: the next groups (of ``group_size`` episodes, with tool calls if ``tools``) from the
-    runtime, their reference log-probs and values, the estimator's epochs of mini-batch steps, the new weights
-    published. Its record (rollout, train, timing and system metrics) and its number of samples;
-    ``ProducerFailed`` when rollout cannot go on (from ``next_groups``, before anything of the update is done)."""
+    runtime, and from ``offline`` its share of them, their reference log-probs and values, the estimator's epochs
+    of mini-batch steps, the new weights published; the fresh episodes are written to ``episodes``. Its record
+    (rollout, train, timing and system metrics) and its number of samples; ``ProducerFailed`` when rollout
+    cannot go on (from ``next_groups``, before anything of the update is done)."""
     start = time.time()
-    groups, record = runtime.next_groups(update - 1)
+    recorded = offline.count(update) if offline is not None else 0
+    groups, record = runtime.next_groups(update - 1, runtime.groups_per_step - recorded)
+    extra = offline.take(recorded, update - 1) if recorded else []
     batch, rollout_record = rollout_batch(groups, runtime.rollout, update - 1, record["timing/learner_wait"],
-                                          group_size=group_size, pad_id=learner.policy.pad_id, tools=tools)
+                                          group_size=group_size, pad_id=learner.policy.pad_id, tools=tools,
+                                          offline=extra)
     record.update(rollout_record)
+    if episodes is not None:
+        episodes.write([t for g in groups for t in g.items], update=update)
     with timer("logprob"):
         # keys with a namespace of their own (mismatch/...) are logged as they are
         record.update({k if "/" in k else f"train/{k}": v for k, v in learner.prepare(batch).items()})
+        if offline is not None:
+            record.update(offline_metrics(batch, sum(len(g.items) for g in extra), learner.policy, learner.config))
     with timer("update"):
         record.update({f"train/{k}": v for k, v in learner.update(batch).items()})
     runtime.publish(update)
@@ -234,6 +197,8 @@ class LMRun:
     history: list[tuple[int, dict[str, float]]] = field(default_factory=list)  # (update, evaluation)
     saved: int | None = None  # the update of the newest checkpoint this run can roll back or resume to
     lock: IO[str] | None = None  # the run folder's lock (``lock_run_dir``), released by ``close``
+    offline: OfflineData | None = None  # ``data.offline``'s episodes, mixed into every batch
+    episodes: EpisodeLog | None = None  # where ``log.episodes`` writes the trained episodes
 
     def close(self) -> None:
         """Stop rollout, then close what the run opened (the rollout's own runner and actors first)."""
@@ -244,6 +209,8 @@ class LMRun:
         self.learner.close()
         self.progress.close()
         self.logger.close()
+        if self.episodes is not None:
+            self.episodes.close()
         if self.lock is not None:
             self.lock.close()
 
@@ -288,6 +255,8 @@ def open_run(config: Config, task: Task | None, run_dir: Path | None, checkpoint
         run.samples, run.train_seconds, run.history = restored
         run.first = checkpoint.step + 1
     try:
+        run.offline = load_offline(config, runner, policy, log)
+        run.episodes = EpisodeLog(run_dir) if config.log.episodes else None
         run.runtime = build_runtime(config, runner, sampler, generator, task, reward_fn, log)
     except BaseException:
         run.close()
@@ -340,7 +309,8 @@ def train_updates(run: LMRun, stop: StopRequest) -> None:
         try:
             record, size = train_step(run.runtime, run.learner, run.timer, update,
                                       group_size=config.sample.samples_per_prompt,
-                                      tools=run.runner.service is not None)
+                                      tools=run.runner.service is not None, offline=run.offline,
+                                      episodes=run.episodes)
         except ProducerFailed as failure:  # rollout cannot go on: keep what is trained, say how to go on
             raise ValueError(rollout_failed(failure, run.checkpointer, update - 1, run.saved, run.samples,
                                             run.train_seconds, run.history)) from failure

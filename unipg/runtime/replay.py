@@ -115,6 +115,12 @@ class StalenessGate:
             self.on_admit(self.version, size)
             return self.version
 
+    def credit(self, size: int) -> None:
+        """Count ``size`` trajectories a learner step takes from elsewhere (offline data) as started, so that
+        rollout starts that many fewer."""
+        with self._condition:
+            self.started += size
+
     def publish(self, version: int) -> None:
         with self._condition:
             self.version = version

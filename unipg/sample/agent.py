@@ -38,6 +38,10 @@ class Trajectory:
     turn_texts: list[str] = field(default_factory=list)
     infos: list[dict] = field(default_factory=list)  # the environment's info of each turn
     finish: str = "running"  # "done", "max_turns", "max_tokens"
+    messages: list[dict] = field(default_factory=list)  # what the policy was told: the first observation, then
+    # each observation inserted after a turn, as chat messages {"role", "content"} (turn texts are turn_texts)
+    role: str | None = None  # the role this trajectory plays in a multi-role episode; None: a one-role episode
+    offline: bool = False  # read from recorded episodes (``data.offline``), not sampled by this run
 
     @property
     def turns(self) -> int:
@@ -103,7 +107,7 @@ class AgentLoop:
 
     async def run_episode(self, env: Env, example: Example, order: int) -> Trajectory:
         first = await env.reset(example)
-        trajectory = Trajectory(example, self.encode_prompt(first))
+        trajectory = Trajectory(example, self.encode_prompt(first), messages=[{"role": "user", "content": first}])
         async with self.engine.episode():
             for turn in range(self.max_turns):
                 budget = min(self.max_new_tokens, self.room(trajectory))
@@ -130,6 +134,7 @@ class AgentLoop:
                     trajectory.finish = "max_tokens"  # no room left to answer after this observation
                     break
                 trajectory.add_inserted(inserted)
+                trajectory.messages.append({"role": env.observation_role, "content": observation})
         return trajectory
 
     async def run_episodes(self, envs: list[Env], examples: list[Example], *,

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from unipg.config import Config
+from unipg.config import Config, ConfigError
 from unipg.policy.chat import TurnTemplate, render_agent_prompt
 from unipg.policy.lm import LMPolicy
 from unipg.sample.agent import AgentLoop, Trajectory
@@ -23,6 +23,7 @@ from unipg.sample.endpoint.agents import AgentStats, ExternalAgent, ExternalAgen
 from unipg.sample.envs import ENVS, EnvironmentService
 from unipg.sample.envs.service import build_tools, close_tools
 from unipg.sample.inference import InferenceEngine, SamplingParams
+from unipg.sample.roles import RoleLoop
 from unipg.sample.tasks.base import Example, Task
 from unipg.sample.tools.formats import TOOL_PARSERS, parser_for_template, rewrite_calls
 
@@ -55,17 +56,38 @@ def held_out(task: Task, config: Config) -> list[Example]:
     return task.test[: config.eval.max_examples] if config.eval.max_examples else task.test
 
 
+def role_system_prompt(config: Config, task: Task, role: str) -> str | None:
+    """The system prompt of ``role``: ``agent.roles.<role>.system_prompt``, else the task's for the role."""
+    settings = config.agent.roles.get(role)
+    return settings.system_prompt if settings is not None and settings.system_prompt is not None else task.roles[role]
+
+
+def check_roles(config: Config, task: Task) -> None:
+    """Refuse role settings that do not fit ``task``, with the fix."""
+    unknown = sorted(set(config.agent.roles) - set(task.roles))
+    if unknown:
+        valid = ", ".join(task.roles) or "none: it is a one-role task"
+        raise ConfigError(f"agent.roles names {', '.join(unknown)}, not a role of task '{task.name}' "
+                          f"(its roles: {valid})")
+    if task.roles and config.backend != "inprocess":
+        raise ConfigError(f"task '{task.name}' has roles ({', '.join(task.roles)}); multi-role episodes run on "
+                          f"backend=inprocess only in this version, not '{config.backend}'")
+
+
 def demonstration_pairs(tokenizer, task: Task, config: Config, examples: list[Example]) -> list[tuple]:
     """(rendered prompt, completion) pairs for SFT, rendered exactly as rollouts render them: the same
-    system prompt and tool descriptions, and multi-turn demonstrations as the loop lays out turns."""
+    system prompt and tool descriptions, and multi-turn demonstrations as the loop lays out turns. A multi-role
+    task gives each example's demonstrations of every role, each rendered with its role's system prompt."""
     specs = tool_specs(config, task)
     schemas = None
     if specs and config.agent.tool_prompt:
         tools = build_tools(specs)
         close_tools(tools)  # only their descriptions are needed here (an MCP server need not keep running)
         schemas = [tool.schema() for tool in tools.values()]
-    encode = PromptEncoder(tokenizer, system_prompt=config.task.system_prompt or task.system_prompt,
-                           max_length=config.sample.max_prompt_length, tools=schemas)
+    encoders = {role: PromptEncoder(tokenizer, system_prompt=role_system_prompt(config, task, role),
+                                    max_length=config.sample.max_prompt_length, tools=schemas) for role in task.roles}
+    encoders[None] = PromptEncoder(tokenizer, system_prompt=config.task.system_prompt or task.system_prompt,
+                                   max_length=config.sample.max_prompt_length, tools=schemas)
     template = TurnTemplate(tokenizer, multi_turn=any(not isinstance(example.solution, str) for example in examples))
     parser = config.model.tool_parser or parser_for_template(tokenizer.chat_template)
 
@@ -74,9 +96,11 @@ def demonstration_pairs(tokenizer, task: Task, config: Config, examples: list[Ex
             return message
         return {**message, "content": rewrite_calls(message["content"], parser)}
 
-    return [(encode.render(example.prompt), example.solution if isinstance(example.solution, str)
-             else template.demonstration([in_format(message) for message in example.solution]))
-            for example in examples]
+    shown = ([demo for example in examples for demo in task.role_demonstrations(example)] if task.roles
+             else [(None, example.prompt, example.solution) for example in examples])
+    return [(encoders[role].render(observation), solution if isinstance(solution, str)
+             else template.demonstration([in_format(message) for message in solution]))
+            for role, observation, solution in shown]
 
 
 class EpisodeRunner:
@@ -107,12 +131,26 @@ class EpisodeRunner:
             max_prompt = min(max_prompt, policy.context_length - 1)
         self.encode = PromptEncoder(policy.tokenizer, system_prompt=config.task.system_prompt or task.system_prompt,
                                     max_length=max_prompt, tools=schemas)
+        check_roles(config, task)
+        self.roles = list(task.roles)  # empty for a one-role task
+        self.role_encoders = {role: PromptEncoder(policy.tokenizer, max_length=max_prompt, tools=schemas,
+                                                  system_prompt=role_system_prompt(config, task, role))
+                              for role in self.roles}
         self.template = TurnTemplate(policy.tokenizer, multi_turn=self.max_turns > 1)
         self.tool_parser = config.model.tool_parser or parser_for_template(policy.tokenizer.chat_template)
+
+    def encoder_for(self, role: str | None) -> PromptEncoder:
+        """The prompt encoder of ``role``'s first observations (None: the run's one role)."""
+        return self.encode if role is None else self.role_encoders[role]
 
     def make_env(self):
         if self.external is not None:
             return ExternalAgent(self.external, self.reward_fn)
+        if self.task.env is not None:
+            options = dict(self.task.env_options)
+            if self.roles:
+                options["shaping"] = {role: settings.shaping for role, settings in self.config.agent.roles.items()}
+            return ENVS.get(self.task.env)(self.task, self.reward_fn, self.service, **options)
         if self.service is None:
             return ENVS.get("single_turn")(self.task, self.reward_fn)
         return ENVS.get("tool")(self.task, self.reward_fn, self.service, process_weight=self.config.agent.process_weight,
@@ -139,30 +177,42 @@ class EpisodeRunner:
         return InferenceEngine(self.policy, params, generator=generator, batch_wait=wait,
                                max_batch=self.config.agent.concurrency, sync=sync)
 
-    def agent_loop(self, engine: InferenceEngine) -> AgentLoop | ExternalAgentLoop:
+    def agent_loop(self, engine: InferenceEngine) -> AgentLoop | ExternalAgentLoop | RoleLoop:
+        """The loop of this task's episodes: an ``ExternalAgentLoop`` for an external agent (``task.agent``), a
+        ``RoleLoop`` for a multi-role task (episodes → one trajectory per role), else an ``AgentLoop``."""
         if self.external is not None:
             return ExternalAgentLoop(engine, self.policy.tokenizer, eos_ids=self.policy.eos_ids,
                                      endpoint=self.config.endpoint, max_tokens=self.config.sample.max_new_tokens,
                                      context_length=self.policy.context_length,
                                      describe_tools=self.config.agent.tool_prompt, stats=self.agent_stats)
+        if self.roles:
+            return RoleLoop(engine, self.template, self.role_encoders, max_turns=self.max_turns,
+                            max_new_tokens=self.config.sample.max_new_tokens,
+                            max_total_tokens=self.config.agent.max_total_tokens,
+                            context_length=self.policy.context_length)
         return AgentLoop(engine, self.template, self.encode, max_turns=self.max_turns,
                          max_new_tokens=self.config.sample.max_new_tokens,
                          max_total_tokens=self.config.agent.max_total_tokens if self.max_turns > 1
                          else self.config.sample.max_new_tokens, context_length=self.policy.context_length)
 
     def run(self, examples: list[Example], *, params: SamplingParams, generator: torch.Generator | None,
-            policy_version: int = 0) -> list[Trajectory]:
-        """One episode per example (repeat examples for groups); trajectories in input order."""
-        return asyncio.run(self.arun(examples, params=params, generator=generator, policy_version=policy_version))
+            policy_version: int = 0, all_roles: bool = False) -> list[Trajectory]:
+        """One episode per example (repeat examples for groups); trajectories in input order. A multi-role
+        episode gives its first role's trajectory (which carries the team's outcome), or with ``all_roles``
+        every role's, one after the other."""
+        return asyncio.run(self.arun(examples, params=params, generator=generator, policy_version=policy_version,
+                                     all_roles=all_roles))
 
     async def arun(self, examples: list[Example], *, params: SamplingParams, generator: torch.Generator | None,
-                   policy_version: int = 0) -> list[Trajectory]:
+                   policy_version: int = 0, all_roles: bool = False) -> list[Trajectory]:
         """``run`` on the running event loop."""
         engine = self.engine(params, generator)
         engine.policy_version = policy_version
         envs = [self.make_env() for _ in examples]
         trajectories = await self.agent_loop(engine).run_episodes(envs, examples,
                                                                   concurrency=self.config.agent.concurrency)
+        if self.roles:
+            trajectories = [t for episode in trajectories for t in (episode if all_roles else episode[:1])]
         self.last_batch_sizes, self.last_generate_seconds = engine.batches, engine.generate_seconds
         mark_unscored_rewards(trajectories, getattr(self.reward_fn, "names", []))
         return trajectories
@@ -214,6 +264,20 @@ def episode_metrics(trajectories: list[Trajectory], prefix: str, *, group_size: 
         metrics[f"{prefix}/distinct_1"] = statistics.fmean(distinct_n(g, 1) for g in groups)
         metrics[f"{prefix}/distinct_2"] = statistics.fmean(distinct_n(g, 2) for g in groups)
         metrics[f"{prefix}/duplicate_fraction"] = statistics.fmean(duplicate_fraction(g) for g in groups)
+    return metrics
+
+
+def role_metrics(trajectories: list[Trajectory], prefix: str, *, tools: bool = False) -> dict[str, float]:
+    """Per role of multi-role episodes (none for one-role episodes): ``<prefix>/<role>/reward_mean``,
+    response length, turns and tool use of that role's trajectories."""
+    roles = dict.fromkeys(t.role for t in trajectories if t.role is not None)
+    metrics = {}
+    for role in roles:
+        mine = [t for t in trajectories if t.role == role]
+        metrics[f"{prefix}/{role}/reward_mean"] = statistics.fmean(t.reward for t in mine)
+        for key, value in episode_metrics(mine, f"{prefix}/{role}", tools=tools).items():
+            if not key.endswith(("completion_rate", "truncated_fraction")):
+                metrics[key] = value
     return metrics
 
 

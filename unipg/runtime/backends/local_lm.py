@@ -34,7 +34,8 @@ from unipg.runtime.driver import (
     staleness_histogram,
 )
 from unipg.runtime.replay import Group, ReplayBuffer, StalenessGate
-from unipg.sample.episodes import EpisodeRunner, episode_metrics, reward_term_metrics
+from unipg.sample.episodes import EpisodeRunner, episode_metrics, reward_term_metrics, role_metrics
+from unipg.sample.roles import role_major
 
 MAX_CANCELLATIONS = 5  # a group cancelled this often from inside its episodes has a bug, not bad luck
 
@@ -50,9 +51,13 @@ def inference_copy(policy: LMPolicy, device: torch.device | str | None = None) -
     return LMPolicy(model if device is None else model.to(device), policy.tokenizer)
 
 
-def split_groups(trajectories: list, version: int, size: int) -> list[Group]:
-    """Consecutive runs of ``size`` trajectories as groups started at ``version``."""
-    return [Group(trajectories[start:start + size], version, size) for start in range(0, len(trajectories), size)]
+def split_groups(trajectories: list, version: int, size: int, roles: int = 1) -> list[Group]:
+    """Consecutive runs of ``size`` episodes (``roles`` trajectories each, one after the other) as groups
+    started at ``version``; a group of a multi-role task holds its trajectories role after role (``role_major``)."""
+    width = size * roles
+    return [Group(role_major([trajectories[start + i * roles:start + (i + 1) * roles] for i in range(size)])
+                  if roles > 1 else trajectories[start:start + width], version, size)
+            for start in range(0, len(trajectories), width)]
 
 
 class RunningGroups:
@@ -151,7 +156,7 @@ class LMRollout(CountedEpisodes):
         finished = False
         try:
             trajectories = self.runner.run(repeated, params=self.runner.sampling(), generator=self.generator,
-                                           policy_version=version)
+                                           policy_version=version, all_roles=True)
             finished = True
         finally:
             with self._lock:
@@ -162,7 +167,7 @@ class LMRollout(CountedEpisodes):
                     self.account.failed += len(repeated)
         self.batch_sizes += self.runner.last_batch_sizes
         self.generate_seconds += self.runner.last_generate_seconds
-        return split_groups(trajectories, version, self.group_size)
+        return split_groups(trajectories, version, self.group_size, max(len(self.runner.roles), 1))
 
     def publish(self, version: int) -> None:
         """Snapshot the learner's weights for the rollout's copy (nothing to do when it samples with the learner's)."""
@@ -190,7 +195,9 @@ class LMRollout(CountedEpisodes):
         async def run_group(example, version: int, order: int) -> None:
             envs = [self.runner.make_env() for _ in range(self.group_size)]
             episodes = [loop.run_episode(env, example, order=order * self.group_size + i) for i, env in enumerate(envs)]
-            buffer.put(Group(list(await asyncio.gather(*episodes)), version, self.group_size))
+            finished = list(await asyncio.gather(*episodes))
+            items = role_major(finished) if self.runner.roles else finished
+            buffer.put(Group(items, version, self.group_size))
 
         groups = RunningGroups(run_group, self.account, self._lock, self.group_size)
         most = max(self.concurrency // self.group_size, 1)  # groups running at once
@@ -268,15 +275,16 @@ class LMRollout(CountedEpisodes):
 
 
 def rollout_batch(groups: list[Group], rollout: Rollout, version: int, seconds: float, *, group_size: int,
-                  pad_id: int, tools: bool) -> tuple[LMBatch, dict[str, float]]:
-    """The learner's batch from ``groups`` (group after group, each ``group_size`` episodes, padded with
-    ``pad_id``) and the rollout metrics of the step, read from ``rollout``'s reporting methods; ``seconds`` is
-    the step's time spent waiting for rollout; ``tools``: the episodes may call tools (their metrics are
-    reported)."""
+                  pad_id: int, tools: bool, offline: list[Group] = ()) -> tuple[LMBatch, dict[str, float]]:
+    """The learner's batch from ``groups`` (group after group, each ``group_size`` episodes per role, padded
+    with ``pad_id``), then the ``offline`` groups, and the rollout metrics of the step (of ``groups`` only), read
+    from ``rollout``'s reporting methods; ``seconds`` is the step's time spent waiting for rollout; ``tools``:
+    the episodes may call tools (their metrics are reported)."""
     group = group_size
     trajectories = [t for g in groups for t in g.items]
-    batch = LMBatch.from_trajectories(trajectories, pad_id, version=version)
-    scores, lengths = batch.scores, batch.completion_mask.sum(1)
+    batch = LMBatch.from_trajectories(trajectories + [t for g in offline for t in g.items], pad_id, version=version)
+    online = len(trajectories)
+    scores, lengths = batch.scores[:online], batch.completion_mask[:online].sum(1)
     sizes, generate_seconds = rollout.pop_generation()
     metrics = {"rollout/reward_mean": float(scores.mean()), "rollout/reward_std": float(scores.std()),
                "rollout/response_length_max": float(lengths.max()), "rollout/generated_tokens": float(lengths.sum()),
@@ -286,11 +294,12 @@ def rollout_batch(groups: list[Group], rollout: Rollout, version: int, seconds: 
     if sizes:
         metrics["rollout/generate_batch_mean"] = statistics.fmean(sizes)
     metrics.update(episode_metrics(trajectories, "rollout", group_size=group, tools=tools))
+    metrics.update(role_metrics(trajectories, "rollout", tools=tools))
     metrics.update(reward_term_metrics(trajectories, "rollout"))
     metrics.update(rollout.pop_service_metrics("rollout"))
     solved = scores.reshape(-1, group).std(dim=1) == 0 if group > 1 else torch.zeros(1, dtype=torch.bool)
     metrics["rollout/uniform_group_fraction"] = float(solved.float().mean())  # groups with no learning signal
-    metrics.update(staleness_histogram(batch.ages, batch.completion_mask, "async/staleness_token"))
+    metrics.update(staleness_histogram(batch.ages[:online], batch.completion_mask[:online], "async/staleness_token"))
     sync_seconds = rollout.pop_sync_seconds()
     if sync_seconds is not None:
         metrics["timing/weight_sync"] = sync_seconds

@@ -43,6 +43,26 @@ class Env(Protocol):
         ...
 
 
+@runtime_checkable
+class RoleEnv(Protocol):
+    """An episode in which several roles take turns (``unipg.sample.roles``).
+
+    ``step``'s info says who acts next (``next_role``; absent: the same role) and as what the observation
+    reaches it (``observation_role``: ``user``, the default, or ``tool``); the first observation a role
+    receives is its prompt. When done, info holds ``role_rewards`` ({role: team reward + its shaping}, added to
+    each role's last turn) and ``correct`` (the team's outcome)."""
+
+    roles: tuple[str, ...]  # every role of an episode, in the order their trajectories are returned
+
+    async def reset(self, example: Example) -> tuple[str, str]:
+        """Start an episode on ``example``; returns (the role that acts first, its first observation)."""
+        ...
+
+    async def step(self, action: str) -> StepResult:
+        """Apply the acting role's turn ``action``."""
+        ...
+
+
 async def final_answer_reward(reward_fn, example: Example, completion: str) -> tuple[float, dict]:
     """The reward of a final answer under the task's reward functions, and the info facts about it: whether
     the extracted final answer equals the example's reference answer (the task-completion criterion of
