@@ -21,7 +21,8 @@ from unipg.policy.lm import LMPolicy
 from unipg.sample.agent import AgentLoop, Trajectory
 from unipg.sample.envs import ENVS, EnvironmentService
 from unipg.sample.envs.service import build_tools
-from unipg.sample.inference import InferenceEngine, SamplingParams
+from unipg.sample.engines import ENGINES, Engine, SamplingParams
+from unipg.sample.inference import InferenceEngine
 from unipg.sample.tasks.base import Example, Task
 from unipg.sample.tools.base import CLOSE_TAG
 
@@ -94,6 +95,16 @@ class EpisodeRunner:
         self.encode = PromptEncoder(policy.tokenizer, system_prompt=config.task.system_prompt or task.system_prompt,
                                     max_length=max_prompt, tools=schemas)
         self.template = TurnTemplate(policy.tokenizer)
+        self.engine_name = config.sample.engine
+        ENGINES.get(self.engine_name)  # an unknown name fails here, listing the engines
+        self._engine: Engine | None = None  # built on first use: starting vLLM takes seconds
+
+    @property
+    def inference(self) -> Engine:
+        """This runner's inference engine (``sample.engine``), started on first use and closed with the runner."""
+        if self._engine is None:
+            self._engine = ENGINES.get(self.engine_name)(self.policy, self.config)
+        return self._engine
 
     def make_env(self):
         if self.service is None:
@@ -115,10 +126,11 @@ class EpisodeRunner:
 
     def engine(self, params: SamplingParams, generator: torch.Generator | None, *,
                sync: Callable[[], int | None] | None = None) -> InferenceEngine:
-        """An inference engine on this runner's policy (``sync``: pull newer weights between generate calls)."""
+        """The inference service for a batch of episodes on this runner's engine (``sync``: pull newer weights
+        between generate calls)."""
         wait = None if self.config.deterministic else self.config.agent.batch_wait_ms / 1000
-        return InferenceEngine(self.policy, params, generator=generator, batch_wait=wait,
-                               max_batch=self.config.agent.concurrency, sync=sync)
+        return self.inference.service(params, generator, batch_wait=wait, max_batch=self.config.agent.concurrency,
+                                      sync=sync)
 
     def agent_loop(self, engine: InferenceEngine) -> AgentLoop:
         return AgentLoop(engine, self.template, self.encode, max_turns=self.max_turns,
@@ -139,7 +151,7 @@ class EpisodeRunner:
         envs = [self.make_env() for _ in examples]
         trajectories = await self.agent_loop(engine).run_episodes(envs, examples,
                                                                   concurrency=self.config.agent.concurrency)
-        self.last_batch_sizes, self.last_generate_seconds = engine.batches, engine.generate_seconds
+        self.last_batch_sizes, self.last_generate_seconds = engine.pop_batches()
         mark_unscored_rewards(trajectories, getattr(self.reward_fn, "names", []))
         return trajectories
 
@@ -148,9 +160,18 @@ class EpisodeRunner:
             return {}
         return self.service.pop_stats().metrics(prefix)
 
+    def pop_engine_metrics(self) -> dict[str, float]:
+        """The engine's counters since the last call (none before it started)."""
+        return self._engine.metrics() if self._engine is not None else {}
+
     def close(self) -> None:
-        if self.service is not None:
-            self.service.close()
+        try:
+            if self.service is not None:
+                self.service.close()
+        finally:
+            if self._engine is not None:
+                engine, self._engine = self._engine, None
+                engine.close()
 
 
 def greedy_completion_rate(model, tokenizer, task: Task, config: Config, examples: list[Example]) -> float:
