@@ -127,7 +127,7 @@ def test_engine_memory_keys_are_accepted_and_checked():
 
 def test_no_thread_or_process_of_the_engine_is_left_after_close(runner):
     engine = runner.inference
-    thread = engine.loop._thread
+    thread = engine.core.loop._thread
     runner.close()
     assert not thread.is_alive()
     assert psutil.Process(os.getpid()).children(recursive=True) == []

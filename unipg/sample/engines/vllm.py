@@ -21,6 +21,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
@@ -102,7 +103,7 @@ class VLLMEngine:
         self._folder = Path(tempfile.mkdtemp(prefix="unipg-vllm-"))
         self._sleeping = False
         self._counters = {"engine/weight_sync_seconds": 0.0, "engine/weight_syncs": 0.0}
-        threads = torch.get_num_threads()
+        threads, set_threads = torch.get_num_threads(), torch.set_num_threads
         try:
             save_base_model(policy.model, policy.tokenizer, self._folder / "model")
             args = engine_args(self._folder / "model", policy, self.sample, dtype=config.model.dtype,
@@ -112,27 +113,24 @@ class VLLMEngine:
             shutil.rmtree(self._folder, ignore_errors=True)
             raise
         finally:
-            torch.set_num_threads(threads)  # vLLM lowers it for serving; the learner shares this process
+            # vLLM's CPU worker lowers the thread count for serving and then turns torch.set_num_threads into a
+            # no-op for the whole process; the learner shares this process and keeps its own.
+            torch.set_num_threads = set_threads
+            torch.set_num_threads(threads)
         if self.lora:
             self._save_adapter(0)
         self.loop = StepLoop(self.llm)
         self.load_seconds = time.perf_counter() - start  # start-up: model saved, loaded and warmed up
 
-    def service(self, params: SamplingParams, generator: torch.Generator | None, *, batch_wait: float | None = None,
-                max_batch: int = 0, sync: Callable[[], int | None] | None = None) -> VLLMService:
-        """A service for a batch of episodes (``batch_wait`` and ``max_batch`` are the hf engine's: vLLM batches
-        continuously)."""
-        return VLLMService(self, params, generator, sync)
-
-    async def load(self, version: int) -> None:
-        """Load ``policy``'s current weights (its adapter, with LoRA) as ``version``, between requests."""
+    async def load(self, version: int, model) -> None:
+        """Load ``model``'s current weights (its adapter, with LoRA) as ``version``, between requests."""
         start = time.perf_counter()
         if self.lora:
-            folder = await asyncio.to_thread(save_adapter, self.policy.model, self._folder / f"adapter-{version}")
+            folder = await asyncio.to_thread(save_adapter, model, self._folder / f"adapter-{version}")
             job = lambda: self._use_adapter(version, folder)  # noqa: E731
         else:
             with torch.no_grad():
-                state = {name: tensor.detach().clone() for name, tensor in base_state_dict(self.policy.model).items()}
+                state = {name: tensor.detach().clone() for name, tensor in base_state_dict(model).items()}
             job = lambda: self._reload(version, state)  # noqa: E731
         await asyncio.wrap_future(self.loop.call(job))
         self._counters["engine/weight_sync_seconds"] += time.perf_counter() - start
@@ -205,9 +203,10 @@ class VLLMService:
     """The service surface (``running``, ``episode``, ``generate``, ``policy_version``, ``pop_batches``) on a
     ``VLLMEngine``."""
 
-    def __init__(self, engine: VLLMEngine, params: SamplingParams, generator: torch.Generator | None,
-                 sync: Callable[[], int | None] | None):
+    def __init__(self, engine: VLLMEngine, policy: LMPolicy, params: SamplingParams,
+                 generator: torch.Generator | None, sync: Callable[[], int | None] | None):
         self.engine, self.params, self.generator, self.sync = engine, params, generator, sync
+        self.policy = policy  # whose weights this service's versions are
         self.policy_version = engine.version  # the driver sets it before running (sequential schedule)
         self.batches: list[int] = []
         self.generate_seconds = 0.0
@@ -234,7 +233,7 @@ class VLLMService:
         self._sync_lock = asyncio.Lock()
         await self.engine.wake()
         if self.sync is None and self.policy_version != self.engine.version:
-            await self.engine.load(self.policy_version)
+            await self.engine.load(self.policy_version, self.policy.model)
         try:
             yield self
         finally:
@@ -248,7 +247,7 @@ class VLLMService:
     async def generate(self, context_ids: list[int], *, max_new_tokens: int, order: int = 0) -> TurnOutput:
         """Sample one turn continuing ``context_ids`` (``order`` is the hf engine's row order; unused here)."""
         await self._pull()
-        policy, params = self.engine.policy, self.params
+        policy, params = self.policy, self.params
         budget = max_new_tokens
         if policy.context_length is not None:
             if len(context_ids) >= policy.context_length:
@@ -279,7 +278,7 @@ class VLLMService:
         logprobs = [entry[token].logprob for entry, token in zip(completion.logprobs or [], ids)]
         self.turns += 1
         self.prefill_tokens += len(output.prompt_token_ids) - (output.num_cached_tokens or 0)
-        policy = self.engine.policy
+        policy = self.policy
         text = cut_at_stop(policy.decode(ids), self.params.stop, self.params.keep_stop)
         finish = "length" if completion.finish_reason == "length" else "stop"
         return TurnOutput(ids, logprobs, text, finish, bool(ids) and ids[-1] in set(policy.eos_ids), version,
@@ -293,7 +292,7 @@ class VLLMService:
             version = await asyncio.to_thread(self.sync)
             if version is not None:
                 self.policy_version = version
-                await self.engine.load(version)
+                await self.engine.load(version, self.policy.model)
 
 
 def _settle(future: asyncio.Future, result, error) -> None:
@@ -305,7 +304,52 @@ def _settle(future: asyncio.Future, result, error) -> None:
         future.set_result(result)
 
 
+class SharedVLLM:
+    """A runner's handle on the process's vLLM engine for its model: vLLM holds one engine per process well, so
+    runners of one run (rollout, evaluation) share it, each loading its own policy's weights by version (versions
+    only grow; a turn is stamped with the version vLLM held). The engine closes with its last handle."""
+
+    name = "vllm"
+    _engines: dict[tuple, list] = {}  # key → [engine, handles]
+    _lock = threading.Lock()
+
+    def __init__(self, policy: LMPolicy, config):
+        self.policy = policy
+        self._key = (config.model.name, config.model.dtype, config.model.lora_rank, config.seed)
+        with self._lock:
+            if self._engines and self._key not in self._engines:
+                raise ValueError("a vllm engine for another model is running in this process; close its runs "
+                                 "first (one vllm engine per process)")
+            if self._key not in self._engines:
+                self._engines[self._key] = [VLLMEngine(policy, config), 0]
+            self._engines[self._key][1] += 1
+            self.core: VLLMEngine | None = self._engines[self._key][0]
+
+    @property
+    def version(self) -> int:
+        return self.core.version
+
+    def service(self, params: SamplingParams, generator: torch.Generator | None, *, batch_wait: float | None = None,
+                max_batch: int = 0, sync: Callable[[], int | None] | None = None) -> VLLMService:
+        """A service for a batch of episodes (``batch_wait`` and ``max_batch`` are the hf engine's: vLLM batches
+        continuously)."""
+        return VLLMService(self.core, self.policy, params, generator, sync)
+
+    def metrics(self) -> dict[str, float]:
+        return self.core.metrics()
+
+    def close(self) -> None:
+        with self._lock:
+            if self.core is None:
+                return
+            entry, self.core = self._engines[self._key], None
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self._engines[self._key]
+                entry[0].close()
+
+
 @ENGINES.register("vllm")
-def vllm_engine(policy: LMPolicy, config) -> VLLMEngine:
+def vllm_engine(policy: LMPolicy, config) -> SharedVLLM:
     """vLLM in this process: continuous batching and prefix caching; log-probs of vLLM's own kernels."""
-    return VLLMEngine(policy, config)
+    return SharedVLLM(policy, config)

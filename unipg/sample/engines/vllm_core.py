@@ -19,6 +19,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+import torch
+
 _STOP = ("stop",)
 
 
@@ -34,6 +36,7 @@ class StepLoop:
         self._ids = (f"unipg-{n}" for n in itertools.count())
         self._lock = threading.Lock()
         self._closed = False
+        self._threads = torch.get_num_threads()
         self._thread = threading.Thread(target=self._run, name="unipg-vllm-steps", daemon=True)
         self._thread.start()
 
@@ -75,6 +78,9 @@ class StepLoop:
             self._commands.put(command)
 
     def _run(self) -> None:
+        # A new thread starts with OpenMP's default thread count; vLLM's CPU attention checks that the count
+        # its metadata was planned with is the one its kernels run with: give this thread torch's.
+        torch.set_num_threads(self._threads)
         waiting: deque = deque()
         while True:
             busy = bool(self._in_flight) or bool(waiting)
