@@ -131,3 +131,25 @@ def test_no_thread_or_process_of_the_engine_is_left_after_close(runner):
     runner.close()
     assert not thread.is_alive()
     assert psutil.Process(os.getpid()).children(recursive=True) == []
+
+
+def test_lora_adapters_move_by_version_and_match_the_trainer(embedded_path):
+    policy = load_lm_policy(embedded_path, lora_rank=4)
+    runner = make_runner(policy, ["model.lora_rank=4"])
+    try:
+        context = prompts(policy, 1)
+        [before] = generate(runner, context, seed=1)
+        with torch.no_grad():
+            for name, parameter in policy.model.named_parameters():
+                if "lora_B" in name:  # zero at initialisation: the adapter starts as the identity
+                    parameter.add_(0.5)
+        [after] = generate(runner, context, version=1, seed=1)
+        assert (before.policy_version, after.policy_version) == (0, 1)
+        assert runner.inference.core.current_adapter().lora_int_id == 2  # a new adapter id for the new version
+        for out in (after,):
+            expected = trainer_logprobs(policy, context[0], out.token_ids, 1.0)
+            torch.testing.assert_close(torch.tensor(out.behaviour_logprobs), expected, atol=1e-3, rtol=0)
+        assert before.behaviour_logprobs != after.behaviour_logprobs
+    finally:
+        runner.close()
+    assert psutil.Process(os.getpid()).children(recursive=True) == []
