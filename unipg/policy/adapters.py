@@ -23,6 +23,13 @@ def save_adapter(model, directory: str | Path) -> Path:
     return directory
 
 
+def changing_state_dict(model) -> dict[str, torch.Tensor]:
+    """The weights an update changes, as ``model.state_dict()`` names them: only the LoRA adapters of a PEFT
+    model (load them with ``load_state_dict(..., strict=False)``), every weight otherwise."""
+    state = model.state_dict()
+    return {name: tensor for name, tensor in state.items() if "lora_" in name} if is_adapted(model) else dict(state)
+
+
 def base_state_dict(model) -> dict[str, torch.Tensor]:
     """The weights of ``model`` without its LoRA adapters, named as in the base Hugging Face model."""
     if not is_adapted(model):

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from unipg.learn.state import generator_state, restore_generator
+from unipg.policy.adapters import is_adapted
 from unipg.sample.envs.service import run_tool
 from unipg.sample.episodes import EpisodeRunner
 from unipg.sample.tools.base import Tool, ToolError, current_attempt, set_attempt
@@ -186,7 +187,10 @@ class RolloutWorker:
         pending, self._pending = self._pending, None
         if pending is None:
             return None
-        self.runner.policy.model.load_state_dict(pending[1])
+        model = self.runner.policy.model
+        result = model.load_state_dict(pending[1], strict=not is_adapted(model))  # with LoRA: the adapters alone
+        if result.unexpected_keys:
+            raise RuntimeError(f"published weights do not fit the worker's model: {result.unexpected_keys[:3]}")
         return pending[0]
 
     def _report(self, sizes: list[int], seconds: float) -> dict:

@@ -48,6 +48,7 @@ from ray.exceptions import GetTimeoutError, RayTaskError, TaskCancelledError
 
 from unipg.config import Config
 from unipg.learn.state import generator_state, restore_generator
+from unipg.policy.adapters import changing_state_dict
 from unipg.runtime.backends.local_lm import inference_copy, split_groups
 from unipg.runtime.backends.ray_actors import (  # says how to install Ray if it is missing
     LOST,
@@ -137,8 +138,8 @@ class RayRollout(CountedEpisodes):
     def publish(self, version: int) -> None:
         """Put the learner's weights into the object store once; workers fetch them when they need them."""
         start = time.perf_counter()
-        state = {name: tensor.detach().cpu() for name, tensor in self.source.state_dict().items()}
-        ref = ray.put(state)  # copies into the object store now: later optimizer steps do not reach it
+        state = {name: tensor.detach().cpu() for name, tensor in changing_state_dict(self.source).items()}
+        ref = ray.put(state)  # with LoRA only the adapters travel  # copies into the object store now: later optimizer steps do not reach it
         with self._lock:
             serial = self.weights[0] + 1 if self.weights is not None else 1
             self.weights = (serial, version, [ref])

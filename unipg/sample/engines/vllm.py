@@ -100,6 +100,7 @@ class VLLMEngine:
         self.lora = is_adapted(policy.model)
         self.version = 0  # the weights version vLLM holds
         self._adapter, self._adapters = None, []  # the LoRA request of the version, and the adapters on disk
+        self._saved = 0  # adapters saved, for their folders' names
         self._folder = Path(tempfile.mkdtemp(prefix="unipg-vllm-"))
         self._sleeping = False
         self._counters = {"engine/weight_sync_seconds": 0.0, "engine/weight_syncs": 0.0}
@@ -126,7 +127,7 @@ class VLLMEngine:
         """Load ``model``'s current weights (its adapter, with LoRA) as ``version``, between requests."""
         start = time.perf_counter()
         if self.lora:
-            folder = await asyncio.to_thread(save_adapter, model, self._folder / f"adapter-{version}")
+            folder = await asyncio.to_thread(save_adapter, model, self._adapter_folder())
             job = lambda: self._use_adapter(version, folder)  # noqa: E731
         else:
             with torch.no_grad():
@@ -143,7 +144,11 @@ class VLLMEngine:
         self.version = version
 
     def _save_adapter(self, version: int) -> None:
-        self._use_adapter(version, save_adapter(self.policy.model, self._folder / f"adapter-{version}"))
+        self._use_adapter(version, save_adapter(self.policy.model, self._adapter_folder()))
+
+    def _adapter_folder(self) -> Path:
+        self._saved += 1
+        return self._folder / f"adapter-{self._saved}"
 
     def _use_adapter(self, version: int, folder: Path) -> None:
         from vllm.lora.request import LoRARequest
