@@ -75,13 +75,14 @@ def engine_args(folder: Path, policy: LMPolicy, sample, *, dtype: str, seed: int
 
 
 def vllm_sampling(params: SamplingParams, *, max_tokens: int, seed: int | None, eos_ids: list[int]):
-    """Our ``SamplingParams`` as vLLM's: same temperature, top-p/top-k, stop strings; the sampled token's log-prob."""
+    """Our ``SamplingParams`` as vLLM's: same temperature, top-p/top-k, stop strings, end tokens (none: a turn
+    ends at a stop string or ``max_tokens``); the sampled token's log-prob."""
     from vllm import SamplingParams as VLLMSamplingParams
 
     return VLLMSamplingParams(n=1, max_tokens=max_tokens, temperature=params.temperature,
                               top_p=params.top_p if params.top_p is not None else 1.0, top_k=params.top_k or 0,
                               stop=list(params.stop or []) or None, stop_token_ids=list(eos_ids), logprobs=0,
-                              seed=seed, skip_special_tokens=True)
+                              seed=seed, skip_special_tokens=True, ignore_eos=not eos_ids)
 
 
 class VLLMEngine:
