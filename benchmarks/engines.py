@@ -9,6 +9,8 @@ Printed per engine:
   environment answers after a seeded log-normal delay (median ``--latency`` s, log-space σ ``--sigma``: heavy-
   tailed); episodes per second, and context tokens the engine ran per turn (prefill: hf runs every turn's
   whole context, vLLM reuses the cached prefix of earlier turns);
+- every figure after a first, unmeasured pass of the same requests (vLLM on CPU prepares kernels per batch shape
+  on first use);
 - model load (hf: the policy; vllm: start-up of the engine on it; vLLM alone: its ``LLM``) and weight sync
   (one new version into the engine: hf ``load_state_dict`` into the sampling copy, vllm ``reload_weights``).
 
@@ -93,8 +95,9 @@ def unipg_engine(name: str, policy, config, args) -> dict[str, float]:
     try:
         params, generator = SamplingParams(temperature=1.0), torch.Generator().manual_seed(args.seed)
         make = lambda: engine.service(params, generator, batch_wait=0.005, max_batch=1024)  # noqa: E731
-        tokens = single_turn(make(), prompt_ids(policy, args.prompts), args.new_tokens)
-        episodes, prefill = multi_turn(make(), policy, args)
+        for _ in range(2):  # the first pass warms up (vLLM on CPU prepares its kernels per batch shape)
+            tokens = single_turn(make(), prompt_ids(policy, args.prompts), args.new_tokens)
+            episodes, prefill = multi_turn(make(), policy, args)
         sync = weight_sync(name, engine, policy)
     finally:
         engine.close()
@@ -131,10 +134,11 @@ def vllm_alone(policy, config, args) -> dict[str, float]:
     load = time.perf_counter() - start
     params = vllm.SamplingParams(max_tokens=args.new_tokens, temperature=1.0, ignore_eos=True, logprobs=0,
                                  seed=args.seed)
-    start = time.perf_counter()
-    outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids(policy, args.prompts)], params,
-                           use_tqdm=False)
-    tokens = sum(len(o.outputs[0].token_ids) for o in outputs) / (time.perf_counter() - start)
+    for _ in range(2):  # the first pass warms up, as for the unipg engines
+        start = time.perf_counter()
+        outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids(policy, args.prompts)], params,
+                               use_tqdm=False)
+        tokens = sum(len(o.outputs[0].token_ids) for o in outputs) / (time.perf_counter() - start)
     llm.llm_engine.engine_core.shutdown()
     return {"tokens/s": tokens, "load s": load}
 
@@ -150,10 +154,10 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.05, help="median tool delay, seconds")
     parser.add_argument("--sigma", type=float, default=1.2, help="log-space σ of the tool delay")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (as vLLM serves on CPU; more "
+                        "threads than free cores make every engine spin)")
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
     config = load_config(overrides=[f"model.name={args.model}", "sample.cpu_kv_cache_gb=0.5", f"seed={args.seed}"])
     start = time.perf_counter()
     policy = load_lm_policy(args.model)

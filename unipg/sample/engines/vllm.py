@@ -63,7 +63,8 @@ def engine_args(folder: Path, policy: LMPolicy, sample, *, dtype: str, seed: int
 
     on_gpu = torch.cuda.is_available()
     memory = ({"gpu_memory_utilization": sample.gpu_memory_utilization, "enable_sleep_mode": sample.engine_sleep}
-              if on_gpu else {"kv_cache_memory_bytes": int(sample.cpu_kv_cache_gb * 2**30)})
+              if on_gpu else {"kv_cache_memory_bytes": int(sample.cpu_kv_cache_gb * 2**30),
+                              "block_size": 32})  # CPU's default of 128 tokens rarely fills: no prefix reuse
     lora = {}
     if lora_rank > 0:
         rank = min(r for r in VLLM_LORA_RANKS if r >= lora_rank)
