@@ -128,6 +128,24 @@ def test_a_weight_update_changes_the_next_generation_and_its_version(runner, pol
         policy.model.load_state_dict(saved)
 
 
+def test_an_episode_that_raises_leaves_the_engine_serving(runner, policy):
+    class Broken:
+        observation_role = "tool"
+
+        async def reset(self, example):
+            return example.prompt
+
+        async def step(self, action):
+            raise RuntimeError("environment broke")
+
+    loop = runner.agent_loop(runner.engine(SamplingParams(), torch.Generator().manual_seed(0)))
+    examples = runner.task.train[:2]
+    with pytest.raises(RuntimeError, match="environment broke"):
+        asyncio.run(loop.run_episodes([Broken(), Broken()], examples))
+    assert runner.inference.core.loop._thread.is_alive()
+    assert len(generate(runner, prompts(policy, 2))) == 2
+
+
 def test_engine_memory_keys_are_accepted_and_checked():
     config = load_config(overrides=["sample.engine=vllm", "sample.gpu_memory_utilization=0.3",
                                     "sample.engine_sleep=true"])

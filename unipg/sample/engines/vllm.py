@@ -64,7 +64,10 @@ def engine_args(folder: Path, policy: LMPolicy, sample, *, dtype: str, seed: int
     on_gpu = torch.cuda.is_available()
     memory = ({"gpu_memory_utilization": sample.gpu_memory_utilization, "enable_sleep_mode": sample.engine_sleep}
               if on_gpu else {"kv_cache_memory_bytes": int(sample.cpu_kv_cache_gb * 2**30),
-                              "block_size": 32})  # CPU's default of 128 tokens rarely fills: no prefix reuse
+                              "block_size": 32,  # CPU's default of 128 tokens rarely fills: no prefix reuse
+                              # a prompt prefilled in chunks has its partial samples discarded, which rewinds
+                              # the request's seeded generator: CPU generators cannot rewind
+                              "enable_chunked_prefill": False})
     lora = {}
     if lora_rank > 0:
         rank = min(r for r in VLLM_LORA_RANKS if r >= lora_rank)
@@ -268,7 +271,10 @@ class VLLMService:
         answer = loop.create_future()
 
         def done(output, error) -> None:  # on the engine's thread; weights change only between requests
-            loop.call_soon_threadsafe(_settle, answer, (output, self.engine.version), error)
+            try:
+                loop.call_soon_threadsafe(_settle, answer, (output, self.engine.version), error)
+            except RuntimeError:  # the episodes' event loop has closed: no one waits for this answer
+                pass
 
         request_id = self.engine.loop.submit(list(context_ids), sampling, done,
                                              lora=self.engine.current_adapter if self.engine.lora else None)
