@@ -130,7 +130,8 @@ def vllm_alone(policy, config, args) -> dict[str, float]:
     settings = vars(engine_args(folder, policy, config.sample, dtype="float32", seed=args.seed, lora_rank=0))
     llm = vllm.LLM(**{k: v for k, v in settings.items() if k in ("model", "tokenizer", "dtype", "seed",
                    "max_model_len", "enable_prefix_caching", "logprobs_mode", "enforce_eager",
-                   "kv_cache_memory_bytes", "gpu_memory_utilization")}, disable_log_stats=True)
+                   "kv_cache_memory_bytes", "gpu_memory_utilization", "block_size",
+                   "enable_chunked_prefill")}, disable_log_stats=True)
     load = time.perf_counter() - start
     params = vllm.SamplingParams(max_tokens=args.new_tokens, temperature=1.0, ignore_eos=True, logprobs=0,
                                  seed=args.seed)

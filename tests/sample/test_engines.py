@@ -169,17 +169,19 @@ def test_lora_adapters_move_by_version_and_match_the_trainer(embedded_path):
     try:
         context = prompts(policy, 1)
         [before] = generate(runner, context, seed=1)
-        with torch.no_grad():
-            for name, parameter in policy.model.named_parameters():
-                if "lora_B" in name:  # zero at initialisation: the adapter starts as the identity
-                    parameter.add_(0.5)
-        [after] = generate(runner, context, version=1, seed=1)
-        assert (before.policy_version, after.policy_version) == (0, 1)
-        assert runner.inference.core.current_adapter().lora_int_id == 2  # a new adapter id for the new version
-        for out in (after,):
-            expected = trainer_logprobs(policy, context[0], out.token_ids, 1.0)
+        outputs = []
+        for version, (part, change) in enumerate([("lora_B", 0.5), ("lora_A", -1.0)], start=1):
+            with torch.no_grad():  # B is zero at initialisation: the adapter starts as the identity
+                for name, parameter in policy.model.named_parameters():
+                    if part in name:
+                        parameter.add_(change) if part == "lora_B" else parameter.mul_(change)
+            [out] = generate(runner, context, version=version, seed=1)
+            assert out.policy_version == version
+            assert runner.inference.core.current_adapter().lora_int_id == version + 1  # a new id per version
+            expected = trainer_logprobs(policy, context[0], out.token_ids, 1.0)  # this version's, not a cached one
             torch.testing.assert_close(torch.tensor(out.behaviour_logprobs), expected, atol=1e-3, rtol=0)
-        assert before.behaviour_logprobs != after.behaviour_logprobs
+            outputs.append(out)
+        assert before.behaviour_logprobs != outputs[0].behaviour_logprobs != outputs[1].behaviour_logprobs
     finally:
         runner.close()
     assert child_processes() == []

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import shutil
 import sys
 import tempfile
@@ -27,6 +28,7 @@ from collections.abc import Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from unipg.policy.adapters import base_state_dict, is_adapted, save_adapter, save_base_model
@@ -98,18 +100,19 @@ class VLLMEngine:
         from unipg.sample.engines.vllm_core import StepLoop
 
         start = time.perf_counter()
-        vllm = import_vllm()
+        import_vllm()
         from vllm.v1.engine.llm_engine import LLMEngine
 
-        self.policy, self.sample, self.vllm = policy, config.sample, vllm
+        self.policy, self.sample = policy, config.sample
         self.lora = is_adapted(policy.model)
         self.version = 0  # the weights version vLLM holds
         self._adapter, self._adapters = None, []  # the LoRA request of the version, and the adapters on disk
-        self._saved = 0  # adapters saved, for their folders' names
+        self._saved = self._adapter_ids = 0  # adapters saved (their folders' names), and adapter ids given
         self._folder = Path(tempfile.mkdtemp(prefix="unipg-vllm-"))
         self._sleeping = False
         self._counters = {"engine/weight_sync_seconds": 0.0, "engine/weight_syncs": 0.0}
         threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+        random_states = random.getstate(), np.random.get_state(), torch.get_rng_state()
         try:
             save_base_model(policy.model, policy.tokenizer, self._folder / "model")
             args = engine_args(self._folder / "model", policy, self.sample, dtype=config.model.dtype,
@@ -123,6 +126,10 @@ class VLLMEngine:
             # no-op for the whole process; the learner shares this process and keeps its own.
             torch.set_num_threads = set_threads
             torch.set_num_threads(threads)
+            # vLLM seeds the global generators with its seed; the run's own draws go on as if it had not
+            random.setstate(random_states[0])
+            np.random.set_state(random_states[1])
+            torch.set_rng_state(random_states[2])
         if self.lora:
             self._save_adapter(0)
         self.loop = StepLoop(self.llm)
@@ -158,7 +165,8 @@ class VLLMEngine:
     def _use_adapter(self, version: int, folder: Path) -> None:
         from vllm.lora.request import LoRARequest
 
-        serial = len(self._adapters) + 1  # a new id per version: vLLM caches adapters by id
+        self._adapter_ids += 1
+        serial = self._adapter_ids  # a new id per version: vLLM caches adapters by id
         self._adapter = LoRARequest(f"unipg-v{version}-{serial}", serial, str(folder))
         self._adapters.append((serial, folder))
         for old, old_folder in self._adapters[:-1]:  # no request in flight uses an older adapter
