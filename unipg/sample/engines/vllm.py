@@ -109,7 +109,7 @@ class VLLMEngine:
         self._adapter, self._adapters = None, []  # the LoRA request of the version, and the adapters on disk
         self._saved = self._adapter_ids = 0  # adapters saved (their folders' names), and adapter ids given
         self._folder = Path(tempfile.mkdtemp(prefix="unipg-vllm-"))
-        self._sleeping = False
+        self._sleeping, self._serving = False, 0  # asleep; services running on the engine
         self._counters = {"engine/weight_sync_seconds": 0.0, "engine/weight_syncs": 0.0}
         threads, set_threads = torch.get_num_threads(), torch.set_num_threads
         random_states = random.getstate(), np.random.get_state(), torch.get_rng_state()
@@ -179,13 +179,16 @@ class VLLMEngine:
         return self._adapter
 
     async def wake(self) -> None:
+        self._serving += 1
         if self._sleeping:
             await asyncio.wrap_future(self.loop.call(lambda: self.llm.wake_up()))
             self._sleeping = False
 
     async def sleep(self) -> None:
-        """Free vLLM's GPU memory until the next batch (``sample.engine_sleep`` on a GPU)."""
-        if self.sample.engine_sleep and torch.cuda.is_available() and not self._sleeping:
+        """Free vLLM's GPU memory until the next batch (``sample.engine_sleep`` on a GPU) once no service of the
+        engine is running (a run's evaluation may end while its rollout goes on)."""
+        self._serving -= 1
+        if self._serving == 0 and self.sample.engine_sleep and torch.cuda.is_available() and not self._sleeping:
             await asyncio.wrap_future(self.loop.call(lambda: self.llm.sleep(level=1)))
             self._sleeping = True
 
@@ -250,9 +253,9 @@ class VLLMService:
         """Serve for the duration of the block: with the weights of ``policy_version`` when there is no ``sync``."""
         self._sync_lock = asyncio.Lock()
         await self.engine.wake()
-        if self.sync is None and self.policy_version != self.engine.version:
-            await self.engine.load(self.policy_version, self.policy.model)
         try:
+            if self.sync is None and self.policy_version != self.engine.version:
+                await self.engine.load(self.policy_version, self.policy.model)
             yield self
         finally:
             self.batches_and_seconds  # noqa: B018 — collect the steps of this block
