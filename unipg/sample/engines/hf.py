@@ -21,7 +21,6 @@ import asyncio
 import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 
 import torch
 
