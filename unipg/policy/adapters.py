@@ -75,3 +75,22 @@ def load_synced_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     result = model.load_state_dict(state, strict=False)
     if result.unexpected_keys:
         raise ValueError(f"synced weights do not fit the inference copy: {result.unexpected_keys[0]} is not in it")
+
+
+def base_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The weights of ``model`` without its LoRA adapters, named as in the base Hugging Face model."""
+    if not has_adapter(model):
+        return dict(model.state_dict())
+    prefix = "base_model.model."
+    return {name.removeprefix(prefix).replace(".base_layer.", "."): tensor
+            for name, tensor in model.state_dict().items() if "lora_" not in name}
+
+
+def save_base_model(model: nn.Module, tokenizer, directory: str | Path) -> Path:
+    """Save ``model`` (its base, without adapters, if it is a PEFT model) and ``tokenizer`` in Hugging Face format
+    into ``directory``, loadable by ``from_pretrained`` and by inference engines; returns it."""
+    directory = Path(directory)
+    base = model.get_base_model() if has_adapter(model) else model
+    base.save_pretrained(directory, state_dict=base_state_dict(model), safe_serialization=True)
+    tokenizer.save_pretrained(directory)
+    return directory

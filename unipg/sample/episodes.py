@@ -21,8 +21,9 @@ from unipg.policy.lm import LMPolicy
 from unipg.sample.agent import AgentLoop, Trajectory
 from unipg.sample.endpoint.agents import AgentStats, ExternalAgent, ExternalAgentLoop, load_agent
 from unipg.sample.envs import ENVS, EnvironmentService
+from unipg.sample.engines import ENGINES, Engine, SamplingParams
 from unipg.sample.envs.service import build_tools, close_tools
-from unipg.sample.inference import InferenceEngine, SamplingParams
+from unipg.sample.inference import InferenceEngine
 from unipg.sample.roles import RoleLoop
 from unipg.sample.tasks.base import Example, Task
 from unipg.sample.tools.formats import TOOL_PARSERS, parser_for_template, rewrite_calls
@@ -138,10 +139,20 @@ class EpisodeRunner:
                               for role in self.roles}
         self.template = TurnTemplate(policy.tokenizer, multi_turn=self.max_turns > 1)
         self.tool_parser = config.model.tool_parser or parser_for_template(policy.tokenizer.chat_template)
+        self.engine_name = config.sample.engine
+        ENGINES.get(self.engine_name)  # an unknown name fails here, listing the engines
+        self._engine: Engine | None = None  # built on first use: starting vLLM takes seconds
 
     def encoder_for(self, role: str | None) -> PromptEncoder:
         """The prompt encoder of ``role``'s first observations (None: the run's one role)."""
         return self.encode if role is None else self.role_encoders[role]
+
+    @property
+    def inference(self) -> Engine:
+        """This runner's inference engine (``sample.engine``), started on first use and closed with the runner."""
+        if self._engine is None:
+            self._engine = ENGINES.get(self.engine_name)(self.policy, self.config)
+        return self._engine
 
     def make_env(self):
         if self.external is not None:
@@ -172,10 +183,11 @@ class EpisodeRunner:
 
     def engine(self, params: SamplingParams, generator: torch.Generator | None, *,
                sync: Callable[[], int | None] | None = None) -> InferenceEngine:
-        """An inference engine on this runner's policy (``sync``: pull newer weights between generate calls)."""
+        """The inference service for a batch of episodes on this runner's engine (``sync``: pull newer weights
+        between generate calls)."""
         wait = None if self.config.deterministic else self.config.agent.batch_wait_ms / 1000
-        return InferenceEngine(self.policy, params, generator=generator, batch_wait=wait,
-                               max_batch=self.config.agent.concurrency, sync=sync)
+        return self.inference.service(params, generator, batch_wait=wait, max_batch=self.config.agent.concurrency,
+                                      sync=sync)
 
     def agent_loop(self, engine: InferenceEngine) -> AgentLoop | ExternalAgentLoop | RoleLoop:
         """The loop of this task's episodes: an ``ExternalAgentLoop`` for an external agent (``task.agent``), a
@@ -213,7 +225,7 @@ class EpisodeRunner:
                                                                   concurrency=self.config.agent.concurrency)
         if self.roles:
             trajectories = [t for episode in trajectories for t in (episode if all_roles else episode[:1])]
-        self.last_batch_sizes, self.last_generate_seconds = engine.batches, engine.generate_seconds
+        self.last_batch_sizes, self.last_generate_seconds = engine.pop_batches()
         mark_unscored_rewards(trajectories, getattr(self.reward_fn, "names", []))
         return trajectories
 
@@ -225,9 +237,18 @@ class EpisodeRunner:
             return {}
         return self.service.pop_stats().metrics(prefix)
 
+    def pop_engine_metrics(self) -> dict[str, float]:
+        """The engine's counters since the last call (none before it started)."""
+        return self._engine.metrics() if self._engine is not None else {}
+
     def close(self) -> None:
-        if self.service is not None:
-            self.service.close()
+        try:
+            if self.service is not None:
+                self.service.close()
+        finally:
+            if self._engine is not None:
+                engine, self._engine = self._engine, None
+                engine.close()
 
 
 def greedy_completion_rate(model, tokenizer, task: Task, config: Config, examples: list[Example]) -> float:

@@ -247,7 +247,7 @@ class LMRollout(CountedEpisodes):
         """The runner's environment service counters under ``prefix`` and the episode counts."""
         with self._lock:
             account = self.account.metrics()
-        return {**self.runner.pop_service_metrics(prefix), **account}
+        return {**self.runner.pop_service_metrics(prefix), **self.runner.pop_engine_metrics(), **account}
 
     def pop_sync_seconds(self) -> float | None:
         """Seconds spent publishing and loading weights since the last call (None: no weight sync)."""
