@@ -5,7 +5,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast
 
 from unipg.policy.embedded import CHAT_TEMPLATE
-from unipg.sample.endpoint.render import HermesToolCalls, plain_messages, render_conversation, reply_key
+from unipg.sample.endpoint.render import ToolCallFormat, plain_messages, render_conversation, reply_key
 from unipg.sample.endpoint.sessions import Session
 from unipg.sample.inference import TurnOutput
 
@@ -34,7 +34,7 @@ def turn(token_ids, text):
 
 
 def follow_up(session, tokenizer, history):
-    text = render_conversation(tokenizer, plain_messages(history, session.raw_replies, HermesToolCalls()), None)
+    text = render_conversation(tokenizer, plain_messages(history, session.raw_replies, ToolCallFormat()), None)
     return session.context(text)
 
 
@@ -87,7 +87,7 @@ def test_a_call_that_rewrites_history_starts_a_new_trajectory_of_the_session(bpe
 
 
 def test_hermes_calls_are_parsed_and_written_back_the_same_way():
-    calls_format = HermesToolCalls()
+    calls_format = ToolCallFormat()
     text = 'let me see <tool_call>{"name": "calculator", "arguments": {"expression": "2*3"}}</tool_call>'
     content, [call] = calls_format.parse(text)
     assert content == "let me see" and call.name == "calculator" and call.key() == ("calculator",
@@ -104,7 +104,7 @@ def test_a_tool_call_sent_back_as_openai_tool_calls_continues_the_trajectory(bpe
     sampled_text = '<tool_call>{"name": "f", "arguments": {"x": "ab"}}</tool_call>'
     sampled = bpe.convert_tokens_to_ids(["a", "b"])  # the model's ids, whatever text the reply decodes to
     raw = session.raw_text(sampled)
-    content, calls = HermesToolCalls().parse(sampled_text)
+    content, calls = ToolCallFormat().parse(sampled_text)
     session.record(first, [turn(sampled + [end], sampled_text)])
     session.remember_reply(reply_key(content, calls), sampled + [end])
     returned = {"role": "assistant", "content": None, "tool_calls": [

@@ -91,9 +91,10 @@ class Completions:
         stop = [request.stop] if isinstance(request.stop, str) else request.stop
         stop = list(base.stop or []) if stop is None else list(stop)
         keep: tuple[str, ...] = ()
-        if tools:
-            keep = (self.calls_format.close,)
-            stop = stop if self.calls_format.close in stop else [*stop, self.calls_format.close]
+        close = self.calls_format.close
+        if tools and close is not None:  # a format whose call is the whole turn ends at the end-of-turn token
+            keep = (close,)
+            stop = stop if close in stop else [*stop, close]
         return replace(base, temperature=base.temperature if request.temperature is None else request.temperature,
                        top_p=base.top_p if request.top_p is None else request.top_p, stop=stop or None, keep_stop=keep)
 

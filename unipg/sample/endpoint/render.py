@@ -3,7 +3,8 @@
 Tool calls cross one small boundary, ``ToolCallFormat``: how a model family writes a call in its text
 (``parse``), how a call of an earlier turn is written back into a prompt (``format``), and the string that
 closes a call (sampling stops there, as the native agent loop does: one call per turn). ``tool_call_format``
-picks the format for a tokenizer; today every model uses the Hermes ``<tool_call>{json}</tool_call>`` one.
+picks the registered format of a tokenizer's chat template (Hermes ``<tool_call>{json}</tool_call>`` unless the
+template is of another family, e.g. Llama 3's JSON calls).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import uuid
 from dataclasses import dataclass
 
 from unipg.policy.chat import render_tools
-from unipg.sample.tools.base import CLOSE_TAG, OPEN_TAG
+from unipg.sample.tools.formats import MalformedToolCall, parser_for_template, tool_parser
 
 
 class RequestError(ValueError):
@@ -37,40 +38,34 @@ class ToolCall:
             return self.name, self.arguments
 
 
-class HermesToolCalls:
-    """``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` anywhere in the turn (Qwen, Hermes)."""
+class ToolCallFormat:
+    """A registered tool-call parser (``unipg.sample.tools.formats``) as the endpoint uses it: OpenAI calls
+    (arguments as JSON text) in and out of the model's text."""
 
-    close = CLOSE_TAG
+    def __init__(self, parser: str = "hermes"):
+        self.parser = tool_parser(parser)
+        self.close = self.parser.stop[0] if self.parser.stop else None  # sampling stops after a call
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
-        """(the text before the first call, the calls); a call that is not valid JSON leaves the text as it is
+        """(the text before the first call, the calls); a call the parser cannot read leaves the text as it is
         and no calls, so the agent sees what the model wrote."""
-        start = text.find(OPEN_TAG)
-        if start < 0:
+        try:
+            calls = self.parser.parse_tool_calls(text)
+        except MalformedToolCall:
             return text, []
-        calls, position, decoder = [], start, json.JSONDecoder()
-        while position >= 0:
-            body = position + len(OPEN_TAG)
-            body += len(text[body:]) - len(text[body:].lstrip())
-            try:
-                value, end = decoder.raw_decode(text, body)
-            except ValueError:
-                return text, []
-            if not (isinstance(value, dict) and isinstance(value.get("name"), str)
-                    and isinstance(value.get("arguments", {}), dict) and text[end:].lstrip().startswith(CLOSE_TAG)):
-                return text, []
-            calls.append(ToolCall(value["name"], json.dumps(value.get("arguments", {}))))
-            position = text.find(OPEN_TAG, text.find(CLOSE_TAG, end))
-        return text[:start].strip(), calls
+        if not calls or not all(isinstance(call.arguments, dict) for call in calls):
+            return text, []
+        start = text.find(self.parser.open_tag) if hasattr(self.parser, "open_tag") else 0
+        return text[:start].strip(), [ToolCall(call.name, json.dumps(call.arguments)) for call in calls]
 
     def format(self, calls: list[ToolCall]) -> str:
-        return "".join(f'{OPEN_TAG}{{"name": {json.dumps(call.name)}, "arguments": {call.arguments}}}{CLOSE_TAG}'
-                       for call in calls)
+        return self.parser.separator.join(self.parser.format_tool_call(call.name, json.loads(call.arguments))
+                                          for call in calls)
 
 
-def tool_call_format(tokenizer) -> HermesToolCalls:
-    """The tool-call format of ``tokenizer``'s model family."""
-    return HermesToolCalls()
+def tool_call_format(tokenizer) -> ToolCallFormat:
+    """The tool-call format of ``tokenizer``'s model family (from its chat template)."""
+    return ToolCallFormat(parser_for_template(getattr(tokenizer, "chat_template", None)))
 
 
 def content_text(content, where: str) -> str:
@@ -106,7 +101,7 @@ def reply_key(content: str, calls: list[ToolCall]) -> tuple:
     return content.strip(), tuple(call.key() for call in calls)
 
 
-def plain_messages(messages: list, raw_replies: dict[tuple, str], calls_format: HermesToolCalls) -> list[dict]:
+def plain_messages(messages: list, raw_replies: dict[tuple, str], calls_format: ToolCallFormat) -> list[dict]:
     """``{"role", "content"}`` messages the chat template renders. An assistant message that is a reply of this
     session is replaced by the exact text the model sampled (``raw_replies``), so the rendered conversation
     continues the sampled tokens; other assistant calls are written in the model's call format."""
