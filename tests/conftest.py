@@ -6,6 +6,8 @@ import os
 
 import pytest
 
+import unipg  # noqa: F401  (first: hides torch companions built for another torch before transformers looks)
+
 
 @pytest.fixture(scope="session", autouse=True)
 def private_cache(tmp_path_factory):
