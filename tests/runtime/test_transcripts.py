@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 from unipg.cli import app
 from unipg.config import load_config
 from unipg.learn.warm_start import resolve_warm_start
+from unipg.observe.metrics import read_metrics
 from unipg.runtime.lm import train_lm
 from unipg.sample.tasks.base import make_task
 
@@ -62,14 +63,19 @@ def test_eval_show_prints_episodes_with_their_calls_and_results(short_run):
 
 
 def test_single_turn_transcripts_hold_the_answer_and_can_be_switched_off(embedded_path, tmp_path):
+    """The same runs log the learning signal of their groups at every update (what the doctor reads)."""
     from tests.runtime.test_lm import SMALL
 
     for count in (1, 0):
         config = load_config(None, SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
-                                            f"log.run_name=t{count}", "train.updates=1", f"eval.transcripts={count}"])
-        folder = train_lm(config).run_dir / "transcripts"
+                                            f"log.run_name=t{count}", "train.updates=2", f"eval.transcripts={count}"])
+        run_dir = train_lm(config).run_dir
+        updates = [record for record in read_metrics(run_dir) if "rollout/reward_mean" in record]
+        assert len(updates) == 2 and all(0.0 <= record[f"rollout/{kind}_group_fraction"] <= 1.0 for record in updates
+                                         for kind in ("uniform", "unsolved", "solved"))
+        folder = run_dir / "transcripts"
         if count:
-            [record] = [json.loads(line) for line in (folder / "eval_1.jsonl").open()]
+            [record] = [json.loads(line) for line in (folder / "eval_2.jsonl").open()]
             assert record["turns"] == [{"text": record["answer"]}] and record["reference"]
         else:
             assert not folder.exists()
