@@ -76,9 +76,10 @@ class AgentConfig(Section):
     """what the agent sees when a tool failed on every attempt."""
     failure_penalty: float = Field(0.1, ge=0.0)
     """reward subtracted on a turn whose tool call failed on every attempt."""
-    process_weight: float = Field(0.1, ge=0.0)
+    process_weight: float | None = Field(None, ge=0.0)
     """weight of process rewards (valid call and tool success: +; malformed call: −) relative to a final
-    reward of 1; positive process reward is capped at this weight per episode, so extra calls never pay."""
+    reward of 1; positive process reward is capped at this weight per episode, so extra calls never pay.
+    None = the task's own (0.1 unless the task sets it, e.g. the units task's process_reward option)."""
     tool_prompt: bool = True
     """describe the tools to the model: through the chat template's tools argument when it has one, else in
     the system message."""

@@ -98,7 +98,9 @@ class EpisodeRunner:
     def make_env(self):
         if self.service is None:
             return ENVS.get("single_turn")(self.task, self.reward_fn)
-        return ENVS.get("tool")(self.task, self.reward_fn, self.service, process_weight=self.config.agent.process_weight)
+        weight = self.config.agent.process_weight
+        return ENVS.get("tool")(self.task, self.reward_fn, self.service,
+                                process_weight=self.task.process_weight if weight is None else weight)
 
     def sampling(self, *, greedy: bool = False) -> SamplingParams:
         sample = self.config.sample

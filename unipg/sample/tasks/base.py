@@ -44,6 +44,7 @@ class Task:
     rewards: list[dict]  # default reward spec for ``rewards.build_rewards``, e.g. [{"name": "math"}]
     tools: list[dict] = field(default_factory=list)  # tools an agent may call, e.g. [{"name": "calculator"}]
     max_turns: int = 1  # policy turns per episode; 1 = single-turn (the completion is the answer)
+    process_weight: float = 0.1  # the agent's process reward when agent.process_weight is unset (see AgentConfig)
 
 
 TASKS = FactoryRegistry("task")  # a factory's keyword parameters are the task's options
