@@ -117,6 +117,19 @@ class SFTConfig(Section):
     """batch demonstrations of similar length together: much less padding when lengths vary widely. Batches
     then alternate between kinds of demonstration (short answers, long tool calls), which can swing a choice
     the mixture decides, such as how often to call a tool; keep it off for such mixtures."""
+    evidence_stop: Literal["off", "stages", "all"] = "off"
+    """agent tasks: end a stage early once greedy first turns on held-out demonstrations make valid calls with the
+    demonstrated arguments (min_call_validity, min_argument_accuracy; unipg.learn.evidence), the stage's steps
+    being a cap. stages: only the stages of sft.stages (the main stage, often a mixture meant to change how often
+    the tool is called, runs all its steps); all: every stage; off: every stage runs its steps."""
+    evidence_every: int = Field(100, ge=1)
+    """with evidence_stop on: measure the evidence every this many steps of a stage (and log it)."""
+    evidence_examples: int = Field(32, ge=1)
+    """held-out demonstrations (the task's first test examples) the evidence is measured on."""
+    min_call_validity: float = Field(0.9, ge=0.0, le=1.0)
+    """fraction of greedy first turns that must be calls the environment accepts."""
+    min_argument_accuracy: float = Field(0.9, ge=0.0, le=1.0)
+    """fraction of greedy first turns whose call must carry exactly the demonstrated arguments."""
 
 
 class SampleConfig(Section):
