@@ -39,7 +39,9 @@ def test_call_scores_count_valid_calls_and_exactly_copied_arguments():
     turns = [demonstrated, format_tool_call("convert", {"value": 4, "from_unit": "km", "to_unit": "m"}),
              format_tool_call("convert", {"value": 3, "from_unit": "parsec", "to_unit": "m"}), "3000"]
     try:
-        assert call_scores(turns, [demonstrated] * 4, service) == {"call_validity": 0.5, "argument_accuracy": 0.25}
+        assert call_scores(turns, [demonstrated] * 4, service) == {
+            "call_validity": 0.5, "argument_accuracy": 0.25, "argument/value": 0.25, "argument/from_unit": 0.5,
+            "argument/to_unit": 0.5}
     finally:
         service.close()
 
@@ -55,7 +57,7 @@ def test_a_stage_stops_once_the_evidence_passes_and_otherwise_runs_to_its_cap(em
         metrics = fine_tune_on_demonstrations(policy.model, policy.tokenizer, task, config, seed=0, log_every=100,
                                               log=lines.append)
         assert metrics["steps"] == expected_steps and len(metrics["evidence"]) == checks
-        assert set(metrics["evidence"][0]) == {"stage", "step", "call_validity", "argument_accuracy"}
+        assert {"stage", "step", "call_validity", "argument_accuracy"} < set(metrics["evidence"][0])
     assert any("evidence: call validity" in line and "stage ends" in line for line in lines)
 
 
@@ -77,4 +79,4 @@ def test_off_by_default_and_then_the_warm_start_cache_key_is_unchanged(embedded_
     policy = load_lm_policy(embedded_path)
     evidence = call_evidence(policy.model, policy.tokenizer, make_task("calculator", **TASKS["calculator"]), config,
                              make_task("calculator", **TASKS["calculator"]).test)
-    assert set(evidence) == {"call_validity", "argument_accuracy"}
+    assert set(evidence) == {"call_validity", "argument_accuracy", "argument/expression"}

@@ -6,7 +6,8 @@ environment accepts, and copying the problem's arguments into it. Both are measu
 
 - ``call_validity``: the turn is a call the environment would run (closing tag, JSON, a known tool, arguments
   that fit its schema: ``unipg.sample.envs.tool_env.parse_turn``);
-- ``argument_accuracy``: the call's arguments equal the demonstration's exactly.
+- ``argument_accuracy``: the call's arguments equal the demonstration's exactly; ``argument/<name>``: the share
+  that copied that one argument (which of them the policy fails to copy).
 
 With ``sft.evidence_stop`` on, a stage of the warm start ends as soon as both pass their thresholds
 (``sft.min_call_validity``, ``sft.min_argument_accuracy``), checked every ``sft.evidence_every`` steps; otherwise
@@ -58,7 +59,12 @@ def call_scores(turns: list[str], demonstrated: list[str], service: EnvironmentS
     valid = [turn.kind == "call" for turn in parsed]
     copied = [ok and (turn.name, turn.arguments) == (want.name, want.arguments)
               for ok, turn, want in zip(valid, parsed, expected)]
-    return {"call_validity": sum(valid) / len(valid), "argument_accuracy": sum(copied) / len(copied)}
+    scores = {"call_validity": sum(valid) / len(valid), "argument_accuracy": sum(copied) / len(copied)}
+    names = dict.fromkeys(name for want in expected for name in (want.arguments or {}))
+    for name in names:  # which argument fails to be copied: the number, a unit word, ...
+        scores[f"argument/{name}"] = sum(ok and (turn.arguments or {}).get(name) == (want.arguments or {}).get(name)
+                                         for ok, turn, want in zip(valid, parsed, expected)) / len(parsed)
+    return scores
 
 
 def evidence_check(model, tokenizer, task: Task, config: Config, *, stage: str,
@@ -75,8 +81,9 @@ def evidence_check(model, tokenizer, task: Task, config: Config, *, stage: str,
         check.history.append({"stage": stage, "step": step, **evidence})
         passed = (evidence["call_validity"] >= sft.min_call_validity
                   and evidence["argument_accuracy"] >= sft.min_argument_accuracy)
+        each = ", ".join(f"{key.split('/', 1)[1]} {value:.2f}" for key, value in evidence.items() if "/" in key)
         log(f"{stage}step {step} evidence: call validity {evidence['call_validity']:.2f}, argument accuracy "
-            f"{evidence['argument_accuracy']:.2f}{' - passed, stage ends' if passed else ''}")
+            f"{evidence['argument_accuracy']:.2f} ({each}){' - passed, stage ends' if passed else ''}")
         return passed
 
     check.history = []
