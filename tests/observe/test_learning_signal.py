@@ -29,6 +29,13 @@ def test_groups_that_all_fail_are_diagnosed_with_what_to_change():
     assert "a group of 64 has a success and a failure 73% of the time, against 15% now" in found.remedy
 
 
+def test_groups_without_a_success_are_flagged_even_when_process_rewards_make_them_differ():
+    # seen on the units task: 94% of groups had no success, but calls earned process rewards in 55% of them
+    found = finding(diagnose(records(0.45, 0.94, 0.0, completion=0.01), config=CONFIG))
+    assert "unsolved_group_fraction averaged 94%" in found.evidence and "only process rewards" in found.evidence
+    assert "sample.samples_per_prompt (now 8)" in found.remedy
+
+
 def test_groups_that_all_succeed_are_a_solved_task_not_a_learning_problem():
     found = finding(diagnose(records(0.95, 0.0, 0.95, completion=0.98), config=CONFIG))
     assert "every episode succeeded" in found.evidence and "harder" in found.remedy

@@ -3,7 +3,9 @@
 A group-relative estimator (GRPO, RLOO) scores each episode against the other episodes of its prompt, so a group
 whose returns are all equal — every episode failed, or every one succeeded — gets zero advantage everywhere and
 contributes no gradient. When nearly every group is like that the reward stays flat however long the run, and
-the fix is on the data side, not in the learning rate. The lm runtime logs, every update, the fraction of such
+the fix is on the data side, not in the learning rate. With process rewards (agent tasks) a group in which every
+episode failed still differs by its calls, so it is not uniform, yet the task reward teaches nothing there either:
+the check fires as well when nearly every group has no success at all. The lm runtime logs, every update, the fraction of such
 groups (``rollout/uniform_group_fraction``) and of groups that all failed or all succeeded
 (``rollout/unsolved_group_fraction``, ``rollout/solved_group_fraction``; ``unipg.runtime.backends.local_lm``).
 """
@@ -43,19 +45,27 @@ def window_mean(history: History, name: str) -> float | None:
 
 @CHECKS.register("zero_variance_groups")
 def zero_variance_groups(history: History) -> list[Finding]:
-    """Nearly every prompt group scored all its episodes alike, so group-relative advantages are all zero."""
+    """Nearly every prompt group scored all its episodes alike, so group-relative advantages are all zero; or
+    nearly every group had no success, so whatever differs within a group is process rewards, not the task."""
     steps, values = history.finite("rollout/uniform_group_fraction")
     steps, values = steps[-history.window:], values[-history.window:]
-    if len(values) < MIN_SIGNAL_POINTS or statistics.fmean(values) < UNIFORM_GROUP_FRACTION_MAX:
+    if len(values) < MIN_SIGNAL_POINTS:
         return []
-    first, last = span(steps)
+    uniform = statistics.fmean(values)
     unsolved = window_mean(history, "rollout/unsolved_group_fraction")
     solved = window_mean(history, "rollout/solved_group_fraction")
-    evidence = (f"rollout/uniform_group_fraction averaged {statistics.fmean(values):.0%} over steps {first}-{last}: "
-                "nearly every group scored all its episodes alike, so their advantages are zero and they teach "
-                "nothing")
-    if unsolved is not None and solved is not None:
-        evidence += f" ({unsolved:.0%} of groups: every episode failed; {solved:.0%}: every episode succeeded)"
+    first, last = span(steps)
+    if uniform >= UNIFORM_GROUP_FRACTION_MAX:
+        evidence = (f"rollout/uniform_group_fraction averaged {uniform:.0%} over steps {first}-{last}: nearly every "
+                    "group scored all its episodes alike, so their advantages are zero and they teach nothing")
+        if unsolved is not None and solved is not None:
+            evidence += f" ({unsolved:.0%} of groups: every episode failed; {solved:.0%}: every episode succeeded)"
+    elif unsolved is not None and unsolved >= UNIFORM_GROUP_FRACTION_MAX:
+        evidence = (f"rollout/unsolved_group_fraction averaged {unsolved:.0%} over steps {first}-{last}: in nearly "
+                    "every group no episode completed the task, so what differs within a group is only process "
+                    f"rewards (rollout/uniform_group_fraction {uniform:.0%}); the task reward teaches nothing")
+    else:
+        return []
     if solved is not None and solved > (unsolved or 0.0):
         remedy = ("The task is solved at this difficulty: nothing is left to learn from these prompts. Make it "
                   "harder (task.options), or stop here.")
