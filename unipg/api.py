@@ -108,6 +108,16 @@ def evaluate(source: str | Path | Config, *, overrides: list[str] | None = None,
     return evaluate_model(config)
 
 
+def evaluate_episodes(source: str | Path | Config, *, show: int, overrides: list[str] | None = None,
+                      **settings: Any) -> tuple[dict[str, float], list[dict]]:
+    """``evaluate``, and the transcripts of the first ``show`` held-out greedy episodes: prompt, each tool call
+    with its arguments and result, the answer and the reward (``unipg.sample.transcripts``)."""
+    from unipg.runtime.evaluation import evaluate_model_episodes
+
+    config = source if isinstance(source, Config) else evaluation_config(source, overrides=overrides, **settings)
+    return evaluate_model_episodes(config, show=show)
+
+
 def evaluation_config(run_dir: str | Path, *, overrides: list[str] | None = None,
                       notify: Callable[[str], None] | None = None, **settings: Any) -> Config:
     """The configuration of the finished run in ``run_dir``, pointed at the policy it saved; the folder's

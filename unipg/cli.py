@@ -245,6 +245,8 @@ def evaluate(
     config_path: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config file (task, model, eval)"),
     run: Optional[Path] = typer.Option(None, "--run", help="a finished run folder: evaluate the policy it saved"),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="also write the metrics to this JSON file"),
+    show: int = typer.Option(0, "--show", min=0, help="print this many held-out episodes: prompt, tool calls and "
+                             "results, answer, reward"),
 ) -> None:
     """Evaluate a model on a text task's held-out split: completion (pass@1), pass@k, turns, tool use."""
     import json
@@ -256,10 +258,11 @@ def evaluate(
             config = api.evaluation_config(run, overrides=list(overrides or []), notify=print_notice)
         else:
             config = resolve(config_path, list(overrides or []))
-        metrics = api.evaluate(config)
+        metrics, transcripts = api.evaluate_episodes(config, show=show)
     except (ValueError, ConfigError, RegistryError) as error:
         print_error(str(error))
         raise typer.Exit(2) from None
+    print_transcripts(transcripts)
     table = Table(title=f"held-out evaluation on {config.task.name}", caption=f"model: {escape(config.model.name)}")
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -268,6 +271,20 @@ def evaluate(
     console.print(table)
     if output is not None:
         output.write_text(json.dumps(metrics, indent=2), encoding="utf-8")
+
+
+def print_transcripts(transcripts: list[dict]) -> None:
+    """Each transcript in a panel on a terminal, as plain text otherwise (a pipe, a file)."""
+    from rich.panel import Panel
+
+    from unipg.sample.transcripts import format_transcript
+
+    for index, record in enumerate(transcripts, 1):
+        title = f"episode {index}: {'correct' if record['correct'] else 'wrong'}"
+        if console.is_terminal:
+            console.print(Panel(escape(format_transcript(record)), title=title, title_align="left"))
+        else:
+            typer.echo(f"--- {title}\n{format_transcript(record)}\n")
 
 
 @app.command()

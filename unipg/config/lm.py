@@ -97,9 +97,10 @@ class AgentConfig(Section):
     """what the agent sees when a tool failed on every attempt."""
     failure_penalty: float = Field(0.1, ge=0.0)
     """reward subtracted on a turn whose tool call failed on every attempt."""
-    process_weight: float = Field(0.1, ge=0.0)
+    process_weight: float | None = Field(None, ge=0.0)
     """weight of process rewards (valid call and tool success: +; malformed call: −) relative to a final
-    reward of 1; positive process reward is capped at this weight per episode, so extra calls never pay."""
+    reward of 1; positive process reward is capped at this weight per episode, so extra calls never pay.
+    None = the task's own (0.1 unless the task sets it, e.g. the units task's process_reward option)."""
     roles: dict[str, RoleConfig] = Field(default_factory=dict)
     """per-role settings of a multi-role task, e.g. {checker: {shaping: 0.2}}; roles not named keep the task's."""
     role_policy: Literal["shared", "adapters"] = "shared"
@@ -159,6 +160,19 @@ class SFTConfig(Section):
     """batch demonstrations of similar length together: much less padding when lengths vary widely. Batches
     then alternate between kinds of demonstration (short answers, long tool calls), which can swing a choice
     the mixture decides, such as how often to call a tool; keep it off for such mixtures."""
+    evidence_stop: Literal["off", "stages", "all"] = "off"
+    """agent tasks: end a stage early once greedy first turns on held-out demonstrations make valid calls with the
+    demonstrated arguments (min_call_validity, min_argument_accuracy; unipg.learn.evidence), the stage's steps
+    being a cap. stages: only the stages of sft.stages (the main stage, often a mixture meant to change how often
+    the tool is called, runs all its steps); all: every stage; off: every stage runs its steps."""
+    evidence_every: int = Field(100, ge=1)
+    """with evidence_stop on: measure the evidence every this many steps of a stage (and log it)."""
+    evidence_examples: int = Field(32, ge=1)
+    """held-out demonstrations (the task's first test examples) the evidence is measured on."""
+    min_call_validity: float = Field(0.9, ge=0.0, le=1.0)
+    """fraction of greedy first turns that must be calls the environment accepts."""
+    min_argument_accuracy: float = Field(0.9, ge=0.0, le=1.0)
+    """fraction of greedy first turns whose call must carry exactly the demonstrated arguments."""
 
 
 class SampleConfig(Section):

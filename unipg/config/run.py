@@ -25,6 +25,9 @@ class EvalConfig(Section):
     """lm runs: also report sampled pass@k with this k (0 = greedy pass@1 only)."""
     max_examples: int | None = Field(None, ge=1)
     """lm runs: evaluate on the first this many held-out examples (None = all)."""
+    transcripts: int = Field(4, ge=0)
+    """lm runs: at each evaluation, write the transcripts of the first this many held-out greedy episodes to
+    <run>/transcripts/eval_<update>.jsonl and to TensorBoard as text (0 = none)."""
 
 
 class RuntimeConfig(Section):

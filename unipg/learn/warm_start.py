@@ -19,6 +19,7 @@ from pathlib import Path
 
 from unipg.config import Config
 from unipg.config.devices import resolve_device
+from unipg.learn.evidence import evidence_check
 from unipg.learn.sft import sft_train
 from unipg.policy.embedded import BUILDER_VERSION, cache_dir
 from unipg.policy.loading import load_causal_lm, load_tokenizer
@@ -41,11 +42,22 @@ def demonstration_spec(spec):
     return {key: value for key, value in spec.items() if key != "latency"}
 
 
+EVIDENCE_KEYS = ("evidence_stop", "evidence_every", "evidence_examples", "min_call_validity", "min_argument_accuracy")
+
+
 def warm_start_key(config: Config) -> dict:
+    """What determines a warm start; the evidence-stop settings only when the stop is on, so that warm starts
+    cached before it existed are still found. A warm start that stops on evidence also depends on what
+    the evidence reads: the sampling length of its greedy turns."""
     tools = [demonstration_spec(spec) for spec in config.task.tools] if config.task.tools is not None else None
+    sft = config.sft.model_dump()
+    if config.sft.evidence_stop == "off":
+        sft = {key: value for key, value in sft.items() if key not in EVIDENCE_KEYS}
+    else:
+        sft["evidence_max_new_tokens"] = config.sample.max_new_tokens
     key = {"version": WARM_START_VERSION, "model": config.model.name, "embedded_builder": BUILDER_VERSION,
            "task": config.task.name, "options": config.task.options, "system_prompt": config.task.system_prompt,
-           "tools": tools, "tool_prompt": config.agent.tool_prompt, "sft": config.sft.model_dump(),
+           "tools": tools, "tool_prompt": config.agent.tool_prompt, "sft": sft,
            **{key: getattr(config.model, key) for key in ("chat_template", "tool_parser")
               if getattr(config.model, key) is not None}}  # set only: caches built before them keep their key
     if config.model.dtype != "float32":  # trained in another precision; float32 keys stay as they were
@@ -96,21 +108,27 @@ def build_warm_start(config: Config, task: Task, folder: Path, *, log=print) -> 
 def fine_tune_on_demonstrations(model, tokenizer, task: Task, config: Config, *, seed: int, log_every: int,
                                 log=print) -> dict:
     """Fine-tune on the task's demonstrations: each of ``sft.stages`` in order (the task rebuilt with the
-    stage's options), then ``sft.steps`` on the task itself; returns the last stage's final metrics."""
+    stage's options), then ``sft.steps`` on the task itself; returns the last stage's final metrics, with the
+    ``evidence`` measured on the way (``unipg.learn.evidence``) when ``sft.evidence_stop`` is on."""
     sft = config.sft
     stages = [(make_task(config.task.name, **{**config.task.options, **stage.options}), stage.steps,
                stage.learning_rate or sft.learning_rate, stage.batch_size or sft.batch_size, f"stage {index + 1} ")
               for index, stage in enumerate(sft.stages)]
     stages.append((task, sft.steps, sft.learning_rate, sft.batch_size, "stage main " if stages else ""))
-    metrics = {}
-    for stage_task, steps, learning_rate, batch_size, name in stages:
+    metrics, evidence = {}, []
+    for index, (stage_task, steps, learning_rate, batch_size, name) in enumerate(stages):
         train = stage_task.train[: sft.examples] if sft.examples else stage_task.train
+        check = None
+        if sft.evidence_stop == "all" or (sft.evidence_stop == "stages" and index < len(sft.stages)):
+            check = evidence_check(model, tokenizer, stage_task, config, stage=name, log=log)
         metrics = sft_train(model, tokenizer, demonstration_pairs(tokenizer, stage_task, config, train),
                             steps=steps, batch_size=batch_size, learning_rate=learning_rate,
                             group_by_length=sft.group_by_length, seed=seed, log_every=log_every,
                             on_log=lambda step, m, name=name, steps=steps:
-                            log(f"{name}step {step}/{steps} loss {m['loss']:.4f}"))
-    return metrics
+                            log(f"{name}step {step}/{steps} loss {m['loss']:.4f}"),
+                            stop_every=sft.evidence_every, should_stop=check)
+        evidence += check.history if check is not None else []
+    return {**metrics, "evidence": evidence} if evidence else metrics
 
 
 def run_sft(config: Config, output: Path | None = None, *, log=print) -> dict:

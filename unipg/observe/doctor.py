@@ -18,6 +18,7 @@ from typing import Iterable
 import yaml
 
 from unipg.observe import checks as _checks  # noqa: F401  (registers the built-in checks)
+from unipg.observe import learning_signal as _learning_signal  # noqa: F401  (registers zero_variance_groups)
 from unipg.observe.findings import CHECKS, DEFAULT_WINDOW, Finding, History
 from unipg.observe.records import finite_or_none, load_metrics
 

@@ -61,6 +61,20 @@ class MetricsLogger:
                 self.event(step, "diagnosis", warning=f"doctor {finding.severity}: {finding.check}: "
                            f"{finding.evidence} — {finding.remedy}", **finding.to_dict())
 
+    def transcripts(self, step: int, records: list[dict], *, kind: str = "eval") -> Path:
+        """Write episode transcripts (``unipg.sample.transcripts``) to ``run_dir/transcripts/<kind>_<step>.jsonl``,
+        one per line, and to TensorBoard as text (tag ``<kind>/transcripts``); the file's path."""
+        from unipg.sample.transcripts import format_transcript
+
+        folder = self.run_dir / "transcripts"
+        folder.mkdir(exist_ok=True)
+        path = folder / f"{kind}_{int(step)}.jsonl"
+        path.write_text("".join(json.dumps(record, default=str) + "\n" for record in records), encoding="utf-8")
+        if self._tensorboard is not None and records:
+            text = "\n\n".join("```\n" + format_transcript(record) + "\n```" for record in records)
+            self._tensorboard.add_text(f"{kind}/transcripts", text, int(step))
+        return path
+
     def event(self, step: int, event: str, *, warning: str | None = None, **fields) -> None:
         """Append ``{"step", "event", **fields}`` to ``run_dir/events.jsonl``; show ``warning`` if given."""
         if warning is not None:

@@ -6,11 +6,17 @@ success and the tool service's counters; with ``eval.pass_k`` > 0, k sampled epi
 
 from __future__ import annotations
 
+import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
 from unipg.config import Config, load_config
+from unipg.sample.agent import Trajectory
+from unipg.sample.episodes import EpisodeRunner, episode_metrics
+from unipg.sample.tasks.base import Example
 
 EVALUATION_SECTIONS = ("task", "model", "agent", "sample", "eval", "sft")
 """The sections of a configuration that evaluation reads (``sft`` for a ``model.warm_start=true`` override).
@@ -59,14 +65,46 @@ def run_config(run_dir: Path, overrides: list[str], notify: Callable[[str], None
     return config
 
 
+def evaluate_episodes(runner: EpisodeRunner, examples: list[Example], *, pass_k: int,
+                      seed: int) -> tuple[dict[str, float], list[Trajectory]]:
+    """Greedy episodes on held-out examples — pass@1 is the task completion rate (the final answer equals the
+    reference), with turns and tool use — and sampled pass@k (solved by any of ``pass_k`` sampled episodes;
+    none if 0, ``eval.pass_k``). The metrics, and the greedy episodes in the order of ``examples``."""
+    greedy = runner.run(examples, params=runner.sampling(greedy=True), generator=None)
+    metrics = {"eval/pass@1": statistics.fmean(t.correct for t in greedy)}
+    metrics.update({key: value for key, value in episode_metrics(greedy, "eval", tools=runner.service is not None).items()
+                    if key != "eval/completion_rate"})
+    metrics.update(runner.pop_service_metrics("eval"))
+    k = pass_k
+    if k > 0:
+        generator = torch.Generator().manual_seed(seed)
+        sampled = runner.run([example for example in examples for _ in range(k)], params=runner.sampling(),
+                             generator=generator)
+        solved = [any(t.correct for t in sampled[i * k:(i + 1) * k]) for i in range(len(examples))]
+        metrics[f"eval/pass@{k}"] = statistics.fmean(solved)
+        runner.pop_service_metrics("eval")
+    return metrics, greedy
+
+
+def evaluate_lm(runner: EpisodeRunner, examples: list[Example], *, pass_k: int, seed: int) -> dict[str, float]:
+    """The metrics of ``evaluate_episodes``."""
+    return evaluate_episodes(runner, examples, pass_k=pass_k, seed=seed)[0]
+
+
 def evaluate_model(config: Config) -> dict[str, float]:
     """Held-out metrics of ``config.model.name`` on ``config.task.name`` (``eval.max_examples`` of its test split)."""
+    return evaluate_model_episodes(config, show=0)[0]
+
+
+def evaluate_model_episodes(config: Config, *, show: int) -> tuple[dict[str, float], list[dict]]:
+    """``evaluate_model``, and the transcripts (``unipg.sample.transcripts``) of its first ``show`` greedy
+    episodes."""
     from unipg.config.devices import resolve_device
     from unipg.policy.loading import load_lm_policy
-    from unipg.runtime.lm import evaluate_lm
     from unipg.runtime.setup import seed_everything, set_threads
     from unipg.sample.episodes import EpisodeRunner, held_out
     from unipg.sample.rewards.rules import build_rewards, reward_defaults
+    from unipg.sample.transcripts import transcript
     from unipg.sample.tasks.base import make_task
 
     if not config.is_lm:
@@ -87,6 +125,7 @@ def evaluate_model(config: Config) -> dict[str, float]:
     runner = EpisodeRunner(policy, task, config, rewards)
     test = held_out(task, config)
     try:
-        return evaluate_lm(runner, test, pass_k=config.eval.pass_k, seed=config.seed + 10_000)
+        metrics, greedy = evaluate_episodes(runner, test, pass_k=config.eval.pass_k, seed=config.seed + 10_000)
+        return metrics, [transcript(trajectory) for trajectory in greedy[:show]]
     finally:
         runner.close()

@@ -29,7 +29,6 @@ Stopping on a signal, rolling back and ending after a rollout failure live in ``
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,7 +42,6 @@ from unipg.checkpoint.store import Checkpoint
 from unipg.config import Config
 from unipg.learn.lm import LMLearner
 from unipg.learn.sharded import make_learner
-from unipg.learn.state import generator_state, restore_generator
 from unipg.observe.episodes import EpisodeLog
 from unipg.observe.metrics import MetricsLogger, Progress, Timer, process_metrics, release_free_memory
 from unipg.policy.lm import LMPolicy
@@ -53,6 +51,7 @@ from unipg.runtime.backends.local_lm import rollout_batch
 from unipg.runtime.driver import Runtime, resolve_schedule
 from unipg.runtime.offline import OfflineData, load_offline, offline_metrics
 from unipg.runtime.prompts import PromptSampler
+from unipg.runtime.evaluation import evaluate_episodes, evaluate_lm  # noqa: F401  (evaluate_lm: re-exported)
 from unipg.runtime.replay import ProducerFailed
 from unipg.runtime.setup import check_ray_address, lock_run_dir, run_dir_for, seed_everything, set_threads
 from unipg.runtime.stopping import (  # TrainingStopped: where callers catch it
@@ -71,6 +70,7 @@ from unipg.sample.episodes import (  # noqa: F401
 )
 from unipg.sample.rewards.rules import build_rewards, reward_defaults
 from unipg.sample.tasks.base import Example, Task, make_task
+from unipg.sample.transcripts import transcript
 
 
 @dataclass
@@ -92,24 +92,6 @@ class LMTrainResult:
         return self.samples / max(self.train_seconds, 1e-9)
 
 
-def evaluate_lm(runner: EpisodeRunner, examples: list[Example], *, pass_k: int, seed: int) -> dict[str, float]:
-    """Greedy episodes on held-out examples — pass@1 is the task completion rate (the final answer equals the
-    reference), with turns and tool use — and sampled pass@k (solved by any of ``pass_k`` sampled episodes;
-    none if 0, ``eval.pass_k``)."""
-    greedy = runner.run(examples, params=runner.sampling(greedy=True), generator=None)
-    metrics = {"eval/pass@1": statistics.fmean(t.correct for t in greedy)}
-    metrics.update({key: value for key, value in episode_metrics(greedy, "eval", tools=runner.service is not None).items()
-                    if key != "eval/completion_rate"})
-    metrics.update(runner.pop_service_metrics("eval"))
-    k = pass_k
-    if k > 0:
-        generator = torch.Generator().manual_seed(seed)
-        sampled = runner.run([example for example in examples for _ in range(k)], params=runner.sampling(),
-                             generator=generator)
-        solved = [any(t.correct for t in sampled[i * k:(i + 1) * k]) for i in range(len(examples))]
-        metrics[f"eval/pass@{k}"] = statistics.fmean(solved)
-        runner.pop_service_metrics("eval")
-    return metrics
 
 
 def build_runtime(config: Config, runner: EpisodeRunner, sampler: PromptSampler, generator: torch.Generator,
@@ -287,14 +269,24 @@ def log_update(run: LMRun, update: int, record: dict[str, float]) -> dict[str, f
     evaluation = {}
     if update % config.eval.every_updates == 0 or update == updates:
         with run.timer("eval"):
-            evaluation = evaluate_lm(run.runner, run.test, pass_k=config.eval.pass_k,
-                                       seed=config.seed + 10_000 + update)
+            evaluation = run_evaluation(run, update)
         run.history.append((update, evaluation))
         record.update(evaluation)
     if update % config.log.log_every_updates == 0 or update == updates or "eval/pass@1" in record:
         run.logger.log(update, record)
     run.progress.update(update, f"reward {record['rollout/reward_mean']:.3f} "
                                 f"pass@1 {run.history[-1][1]['eval/pass@1']:.3f}")
+    return evaluation
+
+
+def run_evaluation(run: LMRun, update: int) -> dict[str, float]:
+    """The held-out evaluation after ``update`` (0: before training); the transcripts of its first
+    ``eval.transcripts`` greedy episodes go to the run folder (``transcripts/eval_<update>.jsonl``)."""
+    config = run.config
+    evaluation, greedy = evaluate_episodes(run.runner, run.test, pass_k=config.eval.pass_k,
+                                           seed=config.seed + 10_000 + update)
+    if config.eval.transcripts:
+        run.logger.transcripts(update, [transcript(trajectory) for trajectory in greedy[:config.eval.transcripts]])
     return evaluation
 
 
@@ -350,7 +342,7 @@ def train_lm(config: Config, *, task: Task | None = None, resume: str | Path | N
     try:
         with StopRequest() as stop:
             if checkpoint is None:
-                initial = evaluate_lm(run.runner, run.test, pass_k=config.eval.pass_k, seed=config.seed + 10_000)
+                initial = run_evaluation(run, 0)
                 run.history = [(0, initial)]
                 run.logger.log(0, initial)
                 if config.rollback.enabled:  # something to roll back to before the first periodic checkpoint

@@ -164,7 +164,9 @@ class EpisodeRunner:
             return ENVS.get(self.task.env)(self.task, self.reward_fn, self.service, **options)
         if self.service is None:
             return ENVS.get("single_turn")(self.task, self.reward_fn)
-        return ENVS.get("tool")(self.task, self.reward_fn, self.service, process_weight=self.config.agent.process_weight,
+        weight = self.config.agent.process_weight
+        return ENVS.get("tool")(self.task, self.reward_fn, self.service,
+                                process_weight=self.task.process_weight if weight is None else weight,
                                 tool_parser=self.tool_parser)
 
     def sampling(self, *, greedy: bool = False) -> SamplingParams:

@@ -274,6 +274,22 @@ class LMRollout(CountedEpisodes):
         return sizes, seconds
 
 
+def group_signal_metrics(scores: torch.Tensor, correct: list[bool], group_size: int) -> dict[str, float]:
+    """How many prompt groups can teach anything. ``scores``: (B,) episode returns, group after group;
+    ``correct``: whether each episode completed the task.
+
+    - ``rollout/uniform_group_fraction``: groups whose returns are all equal: a group-relative advantage is zero
+      for every episode of such a group, so it contributes no gradient (GRPO, RLOO);
+    - ``rollout/unsolved_group_fraction``: groups in which no episode completed the task;
+    - ``rollout/solved_group_fraction``: groups in which every episode did.
+    """
+    grouped = torch.tensor(correct, dtype=torch.bool).view(-1, group_size)
+    uniform = scores.view(-1, group_size).std(dim=1) == 0 if group_size > 1 else torch.zeros(1, dtype=torch.bool)
+    return {"rollout/uniform_group_fraction": float(uniform.float().mean()),
+            "rollout/unsolved_group_fraction": float((~grouped.any(dim=1)).float().mean()),
+            "rollout/solved_group_fraction": float(grouped.all(dim=1).float().mean())}
+
+
 def rollout_batch(groups: list[Group], rollout: Rollout, version: int, seconds: float, *, group_size: int,
                   pad_id: int, tools: bool, offline: list[Group] = ()) -> tuple[LMBatch, dict[str, float]]:
     """The learner's batch from ``groups`` (group after group, each ``group_size`` episodes per role, padded
@@ -297,8 +313,7 @@ def rollout_batch(groups: list[Group], rollout: Rollout, version: int, seconds: 
     metrics.update(role_metrics(trajectories, "rollout", tools=tools))
     metrics.update(reward_term_metrics(trajectories, "rollout"))
     metrics.update(rollout.pop_service_metrics("rollout"))
-    solved = scores.reshape(-1, group).std(dim=1) == 0 if group > 1 else torch.zeros(1, dtype=torch.bool)
-    metrics["rollout/uniform_group_fraction"] = float(solved.float().mean())  # groups with no learning signal
+    metrics.update(group_signal_metrics(scores, [t.correct for t in trajectories], group))
     metrics.update(staleness_histogram(batch.ages[:online], batch.completion_mask[:online], "async/staleness_token"))
     sync_seconds = rollout.pop_sync_seconds()
     if sync_seconds is not None:

@@ -85,15 +85,18 @@ class ToolEnv:
             reward, info = await final_answer_reward(self.reward_fn, self.example, action)
             return StepResult("", reward, True, info)
         if turn.kind == "malformed":
-            info = {"tool": turn.name, "tool_status": "malformed", "process_reward": -self.process_weight}
-            return StepResult(f"error: {turn.error}", -self.process_weight, False, info)
+            observation = f"error: {turn.error}"
+            info = {"tool": turn.name, "tool_status": "malformed", "process_reward": -self.process_weight,
+                    "observation": observation}
+            return StepResult(observation, -self.process_weight, False, info)
         result = await self.service.call(turn.name, turn.arguments)
         process = 0.0
         if result.ok and self._process_paid < self.process_weight:
             process = self.process_weight - self._process_paid
             self._process_paid = self.process_weight
-        info = {"tool": turn.name, "tool_status": result.status, "attempts": result.attempts,
-                "timeouts": result.timeouts, "tool_seconds": result.seconds, "process_reward": process}
+        info = {"tool": turn.name, "arguments": turn.arguments, "tool_status": result.status,
+                "attempts": result.attempts, "timeouts": result.timeouts, "tool_seconds": result.seconds,
+                "process_reward": process, "observation": result.observation}
         return StepResult(result.observation, process + result.penalty, False, info)
 
 

@@ -44,6 +44,7 @@ class Task:
     rewards: list[dict]  # default reward spec for ``rewards.build_rewards``, e.g. [{"name": "math"}]
     tools: list[dict] = field(default_factory=list)  # tools an agent may call, e.g. [{"name": "calculator"}]
     max_turns: int = 1  # policy turns per episode; 1 = single-turn (the completion is the answer)
+    process_weight: float = 0.1  # the agent's process reward when agent.process_weight is unset (see AgentConfig)
     # Multi-role tasks (``unipg.sample.roles``); a one-role task leaves these empty.
     roles: dict[str, str | None] = field(default_factory=dict)  # role → its system prompt, in trajectory order
     env: str | None = None  # the environment (an ``ENVS`` name); None: ``tool`` with tools, else ``single_turn``

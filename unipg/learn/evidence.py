@@ -1,0 +1,90 @@
+"""Evidence that a warm start has taught the tool call: greedy first turns on held-out demonstrations.
+
+A warm start for an agent task has to teach two skills before RL can use the tool: writing a call the
+environment accepts, and copying the problem's arguments into it. Both are measured on held-out demonstrations
+(the task's test examples, whose references all call the tool) from the greedy first turn:
+
+- ``call_validity``: the turn is a call the environment would run (closing tag, JSON, a known tool, arguments
+  that fit its schema: ``unipg.sample.envs.tool_env.parse_turn``);
+- ``argument_accuracy``: the call's arguments equal the demonstration's exactly; ``argument/<name>``: the share
+  that copied that one argument (which of them the policy fails to copy).
+
+With ``sft.evidence_stop`` on, a stage of the warm start ends as soon as both pass their thresholds
+(``sft.min_call_validity``, ``sft.min_argument_accuracy``), checked every ``sft.evidence_every`` steps; otherwise
+it runs to its ``steps``, which are then a cap. Learning to copy arguments is abrupt and its step varies with the
+data order and the machine (configs/calculator_agent.yaml), so a fixed step count either wastes steps or stops
+too early; the evidence says when.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from unipg.config import Config
+from unipg.learn.sft import greedy_completions
+from unipg.sample.envs.service import EnvironmentService
+from unipg.sample.envs.tool_env import parse_turn
+from unipg.sample.episodes import demonstration_pairs, tool_specs
+from unipg.sample.tasks.base import Example, Task
+
+
+def first_call(example: Example) -> str | None:
+    """The text of a demonstration's first assistant turn when that turn is a tool call, else None."""
+    if isinstance(example.solution, str) or not example.solution or example.solution[0].get("role") != "assistant":
+        return None
+    content = example.solution[0].get("content", "")
+    return content if "<tool_call>" in content else None
+
+
+def call_evidence(model, tokenizer, task: Task, config: Config, examples: list[Example]) -> dict[str, float]:
+    """``call_validity`` and ``argument_accuracy`` of the greedy first turns on the examples of ``examples``
+    whose demonstration starts with a call (empty when none does, or the task has no tools)."""
+    specs = tool_specs(config, task)
+    examples = [example for example in examples if first_call(example) is not None]
+    if not specs or not examples:
+        return {}
+    prompts = [prompt for prompt, _ in demonstration_pairs(tokenizer, task, config, examples)]
+    turns = greedy_completions(model, tokenizer, prompts, max_new_tokens=config.sample.max_new_tokens)
+    service = EnvironmentService.from_specs(specs)
+    try:
+        return call_scores(turns, [first_call(example) for example in examples], service)
+    finally:
+        service.close()
+
+
+def call_scores(turns: list[str], demonstrated: list[str], service: EnvironmentService) -> dict[str, float]:
+    """``call_validity`` and ``argument_accuracy`` of policy ``turns`` against the ``demonstrated`` calls."""
+    parsed = [parse_turn(turn, service) for turn in turns]
+    expected = [parse_turn(call, service) for call in demonstrated]
+    valid = [turn.kind == "call" for turn in parsed]
+    copied = [ok and (turn.name, turn.arguments) == (want.name, want.arguments)
+              for ok, turn, want in zip(valid, parsed, expected)]
+    scores = {"call_validity": sum(valid) / len(valid), "argument_accuracy": sum(copied) / len(copied)}
+    names = dict.fromkeys(name for want in expected for name in (want.arguments or {}))
+    for name in names:  # which argument fails to be copied: the number, a unit word, ...
+        scores[f"argument/{name}"] = sum(ok and (turn.arguments or {}).get(name) == (want.arguments or {}).get(name)
+                                         for ok, turn, want in zip(valid, parsed, expected)) / len(parsed)
+    return scores
+
+
+def evidence_check(model, tokenizer, task: Task, config: Config, *, stage: str,
+                   log: Callable[[str], None]) -> Callable[[int], bool]:
+    """``check(step) -> stop``: measures ``call_evidence`` on the first ``sft.evidence_examples`` held-out
+    demonstrations of ``task``, logs it, records it in ``check.history``, and says whether both thresholds pass."""
+    sft = config.sft
+    examples = task.test[:sft.evidence_examples]
+
+    def check(step: int) -> bool:
+        evidence = call_evidence(model, tokenizer, task, config, examples)
+        if not evidence:
+            return False
+        check.history.append({"stage": stage, "step": step, **evidence})
+        passed = (evidence["call_validity"] >= sft.min_call_validity
+                  and evidence["argument_accuracy"] >= sft.min_argument_accuracy)
+        each = ", ".join(f"{key.split('/', 1)[1]} {value:.2f}" for key, value in evidence.items() if "/" in key)
+        log(f"{stage}step {step} evidence: call validity {evidence['call_validity']:.2f}, argument accuracy "
+            f"{evidence['argument_accuracy']:.2f} ({each}){' - passed, stage ends' if passed else ''}")
+        return passed
+
+    check.history = []
+    return check
