@@ -137,3 +137,15 @@ def test_unipg_train_on_a_jsonl_with_custom_column_names(problems, embedded_path
     run_dir = next((tmp_path / "runs").iterdir())
     steps = [record for record in read_metrics(run_dir) if "train/loss" in record]
     assert [record["step"] for record in steps] == [1, 2, 3] and "rollout/reward_math" in steps[0]
+
+
+def test_a_conversation_prompt_is_rendered_and_tokenised_once():
+    """Prompts that are conversations go through the chat rendering like text prompts, cached by content."""
+    from unipg.policy.embedded import build_tokenizer
+    from unipg.sample.episodes import PromptEncoder
+
+    tokenizer = build_tokenizer()
+    encode = PromptEncoder(tokenizer, system_prompt=None, max_length=64)
+    conversation = [{"role": "user", "content": "1+1="}]
+    assert encode(conversation) == encode("1+1=")  # one user message renders as the text prompt does
+    assert encode(list(conversation)) is encode(conversation)
