@@ -148,6 +148,8 @@ def test_a_plugin_that_fails_to_import_names_itself_and_its_error(registries, tm
         load_config(None, [f"plugins=[{tmp_path / 'missing.py'}]"])
     with pytest.raises(ConfigError, match="plugins must be a list of module names or Python file paths"):
         load_config(None, ["plugins=[3]"])
+    with pytest.raises(ConfigError, match="plugins: 'my tasks' is neither a module name"):
+        load_config(None, ["plugins=[my tasks]"])
     result = CliRunner().invoke(app, ["--import", str(broken), "algorithms"])
     assert result.exit_code == 2 and "failed to import: RuntimeError: cannot reach the data server" in result.output
 

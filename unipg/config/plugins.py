@@ -16,7 +16,9 @@ valid when the config that uses them is validated. Plugins come from three place
 Each plugin is imported once per process, whoever asks (the config loader, ``unipg.train``, a Ray worker
 before it unpacks the task and tools it was sent). A file plugin is imported as the module
 ``unipg_plugin_<stem>_<hash of its path>``, the same name in every process, so that objects defined in it
-pickle by reference. A plugin that fails to import is a ``ConfigError`` naming it and its exception.
+pickle by reference; on a cluster of several machines a file plugin must therefore sit at the same path on each
+of them (an installed package is the portable form). A plugin that fails to import is a ``ConfigError`` naming
+it and its exception.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import Any
 from unipg.config.section import ConfigError
 
 ENTRY_POINT_GROUP = "unipg.plugins"
+_MODULE_NAME = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*", re.ASCII)
 
 
 def is_file_plugin(plugin: str) -> bool:
@@ -55,7 +58,13 @@ def resolve_plugins(plugins: Any, base_dir: Path, where: str = "plugins") -> lis
     resolved = []
     for plugin in (item.strip() for item in plugins):
         if is_file_plugin(plugin):
-            plugin = str((base_dir / Path(plugin).expanduser()).resolve())
+            try:
+                plugin = str((base_dir / Path(plugin).expanduser()).resolve())
+            except (OSError, ValueError, RuntimeError) as error:  # a NUL byte, a symlink loop
+                raise ConfigError(f"{where}: cannot read the path '{plugin}': {error}") from None
+        elif not _MODULE_NAME.fullmatch(plugin):
+            raise ConfigError(f"{where}: '{plugin}' is neither a module name (my_package.tasks) nor the path of a "
+                              "Python file (./my_tools.py)")
         if plugin not in resolved:
             resolved.append(plugin)
     return resolved
