@@ -56,3 +56,18 @@ def test_unipg_train_on_a_reasoning_gym_generator(embedded_path, tmp_path):
     run_dir = next((tmp_path / "runs").iterdir())
     steps = [record for record in read_metrics(run_dir) if "train/loss" in record]
     assert [record["step"] for record in steps] == [1, 2, 3] and "rollout/reward_reasoning_gym" in steps[0]
+
+
+def test_a_text_answer_between_answer_tags_is_scored_and_counted_correct():
+    """Evaluation's completion rate reads the answer between <answer> tags, so text answers count too."""
+    import asyncio
+
+    from unipg.sample.envs.base import final_answer_reward
+
+    task = make_task("reasoning_gym", dataset="spell_backward", size=2, num_test=1)
+    example = task.train[0]
+    assert not example.answer.isdigit()
+    reward_fn = build_rewards(task.rewards)
+    right = asyncio.run(final_answer_reward(reward_fn, example, f"<answer>{example.answer}</answer>"))
+    wrong = asyncio.run(final_answer_reward(reward_fn, example, "<answer>zzz</answer>"))
+    assert (right[0], right[1]["correct"]) == (1.0, True) and (wrong[0], wrong[1]["correct"]) == (0.0, False)
