@@ -207,3 +207,19 @@ def test_a_payload_from_a_plugin_file_unpickles_in_a_fresh_process(registries, t
     with pytest.raises(Exception):  # unwrapped, the plugin's module is unknown to the other process
         wrapped.write_bytes(pickle.dumps(payload))
         subprocess.run([sys.executable, "-c", script, str(wrapped)], capture_output=True, timeout=120, check=True)
+
+
+def test_the_example_plugin_task_loads_and_its_demonstrations_earn_full_reward(registries):
+    from unipg.sample.rewards.rules import build_rewards
+    from unipg.sample.tasks.base import make_task
+
+    example_config = Path(__file__).resolve().parents[2] / "examples" / "plugin_task" / "config.yaml"
+    config = unipg.load_config(example_config, train__updates=1)
+    assert config.plugins == [str(example_config.parent / "letter_count.py")] and not config.warnings
+    task = make_task(config.task.name, **config.task.options)
+    example = task.train[0]
+    demonstrated = example.solution[-1]["content"]
+    scored = build_rewards(task.rewards)([example.prompt], [demonstrated],
+                                         **{name: [value] for name, value in example.columns.items()})
+    assert scored.total == [1.0]
+    assert TOOLS.get("letters")().function(example.prompt.split()[-1].rstrip("?")) == example.answer
