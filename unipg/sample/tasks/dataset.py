@@ -121,8 +121,8 @@ def rows_to_examples(rows: list[dict], renames: dict[str, str], where: str) -> l
     missing = [f"'{source}'" + (f" (columns.{name})" if source != name else "")
                for name, source in wanted.items() if source not in present]
     if missing:
-        raise ValueError(f"{where} lacks the column(s) {', '.join(missing)}; its columns: {', '.join(present)}. Name the "
-                         "right ones with task.options.columns, e.g. {prompt: question, answer: solution}")
+        raise ValueError(f"{where} lacks the column(s) {', '.join(missing)}; its columns: {', '.join(present)}. "
+                         "Name the right ones with task.options.columns, e.g. {prompt: question, answer: solution}")
     taken = set(renames.values())
     examples = []
     for index, row in enumerate(rows):
