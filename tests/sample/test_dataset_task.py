@@ -49,6 +49,8 @@ def test_a_jsonl_with_its_own_column_names_gives_a_seeded_disjoint_split(problem
     assert len(other.test) == 20 and other.test != task.test
     ids = lambda examples: {id(e) for e in examples}  # noqa: E731
     assert not ids(task.train) & ids(task.test)
+    worked = make_task("dataset", path=str(problems), columns={**COLUMNS, "solution": "question"}, test_size=0.1)
+    assert worked.train[0].solution == worked.train[0].prompt  # the demonstration SFT trains on
     capped = make_task("dataset", path=str(problems), columns=COLUMNS, num_train=16, num_test=4)
     assert (len(capped.train), len(capped.test)) == (16, 4)  # no test split in the file: 10 % held out, then capped
 
