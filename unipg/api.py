@@ -18,6 +18,7 @@ from typing import Any
 
 from unipg.config import Config, ConfigError
 from unipg.config import load_config as _load_config_file
+from unipg.config.plugins import import_plugins
 from unipg.sample.validate import check_sample_options
 
 
@@ -34,52 +35,58 @@ class RunResult:
 
 
 def load_config(source: str | Path | Config | None = None, *, overrides: list[str] | None = None,
-                **settings: Any) -> Config:
+                plugins: list[str] | None = None, **settings: Any) -> Config:
     """A validated ``Config`` from a YAML file (or an existing ``Config``), ``key=value`` ``overrides`` and
     keyword ``settings`` (``train__updates=2``); raises ``ConfigError`` saying what to fix.
 
-    Besides the schema and its cross-field rules, the options of the task, rewards and tools are checked
-    against their registries here, before anything runs.
+    ``plugins`` (module names or Python files) are added to the config's own ``plugins``; all of them are
+    imported first, so that the tasks, tools and rewards they register can be named. Besides the schema and
+    its cross-field rules, the options of the task, rewards and tools are checked against their registries
+    here, before anything runs.
     """
     pairs = _override_pairs(overrides, settings)
     if isinstance(source, Config):
-        config = source if not pairs else _rebuild(source, pairs)
+        config = source if not pairs and not plugins else _rebuild(source, pairs, plugins)
     else:
-        config = _load_config_file(source, pairs)
+        config = _load_config_file(source, pairs, plugins=plugins)
+    import_plugins(config.plugins)  # a Config built in Python has not imported them yet
     check_sample_options(config)
     _check_backend(config)
     return config
 
 
 def train(config: str | Path | Config | None = None, *, overrides: list[str] | None = None,
-          resume: str | Path | None = None, return_threshold: float | None = None, **settings: Any) -> RunResult:
+          resume: str | Path | None = None, return_threshold: float | None = None,
+          plugins: list[str] | None = None, **settings: Any) -> RunResult:
     """Train the policy ``config`` describes and return its ``RunResult``.
 
     ``config`` is a YAML path, a ``Config`` or None (the defaults); ``settings`` override it
-    (``train__updates=2``). ``resume`` continues a run from its folder's newest checkpoint, with
-    that folder's config.yaml (``config`` must then be None).
+    (``train__updates=2``); ``plugins`` are imported and added to its ``plugins`` (``load_config``).
+    ``resume`` continues a run from its folder's newest checkpoint, with that folder's config.yaml
+    (``config`` must then be None).
     """
     from unipg.observe.seeds import final_metrics
 
     if resume is not None:
         if config is not None:
             raise ConfigError("resume continues a run with its own config.yaml; pass config=None")
-        loaded = resumed_config(resume, overrides=overrides, **settings)
+        loaded = resumed_config(resume, overrides=overrides, plugins=plugins, **settings)
     else:
-        loaded = load_config(config, overrides=overrides, **settings)
+        loaded = load_config(config, overrides=overrides, plugins=plugins, **settings)
     details = run(loaded, resume=resume, return_threshold=return_threshold)
     return RunResult(details.run_dir, final_metrics(details.run_dir), loaded, details)
 
 
 def resumed_config(run_dir: str | Path, *, overrides: list[str] | None = None,
-                   notify: Callable[[str], None] | None = None, **settings: Any) -> Config:
+                   notify: Callable[[str], None] | None = None, plugins: list[str] | None = None,
+                   **settings: Any) -> Config:
     """The configuration of the run in ``run_dir`` (its config.yaml) with ``overrides`` and ``settings`` applied,
     as ``load_config`` checks it. The folder's ``model.trust_remote_code`` is not taken: it is false unless the
     overrides set it, and ``notify`` (default: standard error) says so when the folder had it set."""
     from unipg.runtime.evaluation import notify_stderr, remote_code_notice, run_folder_overrides
 
     config = load_config(Path(run_dir) / "config.yaml",
-                         overrides=run_folder_overrides(_override_pairs(overrides, settings)))
+                         overrides=run_folder_overrides(_override_pairs(overrides, settings)), plugins=plugins)
     notice = remote_code_notice(Path(run_dir), config)
     if notice is not None:
         (notify or notify_stderr)(notice)
@@ -90,6 +97,7 @@ def run(config: Config, *, resume: str | Path | None = None, return_threshold: f
     """Train a loaded ``config`` in its mode and return the mode's result: a language model on a text task
     or an MLP on a gymnasium environment (``return_threshold`` marks when the evaluation return first reaches
     it), continuing the run in ``resume`` if given."""
+    import_plugins(config.plugins)  # this process may not have loaded the config (a child of `train --jobs`)
     if config.is_lm:
         from unipg.runtime.lm import train_lm
 
@@ -154,12 +162,12 @@ def _yaml_value(value: Any) -> str:
     return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("\n...").strip()
 
 
-def _rebuild(config: Config, overrides: list[str]) -> Config:
-    """``config`` with ``key=value`` overrides applied, validated again as a whole."""
-    from unipg.config.loading import build_config, parse_override, set_dotted
+def _rebuild(config: Config, overrides: list[str], plugins: list[str] | None = None) -> Config:
+    """``config`` with ``key=value`` overrides applied and ``plugins`` added, validated again as a whole."""
+    from unipg.config.loading import build_config, parse_override, set_dotted, with_plugins
 
     tree = config.model_dump(exclude_unset=True)
     for override in overrides:
         key, value = parse_override(override)
         set_dotted(tree, key, value)
-    return build_config(tree)
+    return build_config(with_plugins(tree, plugins))

@@ -45,9 +45,29 @@ def print_notice(message: str) -> None:
     errors.print(f"[yellow]notice:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
+IMPORTED: list[str] = []  # the plugins of --import, added to every config this command loads
+
+
+@app.callback()
+def import_option(
+    imports: List[str] = typer.Option(None, "--import", metavar="MODULE",
+                                      help="import a module or Python file that registers tasks, tools, rewards, "
+                                           "environments or estimators (repeatable); added to the config's plugins"),
+) -> None:
+    """unipg: policy-gradient RL from CartPole to LLM agents."""
+    from unipg.config.plugins import import_plugins, resolve_plugins
+
+    try:
+        IMPORTED[:] = resolve_plugins(list(imports or []), Path.cwd(), "--import")
+        import_plugins(IMPORTED)
+    except ConfigError as error:
+        print_error(str(error))
+        raise typer.Exit(2) from None
+
+
 def load_checked(config_path: Optional[Path], overrides: List[str]) -> Config:
     """``unipg.api.load_config``: the schema, the cross-field rules and the registered options."""
-    return api.load_config(config_path, overrides=overrides)
+    return api.load_config(config_path, overrides=overrides, plugins=IMPORTED)
 
 
 def resolve(config_path: Optional[Path], overrides: List[str]) -> Config:
@@ -151,7 +171,7 @@ def resolve_resumed(run_dir: Path, overrides: List[str]) -> Config:
                     "that `unipg train` created for the run")
         raise typer.Exit(2)
     try:
-        config = api.resumed_config(run_dir, overrides=overrides, notify=print_notice)
+        config = api.resumed_config(run_dir, overrides=overrides, notify=print_notice, plugins=IMPORTED)
     except ConfigError as error:
         print_error(str(error))
         raise typer.Exit(2) from None

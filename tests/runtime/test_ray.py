@@ -260,3 +260,20 @@ def test_a_hanging_environment_actor_is_timed_out_and_restarted(local_ray):
 def test_the_ray_backend_is_refused_for_gymnasium_runs():
     with pytest.raises(ConfigError, match="backend 'ray' runs text tasks"):
         load_config(None, ["env.id=CartPole-v1", "backend=ray"])
+
+
+def test_a_plugin_files_task_tool_and_reward_run_on_the_workers(local_ray, embedded_path, tmp_path):
+    """A task, tool and reward defined in a plugin file (`plugins:`) train on Ray: rollout workers and environment
+    actors import the plugin before they unpickle what the driver sent them."""
+    from tests.config.test_plugins import FAST, write_plugin
+    from unipg import api
+
+    plugin = write_plugin(tmp_path, "ray")
+    config = api.load_config(None, overrides=[f"plugins=[{plugin}]", "task.name=letter_count_ray", *FAST,
+                                              f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
+                                              "backend=ray", "ray.rollout_workers=1", "ray.env_workers=1",
+                                              "ray.env_num_cpus=0.1"])
+    result = train_lm(config)
+    steps = [record for record in read_metrics(result.run_dir) if "train/loss" in record]
+    assert [record["step"] for record in steps] == [1, 2] and "rollout/reward_same_count_ray" in steps[0]
+    assert unipg_actors() == []

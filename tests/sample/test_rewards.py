@@ -53,8 +53,31 @@ def test_integers_are_compared_exactly_and_tolerance_is_absolute():
     assert not answers_equivalent("0.3001", "0.3", tolerance=1e-6)
 
 
-def test_sympy_fallback_without_math_verify(monkeypatch):
-    monkeypatch.setattr(rewards_module, "_math_verify", lambda: None)
+@pytest.mark.parametrize(
+    "completion, answer, expected",
+    [
+        ("so the answer is \\boxed{\\frac{3}{4}}.", "0.75", 1.0),
+        ("\\boxed{\\frac{1}{\\sqrt{2}}}", "\\sqrt{2}/2", 1.0),
+        ("\\boxed{1/\\sqrt{2}}", "\\frac{\\sqrt{2}}{2}", 1.0),
+        ("\\boxed{\\frac{1}{3}} and later 7", "1/3", 1.0),  # the boxed answer wins over the last number
+        ("\\boxed{x^2 + 2x + 1}", "(x+1)^2", 1.0),
+        ("\\boxed{\\pi}", "3.14", 0.0),
+        ("\\boxed{2^{3^{4}}}", "8", 0.0),  # a power tower: refused before any symbolic library sees it
+    ],
+)
+def test_math_reward_reads_boxed_latex_answers_with_math_verify(completion, answer, expected):
+    assert score("math", [completion], [answer]) == [expected]
+
+
+def test_sympy_decides_where_math_verify_cannot_parse(monkeypatch):
+    assert rewards_module.math_verify_equal("@", "2") is None
+    monkeypatch.setattr(rewards_module, "math_verify_equal", lambda predicted, reference: None)
+    assert rewards_module.symbolic_equal("sqrt(4)", "2", 1e-6)
+    assert not rewards_module.symbolic_equal("sqrt(5)", "2", 1e-6)
+    assert not rewards_module.symbolic_equal("__import__('os')", "0", 1e-6)  # never handed to sympy's evaluator
+
+
+def test_expressions_and_refusals():
     assert answers_equivalent("sqrt(4)", "2")
     assert answers_equivalent("(1+2)*3", "9")
     assert not answers_equivalent("sqrt(5)", "2")

@@ -72,6 +72,11 @@ def test_unknown_task_and_option_names_are_reported():
         ("it drops to -2.5 degrees", "-2.5"),
         ("It costs $1,000,000 in all", "1000000"),
         ("no numbers here", None),
+        ("so x = \\boxed{\\frac{1}{2}}, not 7", "\\frac{1}{2}"),
+        ("\\boxed{3} first, then \\boxed{ $\\sqrt{x^{2}}$ }.", "\\sqrt{x^{2}}"),
+        ("an unclosed \\boxed{4 and #### 5", "5"),
+        ("<answer>3</answer> no, <answer> blue whale </answer>", "blue whale"),
+        ("</answer> 7 <answer>", "7"),
     ],
 )
 def test_extract_final_answer(text, expected):

@@ -50,9 +50,11 @@ class TaskConfig(Section):
     """A single-turn text task with rule-based rewards; setting ``name`` switches training to language models."""
 
     name: str | None = None
-    """task name (arithmetic, gsm8k); None trains on the gymnasium environment of section env."""
+    """task name (arithmetic, gsm8k, calculator, multihop, dataset, reasoning_gym, or one a plugin registers);
+    None trains on the gymnasium environment of section env."""
     options: dict[str, Any] = Field(default_factory=dict)
-    """task options, e.g. {digits: 3} for arithmetic or {path: data/gsm8k.jsonl} for gsm8k."""
+    """task options, e.g. {digits: 3} for arithmetic, {path: data/gsm8k.jsonl} for gsm8k, {path: my.jsonl,
+    columns: {prompt: question, answer: solution}} for dataset or {dataset: chain_sum} for reasoning_gym."""
     rewards: list[dict[str, Any]] | None = None
     """reward functions and weights, e.g. [{name: math, weight: 1.0}, {name: format, weight: 0.1}];
     None = the task's default."""

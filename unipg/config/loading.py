@@ -25,6 +25,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from unipg.config.hyperparameters import accepted_phrase, chosen_estimators
+from unipg.config.plugins import import_plugins, resolve_plugins
 from unipg.config.presets import ALGORITHMS, algorithm_names, ignored_keys
 from unipg.config.rules import cross_field_problems
 from unipg.config.schema import Config
@@ -53,20 +54,34 @@ FLAT_ALIASES: dict[str, str] = {
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
-                unread: tuple[str, ...] = ()) -> Config:
+                unread: tuple[str, ...] = (), plugins: list[str] | None = None) -> Config:
     """Build a validated Config from an optional YAML file and ``key=value`` overrides. Secrets the file holds
     redacted (a run's config.yaml) are read again from overrides or the environment, except in the top-level
-    sections named in ``unread``, which the caller never reads: there they are left out."""
+    sections named in ``unread``, which the caller never reads: there they are left out. ``plugins`` are added
+    to the config's own (``unipg --import``); file plugins of the YAML file are relative to its folder, those of
+    overrides to the working directory."""
     raw: dict[str, Any] = {}
     if path is not None:
         raw = read_yaml(Path(path))
         for section in unread:
             if section in raw:
                 raw[section] = drop_redacted(raw[section])
+        if "plugins" in raw:
+            raw["plugins"] = resolve_plugins(raw["plugins"], Path(path).parent)
     for override in overrides or []:
         key, value = parse_override(override)
         set_dotted(raw, key, value)
-    return build_config(raw)
+    return build_config(with_plugins(raw, plugins))
+
+
+def with_plugins(raw: dict[str, Any], extra: list[str] | None) -> dict[str, Any]:
+    """``raw`` with its plugins resolved (relative files from the working directory) and ``extra`` appended."""
+    if "plugins" not in raw and not extra:
+        return raw
+    resolved = resolve_plugins(raw.get("plugins"), Path.cwd())
+    raw["plugins"] = resolved + [plugin for plugin in resolve_plugins(extra, Path.cwd(), "--import")
+                                 if plugin not in resolved]
+    return raw
 
 
 class UniqueKeyLoader(yaml.SafeLoader):
@@ -193,6 +208,10 @@ def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 def build_config(raw: dict[str, Any]) -> Config:
+    """A validated Config from a nested dict, after importing the plugins it names (``unipg.config.plugins``)."""
+    if "plugins" in raw:
+        raw = {**raw, "plugins": resolve_plugins(raw["plugins"], Path.cwd())}
+    import_plugins(raw.get("plugins", []))
     tree = apply_flat_aliases(copy.deepcopy(raw))
     check_known_keys(tree)
     user_keys = flatten_keys(tree)

@@ -201,6 +201,10 @@ class Config(Section):
     """lm runs: where episodes run, a name from unipg.runtime.backends.BACKENDS: ``inprocess`` (threads of this
     process) or ``ray`` (rollout workers and environment actors on a Ray cluster, section ``ray``); the learner
     and the buffer stay in this process."""
+    plugins: list[str] = Field(default_factory=list)
+    """modules (``my_package.tasks``) or Python files (``./my_tools.py``, relative to the config file) imported
+    before the config is checked, so that the tasks, tools, rewards, environments and estimators they register
+    can be named in it (``unipg.config.plugins``); stored with file paths made absolute."""
     threads: int | None = Field(None, ge=1)
     """torch intra-op CPU threads; None = 1 for MLPs and the embedded model (their small matrix products run
     fastest on one thread, and extra threads only contend), torch's default for other models."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -16,14 +18,10 @@ def shuffled_minibatches(valid: torch.Tensor, size: int, *, epochs: int, generat
 
 def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float | None) -> float:
     """Clip the global gradient norm to ``max_norm`` (None: only measure it); returns the pre-clip norm."""
-    grads = [p.grad for p in parameters if p.grad is not None]
-    if not grads:
+    if all(p.grad is None for p in parameters):
         return 0.0
-    if any(hasattr(grad, "full_tensor") for grad in grads):  # sharded (FSDP2): torch reduces across ranks
-        norm = torch.nn.utils.clip_grad_norm_([p for p in parameters if p.grad is not None],
-                                              float("inf") if max_norm is None else max_norm, foreach=True)
-        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-    if max_norm is not None:
-        torch._foreach_mul_(grads, torch.clamp(max_norm / (norm + 1e-6), max=1.0))
-    return float(norm)
+    # an infinite limit scales every gradient by exactly 1: the norm is measured, nothing is clipped;
+    # with sharded (FSDP2) gradients torch reduces the norm across ranks
+    norm = torch.nn.utils.clip_grad_norm_([p for p in parameters if p.grad is not None],
+                                          math.inf if max_norm is None else max_norm)
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)

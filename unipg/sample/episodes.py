@@ -9,6 +9,7 @@ of examples into trajectories.
 from __future__ import annotations
 
 import asyncio
+import json
 import statistics
 from collections import Counter
 from collections.abc import Callable
@@ -37,14 +38,15 @@ class PromptEncoder:
         self.tokenizer, self.system_prompt, self.max_length, self.tools = tokenizer, system_prompt, max_length, tools
         self._cache: dict[str, list[int]] = {}
 
-    def render(self, prompt: str) -> str:
+    def render(self, prompt: str | list[dict]) -> str:
         return render_agent_prompt(self.tokenizer, prompt, self.system_prompt, self.tools)
 
-    def __call__(self, prompt: str) -> list[int]:
-        if prompt not in self._cache:
+    def __call__(self, prompt: str | list[dict]) -> list[int]:
+        key = prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)  # a conversation, hashable
+        if key not in self._cache:
             ids = self.tokenizer(self.render(prompt), add_special_tokens=False)["input_ids"]
-            self._cache[prompt] = ids[-self.max_length:]
-        return self._cache[prompt]
+            self._cache[key] = ids[-self.max_length:]
+        return self._cache[key]
 
 
 def tool_specs(config: Config, task: Task) -> list[dict]:

@@ -47,6 +47,7 @@ import torch
 from ray.exceptions import GetTimeoutError, RayTaskError, TaskCancelledError
 
 from unipg.config import Config
+from unipg.config.plugins import imported_first
 from unipg.learn.state import generator_state, restore_generator
 from unipg.policy.adapters import synced_state
 from unipg.runtime.backends.local_lm import inference_copy, split_groups
@@ -112,12 +113,14 @@ class RayRollout(CountedEpisodes):
             check_resources(settings, tools=bool(runner.service), local=self.local, log=log)
             tools = runner.service.tools if runner.service is not None else None
             if runner.service is not None and settings.env_workers:
-                start_env_actors(settings, tools, self.run_id, self.env_actors)
+                start_env_actors(settings, imported_first(config.plugins, tools), self.run_id, self.env_actors)
             if settings.placement != "none":
                 self.placement = place(settings)
-            # built here, so tasks, tools and rewards registered in the caller's own script work on workers too;
+            # built here, so tasks, tools and rewards registered in the caller's own script work on workers too
+            # (and those of config.plugins, which workers and environment actors import before they unpickle them);
             # the policy copy travels on the CPU, and a worker moves it to its GPU when given one (rollout_num_gpus)
-            self._setup = ray.put((inference_copy(runner.policy, "cpu"), task, config, tools, runner.reward_fn))
+            self._setup = ray.put(imported_first(config.plugins, (inference_copy(runner.policy, "cpu"), task, config,
+                                                                  tools, runner.reward_fn)))
             for i in range(settings.rollout_workers):
                 self.workers.append(self._start_worker(i))
             wait_ready(self.workers, "rollout worker", settings.start_timeout)

@@ -1,4 +1,5 @@
 """Rewards for text completions: rule-based rewards and their combination (``rules``), and a learned reward
-model (``model``), registered on import."""
+model (``model``) and the generators' own scores of the ``reasoning_gym`` task (``procedural``), registered on
+import."""
 
-from unipg.sample.rewards import model  # noqa: F401  (registers the learned 'reward_model' reward)
+from unipg.sample.rewards import model, procedural  # noqa: F401  (register 'reward_model' and 'reasoning_gym')

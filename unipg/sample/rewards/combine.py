@@ -15,7 +15,8 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Callable
 
-RewardFunction = Callable[..., Any]  # (prompts, completions, **columns) -> list[float | None] (or awaitable)
+RewardFunction = Callable[..., Any]  # (prompts, completions, **columns) -> list[float | None] (or awaitable);
+# a function without **kwargs is given only the columns it names
 
 
 class RewardFunctionError(ValueError, RuntimeError):
@@ -93,10 +94,11 @@ class CombinedReward:
 
     def _start(self, prompts: list, completions: list, columns: dict) -> list:
         """Each function's output: its rewards, or for an async function the coroutine producing them."""
+        calls = [(name, function, columns_taken(name, function, columns)) for name, function, _ in self.functions]
         started = []
-        for name, function, _ in self.functions:
+        for name, function, taken in calls:
             try:
-                started.append(function(prompts, completions, **columns))
+                started.append(function(prompts, completions, **taken))
             except Exception as err:
                 _close_coroutines(started)
                 raise _failed(name, err) from err
@@ -135,6 +137,27 @@ class CombinedReward:
                 not_applicable += 1
             total.append(sum(weight * value for weight, value in applicable))
         return RewardResult([float(value) for value in total], per_function, not_applicable)
+
+
+def columns_taken(name: str, function: RewardFunction, columns: dict) -> dict:
+    """The columns ``function`` is called with: every one when it takes ``**kwargs`` (TRL's convention), else those
+    it names. A parameter without a default that names no column is a RewardFunctionError listing the columns."""
+    parameters = _parameters(function)
+    if parameters is None or any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return columns
+    named = [p for p in parameters[2:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    missing = [p.name for p in named if p.default is p.empty and p.name not in columns]
+    if missing:
+        raise RewardFunctionError(f"reward function '{name}' needs the column(s) {', '.join(missing)}, which the task "
+                                  f"does not have; its columns: {', '.join(sorted(columns)) or 'none'}")
+    return {p.name: columns[p.name] for p in named if p.name in columns}
+
+
+def _parameters(function: RewardFunction) -> list[inspect.Parameter] | None:
+    try:
+        return list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):  # a builtin or C callable without a signature: give it every column
+        return None
 
 
 def _failed(name: str, error: Exception) -> RewardFunctionError:

@@ -83,13 +83,14 @@ def _reference_answers(reward: str, completions: list, columns: dict) -> list:
 
 
 def answers_equivalent(predicted: str, reference: str, *, tolerance: float = 1e-6) -> bool:
-    """Whether two final answers denote the same number or expression.
+    r"""Whether two final answers denote the same number or expression.
 
     Fast path, deciding most calls in microseconds: when both strings are integers they must be equal; when
     both are numbers (decimals or fractions ``p/q``), |predicted − reference| ≤ tolerance. Only otherwise
-    (LaTeX, radicals, expressions) fall back to ``math_verify`` when installed, else to sympy — in a child
-    process killed after ``SYMBOLIC_TIMEOUT`` seconds, and only for answers ``symbolic_refusal`` lets through
-    (no power towers, huge exponents or factorials): a policy's ``9^9^9^9`` scores 0.0 at once.
+    (LaTeX such as ``\frac{3}{4}`` or ``\sqrt{2}/2``, expressions) ``math_verify`` compares them, and sympy where
+    math_verify cannot parse one of them — in a child process killed after ``SYMBOLIC_TIMEOUT`` seconds, and only
+    for answers ``symbolic_refusal`` lets through (no power towers, huge exponents or factorials): a policy's
+    ``9^9^9^9`` scores 0.0 at once.
     """
     predicted, reference = normalize_answer(predicted), normalize_answer(reference)
     if predicted == reference:
@@ -105,8 +106,7 @@ def answers_equivalent(predicted: str, reference: str, *, tolerance: float = 1e-
     if symbolic_refusal(predicted) is not None or symbolic_refusal(reference) is not None:
         return False
     try:
-        use_math_verify = _math_verify() is not None
-        return bool(_isolated_symbolic_equal()(predicted, reference, tolerance, use_math_verify))
+        return bool(_isolated_symbolic_equal()(predicted, reference, tolerance))
     except (TimeoutError, OSError, ValueError):  # ran too long, or its process failed: not shown equal
         return False
 
@@ -119,33 +119,35 @@ def _isolated_symbolic_equal() -> IsolatedFunction:
     return IsolatedFunction(f"{__name__}:symbolic_equal", timeout=SYMBOLIC_TIMEOUT)
 
 
-def symbolic_equal(predicted: str, reference: str, tolerance: float, use_math_verify: bool) -> bool:
-    """``math_verify`` (when the caller found it installed), else sympy; runs in the child process of
+def symbolic_equal(predicted: str, reference: str, tolerance: float) -> bool:
+    """``math_verify``'s verdict when it parses both answers, else sympy's; runs in the child process of
     ``answers_equivalent``."""
-    verifier = _math_verify() if use_math_verify else None
-    if verifier is not None:
-        return _math_verify_equal(verifier, predicted, reference)
-    return _sympy_equal(predicted, reference, tolerance=tolerance)
+    verdict = math_verify_equal(predicted, reference)
+    return verdict if verdict is not None else _sympy_equal(predicted, reference, tolerance=tolerance)
 
 
-@functools.lru_cache(maxsize=1)
-def _math_verify() -> tuple[Callable, Callable] | None:
-    try:
-        from math_verify import parse, verify
-    except ImportError:
-        return None
-    return parse, verify
+def math_verify_equal(predicted: str, reference: str) -> bool | None:
+    """Whether ``math_verify`` shows the two answers equal; None when it cannot parse one of them. Each is read
+    as LaTeX math first (``$...$``: plain "1/\\sqrt{2}" would be read as 1), then as plain text."""
+    from math_verify import parse, verify
 
-
-def _math_verify_equal(verifier: tuple[Callable, Callable], predicted: str, reference: str) -> bool:
-    parse, verify = verifier
     # math_verify enforces its timeouts with SIGALRM, which only the main thread may install.
     timeout = 5 if threading.current_thread() is threading.main_thread() else None
+
+    def parsed(text: str) -> list:
+        """math_verify's reading of ``text``; empty unless it found an expression (not only the text itself)."""
+        for candidate in (f"${text}$", text):
+            found = parse(candidate, parsing_timeout=timeout)
+            if any(not isinstance(item, str) for item in found):
+                return found
+        return []
+
     try:
-        gold = parse(reference, parsing_timeout=timeout) or parse(f"${reference}$", parsing_timeout=timeout)
-        target = parse(predicted, parsing_timeout=timeout) or parse(f"${predicted}$", parsing_timeout=timeout)
-        return bool(gold and target and verify(gold, target, timeout_seconds=timeout))
-    except Exception:  # any failure to parse or compare means "not shown equal"
+        gold, target = parsed(reference), parsed(predicted)
+        if not gold or not target:
+            return None
+        return bool(verify(gold, target, timeout_seconds=timeout))
+    except Exception:  # any failure to compare means "not shown equal"
         return False
 
 

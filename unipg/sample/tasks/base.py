@@ -7,6 +7,7 @@ arguments, the way TRL hands dataset columns to ``GRPOTrainer`` reward functions
 - ``arithmetic``: bare expressions such as ``"37+48="`` whose completion is just the number; short enough
   for a character-level policy trained from scratch.
 - ``gsm8k`` (module ``gsm8k``): grade-school word problems in the GSM8K format, generated or read from files.
+- ``dataset`` (module ``dataset``): any table of prompts and answers loaded with Hugging Face ``datasets``.
 
 Train and test never share a prompt, and every split is a deterministic function of ``data_seed``.
 """
@@ -26,7 +27,8 @@ from unipg.estimate.registry import FactoryRegistry, RegistryError
 class Example:
     """One prompt of a task."""
 
-    prompt: str  # the user message (question text), without chat formatting
+    prompt: str | list[dict]  # the user message (question text) without chat formatting, or a conversation
+    # ({"role", "content"} messages) the policy answers
     answer: str  # the reference final answer as a canonical string, e.g. "85" or "-12"
     solution: str | list[dict]  # a demonstration, used for SFT: the completion text, or for agent tasks the
     # turns after the prompt as chat messages ({"role": "assistant" | "tool", "content": ...})

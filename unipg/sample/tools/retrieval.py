@@ -9,8 +9,8 @@ document D for a query q₁…qₙ as
 with f the term frequency, |D| the document length in tokens, avgdl the mean length, N the number of
 documents and df(q) the number holding q. This idf (Lucene's) stays positive for terms in most documents.
 
-The index here is plain Python and numpy, sized for the few hundred short documents of a bundled
-collection; for large collections ``bm25s`` (sparse-matrix BM25, pip install bm25s) is much faster.
+The index is ``bm25s``'s (sparse-matrix BM25, Lucene's idf) over this module's own tokens: lowercased
+alphanumeric runs without a few stopwords.
 
 A collection is a ``.jsonl`` file with one ``{"id", "title", "text"}`` object per line; the title and the
 text are both indexed. Bundled collections live in ``unipg/sample/data/<name>.jsonl``.
@@ -19,7 +19,6 @@ text are both indexed. Bundled collections live in ``unipg/sample/data/<name>.js
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,46 +49,32 @@ def tokenize(text: str, stopwords: frozenset[str] = STOPWORDS) -> list[str]:
 
 
 class BM25Index:
-    """An in-memory Okapi BM25 index over ``documents`` (title and text together)."""
+    """An in-memory Okapi BM25 index over ``documents`` (title and text together), built with ``bm25s``."""
 
     def __init__(self, documents: list[Document], *, k1: float = 1.5, b: float = 0.75,
                  stopwords: frozenset[str] = STOPWORDS):
+        import bm25s
+        from bm25s.tokenization import Tokenized
+
         if k1 < 0 or not 0.0 <= b <= 1.0:
             raise ValueError(f"BM25 needs k1 >= 0 and 0 <= b <= 1, got k1={k1}, b={b}")
         self.documents = list(documents)
         self.k1, self.b, self.stopwords = k1, b, stopwords
-        token_lists = [tokenize(f"{doc.title} {doc.text}", stopwords) for doc in self.documents]
-        self.lengths = np.array([len(tokens) for tokens in token_lists], dtype=np.float64)  # (N,) |D|
-        self.average_length = float(self.lengths.mean()) if len(self.documents) else 0.0
-        postings: dict[str, dict[int, int]] = {}
-        for doc_index, tokens in enumerate(token_lists):
-            for token in tokens:
-                counts = postings.setdefault(token, {})
-                counts[doc_index] = counts.get(doc_index, 0) + 1
-        # term -> (doc indices, term frequencies): a query then touches only the documents holding its terms
-        self.postings = {term: (np.fromiter(counts.keys(), dtype=np.int64),
-                                np.fromiter(counts.values(), dtype=np.float64))
-                         for term, counts in postings.items()}
-
-    def idf(self, term: str) -> float:
-        """log(1 + (N − df + 0.5) / (df + 0.5)) of a (tokenized) term; df = 0 for an unseen term."""
-        document_frequency = len(self.postings[term][0]) if term in self.postings else 0
-        count = len(self.documents)
-        return math.log(1.0 + (count - document_frequency + 0.5) / (document_frequency + 0.5))
+        self.vocabulary: dict[str, int] = {}
+        token_ids = [[self.vocabulary.setdefault(token, len(self.vocabulary))
+                      for token in tokenize(f"{doc.title} {doc.text}", stopwords)] for doc in self.documents]
+        self.retriever = bm25s.BM25(k1=k1, b=b, method="lucene", dtype="float64")
+        if self.documents:
+            self.retriever.index(Tokenized(ids=token_ids, vocab=dict(self.vocabulary)), show_progress=False)
 
     def scores(self, query: str) -> np.ndarray:
         """(N,) BM25 score of every document; a term repeated in the query counts once per occurrence."""
-        scores = np.zeros(len(self.documents), dtype=np.float64)
-        if not self.documents:
-            return scores
-        length_norm = 1.0 - self.b + self.b * self.lengths / self.average_length  # (N,)
-        for term in tokenize(query, self.stopwords):
-            if term not in self.postings:
-                continue
-            doc_indices, frequencies = self.postings[term]
-            saturated = frequencies * (self.k1 + 1.0) / (frequencies + self.k1 * length_norm[doc_indices])
-            scores[doc_indices] += self.idf(term) * saturated
-        return scores
+        terms = [term for term in tokenize(query, self.stopwords) if term in self.vocabulary]
+        if not self.documents or not terms:
+            return np.zeros(len(self.documents), dtype=np.float64)
+        # bm25s's Lucene variant leaves out the constant factor (k1 + 1) of the numerator; put back, the scores
+        # are the formula's above (the ranking is the same either way).
+        return (self.k1 + 1.0) * np.asarray(self.retriever.get_scores(terms), dtype=np.float64)
 
     def search(self, query: str, k: int = 2) -> list[tuple[Document, float]]:
         """The ``k`` best documents holding at least one query term, best first; ties keep collection order."""
