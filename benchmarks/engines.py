@@ -157,7 +157,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (as vLLM serves on CPU; more "
                         "threads than free cores make every engine spin)")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes: check that the script runs")
     args = parser.parse_args()
+    if args.smoke:
+        args.prompts, args.new_tokens, args.episodes, args.turns, args.turn_tokens, args.latency = 8, 8, 4, 2, 8, 0.001
     torch.set_num_threads(args.threads)
     config = load_config(overrides=[f"model.name={args.model}", "sample.cpu_kv_cache_gb=0.5", f"seed={args.seed}"])
     start = time.perf_counter()

@@ -14,6 +14,7 @@ REPORTS = {
     "async_vs_sync.py": "| run | steps wall-clock (s) | trajectories/s |",
     "chaos.py": "| phase | survived | faults injected |",
     "classic_control.py": "CartPole-v1: steps to deterministic eval mean",
+    "engines.py": "vllm / hf tokens/s:",
     "endpoint.py": "| agent | episodes/s | vs built-in | completion rate |",
     "learner.py": "packed / padded tokens/s:",
     "peer_ppo.py": "mean wall time: unipg",

@@ -13,7 +13,6 @@ import yaml
 from typer.testing import CliRunner
 
 import unipg
-from tests.runtime.test_driver import SMALL
 from unipg.cli import app
 from unipg.config import ConfigError, load_config
 from unipg.config import plugins as plugin_module
