@@ -27,3 +27,15 @@ def embedded_path(private_cache) -> str:
     from unipg.policy.embedded import embedded_model_path
 
     return str(embedded_model_path())
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """For a module that fine-tunes the embedded model outside a run (which would set this, ``set_threads``): on
+    a busy machine its small products run many times slower on several threads than on one."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

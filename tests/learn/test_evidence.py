@@ -10,17 +10,8 @@ from unipg.sample.envs.service import EnvironmentService
 from unipg.sample.tasks.base import make_task
 from unipg.sample.tools.base import format_tool_call
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The embedded model is fine-tuned here outside a run, which would set this (``set_threads``): on a busy
-    machine its small products run many times slower on several threads than on one."""
-    import torch
 
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 TASKS = {"calculator": {"digits": 1, "num_train": 16, "num_test": 4, "tool_demonstrations": 1.0},
          "units": {"digits": 1, "num_train": 16, "num_test": 4, "tool_demonstrations": 1.0}}
