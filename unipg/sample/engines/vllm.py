@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import random
 import shutil
@@ -35,6 +36,17 @@ from unipg.policy.adapters import base_state_dict, has_adapter, save_adapter, sa
 from unipg.policy.generation import cut_at_stop
 from unipg.policy.lm import LMPolicy
 from unipg.sample.engines.base import ENGINES, SamplingParams, TurnOutput
+
+
+class _ComputedBuffersFilter(logging.Filter):
+    """Drops vLLM's warning, at every in-place weight reload, that rotary embeddings received no weights: their
+    cos/sin cache is computed from the config, not trained, and stays as it is."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("RotaryEmbedding: Failed to load weights")
+
+
+logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_ComputedBuffersFilter())
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # ranks vLLM accepts for max_lora_rank
 
