@@ -73,6 +73,8 @@ from dataclasses import dataclass  # noqa: E402
 
 import torch  # noqa: E402
 
+import unipg  # noqa: E402, F401  (first: it hides torch companions built for another torch before transformers looks)
+
 EVAL_SEED = 10_000  # pass@1 is greedy, so the seed only matters if eval.pass_k > 0
 
 # Small enough to finish in about a minute on two CPU cores once the warm start is cached.

@@ -52,7 +52,8 @@ def test_no_notice_when_the_folder_did_not_ask_for_remote_code(tmp_path):
 
 def test_eval_and_resume_on_the_command_line_say_so_and_load_without_remote_code(tmp_path, monkeypatch):
     run, seen = saved_run(tmp_path), []
-    monkeypatch.setattr(unipg.api, "evaluate", lambda config: seen.append(config) or {"eval/pass@1": 1.0})
+    monkeypatch.setattr(unipg.api, "evaluate_episodes",
+                        lambda config, show: seen.append(config) or ({"eval/pass@1": 1.0}, []))
     monkeypatch.setattr(unipg.api, "run", lambda config, **options: seen.append(config) or (_ for _ in ()).throw(
         ValueError("stopped here")))
 
