@@ -125,16 +125,20 @@ class LMLearner:
 
         temperature = self.config.sample.temperature
         stale = batch.ages is not None and bool((batch.ages > 0).any())
-        if self.tis_cap is not None or (self.config.estimator.policy_loss == "decoupled_ppo" and stale):
+        proximal = self.tis_cap is not None or (self.config.estimator.policy_loss == "decoupled_ppo" and stale)
+        if proximal:
             # π_prox = π_trainer_old, the weights this update starts from; without tis, on fresh data it is taken
-            # to be μ, whose log-probs the batch has
-            batch.proximal_logprobs = padded([self.policy.evaluate(
-                c.input_ids, c.attention_mask, c.completion_length, temperature=temperature).logprobs
-                for c in chunks]) * batch.completion_mask
+            # to be μ, whose log-probs the batch has. The same pass gives the values (a value head's, or the critic's)
+            evaluations = [self.policy.evaluate(c.input_ids, c.attention_mask, c.completion_length,
+                                                temperature=temperature, with_values=self.policy.has_critic)
+                           for c in chunks]
+            batch.proximal_logprobs = padded([e.logprobs for e in evaluations]) * batch.completion_mask
+            if self.policy.has_critic:
+                batch.values = padded([e.values for e in evaluations]) * batch.completion_mask
         if self.policy.has_reference:
             batch.reference_logprobs = padded([self.policy.reference_logprobs(
                 c.input_ids, c.attention_mask, c.completion_length, temperature=temperature) for c in chunks])
-        if self.policy.has_critic:
+        if self.policy.has_critic and not proximal:
             batch.values = padded([self.policy.values(c.input_ids, c.attention_mask, c.completion_length)
                                    for c in chunks]) * batch.completion_mask
         batch.advantages, batch.returns = lm_advantages(
