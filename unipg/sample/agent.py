@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from unipg.policy.chat import TurnTemplate
 from unipg.sample.envs.base import Env
 from unipg.sample.inference import InferenceEngine
 from unipg.sample.tasks.base import Example
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -140,11 +143,17 @@ class AgentLoop:
     async def run_episodes(self, envs: list[Env], examples: list[Example], *,
                            concurrency: int | None = None) -> list[Trajectory]:
         """Run one episode per (env, example) concurrently; results in input order."""
-        limit = asyncio.Semaphore(concurrency or len(examples))
-
-        async def bounded(index: int) -> Trajectory:
-            async with limit:
-                return await self.run_episode(envs[index], examples[index], order=index)
-
         async with self.running():
-            return list(await asyncio.gather(*(bounded(i) for i in range(len(examples)))))
+            return await run_concurrently(lambda i: self.run_episode(envs[i], examples[i], order=i), len(examples),
+                                          concurrency)
+
+
+async def run_concurrently(run_one: Callable[[int], Awaitable[T]], count: int, concurrency: int | None) -> list[T]:
+    """``run_one(0) ... run_one(count - 1)`` with at most ``concurrency`` (None: all) at once; results in order."""
+    limit = asyncio.Semaphore(concurrency or count)
+
+    async def bounded(index: int) -> T:
+        async with limit:
+            return await run_one(index)
+
+    return list(await asyncio.gather(*(bounded(i) for i in range(count))))

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from unipg.policy.chat import TurnTemplate
-from unipg.sample.agent import AgentLoop, Trajectory
+from unipg.sample.agent import AgentLoop, Trajectory, run_concurrently
 from unipg.sample.envs.base import RoleEnv
 from unipg.sample.inference import InferenceEngine
 from unipg.sample.tasks.base import Example
@@ -97,14 +97,9 @@ class RoleLoop:
     async def run_episodes(self, envs: list[RoleEnv], examples: list[Example], *,
                            concurrency: int | None = None) -> list[list[Trajectory]]:
         """One episode per (env, example) concurrently; each episode's trajectories, in input order."""
-        limit = asyncio.Semaphore(concurrency or len(examples))
-
-        async def bounded(index: int) -> list[Trajectory]:
-            async with limit:
-                return await self.run_episode(envs[index], examples[index], order=index)
-
         async with self.engine.running():
-            return list(await asyncio.gather(*(bounded(i) for i in range(len(examples)))))
+            return await run_concurrently(lambda i: self.run_episode(envs[i], examples[i], order=i), len(examples),
+                                          concurrency)
 
 
 def role_major(episodes: list[list[Trajectory]]) -> list[Trajectory]:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from unipg.config import ConfigError
-from unipg.sample.agent import Trajectory
+from unipg.sample.agent import Trajectory, run_concurrently
 from unipg.sample.endpoint.protocol import Completions, Limits
 from unipg.sample.endpoint.server import EndpointServer
 from unipg.sample.endpoint.sessions import Sessions, SessionTrajectory
@@ -190,14 +190,9 @@ class ExternalAgentLoop:
     async def run_episodes(self, agents: list[ExternalAgent], examples: list[Example], *,
                            concurrency: int | None = None) -> list[Trajectory]:
         """One episode per (agent, example) concurrently; results in input order."""
-        limit = asyncio.Semaphore(concurrency or len(examples))
-
-        async def bounded(index: int) -> Trajectory:
-            async with limit:
-                return await self.run_episode(agents[index], examples[index], order=index)
-
         async with self.running():
-            return list(await asyncio.gather(*(bounded(i) for i in range(len(examples)))))
+            return await run_concurrently(lambda i: self.run_episode(agents[i], examples[i], order=i), len(examples),
+                                          concurrency)
 
 
 def episode_trajectory(example: Example, recorded: SessionTrajectory, reward: float, info: dict) -> Trajectory:
