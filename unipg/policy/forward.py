@@ -169,11 +169,11 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
 
 
-def chunked_token_statistics(logits: torch.Tensor, targets: torch.Tensor, *, chunk_tokens: int,
+def chunked_token_statistics(logits: torch.Tensor, targets: torch.Tensor, *, chunk_tokens: int | None,
                              with_entropy: bool = False, entropy_grad: bool = False
                              ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(log-probs of ``targets``, entropy or None), each shaped like ``targets``, from (..., V) ``logits``
-    taken ``chunk_tokens`` positions at a time.
+    taken ``chunk_tokens`` positions at a time (None: all at once).
 
     Each chunk's log-softmax is recomputed in the backward pass (activation checkpointing), so autograd holds
     the logits only, never a (tokens, V) log-softmax or softmax beside them; equal to ``token_logprobs`` and
@@ -181,6 +181,9 @@ def chunked_token_statistics(logits: torch.Tensor, targets: torch.Tensor, *, chu
     """
     from torch.utils.checkpoint import checkpoint
 
+    if chunk_tokens is None:
+        logprobs = token_logprobs(logits, targets)
+        return logprobs, entropy_from_logits(logits if entropy_grad else logits.detach()) if with_entropy else None
     flat_logits, flat_targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
     logprobs, entropies = [], []
     for start in range(0, len(flat_targets), chunk_tokens):

@@ -31,7 +31,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from unipg.estimate.losses import entropy_from_logits
 from unipg.policy.forward import (  # noqa: F401  (left_pad re-exported)
     chunked_token_statistics,
     completion_forward,
@@ -152,12 +151,8 @@ class LMPolicy(nn.Module):
         logits, hidden, targets, layout = self._outputs(self.model, input_ids, attention_mask, completion_length,
                                                         hidden=needs_hidden)
         logits = scaled_logits(logits, temperature)
-        if self.logprob_chunk_tokens is not None:
-            logprobs, entropy = chunked_token_statistics(logits, targets, chunk_tokens=self.logprob_chunk_tokens,
-                                                         with_entropy=with_entropy, entropy_grad=entropy_grad)
-        else:
-            logprobs = token_logprobs(logits, targets)
-            entropy = entropy_from_logits(logits if entropy_grad else logits.detach()) if with_entropy else None
+        logprobs, entropy = chunked_token_statistics(logits, targets, chunk_tokens=self.logprob_chunk_tokens,
+                                                     with_entropy=with_entropy, entropy_grad=entropy_grad)
         result = Evaluation(logprobs=layout(logprobs), entropy=None if entropy is None else layout(entropy))
         if with_values:
             result.values = layout(self.value_head(hidden)) if needs_hidden else \
@@ -213,9 +208,7 @@ class LMPolicy(nn.Module):
             raise ValueError("this policy holds no reference model; set model.reference to 'copy' or use LoRA")
         logits, _, targets, layout = self._outputs(model, input_ids, attention_mask, completion_length)
         logits = scaled_logits(logits, temperature)
-        if self.logprob_chunk_tokens is not None:
-            return layout(chunked_token_statistics(logits, targets, chunk_tokens=self.logprob_chunk_tokens)[0])
-        return layout(token_logprobs(logits, targets))
+        return layout(chunked_token_statistics(logits, targets, chunk_tokens=self.logprob_chunk_tokens)[0])
 
     # ------------------------------------------------------------------------------------------------
     # Persistence
