@@ -57,13 +57,14 @@ def runner(policy):
     runner.close()
 
 
-def generate(runner, contexts, *, version=0, temperature=1.0, max_new_tokens=16, seed=0):
+def generate(runner, contexts, *, version=0, temperature=1.0, max_new_tokens=16, seed=0, params=None):
     service = runner.engine(SamplingParams(temperature=temperature), torch.Generator().manual_seed(seed))
     service.policy_version = version
 
     async def go():
         async with service.running():
-            return await asyncio.gather(*(service.generate(c, max_new_tokens=max_new_tokens) for c in contexts))
+            return await asyncio.gather(*(service.generate(c, max_new_tokens=max_new_tokens, params=params)
+                                          for c in contexts))
 
     return asyncio.run(go())
 
@@ -92,6 +93,13 @@ def test_behaviour_logprobs_equal_the_trainers_forward(runner, policy, temperatu
 def test_same_seed_same_tokens(runner, policy):
     first, second = generate(runner, prompts(policy), seed=3), generate(runner, prompts(policy), seed=3)
     assert [o.token_ids for o in first] == [o.token_ids for o in second]
+
+
+def test_a_requests_own_stop_strings_cut_its_text(runner, policy):
+    [whole] = generate(runner, prompts(policy, 1), seed=5)
+    stop = next(character for character in whole.text[1:] if not character.isspace())
+    [cut] = generate(runner, prompts(policy, 1), seed=5, params=SamplingParams(stop=[stop]))
+    assert stop not in cut.text and whole.text.startswith(cut.text)
 
 
 def test_calculator_agent_runs_unchanged_on_vllm(runner):
@@ -183,7 +191,7 @@ def test_lora_adapters_move_by_version_and_match_the_trainer(embedded_path):
             expected = trainer_logprobs(policy, context[0], out.token_ids, 1.0)  # this version's, not a cached one
             torch.testing.assert_close(torch.tensor(out.behaviour_logprobs), expected, atol=1e-3, rtol=0)
             outputs.append(out)
-        assert before.behaviour_logprobs != outputs[0].behaviour_logprobs != outputs[1].behaviour_logprobs
+        assert len({tuple(out.behaviour_logprobs) for out in (before, *outputs)}) == 3  # each version its own
     finally:
         runner.close()
     assert set(child_processes()) <= children_before

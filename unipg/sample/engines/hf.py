@@ -123,13 +123,18 @@ class InferenceEngine:
 
     def _sample_by_params(self, batch: list[tuple]) -> list[TurnOutput]:
         """One sampling call per distinct set of parameters in ``batch`` (one call when no request overrides)."""
+        if self.sync is not None:  # between generate calls: take the learner's newest weights (once per batch)
+            version = self.sync()
+            if version is not None:
+                self.policy_version = version
         outputs: list[TurnOutput | None] = [None] * len(batch)
+        chosen = [request[4] or self.params for request in batch]
         kinds: list[SamplingParams] = []
-        for request in batch:
-            if (request[4] or self.params) not in kinds:
-                kinds.append(request[4] or self.params)
+        for params in chosen:
+            if params not in kinds:
+                kinds.append(params)
         for params in kinds:
-            rows = [row for row, request in enumerate(batch) if (request[4] or self.params) == params]
+            rows = [row for row, own in enumerate(chosen) if own == params]
             sampled = self._sample([batch[row][1] for row in rows], [batch[row][2] for row in rows], params)
             for row, output in zip(rows, sampled):
                 outputs[row] = output
@@ -137,10 +142,6 @@ class InferenceEngine:
 
     def _sample(self, contexts: list[list[int]], budgets: list[int],
                 params: SamplingParams | None = None) -> list[TurnOutput]:
-        if self.sync is not None:  # between generate calls: take the learner's newest weights
-            version = self.sync()
-            if version is not None:
-                self.policy_version = version
         self.batches.append(len(contexts))
         self.turns += len(contexts)
         self.prefill_tokens += sum(len(context) for context in contexts)

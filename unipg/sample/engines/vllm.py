@@ -308,16 +308,16 @@ class VLLMService:
         except asyncio.CancelledError:
             self.engine.loop.abort(request_id)
             raise
-        return self._turn(output, version)
+        return self._turn(output, version, params)
 
-    def _turn(self, output, version: int) -> TurnOutput:
+    def _turn(self, output, version: int, params: SamplingParams) -> TurnOutput:
         completion = output.outputs[0]
         ids = list(completion.token_ids)
         logprobs = [entry[token].logprob for entry, token in zip(completion.logprobs or [], ids)]
         self.turns += 1
         self.prefill_tokens += len(output.prompt_token_ids) - (output.num_cached_tokens or 0)
         policy = self.policy
-        text = cut_at_stop(policy.decode(ids), self.params.stop, self.params.keep_stop)
+        text = cut_at_stop(policy.decode(ids), params.stop, params.keep_stop)
         finish = "length" if completion.finish_reason == "length" else "stop"
         return TurnOutput(ids, logprobs, text, finish, bool(ids) and ids[-1] in set(policy.eos_ids), version,
                           engine="vllm")
