@@ -200,7 +200,8 @@ class EpisodeRunner:
             return ExternalAgentLoop(engine, self.policy.tokenizer, eos_ids=self.policy.eos_ids,
                                      endpoint=self.config.endpoint, max_tokens=self.config.sample.max_new_tokens,
                                      context_length=self.policy.context_length,
-                                     describe_tools=self.config.agent.tool_prompt, stats=self.agent_stats)
+                                     describe_tools=self.config.agent.tool_prompt, stats=self.agent_stats,
+                                     tool_parser=self.tool_parser)
         if self.roles:
             return RoleLoop(engine, self.template, self.role_encoders, max_turns=self.max_turns,
                             max_new_tokens=self.config.sample.max_new_tokens,

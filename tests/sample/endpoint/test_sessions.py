@@ -96,6 +96,15 @@ def test_hermes_calls_are_parsed_and_written_back_the_same_way():
     assert calls_format.parse("<tool_call>{not json</tool_call>") == ("<tool_call>{not json</tool_call>", [])
 
 
+def test_the_runs_tool_parser_sets_the_endpoints_call_format(bpe):
+    from unipg.sample.endpoint.protocol import Completions, Limits
+
+    completions = Completions(None, bpe, Limits(max_tokens=8), tool_parser="llama3_json")
+    content, [call] = completions.calls_format.parse('{"name": "calculator", "parameters": {"expression": "2*3"}}')
+    assert content == "" and call.key() == ("calculator", '{"expression": "2*3"}')
+    assert completions.calls_format.close is None  # the call is the whole turn: no closing tag to stop at
+
+
 def test_a_tool_call_sent_back_as_openai_tool_calls_continues_the_trajectory(bpe):
     end = bpe.convert_tokens_to_ids("<|end|>")
     session = Session("s", bpe, eos_ids=[end])
@@ -111,4 +120,5 @@ def test_a_tool_call_sent_back_as_openai_tool_calls_continues_the_trajectory(bpe
         {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"x":"ab"}'}}]}
     second = follow_up(session, bpe, history + [returned, {"role": "tool", "tool_call_id": "call_1", "content": "7"}])
     assert second.trajectory is session.trajectories[0] and raw == "ab"  # the sampled text stands in for the call
+    assert session.raw_replies[reply_key(content, calls)] == raw
     assert second.ids == first.ids + sampled + [end] + ids(bpe, "<|tool|>7<|end|><|assistant|>")

@@ -118,13 +118,16 @@ class ExternalAgentLoop:
     """Runs episodes of external agents against the endpoint on ``engine`` (same interface as ``AgentLoop``)."""
 
     def __init__(self, engine: InferenceEngine, tokenizer, *, eos_ids: list[int], endpoint, max_tokens: int,
-                 context_length: int | None, describe_tools: bool, stats: AgentStats | None = None):
-        """``endpoint``: the ``EndpointConfig`` section; ``max_tokens``: generated tokens per call at most."""
+                 context_length: int | None, describe_tools: bool, stats: AgentStats | None = None,
+                 tool_parser: str | None = None):
+        """``endpoint``: the ``EndpointConfig`` section; ``max_tokens``: generated tokens per call at most;
+        ``tool_parser``: the run's tool-call format (None: the chat template's)."""
         self.engine, self.tokenizer, self.endpoint = engine, tokenizer, endpoint
         self.stats = stats if stats is not None else AgentStats()
         self.sessions = Sessions(tokenizer, eos_ids=eos_ids)
         limits = Limits(max_tokens=max_tokens, max_n=endpoint.max_n, context_length=context_length)
-        self.completions = Completions(engine, tokenizer, limits, describe_tools=describe_tools)
+        self.completions = Completions(engine, tokenizer, limits, describe_tools=describe_tools,
+                                       tool_parser=tool_parser)
         self.server = EndpointServer(self.completions, self.sessions, host=endpoint.host, port=endpoint.port,
                                      max_body_bytes=endpoint.max_body_bytes)
 

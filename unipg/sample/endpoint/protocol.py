@@ -23,6 +23,7 @@ from unipg.sample.endpoint.render import (
     plain_messages,
     render_conversation,
     reply_key,
+    ToolCallFormat,
     tool_call_format,
 )
 from unipg.sample.endpoint.sessions import Context, Session
@@ -78,11 +79,12 @@ class Completions:
     """Answers chat and text completion requests with ``engine``, recording them in their session."""
 
     def __init__(self, engine: InferenceEngine, tokenizer, limits: Limits, *, model_name: str = "unipg",
-                 describe_tools: bool = True):
-        """``describe_tools``: render the request's ``tools`` into the prompt (else they only enable parsing)."""
+                 describe_tools: bool = True, tool_parser: str | None = None):
+        """``describe_tools``: render the request's ``tools`` into the prompt (else they only enable parsing);
+        ``tool_parser``: the run's tool-call format (None: the one of the tokenizer's chat template)."""
         self.engine, self.tokenizer, self.limits = engine, tokenizer, limits
         self.model_name, self.describe_tools = model_name, describe_tools
-        self.calls_format = tool_call_format(tokenizer)
+        self.calls_format = tool_call_format(tokenizer) if tool_parser is None else ToolCallFormat(tool_parser)
 
     def params(self, request: _Request, *, tools: bool) -> SamplingParams:
         """The engine's sampling parameters with the request's overrides; with tools, generation stops after a
