@@ -153,6 +153,18 @@ def behaviour_at_load(policy: LMPolicy, trajectories: list[Trajectory], *, tempe
             trajectory.behaviour_logprobs = logprobs[row, :len(trajectory.token_ids)].tolist()
 
 
+def current_logprobs(policy: LMPolicy, batch: LMBatch, *, temperature: float, micro_batch: int) -> torch.Tensor:
+    """log π of ``batch``'s completion tokens under ``policy`` now, (B, C), a micro-batch at a time."""
+    width = batch.completion_length
+    parts = []
+    for index in torch.arange(len(batch.scores)).split(micro_batch):
+        part = batch.rows(index)
+        logprobs = policy.evaluate(part.input_ids, part.attention_mask, part.completion_length,
+                                   temperature=temperature).logprobs
+        parts.append(torch.nn.functional.pad(logprobs, (0, width - logprobs.shape[1])))
+    return torch.cat(parts)
+
+
 @torch.no_grad()
 def offline_metrics(batch: LMBatch, offline_rows: int, policy: LMPolicy, config: Config) -> dict[str, float]:
     """The share of ``batch``'s rows that are offline (its last ``offline_rows``) and their statistics; the
@@ -163,9 +175,14 @@ def offline_metrics(batch: LMBatch, offline_rows: int, policy: LMPolicy, config:
         return metrics
     rows = batch.rows(torch.arange(total - offline_rows, total))
     mask = rows.completion_mask
-    logprobs = policy.evaluate(rows.input_ids, rows.attention_mask, rows.completion_length,
-                               temperature=config.sample.temperature).logprobs
-    weights = objective.off_policy_weights(config.estimator, logprobs, rows.behaviour_logprobs, mask, age=rows.ages)
+    weights = None
+    if config.estimator.off_policy_weight != "none":  # (none: every weight is 1, no pass needed)
+        logprobs = rows.proximal_logprobs  # the learner's pass at the update's start, when it made one
+        if logprobs is None:
+            logprobs = current_logprobs(policy, rows, temperature=config.sample.temperature,
+                                        micro_batch=config.train.micro_batch_size)
+        weights = objective.off_policy_weights(config.estimator, logprobs, rows.behaviour_logprobs, mask,
+                                               age=rows.ages)
     metrics["offline/mean_weight"] = 1.0 if weights is None else float(masked_mean(weights.weights, mask))
     metrics["offline/reward_mean"] = statistics.fmean(rows.scores.tolist())
     if rows.ages is not None:
