@@ -65,6 +65,7 @@ class CombinedReward:
                 unique = f"{name}_{suffix}"
             used.add(unique)
             self.functions.append((unique, function, float(weight)))
+        self._signatures = [_parameters(function) for _, function, _ in self.functions]  # read once, not per call
 
     @classmethod
     def from_callables(cls, functions: list[tuple[RewardFunction, float]]) -> CombinedReward:
@@ -94,7 +95,8 @@ class CombinedReward:
 
     def _start(self, prompts: list, completions: list, columns: dict) -> list:
         """Each function's output: its rewards, or for an async function the coroutine producing them."""
-        calls = [(name, function, columns_taken(name, function, columns)) for name, function, _ in self.functions]
+        calls = [(name, function, columns_taken(name, parameters, columns))
+                 for (name, function, _), parameters in zip(self.functions, self._signatures)]
         started = []
         for name, function, taken in calls:
             try:
@@ -139,10 +141,10 @@ class CombinedReward:
         return RewardResult([float(value) for value in total], per_function, not_applicable)
 
 
-def columns_taken(name: str, function: RewardFunction, columns: dict) -> dict:
-    """The columns ``function`` is called with: every one when it takes ``**kwargs`` (TRL's convention), else those
-    it names. A parameter without a default that names no column is a RewardFunctionError listing the columns."""
-    parameters = _parameters(function)
+def columns_taken(name: str, parameters: list[inspect.Parameter] | None, columns: dict) -> dict:
+    """The columns a function with these ``parameters`` (``_parameters``) is called with: every one when it takes
+    ``**kwargs`` (TRL's convention) or has no readable signature, else those it names. A parameter without a
+    default that names no column is a RewardFunctionError listing the columns."""
     if parameters is None or any(p.kind is p.VAR_KEYWORD for p in parameters):
         return columns
     named = [p for p in parameters[2:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
