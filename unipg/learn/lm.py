@@ -278,7 +278,7 @@ class LMLearner:
         KL controller, the mini-batch shuffling generator and the learning-rate fraction and factor."""
         self.masters.stash(self.optimizer)
         tensors, optimizer_meta = optimizer_tensors(self.optimizer)
-        self.masters.unstash(self.optimizer)
+        self.masters.discard(self.optimizer)
         return tensors, self.state(optimizer_meta)
 
     def state(self, optimizer_meta: dict) -> dict:

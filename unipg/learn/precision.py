@@ -45,6 +45,11 @@ class Float32Masters:
         for _, master in self.pairs:
             optimizer.state[master][MASTER_KEY] = master.detach()
 
+    def discard(self, optimizer: torch.optim.Optimizer) -> None:
+        """Take the values ``stash`` put into the optimizer's state out again (the masters themselves hold them)."""
+        for _, master in self.pairs:
+            optimizer.state[master].pop(MASTER_KEY, None)
+
     @torch.no_grad()
     def unstash(self, optimizer: torch.optim.Optimizer) -> None:
         """Take the masters' values back out of the optimizer's state (after ``stash`` or a restore); a state
