@@ -163,6 +163,8 @@ class EpisodeRunner:
             options = dict(self.task.env_options)
             if self.roles:
                 options["shaping"] = {role: settings.shaping for role, settings in self.config.agent.roles.items()}
+            if "tool_parser" in ENVS.options(self.task.env):  # calls in the run's format, as in the tool env
+                options.setdefault("tool_parser", self.tool_parser)
             return ENVS.get(self.task.env)(self.task, self.reward_fn, self.service, **options)
         if self.service is None:
             return ENVS.get("single_turn")(self.task, self.reward_fn)

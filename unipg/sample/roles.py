@@ -15,7 +15,6 @@ empty trajectory (no sampled token, no gradient) so that every episode gives one
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from unipg.sample.envs.base import ENVS, StepResult, final_answer_reward
 from unipg.sample.envs.service import EnvironmentService
-from unipg.sample.envs.tool_env import parse_turn
+from unipg.sample.envs.tool_env import parse_turn, tool_step
 from unipg.sample.tasks.base import Example
+from unipg.sample.tools.formats import TOOL_PARSERS
 
 SOLVER, CHECKER = "solver", "checker"
 ACCEPT = "ACCEPT"
@@ -34,12 +35,14 @@ class SolverCheckerEnv:
     roles = (SOLVER, CHECKER)
 
     def __init__(self, reward_fn, service: EnvironmentService | None, *, max_rounds: int = 2,
-                 wrong_accept_penalty: float = 0.1, process_weight: float = 0.1, shaping: dict | None = None):
+                 wrong_accept_penalty: float = 0.1, process_weight: float = 0.1, shaping: dict | None = None,
+                 tool_parser: str = "hermes"):
         if max_rounds < 1:
             raise ValueError(f"solver_checker: max_rounds ({max_rounds}) must be ≥ 1 (checker verdicts per episode)")
         self.reward_fn, self.service, self.max_rounds = reward_fn, service, max_rounds
         self.wrong_accept_penalty, self.process_weight = wrong_accept_penalty, process_weight
         self.shaping = {role: float(weight) for role, weight in (shaping or {}).items()}
+        self.parser = TOOL_PARSERS.get(tool_parser)()
         self.example: Example | None = None
 
     async def reset(self, example: Example) -> tuple[str, str]:
@@ -50,7 +53,7 @@ class SolverCheckerEnv:
     async def step(self, action: str) -> StepResult:
         if self.example is None:
             raise RuntimeError("call reset() before step()")
-        turn = parse_turn(action, self.service) if self.service is not None else None
+        turn = parse_turn(action, self.service, self.parser) if self.service is not None else None
         if turn is not None and turn.kind != "answer":
             return await self._tool_step(turn)
         if self.acting == SOLVER:
@@ -79,23 +82,16 @@ class SolverCheckerEnv:
     async def _tool_step(self, turn) -> StepResult:
         """A tool call (or a malformed one) by the acting role: the output goes back to that role."""
         role = self.acting
-        if turn.kind == "malformed":
-            return StepResult(f"error: {turn.error}", -self.process_weight, False,
-                              {"tool": turn.name, "tool_status": "malformed", "next_role": role,
-                               "observation_role": "tool"})
-        result = await self.service.call(turn.name, turn.arguments)
-        process = 0.0
-        if result.ok and self.paid[role] < self.process_weight:  # once per role and episode, as in ``tool``
-            process, self.paid[role] = self.process_weight - self.paid[role], self.process_weight
-        info = {"tool": turn.name, "tool_status": result.status, "attempts": result.attempts,
-                "timeouts": result.timeouts, "tool_seconds": result.seconds, "process_reward": process,
-                "next_role": role, "observation_role": "tool"}
-        return StepResult(result.observation, process + result.penalty, False, info)
+        step, self.paid[role] = await tool_step(self.service, turn, paid=self.paid[role],
+                                                process_weight=self.process_weight)  # once per role and episode
+        step.info.update(next_role=role, observation_role="tool")
+        return step
 
 
 @ENVS.register("solver_checker")
 def solver_checker_env(task, reward_fn, service: EnvironmentService | None, max_rounds: int = 2,
                        wrong_accept_penalty: float = 0.1, process_weight: float = 0.1,
-                       shaping: dict | None = None) -> SolverCheckerEnv:
+                       shaping: dict | None = None, tool_parser: str = "hermes") -> SolverCheckerEnv:
+    """``tool_parser``: the format calls are written in (``unipg.sample.tools.formats``)."""
     return SolverCheckerEnv(reward_fn, service, max_rounds=max_rounds, wrong_accept_penalty=wrong_accept_penalty,
-                            process_weight=process_weight, shaping=shaping)
+                            process_weight=process_weight, shaping=shaping, tool_parser=tool_parser)

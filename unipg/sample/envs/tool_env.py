@@ -84,20 +84,29 @@ class ToolEnv:
         if turn.kind == "answer":
             reward, info = await final_answer_reward(self.reward_fn, self.example, action)
             return StepResult("", reward, True, info)
-        if turn.kind == "malformed":
-            observation = f"error: {turn.error}"
-            info = {"tool": turn.name, "tool_status": "malformed", "process_reward": -self.process_weight,
-                    "observation": observation}
-            return StepResult(observation, -self.process_weight, False, info)
-        result = await self.service.call(turn.name, turn.arguments)
-        process = 0.0
-        if result.ok and self._process_paid < self.process_weight:
-            process = self.process_weight - self._process_paid
-            self._process_paid = self.process_weight
-        info = {"tool": turn.name, "arguments": turn.arguments, "tool_status": result.status,
-                "attempts": result.attempts, "timeouts": result.timeouts, "tool_seconds": result.seconds,
-                "process_reward": process, "observation": result.observation}
-        return StepResult(result.observation, process + result.penalty, False, info)
+        step, self._process_paid = await tool_step(self.service, turn, paid=self._process_paid,
+                                                   process_weight=self.process_weight)
+        return step
+
+
+async def tool_step(service: EnvironmentService, turn, *, paid: float,
+                    process_weight: float) -> tuple[StepResult, float]:
+    """A turn that calls a tool (or tries to, malformed): run it through ``service``; the step and the process
+    reward paid so far. A successful call pays up to ``process_weight`` once per episode (``paid`` of it already);
+    a malformed one costs ``process_weight``."""
+    if turn.kind == "malformed":
+        observation = f"error: {turn.error}"
+        info = {"tool": turn.name, "tool_status": "malformed", "process_reward": -process_weight,
+                "observation": observation}
+        return StepResult(observation, -process_weight, False, info), paid
+    result = await service.call(turn.name, turn.arguments)
+    process = 0.0
+    if result.ok and paid < process_weight:
+        process, paid = process_weight - paid, process_weight
+    info = {"tool": turn.name, "arguments": turn.arguments, "tool_status": result.status,
+            "attempts": result.attempts, "timeouts": result.timeouts, "tool_seconds": result.seconds,
+            "process_reward": process, "observation": result.observation}
+    return StepResult(result.observation, process + result.penalty, False, info), paid
 
 
 @ENVS.register("tool")
