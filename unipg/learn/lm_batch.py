@@ -130,10 +130,11 @@ def token_budget_micro_batches(lengths: torch.Tensor, budget: int) -> list[torch
     >>> [m.tolist() for m in token_budget_micro_batches(torch.tensor([5, 2, 7, 3]), 8)]
     [[2], [0, 3], [1]]
     """
+    sizes = lengths.tolist()  # one read of the tensor (a single device sync), not one per row
     groups: list[list[int]] = []
     loads: list[int] = []
-    for index in sorted(range(len(lengths)), key=lambda i: -int(lengths[i])):
-        tokens = int(lengths[index])
+    for index in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        tokens = sizes[index]
         fits = next((g for g, load in enumerate(loads) if load + tokens <= budget), None)
         if fits is None:
             groups.append([index])
@@ -153,10 +154,12 @@ def split_across_ranks(groups: list[torch.Tensor], lengths: torch.Tensor,
     ranks: list[list[torch.Tensor | None]] = [[] for _ in range(world_size)]
     loads = [0] * world_size
     cap = -(-len(groups) // world_size)
-    for group in sorted(groups, key=lambda g: -int(lengths[g].sum())):
+    sizes = lengths.tolist()
+    tokens = {id(group): sum(sizes[i] for i in group.tolist()) for group in groups}
+    for group in sorted(groups, key=lambda g: -tokens[id(g)]):
         rank = min((r for r in range(world_size) if len(ranks[r]) < cap), key=lambda r: loads[r])
         ranks[rank].append(group)
-        loads[rank] += int(lengths[group].sum())
+        loads[rank] += tokens[id(group)]
     return [mine + [None] * (cap - len(mine)) for mine in ranks]
 
 
