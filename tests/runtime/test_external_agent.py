@@ -31,3 +31,15 @@ def test_an_external_agent_runs_in_the_concurrent_schedule(embedded_path, tmp_pa
     train_lm(config, log=lambda line: None)
     records = [json.loads(line) for line in (tmp_path / "concurrent" / "metrics.jsonl").read_text().splitlines()]
     assert sum("rollout/agent_failures" in record for record in records) == 2
+
+
+def test_every_trajectory_of_an_agent_that_rewrites_its_history_is_trained(embedded_path, tmp_path):
+    agent = "task.agent=tests.sample.endpoint.agents_for_tests:rewrites_history"
+    config = load_config(None, [*RUN, agent, f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
+                                "log.run_name=rewrites", "eval.every_updates=100"])
+    train_lm(config, log=lambda line: None)
+    records = [json.loads(line) for line in (tmp_path / "rewrites" / "metrics.jsonl").read_text().splitlines()]
+    rollouts = [record for record in records if "rollout/agent_failures" in record]
+    assert [record["rollout/agent_extra_trajectories"] for record in rollouts] == [8, 8]  # one per episode
+    assert [record["train/samples"] for record in rollouts] == [16, 32]  # both trajectories of every episode
+    assert all(record["rollout/turns"] == 2 for record in rollouts)  # episode metrics: the main trajectory's

@@ -2,8 +2,11 @@
 
 - the sequence reward sits on the last sampled token; with ``kl_in_reward`` each token also pays
   −β·KL_t to the reference (classic RLHF PPO, REINFORCE++), otherwise β·KL enters the loss (GRPO);
-- group estimators (grpo, dr_grpo, rloo) see one score per completion, in consecutive groups of
-  ``samples_per_prompt``; token estimators (gae, reinforce_plus_plus, batch_mean_baseline, ...) see the
+- group estimators (grpo, dr_grpo, rloo) see one score per *episode* (its first row's) in groups of
+  ``samples_per_prompt`` episodes of one prompt, told apart by the rows' ``groups`` index (without it, consecutive
+  episodes); the advantage of an episode goes to every row of it (``episodes``): an episode may train several
+  trajectories (an external agent that rewrote its history), each counted once in the token or sequence mean
+  of the loss but only once, as one episode, in its group's baseline; token estimators (gae, reinforce_plus_plus, batch_mean_baseline, ...) see the
   (B, C) token rewards with the episode ending at the last sampled token; ``turn_level`` sees one reward per
   policy turn of a multi-turn episode.
 """
@@ -26,7 +29,7 @@ GROUP_ADVANTAGES = frozenset({"grpo", "dr_grpo", "rloo"})
 
 @dataclass
 class LMBatch:
-    """B completions; samples of one prompt are consecutive. C = completion length, L = P + C."""
+    """B completions (rows); the episodes of one prompt form a group. C = completion length, L = P + C."""
 
     input_ids: torch.Tensor  # (B, L) left-padded prompt followed by the right-padded completion
     attention_mask: torch.Tensor  # (B, L) 1 on real tokens
@@ -44,6 +47,9 @@ class LMBatch:
     # Off-policy data (asynchronous training): None when every sample is from the learner's current weights.
     ages: torch.Tensor | None = None  # (B, C) learner version − version that sampled the token, 0 elsewhere
     proximal_logprobs: torch.Tensor | None = None  # (B, C) log π_prox: the weights the update starts from
+    # Episodes and groups (None: each row is an episode, in consecutive groups of ``samples_per_prompt``).
+    episodes: torch.Tensor | None = None  # (B,) long, the episode of each row; its first row scores it
+    groups: torch.Tensor | None = None  # (B,) long, the group (of one prompt, one role) of each row's episode
 
     @classmethod
     def from_generation(cls, generation: Generation, scores: list[float]) -> LMBatch:
@@ -54,10 +60,15 @@ class LMBatch:
                    scores=torch.tensor(scores, dtype=torch.float32))
 
     @classmethod
-    def from_trajectories(cls, trajectories: list, pad_id: int, version: int | None = None) -> LMBatch:
-        """Episodes of the agent loop: the prompt left-padded, every later token right-padded; the loss mask
-        (1 on sampled tokens only) is the completion mask. With the learner's ``version``, ``ages`` holds each
-        sampled token's age (each turn records the weights version that sampled it)."""
+    def from_trajectories(cls, episodes: list, pad_id: int, version: int | None = None,
+                          groups: list[int] | None = None) -> LMBatch:
+        """Episodes of the agent loop, a row per trajectory (each episode's own, then its ``side`` ones): the
+        prompt left-padded, every later token right-padded; the loss mask (1 on sampled tokens only) is the
+        completion mask. ``groups``: the group of each episode (None: consecutive groups). With the learner's
+        ``version``, ``ages`` holds each sampled token's age (each turn records the weights version that
+        sampled it)."""
+        trajectories = [t for episode in episodes for t in (episode, *episode.side)]
+        episode_of_row = [index for index, episode in enumerate(episodes) for _ in range(1 + len(episode.side))]
         prompt_ids, prompt_mask = left_pad([t.prompt_ids for t in trajectories], pad_id)
         width = max(max(len(t.token_ids) for t in trajectories), 1)
         turns = max(max(t.turns for t in trajectories), 1)
@@ -83,7 +94,9 @@ class LMBatch:
         return cls(input_ids=torch.cat([prompt_ids, ids], dim=1), attention_mask=torch.cat([prompt_mask, real], dim=1),
                    completion_mask=loss_mask, behaviour_logprobs=behaviour,
                    scores=torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
-                   token_turns=token_turns, turn_rewards=turn_rewards, turn_mask=turn_mask, ages=ages)
+                   token_turns=token_turns, turn_rewards=turn_rewards, turn_mask=turn_mask, ages=ages,
+                   episodes=torch.tensor(episode_of_row, dtype=torch.long),
+                   groups=None if groups is None else torch.tensor(groups, dtype=torch.long)[episode_of_row])
 
     def move_to(self, device: torch.device) -> LMBatch:
         """Put every tensor of the batch on ``device``, in place (the learner's: where its model is); returns it."""
@@ -204,15 +217,14 @@ def lm_advantages(batch: LMBatch, est: EstimatorConfig, *, group_size: int,
         kl = kl_penalty(batch.behaviour_logprobs, batch.reference_logprobs, estimator=est.kl_estimator)
     rewards = token_rewards(batch, kl, kl_coef)
     if est.advantage in GROUP_ADVANTAGES:
-        per_sequence = ADVANTAGES.call(est.advantage, {"scores": rewards.sum(1), "group_size": group_size}, est)  # (B,)
-        advantages = broadcast_to_tokens(per_sequence, mask)
+        heads, order, row_episode = episode_layout(batch, group_size)
+        per_episode = torch.empty_like(rewards[heads, 0])  # (N,) in episode order
+        per_episode[order] = ADVANTAGES.call(est.advantage, {"scores": rewards.sum(1)[heads[order]],
+                                                             "group_size": group_size}, est)
+        advantages = broadcast_to_tokens(per_episode[row_episode], mask)
         returns = broadcast_to_tokens(rewards.sum(1), mask)
     elif est.advantage == "turn_level":
-        turn_rewards, turn_mask = turn_table(batch, rewards)
-        per_turn = ADVANTAGES.call(est.advantage, {"turn_rewards": turn_rewards, "turn_mask": turn_mask,
-                                                   "group_size": group_size}, est)
-        advantages = per_turn.gather(1, batch.token_turns.clamp(min=0)) * mask if batch.token_turns is not None \
-            else broadcast_to_tokens(per_turn[:, 0], mask)
+        advantages = turn_level_advantages(batch, rewards, est, group_size)
         returns = broadcast_to_tokens(rewards.sum(1), mask)
     else:  # step estimators see the sampled tokens as consecutive steps, inserted tokens removed
         packed_rewards, packed_mask = pack_masked(rewards, mask)
@@ -235,3 +247,47 @@ def turn_table(batch: LMBatch, rewards: torch.Tensor) -> tuple[torch.Tensor, tor
     per_turn = rewards.new_zeros((rewards.shape[0], turns))
     per_turn.scatter_add_(1, batch.token_turns.clamp(min=0), rewards * (batch.token_turns >= 0))
     return per_turn, batch.turn_mask
+
+
+def episode_layout(batch: LMBatch, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """How the rows of ``batch`` form episodes and groups, for the group estimators: ``heads`` (N,) the first
+    row of each of the N episodes (in batch order), the row that scores it; ``order`` (N,) the episodes group
+    after group (within a group, in batch order), the layout the estimators read (``group_size`` consecutive
+    episodes per group); ``row_episode`` (B,) each row's episode. Raises ``ValueError`` when a group does not
+    hold ``group_size`` episodes."""
+    rows = len(batch.scores)
+    index = torch.arange(rows, device=batch.scores.device)
+    if batch.episodes is None:
+        return index, index, index
+    _, row_episode = torch.unique(batch.episodes, return_inverse=True)  # episodes numbered 0..N-1
+    count = int(row_episode.max()) + 1 if rows else 0
+    heads = torch.full((count,), rows, dtype=torch.long, device=index.device).scatter_reduce(
+        0, row_episode, index, reduce="amin")
+    if batch.groups is None:
+        return heads, torch.arange(count, device=index.device), row_episode
+    group_of_episode = batch.groups[heads]
+    sizes = torch.unique(group_of_episode, return_counts=True)[1]
+    if bool((sizes != group_size).any()):
+        raise ValueError(f"a group holds {int(sizes[sizes != group_size][0])} episodes; a group-relative "
+                         f"advantage compares samples_per_prompt ({group_size}) episodes of one prompt")
+    return heads, torch.sort(group_of_episode, stable=True).indices, row_episode
+
+
+def turn_level_advantages(batch: LMBatch, rewards: torch.Tensor, est: EstimatorConfig,
+                          group_size: int) -> torch.Tensor:
+    """(B, C) ``turn_level`` advantages: per turn of each episode's first row, against the same turn of the
+    other episodes of its group; the other rows of an episode (its side trajectories) get the episode's
+    advantage at its first turn."""
+    mask = batch.completion_mask
+    heads, order, row_episode = episode_layout(batch, group_size)
+    turn_rewards, turn_mask = turn_table(batch, rewards)
+    scored = heads[order]
+    per_turn = torch.empty_like(turn_rewards[heads])  # (N, K)
+    per_turn[order] = ADVANTAGES.call(est.advantage, {"turn_rewards": turn_rewards[scored],
+                                                      "turn_mask": turn_mask[scored], "group_size": group_size}, est)
+    per_turn = per_turn[row_episode]  # (B, K) the turns of each row's episode
+    if batch.token_turns is None:
+        return broadcast_to_tokens(per_turn[:, 0], mask)
+    own = per_turn.gather(1, batch.token_turns.clamp(min=0))
+    first_row = heads[row_episode] == torch.arange(len(row_episode), device=row_episode.device)
+    return torch.where(first_row[:, None], own, per_turn[:, :1].expand_as(own)) * mask

@@ -45,6 +45,8 @@ class Trajectory:
     # each observation inserted after a turn, as chat messages {"role", "content"} (turn texts are turn_texts)
     role: str | None = None  # the role this trajectory plays in a multi-role episode; None: a one-role episode
     offline: bool = False  # read from recorded episodes (``data.offline``), not sampled by this run
+    side: list[Trajectory] = field(default_factory=list)  # the episode's other trajectories (an external agent
+    # that rewrote its history): each a training row of its own beside this one, sharing its group advantage
 
     @property
     def turns(self) -> int:

@@ -18,6 +18,19 @@ async def two_turns(base_url, api_key, example):
     return {"answer": second.choices[0].message.content or ""}
 
 
+async def rewrites_history(base_url, api_key, example):
+    """Asks, then summarises the exchange into a fresh conversation (a new trajectory) and continues that one;
+    rewards itself 1."""
+    async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
+        asked = [{"role": "user", "content": example.prompt}]
+        first = await client.chat.completions.create(model="unipg", messages=asked, max_tokens=6)
+        summary = [{"role": "user", "content": f"Earlier you said: {first.choices[0].message.content!r}. Again?"}]
+        second = await client.chat.completions.create(model="unipg", messages=summary, max_tokens=6)
+        summary += [second.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "sure?"}]
+        await client.chat.completions.create(model="unipg", messages=summary, max_tokens=6)
+    return 1.0
+
+
 async def rewards_itself(base_url, api_key, example):
     async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
         await client.chat.completions.create(model="unipg", messages=[{"role": "user", "content": example.prompt}])

@@ -3,9 +3,13 @@
 import asyncio
 
 import pytest
+import torch
 
-from unipg.config import ConfigError
-from unipg.learn.lm import LMBatch
+from unipg.config import ConfigError, load_config
+from unipg.estimate import ADVANTAGES
+from unipg.learn.lm import LMBatch, lm_advantages
+from unipg.runtime.backends.local_lm import group_index
+from unipg.runtime.replay import Group
 from unipg.sample.endpoint import ExternalAgent, load_agent
 from unipg.sample.rewards.rules import build_rewards
 from unipg.sample.tasks.base import Example
@@ -34,6 +38,34 @@ def test_the_learner_trains_exactly_the_tokens_and_log_probs_the_engine_sampled(
     prompt = batch.input_ids[0, batch.attention_mask[0].argmax():].tolist()
     assert prompt == second_context + second.token_ids  # every token the model saw, in order
     assert trajectory.turns == 2 and trajectory.infos[-1]["final"] and trajectory.finish == "done"
+
+
+def test_an_agent_that_rewrites_its_history_trains_both_trajectories_with_its_episodes_advantage(policy):
+    loop = make_loop(policy)
+    rewriting, other = play(loop, [agents.rewrites_history, agents.rewards_itself])
+    assert loop.stats.extra_trajectories == 1 and len(rewriting.side) == 1 and not other.side
+    rows = [rewriting, rewriting.side[0], other]
+    batch = LMBatch.from_trajectories([rewriting, other], policy.pad_id,
+                                      groups=group_index([Group([rewriting, other], 0, 2)]))
+    assert len(batch.scores) == 3 and batch.episodes.tolist() == [0, 0, 1] and batch.scores.tolist() == [1, 1, 0.25]
+    sampled = [(context, output.token_ids, output.behaviour_logprobs) for context, output in loop.engine.sampled]
+    for row, trajectory in enumerate(rows):  # each turn of each row: ids and log-probs the engine sampled there
+        first, prompt_width = int(batch.attention_mask[row].argmax()), batch.input_ids.shape[1] - batch.completion_length
+        ids = batch.input_ids[row, first:][batch.attention_mask[row, first:] == 1].tolist()
+        completion_start = prompt_width - first
+        for turn in range(trajectory.turns):
+            where = (batch.token_turns[row] == turn).nonzero().flatten()
+            context = ids[:completion_start + int(where[0])]
+            assert (context, ids[completion_start + int(where[0]):completion_start + int(where[-1]) + 1],
+                    batch.behaviour_logprobs[row, where].tolist()) in sampled
+    assert sum(len(t.turn_texts) for t in rows) == len(sampled) == 4  # every call is in a row
+    assert rewriting.turns == 2 and rewriting.side[0].turns == 1  # the summary and its follow-up; the first call
+    assert policy.tokenizer.decode(rewriting.prompt_ids).count("Earlier you said")
+    config = load_config(None, ["algorithm=grpo", "task.name=calculator", "estimator.normalize_advantages=false"])
+    advantages, _ = lm_advantages(batch, config.estimator, group_size=2, kl_coef=0.0)
+    per_row = [float(advantages[row][batch.completion_mask[row] == 1][0]) for row in range(3)]
+    expected = ADVANTAGES.call("grpo", {"scores": torch.tensor([1.0, 0.25]), "group_size": 2}, config.estimator)
+    assert per_row == [float(expected[0]), float(expected[0]), float(expected[1])]
 
 
 def test_failed_agents_are_counted_episodes_never_a_crashed_run(policy):

@@ -290,6 +290,13 @@ def group_signal_metrics(scores: torch.Tensor, correct: list[bool], group_size: 
             "rollout/solved_group_fraction": float(grouped.all(dim=1).float().mean())}
 
 
+def group_index(groups: list[Group]) -> list[int]:
+    """The group of each episode of ``groups`` (all their items, in order) for the group estimators: the
+    episodes of one ``Group`` that play one role (all of them, in a one-role task)."""
+    numbers: dict[tuple, int] = {}
+    return [numbers.setdefault((number, t.role), len(numbers)) for number, g in enumerate(groups) for t in g.items]
+
+
 def rollout_batch(groups: list[Group], rollout: Rollout, version: int, seconds: float, *, group_size: int,
                   pad_id: int, tools: bool, offline: list[Group] = ()) -> tuple[LMBatch, dict[str, float]]:
     """The learner's batch from ``groups`` (group after group, each ``group_size`` episodes per role, padded
@@ -298,9 +305,11 @@ def rollout_batch(groups: list[Group], rollout: Rollout, version: int, seconds: 
     the episodes may call tools (their metrics are reported)."""
     group = group_size
     trajectories = [t for g in groups for t in g.items]
-    batch = LMBatch.from_trajectories(trajectories + [t for g in offline for t in g.items], pad_id, version=version)
-    online = len(trajectories)
-    scores, lengths = batch.scores[:online], batch.completion_mask[:online].sum(1)
+    episodes = trajectories + [t for g in offline for t in g.items]
+    batch = LMBatch.from_trajectories(episodes, pad_id, version=version, groups=group_index([*groups, *offline]))
+    online = len(trajectories) + sum(len(t.side) for t in trajectories)  # rows: an episode's side ones included
+    scores = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)  # (episodes,)
+    lengths = batch.completion_mask[:online].sum(1)
     sizes, generate_seconds = rollout.pop_generation()
     metrics = {"rollout/reward_mean": float(scores.mean()), "rollout/reward_std": float(scores.std()),
                "rollout/response_length_max": float(lengths.max()), "rollout/generated_tokens": float(lengths.sum()),

@@ -14,8 +14,11 @@ reference answer for the completion rate. As the environment service does for to
 under ``endpoint.agent_timeout`` seconds, a failed attempt (raised, timed out, garbage, no model call) is
 retried ``endpoint.agent_retries`` times in a fresh session, and an episode that failed on every attempt
 counts as failed: it trains nothing (no sampled tokens), is counted in the rollout metrics, and never stops
-the run. The episode's trajectory is the one holding its last call; calls that did not continue it
-(an agent that rewrote its history) form other trajectories, counted in ``agent_extra_trajectories``.
+the run. The episode's trajectory is the one holding its last call; calls that continued no earlier
+trajectory (an agent that rewrote or summarised its history, or the other choices of a call with ``n`` > 1)
+form other trajectories of the episode. Each is trained too (``Trajectory.side``), with the episode's reward
+on its last call, and shares the episode's group advantage (``unipg.learn.lm_batch``); they are counted in
+``agent_extra_trajectories``.
 """
 
 from __future__ import annotations
@@ -86,7 +89,7 @@ class AgentStats:
     failures: int = 0  # episodes that failed on every attempt
     timeouts: int = 0  # attempts that ran past the timeout
     retries: int = 0
-    extra_trajectories: int = 0  # trajectories of an episode beside the one trained on
+    extra_trajectories: int = 0  # trajectories of an episode trained beside its main one (``Trajectory.side``)
 
     def metrics(self, prefix: str) -> dict[str, float]:
         return {f"{prefix}/agent_failures": self.failures, f"{prefix}/agent_timeouts": self.timeouts,
@@ -166,8 +169,11 @@ class ExternalAgentLoop:
                                                  answer if answer is not None else last.turn_texts[-1])
         if reward is not None:
             info["final_reward"] = reward
-        self.stats.extra_trajectories += len(trajectories) - 1
-        return episode_trajectory(example, last, scored if reward is None else reward, info)
+        reward = scored if reward is None else reward
+        episode = episode_trajectory(example, last, reward, info)
+        episode.side = [episode_trajectory(example, other, reward, {}) for other in trajectories if other is not last]
+        self.stats.extra_trajectories += len(episode.side)
+        return episode
 
     async def _call(self, coroutine):
         """The agent's result, or ``AgentFailed`` when it raised or ran past the timeout; an agent that ignores
