@@ -56,6 +56,20 @@ def test_text_completions_with_token_ids_and_the_models_list(served):
     assert [model.id for model in client.models.list().data] == ["unipg"]
 
 
+def test_a_text_completion_continuing_a_reply_that_ended_on_eos_extends_its_trajectory(served):
+    session, client = session_client(served)
+    first = client.completions.create(model="unipg", prompt="ai", max_tokens=6, temperature=0.0)
+    [trajectory] = session.trajectories
+    eos = served.loop.sessions.eos_ids
+    assert first.choices[0].finish_reason == "stop" and trajectory.token_ids[-1] in eos  # greedy: one token, EOS
+    sampled = list(trajectory.token_ids)
+    client.completions.create(model="unipg", prompt="ai" + first.choices[0].text + " 7", max_tokens=2)
+    assert session.trajectories == [trajectory] and trajectory.turns == 2
+    inserted = served.loop.tokenizer(" 7", add_special_tokens=False)["input_ids"]
+    assert trajectory.token_ids[:len(sampled) + len(inserted)] == sampled + inserted  # the EOS kept, as sampled
+    assert trajectory.loss_mask[:len(sampled) + len(inserted)] == [1] * len(sampled) + [0] * len(inserted)
+
+
 def test_unsupported_fields_are_refused_naming_the_field(served):
     _, client = session_client(served)
     for field, value in (("seed", 3), ("top_logprobs", 2), ("tool_choice", "required")):

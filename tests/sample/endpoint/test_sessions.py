@@ -122,3 +122,31 @@ def test_a_tool_call_sent_back_as_openai_tool_calls_continues_the_trajectory(bpe
     assert second.trajectory is session.trajectories[0] and raw == "ab"  # the sampled text stands in for the call
     assert session.raw_replies[reply_key(content, calls)] == raw
     assert second.ids == first.ids + sampled + [end] + ids(bpe, "<|tool|>7<|end|><|assistant|>")
+
+
+def test_a_text_prompt_holding_a_reply_without_its_eos_continues_the_trajectory_after_the_eos(bpe):
+    a, b, end = bpe.convert_tokens_to_ids(["a", "b", "<|end|>"])
+    session = Session("s", bpe, eos_ids=[end])
+    first = session.context("c?")
+    session.record(first, [turn([a, b, end], "ab")])  # a text completion returns "ab": the EOS has no text there
+    [trajectory] = session.trajectories
+    second = session.context("c?ab d")
+    assert second.trajectory is trajectory and second.ids == first.ids + [a, b, end] + ids(bpe, " d")
+    session.record(second, [turn([b], "b")])
+    assert trajectory.loss_mask == [1, 1, 1] + [0] * len(ids(bpe, " d")) + [1] and trajectory.turns == 2
+    assert session.context("c?ab dbe").trajectory is trajectory  # the text holds no EOS: it goes on as ever
+    assert session.context("c?abd").trajectory is None  # the EOS is not the reply's last token any more
+
+
+def test_a_prompt_of_just_the_reply_continues_after_its_eos_but_an_eos_only_reply_does_not(bpe):
+    a, end = bpe.convert_tokens_to_ids(["a", "<|end|>"])
+    session = Session("s", bpe, eos_ids=[end])
+    session.record(session.context("c?"), [turn([a, end], "a")])
+    assert session.context("c?a").inserted == [] and session.context("c?a").trajectory is not None
+    assert session.context("c?a<|end|>").inserted == []  # the prompt writes the EOS itself: not twice
+    held = session.trajectories[0].ids
+    assert session.context("", held[:-1] + [a]).ids == held + [a]  # token ids: the same, after the sampled EOS
+    assert session.context("", held).ids == held
+    empty = Session("s", bpe, eos_ids=[end])
+    empty.record(empty.context("c?"), [turn([end], "")])
+    assert empty.context("c?").trajectory is None  # the same prompt again is a new sample, not a continuation

@@ -5,7 +5,9 @@ policy version, never re-tokenised. A call *extends* a trajectory of its session
 text starts with everything that trajectory holds so far (its prompt, what the agent added, the model's
 replies). The new context is then that trajectory's ids followed by the tokens of the rest of the prompt
 only (the agent's additions: the end of the assistant turn, tool results, user messages), which are
-observation tokens (loss mask 0). A call that extends no trajectory starts a new one of the same episode.
+observation tokens (loss mask 0). A reply that ended on EOS is also extended by a prompt holding the reply
+without the EOS (what a text completion returns): the sampled EOS stays, the rest of the prompt follows it.
+A call that extends no trajectory starts a new one of the same episode.
 
 The text a trajectory is compared with is built from the sampled ids themselves (decoded with special
 tokens kept, the final EOS as the tokenizer writes it), so the comparison holds whatever the tokenizer would
@@ -98,18 +100,40 @@ class Session:
 
     def context(self, text: str, ids: list[int] | None = None) -> Context:
         """The context of a call whose prompt renders to ``text`` (or is given as ``ids``): continuing the
-        latest trajectory whose text (ids) it starts with, else a new trajectory."""
+        latest trajectory whose text (ids) it starts with, else a new trajectory.
+
+        A reply that ended on EOS is continued also by a prompt that holds the reply without it (a text
+        completion returns the reply's text without the EOS, and an agent appends to that): the EOS was
+        sampled, so it stays in the trajectory, and the prompt's rest follows it."""
         for trajectory in reversed(self.trajectories):
             if not trajectory.turns:
                 continue
+            ended = self._ended_on_eos(trajectory)
             if ids is not None:
                 held = trajectory.ids
-                if ids[:len(held)] == held and len(ids) > len(held):
+                if ids[:len(held)] == held and (len(ids) > len(held) or ended):
                     return Context(ids, text, trajectory, ids[len(held):], len(trajectory.token_ids))
-            elif text.startswith(trajectory.text) and len(text) > len(trajectory.text):
-                inserted = self.tokenize(text[len(trajectory.text):])
-                return Context(trajectory.ids + inserted, text, trajectory, inserted, len(trajectory.token_ids))
+                if ended and ids[:len(held) - 1] == held[:-1]:
+                    inserted = ids[len(held) - 1:]
+                    return Context(held + inserted, text, trajectory, inserted, len(trajectory.token_ids))
+                continue
+            if text.startswith(trajectory.text) and (len(text) > len(trajectory.text) or ended):
+                return self._continuing(trajectory, text, len(trajectory.text))
+            if ended:
+                body = len(trajectory.text) - len(self.tokenizer.convert_ids_to_tokens(trajectory.token_ids[-1]))
+                if text.startswith(trajectory.text[:body]):
+                    return self._continuing(trajectory, text, body)
         return Context(ids if ids is not None else self.tokenize(text), text, None, [], 0)
+
+    def _continuing(self, trajectory: SessionTrajectory, text: str, held: int) -> Context:
+        """The context of a prompt ``text`` whose first ``held`` characters are ``trajectory``'s."""
+        inserted = self.tokenize(text[held:])
+        return Context(trajectory.ids + inserted, text, trajectory, inserted, len(trajectory.token_ids))
+
+    def _ended_on_eos(self, trajectory: SessionTrajectory) -> bool:
+        """The trajectory's last reply sampled something, then EOS: a prompt may hold that reply without it."""
+        tokens, turns = trajectory.token_ids, trajectory.turn_of_token
+        return len(tokens) >= 2 and tokens[-1] in self.eos_ids and turns[-2] == turns[-1] == trajectory.turns - 1
 
     def record(self, context: Context, outputs: list[TurnOutput]) -> list[SessionTrajectory]:
         """Add a call's replies: the first extends the context's trajectory (if it is still where the call
