@@ -21,6 +21,22 @@ def test_binds_loopback_on_a_free_port_by_default(served):
     assert not served.loop.server.base_url.endswith(":0")
 
 
+def test_connections_send_small_writes_at_once(served):
+    """Nagle's algorithm is off on the server's side of every connection: a response written as headers then
+    body is not held back waiting for the client's delayed ACK."""
+    import socket
+
+    session, client = session_client(served)
+    client.models.list()
+
+    async def nodelay():
+        return [connection.transport.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+                for connection in served.loop.server.http.server_state.connections]
+
+    flags = served.call(nodelay())
+    assert flags and all(flags)
+
+
 def test_sync_client_chat_with_tools_logprobs_and_n_is_recorded_in_the_session(served):
     session, client = session_client(served)
     reply = client.chat.completions.create(model="unipg", messages=MESSAGES, tools=TOOLS, logprobs=True, n=2,

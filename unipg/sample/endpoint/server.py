@@ -151,6 +151,7 @@ class EndpointServer:
         self.host, self.port, self.max_body_bytes = host, port, max_body_bytes
         self.token = secrets.token_urlsafe(24)
         self.base_url: str | None = None
+        self.http = None  # the uvicorn server while it serves
 
     def session_url(self, session_id: str) -> str:
         return f"{self.base_url}/sessions/{session_id}/v1"
@@ -161,7 +162,9 @@ class EndpointServer:
 
         app = build_app(self.completions, self.sessions, self.token, max_body_bytes=self.max_body_bytes)
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        # proto given explicitly: asyncio turns Nagle's algorithm off only on sockets whose proto is TCP, and a
+        # response written as headers then body would otherwise wait out the client's delayed ACK (~40 ms)
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))
         port = sock.getsockname()[1]
@@ -176,14 +179,14 @@ class EndpointServer:
                 task.result()  # the server's own error
                 raise RuntimeError("the endpoint stopped before it started")
             host = f"[{self.host}]" if family == socket.AF_INET6 else self.host
-            self.base_url = f"http://{host}:{port}"
+            self.base_url, self.http = f"http://{host}:{port}", server
             yield self
         finally:
             server.should_exit = True
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await task
             sock.close()
-            self.base_url = None
+            self.base_url = self.http = None
 
 
 def _server_class():
