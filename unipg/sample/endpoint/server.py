@@ -58,19 +58,16 @@ def _bearer(authorization: str | None) -> str | None:
 
 
 def build_app(completions: Completions, sessions: Sessions, token: str, *, max_body_bytes: int):
-    """The FastAPI application: routes, authentication, and OpenAI-shaped errors."""
-    from fastapi import FastAPI, Request
-    from fastapi.exceptions import RequestValidationError
+    """The application: routes, authentication, and OpenAI-shaped errors.
+
+    Routes are plain request handlers: the body is validated by its pydantic model straight from the bytes and
+    the answer is a ``JSONResponse`` of plain data, which skips FastAPI's dependency resolution and response
+    encoding (a third of the server's time per request)."""
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+    from pydantic import ValidationError
 
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, error: RequestValidationError):
-        first = error.errors()[0]
-        field = ".".join(str(part) for part in first["loc"][1:]) or "body"
-        if first["type"] == "extra_forbidden":
-            return _error(400, f"unsupported field '{field}'", field)
-        return _error(400, f"{field}: {first['msg']}", field)
 
     def caller(session_id: str | None, authorization: str | None):
         """(session or None, error response or None)."""
@@ -83,29 +80,47 @@ def build_app(completions: Completions, sessions: Sessions, token: str, *, max_b
             return None, _error(401, "missing or wrong API key for this session", kind="authentication_error")
         return session, None
 
-    async def answer(method, body, session_id: str | None, authorization: str | None):
-        session, refused = caller(session_id, authorization)
+    async def answer(request, method, model):
+        session, refused = caller(request.path_params.get("session_id"), request.headers.get("authorization"))
         if refused is not None:
             return refused
         try:
+            body = None if model is None else model.model_validate_json(await request.body())
             response = await method(body, session)
+        except ValidationError as error:
+            return _invalid(error)
         except RequestError as error:
             return _error(400, str(error), error.param)
         if getattr(body, "stream", None):
             return _event_stream(response, include_usage=bool((body.stream_options or {}).get("include_usage")))
-        return response
+        return JSONResponse(response)
 
     async def models(body, session):
         return {"object": "list", "data": [{"id": completions.model_name, "object": "model", "created": 0,
                                             "owned_by": "unipg"}]}
 
-    for in_session in (False, True):
-        prefix = "/sessions/{session_id}/v1" if in_session else "/v1"
+    for prefix in ("/v1", "/sessions/{session_id}/v1"):
         for path, method, model, verb in (("chat/completions", completions.chat, ChatRequest, "POST"),
                                           ("completions", completions.complete, CompletionRequest, "POST"),
                                           ("models", models, None, "GET")):
-            app.add_api_route(f"{prefix}/{path}", _route(answer, method, model, in_session), methods=[verb])
+            app.add_route(f"{prefix}/{path}", _route(answer, method, model), methods=[verb])
     return BodyLimit(app, max_body_bytes)
+
+
+def _route(answer, method, model):
+    async def route(request):
+        return await answer(request, method, model)
+
+    return route
+
+
+def _invalid(error):
+    """The 400 answer to a body its model refused, naming the first offending field."""
+    first = error.errors()[0]
+    field = ".".join(str(part) for part in first["loc"]) or "body"
+    if first["type"] == "extra_forbidden":
+        return _error(400, f"unsupported field '{field}'", field)
+    return _error(400, f"{field}: {first['msg']}", field)
 
 
 def _event_stream(response: dict, *, include_usage: bool):
@@ -119,26 +134,6 @@ def _event_stream(response: dict, *, include_usage: bool):
         yield "data: [DONE]\n\n"
 
     return StreamingResponse(events(), media_type="text/event-stream")
-
-
-def _route(answer, method, model, in_session: bool):
-    """A route function with the parameters FastAPI reads: the body (``model``), the session id (a path
-    parameter of session routes only) and the Authorization header."""
-    from fastapi import Header
-
-    if model is None and in_session:
-        async def route(session_id: str, authorization: str | None = Header(None)):
-            return await answer(method, None, session_id, authorization)
-    elif model is None:
-        async def route(authorization: str | None = Header(None)):
-            return await answer(method, None, None, authorization)
-    elif in_session:
-        async def route(body: model, session_id: str, authorization: str | None = Header(None)):
-            return await answer(method, body, session_id, authorization)
-    else:
-        async def route(body: model, authorization: str | None = Header(None)):
-            return await answer(method, body, None, authorization)
-    return route
 
 
 class EndpointServer:
