@@ -88,12 +88,14 @@ async def request_overhead(policy, runner_engine, requests: int) -> tuple[float,
     text = policy.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     context = policy.tokenizer(text, add_special_tokens=False)["input_ids"]
     async with loop.running():
+        await runner_engine.generate(list(context), max_new_tokens=16)  # warm-up, untimed
         start = time.perf_counter()
         for _ in range(requests):
             await runner_engine.generate(list(context), max_new_tokens=16)
         direct = (time.perf_counter() - start) / requests
         session = loop.sessions.open()
         async with AsyncOpenAI(base_url=loop.server.session_url(session.id), api_key=session.key) as client:
+            await client.chat.completions.create(model="unipg", messages=messages, max_tokens=16)  # warm-up
             start = time.perf_counter()
             for _ in range(requests):
                 await client.chat.completions.create(model="unipg", messages=messages, max_tokens=16)

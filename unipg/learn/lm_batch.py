@@ -3,12 +3,13 @@
 - the sequence reward sits on the last sampled token; with ``kl_in_reward`` each token also pays
   −β·KL_t to the reference (classic RLHF PPO, REINFORCE++), otherwise β·KL enters the loss (GRPO);
 - group estimators (grpo, dr_grpo, rloo) see one score per *episode* (its first row's) in groups of
-  ``samples_per_prompt`` episodes of one prompt, told apart by the rows' ``groups`` index (without it, consecutive
-  episodes); the advantage of an episode goes to every row of it (``episodes``): an episode may train several
-  trajectories (an external agent that rewrote its history), each counted once in the token or sequence mean
-  of the loss but only once, as one episode, in its group's baseline; token estimators (gae, reinforce_plus_plus, batch_mean_baseline, ...) see the
-  (B, C) token rewards with the episode ending at the last sampled token; ``turn_level`` sees one reward per
-  policy turn of a multi-turn episode.
+  ``samples_per_prompt`` episodes of one prompt, told apart by the rows' ``groups`` index (without it,
+  consecutive episodes); an episode's advantage goes to every row of it (``episodes``). An episode may train
+  several trajectories (an external agent that rewrote its history): each is a row of the loss's token or
+  sequence mean, but the episode counts once in its group's baseline;
+- token estimators (gae, reinforce_plus_plus, batch_mean_baseline, ...) see the (B, C) token rewards of every
+  row with its episode ending at its last sampled token; ``turn_level`` sees one reward per policy turn of a
+  multi-turn episode.
 """
 
 from __future__ import annotations

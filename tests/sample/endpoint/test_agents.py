@@ -50,7 +50,8 @@ def test_an_agent_that_rewrites_its_history_trains_both_trajectories_with_its_ep
     assert len(batch.scores) == 3 and batch.episodes.tolist() == [0, 0, 1] and batch.scores.tolist() == [1, 1, 0.25]
     sampled = [(context, output.token_ids, output.behaviour_logprobs) for context, output in loop.engine.sampled]
     for row, trajectory in enumerate(rows):  # each turn of each row: ids and log-probs the engine sampled there
-        first, prompt_width = int(batch.attention_mask[row].argmax()), batch.input_ids.shape[1] - batch.completion_length
+        first = int(batch.attention_mask[row].argmax())
+        prompt_width = batch.input_ids.shape[1] - batch.completion_length
         ids = batch.input_ids[row, first:][batch.attention_mask[row, first:] == 1].tolist()
         completion_start = prompt_width - first
         for turn in range(trajectory.turns):
