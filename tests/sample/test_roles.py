@@ -6,7 +6,7 @@ import torch
 from unipg.config import ConfigError, load_config
 from unipg.learn.lm_batch import LMBatch, lm_advantages
 from unipg.policy.loading import load_lm_policy
-from unipg.runtime.backends.local_lm import split_groups
+from unipg.runtime.backends.local_lm import group_index, split_groups
 from unipg.sample.agent import Trajectory
 from unipg.sample.envs import ENVS, EnvironmentService
 from unipg.sample.envs.service import build_tools
@@ -115,6 +115,9 @@ def test_groups_lay_out_roles_so_that_group_advantages_compare_one_role_on_one_p
     per_row = advantages[:, 0].tolist()
     assert per_row[0] > 0 > per_row[1] and per_row[2] < 0 < per_row[3]  # each role against its own group
     assert per_row[0] == pytest.approx(-per_row[1]) and per_row[2] == pytest.approx(-per_row[3])
+    assert group_index([group]) == [0, 0, 1, 1]  # the explicit group index the runtime gives the learner
+    indexed = LMBatch.from_trajectories(group.items, pad_id=0, groups=group_index([group]))
+    assert torch.equal(lm_advantages(indexed, config.estimator, group_size=2, kl_coef=0.0)[0], advantages)
 
 
 def test_warm_start_demonstrations_cover_both_roles_with_their_prompts(embedded_path):
