@@ -58,6 +58,7 @@ from unipg.runtime.backends.ray_actors import (  # says how to install Ray if it
 from unipg.runtime.backends.ray_setup import (  # connect: here, where tests replace it
     check_resources,
     connect,
+    disconnect,
     place,
     start_env_actors,
     start_worker,
@@ -378,5 +379,5 @@ class RayRollout(CountedEpisodes):
             remove_placement_group(self.placement)
             self.placement = None
         if self.connected:
-            ray.shutdown()
+            disconnect()
             self.connected = False
