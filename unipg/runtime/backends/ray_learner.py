@@ -40,12 +40,12 @@ class LearnerActor(LearnerRank):
         return host, free_port(host)
 
 
-def learner_bundles(config: Config) -> list[dict]:
+def learner_bundles(config: Config, world_size: int) -> list[dict]:
     """The placement group's bundles: one per rank, with a GPU each on a GPU device."""
     bundle = {"CPU": config.ray.learner_num_cpus}
     if resolve_device(config.device).type == "cuda":
         bundle["GPU"] = 1
-    return [dict(bundle) for _ in range(config.train.learner_processes)]
+    return [dict(bundle) for _ in range(world_size)]
 
 
 class RayRanks:
@@ -56,7 +56,7 @@ class RayRanks:
         self.connected = connect(settings)  # the run's own connection: the last of its roles disconnects
         self.actors, self.placement, self.timeout = [], None, settings.start_timeout
         try:
-            bundles = learner_bundles(config)
+            bundles = learner_bundles(config, world_size)
             check_resources(settings, tools=False, local=self.connected and settings.address is None,
                             log=lambda message: None, learner=bundles)  # the rollout warns about a cluster
             self.placement = reserve(bundles, settings.learner_placement, "learner ranks", settings.start_timeout)

@@ -55,6 +55,7 @@ from unipg.runtime.backends.ray_actors import (  # says how to install Ray if it
     LOST,
     ray,
 )
+from unipg.runtime.backends.ray_learner import learner_bundles
 from unipg.runtime.backends.ray_setup import (  # connect: here, where tests replace it
     check_resources,
     connect,
@@ -111,7 +112,9 @@ class RayRollout(CountedEpisodes):
         self.connected = connect(settings)  # this run connected, and disconnects (stopping a local instance)
         self.local = self.connected and settings.address is None
         try:
-            check_resources(settings, tools=bool(runner.service), local=self.local, log=log)
+            ranks = config.train.learner_processes  # a sharded learner's ranks hold their share already
+            check_resources(settings, tools=bool(runner.service), local=self.local, log=log,
+                            learner=learner_bundles(config, ranks) if ranks > 1 else [])
             tools = runner.service.tools if runner.service is not None else None
             if runner.service is not None and settings.env_workers:
                 start_env_actors(settings, imported_first(config.plugins, tools), self.run_id, self.env_actors)

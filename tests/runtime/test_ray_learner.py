@@ -1,0 +1,91 @@
+"""backend: ray with train.learner_processes=2: the learner's ranks are Ray actors in a placement group. One
+update equals the one-process update and its checkpoint loads in one process; a run with 2 Ray learner ranks
+trains like a one-process run, resumes in one process, and leaves no actor or reservation behind."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.learn.test_distributed import SETTINGS, learner
+from tests.learn.test_packing import config as learner_config
+from tests.learn.test_packing import skewed_batch
+from tests.learn.test_sharded import SMALL
+from unipg.checkpoint.files import load_checkpoint
+from unipg.checkpoint.store import CheckpointStore
+from unipg.config import load_config
+from unipg.learn.sharded import ShardedLMLearner
+from unipg.policy.loading import load_lm_policy
+from unipg.runtime.lm import train_lm
+
+ray = pytest.importorskip("ray")
+from unipg.runtime.backends.ray_learner import RayRanks  # noqa: E402  (needs Ray)
+from unipg.runtime.backends.ray_setup import connect, disconnect  # noqa: E402
+
+RAY = ("ray.num_cpus=2", "ray.learner_num_cpus=0.5", "ray.rollout_num_cpus=0.5", "ray.rollout_workers=1")
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local instance (bound to loopback, as a run starts it) for the tests below; runs join it."""
+    assert connect(load_config(None, ["task.name=arithmetic", *RAY]).ray)
+    yield
+    disconnect()
+
+
+def gone(pids: list[int]) -> bool:
+    """Whether every process of ``pids`` has ended, waiting up to 60 s for Ray to reap them."""
+    for _ in range(600):
+        if not any(Path(f"/proc/{pid}").exists() for pid in pids):
+            return True
+        ray.get(ray.put(None), timeout=1)  # a round trip to the local instance: a short, bounded pause
+    return False
+
+
+def reservations() -> list[str]:
+    return [group["state"] for group in ray.util.placement_group_table().values() if group["state"] != "REMOVED"]
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc to see the actors' processes end")
+def test_one_update_on_two_ray_learner_actors_equals_one_process_and_loads_in_one(local_ray, embedded_path):
+    torch.manual_seed(0)
+    policy = load_lm_policy(embedded_path)
+    sharded = ShardedLMLearner(policy, learner_config(*SETTINGS, *RAY), 2, RayRanks)
+    try:
+        pids = ray.get([actor.ready.remote() for actor in sharded._ranks.actors])
+        metrics = sharded.update(skewed_batch())
+        tensors, state = sharded.checkpoint()
+    finally:
+        sharded.close()
+    single = learner(embedded_path)
+    expected = single.update(skewed_batch())
+    for name, tensor in single.policy.model.state_dict().items():
+        assert torch.allclose(policy.model.state_dict()[name], tensor, atol=1e-5), name
+    assert metrics["loss"] == pytest.approx(expected["loss"], abs=1e-5)
+    assert metrics["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-4)
+    resumed = learner(embedded_path)
+    resumed.restore(tensors, state)
+    for parameter, twin in zip(resumed.parameters, single.parameters):
+        moments = resumed.optimizer.state[parameter]["exp_avg_sq"], single.optimizer.state[twin]["exp_avg_sq"]
+        assert torch.allclose(*moments, atol=1e-9, rtol=1e-3)
+    assert gone(pids) and reservations() == []
+
+
+def test_a_ray_run_with_two_learner_actors_trains_like_one_process_and_resumes_in_one(local_ray, embedded_path,
+                                                                                      tmp_path):
+    def run(name, updates, *overrides, resume=None):
+        config = load_config(None, [*SMALL, f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
+                                    f"log.run_name={name}", f"train.updates={updates}", *overrides])
+        return train_lm(config, resume=resume)
+
+    single = run("single", 3)
+    sharded = run("sharded", 2, "backend=ray", "train.learner_processes=2", *RAY)
+    assert [actor for actor in ray.util.list_named_actors() if actor.startswith("unipg-")] == []
+    assert reservations() == []
+    resumed = run("sharded", 3, resume=sharded.run_dir)
+    assert resumed.resumed_from == 2
+    expected, got = (load_checkpoint(CheckpointStore(result.run_dir / "checkpoints").latest()).tensors
+                     for result in (single, resumed))
+    for group in ("policy", "value_head"):
+        for name, tensor in expected[group].items():
+            assert torch.allclose(got[group][name], tensor, atol=1e-5), name
