@@ -54,7 +54,7 @@ class RayRanks:
     def __init__(self, config: Config, world_size: int, weights: dict[str, torch.Tensor]):
         settings = config.ray
         self.connected = connect(settings)  # the run's own connection: the last of its roles disconnects
-        self.actors, self.placement, self.timeout = [], None, settings.start_timeout
+        self.actors, self.placement = [], None
         try:
             bundles = learner_bundles(config, world_size)
             check_resources(settings, tools=False, local=self.connected and settings.address is None,
@@ -70,7 +70,10 @@ class RayRanks:
                 self.actors.append(ray.remote(LearnerActor).options(**options).remote(rank, world_size, *inputs))
             wait_ready(self.actors, "learner rank", settings.start_timeout)
             host, port = ray.get(self.actors[0].rendezvous.remote(), timeout=settings.start_timeout)
-            self._wait([actor.start.remote(host, port) for actor in self.actors], "start")
+            self._wait([actor.start.remote(host, port) for actor in self.actors], "start", settings.start_timeout,
+                       hint=f"the ranks could not all join the process group at {host}:{port}; on a cluster, let the "
+                            "machines reach each other on it (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME pick the "
+                            "network interface)")
         except BaseException:
             self.close()
             raise
@@ -79,11 +82,15 @@ class RayRanks:
         arguments = ray.put(args) if args else ()
         return self._wait([actor.call.remote(name, arguments) for actor in self.actors], name)
 
-    def _wait(self, refs: list, name: str):
-        """Rank 0's value once every rank has answered; the first rank that fails ends the wait."""
+    def _wait(self, refs: list, name: str, timeout: float | None = None, hint: str = ""):
+        """Rank 0's value once every rank has answered; the first rank that fails ends the wait, and so does
+        ``timeout`` seconds without an answer (a ``ValueError`` with ``hint``)."""
         pending = list(refs)
         while pending:
-            done, pending = ray.wait(pending, num_returns=1)
+            done, pending = ray.wait(pending, num_returns=1, timeout=timeout)
+            if not done:
+                raise ValueError(f"the learner ranks did not finish '{name}' within ray.start_timeout={timeout:g} s: "
+                                 f"{hint}")
             try:
                 ray.get(done)
             except Exception as error:  # noqa: BLE001 — a RayTaskError or a lost actor, said in one line
