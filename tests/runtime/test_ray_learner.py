@@ -48,27 +48,35 @@ def reservations() -> list[str]:
     return [group["state"] for group in ray.util.placement_group_table().values() if group["state"] != "REMOVED"]
 
 
-def test_one_update_on_two_ray_learner_actors_equals_one_process_and_loads_in_one(local_ray, embedded_path):
+def test_two_ray_learner_actors_update_like_one_process_and_checkpoints_move_between_them(local_ray, embedded_path):
+    """One update on 2 actors equals the 1-process update; the actors' checkpoint loads in one process, and a
+    one-process checkpoint restored on the actors trains on like the one process."""
+    single = learner(embedded_path)
+    expected = single.update(skewed_batch())
     torch.manual_seed(0)
     policy = load_lm_policy(embedded_path)
     sharded = ShardedLMLearner(policy, learner_config(*SETTINGS, *RAY), 2, RayRanks)
     try:
         pids = ray.get([actor.ready.remote() for actor in sharded._ranks.actors])
         metrics = sharded.update(skewed_batch())
+        for name, tensor in single.policy.model.state_dict().items():
+            assert torch.allclose(policy.model.state_dict()[name], tensor, atol=1e-5), name
+        assert metrics["loss"] == pytest.approx(expected["loss"], abs=1e-5)
+        assert metrics["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-4)
         tensors, state = sharded.checkpoint()
+        policy.load_state_dict(single.policy.state_dict())  # 1 process → 2 actors: the driver's weights first
+        sharded.restore(*single.checkpoint())
+        sharded.update(skewed_batch(seed=1))
     finally:
         sharded.close()
-    single = learner(embedded_path)
-    expected = single.update(skewed_batch())
-    for name, tensor in single.policy.model.state_dict().items():
-        assert torch.allclose(policy.model.state_dict()[name], tensor, atol=1e-5), name
-    assert metrics["loss"] == pytest.approx(expected["loss"], abs=1e-5)
-    assert metrics["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-4)
-    resumed = learner(embedded_path)
+    resumed = learner(embedded_path)  # 2 actors → 1 process
     resumed.restore(tensors, state)
     for parameter, twin in zip(resumed.parameters, single.parameters):
         moments = resumed.optimizer.state[parameter]["exp_avg_sq"], single.optimizer.state[twin]["exp_avg_sq"]
         assert torch.allclose(*moments, atol=1e-9, rtol=1e-3)
+    single.update(skewed_batch(seed=1))
+    for name, tensor in single.policy.model.state_dict().items():
+        assert torch.allclose(policy.model.state_dict()[name], tensor, atol=1e-5), name
     assert gone(pids) and reservations() == []
 
 
