@@ -5,13 +5,13 @@ trains like a one-process run, resumes in one process, and leaves no actor or re
 import pytest
 import torch
 
-from tests.learn.test_distributed import SETTINGS, learner
 from tests.learn.test_packing import config as learner_config
 from tests.learn.test_packing import skewed_batch
 from tests.learn.test_sharded import SMALL
 from unipg.checkpoint.files import load_checkpoint
 from unipg.checkpoint.store import CheckpointStore
 from unipg.config import load_config
+from unipg.learn.lm import LMBatch, LMLearner
 from unipg.learn.sharded import ShardedLMLearner
 from unipg.policy.loading import load_lm_policy
 from unipg.runtime.lm import train_lm
@@ -22,6 +22,24 @@ from unipg.runtime.backends.ray_learner import RayRanks  # noqa: E402  (needs Ra
 from unipg.runtime.backends.ray_setup import connect, disconnect  # noqa: E402
 
 RAY = ("ray.num_cpus=2", "ray.learner_num_cpus=0.5", "ray.rollout_num_cpus=0.5", "ray.rollout_workers=1")
+# padded micro-batches of 3 rows, one per rank: exactly one of them repeats a prompt (of grouped_batch)
+SETTINGS = ("train.micro_batch_size=3", "train.num_epochs=1", "train.learning_rate=1e-3", "train.adam_eps=1e-3",
+            "estimator.entropy_coef=0.01")
+
+
+def grouped_batch(seed: int = 0) -> LMBatch:
+    """``skewed_batch`` whose first three rows share a prompt, as the samples of a GRPO group do."""
+    batch = skewed_batch(seed)
+    width = batch.input_ids.shape[1] - batch.completion_mask.shape[1]
+    for row in (1, 2):
+        batch.input_ids[row, :width] = batch.input_ids[0, :width]
+        batch.attention_mask[row, :width] = batch.attention_mask[0, :width]
+    return batch
+
+
+def learner(model_path: str) -> LMLearner:
+    torch.manual_seed(0)
+    return LMLearner(load_lm_policy(model_path), learner_config(*SETTINGS))
 
 
 @pytest.fixture(scope="module")
@@ -49,16 +67,17 @@ def reservations() -> list[str]:
 
 
 def test_two_ray_learner_actors_update_like_one_process_and_checkpoints_move_between_them(local_ray, embedded_path):
-    """One update on 2 actors equals the 1-process update; the actors' checkpoint loads in one process, and a
-    one-process checkpoint restored on the actors trains on like the one process."""
+    """One update on 2 actors equals the 1-process update (the ranks run the same passes, whether or not their
+    micro-batches repeat a prompt); the actors' checkpoint loads in one process, and a one-process checkpoint
+    restored on the actors trains on like the one process."""
     single = learner(embedded_path)
-    expected = single.update(skewed_batch())
+    expected = single.update(grouped_batch())
     torch.manual_seed(0)
     policy = load_lm_policy(embedded_path)
     sharded = ShardedLMLearner(policy, learner_config(*SETTINGS, *RAY), 2, RayRanks)
     try:
         pids = ray.get([actor.ready.remote() for actor in sharded._ranks.actors])
-        metrics = sharded.update(skewed_batch())
+        metrics = sharded.update(grouped_batch())
         for name, tensor in single.policy.model.state_dict().items():
             assert torch.allclose(policy.model.state_dict()[name], tensor, atol=1e-5), name
         assert metrics["loss"] == pytest.approx(expected["loss"], abs=1e-5)
@@ -66,7 +85,7 @@ def test_two_ray_learner_actors_update_like_one_process_and_checkpoints_move_bet
         tensors, state = sharded.checkpoint()
         policy.load_state_dict(single.policy.state_dict())  # 1 process → 2 actors: the driver's weights first
         sharded.restore(*single.checkpoint())
-        sharded.update(skewed_batch(seed=1))
+        sharded.update(grouped_batch(seed=1))
     finally:
         sharded.close()
     resumed = learner(embedded_path)  # 2 actors → 1 process
@@ -74,7 +93,7 @@ def test_two_ray_learner_actors_update_like_one_process_and_checkpoints_move_bet
     for parameter, twin in zip(resumed.parameters, single.parameters):
         moments = resumed.optimizer.state[parameter]["exp_avg_sq"], single.optimizer.state[twin]["exp_avg_sq"]
         assert torch.allclose(*moments, atol=1e-9, rtol=1e-3)
-    single.update(skewed_batch(seed=1))
+    single.update(grouped_batch(seed=1))
     for name, tensor in single.policy.model.state_dict().items():
         assert torch.allclose(policy.model.state_dict()[name], tensor, atol=1e-5), name
     assert gone(pids) and reservations() == []

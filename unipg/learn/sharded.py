@@ -121,6 +121,12 @@ class LearnerRank:
         policy = policy_from_config(self.config)
         policy.load_state_dict(self.weights)
         self.weights = None
+        # Ranks must run the same collectives, in step: prompt sharing runs the model twice on a micro-batch
+        # that repeats a prompt (a GRPO group) and once on one that does not (say, a rank's one-row empty
+        # pass), which would put one rank's all-gathers against another's reduce-scatters for good.
+        for module in (policy, policy.critic):
+            if module is not None:
+                module.share_prompts = False
         for module in (policy.model, policy.critic, policy._reference):
             if module is not None:
                 shard_model(module)
