@@ -57,8 +57,8 @@ class RayRanks:
         self.actors, self.placement = [], None
         try:
             bundles = learner_bundles(config, world_size)
-            check_resources(settings, tools=False, local=self.connected and settings.address is None,
-                            log=lambda message: None, learner=bundles)  # the rollout warns about a cluster
+            if self.connected and settings.address is None:  # a local instance cannot grow: refuse now
+                check_resources(settings, tools=False, local=True, log=print, learner=bundles)
             self.placement = reserve(bundles, settings.learner_placement, "learner ranks", settings.start_timeout)
             if resolve_device(config.device).type == "cuda":  # each actor sees only its own GPU
                 config = config.model_copy(update={"device": "cuda"})

@@ -6,7 +6,9 @@ behind ``unipg.runtime.driver.Runtime`` changes. Where the roles run:
 - **learner, replay buffer, staleness gate**: the driver process. The buffer has one consumer, the learner,
   so it lives beside it: each trajectory crosses the network once (worker → learner), the buffer survives
   any worker, and a ``breakpoint()`` in the learner still works. On a cluster, put the driver where the
-  learner should run (``ray job submit --entrypoint-num-gpus 1 -- unipg train ...``).
+  learner should run (``ray job submit --entrypoint-num-gpus 1 -- unipg train ...``). With
+  ``train.learner_processes`` > 1 the learner's ranks are actors of their own (``ray_learner``) and the driver
+  keeps the learner's handle and an unsharded copy of the policy, from which it publishes.
 - **rollout workers** (``ray.rollout_workers`` × ``RolloutWorker``): each holds its own copy of the policy
   and an inference engine with dynamic batching, and runs up to ``ray.episodes_per_worker`` episodes at once.
 - **environment actors** (``ray.env_workers`` × ``EnvActor``): run the tool calls, so a slow, hanging or
