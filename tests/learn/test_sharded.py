@@ -39,6 +39,6 @@ def test_a_sharded_run_trains_like_one_process_and_resumes_in_one(embedded_path,
         assert torch.allclose(got["optimizer"][name], tensor, atol=1e-6, rtol=1e-3), name
 
 
-def test_sharded_learner_is_refused_on_ray():
-    with pytest.raises(ConfigError, match="learner_processes"):
-        load_config(None, ["task.name=arithmetic", "backend=ray", "train.learner_processes=2"])
+def test_learner_ranks_a_local_ray_instance_cannot_place_are_refused_naming_the_keys():
+    with pytest.raises(ConfigError, match=r"train.learner_processes \(2\) × ray.learner_num_cpus \(1\).*ray.num_cpus"):
+        load_config(None, ["task.name=arithmetic", "backend=ray", "train.learner_processes=2", "ray.num_cpus=1"])

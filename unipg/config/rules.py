@@ -88,6 +88,29 @@ def gym_problems(config: Config) -> list[str]:
 CRITIC_ADVANTAGES = frozenset({"gae", "td", "value_baseline"})
 
 
+def ray_learner_problems(config: Config) -> list[str]:
+    """Learner ranks on Ray that a local instance (``ray.address`` unset) could never place."""
+    train, ray = config.train, config.ray
+    if ray.address is not None:
+        return []  # a cluster may grow; the run warns and waits up to ray.start_timeout
+    problems = []
+    cpus = train.learner_processes * ray.learner_num_cpus
+    if ray.num_cpus is not None and cpus > ray.num_cpus:
+        problems.append(f"train.learner_processes ({train.learner_processes}) × ray.learner_num_cpus "
+                        f"({ray.learner_num_cpus:g}) = {cpus:g} CPUs, more than the local Ray instance has "
+                        f"(ray.num_cpus={ray.num_cpus}); lower ray.learner_num_cpus (e.g. "
+                        f"{ray.num_cpus / (train.learner_processes + ray.rollout_workers):g}) or raise ray.num_cpus")
+    if config.device.startswith("cuda") and device_problem(config.device) is None:
+        import torch
+
+        gpus = torch.cuda.device_count()
+        if train.learner_processes > gpus:
+            problems.append(f"train.learner_processes ({train.learner_processes}) ranks on device "
+                            f"'{config.device}' take a GPU each; this machine has {gpus}: lower "
+                            "train.learner_processes or join a cluster with ray.address")
+    return problems
+
+
 def lm_problems(config: Config) -> list[str]:
     problems = []
     train, est, sample, model = config.train, config.estimator, config.sample, config.model
@@ -100,10 +123,8 @@ def lm_problems(config: Config) -> list[str]:
             f"sample.samples_per_prompt ({sample.samples_per_prompt}) must divide train.batch_size "
             f"({train.batch_size}): every prompt contributes a full group of completions"
         )
-    if train.learner_processes > 1 and config.backend != "inprocess":
-        problems.append(f"train.learner_processes ({train.learner_processes}) shards the learner over local "
-                        f"processes with backend=inprocess only; backend={config.backend} keeps its learner in one "
-                        "process in this version: set train.learner_processes=1 or backend=inprocess")
+    if train.learner_processes > 1 and config.backend == "ray":
+        problems += ray_learner_problems(config)
     if train.mini_batch_size % train.micro_batch_size and train.micro_batch_size < train.mini_batch_size:
         problems.append(
             f"train.micro_batch_size ({train.micro_batch_size}) must divide train.mini_batch_size "

@@ -82,6 +82,12 @@ class RayConfig(Section):
     placement: Literal["none", "pack", "spread"] = "none"
     """place rollout workers in a placement group: ``pack`` on as few machines as possible, ``spread`` over
     as many; ``none`` leaves it to Ray's scheduler."""
+    learner_num_cpus: float = Field(1.0, gt=0.0)
+    """CPUs reserved per learner rank when ``train.learner_processes`` > 1 (each rank also gets one GPU when
+    ``device`` is a GPU)."""
+    learner_placement: Literal["pack", "spread"] = "pack"
+    """where the learner ranks' placement group puts them: ``pack`` on as few machines as possible (fast
+    collectives), ``spread`` over as many (one rank per machine where there are enough)."""
     start_timeout: float = Field(180.0, gt=0.0)
     """seconds an actor or the placement group may take to start before the run stops with an error."""
     episode_timeout: float = Field(600.0, gt=0.0)

@@ -167,8 +167,9 @@ class TrainConfig(Section):
     first-fit decreasing; a longer sequence is a micro-batch of its own) and pack each into one row without
     padding; None = micro_batch_size sequences, padded to the longest."""
     learner_processes: int = Field(1, ge=1)
-    """lm runs: local processes the learner is sharded over with FSDP2 (gloo on CPU, NCCL on GPU); the driver's
-    process keeps an unsharded copy for rollout and evaluation, refreshed after every update; backend=inprocess."""
+    """lm runs: ranks the learner is sharded over with FSDP2 (gloo on CPU, NCCL on GPU): local processes with
+    backend=inprocess, Ray actors in a placement group with backend=ray (``ray.learner_*``); the driver's process
+    keeps an unsharded copy for rollout and evaluation, refreshed after every update."""
     logprob_chunk_tokens: int | None = Field(None, ge=1)
     """lm runs: compute log-probs and entropy over this many tokens at a time, recomputing each chunk's
     log-softmax in the backward pass, so the (tokens, vocabulary) log-softmax is never held whole; None = at once."""

@@ -2,9 +2,10 @@
 
 Each process (rank) holds 1/N of every parameter, of its gradient and of the optimizer's state; a forward
 pass all-gathers one decoder layer at a time and the backward pass reduce-scatters the gradients. The process
-group is gloo on CPU and NCCL on GPU, on the loopback address.
+group is gloo on CPU and NCCL on GPU; its rendezvous is a TCP address of rank 0 (the loopback address for
+local processes, rank 0's node for Ray actors).
 
-Here: the building blocks — starting the local process group, sharding a Hugging Face causal LM layer by
+Here: the building blocks — starting the process group, sharding a Hugging Face causal LM layer by
 layer, the bytes a rank holds, and the full weights gathered for an inference engine.
 """
 
@@ -38,20 +39,27 @@ def sum_across_ranks(values: dict[str, float]) -> dict[str, float]:
     return dict(zip(names, total.tolist()))
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (for the process group's rendezvous)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that was free a moment ago (for the process group's rendezvous)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.bind((host, 0))
         return probe.getsockname()[1]
 
 
-def init_local_group(rank: int, world_size: int, port: int, *, device: str = "cpu") -> None:
-    """Join the process group of ``world_size`` local processes (gloo on CPU, NCCL on GPU)."""
+def init_group(rank: int, world_size: int, host: str, port: int, *, device: str = "cpu") -> None:
+    """Join the process group of ``world_size`` ranks whose rank 0 listens at ``host:port`` (gloo on CPU, NCCL
+    on GPU)."""
     import torch.distributed as dist
 
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_ADDR", host)
     backend = "nccl" if device.startswith("cuda") else "gloo"
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    address = f"[{host}]" if ":" in host else host
+    dist.init_process_group(backend, init_method=f"tcp://{address}:{port}", rank=rank, world_size=world_size)
+
+
+def init_local_group(rank: int, world_size: int, port: int, *, device: str = "cpu") -> None:
+    """Join the process group of ``world_size`` processes on this machine, rendezvous on the loopback address."""
+    init_group(rank, world_size, "127.0.0.1", port, device=device)
 
 
 def spawn_local(function: Callable, world_size: int, *args) -> None:

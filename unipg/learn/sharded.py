@@ -1,28 +1,36 @@
-"""``train.learner_processes`` > 1: the lm learner sharded with FSDP2 over local processes, behind the
-``LMLearner`` interface, so that the driver, the rollout and the checkpoints do not change.
+"""``train.learner_processes`` > 1: the lm learner sharded with FSDP2 over ``N`` ranks, behind the ``LMLearner``
+interface, so that the driver, the rollout and the checkpoints do not change.
 
 The driver's process keeps its unsharded policy, on which rollout and evaluation run as with one process.
-The learner runs in ``N`` spawned processes (ranks) that start from that policy's weights, shard it
+The learner runs in ``N`` ranks (``LearnerRank``) that start from that policy's weights, shard it
 (``unipg.learn.distributed.shard_model``) and each run an ``LMLearner`` on every batch, taking a share of the
-micro-batches. Rank 0 receives each call from the driver's ``ShardedLMLearner`` over a pipe and broadcasts it
-to the other ranks. After every update the ranks gather the full weights once, and the handle loads them into
-the driver's policy: what the inference side samples from and what checkpoints save. The optimizer's state is
-gathered into the one-process layout for a checkpoint and sharded again on restore, so a checkpoint resumes
-with any number of processes.
+micro-batches. The driver's ``ShardedLMLearner`` sends every call to every rank and takes rank 0's answer.
+After every update the ranks gather the full weights once and rank 0 sends back the trained ones (the LoRA
+adapter alone when the base is frozen; never the frozen reference), which the handle loads into the driver's
+policy: what the inference side samples from and what checkpoints save. The optimizer's state is gathered
+into the one-process layout for a checkpoint and sharded again on restore, so a checkpoint resumes with any
+number of ranks.
 
-The ranks are started with the ``spawn`` method: a script that calls ``unipg.train`` with learner processes
+Where the ranks run is a launcher's business, behind one small interface (``Ranks``: ``call``, ``close``):
+``LocalRanks`` spawns local processes (``backend: inprocess``); ``unipg.runtime.backends.ray_learner.RayRanks``
+places Ray actors in a placement group (``backend: ray``). Both run ``LearnerRank``.
+
+Local ranks are started with the ``spawn`` method: a script that calls ``unipg.train`` with learner processes
 must do so under ``if __name__ == "__main__":`` (the command line does).
 """
 
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
+from multiprocessing.connection import wait
+from typing import Protocol
 
 import torch
 from torch import nn
 
 from unipg.config import Config
-from unipg.learn.distributed import free_port, full_state_dict, init_local_group, shard_model
+from unipg.learn.distributed import free_port, full_state_dict, init_group, shard_model
 from unipg.learn.lm import LMBatch, LMLearner
 from unipg.learn.state import load_optimizer, optimizer_tensors
 from unipg.policy.lm import LMPolicy
@@ -31,55 +39,46 @@ from unipg.policy.lm import LMPolicy
 PREPARED = ("proximal_logprobs", "reference_logprobs", "values", "advantages", "returns")
 
 
-def make_learner(policy: LMPolicy, config: Config) -> LMLearner | ShardedLMLearner:
-    """The run's learner: in this process, or sharded over ``train.learner_processes`` processes."""
-    processes = config.train.learner_processes
-    return LMLearner(policy, config) if processes == 1 else ShardedLMLearner(policy, config, processes)
+class Ranks(Protocol):
+    """The ranks of a sharded learner, wherever they run; started, and ready, by ``launcher(config,
+    world_size, weights)``."""
+
+    def call(self, name: str, *args):
+        """Run ``LearnerRank.call(name, args)`` on every rank at once and return rank 0's value; a rank that
+        fails or ends is a ``RuntimeError`` naming the call."""
+
+    def close(self) -> None:
+        """Stop the ranks and release what they hold (processes, actors, reserved resources)."""
+
+
+Launcher = Callable[[Config, int, dict], Ranks]
 
 
 class ShardedLMLearner:
     """The ``LMLearner`` interface (prepare, update, set_lr_fraction, checkpoint, restore, lr_factor) over a
-    learner sharded across ``processes`` local processes."""
+    learner sharded across ``world_size`` ranks started by ``launcher``."""
 
-    def __init__(self, policy: LMPolicy, config: Config, processes: int):
-        import torch.multiprocessing as mp
-
+    def __init__(self, policy: LMPolicy, config: Config, world_size: int, launcher: Launcher):
         self.policy, self.config = policy, config
-        context = mp.get_context("spawn")
-        self._pipe, child = context.Pipe()
-        port, weights = free_port(), {k: v.detach().cpu() for k, v in policy.state_dict().items()}
-        self._ranks = [context.Process(target=_rank_main, daemon=True,
-                                       args=(rank, processes, port, config, weights, child if rank == 0 else None))
-                       for rank in range(processes)]
-        for process in self._ranks:
-            process.start()
-        self._call("ready")
+        self._ranks = launcher(config, world_size, _cpu_state(policy))
         self._lr_factor = 1.0
 
-    def _call(self, name: str, *args):
-        self._pipe.send((name, args))
-        while not self._pipe.poll(1.0):
-            if any(not process.is_alive() for process in self._ranks):
-                raise RuntimeError(f"a learner process ended during '{name}'; see its traceback above")
-        kind, value = self._pipe.recv()
-        if kind == "error":
-            raise RuntimeError(f"the sharded learner failed in '{name}': {value}")
-        return value
-
     def prepare(self, batch: LMBatch) -> dict[str, float]:
-        metrics, fields = self._call("prepare", batch)
+        metrics, fields = self._ranks.call("prepare", batch)
         for name, value in fields.items():
             setattr(batch, name, value)
         return metrics
 
     def update(self, batch: LMBatch) -> dict[str, float]:
-        metrics, weights = self._call("update", batch)
+        metrics, weights = self._ranks.call("update", batch)
         with torch.no_grad():
-            self.policy.load_state_dict(weights)
+            unexpected = self.policy.load_state_dict(weights, strict=False).unexpected_keys
+        if unexpected:
+            raise RuntimeError(f"the learner ranks sent a weight the policy lacks: {unexpected[0]}")
         return metrics
 
     def set_lr_fraction(self, fraction: float) -> float:
-        return self._call("set_lr_fraction", fraction)
+        return self._ranks.call("set_lr_fraction", fraction)
 
     @property
     def lr_factor(self) -> float:
@@ -87,61 +86,132 @@ class ShardedLMLearner:
 
     @lr_factor.setter
     def lr_factor(self, value: float) -> None:
-        self._lr_factor = self._call("set_lr_factor", value)
+        self._lr_factor = self._ranks.call("set_lr_factor", value)
 
     def checkpoint(self) -> tuple[dict[str, torch.Tensor], dict]:
-        return self._call("checkpoint")
+        return self._ranks.call("checkpoint")
 
     def restore(self, tensors: dict[str, torch.Tensor], state: dict) -> None:
         """Set the learner back to a checkpoint, and its ranks' weights to the driver's policy (restored first)."""
-        weights = {k: v.detach().cpu() for k, v in self.policy.state_dict().items()}
-        self._lr_factor = self._call("restore", tensors, state, weights)
+        self._lr_factor = self._ranks.call("restore", tensors, state, _cpu_state(self.policy))
 
     def close(self) -> None:
-        if any(process.is_alive() for process in self._ranks):
-            self._call("stop")
-        for process in self._ranks:
-            process.join(timeout=30)
+        self._ranks.close()
 
 
-def _rank_main(rank: int, world_size: int, port: int, config: Config, weights: dict, pipe) -> None:
-    """One rank: build and shard the policy, then run the calls rank 0 receives and broadcasts."""
-    import torch.distributed as dist
+def _cpu_state(policy: LMPolicy) -> dict[str, torch.Tensor]:
+    return {name: tensor.detach().cpu() for name, tensor in policy.state_dict().items()}
 
-    from unipg.policy.loading import policy_from_config
 
-    torch.set_num_threads(config.threads or 1)
-    init_local_group(rank, world_size, port, device=config.device)
-    policy = policy_from_config(config)
-    policy.load_state_dict(weights)
-    for module in (policy.model, policy.critic, policy._reference):
-        if module is not None:
-            shard_model(module)
-    if policy.value_head is not None:
-        from torch.distributed.fsdp import fully_shard
+class LearnerRank:
+    """One rank of the sharded learner, the same in a local process and in a Ray actor. ``start`` joins the
+    process group (rank 0 listening at ``host:port``) and builds the sharded policy and its ``LMLearner``;
+    ``call`` runs one driver call, on every rank together (calls run collectives), and returns its value on
+    rank 0, None on the others."""
 
-        fully_shard(policy.value_head)
-    learner = LMLearner(policy, config)
-    while True:
-        message = [pipe.recv() if rank == 0 else None]
-        dist.broadcast_object_list(message, src=0)
-        name, args = message[0]
-        try:
-            result = _run(learner, name, args)
-        except Exception as error:  # noqa: BLE001 — reported to the driver, which raises it
-            if rank == 0:
-                pipe.send(("error", f"{type(error).__name__}: {error}"))
-            raise
-        if rank == 0:
-            pipe.send(("ok", result))
+    def __init__(self, rank: int, world_size: int, config: Config, weights: dict[str, torch.Tensor]):
+        self.rank, self.world_size, self.config, self.weights = rank, world_size, config, weights
+        self.learner: LMLearner | None = None
+
+    def start(self, host: str, port: int) -> None:
+        from unipg.policy.loading import policy_from_config
+
+        torch.set_num_threads(self.config.threads or 1)
+        init_group(self.rank, self.world_size, host, port, device=self.config.device)
+        policy = policy_from_config(self.config)
+        policy.load_state_dict(self.weights)
+        self.weights = None
+        # Ranks must run the same collectives, in step: prompt sharing runs the model twice on a micro-batch
+        # that repeats a prompt (a GRPO group) and once on one that does not (say, a rank's one-row empty
+        # pass), which would put one rank's all-gathers against another's reduce-scatters for good.
+        for module in (policy, policy.critic):
+            if module is not None:
+                module.share_prompts = False
+        for module in (policy.model, policy.critic, policy._reference):
+            if module is not None:
+                shard_model(module)
+        if policy.value_head is not None:
+            from torch.distributed.fsdp import fully_shard
+
+            fully_shard(policy.value_head)
+        self.learner = LMLearner(policy, self.config)
+
+    def call(self, name: str, args: tuple = ()):
+        result = _run(self.learner, name, args)
         if name == "stop":
-            dist.destroy_process_group()
-            return
+            torch.distributed.destroy_process_group()
+        return result if self.rank == 0 else None
+
+
+class LocalRanks:
+    """``Ranks`` as ``world_size`` spawned processes on this machine, each serving its ``LearnerRank`` over its
+    own pipe, with the rendezvous on the loopback address."""
+
+    def __init__(self, config: Config, world_size: int, weights: dict[str, torch.Tensor]):
+        import torch.multiprocessing as mp
+
+        context, port = mp.get_context("spawn"), free_port()
+        self._pipes, self._processes = [], []
+        for rank in range(world_size):
+            mine, theirs = context.Pipe()
+            self._pipes.append(mine)
+            self._processes.append(context.Process(target=_serve, daemon=True, args=(
+                LearnerRank(rank, world_size, config, weights), "127.0.0.1", port, theirs)))
+        for process in self._processes:
+            process.start()
+        try:
+            self.call("ready")
+        except BaseException:
+            self.close()
+            raise
+
+    def call(self, name: str, *args):
+        for pipe in self._pipes:
+            pipe.send((name, args))
+        replies, waiting = {}, list(self._pipes)
+        while waiting:
+            for pipe in wait(waiting, timeout=1.0):
+                kind, value = pipe.recv()
+                if kind == "error":
+                    raise RuntimeError(f"the sharded learner failed in '{name}': {value}")
+                replies[self._pipes.index(pipe)] = value
+                waiting.remove(pipe)
+            if waiting and any(not process.is_alive() for process in self._processes):
+                raise RuntimeError(f"a learner process ended during '{name}'; see its traceback above")
+        return replies[0]
+
+    def close(self) -> None:
+        if self._processes and all(process.is_alive() for process in self._processes):
+            try:
+                self.call("stop")
+            except RuntimeError:
+                pass  # a rank failed and said so; the others are ended below
+        for process in self._processes:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.terminate()
+                process.join()
+        self._processes = []
+
+
+def _serve(rank: LearnerRank, host: str, port: int, pipe) -> None:
+    """A local rank's process: start, then answer the driver's calls until ``stop``."""
+    try:
+        rank.start(host, port)
+        while True:
+            name, args = pipe.recv()
+            result = None if name == "ready" else rank.call(name, args)
+            pipe.send(("ok", result))
+            if name == "stop":
+                return
+    except Exception as error:  # noqa: BLE001 — reported to the driver, which raises it
+        pipe.send(("error", f"{type(error).__name__}: {error}"))
+        raise
 
 
 def _run(learner: LMLearner, name: str, args: tuple):
     """What one call does on every rank; the value is what rank 0 sends back."""
-    if name in ("ready", "stop"):
+    if name == "stop":
         return None
     if name == "prepare":
         batch = args[0]
@@ -149,7 +219,7 @@ def _run(learner: LMLearner, name: str, args: tuple):
         return metrics, {field: getattr(batch, field) for field in PREPARED}
     if name == "update":
         metrics = learner.update(args[0])
-        return metrics, full_state_dict(learner.policy)
+        return metrics, _trained_state(learner.policy)
     if name == "set_lr_fraction":
         return learner.set_lr_fraction(*args)
     if name == "set_lr_factor":
@@ -166,6 +236,12 @@ def _run(learner: LMLearner, name: str, args: tuple):
         learner.restore_state(state)
         return learner.lr_factor
     raise ValueError(f"unknown learner call '{name}'")
+
+
+def _trained_state(policy: nn.Module) -> dict[str, torch.Tensor]:
+    """The full weights of the parameters training changes (collective: all ranks call)."""
+    trained = {name for name, parameter in policy.named_parameters() if parameter.requires_grad}
+    return {name: tensor for name, tensor in full_state_dict(policy).items() if name in trained}
 
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:

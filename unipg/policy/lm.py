@@ -235,6 +235,7 @@ class CriticModel(nn.Module):
         super().__init__()
         self.backbone = backbone
         self.head = head or ValueHead(backbone.config.get_text_config().hidden_size)
+        self.share_prompts = True  # run each distinct prompt once per padded pass (see completion_forward)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_length: int, *,
                 packed: bool = False) -> torch.Tensor:
@@ -242,7 +243,9 @@ class CriticModel(nn.Module):
         if packed:
             packing = pack_rows(input_ids, attention_mask, completion_length)
             return packing.unpack(self.head(packed_hidden(self.backbone, packing)))
-        return self.head(completion_forward(self.backbone, input_ids, attention_mask, completion_length, hidden=True).hidden)
+        out = completion_forward(self.backbone, input_ids, attention_mask, completion_length, hidden=True,
+                                 share_prompts=self.share_prompts)
+        return self.head(out.hidden)
 
     def save(self, path: Path) -> None:
         self.backbone.save_pretrained(path)

@@ -41,12 +41,11 @@ from unipg.checkpoint.lm import LMCheckpointer, drop_metrics_after, latest_check
 from unipg.checkpoint.store import Checkpoint
 from unipg.config import Config
 from unipg.learn.lm import LMLearner
-from unipg.learn.sharded import make_learner
 from unipg.observe.episodes import EpisodeLog
 from unipg.observe.metrics import MetricsLogger, Progress, Timer, process_metrics, release_free_memory
 from unipg.policy.lm import LMPolicy
 from unipg.policy.loading import policy_from_config
-from unipg.runtime.backends import BACKENDS
+from unipg.runtime.backends import BACKENDS, make_learner
 from unipg.runtime.backends.local_lm import rollout_batch
 from unipg.runtime.driver import Runtime, resolve_schedule
 from unipg.runtime.offline import OfflineData, load_offline, offline_metrics

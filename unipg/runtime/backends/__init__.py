@@ -1,16 +1,23 @@
-"""Where the rollout side of a run is placed: ``BACKENDS`` maps ``config.backend`` to a factory of the
-``Rollout`` the driver talks to (``unipg.runtime.driver.Rollout``).
+"""Where the roles of a run are placed: ``BACKENDS`` maps ``config.backend`` to a factory of the ``Rollout``
+the driver talks to (``unipg.runtime.driver.Rollout``), ``LEARNER_RANKS`` to the launcher of a sharded
+learner's ranks (``unipg.learn.sharded.Ranks``, ``train.learner_processes`` > 1).
 
-An lm run's learner and replay buffer always stay in the driver's process; a backend decides where its
-episodes run. A new backend registers a factory taking the inputs below and returning a ``Rollout``. The
-gymnasium driver steps its vectorised environments in process (``local_gym.GymSegments``).
+An lm run's replay buffer, and its learner's handle, stay in the driver's process; a backend decides where its
+episodes run and where the ranks of a sharded learner run. A new backend registers a factory taking the inputs
+below and returning a ``Rollout``, and a launcher. The gymnasium driver steps its vectorised environments in
+process (``local_gym.GymSegments``).
 """
 
 from __future__ import annotations
 
+from unipg.config import Config
 from unipg.estimate.registry import Registry
+from unipg.learn.lm import LMLearner
+from unipg.learn.sharded import ShardedLMLearner
+from unipg.policy.lm import LMPolicy
 
 BACKENDS = Registry("backend")
+LEARNER_RANKS = Registry("backend")
 
 # What every backend factory is handed by the lm driver (``unipg.runtime.lm.build_runtime``).
 _INPUTS = ("runner", "sampler", "generator", "config", "task", "reward_fn", "schedule", "log")
@@ -39,3 +46,28 @@ def ray_rollout(runner, sampler, generator, config, task, reward_fn, schedule, l
     from unipg.runtime.backends.ray_lm import RayRollout
 
     return RayRollout(runner, sampler, config, generator, task, log=log)
+
+
+@LEARNER_RANKS.register("inprocess")
+def local_ranks():
+    """Spawned processes on this machine (gloo or NCCL on the loopback address)."""
+    from unipg.learn.sharded import LocalRanks
+
+    return LocalRanks
+
+
+@LEARNER_RANKS.register("ray")
+def ray_ranks():
+    """Ray actors reserved together in a placement group (``ray.learner_*``)."""
+    from unipg.runtime.backends.ray_learner import RayRanks
+
+    return RayRanks
+
+
+def make_learner(policy: LMPolicy, config: Config) -> LMLearner | ShardedLMLearner:
+    """The run's learner: in this process, or sharded over ``train.learner_processes`` ranks that the run's
+    backend places."""
+    processes = config.train.learner_processes
+    if processes == 1:
+        return LMLearner(policy, config)
+    return ShardedLMLearner(policy, config, processes, LEARNER_RANKS.get(config.backend)())

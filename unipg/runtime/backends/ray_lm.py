@@ -6,7 +6,9 @@ behind ``unipg.runtime.driver.Runtime`` changes. Where the roles run:
 - **learner, replay buffer, staleness gate**: the driver process. The buffer has one consumer, the learner,
   so it lives beside it: each trajectory crosses the network once (worker → learner), the buffer survives
   any worker, and a ``breakpoint()`` in the learner still works. On a cluster, put the driver where the
-  learner should run (``ray job submit --entrypoint-num-gpus 1 -- unipg train ...``).
+  learner should run (``ray job submit --entrypoint-num-gpus 1 -- unipg train ...``). With
+  ``train.learner_processes`` > 1 the learner's ranks are actors of their own (``ray_learner``) and the driver
+  keeps the learner's handle and an unsharded copy of the policy, from which it publishes.
 - **rollout workers** (``ray.rollout_workers`` × ``RolloutWorker``): each holds its own copy of the policy
   and an inference engine with dynamic batching, and runs up to ``ray.episodes_per_worker`` episodes at once.
 - **environment actors** (``ray.env_workers`` × ``EnvActor``): run the tool calls, so a slow, hanging or
@@ -55,9 +57,11 @@ from unipg.runtime.backends.ray_actors import (  # says how to install Ray if it
     LOST,
     ray,
 )
+from unipg.runtime.backends.ray_learner import learner_bundles
 from unipg.runtime.backends.ray_setup import (  # connect: here, where tests replace it
     check_resources,
     connect,
+    disconnect,
     place,
     start_env_actors,
     start_worker,
@@ -110,7 +114,9 @@ class RayRollout(CountedEpisodes):
         self.connected = connect(settings)  # this run connected, and disconnects (stopping a local instance)
         self.local = self.connected and settings.address is None
         try:
-            check_resources(settings, tools=bool(runner.service), local=self.local, log=log)
+            ranks = config.train.learner_processes  # a sharded learner's ranks hold their share already
+            check_resources(settings, tools=bool(runner.service), local=self.local, log=log,
+                            learner=learner_bundles(config, ranks) if ranks > 1 else [])
             tools = runner.service.tools if runner.service is not None else None
             if runner.service is not None and settings.env_workers:
                 start_env_actors(settings, imported_first(config.plugins, tools), self.run_id, self.env_actors)
@@ -378,5 +384,5 @@ class RayRollout(CountedEpisodes):
             remove_placement_group(self.placement)
             self.placement = None
         if self.connected:
-            ray.shutdown()
+            disconnect()
             self.connected = False

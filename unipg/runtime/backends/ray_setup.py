@@ -1,5 +1,6 @@
-"""Starting the Ray backend's cluster side (``unipg.runtime.backends.ray_lm``): connecting to Ray, checking its
-resources, placing and starting the rollout workers and environment actors, waiting until they answer.
+"""Starting the Ray backend's cluster side (``unipg.runtime.backends.ray_lm``, ``ray_learner``): connecting to
+Ray, checking its resources, placing and starting the rollout workers and environment actors, waiting until
+they answer.
 
 Every start has a timeout (``ray.start_timeout``); an actor that cannot start is a ``ValueError`` that says why.
 """
@@ -19,11 +20,18 @@ from unipg.runtime.backends.ray_actors import (  # says how to install Ray if it
 from unipg.runtime.setup import check_ray_address
 
 
+_holders = 0  # roles of this process's run holding the connection the run made (the last one disconnects)
+
+
 def connect(settings) -> bool:
-    """Join the configured Ray cluster or start a local instance, unless this process is connected already
-    (e.g. a notebook that called ``ray.init``); whether this call connected (and ``close`` disconnects)."""
+    """Join the configured Ray cluster or start a local instance, unless this process is connected already;
+    whether the connection is the run's own (and the caller must ``disconnect``). A connection made by someone
+    else (a notebook that called ``ray.init``) is used and left open."""
+    global _holders
     if ray.is_initialized():
-        return False
+        if _holders:  # made by another role of this run (the learner's ranks, the rollout workers)
+            _holders += 1
+        return bool(_holders)
     check_ray_address(settings.address)  # ray.init would retry an address where nothing listens for minutes
     options = {"runtime_env": settings.runtime_env, "logging_level": logging.WARNING,
                "configure_logging": True, "log_to_driver": True}
@@ -53,22 +61,34 @@ def connect(settings) -> bool:
     finally:
         if clusters is not None:
             ray_constants.ENABLE_RAY_CLUSTER = clusters
+    _holders = 1
     return True
 
 
-def check_resources(settings, *, tools: bool, local: bool, log) -> None:
-    """Whether the cluster has the CPUs and GPUs the configured actors ask for: a ``ValueError`` if not on a
-    ``local`` instance (it cannot grow); a warning on a cluster, which may still grow within ``ray.start_timeout``."""
+def disconnect() -> None:
+    """Let go of a connection ``connect`` said was the run's own; the last role to let go disconnects (which
+    stops a local instance the run started)."""
+    global _holders
+    _holders = max(_holders - 1, 0)
+    if not _holders:
+        ray.shutdown()
+
+
+def check_resources(settings, *, tools: bool, local: bool, log, learner: list[dict] = ()) -> None:
+    """Whether the cluster has the CPUs and GPUs the configured actors ask for (``learner``: the bundles of a
+    sharded learner's ranks, ``ray_learner.learner_bundles``): a ``ValueError`` if not on a ``local`` instance
+    (it cannot grow); a warning on a cluster, which may still grow within ``ray.start_timeout``."""
     need = (settings.rollout_workers * settings.rollout_num_cpus
-            + tools * settings.env_workers * settings.env_num_cpus)
-    gpus = settings.rollout_workers * settings.rollout_num_gpus
+            + tools * settings.env_workers * settings.env_num_cpus + sum(bundle["CPU"] for bundle in learner))
+    gpus = settings.rollout_workers * settings.rollout_num_gpus + sum(bundle.get("GPU", 0) for bundle in learner)
     have = ray.cluster_resources()
     short = [f"{need:g} CPUs, the cluster has {have.get('CPU', 0):g}" if need > have.get("CPU", 0) else "",
              f"{gpus:g} GPUs, the cluster has {have.get('GPU', 0):g}" if gpus > have.get("GPU", 0) else ""]
     short = [text for text in short if text]
     if short:
+        ranks = " + train.learner_processes × ray.learner_num_cpus (a GPU each on a GPU device)" if learner else ""
         message = (f"the Ray backend needs {' and '.join(short)} (ray.rollout_workers × ray.rollout_num_cpus/gpus "
-                   "+ ray.env_workers × ray.env_num_cpus); lower them, or raise ray.num_cpus")
+                   f"+ ray.env_workers × ray.env_num_cpus{ranks}); lower them, or raise ray.num_cpus")
         if local:
             raise ValueError(message)
         log(f"warning: {message} — waiting up to ray.start_timeout for the cluster to grow")
@@ -76,19 +96,32 @@ def check_resources(settings, *, tools: bool, local: bool, log) -> None:
 
 def place(settings):
     """A ready placement group of one bundle per rollout worker (``ray.placement``: pack or spread)."""
-    from ray.util.placement_group import placement_group
-
     bundle = {"CPU": settings.rollout_num_cpus} | ({"GPU": settings.rollout_num_gpus}
                                                    if settings.rollout_num_gpus else {})
-    strategy = "PACK" if settings.placement == "pack" else "SPREAD"
-    placement = placement_group([bundle] * settings.rollout_workers, strategy=strategy)
+    return reserve([bundle] * settings.rollout_workers, settings.placement, "rollout workers",
+                   settings.start_timeout)
+
+
+def reserve(bundles: list[dict], strategy: str, role: str, start_timeout: float):
+    """A placement group of ``bundles`` (``strategy``: pack or spread), once ready; a ``ValueError`` if it is not
+    within ``start_timeout`` seconds (the group is then removed)."""
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    placement = placement_group(bundles, strategy=strategy.upper())
     try:
-        ray.get(placement.ready(), timeout=settings.start_timeout)
+        ray.get(placement.ready(), timeout=start_timeout)
     except GetTimeoutError:
-        raise ValueError(f"the placement group of {settings.rollout_workers} rollout workers ({bundle} each) "
-                         f"was not ready within ray.start_timeout={settings.start_timeout:g} s: the cluster lacks "
-                         "the resources") from None
+        remove_placement_group(placement)
+        raise ValueError(f"the placement group of {len(bundles)} {role} ({bundles[0]} each) was not ready within "
+                         f"ray.start_timeout={start_timeout:g} s: the cluster lacks the resources") from None
     return placement
+
+
+def in_bundle(placement, index: int) -> dict:
+    """Actor options that start an actor in bundle ``index`` of ``placement``."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    return {"scheduling_strategy": PlacementGroupSchedulingStrategy(placement, placement_group_bundle_index=index)}
 
 
 def start_env_actors(settings, tools, run_id: str, actors: list) -> None:
@@ -107,10 +140,7 @@ def start_worker(settings, setup, index: int, env_actors: list, placement, name:
     options = {"num_cpus": settings.rollout_num_cpus, "num_gpus": settings.rollout_num_gpus,
                "max_restarts": 0, "max_concurrency": 1000, "name": name}
     if placement is not None:
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(placement,
-                                                                          placement_group_bundle_index=index)
+        options |= in_bundle(placement, index)
     return ray.remote(RolloutWorker).options(**options).remote(setup, index, env_actors, settings.health_timeout,
                                                                settings.start_timeout)
 
