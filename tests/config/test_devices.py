@@ -43,3 +43,29 @@ def test_dtype_is_the_models_and_may_be_set_beside_device():
         load_config(None, [*TEXT, "model.dtype=float64"])
     with pytest.raises(ConfigError, match="dtype 'int8' is not one of: float32, bfloat16, float16"):
         torch_dtype("int8")
+
+
+def fake_gpus(monkeypatch, count: int) -> None:
+    """A machine with ``count`` CUDA devices, as far as the config rules and the learner ranks can tell."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+
+
+@pytest.mark.parametrize("backend", ["inprocess", "ray"])
+def test_more_cuda_learner_ranks_than_gpus_is_a_config_error(monkeypatch, backend):
+    fake_gpus(monkeypatch, 1)
+    with pytest.raises(ConfigError, match=r"train.learner_processes \(2\) ranks on device 'cuda' take a GPU each; "
+                                          r"this machine has 1: lower train.learner_processes"):
+        load_config(None, [*TEXT, "device=cuda", "train.learner_processes=2", f"backend={backend}"])
+    fake_gpus(monkeypatch, 2)
+    assert load_config(None, [*TEXT, "device=cuda", "train.learner_processes=2"]).train.learner_processes == 2
+
+
+def test_each_local_learner_rank_takes_its_own_gpu(monkeypatch):
+    from unipg.learn.sharded import rank_device
+
+    fake_gpus(monkeypatch, 2)
+    assert [rank_device("cuda", rank) for rank in (0, 1)] == ["cuda:0", "cuda:1"]
+    fake_gpus(monkeypatch, 1)  # a Ray actor sees only the GPU it was given
+    assert rank_device("cuda", 3) == "cuda:0"
+    assert rank_device("cpu", 1) == "cpu"

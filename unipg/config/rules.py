@@ -88,14 +88,15 @@ def gym_problems(config: Config) -> list[str]:
 CRITIC_ADVANTAGES = frozenset({"gae", "td", "value_baseline"})
 
 
-def ray_learner_problems(config: Config) -> list[str]:
-    """Learner ranks on Ray that a local instance (``ray.address`` unset) could never place."""
+def learner_rank_problems(config: Config) -> list[str]:
+    """Learner ranks this machine could never place: more CUDA ranks than GPUs (a GPU each), or, on a local
+    Ray instance (``ray.address`` unset), more CPUs than it has."""
     train, ray = config.train, config.ray
-    if ray.address is not None:
+    if config.backend == "ray" and ray.address is not None:
         return []  # a cluster may grow; the run warns and waits up to ray.start_timeout
     problems = []
     cpus = train.learner_processes * ray.learner_num_cpus
-    if ray.num_cpus is not None and cpus > ray.num_cpus:
+    if config.backend == "ray" and ray.num_cpus is not None and cpus > ray.num_cpus:
         problems.append(f"train.learner_processes ({train.learner_processes}) × ray.learner_num_cpus "
                         f"({ray.learner_num_cpus:g}) = {cpus:g} CPUs, more than the local Ray instance has "
                         f"(ray.num_cpus={ray.num_cpus}); lower ray.learner_num_cpus (e.g. "
@@ -107,7 +108,8 @@ def ray_learner_problems(config: Config) -> list[str]:
         if train.learner_processes > gpus:
             problems.append(f"train.learner_processes ({train.learner_processes}) ranks on device "
                             f"'{config.device}' take a GPU each; this machine has {gpus}: lower "
-                            "train.learner_processes or join a cluster with ray.address")
+                            "train.learner_processes" + (" or join a cluster with ray.address" if config.backend == "ray"
+                                                         else ""))
     return problems
 
 
@@ -123,8 +125,8 @@ def lm_problems(config: Config) -> list[str]:
             f"sample.samples_per_prompt ({sample.samples_per_prompt}) must divide train.batch_size "
             f"({train.batch_size}): every prompt contributes a full group of completions"
         )
-    if train.learner_processes > 1 and config.backend == "ray":
-        problems += ray_learner_problems(config)
+    if train.learner_processes > 1:
+        problems += learner_rank_problems(config)
     if train.mini_batch_size % train.micro_batch_size and train.micro_batch_size < train.mini_batch_size:
         problems.append(
             f"train.micro_batch_size ({train.micro_batch_size}) must divide train.mini_batch_size "

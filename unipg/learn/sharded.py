@@ -117,7 +117,11 @@ class LearnerRank:
         from unipg.policy.loading import policy_from_config
 
         torch.set_num_threads(self.config.threads or 1)
-        init_group(self.rank, self.world_size, host, port, device=self.config.device)
+        device = rank_device(self.config.device, self.rank)
+        if device.startswith("cuda"):
+            torch.cuda.set_device(device)  # NCCL binds a rank to the current device
+        self.config = self.config.model_copy(update={"device": device})
+        init_group(self.rank, self.world_size, host, port, device=device)
         policy = policy_from_config(self.config)
         policy.load_state_dict(self.weights)
         self.weights = None
@@ -141,6 +145,14 @@ class LearnerRank:
         if name == "stop":
             torch.distributed.destroy_process_group()
         return result if self.rank == 0 else None
+
+
+def rank_device(device: str, rank: int) -> str:
+    """The device of one learner rank: on CUDA a GPU of its own, the rank-th one where the process sees several
+    (local processes on one machine), ``cuda:0`` where it sees one (a Ray actor, given its GPU); others as set."""
+    if not device.startswith("cuda"):
+        return device
+    return f"cuda:{rank}" if torch.cuda.device_count() > 1 else "cuda:0"
 
 
 class LocalRanks:
