@@ -193,6 +193,7 @@ class RolloutWorker:
     def _report(self, sizes: list[int], seconds: float) -> dict:
         service = self.runner.service
         return {"sizes": sizes, "seconds": seconds, "service": service.pop_stats() if service is not None else None,
+                "agent": self.runner.agent_stats.pop() if self.runner.external is not None else None,
                 "env_restarts": self.pool.pop_restarts() if self.pool is not None else 0}
 
     async def run_batch(self, examples: list, version: int, weights, state: str) -> tuple[list, str, dict]:
@@ -212,12 +213,22 @@ class RolloutWorker:
     async def run_group(self, example, order: int, weights) -> tuple[list, dict]:
         """The concurrent schedule: one group of episodes of ``example`` on the worker's shared engine."""
         await self._receive(weights)
-        if self.engine is None:
+        if self.engine is None:  # the loop runs until close: the engine's batching worker (and an external
             self.engine = self.runner.engine(self.runner.sampling(), self.generator, sync=self._load)
-            self._running = self.engine.running()
+            self.loop = self.runner.agent_loop(self.engine)  # agent's endpoint, on this node's loopback)
+            self._running = self.loop.running()
             await self._running.__aenter__()
-            self.loop = self.runner.agent_loop(self.engine)
         episodes = [self.loop.run_episode(self.runner.make_env(), example, order=order * self.group_size + i)
                     for i in range(self.group_size)]
         trajectories = list(await asyncio.gather(*episodes))
         return trajectories, self._report(*self.engine.pop_batches())
+
+    async def close(self) -> None:
+        """Stop what ``run_group`` started (an external agent's endpoint, the engine's batching worker) and the
+        runner's engine and environment service, before the actor is killed."""
+        running, self._running, self.engine, self.loop = self._running, None, None, None
+        try:
+            if running is not None:
+                await running.__aexit__(None, None, None)
+        finally:
+            self.runner.close()
