@@ -132,7 +132,7 @@ class EndpointConfig(Section):
     host: str = "127.0.0.1"
     """address the endpoint binds; the default keeps it on this machine (loopback)."""
     port: int = Field(0, ge=0, le=65535)
-    """TCP port; 0 = a free one."""
+    """TCP port; 0 = a free one (the only choice with backend=ray: every rollout worker serves its own)."""
     agent_timeout: float = Field(300.0, gt=0.0)
     """seconds one episode of the agent may take before it counts as failed."""
     agent_retries: int = Field(1, ge=0)
