@@ -371,11 +371,11 @@ class RayRollout(CountedEpisodes):
     # -- shutdown ----------------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Kill every actor of the run (and the local Ray instance, if the run started it); rollout workers first
-        stop what they serve (an external agent's endpoint), for at most ``ray.health_timeout``."""
-        if self.workers:
-            ray.wait([worker.close.remote() for worker in self.workers], num_returns=len(self.workers),
-                     timeout=self.settings.health_timeout)
+        """Kill every actor of the run (and the local Ray instance, if the run started it), once the rollout workers
+        stopped what they serve (an external agent's endpoint) or ``ray.health_timeout`` passed."""
+        closing = [worker.close.remote() for worker in self.workers]
+        if closing:
+            ray.wait(closing, num_returns=len(closing), timeout=self.settings.health_timeout)
         for actor in [*self.workers, *self.env_actors]:
             try:
                 ray.kill(actor, no_restart=True)
