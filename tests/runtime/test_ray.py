@@ -277,3 +277,38 @@ def test_a_plugin_files_task_tool_and_reward_run_on_the_workers(local_ray, embed
     steps = [record for record in read_metrics(result.run_dir) if "train/loss" in record]
     assert [record["step"] for record in steps] == [1, 2] and "rollout/reward_same_count_ray" in steps[0]
     assert unipg_actors() == []
+
+
+def test_an_external_agent_trains_on_ray_workers_with_their_own_endpoints(local_ray, embedded_path, tmp_path,
+                                                                          monkeypatch):
+    """`task.agent` on two rollout workers (concurrent schedule): each worker serves the endpoint on its own
+    loopback and runs the agent there. Every trained row holds what the worker's engine sent the agent (the agent
+    rewards itself the sum of the log-probs it was sent, over its rewritten history's two trajectories), and the
+    agent's counters reach the driver's metrics."""
+    import unipg.runtime.lm as lm
+    from tests.runtime.test_external_agent import RUN
+
+    rollout_batch, trained = lm.rollout_batch, []
+
+    def recording(groups, *args, **kwargs):
+        trained.extend(t for group in groups for t in group.items)
+        return rollout_batch(groups, *args, **kwargs)
+
+    monkeypatch.setattr(lm, "rollout_batch", recording)
+    config = load_config(None, [*RUN, "task.agent=tests.sample.endpoint.agents_for_tests:reports_its_log_probs",
+                                f"model.name={embedded_path}", f"log.output_dir={tmp_path}", "eval.every_updates=100",
+                                "backend=ray", "ray.rollout_workers=2", "ray.rollout_num_cpus=0.5",
+                                "runtime.max_staleness=1", "runtime.schedule=concurrent"])
+    result = train_lm(config)
+    records = [r for r in read_metrics(result.run_dir) if "train/loss" in r]
+    assert [r["step"] for r in records] == [1, 2] and [r["train/samples"] for r in records] == [16, 32]
+    assert all(r["rollout/agent_failures"] == r["rollout/agent_timeouts"] == r["rollout/agent_retries"] == 0
+               for r in records)
+    assert sum(r["rollout/agent_extra_trajectories"] for r in records) >= 16  # one per trained episode, at least
+    assert len(trained) == 16 and all(t.finish == "done" and len(t.side) == 1 for t in trained)
+    for episode in trained:
+        rows = [episode, *episode.side]
+        sent = [lp for t in rows for lp, sampled in zip(t.behaviour_logprobs, t.loss_mask) if sampled]
+        assert sum(t.turns for t in rows) == 3 and sent  # the agent's three calls, each in a row
+        assert episode.reward == pytest.approx(sum(sent), rel=1e-9, abs=1e-9)
+    assert unipg_actors() == []

@@ -3,6 +3,7 @@ warm start, sampling, checkpoints and rollbacks."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
@@ -66,7 +67,19 @@ class TaskConfig(Section):
     agent: str | None = None
     """an agent of your own that plays each episode through the OpenAI-compatible endpoint (section
     endpoint): ``package.module:run`` or ``path/to/file.py:run`` naming ``async def run(base_url, api_key,
-    example) -> float | str | dict``; None = the built-in agent loop."""
+    example) -> float | str | dict``; None = the built-in agent loop. A relative file path is taken from the working
+    directory and stored absolute, so the run folder's config.yaml and Ray workers find the same file."""
+
+    @field_validator("agent")
+    @classmethod
+    def _absolute_agent_file(cls, spec: str | None) -> str | None:
+        where, colon, name = (spec or "").rpartition(":")
+        if not where.endswith(".py"):
+            return spec
+        try:
+            return f"{Path(where).expanduser().resolve()}{colon}{name}"
+        except (OSError, ValueError, RuntimeError):  # an unreadable path: load_agent says what is wrong with it
+            return spec
 
 
 class RoleConfig(Section):
@@ -119,7 +132,7 @@ class EndpointConfig(Section):
     host: str = "127.0.0.1"
     """address the endpoint binds; the default keeps it on this machine (loopback)."""
     port: int = Field(0, ge=0, le=65535)
-    """TCP port; 0 = a free one."""
+    """TCP port; 0 = a free one (the only choice with backend=ray: every rollout worker serves its own)."""
     agent_timeout: float = Field(300.0, gt=0.0)
     """seconds one episode of the agent may take before it counts as failed."""
     agent_retries: int = Field(1, ge=0)

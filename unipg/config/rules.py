@@ -29,8 +29,7 @@ def cross_field_problems(config: Config) -> list[str]:
     if device is not None:
         problems.append(device)
     if config.backend == "ray" and config.task.agent:
-        problems.append("task.agent (an external agent) runs with backend=inprocess only: its episodes call the "
-                        "endpoint on the rollout's event loop; unset task.agent or use backend=inprocess")
+        problems += ray_agent_problems(config)
     if config.data.offline is not None and not config.is_lm:
         problems.append("data.offline holds recorded text episodes; it applies to text tasks (set task.name) only")
     if config.backend == "ray" and not config.is_lm:
@@ -55,6 +54,24 @@ def cross_field_problems(config: Config) -> list[str]:
     if Path(config.log.output_dir).is_file():
         problems.append(f"log.output_dir '{config.log.output_dir}' is a file; point it at a folder (each run gets "
                         "a folder inside it)")
+    return problems
+
+
+def ray_agent_problems(config: Config) -> list[str]:
+    """An external agent on the Ray backend: each rollout worker serves its own endpoint (and the driver one for
+    evaluation), and a worker is replaced when it holds its episodes past ``ray.episode_timeout``."""
+    problems = []
+    endpoint = config.endpoint
+    if endpoint.port != 0:
+        problems.append(f"endpoint.port ({endpoint.port}) is fixed, but with backend=ray every rollout worker runs its "
+                        "own endpoint (and the driver one for evaluation), which cannot share a port on one machine; "
+                        "leave endpoint.port at 0 (each takes a free port)")
+    longest = endpoint.agent_timeout * (endpoint.agent_retries + 1)
+    if config.ray.episode_timeout < longest:
+        problems.append(f"ray.episode_timeout ({config.ray.episode_timeout:g} s) is shorter than an external agent's "
+                        f"episode may take, endpoint.agent_timeout × (1 + endpoint.agent_retries) = {longest:g} s: "
+                        "its worker would be killed before the agent's own timeout counts the episode as failed; "
+                        "raise ray.episode_timeout or lower endpoint.agent_timeout")
     return problems
 
 

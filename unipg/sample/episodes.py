@@ -237,9 +237,8 @@ class EpisodeRunner:
         return trajectories
 
     def pop_service_metrics(self, prefix: str) -> dict[str, float]:
-        if self.external is not None:
-            stats, self.agent_stats = self.agent_stats, AgentStats()
-            return stats.metrics(prefix)
+        if self.external is not None:  # zeroed in place: the concurrent schedule's loop keeps counting into it
+            return self.agent_stats.pop().metrics(prefix)
         if self.service is None:
             return {}
         return self.service.pop_stats().metrics(prefix)

@@ -31,6 +31,24 @@ async def rewrites_history(base_url, api_key, example):
     return 1.0
 
 
+async def reports_its_log_probs(base_url, api_key, example):
+    """``rewrites_history`` asking for the log-probs of the sampled tokens; rewards itself their sum over its calls,
+    so a trained episode whose rows hold exactly what the engine sent it has that sum as its reward."""
+    total = 0.0
+    async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
+        async def ask(messages):
+            nonlocal total
+            reply = await client.chat.completions.create(model="unipg", messages=messages, max_tokens=6, logprobs=True)
+            total += sum(token.logprob for token in reply.choices[0].logprobs.content)
+            return reply.choices[0].message
+
+        first = await ask([{"role": "user", "content": example.prompt}])
+        summary = [{"role": "user", "content": f"Earlier you said: {first.content!r}. Again?"}]
+        second = await ask(summary)
+        await ask([*summary, second.model_dump(exclude_none=True), {"role": "user", "content": "sure?"}])
+    return total
+
+
 async def rewards_itself(base_url, api_key, example):
     async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
         await client.chat.completions.create(model="unipg", messages=[{"role": "user", "content": example.prompt}])

@@ -10,7 +10,7 @@ from unipg.estimate import ADVANTAGES
 from unipg.learn.lm import LMBatch, lm_advantages
 from unipg.runtime.backends.local_lm import group_index
 from unipg.runtime.replay import Group
-from unipg.sample.endpoint import ExternalAgent, load_agent
+from unipg.sample.endpoint import AgentStats, ExternalAgent, load_agent
 from unipg.sample.rewards.rules import build_rewards
 from unipg.sample.tasks.base import Example
 from tests.sample.endpoint import agents_for_tests as agents
@@ -108,9 +108,30 @@ def test_agent_specs_name_a_module_or_a_file_and_bad_ones_are_config_errors(tmp_
             load_agent(spec)
 
 
-def test_an_external_agent_with_the_ray_backend_is_a_config_error():
-    from unipg.config import load_config
+def test_a_file_agent_is_stored_absolute_and_is_the_same_module_as_the_plugin_of_that_file(tmp_path, monkeypatch):
+    from unipg.config.plugins import import_plugin
 
-    with pytest.raises(ConfigError, match="backend=inprocess only"):
-        load_config(None, ["task.name=calculator", "task.agent=tests.sample.endpoint.agents_for_tests:two_turns",
-                           "backend=ray"])
+    (tmp_path / "mine.py").write_text("async def run(base_url, api_key, example):\n    return 1.0\n")
+    monkeypatch.chdir(tmp_path)
+    config = load_config(None, ["task.name=calculator", "task.agent=./mine.py:run"])
+    assert config.task.agent == f"{tmp_path / 'mine.py'}:run"  # what a Ray worker or a resumed run loads
+    assert load_agent(config.task.agent) is import_plugin(str(tmp_path / "mine.py")).run
+
+
+def test_an_external_agent_on_the_ray_backend_needs_free_ports_and_a_worker_timeout_past_the_agents():
+    base = ["task.name=calculator", "task.agent=tests.sample.endpoint.agents_for_tests:two_turns", "backend=ray"]
+    assert load_config(None, base).backend == "ray"  # each rollout worker serves its own endpoint
+    with pytest.raises(ConfigError, match=r"endpoint.port \(8000\) is fixed, but with backend=ray"):
+        load_config(None, [*base, "endpoint.port=8000"])
+    with pytest.raises(ConfigError, match=r"ray.episode_timeout \(100 s\) is shorter .* = 600 s"):
+        load_config(None, [*base, "ray.episode_timeout=100"])
+
+
+def test_agent_counts_are_zeroed_where_the_loop_counts_them_and_add_up_over_workers():
+    counting = AgentStats(episodes=4, failures=1, retries=2, extra_trajectories=3)
+    popped = counting.pop()
+    assert popped == AgentStats(episodes=4, failures=1, retries=2, extra_trajectories=3) and counting == AgentStats()
+    counting.extra_trajectories += 1  # a loop holding ``counting`` goes on counting into it
+    popped.merge(counting.pop())
+    assert popped.metrics("rollout") == {"rollout/agent_failures": 1, "rollout/agent_timeouts": 0,
+                                         "rollout/agent_retries": 2, "rollout/agent_extra_trajectories": 4}

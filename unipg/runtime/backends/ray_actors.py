@@ -152,7 +152,8 @@ class EnvPool:
 
 
 class RolloutWorker:
-    """Runs groups of episodes on its own copy of the policy (an async actor: many groups at once)."""
+    """Runs groups of episodes on its own copy of the policy (an async actor: many groups at once); the episodes
+    of an external agent (``task.agent``) call the endpoint the worker serves on its own loopback."""
 
     def __init__(self, setup: tuple, index: int, env_actors: list, health_timeout: float, fetch_timeout: float):
         from unipg.runtime.setup import seed_everything, set_threads
@@ -169,6 +170,7 @@ class RolloutWorker:
         self.serial, self._pending = 0, None  # the publication loaded or about to be
         self.generator = torch.Generator(policy.device).manual_seed(config.seed * 7919 + index + 1)
         self.engine, self.loop, self._running = None, None, None
+        self._starting = asyncio.Lock()  # the first groups wait together until the loop serves
 
     async def ready(self) -> int:
         return os.getpid()
@@ -193,6 +195,7 @@ class RolloutWorker:
     def _report(self, sizes: list[int], seconds: float) -> dict:
         service = self.runner.service
         return {"sizes": sizes, "seconds": seconds, "service": service.pop_stats() if service is not None else None,
+                "agent": self.runner.agent_stats.pop() if self.runner.external is not None else None,
                 "env_restarts": self.pool.pop_restarts() if self.pool is not None else 0}
 
     async def run_batch(self, examples: list, version: int, weights, state: str) -> tuple[list, str, dict]:
@@ -212,12 +215,24 @@ class RolloutWorker:
     async def run_group(self, example, order: int, weights) -> tuple[list, dict]:
         """The concurrent schedule: one group of episodes of ``example`` on the worker's shared engine."""
         await self._receive(weights)
-        if self.engine is None:
-            self.engine = self.runner.engine(self.runner.sampling(), self.generator, sync=self._load)
-            self._running = self.engine.running()
-            await self._running.__aenter__()
-            self.loop = self.runner.agent_loop(self.engine)
+        async with self._starting:  # the loop runs until close: the engine's batching worker (and an external
+            if self.loop is None:  # agent's endpoint, on this node's loopback); no group uses it before it serves
+                engine = self.runner.engine(self.runner.sampling(), self.generator, sync=self._load)
+                loop = self.runner.agent_loop(engine)
+                running = loop.running()
+                await running.__aenter__()
+                self.engine, self.loop, self._running = engine, loop, running
         episodes = [self.loop.run_episode(self.runner.make_env(), example, order=order * self.group_size + i)
                     for i in range(self.group_size)]
         trajectories = list(await asyncio.gather(*episodes))
         return trajectories, self._report(*self.engine.pop_batches())
+
+    async def close(self) -> None:
+        """Stop what ``run_group`` started (an external agent's endpoint, the engine's batching worker) and the
+        runner's engine and environment service, before the actor is killed."""
+        running, self._running, self.engine, self.loop = self._running, None, None, None
+        try:
+            if running is not None:
+                await running.__aexit__(None, None, None)
+        finally:
+            self.runner.close()

@@ -69,6 +69,7 @@ from unipg.runtime.backends.ray_setup import (  # connect: here, where tests rep
 )
 from unipg.runtime.driver import CountedEpisodes, EpisodeAccount
 from unipg.runtime.replay import Group, ProducerFailed, ReplayBuffer, StalenessGate
+from unipg.sample.endpoint.agents import AgentStats
 from unipg.sample.envs.service import ServiceStats
 from unipg.sample.episodes import EpisodeRunner
 
@@ -103,6 +104,7 @@ class RayRollout(CountedEpisodes):
         self.account = EpisodeAccount()
         self.worker_restarts = 0
         self.service = ServiceStats()
+        self.agent = AgentStats() if runner.external is not None else None  # an external agent's counters
         self.env_restarts = 0
         self.batch_sizes: list[int] = []
         self.generate_seconds = self.sync_seconds = self.idle_seconds = 0.0
@@ -338,6 +340,8 @@ class RayRollout(CountedEpisodes):
             self.generate_seconds += report["seconds"]
             if report["service"] is not None:
                 self.service.merge(report["service"])
+            if report["agent"] is not None:
+                self.agent.merge(report["agent"])
 
     def pop_generation(self) -> tuple[list[int], float]:
         """Sizes of the workers' generate calls and their seconds, reported with their results since the last call."""
@@ -351,6 +355,8 @@ class RayRollout(CountedEpisodes):
         with self._lock:
             stats, self.service = self.service, ServiceStats()
             metrics = stats.metrics(prefix) if self.uses_tools else {}
+            if self.agent is not None:
+                metrics.update(self.agent.pop().metrics(prefix))
             metrics.update(self.account.metrics())
             metrics["ray/worker_restarts"] = float(self.worker_restarts)
             if self.env_actors:
@@ -371,7 +377,11 @@ class RayRollout(CountedEpisodes):
     # -- shutdown ----------------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Kill every actor of the run (and the local Ray instance, if the run started it)."""
+        """Kill every actor of the run (and the local Ray instance, if the run started it), once the rollout workers
+        stopped what they serve (an external agent's endpoint) or ``ray.health_timeout`` passed."""
+        closing = [worker.close.remote() for worker in self.workers]
+        if closing:
+            ray.wait(closing, num_returns=len(closing), timeout=self.settings.health_timeout)
         for actor in [*self.workers, *self.env_actors]:
             try:
                 ray.kill(actor, no_restart=True)

@@ -25,14 +25,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import importlib
-import importlib.util
 import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from unipg.config import ConfigError
+from unipg.config.plugins import import_plugin
 from unipg.sample.agent import Trajectory, run_concurrently
 from unipg.sample.endpoint.protocol import Completions, Limits
 from unipg.sample.endpoint.server import EndpointServer
@@ -43,7 +43,9 @@ from unipg.sample.tasks.base import Example
 
 
 def load_agent(spec: str):
-    """The ``run`` function named by ``package.module:run`` or ``path/to/file.py:run``."""
+    """The ``run`` function named by ``package.module:run`` or ``path/to/file.py:run``. A file is imported as a
+    plugin is (``unipg.config.plugins``): once per process, under a name fixed by its absolute path, so a file
+    that is also among ``plugins`` is one module, and a Ray worker imports it as the driver did."""
     where, _, name = spec.rpartition(":")
     if not where or not name:
         raise ConfigError(f"task.agent must be 'package.module:function' or 'path/to/file.py:function', got {spec!r}")
@@ -52,10 +54,10 @@ def load_agent(spec: str):
             path = Path(where).expanduser().resolve()
             if not path.is_file():
                 raise ConfigError(f"task.agent: no file {path}")
-            module_spec = importlib.util.spec_from_file_location(f"unipg_agent_{path.stem}", path)
-            module = importlib.util.module_from_spec(module_spec)
-            sys.modules[module_spec.name] = module
-            module_spec.loader.exec_module(module)
+            try:
+                module = import_plugin(str(path))
+            except ConfigError as error:
+                raise ConfigError(f"task.agent: {error}") from error.__cause__
         else:
             module = importlib.import_module(where)
     except ConfigError:
@@ -90,6 +92,18 @@ class AgentStats:
     timeouts: int = 0  # attempts that ran past the timeout
     retries: int = 0
     extra_trajectories: int = 0  # trajectories of an episode trained beside its main one (``Trajectory.side``)
+
+    def pop(self) -> AgentStats:
+        """The counts so far, and zero them here: a loop counting into this object keeps doing so."""
+        counts = dataclasses.replace(self)
+        for counter in dataclasses.fields(self):
+            setattr(self, counter.name, 0)
+        return counts
+
+    def merge(self, other: AgentStats) -> None:
+        """Add ``other``'s counts (those of a Ray rollout worker) to these."""
+        for counter in dataclasses.fields(self):
+            setattr(self, counter.name, getattr(self, counter.name) + getattr(other, counter.name))
 
     def metrics(self, prefix: str) -> dict[str, float]:
         return {f"{prefix}/agent_failures": self.failures, f"{prefix}/agent_timeouts": self.timeouts,
