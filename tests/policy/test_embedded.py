@@ -7,6 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from unipg.policy import embedded
+from unipg.policy.loading import load_tokenizer
 from unipg.policy.embedded import (
     BUILDER_VERSION,
     EMBEDDED_SIZES,
@@ -81,7 +82,7 @@ def test_tiny_model_is_a_seeded_qwen2_of_about_a_million_parameters(tokenizer):
 
 
 def test_unknown_size_lists_the_valid_ones(tokenizer):
-    with pytest.raises(ValueError, match="valid sizes: \\['small', 'tiny'\\]"):
+    with pytest.raises(ValueError, match="valid sizes: \\['small', 'tiny', 'tiny-numbers'\\]"):
         build_model(tokenizer, size="huge")
     with pytest.raises(ValueError, match="'embedded:small'"):
         resolve_model_name("embedded:huge")
@@ -162,3 +163,23 @@ def test_saved_tokenizer_loads_back_character_for_character(embedded_path, tmp_p
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         assert tokenizer.decode(ids) == text and len(ids) == len(text) - len("<|user|><|end|>") + 2
         tokenizer.save_pretrained(tmp_path / "again")  # a saved policy's tokenizer keeps the flag
+
+
+def test_numbers_tokenizer_reads_digits_in_groups_of_three_and_round_trips(tmp_path):
+    tokenizer = build_tokenizer("numbers")
+    text = "<|tool|>53336<|end|><|assistant|>Convert 1234567 km, 0.5 m<|end|>"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert tokenizer.convert_ids_to_tokens(ids)[:4] == ["<|tool|>", "533", "36", "<|end|>"]
+    assert "123" in tokenizer.convert_ids_to_tokens(ids) and "7" in tokenizer.convert_ids_to_tokens(ids)
+    assert tokenizer.decode(ids) == text
+    assert tokenizer.convert_tokens_to_ids(["<pad>", "<|end|>"]) == [0, 1]  # the same special ids as "tiny"
+    path = embedded_model_path("tiny-numbers", root=tmp_path)
+    assert load_tokenizer(str(path)).encode(text, add_special_tokens=False) == ids
+    model = AutoModelForCausalLM.from_pretrained(path)
+    assert model.config.vocab_size == len(tokenizer) == len(build_tokenizer()) + 1100
+    table = torch.nn.functional.normalize(model.get_input_embeddings().weight, dim=1)
+    numbers, letters = tokenizer.convert_tokens_to_ids(["533", "36", "7"]), tokenizer.convert_tokens_to_ids(["a", "b"])
+    assert float(table[numbers[0]] @ table[numbers[1]]) > 0.3  # composed from their digits: numbers are alike
+    assert abs(float(table[letters[0]] @ table[letters[1]])) < 0.3
+    with pytest.raises(ValueError, match="numbers must be 'characters' or 'numbers'"):
+        build_tokenizer("bytes")

@@ -15,7 +15,8 @@ class ModelConfig(Section):
     """The language model trained on text tasks (Q1 for text): any Hugging Face causal LM."""
 
     name: str = "embedded"
-    """hub id or local path of an AutoModelForCausalLM, or 'embedded' / 'embedded:small' for the built-in model."""
+    """hub id or local path of an AutoModelForCausalLM, or 'embedded' / 'embedded:small' for the built-in model
+    ('embedded:tiny-numbers': the tiny one reading numbers in groups of up to three digits)."""
     warm_start: bool = False
     """fine-tune the model on the task's demonstrations (section sft) before RL; the result is cached."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
