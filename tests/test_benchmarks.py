@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 REPORTS = {
     "async_vs_sync.py": "| run | steps wall-clock (s) | trajectories/s |",
     "chaos.py": "| phase | survived | faults injected |",
+    "copying.py": "| result length | problems | result copied |",
     "classic_control.py": "CartPole-v1: steps to deterministic eval mean",
     "engines.py": "vllm / hf tokens/s:",
     "endpoint.py": "| agent | episodes/s | vs built-in | completion rate |",

@@ -25,7 +25,15 @@ from unipg.config.devices import resolve_device
 from unipg.learn.distributed import free_port
 from unipg.learn.sharded import LearnerRank
 from unipg.runtime.backends.ray_actors import ray  # says how to install Ray if it is missing
-from unipg.runtime.backends.ray_setup import check_resources, connect, disconnect, in_bundle, reserve, wait_ready
+from unipg.runtime.backends.ray_setup import (
+    check_resources,
+    connect,
+    disconnect,
+    in_bundle,
+    release,
+    reserve,
+    wait_ready,
+)
 
 
 class LearnerActor(LearnerRank):
@@ -102,14 +110,8 @@ class RayRanks:
     def close(self) -> None:
         """Kill the actors (their process group goes with them: a rank may be stuck in a collective a failed
         peer left), free their reservation, and let go of the Ray connection."""
-        for actor in self.actors:
-            ray.kill(actor, no_restart=True)
-        self.actors = []
-        if self.placement is not None:
-            from ray.util.placement_group import remove_placement_group
-
-            remove_placement_group(self.placement)
-            self.placement = None
+        release(self.actors, self.placement)
+        self.actors, self.placement = [], None
         if self.connected:
             disconnect()
             self.connected = False

@@ -63,6 +63,7 @@ from unipg.runtime.backends.ray_setup import (  # connect: here, where tests rep
     connect,
     disconnect,
     place,
+    release,
     start_env_actors,
     start_worker,
     wait_ready,
@@ -382,17 +383,8 @@ class RayRollout(CountedEpisodes):
         closing = [worker.close.remote() for worker in self.workers]
         if closing:
             ray.wait(closing, num_returns=len(closing), timeout=self.settings.health_timeout)
-        for actor in [*self.workers, *self.env_actors]:
-            try:
-                ray.kill(actor, no_restart=True)
-            except Exception:  # noqa: BLE001 — gone already; the others must still go
-                pass
-        self.workers, self.env_actors = [], []
-        if self.placement is not None:
-            from ray.util.placement_group import remove_placement_group
-
-            remove_placement_group(self.placement)
-            self.placement = None
+        release([*self.workers, *self.env_actors], self.placement)
+        self.workers, self.env_actors, self.placement = [], [], None
         if self.connected:
             disconnect()
             self.connected = False

@@ -74,6 +74,20 @@ def disconnect() -> None:
         ray.shutdown()
 
 
+def release(actors: list, placement) -> None:
+    """Kill ``actors`` (one already gone is skipped: the others must still go) and remove their reservation
+    ``placement`` (None: there is none)."""
+    for actor in actors:
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:  # noqa: BLE001 — gone already
+            pass
+    if placement is not None:
+        from ray.util.placement_group import remove_placement_group
+
+        remove_placement_group(placement)
+
+
 def check_resources(settings, *, tools: bool, local: bool, log, learner: list[dict] = ()) -> None:
     """Whether the cluster has the CPUs and GPUs the configured actors ask for (``learner``: the bundles of a
     sharded learner's ranks, ``ray_learner.learner_bundles``): a ``ValueError`` if not on a ``local`` instance
