@@ -154,14 +154,15 @@ def build_model(tokenizer: PreTrainedTokenizerFast, size: str = "tiny", seed: in
 
 
 def compose_number_embeddings(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, seed: int) -> None:
-    """Start every number token's embedding from its digits: a vector all numbers share, plus one vector per
-    (place, digit) (ones, tens, hundreds), plus half its own random embedding.
+    """Give every number token's embedding a share of its digits: its own random embedding, plus half a vector
+    all numbers share, plus half the (normalised) sum of one vector per (place, digit) (ones, tens, hundreds).
 
     With independent random embeddings, a thousand number tokens each seen a few times per epoch share nothing,
-    so "this is a number" and "copy this number" have to be learned token by token, and the copy of a number
-    into a tool call lags far behind (12% of first operands copied against 99% of tool results, same steps).
-    Composed from their digits, numbers are alike from the first step and a circuit learned on some carries to
-    the others. The input and output embeddings are one table, so the same holds for writing numbers.
+    so "this is a number" is learned token by token, and an agent that must find "the first number of the
+    question" to copy it into a call learns it far later than anything else. Made mostly of shared parts
+    (numbers too alike), it finds numbers at once but can no longer match one number against another, which
+    copying a multi-token number needs. Half and half gives both (docs/benchmarks.md, "What caps the main
+    job"). The input and output embeddings are one table, so the same holds for writing numbers.
     """
     table = model.get_input_embeddings().weight
     generator = torch.Generator().manual_seed(seed + 1)
@@ -172,7 +173,7 @@ def compose_number_embeddings(model: Qwen2ForCausalLM, tokenizer: PreTrainedToke
         for token, index in tokenizer.get_vocab().items():
             if token.isdigit() and len(token) <= 3:
                 digits = [places[place, int(digit)] for place, digit in enumerate(reversed(token))]
-                table[index] = shared + sum(digits) / len(digits) ** 0.5 + 0.5 * table[index]
+                table[index] = 0.5 * shared + 0.5 * sum(digits) / len(digits) ** 0.5 + table[index]
 
 
 def cache_dir() -> Path:
