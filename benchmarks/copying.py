@@ -22,19 +22,14 @@ ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ["task.options={digits: 1, num_train: 16, num_test: 4, tool_demonstrations: 1.0}"]
 
 
-def answer_copies(model, tokenizer, examples) -> dict[int, tuple[int, int]]:
+def answer_copies(model, tokenizer, task, config, examples) -> dict[int, tuple[int, int]]:
     """{length of the result: (copied, examples)}: the greedy last turn after the demonstration's call and result."""
+    from unipg.learn.evidence import answer_turns
+
     counts: dict[int, list[int]] = collections.defaultdict(lambda: [0, 0])
-    for example in examples:
-        context = [{"role": "user", "content": example.prompt}, *example.solution[:2]]
-        text = tokenizer.apply_chat_template(context, tokenize=False, add_generation_prompt=True)
-        ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
-        with torch.no_grad():
-            output = model.generate(ids, max_new_tokens=len(example.answer) + 8, do_sample=False,
-                                    eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-        answer = tokenizer.decode(output[0, ids.shape[1]:], skip_special_tokens=True)
-        counts[len(example.answer)][0] += answer == example.answer
-        counts[len(example.answer)][1] += 1
+    for turn, answer in answer_turns(model, tokenizer, task, config, examples):
+        counts[len(answer)][0] += turn == answer
+        counts[len(answer)][1] += 1
     return {length: (copied, total) for length, (copied, total) in sorted(counts.items())}
 
 
@@ -67,7 +62,7 @@ def main() -> None:
     print("call: " + ", ".join(f"{name} {value:.3f}" for name, value in evidence.items()))
     print("| result length | problems | result copied |")
     print("|---:|---:|---:|")
-    for length, (copied, total) in answer_copies(model, tokenizer, examples).items():
+    for length, (copied, total) in answer_copies(model, tokenizer, task, config, examples).items():
         print(f"| {length} | {total} | {copied / total:.0%} |")
 
 

@@ -3,7 +3,9 @@
 import pytest
 
 from unipg.config import load_config
-from unipg.learn.evidence import call_evidence, call_scores
+from unipg.learn import evidence as evidence_module
+from unipg.learn.evidence import answer_evidence, answer_turns, call_evidence, call_scores
+from unipg.learn.sft import greedy_completions
 from unipg.learn.warm_start import fine_tune_on_demonstrations, warm_start_key
 from unipg.policy.loading import load_lm_policy
 from unipg.sample.envs.service import EnvironmentService
@@ -43,18 +45,20 @@ def test_a_stage_stops_once_the_evidence_passes_and_otherwise_runs_to_its_cap(em
     lines = []
     for thresholds, expected_steps, checks in (("0.0", 4, 1), ("1.0", 12, 2)):
         config = config_for(name, "sft.steps=12", "sft.evidence_stop=all", "sft.evidence_every=4",
-                            f"sft.min_call_validity={thresholds}", f"sft.min_argument_accuracy={thresholds}")
+                            f"sft.min_call_validity={thresholds}", f"sft.min_argument_accuracy={thresholds}",
+                            f"sft.min_answer_accuracy={thresholds}")
         policy = load_lm_policy(embedded_path)
         metrics = fine_tune_on_demonstrations(policy.model, policy.tokenizer, task, config, seed=0, log_every=100,
                                               log=lines.append)
         assert metrics["steps"] == expected_steps and len(metrics["evidence"]) == checks
-        assert {"stage", "step", "call_validity", "argument_accuracy"} < set(metrics["evidence"][0])
-    assert any("evidence: call validity" in line and "stage ends" in line for line in lines)
+        assert {"stage", "step", "call_validity", "argument_accuracy", "answer_accuracy"} < set(metrics["evidence"][0])
+    assert any("evidence: call validity" in line and "answer accuracy" in line and "stage ends" in line
+               for line in lines)
 
 
 def test_stages_mode_leaves_the_main_stage_to_run_its_steps(embedded_path):
     config = config_for("calculator", "sft.steps=6", "sft.evidence_stop=stages", "sft.evidence_every=2",
-                        "sft.min_call_validity=0", "sft.min_argument_accuracy=0",
+                        "sft.min_call_validity=0", "sft.min_argument_accuracy=0", "sft.min_answer_accuracy=0",
                         "sft.stages=[{steps: 6, options: {tool_demonstrations: 1.0}}]")
     policy = load_lm_policy(embedded_path)
     metrics = fine_tune_on_demonstrations(policy.model, policy.tokenizer, make_task("calculator", **TASKS["calculator"]),
@@ -71,3 +75,24 @@ def test_off_by_default_and_then_the_warm_start_cache_key_is_unchanged(embedded_
     evidence = call_evidence(policy.model, policy.tokenizer, make_task("calculator", **TASKS["calculator"]), config,
                              make_task("calculator", **TASKS["calculator"]).test)
     assert set(evidence) == {"call_validity", "argument_accuracy", "argument/expression"}
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_the_answer_is_asked_for_after_the_demonstrated_call_and_the_tools_result(embedded_path, name, monkeypatch):
+    task, config = make_task(name, **TASKS[name]), config_for(name)
+    policy = load_lm_policy(embedded_path)
+    prompts = []
+
+    def recording(model, tokenizer, texts, **kwargs):
+        prompts.extend(texts)
+        return greedy_completions(model, tokenizer, texts, **kwargs)
+
+    monkeypatch.setattr(evidence_module, "greedy_completions", recording)
+    pairs = answer_turns(policy.model, policy.tokenizer, task, config, task.test)
+    assert [answer for _, answer in pairs] == [example.answer for example in task.test]
+    for prompt, example in zip(prompts, task.test):
+        call, result = example.solution[0]["content"], example.solution[1]["content"]
+        assert prompt.index(example.prompt) < prompt.index(call) < prompt.rindex(result)
+        assert prompt.endswith(f"<|tool|>{result}<|end|><|assistant|>")  # the embedded chat template
+    evidence = answer_evidence(policy.model, policy.tokenizer, task, config, task.test)
+    assert 0.0 <= evidence["answer_accuracy"] <= 1.0

@@ -177,8 +177,9 @@ class SFTConfig(Section):
     then alternate between kinds of demonstration (short answers, long tool calls), which can swing a choice
     the mixture decides, such as how often to call a tool; keep it off for such mixtures."""
     evidence_stop: Literal["off", "stages", "all"] = "off"
-    """agent tasks: end a stage early once greedy first turns on held-out demonstrations make valid calls with the
-    demonstrated arguments (min_call_validity, min_argument_accuracy; unipg.learn.evidence), the stage's steps
+    """agent tasks: end a stage early once greedy turns on held-out demonstrations make valid calls with the
+    demonstrated arguments and, given the tools' results, give the demonstrated answer (min_call_validity,
+    min_argument_accuracy, min_answer_accuracy; unipg.learn.evidence), the stage's steps
     being a cap. stages: only the stages of sft.stages (the main stage, often a mixture meant to change how often
     the tool is called, runs all its steps); all: every stage; off: every stage runs its steps."""
     evidence_every: int = Field(100, ge=1)
@@ -189,6 +190,9 @@ class SFTConfig(Section):
     """fraction of greedy first turns that must be calls the environment accepts."""
     min_argument_accuracy: float = Field(0.9, ge=0.0, le=1.0)
     """fraction of greedy first turns whose call must carry exactly the demonstrated arguments."""
+    min_answer_accuracy: float = Field(0.9, ge=0.0, le=1.0)
+    """fraction of greedy last turns, after the demonstration's calls and the tools' results, that must equal the
+    demonstrated answer (the copy of a tool's result)."""
 
 
 class SampleConfig(Section):

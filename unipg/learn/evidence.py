@@ -1,19 +1,21 @@
-"""Evidence that a warm start has taught the tool call: greedy first turns on held-out demonstrations.
+"""Evidence that a warm start has taught a tool task: greedy turns on held-out demonstrations.
 
-A warm start for an agent task has to teach two skills before RL can use the tool: writing a call the
-environment accepts, and copying the problem's arguments into it. Both are measured on held-out demonstrations
-(the task's test examples, whose references all call the tool) from the greedy first turn:
+A warm start for an agent task has to teach the skills RL then relies on: writing a call the environment
+accepts, copying the problem's arguments into it, and reporting what the tool returned. All are measured on
+held-out demonstrations (the task's test examples, whose references all call the tool), greedily:
 
-- ``call_validity``: the turn is a call the environment would run (closing tag, JSON, a known tool, arguments
-  that fit its schema: ``unipg.sample.envs.tool_env.parse_turn``);
+- ``call_validity``: the first turn is a call the environment would run (closing tag, JSON, a known tool,
+  arguments that fit its schema: ``unipg.sample.envs.tool_env.parse_turn``);
 - ``argument_accuracy``: the call's arguments equal the demonstration's exactly; ``argument/<name>``: the share
-  that copied that one argument (which of them the policy fails to copy).
+  that copied that one argument (which of them the policy fails to copy);
+- ``answer_accuracy``: with the demonstration's earlier turns (its calls and the tools' results) in the context,
+  the last turn equals the demonstration's exactly: for a tool that computes the answer, the copy of its result.
 
-With ``sft.evidence_stop`` on, a stage of the warm start ends as soon as both pass their thresholds
-(``sft.min_call_validity``, ``sft.min_argument_accuracy``), checked every ``sft.evidence_every`` steps; otherwise
-it runs to its ``steps``, which are then a cap. Learning to copy arguments is abrupt and its step varies with the
-data order and the machine (configs/calculator_agent.yaml), so a fixed step count either wastes steps or stops
-too early; the evidence says when.
+With ``sft.evidence_stop`` on, a stage of the warm start ends as soon as all pass their thresholds
+(``sft.min_call_validity``, ``sft.min_argument_accuracy``, ``sft.min_answer_accuracy``), checked every
+``sft.evidence_every`` steps; otherwise it runs to its ``steps``, which are then a cap. Learning to copy is abrupt
+and its step varies with the data order and the machine (configs/calculator_agent.yaml), so a fixed step count
+either wastes steps or stops too early; the evidence says when.
 """
 
 from __future__ import annotations
@@ -52,6 +54,29 @@ def call_evidence(model, tokenizer, task: Task, config: Config, examples: list[E
         service.close()
 
 
+def answer_turns(model, tokenizer, task: Task, config: Config, examples: list[Example]) -> list[tuple[str, str]]:
+    """(greedy last turn, demonstrated last turn) for each example of ``examples`` whose demonstration starts with
+    a call and goes on after it: the policy answers with the demonstration's earlier turns (its calls and the
+    tools' results) in the context, rendered as rollouts render them."""
+    examples = [example for example in examples if first_call(example) is not None and len(example.solution) > 1]
+    if not examples:
+        return []
+    prompts, answers = [], []
+    for prompt, segments in demonstration_pairs(tokenizer, task, config, examples):
+        *earlier, (last, _) = segments
+        prompts.append(prompt + "".join(text for text, _ in earlier))
+        answers.append(last.removesuffix(tokenizer.eos_token or "").strip())
+    turns = greedy_completions(model, tokenizer, prompts, max_new_tokens=config.sample.max_new_tokens)
+    return list(zip(turns, answers))
+
+
+def answer_evidence(model, tokenizer, task: Task, config: Config, examples: list[Example]) -> dict[str, float]:
+    """``answer_accuracy`` of ``answer_turns`` (empty when the task has no tools or no demonstration goes on after
+    its call)."""
+    pairs = answer_turns(model, tokenizer, task, config, examples) if tool_specs(config, task) else []
+    return {"answer_accuracy": sum(turn == answer for turn, answer in pairs) / len(pairs)} if pairs else {}
+
+
 def call_scores(turns: list[str], demonstrated: list[str], service: EnvironmentService) -> dict[str, float]:
     """``call_validity`` and ``argument_accuracy`` of policy ``turns`` against the ``demonstrated`` calls."""
     parsed = [parse_turn(turn, service) for turn in turns]
@@ -69,8 +94,9 @@ def call_scores(turns: list[str], demonstrated: list[str], service: EnvironmentS
 
 def evidence_check(model, tokenizer, task: Task, config: Config, *, stage: str,
                    log: Callable[[str], None]) -> Callable[[int], bool]:
-    """``check(step) -> stop``: measures ``call_evidence`` on the first ``sft.evidence_examples`` held-out
-    demonstrations of ``task``, logs it, records it in ``check.history``, and says whether both thresholds pass."""
+    """``check(step) -> stop``: measures ``call_evidence`` and ``answer_evidence`` on the first
+    ``sft.evidence_examples`` held-out demonstrations of ``task``, logs them, records them in ``check.history``, and
+    says whether every threshold passes (the answer's only where the demonstrations go on after the call)."""
     sft = config.sft
     examples = task.test[:sft.evidence_examples]
 
@@ -78,12 +104,15 @@ def evidence_check(model, tokenizer, task: Task, config: Config, *, stage: str,
         evidence = call_evidence(model, tokenizer, task, config, examples)
         if not evidence:
             return False
+        evidence |= answer_evidence(model, tokenizer, task, config, examples)
         check.history.append({"stage": stage, "step": step, **evidence})
         passed = (evidence["call_validity"] >= sft.min_call_validity
-                  and evidence["argument_accuracy"] >= sft.min_argument_accuracy)
+                  and evidence["argument_accuracy"] >= sft.min_argument_accuracy
+                  and evidence.get("answer_accuracy", 1.0) >= sft.min_answer_accuracy)
         each = ", ".join(f"{key.split('/', 1)[1]} {value:.2f}" for key, value in evidence.items() if "/" in key)
+        answer = f", answer accuracy {evidence['answer_accuracy']:.2f}" if "answer_accuracy" in evidence else ""
         log(f"{stage}step {step} evidence: call validity {evidence['call_validity']:.2f}, argument accuracy "
-            f"{evidence['argument_accuracy']:.2f} ({each}){' - passed, stage ends' if passed else ''}")
+            f"{evidence['argument_accuracy']:.2f} ({each}){answer}{' - passed, stage ends' if passed else ''}")
         return passed
 
     check.history = []

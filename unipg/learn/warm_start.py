@@ -42,7 +42,8 @@ def demonstration_spec(spec):
     return {key: value for key, value in spec.items() if key != "latency"}
 
 
-EVIDENCE_KEYS = ("evidence_stop", "evidence_every", "evidence_examples", "min_call_validity", "min_argument_accuracy")
+EVIDENCE_KEYS = ("evidence_stop", "evidence_every", "evidence_examples", "min_call_validity", "min_argument_accuracy",
+                 "min_answer_accuracy")
 
 
 def warm_start_key(config: Config) -> dict:
