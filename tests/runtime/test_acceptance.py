@@ -24,11 +24,13 @@ def test_reaches_475_within_100k_steps(tmp_path, algorithm, seed):
 
 @pytest.mark.slow
 def test_the_main_job_teaches_the_embedded_model_to_use_the_calculator(tmp_path, monkeypatch):
-    """configs/calculator_agent.yaml from an empty cache, warm start included (about 6 minutes on two cores):
-    held-out greedy completion goes from nothing to at least 40%, every episode calling the tool."""
+    """configs/calculator_agent.yaml from an empty cache, warm start included (about 8 minutes on two cores):
+    sampled episodes go from guessing (almost never right) to calling the tool; held-out greedy completion ends
+    at 85% or more, every greedy episode calling the tool."""
     monkeypatch.setenv("UNIPG_CACHE", str(tmp_path / "cache"))
     config = load_config(MAIN_JOB, [f"log.output_dir={tmp_path}", "log.progress=false", "log.tensorboard=false"])
     result = train_lm(config)
-    assert result.initial_eval["eval/pass@1"] < 0.05
-    assert result.final_eval["eval/pass@1"] >= 0.4, result.eval_history
+    assert result.initial_eval["eval/sampled_completion"] < 0.1
+    assert result.final_eval["eval/sampled_completion"] >= 0.3, result.eval_history
+    assert result.final_eval["eval/pass@1"] >= 0.85, result.eval_history
     assert result.final_eval["eval/tool_calls"] >= 0.9

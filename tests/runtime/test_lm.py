@@ -23,8 +23,9 @@ def test_training_run_logs_the_step_metrics_and_saves_the_policy(embedded_path, 
                                         f"log.output_dir={tmp_path}", "estimator.kl_coef=0.05"])
     result = train_lm(config)
     assert result.updates == 2 and result.samples == 16 and result.samples_per_second > 0
-    assert set(result.final_eval) == {"eval/pass@1", "eval/pass@2", "eval/response_length", "eval/turns",
-                                      "eval/truncated_fraction"}
+    assert set(result.final_eval) == {"eval/pass@1", "eval/pass@2", "eval/sampled_completion", "eval/response_length",
+                                      "eval/turns", "eval/truncated_fraction"}
+    assert result.final_eval["eval/sampled_completion"] <= result.final_eval["eval/pass@2"]
     records = read_metrics(result.run_dir)
     train_record = next(r for r in records if "rollout/reward_mean" in r)
     for key in ["rollout/reward_std", "rollout/response_length", "train/kl_to_reference", "train/clip_fraction",

@@ -12,7 +12,7 @@ from rich.table import Table
 from unipg.config.hyperparameters import default
 from unipg.config.presets import ALGORITHMS
 
-LM_COLUMN_NAMES = {"eval/pass@1": "completion", "eval/tool_calls": "tool calls",
+LM_COLUMN_NAMES = {"eval/pass@1": "completion", "eval/sampled_completion": "sampled", "eval/tool_calls": "tool calls",
                      "eval/tool_success_rate": "tool success", "eval/turns": "turns"}
 
 
@@ -32,6 +32,8 @@ def lm_result_table(results) -> Table:
     table = Table(title=title)
     final = results[0][1].final_eval
     keys = [key for key in final if key.startswith("eval/pass@")]
+    if "eval/sampled_completion" in final:
+        keys.insert(1, "eval/sampled_completion")
     if "eval/tool_calls" in final:
         keys += ["eval/tool_calls", "eval/tool_success_rate", "eval/turns"]
     columns = ["seed"] if shared else ["algorithm", "task", "model", "seed", "updates", "samples"]

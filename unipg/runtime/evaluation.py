@@ -68,8 +68,10 @@ def run_config(run_dir: Path, overrides: list[str], notify: Callable[[str], None
 def evaluate_episodes(runner: EpisodeRunner, examples: list[Example], *, pass_k: int,
                       seed: int) -> tuple[dict[str, float], list[Trajectory]]:
     """Greedy episodes on held-out examples — pass@1 is the task completion rate (the final answer equals the
-    reference), with turns and tool use — and sampled pass@k (solved by any of ``pass_k`` sampled episodes;
-    none if 0, ``eval.pass_k``). The metrics, and the greedy episodes in the order of ``examples``."""
+    reference), with turns and tool use — and, from ``pass_k`` sampled episodes per example (none if 0,
+    ``eval.pass_k``), pass@k (solved by any of them) and the sampled completion rate (the share of them solved:
+    the policy as it samples, which RL trains, where greedy decoding shows only its mode). The metrics, and the
+    greedy episodes in the order of ``examples``."""
     greedy = runner.run(examples, params=runner.sampling(greedy=True), generator=None)
     metrics = {"eval/pass@1": statistics.fmean(t.correct for t in greedy)}
     metrics.update({key: value for key, value in episode_metrics(greedy, "eval", tools=runner.service is not None).items()
@@ -82,6 +84,7 @@ def evaluate_episodes(runner: EpisodeRunner, examples: list[Example], *, pass_k:
                              generator=generator)
         solved = [any(t.correct for t in sampled[i * k:(i + 1) * k]) for i in range(len(examples))]
         metrics[f"eval/pass@{k}"] = statistics.fmean(solved)
+        metrics["eval/sampled_completion"] = statistics.fmean(t.correct for t in sampled)
         runner.pop_service_metrics("eval")
     return metrics, greedy
 
