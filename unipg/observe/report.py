@@ -25,12 +25,14 @@ def lm_result_table(results) -> Table:
     described = [(config.algorithm, config.task.name, Path(config.model.name).name or config.model.name,
                   str(result.updates), f"{result.samples:,}") for config, result in results]
     shared = len(set(described)) == 1
+    final = results[0][1].final_eval
     title = "unipg results: held-out, greedy, before → after training"
+    if any(key.startswith("eval/pass@") and key != "eval/pass@1" for key in final):
+        title = "unipg results: held-out, before → after training (completion greedy; sampled and pass@k sampled)"
     if shared:
         algorithm, task, model, updates, samples = described[0]
         title = f"{algorithm} on {task} with {model}: {updates} updates, {samples} samples\n{title}"
     table = Table(title=title)
-    final = results[0][1].final_eval
     keys = [key for key in final if key.startswith("eval/pass@")]
     if "eval/sampled_completion" in final:
         keys.insert(1, "eval/sampled_completion")
