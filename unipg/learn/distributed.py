@@ -97,11 +97,14 @@ def resident_bytes(parameters: list[nn.Parameter], optimizer: torch.optim.Optimi
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Every rank gathers the full (unsharded) weights on CPU, e.g. once per version for an inference engine."""
+def full_state_dict(model: nn.Module, *, trained_only: bool = False) -> dict[str, torch.Tensor]:
+    """Every rank gathers the full (unsharded) weights on CPU, e.g. once per version for an inference engine;
+    with ``trained_only``, frozen parameters (a reference model, a LoRA adapter's base) are left out before the
+    gather, so they cost no communication."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=trained_only)
+    return get_model_state_dict(model, options=options)
 
 
 def save_sharded(directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:

@@ -251,9 +251,9 @@ def _run(learner: LMLearner, name: str, args: tuple):
 
 
 def _trained_state(policy: nn.Module) -> dict[str, torch.Tensor]:
-    """The full weights of the parameters training changes (collective: all ranks call)."""
+    """The full weights of the parameters training changes, buffers left out (collective: all ranks call)."""
     trained = {name for name, parameter in policy.named_parameters() if parameter.requires_grad}
-    return {name: tensor for name, tensor in full_state_dict(policy).items() if name in trained}
+    return {name: tensor for name, tensor in full_state_dict(policy, trained_only=True).items() if name in trained}
 
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:
