@@ -43,10 +43,12 @@ def test_call_scores_count_valid_calls_and_exactly_copied_arguments():
 def test_a_stage_stops_once_the_evidence_passes_and_otherwise_runs_to_its_cap(embedded_path, name):
     task = make_task(name, **TASKS[name])
     lines = []
-    for thresholds, expected_steps, checks in (("0.0", 4, 1), ("1.0", 12, 2)):
+    # (call and argument thresholds, answer threshold): the answer's threshold holds a stage alone, too
+    for calls, answers, expected_steps, checks in (("0.0", "0.0", 4, 1), ("1.0", "1.0", 12, 2),
+                                                   ("0.0", "1.0", 12, 2)):
         config = config_for(name, "sft.steps=12", "sft.evidence_stop=all", "sft.evidence_every=4",
-                            f"sft.min_call_validity={thresholds}", f"sft.min_argument_accuracy={thresholds}",
-                            f"sft.min_answer_accuracy={thresholds}")
+                            f"sft.min_call_validity={calls}", f"sft.min_argument_accuracy={calls}",
+                            f"sft.min_answer_accuracy={answers}")
         policy = load_lm_policy(embedded_path)
         metrics = fine_tune_on_demonstrations(policy.model, policy.tokenizer, task, config, seed=0, log_every=100,
                                               log=lines.append)

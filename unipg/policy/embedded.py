@@ -164,8 +164,8 @@ def compose_number_embeddings(model: Qwen2ForCausalLM, tokenizer: PreTrainedToke
     so "this is a number" is learned token by token, and an agent that must find "the first number of the
     question" to copy it into a call learns it far later than anything else. Made mostly of shared parts
     (numbers too alike), it finds numbers at once but can no longer match one number against another, which
-    copying a multi-token number needs. Half and half gives both (docs/benchmarks.md, "What caps the main
-    job"). The input and output embeddings are one table, so the same holds for writing numbers.
+    copying a multi-token number needs. Half and half gives both (docs/benchmarks.md, "Why the digit-group
+    model"). The input and output embeddings are one table, so the same holds for writing numbers.
     """
     table = model.get_input_embeddings().weight
     generator = torch.Generator().manual_seed(seed + 1)
