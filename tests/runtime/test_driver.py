@@ -1,6 +1,7 @@
 """The text runtime: synchronous training is its staleness-0 case; the bound holds with real episodes."""
 
 import threading
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,8 +12,8 @@ from unipg.observe.metrics import read_metrics
 from unipg.policy.loading import load_lm_policy, policy_from_config
 from unipg.runtime.gym import seed_everything
 from unipg.runtime.lm import PromptSampler, set_threads, train_lm
-from unipg.runtime.driver import Runtime
-from unipg.runtime.replay import ProducerFailed
+from unipg.runtime.driver import Runtime, serve_one_by_one
+from unipg.runtime.replay import Group, ProducerFailed
 from unipg.sample.episodes import EpisodeRunner
 from unipg.sample.rewards.rules import build_rewards
 from unipg.sample.tasks.base import make_task
@@ -134,3 +135,72 @@ def test_a_buffer_too_small_for_one_batch_is_refused_at_config_load_before_a_run
 def test_the_runtime_still_refuses_a_buffer_too_small_for_one_batch():
     with pytest.raises(ValueError, match=r"replay_buffer_size \(4\) cannot hold one learner step's batch of 8"):
         Runtime(None, groups_per_step=2, group_size=4, max_staleness=0, capacity=4)
+
+
+class ScriptedRollout:
+    """Groups whose episodes score as scripted (a list of returns per group, in order), produced now or served."""
+
+    def __init__(self, script, group_size=2):
+        self.script, self.group_size, self.asked = iter(script), group_size, 0
+
+    def produce(self, count, version):
+        self.asked += count
+        return [Group([SimpleNamespace(reward=r) for r in next(self.script)], version, self.group_size)
+                for _ in range(count)]
+
+    def serve(self, gate, buffer, stop):
+        serve_one_by_one(self, gate, buffer, stop, self.group_size)
+
+    def publish(self, version):
+        pass
+
+    def pop_idle_seconds(self):
+        return 0.0
+
+
+@pytest.mark.parametrize("schedule", ["sequential", "concurrent"])
+def test_dynamic_sampling_replaces_groups_that_scored_alike_with_fresh_ones(schedule):
+    from unipg.runtime.backends.local_lm import mixed_returns
+
+    alike, mixed = [1.0, 1.0], [0.0, 1.0]
+    rollout = ScriptedRollout([alike, mixed, [0.0, 0.0], mixed] + [mixed] * 20)
+    with Runtime(rollout, groups_per_step=2, group_size=2, max_staleness=0, capacity=8, schedule=schedule,
+                 keep=mixed_returns, filter_budget=2) as runtime:
+        groups, metrics = runtime.next_groups(0)
+    assert [[t.reward for t in g.items] for g in groups] == [mixed, mixed]
+    assert metrics["async/filtered"] == 4 and metrics["async/staleness_trajectory_max"] == 0
+    if schedule == "sequential":
+        assert rollout.asked == 4  # two groups, then the two that replace the rejected ones
+
+
+def test_dynamic_sampling_trains_on_alike_groups_once_its_budget_is_spent():
+    from unipg.runtime.backends.local_lm import mixed_returns
+
+    rollout = ScriptedRollout([[0.0, 0.0]] * 20)
+    runtime = Runtime(rollout, groups_per_step=2, group_size=2, max_staleness=0, capacity=8, keep=mixed_returns,
+                      filter_budget=3)
+    for version in range(2):  # the budget is per step
+        groups, metrics = runtime.next_groups(version)
+        runtime.publish(version + 1)
+        assert len(groups) == 2 and metrics["async/filtered"] == 6
+    assert rollout.asked == 10
+
+
+def test_dynamic_sampling_is_refused_for_an_estimator_that_does_not_compare_a_prompts_completions(embedded_path,
+                                                                                                tmp_path):
+    overrides = SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}", "sample.dynamic_sampling=true"]
+    with pytest.raises(ValueError, match=r"sample.dynamic_sampling drops groups whose group-relative advantages "
+                                         r"are zero; estimator.advantage 'gae'.*use one of dr_grpo, grpo, rloo"):
+        load_config(None, overrides)
+
+
+def test_a_grpo_run_with_dynamic_sampling_reports_the_episodes_it_dropped(embedded_path, tmp_path):
+    config = load_config(None, SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
+                                        "algorithm=grpo", "sample.dynamic_sampling=true",
+                                        "sample.dynamic_sampling_budget=0.5"])
+    records = [r for r in read_metrics(train_lm(config).run_dir) if "train/loss" in r]
+    assert len(records) == 3
+    for record in records:  # at most one group of 4 dropped per step (half of the step's two groups)
+        assert record["async/filtered"] in (0, 4) and record["async/staleness_trajectory_max"] == 0
+        if record["async/filtered"] == 0:
+            assert record["rollout/uniform_group_fraction"] == 0

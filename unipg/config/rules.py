@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from unipg.config.devices import device_problem
-from unipg.estimate import ADVANTAGES, KL_ESTIMATORS, OFF_POLICY_WEIGHTS, POLICY_LOSSES
+from unipg.estimate import ADVANTAGES, GROUP_ADVANTAGES, KL_ESTIMATORS, OFF_POLICY_WEIGHTS, POLICY_LOSSES
 from unipg.estimate.registry import unknown_name_message
 
 if TYPE_CHECKING:
@@ -158,10 +158,16 @@ def lm_problems(config: Config) -> list[str]:
         )
     if est.advantage not in ADVANTAGES:
         problems.append("estimator.advantage: " + unknown_name_message("advantage estimator", est.advantage, ADVANTAGES.names()))
-    elif est.advantage in {"grpo", "dr_grpo", "rloo"} and sample.samples_per_prompt < 2:
+    elif est.advantage in GROUP_ADVANTAGES and sample.samples_per_prompt < 2:
         problems.append(
             f"estimator.advantage '{est.advantage}' compares completions of the same prompt; set "
             "sample.samples_per_prompt to at least 2 (e.g. 8)"
+        )
+    if sample.dynamic_sampling and est.advantage not in GROUP_ADVANTAGES:
+        problems.append(
+            f"sample.dynamic_sampling drops groups whose group-relative advantages are zero; estimator.advantage "
+            f"'{est.advantage}' does not compare a prompt's completions, so no group is without a gradient: use "
+            f"one of {', '.join(sorted(GROUP_ADVANTAGES))}, or set sample.dynamic_sampling=false"
         )
     if est.advantage in CRITIC_ADVANTAGES and not (model.value_head or model.critic):
         problems.append(

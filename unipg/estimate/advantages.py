@@ -23,6 +23,7 @@ from unipg.estimate.masked import masked_mean, masked_whiten
 from unipg.estimate.registry import Registry
 
 ADVANTAGES = Registry("advantage estimator")
+GROUP_ADVANTAGES = frozenset({"grpo", "dr_grpo", "rloo"})  # each sample scored against its prompt's group
 # What the per-step estimators read: rewards and episode ends, V(s_T) of unfinished episodes, and V(s_t).
 _MONTE_CARLO_INPUTS = ("rewards", "dones", "bootstrap_value")
 _CRITIC_INPUTS = ("rewards", "values", "dones", "bootstrap_value")

@@ -19,13 +19,11 @@ from dataclasses import dataclass
 import torch
 
 from unipg.config.schema import EstimatorConfig
-from unipg.estimate import ADVANTAGES
+from unipg.estimate import ADVANTAGES, GROUP_ADVANTAGES
 from unipg.estimate.advantages import broadcast_to_tokens
 from unipg.estimate.kl import kl_penalty
 from unipg.estimate.masked import masked_whiten, pack_masked, unpack_masked
 from unipg.policy.lm import Generation, left_pad
-
-GROUP_ADVANTAGES = frozenset({"grpo", "dr_grpo", "rloo"})
 
 
 @dataclass

@@ -95,4 +95,5 @@ def all_fail_remedy(history: History) -> str:
             f"sample.samples_per_prompt{now(group)}{bigger}; (3) a higher sample.temperature{now(temperature)} "
             "for more varied attempts; (4) denser rewards: process rewards for a valid call and a successful tool "
             "result (agent.process_weight) or partial credit in task.rewards; (5) an easier curriculum "
-            "(task.options, e.g. fewer digits), raised as the policy improves.")
+            "(task.options, e.g. fewer digits), raised as the policy improves. Where a few groups are mixed, "
+            "sample.dynamic_sampling=true trains on those and samples other prompts in place of the rest.")

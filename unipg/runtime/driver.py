@@ -211,9 +211,12 @@ class Runtime:
     def __init__(self, rollout: Rollout, *, groups_per_step: int, group_size: int, max_staleness: int,
                  capacity: int, schedule: str = "sequential", sampling: str = "fifo", eviction: str = "oldest",
                  freshness_decay: float = 0.5, seed: int = 0,
-                 on_settled: Callable[[list[Group]], None] | None = None):
+                 on_settled: Callable[[list[Group]], None] | None = None,
+                 keep: Callable[[Group], bool] | None = None, filter_budget: int = 0):
         """``on_settled`` is told of the groups that will not be trained on later: those each step takes, and
-        those the buffer drops (the prompt sampler's bookkeeping for exact resumes)."""
+        those the buffer drops (the prompt sampler's bookkeeping for exact resumes). ``keep`` and
+        ``filter_budget``: the buffer's test on written groups and its bound per step (dynamic sampling;
+        ``ReplayBuffer``)."""
         if schedule not in ("sequential", "concurrent"):
             raise ValueError(f"runtime schedule '{schedule}' is not known; use sequential or concurrent")
         per_step = groups_per_step * group_size
@@ -225,7 +228,8 @@ class Runtime:
         self.groups_per_step, self.group_size, self.max_staleness = groups_per_step, group_size, max_staleness
         self.on_settled = on_settled or (lambda groups: None)
         self.buffer = ReplayBuffer(capacity, max_staleness=max_staleness, sampling=sampling, eviction=eviction,
-                                   freshness_decay=freshness_decay, seed=seed, on_discard=self.on_settled)
+                                   freshness_decay=freshness_decay, seed=seed, on_discard=self.on_settled,
+                                   keep=keep, filter_budget=filter_budget)
         self.gate = StalenessGate(max_staleness, per_step, on_admit=self.buffer.expect)
         self.buffer.on_drop = self.gate.release
         self._stop = threading.Event()
@@ -261,8 +265,11 @@ class Runtime:
         if wanted < self.groups_per_step:
             self.gate.credit((self.groups_per_step - wanted) * self.group_size)
         if not self.concurrent:
-            fill = self.gate.room() // self.group_size
-            if fill:
+            # Fill the room; groups the buffer's test rejects give theirs back and are replaced, until none is
+            # rejected (the test's budget bounds the rounds). Room given back by eviction is not refilled.
+            rejected = -1
+            while rejected != self.buffer.stats.filtered and (fill := self.gate.room() // self.group_size):
+                rejected = self.buffer.stats.filtered
                 started = self.gate.take_room(fill * self.group_size)
                 try:
                     groups = self.rollout.produce(fill, started)
@@ -270,7 +277,7 @@ class Runtime:
                     raise ProducerFailed(rollout_failure(error)) from error
                 for group in groups:
                     self.buffer.put(group)
-                produced = time.perf_counter() - wait_start
+            produced = time.perf_counter() - wait_start
         occupancy = len(self.buffer)
         groups = self.buffer.take(wanted, version)
         self.on_settled(groups)
@@ -287,6 +294,7 @@ class Runtime:
                    "timing/rollout_idle_fraction": min(max(rollout_idle / period, 0.0), 1.0),
                    "async/buffer_occupancy": occupancy / self.buffer.capacity, "async/buffer_trajectories": occupancy,
                    "async/evicted": stats.evicted, "async/dropped_stale": stats.dropped_stale,
+                   "async/filtered": stats.filtered,
                    "async/staleness_trajectory_mean": sum(ages) / len(ages),
                    "async/staleness_trajectory_max": max(ages)}
         return groups, metrics

@@ -29,6 +29,7 @@ Stopping on a signal, rolling back and ending after a rollout failure live in ``
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,7 +47,7 @@ from unipg.observe.metrics import MetricsLogger, Progress, Timer, process_metric
 from unipg.policy.lm import LMPolicy
 from unipg.policy.loading import policy_from_config
 from unipg.runtime.backends import BACKENDS, make_learner
-from unipg.runtime.backends.local_lm import rollout_batch
+from unipg.runtime.backends.local_lm import mixed_returns, rollout_batch
 from unipg.runtime.driver import Runtime, resolve_schedule
 from unipg.runtime.offline import OfflineData, load_offline, offline_metrics
 from unipg.runtime.prompts import PromptSampler
@@ -107,7 +108,9 @@ def build_runtime(config: Config, runner: EpisodeRunner, sampler: PromptSampler,
         return Runtime(rollout, groups_per_step=config.prompts_per_step, group_size=config.sample.samples_per_prompt,
                        max_staleness=settings.max_staleness, capacity=config.sample.replay_buffer_size,
                        schedule=schedule, sampling=settings.sampling, eviction=settings.eviction,
-                       freshness_decay=settings.freshness_decay, seed=config.seed, on_settled=sampler.settle)
+                       freshness_decay=settings.freshness_decay, seed=config.seed, on_settled=sampler.settle,
+                       keep=mixed_returns if config.sample.dynamic_sampling else None,
+                       filter_budget=math.ceil(config.sample.dynamic_sampling_budget * config.prompts_per_step))
     except ValueError:
         rollout.close()
         raise

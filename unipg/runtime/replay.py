@@ -27,6 +27,12 @@ groups, ``probabilistic`` drops groups at random with probability ∝ age + 1 (a
 ``(max_staleness + 1)`` steps' worth of trajectories evicts). Groups found past the bound (left over after a
 rollback) are dropped when the learner takes a batch. Every dropped group is counted and releases its
 admission slots, so rollout replaces it. Sampling preferences apply to what the bound leaves free.
+
+A ``keep`` test filters groups as they are written (dynamic sampling: a GRPO group whose episodes all scored
+alike has zero advantage and teaches nothing). A group it rejects is not stored; like an evicted one it is
+counted and releases its admission slots, so rollout samples another prompt in its place. ``filter_budget``
+bounds the groups rejected between two learner steps (each costs a group of extra rollouts); past it, groups
+are kept whatever the test says, so a step never waits on a test nothing passes.
 """
 
 from __future__ import annotations
@@ -150,6 +156,7 @@ class BufferStats:
 
     evicted: int = 0  # trajectories dropped to stay within capacity
     dropped_stale: int = 0  # trajectories dropped for exceeding the staleness bound
+    filtered: int = 0  # trajectories of groups the ``keep`` test rejected
     taken: int = 0  # trajectories handed to the learner
     wait_seconds: float = 0.0  # time the learner waited for enough groups
 
@@ -160,7 +167,8 @@ class ReplayBuffer:
     def __init__(self, capacity: int, *, max_staleness: int | None = None, sampling: str = "fifo",
                  eviction: str = "oldest", freshness_decay: float = 0.5, seed: int = 0,
                  on_drop: Callable[[int], None] | None = None,
-                 on_discard: Callable[[list[Group]], None] | None = None):
+                 on_discard: Callable[[list[Group]], None] | None = None,
+                 keep: Callable[[Group], bool] | None = None, filter_budget: int = 0):
         if capacity < 1:
             raise ValueError(f"replay buffer capacity ({capacity}) must be ≥ 1 trajectory")
         if sampling not in SAMPLING:
@@ -173,6 +181,10 @@ class ReplayBuffer:
         self.sampling, self.eviction, self.freshness_decay = sampling, eviction, freshness_decay
         self.on_drop = on_drop or (lambda size: None)  # told the trajectories of the groups dropped
         self.on_discard = on_discard or (lambda groups: None)  # told the groups dropped themselves
+        if filter_budget < 0:
+            raise ValueError(f"filter_budget ({filter_budget}) must be ≥ 0 groups per learner step")
+        self.keep, self.filter_budget = keep, filter_budget
+        self._filter_left = filter_budget  # groups the test may still reject before the next ``take``
         self.random = random.Random(seed)
         self.groups: list[Group] = []  # in write order
         self.pending: dict[int, int] = {}  # groups admitted but not yet written, by start version
@@ -211,17 +223,21 @@ class ReplayBuffer:
         victims = []
         with self._condition:
             self._unexpect(group.version)
-            self.groups.append(group)
-            held = sum(g.size for g in self.groups)
-            while held > self.capacity:
-                victims.append(self._victim())
-                self.groups.remove(victims[-1])
-                held -= victims[-1].size
-            dropped = sum(g.size for g in victims)
-            self.stats.evicted += dropped
-            self._condition.notify_all()
-        if dropped:  # outside the lock: the gate's lock is taken in the other order on admission
-            self.on_drop(dropped)
+            if self.keep is not None and self._filter_left > 0 and not self.keep(group):
+                self._filter_left -= 1
+                self.stats.filtered += group.size
+                victims.append(group)
+            else:
+                self.groups.append(group)
+                held = sum(g.size for g in self.groups)
+                while held > self.capacity:
+                    victims.append(self._victim())
+                    self.groups.remove(victims[-1])
+                    held -= victims[-1].size
+                self.stats.evicted += sum(g.size for g in victims)
+            self._condition.notify_all()  # a step waiting on a rejected running group waits no more on it
+        if victims:  # outside the lock: the gate's lock is taken in the other order on admission
+            self.on_drop(sum(g.size for g in victims))
             self.on_discard(victims)
 
     def _victim(self) -> Group:
@@ -263,6 +279,7 @@ class ReplayBuffer:
                 taken = {id(g) for g in chosen}
                 self.groups = [g for g in self.groups if id(g) not in taken]
                 self.stats.taken += sum(g.size for g in chosen)
+                self._filter_left = self.filter_budget
                 self.stats.wait_seconds += time.perf_counter() - start
         if stale:  # outside the lock, as in ``put``
             self.on_drop(sum(g.size for g in stale))
@@ -314,7 +331,7 @@ class ReplayBuffer:
         """Drop every group (after a rollback: their data belongs to updates given up); returns trajectories."""
         with self._condition:
             dropped = sum(g.size for g in self.groups)
-            self.groups, self.pending = [], {}
+            self.groups, self.pending, self._filter_left = [], {}, self.filter_budget
             return dropped
 
     def pop_stats(self) -> BufferStats:

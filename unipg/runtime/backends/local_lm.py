@@ -290,6 +290,12 @@ def group_signal_metrics(scores: torch.Tensor, correct: list[bool], group_size: 
             "rollout/solved_group_fraction": float(grouped.all(dim=1).float().mean())}
 
 
+def mixed_returns(group: Group) -> bool:
+    """Whether the episodes of ``group`` differ in return, so that a group-relative advantage is not zero for
+    all of them (the test of dynamic sampling; ``rollout/uniform_group_fraction`` counts the groups failing it)."""
+    return len({t.reward for t in group.items}) > 1
+
+
 def group_index(groups: list[Group]) -> list[int]:
     """The group of each episode of ``groups`` (all their items, in order) for the group estimators: the
     episodes of one ``Group`` that play one role (all of them, in a one-role task)."""
