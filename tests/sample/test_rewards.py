@@ -27,6 +27,14 @@ def test_exact_match_compares_the_final_answer_string():
     assert score("exact_match", completions, ["  85 ", "1234", "85", "86", "1"]) == [1.0, 1.0, 0.0, 0.0, 0.0]
 
 
+def test_digits_gives_the_share_of_digit_places_that_agree_from_the_units_place():
+    completions = ["143", "153", "#### 43", "1043", "-143", "no number", "14.3", "0"]
+    assert score("digits", completions, ["143"] * 7 + ["0"]) == [1.0, 2 / 3, 2 / 3, 0.5, 0.0, 0.0, 0.0, 1.0]
+    assert score("digits", ["12"], [None]) == [None]
+    combined = build_rewards([{"name": "math"}, {"name": "digits", "weight": 0.5}])
+    assert combined([""] * 2, ["143", "153"], answer=["143", "143"]).total == [1.5, pytest.approx(1 / 3)]
+
+
 @pytest.mark.parametrize(
     "completion, answer, expected",
     [

@@ -188,10 +188,11 @@ _define(
 )
 _define(
     "dapo",
-    "DAPO-style GRPO: token-level loss, asymmetric clip-higher (ε_low 0.2, ε_high 0.28), no KL (Yu et al. 2025)",
+    "DAPO-style GRPO: token-level loss, asymmetric clip-higher (ε_low 0.2, ε_high 0.28), no KL, dynamic sampling "
+    "(groups that scored alike replaced by other prompts) (Yu et al. 2025)",
     None, frozenset(),
     _lm_preset({"advantage": "grpo", "policy_loss": "ppo", "clip_range": 0.2, "clip_range_high": 0.28,
-           "kl_coef": 0.0, "loss_agg_mode": "token-mean"}),
+           "kl_coef": 0.0, "loss_agg_mode": "token-mean"}, sample={"dynamic_sampling": True}),
     _CRITIC_FREE,
 )
 _define(

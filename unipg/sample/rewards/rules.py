@@ -175,9 +175,9 @@ def _sympy_equal(predicted: str, reference: str, *, tolerance: float) -> bool:
 
 
 def _score_final_answers(name: str, completions: list, columns: dict,
-                         matches: Callable[[str, str], bool]) -> list[float | None]:
+                         matches: Callable[[str, str], bool | float]) -> list[float | None]:
     """1.0 where the completion's final answer matches the reference, 0.0 where not (or none is given),
-    None where the reference answer is None."""
+    None where the reference answer is None; a ``matches`` that returns a number gives partial credit."""
     scores: list[float | None] = []
     for completion, reference in zip(completions, _reference_answers(name, completions, columns)):
         if reference is None:
@@ -213,6 +213,38 @@ def math_reward(tolerance: float = 1e-6) -> RewardFunction:
             lambda predicted, reference: answers_equivalent(predicted, reference, tolerance=tolerance))
 
     return math_equivalence_reward
+
+
+_INTEGER = re.compile(r"-?\d+")
+
+
+def digit_agreement(predicted: str, reference: str) -> float:
+    """The share of digit places, aligned at the units place, in which two integers agree (over the longer of
+    the two; opposite signs or a non-integer: 0).
+
+    >>> digit_agreement("153", "143"), digit_agreement("43", "143"), digit_agreement("-7", "7")
+    (0.6666666666666666, 0.6666666666666666, 0.0)
+    """
+    predicted, reference = normalize_answer(predicted), normalize_answer(reference)
+    if not (_INTEGER.fullmatch(predicted) and _INTEGER.fullmatch(reference)):
+        return 0.0
+    if predicted.startswith("-") != reference.startswith("-"):
+        return 0.0
+    predicted, reference = predicted.lstrip("-")[::-1], reference.lstrip("-")[::-1]
+    return sum(a == b for a, b in zip(predicted, reference)) / max(len(predicted), len(reference))
+
+
+@REWARDS.register("digits")
+def digits_reward() -> RewardFunction:
+    """Partial credit for an integer answer: the share of its digit places that agree with the reference's,
+    aligned at the units place (``digit_agreement``); 1.0 for the exact answer. A denser signal than exact match
+    for arithmetic, where an answer with one wrong carry still has most places right; combine it with ``math``
+    at a lower weight so that the exact answer stays the goal."""
+
+    def digit_credit_reward(prompts: list, completions: list, **columns) -> list[float | None]:
+        return _score_final_answers("digits", completions, columns, digit_agreement)
+
+    return digit_credit_reward
 
 
 @REWARDS.register("format")
