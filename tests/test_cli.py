@@ -14,6 +14,13 @@ def test_train_prints_a_result_table(tmp_path):
     assert len(list(tmp_path.glob("ppo-CartPole-v1-seeds-0-1-*.json"))) == 1  # and their aggregate
 
 
+def test_a_named_run_over_several_seeds_gets_a_folder_per_seed_named_after_it(tmp_path):
+    result = runner.invoke(app, ["train", "env.total_steps=256", f"log.output_dir={tmp_path}", "log.tensorboard=false",
+                                 "eval.episodes=1", "log.run_name=cartpole", "--seeds", "0,1"])
+    assert result.exit_code == 0, result.output
+    assert sorted(path.name for path in tmp_path.iterdir() if path.is_dir()) == ["cartpole-seed0", "cartpole-seed1"]
+
+
 def test_bad_override_exits_2_with_a_message_and_no_traceback(tmp_path):
     result = runner.invoke(app, ["train", "estimator.clip_rnge=0.1", f"log.output_dir={tmp_path}"])
     assert result.exit_code == 2

@@ -111,6 +111,10 @@ def train(
         raise typer.Exit(2)
     configs = [resolve(config_path, list(overrides or []) + ([f"seed={seed}"] if seed is not None else []))
                for seed in seed_list or [None]]
+    if len(configs) > 1 and configs[0].log.run_name:  # a named run: one folder per seed, named after it
+        name = configs[0].log.run_name
+        configs = [resolve(config_path, list(overrides or []) + [f"seed={seed}", f"log.run_name={name}-seed{seed}"])
+                   for seed in seed_list]
     if jobs > 1 and len(configs) > 1:
         results = list(zip(configs, run_in_parallel(configs, threshold, jobs)))
     else:

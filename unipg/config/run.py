@@ -107,7 +107,8 @@ class LogConfig(Section):
     output_dir: str = "runs"
     """directory under which each run gets its own folder."""
     run_name: str | None = None
-    """folder name of the run, created under output_dir; default: <algorithm>-<env>-seed<seed>-<time>."""
+    """folder name of the run, created under output_dir; default: <algorithm>-<env>-seed<seed>-<time>. With
+    ``--seeds`` each seed's folder is <run_name>-seed<seed>."""
     tensorboard: bool = True
     """also write TensorBoard event files (metrics.jsonl is always written)."""
     progress: bool = True
