@@ -36,10 +36,14 @@ def test_an_external_agent_runs_in_the_concurrent_schedule(embedded_path, tmp_pa
 def test_every_trajectory_of_an_agent_that_rewrites_its_history_is_trained(embedded_path, tmp_path):
     agent = "task.agent=tests.sample.endpoint.agents_for_tests:rewrites_history"
     config = load_config(None, [*RUN, agent, f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
-                                "log.run_name=rewrites", "eval.every_updates=100"])
+                                "log.run_name=rewrites", "eval.every_updates=100", "log.episodes=true"])
     train_lm(config, log=lambda line: None)
     records = [json.loads(line) for line in (tmp_path / "rewrites" / "metrics.jsonl").read_text().splitlines()]
     rollouts = [record for record in records if "rollout/agent_failures" in record]
     assert [record["rollout/agent_extra_trajectories"] for record in rollouts] == [8, 8]  # one per episode
     assert [record["train/samples"] for record in rollouts] == [16, 32]  # both trajectories of every episode
     assert all(record["rollout/turns"] == 2 for record in rollouts)  # episode metrics: the main trajectory's
+    episodes = [json.loads(line) for line in (tmp_path / "rewrites" / "episodes.jsonl").read_text().splitlines()]
+    assert len(episodes) == 16 and all(len(episode["side"]) == 1 for episode in episodes)  # written beside its main
+    side = episodes[0]["side"][0]
+    assert side["token_ids"] and side["messages"][0]["role"] == "user" and "side" not in side

@@ -12,6 +12,10 @@ One JSON object per line, one line per episode and role::
      "prompt_ids": [...], "token_ids": [...], "loss_mask": [...],     # optional: the exact tokens
      "behaviour_logprobs": [...], "turn_of_token": [...], "policy_versions": [0, 0]}   # optional
 
+An episode of an external agent that rewrote its history has further trajectories beside the main one
+(``Trajectory.side``); its record lists them under ``"side"``, each a record of the same form. Offline data reads
+the main trajectory of a record and not its side ones.
+
 Only ``messages`` (a first observation, then at least one assistant turn) and ``reward`` or ``step_rewards``
 are required. A record with token ids is used token for token; one without is laid out as rollouts lay out
 turns (``TurnTemplate.demonstration``), its first observation rendered with the run's system prompt and tools.
@@ -40,12 +44,15 @@ def episode_record(trajectory: Trajectory, *, update: int) -> dict:
     for turn, text in enumerate(trajectory.turn_texts):
         messages.append({"role": "assistant", "content": text})
         messages += trajectory.messages[turn + 1:turn + 2]
-    return {"prompt": trajectory.example.prompt, "answer": trajectory.example.answer, "role": trajectory.role,
-            "messages": messages, "reward": trajectory.reward, "step_rewards": list(trajectory.step_rewards),
-            "correct": trajectory.correct, "finish": trajectory.finish, "update": update,
-            "prompt_ids": list(trajectory.prompt_ids), "token_ids": list(trajectory.token_ids),
-            "loss_mask": list(trajectory.loss_mask), "behaviour_logprobs": list(trajectory.behaviour_logprobs),
-            "turn_of_token": list(trajectory.turn_of_token), "policy_versions": list(trajectory.policy_versions)}
+    record = {"prompt": trajectory.example.prompt, "answer": trajectory.example.answer, "role": trajectory.role,
+              "messages": messages, "reward": trajectory.reward, "step_rewards": list(trajectory.step_rewards),
+              "correct": trajectory.correct, "finish": trajectory.finish, "update": update,
+              "prompt_ids": list(trajectory.prompt_ids), "token_ids": list(trajectory.token_ids),
+              "loss_mask": list(trajectory.loss_mask), "behaviour_logprobs": list(trajectory.behaviour_logprobs),
+              "turn_of_token": list(trajectory.turn_of_token), "policy_versions": list(trajectory.policy_versions)}
+    if trajectory.side:  # the trajectories an external agent's rewritten history left beside this one
+        record["side"] = [episode_record(side, update=update) for side in trajectory.side]
+    return record
 
 
 def read_episode_records(path: str | Path) -> list[dict]:
