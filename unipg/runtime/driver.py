@@ -265,10 +265,9 @@ class Runtime:
         if wanted < self.groups_per_step:
             self.gate.credit((self.groups_per_step - wanted) * self.group_size)
         if not self.concurrent:
-            # Fill the room; groups the buffer's test rejects give theirs back and are replaced, until none is
-            # rejected (the test's budget bounds the rounds). Room given back by eviction is not refilled.
-            rejected = -1
-            while rejected != self.buffer.stats.filtered and (fill := self.gate.room() // self.group_size):
+            # Fill the room; groups the buffer's test rejects give theirs back and are replaced, until a round
+            # rejects none (the test's budget bounds the rounds). Room given back by eviction is not refilled.
+            while fill := self.gate.room() // self.group_size:
                 rejected = self.buffer.stats.filtered
                 started = self.gate.take_room(fill * self.group_size)
                 try:
@@ -277,6 +276,8 @@ class Runtime:
                     raise ProducerFailed(rollout_failure(error)) from error
                 for group in groups:
                     self.buffer.put(group)
+                if self.buffer.stats.filtered == rejected:
+                    break
             produced = time.perf_counter() - wait_start
         occupancy = len(self.buffer)
         groups = self.buffer.take(wanted, version)
