@@ -140,6 +140,16 @@ def test_reward_at_its_ceiling_is_not_flat():
     assert fired(findings) == {"reward_flat"} and "ceiling 475" in findings[0].evidence
 
 
+def test_the_ceiling_of_combined_rewards_is_the_sum_of_their_weights():
+    # math beside digits at weight 0.5 tops out at 1.5: a reward stuck near 0.97 still has room to rise
+    stuck = with_series(healthy(), "rollout/reward_mean", lambda i, old: min(0.97, i / 40) + 0.005 * math.sin(i))
+    combined = {"task": {"rewards": [{"name": "math", "weight": 1.0}, {"name": "digits", "weight": 0.5}]}}
+    findings = diagnose(stuck, config=combined)
+    assert fired(findings) == {"reward_flat"} and "ceiling 1.5" in findings[0].evidence
+    assert diagnose(stuck, config={"task": {"rewards": [{"name": "math"}, {"name": "length", "max_length": 9}]}}) == []
+    assert diagnose(stuck) == []  # unconfigured rewards in [0, 1]: 0.97 is within 5% of the ceiling of 1
+
+
 def test_a_continuous_policys_negative_entropy_is_not_a_collapse():
     records = [{"step": i, "train/entropy": 1.4 - 0.02 * i} for i in range(100)]  # Gaussian, ends at -0.58
     assert diagnose(records) == []

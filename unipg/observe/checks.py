@@ -99,11 +99,37 @@ def gym_reward_threshold(env_id: str) -> float | None:
         return None
 
 
+# Rewards that score a completion in [0, 1] (a correct answer scores 1), and the one that only ever subtracts:
+# a weighted sum of them tops out at the sum of the positive weights.
+UNIT_INTERVAL_REWARDS = frozenset({"exact_match", "math", "digits", "format", "reasoning_gym"})
+NON_POSITIVE_REWARDS = frozenset({"length"})
+
+
+def configured_reward_ceiling(history: History) -> float | None:
+    """The most the configured ``task.rewards`` can add up to, when each of them is bounded; else None."""
+    rewards = history.setting("task.rewards")
+    if not isinstance(rewards, list) or not rewards:
+        return None
+    total = 0.0
+    for reward in rewards:
+        name = reward.get("name") if isinstance(reward, dict) else None
+        weight = reward.get("weight", 1.0) if isinstance(reward, dict) else None
+        if name in NON_POSITIVE_REWARDS:
+            continue
+        if name not in UNIT_INTERVAL_REWARDS or not isinstance(weight, (int, float)):
+            return None
+        total += max(float(weight), 0.0)
+    return total
+
+
 def reward_ceiling(name: str, values: list[float], history: History) -> float | None:
     """The best reward the task allows, where it is known."""
     if name == "rollout/episode_return":
         env_id = history.setting("env.id")
         return gym_reward_threshold(env_id) if isinstance(env_id, str) else None
+    configured = configured_reward_ceiling(history)
+    if configured is not None and max(values) <= configured:
+        return configured  # e.g. 1.5 for math beside digits at weight 0.5
     if min(values) >= 0.0 and max(values) <= 1.0:  # rule-based rewards (correct = 1) score in [0, 1]
         return 1.0
     return None
