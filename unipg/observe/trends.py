@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 from unipg.observe.findings import History
 
+# Fewer points than this cannot separate a trend from noise, so the trend checks stay silent.
+MIN_TREND_POINTS = 10
 # Points averaged for the "start" and "latest" level of a metric, so one noisy point decides nothing.
 LEVEL_POINTS = 3
 # A running median needs a few preceding points before a jump can be called a spike.
