@@ -4,6 +4,7 @@ import json
 
 from unipg.config import load_config
 from unipg.runtime.lm import train_lm
+from unipg.sample.transcripts import format_transcript
 
 RUN = ["task.name=calculator", "task.options={digits: 2, num_train: 40, num_test: 4}",
        "task.agent=tests.sample.endpoint.agents_for_tests:two_turns", "sample.max_new_tokens=8",
@@ -47,3 +48,7 @@ def test_every_trajectory_of_an_agent_that_rewrites_its_history_is_trained(embed
     assert len(episodes) == 16 and all(len(episode["side"]) == 1 for episode in episodes)  # written beside its main
     side = episodes[0]["side"][0]
     assert side["token_ids"] and side["messages"][0]["role"] == "user" and "side" not in side
+    shown = [json.loads(line) for path in sorted((tmp_path / "rewrites" / "transcripts").glob("*.jsonl"))
+             for line in path.read_text().splitlines()]
+    assert shown and all(len(record["side"]) == 1 and record["side"][0]["turns"] for record in shown)
+    assert "side 1:" in format_transcript(shown[0]) and "\n  prompt:" in format_transcript(shown[0])

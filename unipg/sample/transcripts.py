@@ -8,6 +8,9 @@ A transcript is a JSON-ready dict::
                {"text": "299114"}],
      "answer": "299114"}
 
+An external agent that rewrote its history mid-episode left further trajectories beside the main one; they are
+listed under ``"side"``, each a transcript of the same form.
+
 ``call`` is present on a turn that called a tool (``arguments`` only when the call was well formed), with the
 call's ``status`` (ok, error, malformed, failed) and the ``result`` the agent was shown; ``answer`` is the text
 of the final turn when the episode ended with an answer, None otherwise (cut short by its turn or token budget).
@@ -32,9 +35,12 @@ def transcript(trajectory: Trajectory) -> dict:
             turn.update({"call": call, "status": info["tool_status"], "result": info.get("observation")})
         turns.append(turn)
     final = trajectory.infos[-1] if trajectory.infos else {}
-    return {"prompt": trajectory.example.prompt, "reference": trajectory.example.answer, "turns": turns,
-            "answer": trajectory.turn_texts[-1] if final.get("final") else None,
-            "reward": trajectory.reward, "correct": trajectory.correct, "finish": trajectory.finish}
+    record = {"prompt": trajectory.example.prompt, "reference": trajectory.example.answer, "turns": turns,
+              "answer": trajectory.turn_texts[-1] if final.get("final") else None,
+              "reward": trajectory.reward, "correct": trajectory.correct, "finish": trajectory.finish}
+    if trajectory.side:  # an external agent's rewritten history, trained beside the main trajectory
+        record["side"] = [transcript(side) for side in trajectory.side]
+    return record
 
 
 def format_transcript(record: dict) -> str:
@@ -66,6 +72,9 @@ def format_transcript(record: dict) -> str:
         lines.append(f"answer:    none (episode ended: {record.get('finish')})")
     verdict = "correct" if record.get("correct") else "wrong"
     lines.append(f"reward:    {record['reward']:.4g}  ({verdict}; reference {record['reference']})")
+    for index, side in enumerate(record.get("side", ()), 1):
+        lines.append(f"side {index}:    a history the agent rewrote, trained beside this one")
+        lines += ["  " + line for line in format_transcript(side).splitlines()]
     return "\n".join(lines)
 
 
