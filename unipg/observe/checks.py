@@ -1,7 +1,8 @@
 """The built-in checks of the run doctor, one per row of the troubleshooting table, with their thresholds.
 
 Each takes the run's ``History`` and returns ``Finding``s; the thresholds say why they sit where they do. The
-numeric helpers they share (fitted rise, swings, levels, spikes) are in ``unipg.observe.trends``.
+numeric helpers they share (fitted rise, swings, levels, spikes) are in ``unipg.observe.trends``, and the reward
+window the reward checks read (its scale and the task's best reward) in ``unipg.observe.reward_window``.
 """
 
 from __future__ import annotations
