@@ -3,6 +3,7 @@
 import json
 
 from unipg.config import load_config
+from unipg.observe.metrics import read_metrics
 from unipg.runtime.lm import train_lm
 from unipg.sample.transcripts import format_transcript
 
@@ -52,3 +53,11 @@ def test_every_trajectory_of_an_agent_that_rewrites_its_history_is_trained(embed
              for line in path.read_text().splitlines()]
     assert shown and all(len(record["side"]) == 1 and record["side"][0]["turns"] for record in shown)
     assert "side 1:" in format_transcript(shown[0]) and "\n  prompt:" in format_transcript(shown[0])
+
+    # trained again as offline data by the built-in loop: each recorded episode is two rows, as when it was sampled
+    replay = load_config(None, [*RUN, f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
+                                "log.run_name=replay", "eval.every_updates=100", "train.updates=1",
+                                f"data.offline={{path: {tmp_path / 'rewrites' / 'episodes.jsonl'}, mix: 0.5}}"])
+    train_lm(replay, log=lambda line: None)
+    step = next(r for r in read_metrics(tmp_path / "replay") if "offline/share" in r)
+    assert step["offline/share"] == 8 / 12 and step["train/samples"] == 12  # 4 episodes of 2 rows, 4 fresh ones

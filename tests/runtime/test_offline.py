@@ -5,6 +5,7 @@ import torch
 
 from unipg.config import ConfigError, load_config
 from unipg.config.run import MixSchedule, OfflineConfig
+from unipg.learn.lm_batch import LMBatch
 from unipg.observe.metrics import read_metrics
 from unipg.policy.loading import load_lm_policy
 from unipg.runtime.lm import train_lm
@@ -63,6 +64,30 @@ def test_records_without_tokens_are_tokenised_as_rollouts_are_and_get_the_load_t
     behaviour_at_load(policy, [trajectory], temperature=1.0, micro_batch=4)
     assert len(trajectory.behaviour_logprobs) == len(trajectory.token_ids)
     assert all(value < 0 for value in trajectory.behaviour_logprobs)
+
+
+def test_a_records_side_trajectories_load_as_rows_beside_it_and_bad_ones_are_named(embedded_path, tmp_path):
+    config = load_config(None, SMALL + [f"model.name={embedded_path}"])
+    policy = load_lm_policy(embedded_path)
+    task = make_task("arithmetic", digits=1, num_train=40, num_test=4)
+    runner = EpisodeRunner(policy, task, config, build_rewards(task.rewards))
+    side = {"prompt": "3+4=", "messages": [{"role": "user", "content": "3+4="},
+                                          {"role": "assistant", "content": "8"}], "reward": 0.0}
+    record = {**side, "messages": [side["messages"][0], {"role": "assistant", "content": "7"}], "reward": 1.0,
+              "side": [side]}
+    trajectory = trajectory_from_record(record, encode=runner.encoder_for(None), template=runner.template,
+                                        vocab_size=len(policy.tokenizer))
+    assert len(trajectory.side) == 1 and trajectory.side[0].turn_texts == ["8"] and trajectory.side[0].offline
+    rows = [trajectory, *trajectory.side]
+    behaviour_at_load(policy, rows, temperature=1.0, micro_batch=4)
+    assert all(len(t.behaviour_logprobs) == len(t.token_ids) for t in rows)
+    assert len(LMBatch.from_trajectories([trajectory], policy.pad_id).scores) == 2
+    bad = tmp_path / "bad.jsonl"
+    for side_value, problem in (("x", "'side' must be a list"), ([{"messages": []}], "side trajectory 1: 'messages'"),
+                                ([{**side, "side": []}], "side trajectory 1: a side trajectory has no 'side'")):
+        bad.write_text(json.dumps({**record, "side": side_value}) + "\n")
+        with pytest.raises(ConfigError, match=problem):
+            read_episode_records(bad)
 
 
 def test_offline_groups_are_one_prompt_each_and_the_share_leaves_one_fresh_group(embedded_path):

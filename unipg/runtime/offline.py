@@ -5,7 +5,8 @@ number, or a linear schedule {start, end, updates}); at least one group stays fr
 many fewer groups (``Runtime.next_groups``), so the batch keeps its size. An offline group is
 ``samples_per_prompt`` records of one prompt for each role recorded for it (drawn without replacement while
 the prompt has enough records, with replacement when it has fewer), laid out as an online group is, so group
-advantages compare a role's samples on one prompt, as they do online.
+advantages compare a role's samples on one prompt, as they do online. A record of an external agent that
+rewrote its history brings its side trajectories along, each a row beside its main one, as online.
 
 Offline samples enter the unified objective J = E_μ[ρ·A·w(ρ, age)] unchanged; what differs is their μ and age:
 
@@ -26,6 +27,7 @@ w of offline tokens as the update begins; 1 with no weight configured), ``offlin
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import statistics
 from collections.abc import Callable
@@ -92,7 +94,7 @@ class OfflineData:
             prompt = self._prompts.pop()
             items = [t for role, records in self.by_prompt[prompt].items() for t in self._draw(prompt, role, records)]
             if self.settings.age is not None:
-                for trajectory in items:
+                for trajectory in (t for episode in items for t in (episode, *episode.side)):
                     trajectory.policy_versions = [version - self.settings.age] * len(trajectory.policy_versions)
             groups.append(Group(items, -1, self.group_size))
         return groups
@@ -127,7 +129,8 @@ def load_offline(config: Config, runner: EpisodeRunner, policy: LMPolicy,
             f"have (its roles: {shown}) and are left out")
     trajectories = [trajectory_from_record(record, encode=runner.encoder_for(record.get("role")),
                                            template=runner.template, vocab_size=vocab_size) for record in kept]
-    missing = [t for t in trajectories if len(t.behaviour_logprobs) != len(t.token_ids)]
+    missing = [t for episode in trajectories for t in (episode, *episode.side)
+               if len(t.behaviour_logprobs) != len(t.token_ids)]
     if missing:
         behaviour_at_load(policy, missing, temperature=config.sample.temperature,
                           micro_batch=config.train.micro_batch_size)
@@ -141,12 +144,13 @@ def load_offline(config: Config, runner: EpisodeRunner, policy: LMPolicy,
 @torch.no_grad()
 def behaviour_at_load(policy: LMPolicy, trajectories: list[Trajectory], *, temperature: float,
                       micro_batch: int) -> None:
-    """Set each trajectory's behaviour log-probs to those of ``policy`` now (0 on inserted tokens)."""
+    """Set each trajectory's behaviour log-probs to those of ``policy`` now (0 on inserted tokens); a main
+    trajectory's side ones only where they are in ``trajectories`` too."""
     for start in range(0, len(trajectories), micro_batch):
         chunk = trajectories[start:start + micro_batch]
         for trajectory in chunk:  # placeholders of the right length, replaced below
             trajectory.behaviour_logprobs = [0.0] * len(trajectory.token_ids)
-        batch = LMBatch.from_trajectories(chunk, policy.pad_id)
+        batch = LMBatch.from_trajectories([dataclasses.replace(t, side=[]) for t in chunk], policy.pad_id)  # a row each
         logprobs = policy.evaluate(batch.input_ids, batch.attention_mask, batch.completion_length,
                                    temperature=temperature).logprobs * batch.completion_mask
         for row, trajectory in enumerate(chunk):

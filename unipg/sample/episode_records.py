@@ -14,7 +14,7 @@ One JSON object per line, one line per episode and role::
 
 An episode of an external agent that rewrote its history has further trajectories beside the main one
 (``Trajectory.side``); its record lists them under ``"side"``, each a record of the same form. Offline data reads
-the main trajectory of a record and not its side ones.
+them back as such, so each is trained as a row beside its main trajectory, as it was when it was sampled.
 
 Only ``messages`` (a first observation, then at least one assistant turn) and ``reward`` or ``step_rewards``
 are required. A record with token ids is used token for token; one without is laid out as rollouts lay out
@@ -104,6 +104,14 @@ def check_record(record) -> str | None:
             return "'behaviour_logprobs' must have one entry per token of 'token_ids' (0 on inserted tokens)"
     elif "behaviour_logprobs" in record:
         return "'behaviour_logprobs' are only usable with the token ids they belong to (prompt_ids, token_ids, ...)"
+    side = record.get("side", [])
+    if not isinstance(side, list):
+        return "'side' must be a list of episode records (the trajectories trained beside the main one)"
+    for number, other in enumerate(side, 1):
+        problem = "a side trajectory has no 'side' of its own" if isinstance(other, dict) and "side" in other \
+            else check_record(other)
+        if problem:
+            return f"side trajectory {number}: {problem}"
     return None
 
 
@@ -152,6 +160,8 @@ def trajectory_from_record(record: dict, *, encode: Callable[[str], list[int]], 
     trajectory.step_rewards = [float(r) for r in rewards]
     trajectory.policy_versions = [-1] * turn_count  # recorded versions belong to another run's count
     trajectory.infos = [{} for _ in range(turn_count - 1)] + [{"correct": bool(record.get("correct", False))}]
+    trajectory.side = [trajectory_from_record(side, encode=encode, template=template, vocab_size=vocab_size)
+                       for side in record.get("side", ())]
     return trajectory
 
 
