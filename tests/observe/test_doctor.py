@@ -159,6 +159,11 @@ def test_flat_reward_mentions_groups_without_learning_signal():
     records = with_series(healthy(), "rollout/reward_mean", CONDITIONS["reward_flat"][1])
     records = with_series(records, "rollout/uniform_group_fraction", lambda i, old: 0.95)
     assert "95% of prompt groups" in diagnose(records)[0].evidence
+    # with dynamic sampling the trained groups are all mixed: the evidence says how many alike ones were dropped
+    records = with_series(records, "rollout/uniform_group_fraction", lambda i, old: 0.0)
+    records = with_series(records, "async/filtered", lambda i, old: 48.0)
+    evidence = diagnose(records)[0].evidence
+    assert "0% of prompt groups" in evidence and "dropped 48 trajectories of alike groups per update" in evidence
 
 
 def test_users_can_register_checks_and_unknown_names_list_the_valid_ones(monkeypatch):

@@ -92,6 +92,10 @@ def reward_flat(history: History) -> list[Finding]:
     if uniform:
         evidence += (f"; {statistics.fmean(uniform):.0%} of prompt groups scored all samples alike "
                      "(no learning signal from them)")
+    filtered = history.finite("async/filtered")[1][-history.window:]
+    if filtered and statistics.fmean(filtered) > 0:  # measured after dynamic sampling replaced the alike groups
+        evidence += (f", after dynamic sampling dropped {statistics.fmean(filtered):.3g} trajectories of alike groups "
+                     "per update (async/filtered)")
     remedy = ("The policy is hardly changing: raise train.learning_rate or relax the KL constraint (smaller "
               "estimator.kl_coef, larger target_kl). train/grad_norm and the KL show which of the two holds it back; "
               "if most groups score alike, the reward gives no signal - make it denser or the task easier.")
