@@ -66,8 +66,8 @@ class LMBatch:
         completion mask. ``groups``: the group of each episode (None: consecutive groups). With the learner's
         ``version``, ``ages`` holds each sampled token's age (each turn records the weights version that
         sampled it)."""
-        trajectories = [t for episode in episodes for t in (episode, *episode.side)]
-        episode_of_row = [index for index, episode in enumerate(episodes) for _ in range(1 + len(episode.side))]
+        trajectories = [t for episode in episodes for t in episode.rows]
+        episode_of_row = [index for index, episode in enumerate(episodes) for _ in episode.rows]
         prompt_ids, prompt_mask = left_pad([t.prompt_ids for t in trajectories], pad_id)
         width = max(max(len(t.token_ids) for t in trajectories), 1)
         turns = max(max(t.turns for t in trajectories), 1)

@@ -145,7 +145,7 @@ def train_step(runtime: Runtime, learner: LMLearner, timer: Timer, update: int, 
         # keys with a namespace of their own (mismatch/...) are logged as they are
         record.update({k if "/" in k else f"train/{k}": v for k, v in learner.prepare(batch).items()})
         if offline is not None:
-            record.update(offline_metrics(batch, sum(1 + len(t.side) for g in extra for t in g.items), learner.policy,
+            record.update(offline_metrics(batch, sum(len(t.rows) for g in extra for t in g.items), learner.policy,
                                           learner.config))
     with timer("update"):
         record.update({f"train/{k}": v for k, v in learner.update(batch).items()})

@@ -94,7 +94,7 @@ class OfflineData:
             prompt = self._prompts.pop()
             items = [t for role, records in self.by_prompt[prompt].items() for t in self._draw(prompt, role, records)]
             if self.settings.age is not None:
-                for trajectory in (t for episode in items for t in (episode, *episode.side)):
+                for trajectory in (t for episode in items for t in episode.rows):
                     trajectory.policy_versions = [version - self.settings.age] * len(trajectory.policy_versions)
             groups.append(Group(items, -1, self.group_size))
         return groups
@@ -129,8 +129,7 @@ def load_offline(config: Config, runner: EpisodeRunner, policy: LMPolicy,
             f"have (its roles: {shown}) and are left out")
     trajectories = [trajectory_from_record(record, encode=runner.encoder_for(record.get("role")),
                                            template=runner.template, vocab_size=vocab_size) for record in kept]
-    missing = [t for episode in trajectories for t in (episode, *episode.side)
-               if len(t.behaviour_logprobs) != len(t.token_ids)]
+    missing = [t for episode in trajectories for t in episode.rows if len(t.behaviour_logprobs) != len(t.token_ids)]
     if missing:
         behaviour_at_load(policy, missing, temperature=config.sample.temperature,
                           micro_batch=config.train.micro_batch_size)

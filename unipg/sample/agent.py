@@ -49,6 +49,11 @@ class Trajectory:
     # that rewrote its history): each a training row of its own beside this one, sharing its group advantage
 
     @property
+    def rows(self) -> list[Trajectory]:
+        """The episode's training rows: this trajectory, then its side ones."""
+        return [self, *self.side]
+
+    @property
     def turns(self) -> int:
         return len(self.turn_texts)
 

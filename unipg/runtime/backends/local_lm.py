@@ -313,7 +313,7 @@ def rollout_batch(groups: list[Group], rollout: Rollout, version: int, seconds: 
     trajectories = [t for g in groups for t in g.items]
     episodes = trajectories + [t for g in offline for t in g.items]
     batch = LMBatch.from_trajectories(episodes, pad_id, version=version, groups=group_index([*groups, *offline]))
-    online = len(trajectories) + sum(len(t.side) for t in trajectories)  # rows: an episode's side ones included
+    online = sum(len(t.rows) for t in trajectories)  # rows: an episode's side ones included
     scores = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)  # (episodes,)
     lengths = batch.completion_mask[:online].sum(1)
     sizes, generate_seconds = rollout.pop_generation()
