@@ -68,7 +68,6 @@ CONDITIONS = {
     "reward_flat": ("rollout/reward_mean", lambda i, old: 0.2 + 0.01 * math.sin(i * 1.7)),
     "reward_oscillating": ("rollout/reward_mean", lambda i, old: 0.5 + 0.3 * (-1) ** i),
     "kl_spike": ("train/approx_kl", lambda i, old: 0.2 if i == 70 else old),
-    "entropy_collapse": ("train/entropy", lambda i, old: 2.0 * math.exp(-i / 10)),
     "clip_fraction_high": ("train/clip_fraction", lambda i, old: 0.45 + 0.01 * math.sin(i)),
     "grad_norm_exploding": ("train/grad_norm", lambda i, old: 500.0 if i == 60 else old),
     "non_finite_values": ("train/grad_norm", lambda i, old: None if i >= 80 else old),
@@ -84,6 +83,22 @@ def test_each_condition_fires_only_its_check_and_quotes_the_metric(check):
     assert fired(findings) == {check}, format_report(findings)
     assert all(metric in finding.evidence and finding.remedy for finding in findings)
     assert all(finding.steps is not None and finding.steps[0] <= finding.steps[1] for finding in findings)
+
+
+def collapsing(records: list[dict]) -> list[dict]:
+    return with_series(records, "train/entropy", lambda i, old: 2.0 * math.exp(-i / 10))
+
+
+def test_entropy_collapse_speaks_once_the_reward_stops_rising():
+    assert diagnose(collapsing(healthy())) == []  # a policy settling on what pays while the reward rises
+    at_best = with_series(healthy(), "rollout/reward_mean", lambda i, old: min(1.0, 0.2 + 0.02 * i))
+    assert diagnose(collapsing(at_best)) == []  # settled at the task's best
+    stalled = collapsing(with_series(healthy(), "rollout/reward_mean", CONDITIONS["reward_flat"][1]))
+    findings = {finding.check: finding for finding in diagnose(stalled)}
+    assert set(findings) == {"entropy_collapse", "reward_flat"}, format_report(list(findings.values()))
+    collapse = findings["entropy_collapse"]
+    assert collapse.metric == "train/entropy" and collapse.steps == (0, 99) and collapse.remedy
+    assert "train/entropy fell" in collapse.evidence and "rollout/reward_mean stopped rising" in collapse.evidence
 
 
 def test_evidence_quotes_steps_and_values():

@@ -47,7 +47,7 @@ KL_NOISE_FLOOR = 5e-3
 # ~8x when the critic meets a new return scale; exploding gradients grow by orders of magnitude. (Clipping
 # hides an explosion from the update, not from this metric: it is the norm before clipping.)
 GRAD_SPIKE_MEDIAN_MULTIPLE = 20.0
-# Entropy collapse: the latest entropy is below 10% of where the run started.
+# Entropy collapse: the latest entropy is below 10% of where the run started, and the reward no longer rises.
 ENTROPY_COLLAPSE_FRACTION = 0.1
 # Diversity: distinct-2 fell below half its starting value ...
 DISTINCT_DROP_FRACTION = 0.5
@@ -204,13 +204,21 @@ COLLAPSE_REMEDY = ("The policy is turning deterministic and will repeat itself (
 
 @CHECKS.register("entropy_collapse")
 def entropy_collapse(history: History) -> list[Finding]:
-    """Policy entropy fell to a small fraction of its starting value."""
+    """Policy entropy fell to a small fraction of its starting value, and the reward stopped rising."""
     # A continuous (Gaussian) policy's differential entropy can be negative and has no floor at 0.
     change = start_and_latest(history, "train/entropy")
     if change is None or change.lowest < 0 or change.latest >= ENTROPY_COLLAPSE_FRACTION * change.start:
         return []
+    # A policy that settles on what pays while its reward still rises (an agent's call template is nearly
+    # deterministic) or sits at the task's best is learning, not collapsing: the check speaks once the reward stalls.
+    view = reward_window(history)
+    if view is not None and (view.saturated or fitted_rise(view.values) >= FLAT_RISE_FRACTION * view.scale):
+        return []
     evidence = (f"{change.describe('fell')} ({change.latest / change.start:.0%} of its start; collapse below "
                 f"{ENTROPY_COLLAPSE_FRACTION:.0%})")
+    if view is not None:
+        evidence += (f", while {view.name} stopped rising (trend {fitted_rise(view.values):+.4g} over its last "
+                     f"{len(view.values)} points)")
     return [Finding("entropy_collapse", "warning", evidence, COLLAPSE_REMEDY, change.name, change.steps)]
 
 
