@@ -85,6 +85,14 @@ def test_each_condition_fires_only_its_check_and_quotes_the_metric(check):
     assert all(finding.steps is not None and finding.steps[0] <= finding.steps[1] for finding in findings)
 
 
+def test_flat_reward_without_a_kl_term_does_not_ask_to_relax_it():
+    flat = with_series(healthy(), "rollout/reward_mean", CONDITIONS["reward_flat"][1])
+    (with_kl,) = diagnose(flat, config={"estimator": {"kl_coef": 0.04}})
+    (without,) = diagnose(flat, config={"estimator": {"kl_coef": 0.0}})
+    assert "relax the KL constraint" in with_kl.remedy and "relax" not in without.remedy
+    assert "no KL term holds it back" in without.remedy and "train.batch_size" in without.remedy
+
+
 def collapsing(records: list[dict]) -> list[dict]:
     return with_series(records, "train/entropy", lambda i, old: 2.0 * math.exp(-i / 10))
 

@@ -96,9 +96,14 @@ def reward_flat(history: History) -> list[Finding]:
     if filtered and statistics.fmean(filtered) > 0:  # measured after dynamic sampling replaced the alike groups
         evidence += (f", after dynamic sampling dropped {statistics.fmean(filtered):.3g} trajectories of alike groups "
                      "per update (async/filtered)")
-    remedy = ("The policy is hardly changing: raise train.learning_rate or relax the KL constraint (smaller "
-              "estimator.kl_coef, larger target_kl). train/grad_norm and the KL show which of the two holds it back; "
-              "if most groups score alike, the reward gives no signal - make it denser or the task easier.")
+    alike = "if most groups score alike, the reward gives no signal - make it denser or the task easier."
+    if history.setting("estimator.kl_coef") == 0 and history.setting("estimator.target_kl") is None:
+        remedy = ("The policy is hardly changing and no KL term holds it back: raise train.learning_rate, or average "
+                  "more samples per step (a larger train.batch_size) when a larger step only adds noise; " + alike)
+    else:
+        remedy = ("The policy is hardly changing: raise train.learning_rate or relax the KL constraint (smaller "
+                  "estimator.kl_coef, larger target_kl). train/grad_norm and the KL show which of the two holds it "
+                  "back; " + alike)
     return [Finding("reward_flat", "warning", evidence, remedy, view.name, (a, b))]
 
 
