@@ -10,6 +10,7 @@ both alike; torch uses ``--threads`` threads for both.
 
     python benchmarks/vs_trl.py --quick                      # smoke run, about a minute after the warm start
     python benchmarks/vs_trl.py --updates 30 --seeds 0,1,2   # the figures to quote
+    python benchmarks/vs_trl.py --updates 30 estimator.kl_coef=0.04   # the config with dotted overrides
 
 On a machine busy with other jobs pass ``--threads 1``: two torch threads on two shared cores spend most of
 their time waiting for each other, which slows both frameworks down about tenfold alike and hides the
@@ -108,6 +109,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seeds", default="0", help="comma-separated seeds, e.g. 0,1,2")
     parser.add_argument("--config", default="configs/arithmetic_grpo.yaml", help="unipg config both runs follow")
     parser.add_argument("--threads", type=int, default=2, help="torch threads for both frameworks")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides of the config for both runs, e.g. "
+                        "train.learning_rate=3e-5 estimator.kl_coef=0.04")
     parser.add_argument("--quick", action="store_true", help="tiny batches and 2 updates: a smoke run")
     parser.add_argument("--smoke", action="store_true", help="--quick, without the warm start, and without TRL "
                         "where it is not installed: checks that the script still runs, measures nothing")
@@ -125,7 +128,7 @@ def load_benchmark_config(args: argparse.Namespace, seed: int, output_dir: str):
                  f"log.output_dir={output_dir}", "log.progress=false", "log.tensorboard=false"]
     smoke = ["model.warm_start=false", "train.batch_size=8", "train.mini_batch_size=8", "train.micro_batch_size=8",
              "eval.max_examples=4"] if args.smoke else []
-    return load_config(args.config, overrides + (QUICK_OVERRIDES if args.quick else []) + smoke)
+    return load_config(args.config, list(args.overrides) + overrides + (QUICK_OVERRIDES if args.quick else []) + smoke)
 
 
 def check_comparable(config) -> None:
