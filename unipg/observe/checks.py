@@ -12,12 +12,11 @@ import statistics
 from collections import Counter
 
 from unipg.observe.findings import CHECKS, Finding, History
-from unipg.observe.reward_window import reward_window
+from unipg.observe.reward_window import RewardWindow, reward_window
 from unipg.observe.trends import (
     LEVEL_POINTS,
     MIN_TREND_POINTS,
     differences,
-    fitted_rise,
     fmt,
     mean_swing,
     sign_alternation,
@@ -75,18 +74,21 @@ MEMORY_KEYWORDS = ("rss", "memory", "mem_mb", "allocated")
 
 # ---- reward: flat and oscillating ------------------------------------------------------------------------------
 
+def still_rising(view: RewardWindow) -> bool:
+    """The reward's trend across the window rises by at least the flat threshold."""
+    return view.rise >= FLAT_RISE_FRACTION * view.scale
+
+
 @CHECKS.register("reward_flat")
 def reward_flat(history: History) -> list[Finding]:
     """Reward shows no upward trend over the window while below its ceiling (and is not oscillating)."""
     view = reward_window(history)
-    if view is None or view.saturated:
-        return []
-    rise = fitted_rise(view.values)
-    if rise >= FLAT_RISE_FRACTION * view.scale or mean_swing(view.values) > OSCILLATION_SWING_FRACTION * view.scale:
+    if (view is None or view.saturated or still_rising(view)
+            or mean_swing(view.values) > OSCILLATION_SWING_FRACTION * view.scale):
         return []
     a, b = span(view.steps)
     ceiling = f", ceiling {fmt(view.ceiling)}" if view.ceiling is not None else ""
-    evidence = (f"{view.name} trend moved {rise:+.4g} over steps {a}-{b} ({len(view.values)} points, mean "
+    evidence = (f"{view.name} trend moved {view.rise:+.4g} over steps {a}-{b} ({len(view.values)} points, mean "
                 f"{fmt(statistics.fmean(view.values))}{ceiling}); under {FLAT_RISE_FRACTION:.0%} of the reward scale")
     uniform = history.finite("rollout/uniform_group_fraction")[1][-history.window:]
     if uniform:
@@ -114,7 +116,7 @@ def reward_oscillating(history: History) -> list[Finding]:
     if view is None:
         return []
     diffs = differences(view.values)
-    swing, rise, alternation = mean_swing(view.values), fitted_rise(view.values), sign_alternation(diffs)
+    swing, rise, alternation = mean_swing(view.values), view.rise, sign_alternation(diffs)
     if (swing <= OSCILLATION_SWING_FRACTION * view.scale
             or statistics.pstdev(diffs) <= OSCILLATION_SWING_TO_RISE * abs(rise)
             or alternation < OSCILLATION_ALTERNATION):
@@ -217,12 +219,12 @@ def entropy_collapse(history: History) -> list[Finding]:
     # A policy that settles on what pays while its reward still rises (an agent's call template is nearly
     # deterministic) or sits at the task's best is learning, not collapsing: the check speaks once the reward stalls.
     view = reward_window(history)
-    if view is not None and (view.saturated or fitted_rise(view.values) >= FLAT_RISE_FRACTION * view.scale):
+    if view is not None and (view.saturated or still_rising(view)):
         return []
     evidence = (f"{change.describe('fell')} ({change.latest / change.start:.0%} of its start; collapse below "
                 f"{ENTROPY_COLLAPSE_FRACTION:.0%})")
     if view is not None:
-        evidence += (f", while {view.name} stopped rising (trend {fitted_rise(view.values):+.4g} over its last "
+        evidence += (f", while {view.name} stopped rising (trend {view.rise:+.4g} over its last "
                      f"{len(view.values)} points)")
     return [Finding("entropy_collapse", "warning", evidence, COLLAPSE_REMEDY, change.name, change.steps)]
 

@@ -9,7 +9,7 @@ import statistics
 from dataclasses import dataclass
 
 from unipg.observe.findings import History
-from unipg.observe.trends import MIN_TREND_POINTS
+from unipg.observe.trends import MIN_TREND_POINTS, fitted_rise
 
 REWARD_METRICS = ("rollout/episode_return", "rollout/reward_mean")
 # A reward within 5% of the scale below its known ceiling has nothing left to learn; flat is then fine.
@@ -24,6 +24,8 @@ class RewardWindow:
     scale: float
     ceiling: float | None
     saturated: bool
+    rise: float
+    """how far the least-squares trend line moves across the window"""
 
 
 @functools.lru_cache(maxsize=32)
@@ -86,4 +88,4 @@ def reward_window(history: History) -> RewardWindow | None:
         saturated = statistics.fmean(recent) >= ceiling - SATURATION_MARGIN * scale
     else:  # exactly constant at the run's best after having been lower: a deterministic ceiling was reached
         saturated = min(recent) == max(recent) == max(values) > min(values)
-    return RewardWindow(name, recent_steps, recent, scale, ceiling, saturated)
+    return RewardWindow(name, recent_steps, recent, scale, ceiling, saturated, fitted_rise(recent))
