@@ -9,6 +9,8 @@ replaced by the CPU: a run that asked for a GPU must not train on the CPU and ex
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -16,6 +18,10 @@ from unipg.config.section import ConfigError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 """The parameter dtypes a model may be loaded in (``model.dtype``)."""
+
+STARTUP_THREADS = torch.get_num_threads()
+"""torch's intra-op thread count as the process started (one per physical core, or ``OMP_NUM_THREADS``), read
+before a run lowers it for the embedded model's small matrix products."""
 
 DEVICE_NAMES = "cpu, cuda, cuda:N (N a GPU index), mps or auto"
 _SYNTAX = re.compile(r"cpu|auto|mps|cuda(:\d+)?")
@@ -55,3 +61,14 @@ def torch_dtype(name: str) -> torch.dtype:
     if name not in DTYPES:
         raise ConfigError(f"dtype '{name}' is not one of: {', '.join(DTYPES)}")
     return DTYPES[name]
+
+
+@contextmanager
+def cpu_threads(count: int) -> Iterator[None]:
+    """Run the block with ``count`` torch intra-op threads, then restore the count it found."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)

@@ -208,7 +208,8 @@ class Config(Section):
     can be named in it (``unipg.config.plugins``); stored with file paths made absolute."""
     threads: int | None = Field(None, ge=1)
     """torch intra-op CPU threads; None = 1 for MLPs and the embedded model (their small matrix products run
-    fastest on one thread, and extra threads only contend), torch's default for other models."""
+    fastest on one thread, and extra threads only contend), torch's default for other models and for the
+    embedded model's warm start (batched fine-tuning steps, ``unipg.learn.warm_start.warm_start_threads``)."""
     env: EnvConfig = Field(default_factory=EnvConfig)
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)

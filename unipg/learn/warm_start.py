@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from unipg.config import Config
-from unipg.config.devices import resolve_device
+from unipg.config.devices import STARTUP_THREADS, cpu_threads, resolve_device
 from unipg.learn.evidence import evidence_check
 from unipg.learn.sft import sft_train
 from unipg.policy.embedded import BUILDER_VERSION, cache_dir
@@ -94,8 +94,9 @@ def build_warm_start(config: Config, task: Task, folder: Path, *, log=print) -> 
 
     tokenizer = load_tokenizer(config.model.name, chat_template=config.model.chat_template)
     model = load_causal_lm(config.model.name, dtype=config.model.dtype, device=resolve_device(config.device))
-    metrics = fine_tune_on_demonstrations(model, tokenizer, task, config, seed=0, log_every=250,
-                                          log=lambda text: log(f"warm start: {text}"))
+    with cpu_threads(warm_start_threads(config)):
+        metrics = fine_tune_on_demonstrations(model, tokenizer, task, config, seed=0, log_every=250,
+                                              log=lambda text: log(f"warm start: {text}"))
     scratch = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
     model.save_pretrained(scratch)
     tokenizer.save_pretrained(scratch)
@@ -104,6 +105,17 @@ def build_warm_start(config: Config, task: Task, folder: Path, *, log=print) -> 
         os.replace(scratch, folder)
     except OSError:  # another process finished the same warm start first; keep theirs
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def warm_start_threads(config: Config) -> int:
+    """CPU threads for the warm start: ``threads`` when set, one for a deterministic run (a reduction split across
+    threads may sum in another order), else torch's default. RL runs the embedded model on one thread, where its
+    small per-token products are fastest; a fine-tuning step multiplies a whole batch of sequences at once (16
+    rows of about 100 tokens for the calculator agent), large enough that a second core makes it 1.5 times as
+    fast (docs/benchmarks.md)."""
+    if config.threads is not None:
+        return config.threads
+    return 1 if config.deterministic else STARTUP_THREADS
 
 
 def fine_tune_on_demonstrations(model, tokenizer, task: Task, config: Config, *, seed: int, log_every: int,
