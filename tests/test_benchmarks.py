@@ -22,6 +22,7 @@ REPORTS = {
     "ray_scaling.py": "| backend | rollout workers | trajectories/s |",
     "soak.py": "RSS trend over the second half:",
     "staleness_ablation.py": "runs, 1 at a time,",
+    "threads.py": "threads, batch",
     "vs_trl.py": "framework",
 }
 
