@@ -57,17 +57,18 @@ def test_the_warm_start_fine_tunes_on_every_core_and_gives_the_run_its_one_threa
     import torch
 
     import unipg.learn.warm_start as sft_job
+    from unipg.config.devices import cpu_threads
 
     seen = []
     monkeypatch.setattr(sft_job, "fine_tune_on_demonstrations",
                         lambda *args, **kwargs: seen.append(torch.get_num_threads()) or {})
     monkeypatch.setattr(sft_job, "STARTUP_THREADS", 3)
     task = make_task("arithmetic", digits=1, num_train=40, num_test=8)
-    torch.set_num_threads(1)  # as a run of the embedded model sets it
-    for overrides, folder in [([], "a"), (["threads=2"], "b"), (["deterministic=true"], "c")]:
-        config = load_config(None, SMALL + ["model.warm_start=true", "sft.steps=3"] + overrides)
-        sft_job.build_warm_start(config, task, tmp_path / folder, log=lambda text: None)
-        assert torch.get_num_threads() == 1
+    with cpu_threads(1):  # as a run of the embedded model sets it
+        for overrides, folder in [([], "a"), (["threads=2"], "b"), (["deterministic=true"], "c")]:
+            config = load_config(None, SMALL + ["model.warm_start=true", "sft.steps=3"] + overrides)
+            sft_job.build_warm_start(config, task, tmp_path / folder, log=lambda text: None)
+            assert torch.get_num_threads() == 1
     assert seen == [3, 2, 1]
 
 

@@ -111,8 +111,8 @@ def warm_start_threads(config: Config) -> int:
     """CPU threads for the warm start: ``threads`` when set, one for a deterministic run (a reduction split across
     threads may sum in another order), else torch's default. RL runs the embedded model on one thread, where its
     small per-token products are fastest; a fine-tuning step multiplies a whole batch of sequences at once (16
-    rows of about 100 tokens for the calculator agent), large enough that a second core makes it 1.5 times as
-    fast (docs/benchmarks.md)."""
+    rows of about 100 tokens for the calculator agent), large enough that a second core makes it about 1.6 times
+    as fast (``benchmarks/threads.py``)."""
     if config.threads is not None:
         return config.threads
     return 1 if config.deterministic else STARTUP_THREADS
