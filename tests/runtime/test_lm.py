@@ -46,6 +46,7 @@ def test_warm_start_is_built_once_and_reused(embedded_path, tmp_path):
     first = resolve_warm_start(config, task, root=tmp_path, log=messages.append)
     folder = first.model.name
     assert json.loads(open(f"{folder}/{MARKER}").read())["task"] == "arithmetic"
+    assert "CPU thread" in messages[0]  # the count it fine-tunes on, which a busy machine may want lowered
     second = resolve_warm_start(config, task, root=tmp_path, log=messages.append)
     assert second.model.name == folder and len(messages) == 1  # the second call found the cache
     other = load_config(None, SMALL + ["model.warm_start=true", "sft.steps=4", "sft.batch_size=4"])

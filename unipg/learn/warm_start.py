@@ -82,8 +82,12 @@ def resolve_warm_start(config: Config, task: Task, *, root: Path | None = None, 
     folder = warm_start_folder(config, root)
     if not (folder / MARKER).is_file():
         steps = config.sft.steps + sum(stage.steps for stage in config.sft.stages)
+        threads, count = "", warm_start_threads(config)
+        if resolve_device(config.device).type == "cpu":
+            threads = (f" on {count} CPU threads; threads=1 while other work keeps the cores busy" if count > 1
+                       else " on 1 CPU thread")
         log(f"warm start: fine-tuning {config.model.name} on {task.name} demonstrations "
-            f"({steps} steps); cached in {folder}")
+            f"({steps} steps{threads}); cached in {folder}")
         build_warm_start(config, task, folder, log=log)
     model = config.model.model_copy(update={"name": str(folder), "warm_start": False})
     return config.model_copy(update={"model": model})
@@ -112,7 +116,9 @@ def warm_start_threads(config: Config) -> int:
     threads may sum in another order), else torch's default. RL runs the embedded model on one thread, where its
     small per-token products are fastest; a fine-tuning step multiplies a whole batch of sequences at once (16
     rows of about 100 tokens for the calculator agent), large enough that a second core makes it about 1.6 times
-    as fast (``benchmarks/threads.py``)."""
+    as fast (``benchmarks/threads.py``). Threads that share cores with other work wait on each other instead:
+    beside a busy process the same step is twice as slow on two threads as on one, hence the advice to set
+    ``threads=1`` there."""
     if config.threads is not None:
         return config.threads
     return 1 if config.deterministic else STARTUP_THREADS
