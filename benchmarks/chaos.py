@@ -2,7 +2,7 @@
 
 Workload: the calculator agent of ``configs/calculator_agent.yaml`` started from its warm start trained on
 tool demonstrations only (``tool_demonstrations=1.0``), so nearly every episode calls the tool. The tool is
-wrapped by the ``faulty`` tool (``unipg.sample.tools.faulty``): calls raise, hang past the timeout, return
+wrapped by the ``faulty`` tool (``unipg.tools.faulty``): calls raise, hang past the timeout, return
 garbage or 10 MB of text at the given rates. Three phases, each checked for what a long run needs:
 
 1. ``inprocess``: concurrent schedule (staleness 1) in one process; a chaos thread cancels a running group

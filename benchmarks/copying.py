@@ -48,7 +48,7 @@ def main() -> None:
     from unipg.learn.evidence import call_evidence
     from unipg.policy.embedded import resolve_model_name
     from unipg.policy.loading import load_tokenizer
-    from unipg.sample.tasks.base import TASKS
+    from unipg.tasks.base import TASKS
 
     torch.set_num_threads(1)
     path = resolve_model_name(args.model or "embedded")

@@ -38,7 +38,7 @@ async def openai_agent(base_url: str, api_key: str, example) -> str:
     """The built-in calculator loop, written as an external agent with the ``openai`` client."""
     from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
-    from unipg.sample.tools.calculator import calculator
+    from unipg.tools.calculator import calculator
 
     tools = [{"type": "function", "function": {"name": "calculator", "description": "Evaluate an expression.",
                                                "parameters": {"type": "object", "properties": {
@@ -63,7 +63,7 @@ async def openai_agent(base_url: str, api_key: str, example) -> str:
 def episodes_per_second(config, task, policy, agent: str | None, examples) -> tuple[float, float]:
     """(episodes/s, completion rate) of one wave of episodes played by ``agent`` (None: the built-in loop)."""
     from unipg.sample.episodes import EpisodeRunner
-    from unipg.sample.rewards.rules import build_rewards
+    from unipg.tasks.rewards.rules import build_rewards
 
     config = config.model_copy(deep=True)
     config.task.agent = agent
@@ -80,7 +80,7 @@ async def request_overhead(policy, runner_engine, requests: int) -> tuple[float,
     from openai import AsyncOpenAI
 
     from unipg.config.lm import EndpointConfig
-    from unipg.sample.endpoint import ExternalAgentLoop
+    from unipg.sample.endpoint_agents import ExternalAgentLoop
 
     loop = ExternalAgentLoop(runner_engine, policy.tokenizer, eos_ids=policy.eos_ids, endpoint=EndpointConfig(),
                              max_tokens=16, context_length=policy.context_length, describe_tools=False)
@@ -114,8 +114,8 @@ def main() -> None:
     from unipg.learn.warm_start import resolve_warm_start
     from unipg.policy.loading import policy_from_config
     from unipg.sample.episodes import EpisodeRunner
-    from unipg.sample.inference import SamplingParams
-    from unipg.sample.tasks.base import make_task
+    from unipg.inference import SamplingParams
+    from unipg.tasks.base import make_task
 
     episodes, concurrency, requests = (8, 4, 3) if args.smoke else (args.episodes, args.concurrency, args.requests)
     config = load_config(CONFIG, [*(SMOKE if args.smoke else []), f"agent.concurrency={concurrency}"])

@@ -32,9 +32,9 @@ from unipg.config import load_config
 from unipg.policy.chat import TurnTemplate
 from unipg.policy.loading import load_lm_policy
 from unipg.sample.agent import AgentLoop
-from unipg.sample.engines import ENGINES, SamplingParams
-from unipg.sample.envs.base import StepResult
-from unipg.sample.tasks.base import Example
+from unipg.inference import ENGINES, SamplingParams
+from unipg.envs.base import StepResult
+from unipg.tasks.base import Example
 
 
 class SlowToolEnv:
@@ -120,7 +120,7 @@ def weight_sync(name: str, engine, policy) -> float:
 
 def vllm_alone(policy, config, args) -> dict[str, float]:
     """The single-turn requests sent straight to a vLLM ``LLM`` with the same engine settings."""
-    from unipg.sample.engines.vllm import engine_args, import_vllm
+    from unipg.inference.vllm import engine_args, import_vllm
 
     vllm = import_vllm()
     from unipg.policy.embedded import resolve_model_name

@@ -33,8 +33,8 @@ from unipg.learn.warm_start import resolve_warm_start
 from unipg.policy.loading import policy_from_config
 from unipg.runtime.lm import PromptSampler, build_runtime, set_threads
 from unipg.sample.episodes import EpisodeRunner
-from unipg.sample.rewards.rules import build_rewards
-from unipg.sample.tasks.base import make_task
+from unipg.tasks.rewards.rules import build_rewards
+from unipg.tasks.base import make_task
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "calculator_agent.yaml"
 

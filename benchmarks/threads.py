@@ -30,7 +30,7 @@ from unipg.config.devices import STARTUP_THREADS, cpu_threads  # noqa: E402
 from unipg.learn.sft import make_optimizer, sft_batches, sft_step  # noqa: E402
 from unipg.policy.loading import load_causal_lm, load_tokenizer  # noqa: E402
 from unipg.sample.episodes import demonstration_pairs  # noqa: E402
-from unipg.sample.tasks.base import make_task  # noqa: E402
+from unipg.tasks.base import make_task  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "calculator_agent.yaml"
 

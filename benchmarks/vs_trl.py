@@ -216,7 +216,7 @@ class RewardTally:
 
 def trl_rewards(spec: list[dict], tally: RewardTally) -> tuple[list, list[float]]:
     """The task's reward functions (tallied) and their weights, built by unipg's reward registry."""
-    from unipg.sample.rewards.rules import build_rewards
+    from unipg.tasks.rewards.rules import build_rewards
 
     functions = build_rewards(spec).functions
     wrapped = [tally.wrap(function, weight, counts=index == 0) for index, (_, function, weight) in enumerate(functions)]
@@ -228,7 +228,7 @@ def held_out_pass_at_1(model, tokenizer, task, config) -> float:
     from unipg.policy.lm import LMPolicy
     from unipg.runtime.lm import evaluate_lm
     from unipg.sample.episodes import EpisodeRunner
-    from unipg.sample.rewards.rules import build_rewards
+    from unipg.tasks.rewards.rules import build_rewards
 
     runner = EpisodeRunner(LMPolicy(model, tokenizer), task, config, build_rewards(config.task.rewards or task.rewards))
     test = task.test[: config.eval.max_examples] if config.eval.max_examples else task.test
@@ -347,7 +347,7 @@ def main() -> None:
         print("TRL is not installed: its side is skipped")
         frameworks.remove("trl")
     from unipg.learn.warm_start import resolve_warm_start
-    from unipg.sample.tasks.base import make_task
+    from unipg.tasks.base import make_task
 
     seeds = [int(seed) for seed in args.seeds.split(",")]
     results: list[RunResult] = []

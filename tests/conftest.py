@@ -7,6 +7,8 @@ import os
 import pytest
 
 import unipg  # noqa: F401  (first: hides torch companions built for another torch before transformers looks)
+from unipg.tools import sandbox
+from unipg.tools.bubblewrap import kernel_isolation_available
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -39,3 +41,14 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture(autouse=True)
+def _in_process_layers_without_bubblewrap(monkeypatch):
+    """Without bubblewrap, tests that build the python tool use the in-process layers alone (the escape tests,
+    which need the kernel boundary, skip); with it, the default (kernel)."""
+    if not kernel_isolation_available():
+        for function in (sandbox.run_python, sandbox.run_python_async):  # keyword-only defaults
+            monkeypatch.setitem(function.__kwdefaults__, "isolation", "process")
+        # the tool factory's last positional default
+        monkeypatch.setattr(sandbox.python_tool, "__defaults__", (*sandbox.python_tool.__defaults__[:-1], "process"))

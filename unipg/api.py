@@ -139,7 +139,7 @@ def evaluation_config(run_dir: str | Path, *, overrides: list[str] | None = None
 
 
 def _check_backend(config: Config) -> None:
-    from unipg.estimate.registry import RegistryError
+    from unipg.registry import RegistryError
     from unipg.runtime.backends import BACKENDS
 
     try:

@@ -18,7 +18,7 @@ from rich.table import Table
 
 from unipg import api
 from unipg.config import Config, ConfigError
-from unipg.estimate.registry import RegistryError
+from unipg.registry import RegistryError
 from unipg.observe.report import (
     LM_COLUMN_NAMES,
     algorithm_table,
@@ -141,7 +141,7 @@ def run_in_parallel(configs: list[Config], threshold: Optional[float], jobs: int
 
     if configs[0].is_lm and configs[0].model.warm_start:
         from unipg.learn.warm_start import resolve_warm_start
-        from unipg.sample.tasks.base import make_task
+        from unipg.tasks.base import make_task
 
         try:
             resolve_warm_start(configs[0], make_task(configs[0].task.name, **configs[0].task.options))

@@ -7,7 +7,7 @@ import unipg.runtime.lm as text
 from unipg.checkpoint.files import load_checkpoint
 from unipg.checkpoint.store import CheckpointStore
 from unipg.runtime.lm import PromptSampler, train_lm
-from unipg.sample.tasks.base import make_task
+from unipg.tasks.base import make_task
 
 from .test_resume import small_config
 

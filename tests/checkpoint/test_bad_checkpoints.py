@@ -17,7 +17,7 @@ from unipg.checkpoint.store import CheckpointStore
 from unipg.cli import app
 from unipg.observe.metrics import read_metrics
 from unipg.runtime.lm import train_lm
-from unipg.sample.rewards.rules import REWARDS
+from unipg.tasks.rewards.rules import REWARDS
 
 
 def small_config(embedded_path, output_dir, name, updates, *extra):

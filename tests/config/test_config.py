@@ -145,7 +145,7 @@ def test_hyperparameters_of_an_unchosen_option_are_reported():
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda path: path.name)
 def test_every_shipped_config_loads_and_builds_its_task(path):
-    from unipg.sample.tasks.base import make_task
+    from unipg.tasks.base import make_task
 
     config = load_config(path)
     if config.task.name:

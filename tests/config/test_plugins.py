@@ -16,19 +16,19 @@ import unipg
 from unipg.cli import app
 from unipg.config import ConfigError, load_config
 from unipg.config import plugins as plugin_module
-from unipg.estimate.registry import Registry
+from unipg.registry import Registry
 from unipg.observe.metrics import read_metrics
-from unipg.sample.rewards.rules import REWARDS
-from unipg.sample.tasks.base import TASKS
-from unipg.sample.tools.base import TOOLS
+from unipg.tasks.rewards.rules import REWARDS
+from unipg.tasks.base import TASKS
+from unipg.tools.base import TOOLS
 
 # A user's task in the style of the built-in calculator task: its own tool, task and reward, in one file.
 LETTERS_PLUGIN = textwrap.dedent('''
     import random
 
-    from unipg.sample.rewards.rules import REWARDS, text_of
-    from unipg.sample.tasks.base import TASKS, Example, Task
-    from unipg.sample.tools.base import TOOLS, format_tool_call, tool
+    from unipg.tasks.rewards.rules import REWARDS, text_of
+    from unipg.tasks.base import TASKS, Example, Task
+    from unipg.tools.base import TOOLS, format_tool_call, tool
 
 
     def letters(word: str) -> str:
@@ -168,7 +168,7 @@ def test_entry_point_plugins_are_loaded_once(registries, tmp_path, monkeypatch):
     calls = []
     estimators = Registry("estimator")
     module = tmp_path / "entry_plugin_module.py"
-    module.write_text("from unipg.sample.tasks.base import TASKS\n"
+    module.write_text("from unipg.tasks.base import TASKS\n"
                       "TASKS.register('entry_point_task')(lambda: None)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     sys.modules["entry_plugin_hook"] = type(sys)("entry_plugin_hook")
@@ -191,8 +191,8 @@ def test_a_payload_from_a_plugin_file_unpickles_in_a_fresh_process(registries, t
     import pickle
     import subprocess
 
-    from unipg.sample.tasks.base import make_task
-    from unipg.sample.tools.base import TOOLS
+    from unipg.tasks.base import make_task
+    from unipg.tools.base import TOOLS
 
     path = write_plugin(tmp_path, "pickle")
     plugin_module.import_plugins([str(path)])
@@ -211,8 +211,8 @@ def test_a_payload_from_a_plugin_file_unpickles_in_a_fresh_process(registries, t
 
 
 def test_the_example_plugin_task_loads_and_its_demonstrations_earn_full_reward(registries):
-    from unipg.sample.rewards.rules import build_rewards
-    from unipg.sample.tasks.base import make_task
+    from unipg.tasks.rewards.rules import build_rewards
+    from unipg.tasks.base import make_task
 
     example_config = Path(__file__).resolve().parents[2] / "examples" / "plugin_task" / "config.yaml"
     config = unipg.load_config(example_config, train__updates=1)

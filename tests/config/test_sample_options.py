@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from unipg.config import ConfigError, load_config
-from unipg.sample.tasks.base import TASKS
+from unipg.tasks.base import TASKS
 from unipg.sample.validate import check_sample_options
 
 TEXT = ["algorithm=grpo", "task.name=arithmetic"]

@@ -21,7 +21,7 @@ from unipg.estimate.advantages import (
     td_residuals,
     value_baseline_advantages,
 )
-from unipg.estimate.registry import RegistryError
+from unipg.registry import RegistryError
 
 
 def t(rows) -> torch.Tensor:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from unipg.estimate.kl import KL_ESTIMATORS, kl_k1, kl_k2, kl_k3, kl_penalty
-from unipg.estimate.registry import RegistryError
+from unipg.registry import RegistryError
 
 
 def test_hand_values():

@@ -18,7 +18,7 @@ from unipg.estimate.losses import (
     ppo_clip_loss,
     value_loss,
 )
-from unipg.estimate.registry import RegistryError
+from unipg.registry import RegistryError
 
 
 def t(rows) -> torch.Tensor:

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from unipg.estimate.registry import RegistryError
+from unipg.registry import RegistryError
 from unipg.estimate.weights import (
     engine_mismatch_weights,
     OFF_POLICY_WEIGHTS,

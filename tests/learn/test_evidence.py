@@ -8,9 +8,9 @@ from unipg.learn.evidence import answer_evidence, answer_turns, call_evidence, c
 from unipg.learn.sft import greedy_completions
 from unipg.learn.warm_start import fine_tune_on_demonstrations, warm_start_key
 from unipg.policy.loading import load_lm_policy
-from unipg.sample.envs.service import EnvironmentService
-from unipg.sample.tasks.base import make_task
-from unipg.sample.tools.base import format_tool_call
+from unipg.envs.service import EnvironmentService
+from unipg.tasks.base import make_task
+from unipg.tools.base import format_tool_call
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

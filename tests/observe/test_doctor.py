@@ -9,7 +9,7 @@ import yaml
 from typer.testing import CliRunner
 
 from unipg.cli import app
-from unipg.estimate.registry import RegistryError
+from unipg.registry import RegistryError
 from unipg.observe.doctor import CHECKS, Finding, Monitor, diagnose, format_report
 
 runner = CliRunner()

@@ -20,10 +20,10 @@ from unipg.checkpoint.store import CheckpointStore, load_checkpoint
 from unipg.config import load_config
 from unipg.observe.metrics import read_metrics
 from unipg.runtime.lm import train_lm
-from unipg.sample.envs.service import EnvironmentService, build_tools
-from unipg.sample.tools import faulty
-from unipg.sample.tools.base import current_attempt
-from unipg.sample.tools.faulty import FAULT_KINDS
+from unipg.envs.service import EnvironmentService, build_tools
+from unipg.tools import faulty
+from unipg.tools.base import current_attempt
+from unipg.tools.faulty import FAULT_KINDS
 
 # rates high enough that a few updates meet raising and hanging calls, and calls that fail on every attempt; which
 # expressions the policy writes (so which draws it meets) depends on timing, so the rarer kinds may not come up here

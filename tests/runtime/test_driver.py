@@ -15,8 +15,8 @@ from unipg.runtime.lm import PromptSampler, set_threads, train_lm
 from unipg.runtime.driver import Runtime, serve_one_by_one
 from unipg.runtime.replay import Group, ProducerFailed
 from unipg.sample.episodes import EpisodeRunner
-from unipg.sample.rewards.rules import build_rewards
-from unipg.sample.tasks.base import make_task
+from unipg.tasks.rewards.rules import build_rewards
+from unipg.tasks.base import make_task
 
 SMALL = ["task.name=arithmetic", "task.options={digits: 1, num_train: 40, num_test: 4}", "train.batch_size=8",
          "train.mini_batch_size=4", "train.micro_batch_size=4", "sample.samples_per_prompt=4",

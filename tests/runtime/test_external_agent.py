@@ -8,7 +8,7 @@ from unipg.runtime.lm import train_lm
 from unipg.sample.transcripts import format_transcript
 
 RUN = ["task.name=calculator", "task.options={digits: 2, num_train: 40, num_test: 4}",
-       "task.agent=tests.sample.endpoint.agents_for_tests:two_turns", "sample.max_new_tokens=8",
+       "task.agent=tests.inference.endpoint.agents_for_tests:two_turns", "sample.max_new_tokens=8",
        "algorithm=grpo", "train.batch_size=8", "train.mini_batch_size=8", "train.micro_batch_size=8",
        "sample.samples_per_prompt=4", "eval.every_updates=2", "eval.pass_k=0", "eval.max_examples=4",
        "log.progress=false", "log.tensorboard=false", "checkpoint.every_updates=0", "rollback.enabled=false",
@@ -36,7 +36,7 @@ def test_an_external_agent_runs_in_the_concurrent_schedule(embedded_path, tmp_pa
 
 
 def test_every_trajectory_of_an_agent_that_rewrites_its_history_is_trained(embedded_path, tmp_path):
-    agent = "task.agent=tests.sample.endpoint.agents_for_tests:rewrites_history"
+    agent = "task.agent=tests.inference.endpoint.agents_for_tests:rewrites_history"
     config = load_config(None, [*RUN, agent, f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
                                 "log.run_name=rewrites", "eval.every_updates=100", "log.episodes=true"])
     train_lm(config, log=lambda line: None)

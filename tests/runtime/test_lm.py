@@ -9,7 +9,7 @@ from unipg.learn.warm_start import MARKER, resolve_warm_start
 from unipg.observe.metrics import read_metrics
 from unipg.policy.loading import load_lm_policy
 from unipg.runtime.lm import train_lm
-from unipg.sample.tasks.base import make_task
+from unipg.tasks.base import make_task
 
 SMALL = ["task.name=arithmetic", "task.options={digits: 1, num_train: 40, num_test: 8}", "train.batch_size=8",
          "train.mini_batch_size=8", "train.micro_batch_size=4", "sample.samples_per_prompt=4",

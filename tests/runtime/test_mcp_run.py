@@ -4,7 +4,7 @@ import json
 import sys
 
 from tests.runtime.test_lm import SMALL
-from tests.sample.test_mcp import SERVER, is_running, server_pids
+from tests.tools.test_mcp import SERVER, is_running, server_pids
 from unipg.config import load_config
 from unipg.runtime.lm import train_lm
 

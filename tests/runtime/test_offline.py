@@ -12,8 +12,8 @@ from unipg.runtime.lm import train_lm
 from unipg.runtime.offline import OfflineData, behaviour_at_load, mix_share
 from unipg.sample.episode_records import read_episode_records, trajectory_from_record
 from unipg.sample.episodes import EpisodeRunner
-from unipg.sample.rewards.rules import build_rewards
-from unipg.sample.tasks.base import make_task
+from unipg.tasks.rewards.rules import build_rewards
+from unipg.tasks.base import make_task
 
 SMALL = ["task.name=arithmetic", "task.options={digits: 1, num_train: 40, num_test: 4}", "train.batch_size=8",
          "train.mini_batch_size=8", "train.micro_batch_size=8", "sample.samples_per_prompt=4",

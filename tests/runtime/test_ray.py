@@ -17,8 +17,8 @@ from unipg.config import ConfigError, load_config
 from unipg.observe.metrics import read_metrics
 from unipg.policy.loading import load_lm_policy
 from unipg.runtime.lm import train_lm
-from unipg.sample.envs.service import EnvironmentService
-from unipg.sample.tools.base import Tool, ToolError
+from unipg.envs.service import EnvironmentService
+from unipg.tools.base import Tool, ToolError
 
 ray = pytest.importorskip("ray")
 
@@ -184,7 +184,7 @@ def test_an_episode_that_raises_on_a_worker_ends_the_run_with_a_one_line_message
                                                                                    monkeypatch):
     """A reward function registered in the caller's script runs on the workers too; when it raises there, the run
     stops with the error in one line (no remote traceback) and what to do next."""
-    from unipg.sample.rewards.rules import REWARDS
+    from unipg.tasks.rewards.rules import REWARDS
 
     driver = os.getpid()
 
@@ -295,7 +295,7 @@ def test_an_external_agent_trains_on_ray_workers_with_their_own_endpoints(local_
         return rollout_batch(groups, *args, **kwargs)
 
     monkeypatch.setattr(lm, "rollout_batch", recording)
-    config = load_config(None, [*RUN, "task.agent=tests.sample.endpoint.agents_for_tests:reports_its_log_probs",
+    config = load_config(None, [*RUN, "task.agent=tests.inference.endpoint.agents_for_tests:reports_its_log_probs",
                                 f"model.name={embedded_path}", f"log.output_dir={tmp_path}", "eval.every_updates=100",
                                 "backend=ray", "ray.rollout_workers=2", "ray.rollout_num_cpus=0.5",
                                 "runtime.max_staleness=1", "runtime.schedule=concurrent"])

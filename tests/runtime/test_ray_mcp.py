@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from tests.sample.test_mcp import is_running, server_pids, server_spec
-from unipg.sample.envs import EnvironmentService
-from unipg.sample.envs.service import build_tools, close_tools
+from tests.tools.test_mcp import is_running, server_pids, server_spec
+from unipg.envs import EnvironmentService
+from unipg.envs.service import build_tools, close_tools
 
 ray = pytest.importorskip("ray")
 

@@ -10,7 +10,7 @@ from unipg.config import load_config
 from unipg.learn.warm_start import resolve_warm_start
 from unipg.observe.metrics import read_metrics
 from unipg.runtime.lm import train_lm
-from unipg.sample.tasks.base import make_task
+from unipg.tasks.base import make_task
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -8,9 +8,9 @@ from unipg.policy.chat import TurnTemplate
 from unipg.policy.generation import cut_at_stop
 from unipg.policy.loading import load_lm_policy
 from unipg.sample.agent import AgentLoop
-from unipg.sample.envs.base import StepResult
-from unipg.sample.inference import InferenceEngine, SamplingParams
-from unipg.sample.tasks.base import Example
+from unipg.envs.base import StepResult
+from unipg.inference import HFService, SamplingParams
+from unipg.tasks.base import Example
 
 OBSERVATION = "tool says 42"
 
@@ -42,7 +42,7 @@ def policy(embedded_path):
 
 
 def make_loop(policy, *, temperature=1.0, seed=0, batch_wait=None, max_total_tokens=200):
-    engine = InferenceEngine(policy, SamplingParams(temperature=temperature),
+    engine = HFService(policy, SamplingParams(temperature=temperature),
                              generator=torch.Generator().manual_seed(seed), batch_wait=batch_wait)
     template = TurnTemplate(policy.tokenizer)
     encode = lambda text: policy.tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
@@ -111,7 +111,7 @@ def test_a_kept_stop_string_reaches_the_environment(policy):
     prompt = policy.tokenizer("<|user|>question<|end|><|assistant|>", add_special_tokens=False)["input_ids"]
 
     def turn(params):
-        engine = InferenceEngine(policy, params, generator=torch.Generator().manual_seed(3), batch_wait=None)
+        engine = HFService(policy, params, generator=torch.Generator().manual_seed(3), batch_wait=None)
 
         async def one_turn():
             async with engine.running(), engine.episode():

@@ -8,13 +8,13 @@ import pytest
 from unipg.policy.chat import TurnTemplate
 from unipg.policy.templates import family_tokenizer, prepare_chat_template, read_template
 from unipg.sample.agent import AgentLoop
-from unipg.sample.envs import EnvironmentService
-from unipg.sample.envs.tool_env import ToolEnv
+from unipg.envs import EnvironmentService
+from unipg.envs.tool_env import ToolEnv
 from unipg.sample.episodes import PromptEncoder
-from unipg.sample.rewards.rules import build_rewards
-from unipg.sample.tasks.base import Example
-from unipg.sample.tools.formats import parser_for_template, tool_parser
-from tests.sample.scripted import ScriptedEngine
+from unipg.tasks.rewards.rules import build_rewards
+from unipg.tasks.base import Example
+from unipg.policy.tool_calls import parser_for_template, tool_parser
+from tests.helpers.scripted import ScriptedEngine
 
 SYSTEM, QUESTION = "You add numbers with the calculator.", "What is 19+23?"
 REASONING = {"qwen3": ("<think>\nI should use the calculator.\n</think>\n\n", "<think>\nIt said 42.\n</think>\n\n")}

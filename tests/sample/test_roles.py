@@ -8,13 +8,13 @@ from unipg.learn.lm_batch import LMBatch, lm_advantages
 from unipg.policy.loading import load_lm_policy
 from unipg.runtime.backends.local_lm import group_index, split_groups
 from unipg.sample.agent import Trajectory
-from unipg.sample.envs import ENVS, EnvironmentService
-from unipg.sample.envs.service import build_tools
-from unipg.sample.envs.solver_checker import SolverCheckerEnv
+from unipg.envs import ENVS, EnvironmentService
+from unipg.envs.service import build_tools
+from unipg.envs.solver_checker import SolverCheckerEnv
 from unipg.sample.episodes import EpisodeRunner, demonstration_pairs
-from unipg.sample.rewards.rules import build_rewards
-from unipg.sample.tasks.base import Example, make_task
-from unipg.sample.tools.base import format_tool_call
+from unipg.tasks.rewards.rules import build_rewards
+from unipg.tasks.base import Example, make_task
+from unipg.tools.base import format_tool_call
 
 PROBLEM = Example("What is 12*34?", "408", "", {"answer": "408"})
 CALL = format_tool_call("calculator", {"expression": "12*34"})

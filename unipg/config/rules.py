@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from unipg.config.devices import device_problem
 from unipg.estimate import ADVANTAGES, GROUP_ADVANTAGES, KL_ESTIMATORS, OFF_POLICY_WEIGHTS, POLICY_LOSSES
-from unipg.estimate.registry import unknown_name_message
+from unipg.registry import unknown_name_message
 
 if TYPE_CHECKING:
     from unipg.config.schema import Config

@@ -7,7 +7,7 @@ shape that is 1 on valid steps/tokens and 0 on padding.
 from unipg.estimate.advantages import ADVANTAGES, GROUP_ADVANTAGES
 from unipg.estimate.kl import KL_ESTIMATORS
 from unipg.estimate.losses import POLICY_LOSSES, LossOutput
-from unipg.estimate.registry import Registry, RegistryError
+from unipg.registry import Registry, RegistryError
 from unipg.estimate.weights import OFF_POLICY_WEIGHTS, OffPolicyWeights
 
 __all__ = [

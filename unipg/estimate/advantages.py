@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from unipg.estimate.masked import masked_mean, masked_whiten
-from unipg.estimate.registry import Registry
+from unipg.registry import Registry
 
 ADVANTAGES = Registry("advantage estimator")
 GROUP_ADVANTAGES = frozenset({"grpo", "dr_grpo", "rloo"})  # each sample scored against its prompt's group

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from unipg.estimate.registry import Registry
+from unipg.registry import Registry
 
 KL_ESTIMATORS = Registry("KL estimator")
 # What every KL estimator reads: the policy's and the reference's log-probs of the sampled tokens.

@@ -12,7 +12,7 @@ from typing import Protocol
 
 import torch
 
-from .registry import unknown_name_message
+from unipg.registry import unknown_name_message
 
 
 class KLController(Protocol):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from unipg.estimate.masked import masked_mean, masked_sum, masked_var
-from unipg.estimate.registry import Registry
+from unipg.registry import Registry
 
 POLICY_LOSSES = Registry("policy loss")
 # What every policy loss reads, and the settings of the clipped ones ({config field: keyword}).

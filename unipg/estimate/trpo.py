@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from unipg.estimate.registry import Registry
+from unipg.registry import Registry
 
 # TRPO is a step on the parameters, not a loss, so it is not in POLICY_LOSSES; this registry declares what
 # ``estimator.policy_loss: trpo`` reads (setting name → keyword of ``trpo_step``).

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .masked import masked_mean
-from .registry import Registry
+from unipg.registry import Registry
 
 
 @dataclass

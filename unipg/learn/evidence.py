@@ -5,7 +5,7 @@ accepts, copying the problem's arguments into it, and reporting what the tool re
 held-out demonstrations (the task's test examples, whose references all call the tool), greedily:
 
 - ``call_validity``: the first turn is a call the environment would run (closing tag, JSON, a known tool,
-  arguments that fit its schema: ``unipg.sample.envs.tool_env.parse_turn``);
+  arguments that fit its schema: ``unipg.envs.tool_env.parse_turn``);
 - ``argument_accuracy``: the call's arguments equal the demonstration's exactly; ``argument/<name>``: the share
   that copied that one argument (which of them the policy fails to copy);
 - ``answer_accuracy``: with the demonstration's earlier turns (its calls and the tools' results) in the context,
@@ -24,10 +24,10 @@ from collections.abc import Callable
 
 from unipg.config import Config
 from unipg.learn.sft import greedy_completions
-from unipg.sample.envs.service import EnvironmentService
-from unipg.sample.envs.tool_env import parse_turn
+from unipg.envs.service import EnvironmentService
+from unipg.envs.tool_env import parse_turn
 from unipg.sample.episodes import demonstration_pairs, tool_specs
-from unipg.sample.tasks.base import Example, Task
+from unipg.tasks.base import Example, Task
 
 
 def first_call(example: Example) -> str | None:

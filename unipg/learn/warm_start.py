@@ -24,7 +24,7 @@ from unipg.learn.sft import sft_train
 from unipg.policy.embedded import BUILDER_VERSION, cache_dir
 from unipg.policy.loading import load_causal_lm, load_tokenizer
 from unipg.sample.episodes import demonstration_pairs, greedy_completion_rate, held_out
-from unipg.sample.tasks.base import Task, make_task
+from unipg.tasks.base import Task, make_task
 
 WARM_START_VERSION = 2
 MARKER = "unipg-warm-start.json"

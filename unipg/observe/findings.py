@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Literal
 
-from unipg.estimate.registry import Registry
+from unipg.registry import Registry
 
 # Points of a metric the trend checks (reward flat / oscillating) look back over.
 DEFAULT_WINDOW = 20

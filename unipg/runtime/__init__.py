@@ -1,3 +1,19 @@
 """Who runs what, when: the driver (``driver.Runtime``; synchronous training is staleness 0), the replay buffer
 and staleness gate (``replay``), the gym and lm training loops (``gym``, ``lm``), run setup, stopping and
 rollback, evaluation, and the backends that place an lm run's episodes (``backends``)."""
+
+
+def __getattr__(name: str):
+    """``BACKENDS`` and the ``Rollout`` protocol, imported on first use (the backends import the whole runtime)."""
+    if name == "BACKENDS":
+        from unipg.runtime.backends import BACKENDS
+
+        return BACKENDS
+    if name == "Rollout":
+        from unipg.runtime.driver import Rollout
+
+        return Rollout
+    raise AttributeError(f"module 'unipg.runtime' has no attribute {name!r}")
+
+
+__all__ = ["BACKENDS", "Rollout"]

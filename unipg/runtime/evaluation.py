@@ -16,7 +16,7 @@ import torch
 from unipg.config import Config, load_config
 from unipg.sample.agent import Trajectory
 from unipg.sample.episodes import EpisodeRunner, episode_metrics
-from unipg.sample.tasks.base import Example
+from unipg.tasks.base import Example
 
 EVALUATION_SECTIONS = ("task", "model", "agent", "sample", "eval", "sft")
 """The sections of a configuration that evaluation reads (``sft`` for a ``model.warm_start=true`` override).
@@ -106,9 +106,9 @@ def evaluate_model_episodes(config: Config, *, show: int) -> tuple[dict[str, flo
     from unipg.policy.loading import load_lm_policy
     from unipg.runtime.setup import seed_everything, set_threads
     from unipg.sample.episodes import EpisodeRunner, held_out
-    from unipg.sample.rewards.rules import build_rewards, reward_defaults
+    from unipg.tasks.rewards.rules import build_rewards, reward_defaults
     from unipg.sample.transcripts import transcript
-    from unipg.sample.tasks.base import make_task
+    from unipg.tasks.base import make_task
 
     if not config.is_lm:
         raise ValueError("unipg eval evaluates language models on text tasks: set task.name (gymnasium runs are "

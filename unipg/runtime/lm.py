@@ -68,8 +68,8 @@ from unipg.sample.episodes import (  # noqa: F401
     held_out,
     reward_term_metrics,
 )
-from unipg.sample.rewards.rules import build_rewards, reward_defaults
-from unipg.sample.tasks.base import Example, Task, make_task
+from unipg.tasks.rewards.rules import build_rewards, reward_defaults
+from unipg.tasks.base import Example, Task, make_task
 from unipg.sample.transcripts import transcript
 
 

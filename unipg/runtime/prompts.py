@@ -7,7 +7,7 @@ import threading
 import torch
 
 from unipg.learn.state import generator_state, restore_generator
-from unipg.sample.tasks.base import Example
+from unipg.tasks.base import Example
 
 
 class PromptSampler:

@@ -7,7 +7,7 @@ tokens are kept as sampled (never re-tokenized), so their behaviour log-probs st
 
 An episode ends when the environment says done, after ``max_turns`` policy turns, or when its token budget
 ``max_total_tokens`` (sampled + inserted tokens after the prompt) is spent; an episode cut short gets no
-final reward. Many episodes run concurrently; their generation requests meet in the ``InferenceEngine``.
+final reward. Many episodes run concurrently; their generation requests meet in the ``HFService``.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from unipg.policy.chat import TurnTemplate
-from unipg.sample.envs.base import Env
-from unipg.sample.inference import InferenceEngine
-from unipg.sample.tasks.base import Example
+from unipg.envs.base import Env
+from unipg.inference import HFService
+from unipg.tasks.base import Example
 
 T = TypeVar("T")
 
@@ -91,7 +91,7 @@ class Trajectory:
 class AgentLoop:
     """How episodes are run: the engine that samples, the template and tokenizer that lay out turns."""
 
-    engine: InferenceEngine
+    engine: HFService
     template: TurnTemplate
     encode_prompt: Callable[[str], list[int]]  # first observation → prompt token ids (rendered, truncated)
     max_turns: int

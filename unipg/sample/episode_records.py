@@ -33,7 +33,7 @@ from pathlib import Path
 from unipg.config import ConfigError
 from unipg.policy.chat import TurnTemplate
 from unipg.sample.agent import Trajectory
-from unipg.sample.tasks.base import Example
+from unipg.tasks.base import Example
 
 TOKEN_FIELDS = ("prompt_ids", "token_ids", "loss_mask")
 

@@ -20,14 +20,14 @@ from unipg.config import Config, ConfigError
 from unipg.policy.chat import TurnTemplate, render_agent_prompt
 from unipg.policy.lm import LMPolicy
 from unipg.sample.agent import AgentLoop, Trajectory
-from unipg.sample.endpoint.agents import AgentStats, ExternalAgent, ExternalAgentLoop, load_agent
-from unipg.sample.envs import ENVS, EnvironmentService
-from unipg.sample.engines import ENGINES, Engine, SamplingParams
-from unipg.sample.envs.service import build_tools, close_tools
-from unipg.sample.inference import InferenceEngine
+from unipg.sample.endpoint_agents import AgentStats, ExternalAgent, ExternalAgentLoop, load_agent
+from unipg.envs import ENVS, EnvironmentService
+from unipg.inference import ENGINES, Engine, SamplingParams
+from unipg.envs.service import build_tools, close_tools
+from unipg.inference import HFService
 from unipg.sample.roles import RoleLoop
-from unipg.sample.tasks.base import Example, Task
-from unipg.sample.tools.formats import TOOL_PARSERS, parser_for_template, rewrite_calls
+from unipg.tasks.base import Example, Task
+from unipg.policy.tool_calls import TOOL_PARSERS, parser_for_template, rewrite_calls
 
 
 class PromptEncoder:
@@ -188,14 +188,14 @@ class EpisodeRunner:
         return stop or None
 
     def engine(self, params: SamplingParams, generator: torch.Generator | None, *,
-               sync: Callable[[], int | None] | None = None) -> InferenceEngine:
+               sync: Callable[[], int | None] | None = None) -> HFService:
         """The inference service for a batch of episodes on this runner's engine (``sync``: pull newer weights
         between generate calls)."""
         wait = None if self.config.deterministic else self.config.agent.batch_wait_ms / 1000
         return self.inference.service(params, generator, batch_wait=wait, max_batch=self.config.agent.concurrency,
                                       sync=sync)
 
-    def agent_loop(self, engine: InferenceEngine) -> AgentLoop | ExternalAgentLoop | RoleLoop:
+    def agent_loop(self, engine: HFService) -> AgentLoop | ExternalAgentLoop | RoleLoop:
         """The loop of this task's episodes: an ``ExternalAgentLoop`` for an external agent (``task.agent``), a
         ``RoleLoop`` for a multi-role task (episodes → one trajectory per role), else an ``AgentLoop``."""
         if self.external is not None:
@@ -259,7 +259,7 @@ class EpisodeRunner:
 
 def greedy_completion_rate(model, tokenizer, task: Task, config: Config, examples: list[Example]) -> float:
     """Share of ``examples`` whose greedy episode ends with the reference answer (the task completion rate)."""
-    from unipg.sample.rewards.rules import build_rewards
+    from unipg.tasks.rewards.rules import build_rewards
 
     runner = EpisodeRunner(LMPolicy(model, tokenizer), task, config, build_rewards(config.task.rewards or task.rewards))
     try:

@@ -20,16 +20,16 @@ from dataclasses import dataclass
 
 from unipg.policy.chat import TurnTemplate
 from unipg.sample.agent import AgentLoop, Trajectory, run_concurrently
-from unipg.sample.envs.base import RoleEnv
-from unipg.sample.inference import InferenceEngine
-from unipg.sample.tasks.base import Example
+from unipg.envs.base import RoleEnv
+from unipg.inference import HFService
+from unipg.tasks.base import Example
 
 
 @dataclass
 class RoleLoop:
     """How multi-role episodes are run: one engine for every role, one prompt encoder per role."""
 
-    engine: InferenceEngine
+    engine: HFService
     template: TurnTemplate
     encoders: dict[str, Callable[[str], list[int]]]  # role → first observation → prompt token ids
     max_turns: int  # per role

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 from typing import Any
 
-import unipg.sample.rewards  # registers every reward
-import unipg.sample.tasks  # registers every task
-import unipg.sample.tools  # noqa: F401  (registers every tool)
+import unipg.tasks.rewards  # registers every reward
+import unipg.tasks  # registers every task
+import unipg.tools  # noqa: F401  (registers every tool)
 from unipg.config import Config, ConfigError
 from unipg.config.loading import invalid_configuration
-from unipg.estimate.registry import FactoryRegistry, RegistryError, unknown_name_message
-from unipg.sample.rewards.rules import REWARDS
-from unipg.sample.tasks.base import TASKS, check_option_types, validate_options
-from unipg.sample.tools.base import TOOL_SPEC_KEYS, TOOLS
-from unipg.sample.tools.formats import TOOL_PARSERS
+from unipg.registry import FactoryRegistry, RegistryError, unknown_name_message
+from unipg.tasks.rewards.rules import REWARDS
+from unipg.registry import check_option_types, validate_options
+from unipg.tasks.base import TASKS
+from unipg.tools.base import TOOL_SPEC_KEYS, TOOLS
+from unipg.policy.tool_calls import TOOL_PARSERS
 
 
 

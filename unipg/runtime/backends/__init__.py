@@ -11,7 +11,7 @@ process (``local_gym.GymSegments``).
 from __future__ import annotations
 
 from unipg.config import Config
-from unipg.estimate.registry import Registry
+from unipg.registry import Registry
 from unipg.learn.lm import LMLearner
 from unipg.learn.sharded import ShardedLMLearner
 from unipg.policy.lm import LMPolicy

@@ -17,9 +17,9 @@ import torch
 
 from unipg.learn.state import generator_state, restore_generator
 from unipg.policy.adapters import load_synced_state
-from unipg.sample.envs.service import run_tool
+from unipg.envs.service import run_tool
 from unipg.sample.episodes import EpisodeRunner
-from unipg.sample.tools.base import Tool, ToolError, current_attempt, set_attempt
+from unipg.tools.base import Tool, ToolError, current_attempt, set_attempt
 
 try:
     import ray

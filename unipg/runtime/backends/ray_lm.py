@@ -70,8 +70,8 @@ from unipg.runtime.backends.ray_setup import (  # connect: here, where tests rep
 )
 from unipg.runtime.driver import CountedEpisodes, EpisodeAccount
 from unipg.runtime.replay import Group, ProducerFailed, ReplayBuffer, StalenessGate
-from unipg.sample.endpoint.agents import AgentStats
-from unipg.sample.envs.service import ServiceStats
+from unipg.sample.endpoint_agents import AgentStats
+from unipg.envs.service import ServiceStats
 from unipg.sample.episodes import EpisodeRunner
 
 

@@ -1,0 +1,68 @@
+"""What every inference engine shares: the request and the answer of one turn, and the registry of engines.
+
+An engine (``ENGINES.get(name)(policy, config)``, chosen by ``sample.engine``) owns a generator of the policy's
+tokens for a whole run: the batching sampler of ``LMPolicy`` (``hf``) or vLLM (``vllm``). For each batch of
+episodes it hands out a *service* (``engine.service(params, generator, ...)``), the surface the agent loop talks
+to::
+
+    async with service.running():             # the engine serves while inside
+        async with service.episode():         # count an episode as running
+            out = await service.generate(context_ids, max_new_tokens=64)   # -> TurnOutput
+
+plus ``policy_version`` (the weights version stamped on each turn; the driver sets it) and ``pop_batches()``
+(sizes of the generation batches and their seconds, for the batching metrics). New weights reach the engine
+by version: a service built with ``sync`` calls it between generate requests (``WeightSync.pull`` or a rollout
+worker's loader, which load the learner's weights into ``policy``) and, when it returns a version, the engine
+takes ``policy``'s weights; a service built without ``sync`` takes them when its ``policy_version`` differs from
+the engine's when it starts running.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from unipg.registry import Registry
+
+
+@dataclass
+class TurnOutput:
+    """One sampled turn of one episode."""
+
+    token_ids: list[int]  # sampled tokens, EOS included when the turn stopped on it
+    behaviour_logprobs: list[float]  # log μ of each sampled token, as the engine computed it
+    text: str  # decoded turn, special tokens removed, cut before a stop string (after one of `keep_stop`)
+    finish_reason: str  # "stop" (EOS or stop string) or "length"
+    ended_with_eos: bool
+    policy_version: int  # the weights version that sampled this turn
+    engine: str = "hf"  # the engine that sampled it: "hf" computes log μ with the trainer's own code, others not
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float | None = None
+    top_k: int | None = None
+    stop: list[str] | None = None
+    keep_stop: tuple[str, ...] = ()  # stop strings that belong to the turn's text (a call's closing tag)
+
+
+class Engine(Protocol):
+    """A run's generator of policy tokens (module docstring)."""
+
+    name: str
+
+    def service(self, params: SamplingParams, generator: torch.Generator | None, *, batch_wait: float | None,
+                max_batch: int, sync=None): ...
+
+    def metrics(self) -> dict[str, float]:
+        """Counters since the last call, e.g. ``engine/weight_sync_seconds`` (names under ``engine/``)."""
+
+    def close(self) -> None:
+        """Free the engine; no thread or process of it is left afterwards."""
+
+
+ENGINES: Registry = Registry("inference engine")
+"""name → factory(policy, config) -> Engine; ``sample.engine`` picks one."""

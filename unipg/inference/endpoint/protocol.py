@@ -1,0 +1,207 @@
+"""The OpenAI requests the endpoint accepts, and how it answers them from the inference engine.
+
+A request field the endpoint cannot honour is refused (HTTP 400 naming the field) rather than ignored:
+an agent that asks for ``seed`` or ``top_logprobs`` and silently gets something else would train on a
+distribution it did not ask for. Fields that change nothing here (``user``, ``metadata``, ``store``,
+``parallel_tool_calls``) are accepted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from unipg.inference.endpoint.render import (
+    RequestError,
+    check_tools,
+    openai_tool_calls,
+    plain_messages,
+    render_conversation,
+    reply_key,
+    ToolCallFormat,
+    tool_call_format,
+)
+from unipg.inference.endpoint.sessions import Context, Session
+from unipg.inference import HFService, SamplingParams, TurnOutput
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    n: int = Field(1, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    max_tokens: int | None = Field(None, ge=1)
+    stop: str | list[str] | None = None
+    stream: Literal[False] | None = None  # text completions are not streamed
+    user: str | None = None
+    metadata: dict[str, Any] | None = None
+    store: bool | None = None
+    frequency_penalty: Literal[0, 0.0] | None = None  # accepted only when it changes nothing
+    presence_penalty: Literal[0, 0.0] | None = None
+
+
+class ChatRequest(_Request):
+    stream: bool | None = None  # the whole reply is generated, then sent as chunks (``stream_chunks``)
+    stream_options: dict[str, bool] | None = None  # {include_usage: true}
+    messages: list[dict[str, Any]] = Field(..., min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["auto", "none"] | None = None
+    parallel_tool_calls: bool | None = None
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: Literal[0] | None = None  # alternatives to the sampled token are not computed
+    response_format: dict[str, Literal["text"]] | None = None
+
+
+class CompletionRequest(_Request):
+    prompt: str | list[int] = Field(..., min_length=1)
+    logprobs: Literal[0] | None = None  # log-probs of the sampled tokens; alternatives are not computed
+    echo: Literal[False] | None = None
+
+
+@dataclass
+class Limits:
+    """Bounds on what one request may ask for."""
+
+    max_tokens: int  # generated tokens per choice; a larger max_tokens is cut to this
+    max_n: int = 16  # choices per request
+    context_length: int | None = None  # the model's: prompt and reply together never pass it
+
+
+class Completions:
+    """Answers chat and text completion requests with ``engine``, recording them in their session."""
+
+    def __init__(self, engine: HFService, tokenizer, limits: Limits, *, model_name: str = "unipg",
+                 describe_tools: bool = True, tool_parser: str | None = None):
+        """``describe_tools``: render the request's ``tools`` into the prompt (else they only enable parsing);
+        ``tool_parser``: the run's tool-call format (None: the one of the tokenizer's chat template)."""
+        self.engine, self.tokenizer, self.limits = engine, tokenizer, limits
+        self.model_name, self.describe_tools = model_name, describe_tools
+        self.calls_format = tool_call_format(tokenizer) if tool_parser is None else ToolCallFormat(tool_parser)
+
+    def params(self, request: _Request, *, tools: bool) -> SamplingParams:
+        """The engine's sampling parameters with the request's overrides; with tools, generation stops after a
+        call's closing tag (one call per turn, as in the native agent loop)."""
+        base = self.engine.params
+        stop = [request.stop] if isinstance(request.stop, str) else request.stop
+        stop = list(base.stop or []) if stop is None else list(stop)
+        keep: tuple[str, ...] = ()
+        close = self.calls_format.close
+        if tools and close is not None:  # a format whose call is the whole turn ends at the end-of-turn token
+            keep = (close,)
+            stop = stop if close in stop else [*stop, close]
+        return replace(base, temperature=base.temperature if request.temperature is None else request.temperature,
+                       top_p=base.top_p if request.top_p is None else request.top_p, stop=stop or None, keep_stop=keep)
+
+    def budget(self, request: _Request, context_ids: list[int], asked: int | None) -> int:
+        if request.n > self.limits.max_n:
+            raise RequestError(f"n ({request.n}) is more than this endpoint's limit of {self.limits.max_n}", "n")
+        budget = min(asked or self.limits.max_tokens, self.limits.max_tokens)
+        if self.limits.context_length is not None:
+            room = self.limits.context_length - len(context_ids)
+            if room <= 0:
+                raise RequestError(f"the prompt ({len(context_ids)} tokens) fills the model's context of "
+                                   f"{self.limits.context_length} tokens", "messages")
+            budget = min(budget, room)
+        return budget
+
+    async def sample(self, context: Context, request: _Request, params: SamplingParams, budget: int,
+                     session: Session | None) -> list[TurnOutput]:
+        order = session.order if session is not None else 0
+        outputs = await asyncio.gather(*(self.engine.generate(context.ids, max_new_tokens=budget, order=order,
+                                                              params=params) for _ in range(request.n)))
+        if session is not None:
+            session.record(context, list(outputs))
+        return list(outputs)
+
+    async def chat(self, request: ChatRequest, session: Session | None) -> dict:
+        tools = check_tools(request.tools) if request.tool_choice != "none" else None
+        raw = session.raw_replies if session is not None else {}
+        messages = plain_messages(request.messages, raw, self.calls_format)
+        text = render_conversation(self.tokenizer, messages, tools if self.describe_tools else None)
+        context = session.context(text) if session is not None else Context(_tokenize(self.tokenizer, text), text,
+                                                                                None, [], 0)
+        budget = self.budget(request, context.ids, request.max_completion_tokens or request.max_tokens)
+        outputs = await self.sample(context, request, self.params(request, tools=bool(tools)), budget, session)
+        choices = []
+        for index, output in enumerate(outputs):
+            content, calls = self.calls_format.parse(output.text) if tools else (output.text, [])
+            if session is not None:
+                session.remember_reply(reply_key(content, calls), output.token_ids)
+            message: dict[str, Any] = {"role": "assistant", "content": content or (None if calls else "")}
+            if calls:
+                message["tool_calls"] = openai_tool_calls(calls)
+            logprobs = {"content": self.token_logprobs(output)} if request.logprobs else None
+            choices.append({"index": index, "message": message, "logprobs": logprobs,
+                            "finish_reason": "tool_calls" if calls else output.finish_reason})
+        return self.response("chat.completion", choices, context, outputs)
+
+    async def complete(self, request: CompletionRequest, session: Session | None) -> dict:
+        ids = request.prompt if isinstance(request.prompt, list) else None
+        if ids is not None and not all(0 <= token < len(self.tokenizer) for token in ids):
+            raise RequestError("prompt holds token ids outside the vocabulary", "prompt")
+        text = request.prompt if ids is None else ""
+        if session is not None:
+            context = session.context(text, ids)
+        else:
+            context = Context(ids if ids is not None else _tokenize(self.tokenizer, text), text, None, [], 0)
+        budget = self.budget(request, context.ids, request.max_tokens)
+        outputs = await self.sample(context, request, self.params(request, tools=False), budget, session)
+        choices = [{"index": index, "text": output.text, "finish_reason": output.finish_reason,
+                    "logprobs": self.text_logprobs(output) if request.logprobs is not None else None}
+                   for index, output in enumerate(outputs)]
+        return self.response("text_completion", choices, context, outputs)
+
+    def response(self, kind: str, choices: list[dict], context: Context, outputs: list[TurnOutput]) -> dict:
+        prefix = "chatcmpl" if kind == "chat.completion" else "cmpl"
+        generated = sum(len(output.token_ids) for output in outputs)
+        return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": kind, "created": int(time.time()),
+                "model": self.model_name, "choices": choices,
+                "usage": {"prompt_tokens": len(context.ids), "completion_tokens": generated,
+                          "total_tokens": len(context.ids) + generated}}
+
+    def token_logprobs(self, output: TurnOutput) -> list[dict]:
+        entries = []
+        for token, logprob in zip(output.token_ids, output.behaviour_logprobs):
+            text = self.tokenizer.decode([token], skip_special_tokens=False)
+            entries.append({"token": text, "logprob": logprob, "bytes": list(text.encode()), "top_logprobs": []})
+        return entries
+
+    def text_logprobs(self, output: TurnOutput) -> dict:
+        tokens = [self.tokenizer.decode([token], skip_special_tokens=False) for token in output.token_ids]
+        offsets, position = [], 0
+        for token in tokens:
+            offsets.append(position)
+            position += len(token)
+        return {"tokens": tokens, "token_logprobs": list(output.behaviour_logprobs),
+                "top_logprobs": None, "text_offset": offsets}
+
+
+def stream_chunks(response: dict, *, include_usage: bool = False):
+    """A chat completion as the server-sent events of a stream: per choice, its content, its tool calls and its
+    finish reason, then the usage if asked for, then ``[DONE]``. Generation is not incremental: the reply is
+    complete before the first chunk, which clients that ask for a stream accept all the same."""
+    head = {"id": response["id"], "object": "chat.completion.chunk", "created": response["created"],
+            "model": response["model"]}
+    for choice in response["choices"]:
+        message, index = choice["message"], choice["index"]
+        first = {"role": "assistant", "content": message["content"] or ""}
+        yield {**head, "choices": [{"index": index, "delta": first, "logprobs": choice["logprobs"],
+                                    "finish_reason": None}]}
+        if message.get("tool_calls"):
+            calls = [{"index": position, **call} for position, call in enumerate(message["tool_calls"])]
+            yield {**head, "choices": [{"index": index, "delta": {"tool_calls": calls}, "finish_reason": None}]}
+        yield {**head, "choices": [{"index": index, "delta": {}, "finish_reason": choice["finish_reason"]}]}
+    if include_usage:
+        yield {**head, "choices": [], "usage": response["usage"]}
+
+
+def _tokenize(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -1,0 +1,210 @@
+"""The OpenAI-compatible HTTP endpoint of the inference service (FastAPI, served by uvicorn).
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models`` (unrecorded calls, with the
+run's token), and the same under ``/sessions/<id>/v1`` (one episode's calls, recorded, with that session's
+own key: a session's key opens no other session). The server runs as a task on the event loop of the
+episodes, so its generation requests go to the same ``HFService`` and batch with everything else.
+
+It binds 127.0.0.1 on a free port unless told otherwise; bodies larger than ``max_body_bytes`` are refused
+(413) before they are parsed.
+"""
+
+import asyncio
+import contextlib
+import secrets
+import socket
+
+from unipg.inference.endpoint.protocol import ChatRequest, CompletionRequest, Completions, stream_chunks
+from unipg.inference.endpoint.render import RequestError
+from unipg.inference.endpoint.sessions import Sessions
+
+
+def _error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}}, status)
+
+
+class BodyLimit:
+    """ASGI middleware: a request whose body passes ``limit`` bytes is answered 413 and never parsed."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        messages, size = [], 0
+        while True:
+            message = await receive()
+            messages.append(message)
+            size += len(message.get("body", b""))
+            if size > self.limit:
+                response = _error(413, f"the request body passes this endpoint's limit of {self.limit} bytes")
+                return await response(scope, receive, send)
+            if message["type"] != "http.request" or not message.get("more_body"):
+                break
+
+        async def replay():
+            return messages.pop(0) if messages else await receive()
+
+        return await self.app(scope, replay, send)
+
+
+def _bearer(authorization: str | None) -> str | None:
+    if authorization and authorization.lower().startswith("bearer "):
+        return authorization[7:].strip()
+    return None
+
+
+def build_app(completions: Completions, sessions: Sessions, token: str, *, max_body_bytes: int):
+    """The application: routes, authentication, and OpenAI-shaped errors.
+
+    Routes are plain request handlers: the body is validated by its pydantic model straight from the bytes and
+    the answer is a ``JSONResponse`` of plain data, which skips FastAPI's dependency resolution and response
+    encoding (a third of the server's time per request)."""
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+    from pydantic import ValidationError
+
+    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+
+    def caller(session_id: str | None, authorization: str | None):
+        """(session or None, error response or None)."""
+        key = _bearer(authorization)
+        if session_id is None:
+            ok = key is not None and secrets.compare_digest(key, token)
+            return None, None if ok else _error(401, "missing or wrong API key", kind="authentication_error")
+        session = sessions.get(session_id, key)
+        if session is None:
+            return None, _error(401, "missing or wrong API key for this session", kind="authentication_error")
+        return session, None
+
+    async def answer(request, method, model):
+        session, refused = caller(request.path_params.get("session_id"), request.headers.get("authorization"))
+        if refused is not None:
+            return refused
+        try:
+            body = None if model is None else model.model_validate_json(await request.body())
+            response = await method(body, session)
+        except ValidationError as error:
+            return _invalid(error)
+        except RequestError as error:
+            return _error(400, str(error), error.param)
+        if getattr(body, "stream", None):
+            return _event_stream(response, include_usage=bool((body.stream_options or {}).get("include_usage")))
+        return JSONResponse(response)
+
+    async def models(body, session):
+        return {"object": "list", "data": [{"id": completions.model_name, "object": "model", "created": 0,
+                                            "owned_by": "unipg"}]}
+
+    for prefix in ("/v1", "/sessions/{session_id}/v1"):
+        for path, method, model, verb in (("chat/completions", completions.chat, ChatRequest, "POST"),
+                                          ("completions", completions.complete, CompletionRequest, "POST"),
+                                          ("models", models, None, "GET")):
+            app.add_route(f"{prefix}/{path}", _route(answer, method, model), methods=[verb])
+    return BodyLimit(app, max_body_bytes)
+
+
+def _route(answer, method, model):
+    async def route(request):
+        return await answer(request, method, model)
+
+    return route
+
+
+def _invalid(error):
+    """The 400 answer to a body its model refused, naming the first offending field."""
+    first = error.errors()[0]
+    field = ".".join(str(part) for part in first["loc"]) or "body"
+    if first["type"] == "extra_forbidden":
+        return _error(400, f"unsupported field '{field}'", field)
+    return _error(400, f"{field}: {first['msg']}", field)
+
+
+def _event_stream(response: dict, *, include_usage: bool):
+    import json
+
+    from fastapi.responses import StreamingResponse
+
+    async def events():
+        for chunk in stream_chunks(response, include_usage=include_usage):
+            yield f"data: {json.dumps(chunk)}\n\n"
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+class EndpointServer:
+    """The endpoint on the running event loop: ``async with server.serving(): ...``; ``base_url`` and
+    ``token`` are set while it serves."""
+
+    def __init__(self, completions: Completions, sessions: Sessions, *, host: str = "127.0.0.1", port: int = 0,
+                 max_body_bytes: int = 1 << 20):
+        self.completions, self.sessions = completions, sessions
+        self.host, self.port, self.max_body_bytes = host, port, max_body_bytes
+        self.token = secrets.token_urlsafe(24)
+        self.base_url: str | None = None
+        self.http = None  # the uvicorn server while it serves
+
+    def session_url(self, session_id: str) -> str:
+        return f"{self.base_url}/sessions/{session_id}/v1"
+
+    @contextlib.asynccontextmanager
+    async def serving(self):
+        import uvicorn
+
+        app = build_app(self.completions, self.sessions, self.token, max_body_bytes=self.max_body_bytes)
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        # proto given explicitly: asyncio turns Nagle's algorithm off only on sockets whose proto is TCP, and a
+        # response written as headers then body would otherwise wait out the client's delayed ACK (~40 ms)
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        port = sock.getsockname()[1]
+        started = asyncio.Event()
+        server = _Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False), started)
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        try:
+            waiter = asyncio.create_task(started.wait())
+            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            if not started.is_set():
+                waiter.cancel()
+                task.result()  # the server's own error
+                raise RuntimeError("the endpoint stopped before it started")
+            host = f"[{self.host}]" if family == socket.AF_INET6 else self.host
+            self.base_url, self.http = f"http://{host}:{port}", server
+            yield self
+        finally:
+            server.should_exit = True
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await task
+            sock.close()
+            self.base_url = self.http = None
+
+
+def _server_class():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server that says when it is listening and leaves signals to the process it runs in."""
+
+        def __init__(self, config, started: asyncio.Event):
+            super().__init__(config)
+            self.started_event = started
+
+        async def startup(self, sockets=None):
+            await super().startup(sockets=sockets)
+            self.started_event.set()
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            yield
+
+    return Server
+
+
+def _Server(config, started):  # noqa: N802 — a class built on first use: uvicorn is imported lazily
+    return _server_class()(config, started)
+

@@ -1,0 +1,190 @@
+"""Sessions: every call of one episode recorded token for token, and joined into trajectories.
+
+A call's context is token ids; what the engine sampled is kept as ids with their behaviour log-probs and
+policy version, never re-tokenised. A call *extends* a trajectory of its session when its rendered prompt
+text starts with everything that trajectory holds so far (its prompt, what the agent added, the model's
+replies). The new context is then that trajectory's ids followed by the tokens of the rest of the prompt
+only (the agent's additions: the end of the assistant turn, tool results, user messages), which are
+observation tokens (loss mask 0). A reply that ended on EOS is also extended by a prompt holding the reply
+without the EOS (what a text completion returns): the sampled EOS stays, the rest of the prompt follows it.
+A call that extends no trajectory starts a new one of the same episode.
+
+The text a trajectory is compared with is built from the sampled ids themselves (decoded with special
+tokens kept, the final EOS as the tokenizer writes it), so the comparison holds whatever the tokenizer would
+make of that text: a BPE that would split a sampled word differently still extends the trajectory, and
+the ids stay the sampled ones.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+
+from unipg.inference import TurnOutput
+
+
+@dataclass
+class SessionTrajectory:
+    """One sequence of calls of a session, each continuing the last one's reply."""
+
+    prompt_ids: list[int]  # the first call's context
+    text: str  # the rendered text of prompt + every token after it, compared with later prompts
+    token_ids: list[int] = field(default_factory=list)  # every token after the prompt, sampled or inserted
+    loss_mask: list[int] = field(default_factory=list)  # 1 on sampled tokens, 0 on the agent's additions
+    behaviour_logprobs: list[float] = field(default_factory=list)  # log μ on sampled tokens, 0 elsewhere
+    turn_of_token: list[int] = field(default_factory=list)  # call a sampled token belongs to; -1 inserted
+    policy_versions: list[int] = field(default_factory=list)  # weights version of each call
+    turn_texts: list[str] = field(default_factory=list)  # each call's reply text as returned
+    finish_reasons: list[str] = field(default_factory=list)
+
+    @property
+    def ids(self) -> list[int]:
+        return self.prompt_ids + self.token_ids
+
+    @property
+    def turns(self) -> int:
+        return len(self.turn_texts)
+
+    def insert(self, token_ids: list[int]) -> None:
+        self.token_ids += token_ids
+        self.loss_mask += [0] * len(token_ids)
+        self.behaviour_logprobs += [0.0] * len(token_ids)
+        self.turn_of_token += [-1] * len(token_ids)
+
+    def add_reply(self, output: TurnOutput, raw_text: str) -> None:
+        turn = self.turns
+        self.token_ids += output.token_ids
+        self.loss_mask += [1] * len(output.token_ids)
+        self.behaviour_logprobs += output.behaviour_logprobs
+        self.turn_of_token += [turn] * len(output.token_ids)
+        self.policy_versions.append(output.policy_version)
+        self.turn_texts.append(output.text)
+        self.finish_reasons.append(output.finish_reason)
+        self.text += raw_text
+
+
+@dataclass
+class Context:
+    """Where a call's generation starts: its ids, and the trajectory it continues (None: a new one)."""
+
+    ids: list[int]
+    text: str
+    trajectory: SessionTrajectory | None
+    inserted: list[int]  # the tokens added after the trajectory's end (empty for a new trajectory)
+    length: int  # len(trajectory.token_ids) when matched: a reply appends only if nothing came in between
+
+
+class Session:
+    """The calls of one episode; reachable only with its own key."""
+
+    def __init__(self, session_id: str, tokenizer, *, eos_ids: list[int], order: int = 0):
+        """``order``: where the session's requests sit in a batch of the engine (reproducible batches)."""
+        self.id, self.key, self.order = session_id, secrets.token_urlsafe(24), order
+        self.tokenizer, self.eos_ids = tokenizer, set(eos_ids)
+        self.trajectories: list[SessionTrajectory] = []
+        self.raw_replies: dict[tuple, str] = {}  # reply_key of a returned message → the text the model sampled
+        self.last: SessionTrajectory | None = None  # the trajectory of the latest call (its first choice)
+        self.calls = 0
+        self.closed = False
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+
+    def raw_text(self, token_ids: list[int]) -> str:
+        """The sampled ids as the chat template writes a reply: special tokens kept, a final EOS as its own
+        token text (the template's end of turn starts with it)."""
+        ended = bool(token_ids) and token_ids[-1] in self.eos_ids
+        body = token_ids[:-1] if ended else token_ids
+        text = self.tokenizer.decode(body, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return text + (self.tokenizer.convert_ids_to_tokens(token_ids[-1]) if ended else "")
+
+    def context(self, text: str, ids: list[int] | None = None) -> Context:
+        """The context of a call whose prompt renders to ``text`` (or is given as ``ids``): continuing the
+        latest trajectory whose text (ids) it starts with, else a new trajectory.
+
+        A reply that ended on EOS is continued also by a prompt that holds the reply without it (a text
+        completion returns the reply's text without the EOS, and an agent appends to that): the EOS was
+        sampled, so it stays in the trajectory, and the prompt's rest follows it."""
+        for trajectory in reversed(self.trajectories):
+            if not trajectory.turns:
+                continue
+            ended = self._ended_on_eos(trajectory)
+            if ids is not None:
+                held = trajectory.ids
+                if ids[:len(held)] == held and (len(ids) > len(held) or ended):
+                    return Context(ids, text, trajectory, ids[len(held):], len(trajectory.token_ids))
+                if ended and ids[:len(held) - 1] == held[:-1]:
+                    inserted = ids[len(held) - 1:]
+                    return Context(held + inserted, text, trajectory, inserted, len(trajectory.token_ids))
+                continue
+            if text.startswith(trajectory.text) and (len(text) > len(trajectory.text) or ended):
+                return self._continuing(trajectory, text, len(trajectory.text))
+            if ended:
+                body = len(trajectory.text) - len(self.tokenizer.convert_ids_to_tokens(trajectory.token_ids[-1]))
+                if text.startswith(trajectory.text[:body]):
+                    return self._continuing(trajectory, text, body)
+        return Context(ids if ids is not None else self.tokenize(text), text, None, [], 0)
+
+    def _continuing(self, trajectory: SessionTrajectory, text: str, held: int) -> Context:
+        """The context of a prompt ``text`` whose first ``held`` characters are ``trajectory``'s."""
+        inserted = self.tokenize(text[held:])
+        return Context(trajectory.ids + inserted, text, trajectory, inserted, len(trajectory.token_ids))
+
+    def _ended_on_eos(self, trajectory: SessionTrajectory) -> bool:
+        """The trajectory's last reply sampled something, then EOS: a prompt may hold that reply without it."""
+        tokens, turns = trajectory.token_ids, trajectory.turn_of_token
+        return len(tokens) >= 2 and tokens[-1] in self.eos_ids and turns[-2] == turns[-1] == trajectory.turns - 1
+
+    def record(self, context: Context, outputs: list[TurnOutput]) -> list[SessionTrajectory]:
+        """Add a call's replies: the first extends the context's trajectory (if it is still where the call
+        found it), the others (``n`` > 1) start trajectories of their own from the same context."""
+        self.calls += 1
+        recorded = []
+        for index, output in enumerate(outputs):
+            trajectory = context.trajectory
+            if index > 0 or trajectory is None or len(trajectory.token_ids) != context.length:
+                trajectory = SessionTrajectory(list(context.ids), context.text)
+                self.trajectories.append(trajectory)
+            else:
+                trajectory.insert(context.inserted)
+                trajectory.text = context.text
+            trajectory.add_reply(output, self.raw_text(output.token_ids))
+            recorded.append(trajectory)
+        self.last = recorded[0] if recorded else self.last
+        return recorded
+
+    def remember_reply(self, key: tuple, token_ids: list[int]) -> None:
+        """The reply returned as ``key`` renders, when sent back, as the text of its sampled ids."""
+        ended = bool(token_ids) and token_ids[-1] in self.eos_ids
+        self.raw_replies[key] = self.raw_text(token_ids[:-1] if ended else token_ids)
+
+
+class Sessions:
+    """The open sessions of an endpoint, by id."""
+
+    def __init__(self, tokenizer, *, eos_ids: list[int], max_sessions: int = 4096):
+        self.tokenizer, self.eos_ids, self.max_sessions = tokenizer, eos_ids, max_sessions
+        self._open: dict[str, Session] = {}
+
+    def open(self, order: int = 0) -> Session:
+        if len(self._open) >= self.max_sessions:
+            raise RuntimeError(f"{self.max_sessions} sessions are open; close finished ones")
+        session = Session(secrets.token_hex(12), self.tokenizer, eos_ids=self.eos_ids, order=order)
+        self._open[session.id] = session
+        return session
+
+    def get(self, session_id: str, key: str | None) -> Session | None:
+        """The session, if ``key`` is its key (a constant-time comparison); None otherwise."""
+        session = self._open.get(session_id)
+        if session is None or key is None or not secrets.compare_digest(session.key, key):
+            return None
+        return session
+
+    def close(self, session: Session) -> list[SessionTrajectory]:
+        """Stop serving the session; its trajectories."""
+        session.closed = True
+        self._open.pop(session.id, None)
+        return session.trajectories
+
+    def __len__(self) -> int:
+        return len(self._open)

@@ -1,0 +1,192 @@
+"""The ``hf`` engine: one policy, many concurrent episodes, batched generation (dynamic batching).
+
+Agents that wait on tools must not turn into batch-size-1 generate calls. Each episode ``await``s
+``engine.generate(context_ids)``; the engine collects pending requests and runs them as one batched
+``LMPolicy.sample`` call as soon as every running episode is waiting for generation, or ``batch_wait``
+seconds after the first request arrived while other episodes are still busy with tools. Generation runs
+on a worker thread (torch releases the GIL), so tool calls proceed while the model samples.
+
+With ``batch_wait=None`` the engine only generates when every running episode is waiting: batches are then
+a function of the episodes alone, not of tool timing, which makes seeded runs reproducible.
+
+With ``sync`` (asynchronous training: ``WeightSync.pull``), the engine loads newer weights between generate
+calls, so an episode's turns may come from different versions; each turn records the version that sampled it.
+
+The sampler is the trainer's own model code (``LMPolicy.sample``), so its behaviour log-probs are the trainer's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from contextlib import asynccontextmanager
+
+import torch
+
+from unipg.policy.generation import cut_at_stop
+from unipg.policy.lm import LMPolicy
+from unipg.inference.base import ENGINES, SamplingParams, TurnOutput
+
+
+class HFService:
+    """Batches ``generate`` requests of concurrent episodes into ``LMPolicy.sample`` calls."""
+
+    def __init__(self, policy: LMPolicy, params: SamplingParams, *, generator: torch.Generator | None = None,
+                 batch_wait: float | None = 0.005, max_batch: int = 512, sync: Callable[[], int | None] | None = None):
+        self.policy, self.params, self.generator, self.sync = policy, params, generator, sync
+        self.batch_wait, self.max_batch = batch_wait, max_batch
+        self.policy_version = 0  # bumped by the driver whenever the weights change
+        self.batches: list[int] = []  # size of every generate call, for the batching metrics
+        self.generate_seconds = 0.0  # wall time inside generate calls
+        self.turns = 0  # generate requests answered
+        self.prefill_tokens = 0  # context tokens the model ran before sampling (all of each context: no reuse)
+        self._pending: list[tuple[int, list[int], int, asyncio.Future, SamplingParams | None]] = []
+        self._active = 0
+        self._wakeup: asyncio.Event | None = None
+        self._worker: asyncio.Task | None = None
+
+    def pop_batches(self) -> tuple[list[int], float]:
+        """Sizes of the generate calls and their seconds since the last call."""
+        sizes, seconds = self.batches, self.generate_seconds
+        self.batches, self.generate_seconds = [], 0.0
+        return sizes, seconds
+
+    @asynccontextmanager
+    async def running(self):
+        """Run the batching worker for the duration of the block."""
+        self._wakeup = asyncio.Event()
+        self._worker = asyncio.create_task(self._serve())
+        try:
+            yield self
+        finally:
+            self._worker.cancel()
+            try:
+                await self._worker
+            except asyncio.CancelledError:
+                pass
+            self._worker = None
+
+    @asynccontextmanager
+    async def episode(self):
+        """Count an episode as running while inside the block (the engine waits for running episodes)."""
+        self._active += 1
+        try:
+            yield
+        finally:
+            self._active -= 1
+            self._wakeup.set()
+
+    async def generate(self, context_ids: list[int], *, max_new_tokens: int, order: int = 0,
+                       params: SamplingParams | None = None) -> TurnOutput:
+        """Sample one turn continuing ``context_ids``; ``order`` fixes the row order inside a batch; ``params``
+        (optional) replaces the engine's sampling parameters for this request."""
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append((order, context_ids, max_new_tokens, future, params))
+        self._wakeup.set()
+        return await future
+
+    async def _serve(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            self._pending = [request for request in self._pending if not request[3].done()]  # episodes cancelled
+            if not self._pending:
+                continue
+            if len(self._pending) < min(self._active, self.max_batch):
+                if self.batch_wait is None:
+                    continue  # wait until every running episode asks
+                try:
+                    await asyncio.wait_for(self._all_waiting(), self.batch_wait)
+                except (asyncio.TimeoutError, TimeoutError):
+                    pass
+            batch = sorted(self._pending, key=lambda request: request[0])[: self.max_batch]
+            taken = {id(request) for request in batch}
+            self._pending = [request for request in self._pending if id(request) not in taken]
+            try:
+                outputs = await asyncio.to_thread(self._sample_by_params, batch)
+            except Exception as error:  # noqa: BLE001 — hand the failure to the waiting episodes
+                for request in batch:
+                    if not request[3].done():
+                        request[3].set_exception(error)
+            else:
+                for request, output in zip(batch, outputs):
+                    if not request[3].done():  # its episode may have been cancelled meanwhile
+                        request[3].set_result(output)
+            if self._pending:
+                self._wakeup.set()
+
+    async def _all_waiting(self) -> None:
+        while len(self._pending) < min(self._active, self.max_batch):
+            self._wakeup.clear()
+            await self._wakeup.wait()
+
+    def _sample_by_params(self, batch: list[tuple]) -> list[TurnOutput]:
+        """One sampling call per distinct set of parameters in ``batch`` (one call when no request overrides)."""
+        if self.sync is not None:  # between generate calls: take the learner's newest weights (once per batch)
+            version = self.sync()
+            if version is not None:
+                self.policy_version = version
+        outputs: list[TurnOutput | None] = [None] * len(batch)
+        chosen = [request[4] or self.params for request in batch]
+        kinds: list[SamplingParams] = []
+        for params in chosen:
+            if params not in kinds:
+                kinds.append(params)
+        for params in kinds:
+            rows = [row for row, own in enumerate(chosen) if own == params]
+            sampled = self._sample([batch[row][1] for row in rows], [batch[row][2] for row in rows], params)
+            for row, output in zip(rows, sampled):
+                outputs[row] = output
+        return outputs
+
+    def _sample(self, contexts: list[list[int]], budgets: list[int],
+                params: SamplingParams | None = None) -> list[TurnOutput]:
+        self.batches.append(len(contexts))
+        self.turns += len(contexts)
+        self.prefill_tokens += sum(len(context) for context in contexts)
+        start = time.perf_counter()
+        params = params or self.params
+        generation = self.policy.sample(contexts, max_new_tokens=max(budgets), temperature=params.temperature,
+                                        top_p=params.top_p, top_k=params.top_k, stop=params.stop,
+                                        keep_stop=params.keep_stop, generator=self.generator)
+        eos = set(self.policy.eos_ids)
+        outputs = []
+        for row, budget in enumerate(budgets):
+            length = int(generation.completion_mask[row].sum())
+            ids = generation.completion_ids[row, :length].tolist()
+            finish, text = generation.finish_reasons[row], generation.texts[row]
+            if length > budget:  # a shorter budget than the batch's: cut this row at its own budget
+                ids, finish = ids[:budget], "length"
+                text = cut_at_stop(self.policy.decode(ids), params.stop, params.keep_stop)
+            outputs.append(TurnOutput(ids, generation.behaviour_logprobs[row, :len(ids)].tolist(), text, finish,
+                                      bool(ids) and ids[-1] in eos, self.policy_version))
+        self.generate_seconds += time.perf_counter() - start
+        return outputs
+
+
+class HFEngine:
+    """The ``hf`` engine: services are ``HFService``s on the policy itself (its weights are the learner's or
+    a copy that ``sync`` refreshes), so loading new weights is the caller's ``load_state_dict``."""
+
+    name = "hf"
+
+    def __init__(self, policy: LMPolicy):
+        self.policy = policy
+
+    def service(self, params: SamplingParams, generator: torch.Generator | None, *, batch_wait: float | None,
+                max_batch: int, sync: Callable[[], int | None] | None = None) -> HFService:
+        return HFService(self.policy, params, generator=generator, batch_wait=batch_wait, max_batch=max_batch,
+                               sync=sync)
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+@ENGINES.register("hf")
+def hf_engine(policy: LMPolicy, config) -> HFEngine:
+    """The policy's own batching sampler (LMPolicy.sample): log-probs computed by the trainer's code."""
+    return HFEngine(policy)

