@@ -21,16 +21,14 @@ Where the two learners differ, the caller says so with an explicit argument, so 
   denominators (its token count, its sequence count, or B · max_new_tokens) whatever the micro-batch size.
   The gymnasium learner steps on whole mini-batches: their own denominators are the global ones.
 - ``report_importance_ess``: the effective sample size of ρ·w, reported by the language-model learner when
-  its batch carries ages (asynchronous data). Gym samples always carry an age (0 when fresh), and its logs
-  never had the metric, so the gymnasium learner does not ask for it.
+  its batch carries ages (asynchronous data). Gym samples always carry an age (0 when fresh); the
+  gymnasium learner does not ask for it.
 - Advantages are prepared by the caller: the gymnasium learner whitens them per mini-batch, the language-model
   learner once per batch when it computes them.
 - ``tis_cap``: the language-model learner corrects the gap between its inference engine and itself (below);
   the gymnasium learner samples with the very module it trains, so it has no such gap and passes None.
 
-The terms are summed in the order of the formula. Before the two paths shared this function, the language-model
-learner added the entropy bonus before the value loss; with both a critic and entropy_coef > 0 its loss can
-therefore differ from before in the last bit of float rounding, and in no other case.
+The terms are summed in the order of the formula.
 
 The engine gap, measured and corrected (truncated importance sampling, TIS). The log-probs μ_engine an inference
 engine reports for the tokens it sampled are not the trainer's log-probs π_trainer_old of the same tokens under

@@ -114,11 +114,9 @@ def build_warm_start(config: Config, task: Task, folder: Path, *, log=print) -> 
 def warm_start_threads(config: Config) -> int:
     """CPU threads for the warm start: ``threads`` when set, one for a deterministic run (a reduction split across
     threads may sum in another order), else torch's default. RL runs the embedded model on one thread, where its
-    small per-token products are fastest; a fine-tuning step multiplies a whole batch of sequences at once (16
-    rows of about 100 tokens for the calculator agent), large enough that a second core makes it about 1.6 times
-    as fast (``benchmarks/threads.py``). Threads that share cores with other work wait on each other instead:
-    beside a busy process the same step is twice as slow on two threads as on one, hence the advice to set
-    ``threads=1`` there."""
+    small per-token products are fastest; a fine-tuning step multiplies a whole batch of sequences at once, large
+    enough for more cores to pay (``benchmarks/threads.py`` measures both counts). Threads that share cores with
+    other work wait on each other instead, hence the advice to set ``threads=1`` on a busy machine."""
     if config.threads is not None:
         return config.threads
     return 1 if config.deterministic else STARTUP_THREADS

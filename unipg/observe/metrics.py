@@ -224,9 +224,8 @@ def limit_malloc_arenas(arenas: int = 2) -> bool:
     threads already hold stay.
 
     glibc gives threads that allocate at the same time arenas of their own, up to eight per core, and keeps each
-    arena's freed pages: as a thread pool of tool calls fills, resident memory creeps up without a leak (a
-    10-minute soak of 256 concurrent episodes: 439 → 532 MB with the default, 444 → 437 MB with two arenas and
-    the same throughput, see docs/benchmarks.md). The ``unipg`` command calls it first thing; a program that
+    arena's freed pages: as a thread pool of tool calls fills, resident memory creeps up without a leak (``benchmarks/soak.py``
+    measures it with and without the cap). The ``unipg`` command calls it first thing; a program that
     embeds unipg decides for itself (``MALLOC_ARENA_MAX=2`` in its environment does the same)."""
     import os
 

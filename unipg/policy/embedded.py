@@ -62,8 +62,8 @@ EMBEDDED_SIZES: dict[str, dict] = {
     # The tiny model with numbers read in groups of up to three digits and a key/value head per attention head
     # (≈1.2M parameters, the extra ones in the embedding table): an agent copies a number into a call or out of a
     # tool's result in two or three tokens instead of five or six, so the copy no longer depends on the number's
-    # length (a character model copies by position and fails the lengths it sees less often). With two key/value
-    # heads shared by four, the copy was learned in one data order of two; with four, in every order tried.
+    # length (a character model copies by position and fails the lengths it sees less often). A key/value head per
+    # attention head learns the copy in more data orders than shared ones (docs/benchmarks.md).
     # Keep "tiny" for arithmetic done in the model's head, which wants one token per digit.
     "tiny-numbers": dict(_TINY, num_key_value_heads=4, tokenizer="numbers"),
 }

@@ -28,7 +28,7 @@ from typing import Any, Callable
 from unipg.registry import FactoryRegistry
 from unipg.tasks.answers import extract_final_answer, normalize_answer
 from unipg.tools.bounded import IsolatedFunction, parse_number, symbolic_refusal
-from unipg.tasks.rewards.combine import (  # noqa: F401  (the combination, importable from here as before)
+from unipg.tasks.rewards.combine import (  # noqa: F401  (the combination, importable from here)
     CombinedReward,
     RewardFunction,
     RewardFunctionError,
