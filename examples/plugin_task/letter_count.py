@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import random
 
-from unipg.tasks.rewards.rules import REWARDS, RewardFunction, text_of
-from unipg.tasks.base import TASKS, Example, Task
-from unipg.tools.base import TOOLS, Tool, format_tool_call, tool
+from unipg.tasks import REWARDS, TASKS, Example, RewardFunction, Task, text_of
+from unipg.tools import TOOLS, Tool, format_tool_call, tool
 
 
 def letters(word: str) -> str:

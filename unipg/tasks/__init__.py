@@ -6,7 +6,7 @@ Plugins import from here: ``from unipg.tasks import TASKS, REWARDS, Example, Tas
 
 from unipg.tasks import calculator, dataset, gsm8k, multihop, procedural, solver_checker, units  # noqa: F401  (register)
 from unipg.tasks.base import TASKS, Example, Task, make_task
-from unipg.tasks.rewards import REWARDS, CombinedReward, RewardFunctionError, build_rewards, text_of
+from unipg.tasks.rewards import REWARDS, CombinedReward, RewardFunction, RewardFunctionError, build_rewards, text_of
 
-__all__ = ["REWARDS", "TASKS", "CombinedReward", "Example", "RewardFunctionError", "Task", "build_rewards",
-           "make_task", "text_of"]
+__all__ = ["REWARDS", "TASKS", "CombinedReward", "Example", "RewardFunction", "RewardFunctionError", "Task",
+           "build_rewards", "make_task", "text_of"]

@@ -3,7 +3,7 @@ reward model (``model``) and the generators' own scores of the ``reasoning_gym``
 on import."""
 
 from unipg.tasks.rewards import model, procedural  # noqa: F401  (register 'reward_model' and 'reasoning_gym')
-from unipg.tasks.rewards.combine import CombinedReward, RewardFunctionError
+from unipg.tasks.rewards.combine import CombinedReward, RewardFunction, RewardFunctionError
 from unipg.tasks.rewards.rules import REWARDS, build_rewards, text_of
 
-__all__ = ["REWARDS", "CombinedReward", "RewardFunctionError", "build_rewards", "text_of"]
+__all__ = ["REWARDS", "CombinedReward", "RewardFunction", "RewardFunctionError", "build_rewards", "text_of"]
