@@ -33,7 +33,9 @@ def is_text_field(annotation: Any) -> bool:
 
 class Section(BaseModel):
     # allow_inf_nan=False: an infinite or NaN learning rate, coefficient or clip range is always a mistake.
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+    # use_attribute_docstrings: the docstring under each field is its description (``unipg config --explain``).
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False,
+                              use_attribute_docstrings=True)
 
     @field_validator("*", mode="before")
     @classmethod
