@@ -20,6 +20,7 @@ REPORTS = {
     "learner.py": "packed / padded tokens/s:",
     "peer_ppo.py": "mean wall time: unipg",
     "ray_scaling.py": "| backend | rollout workers | trajectories/s |",
+    "same_metrics.py": "values compared, same",
     "soak.py": "RSS trend over the second half:",
     "staleness_ablation.py": "runs, 1 at a time,",
     "threads.py": "threads, batch",
