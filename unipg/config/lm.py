@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from unipg.config.section import Section
+from unipg.config.section import Section, read_in
 
 
 class ModelConfig(Section):
@@ -198,23 +198,23 @@ class SFTConfig(Section):
 class SampleConfig(Section):
     """How completions are sampled for text tasks (unused by gymnasium training)."""
 
-    samples_per_prompt: int = Field(8, ge=1)
+    samples_per_prompt: int = Field(8, ge=1, json_schema_extra=read_in("lm"))
     """completions sampled per prompt: the group of GRPO and RLOO; batch_size / samples_per_prompt prompts per update."""
-    max_new_tokens: int = Field(64, ge=1)
+    max_new_tokens: int = Field(64, ge=1, json_schema_extra=read_in("lm"))
     """longest completion in tokens; must be below the model's context length (checked when the model loads)."""
-    temperature: float = Field(1.0, ge=0.0)
+    temperature: float = Field(1.0, ge=0.0, json_schema_extra=read_in("lm"))
     """sampling temperature (0 = greedy); log-probs are those of softmax(logits / temperature)."""
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0, json_schema_extra=read_in("lm"))
     """nucleus sampling: keep the smallest token set with probability ≥ top_p."""
-    top_k: int | None = Field(None, ge=1)
+    top_k: int | None = Field(None, ge=1, json_schema_extra=read_in("lm"))
     """keep only the k most likely tokens (None = all)."""
-    stop: list[str] = Field(default_factory=list)
+    stop: list[str] = Field(default_factory=list, json_schema_extra=read_in("lm"))
     """strings that end a completion (besides the EOS token); the text is cut before them."""
-    max_prompt_length: int = Field(512, ge=1)
+    max_prompt_length: int = Field(512, ge=1, json_schema_extra=read_in("lm"))
     """prompts longer than this many tokens keep their last max_prompt_length tokens. Where a prompt and its
     completion would outgrow the model's context, the completion stops there (finish reason "length"); a prompt
     that fills the context by itself is an error."""
-    rollout_steps: int = Field(512, ge=1)
+    rollout_steps: int = Field(512, ge=1, json_schema_extra=read_in())  # seed 000's key; nothing reads it
     """trajectories the rollout side produces per learner step."""
     replay_buffer_size: int = Field(4096, ge=1)
     """capacity of the replay buffer in trajectories."""

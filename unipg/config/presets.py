@@ -1,9 +1,10 @@
 """Named algorithm presets: an algorithm is one answer to each of the three questions.
 
 A preset fills the defaults a user did not set; every value can be overridden. Each preset also says which
-config keys the algorithm ignores, so that setting one of those is reported instead of silently doing
-nothing; estimator hyperparameters that only some estimators read are not listed here but derived from the
-estimator registries (``unipg.config.hyperparameters``). The classic-control defaults follow the tuned settings practitioners publish for CartPole-v1.
+config keys the algorithm ignores beyond those its mode never reads (declared on the fields), so that setting
+one of those is reported instead of silently doing nothing; estimator hyperparameters that only some estimators
+read are not listed here but derived from the estimator registries (``unipg.config.hyperparameters``). The
+classic-control defaults follow the tuned settings practitioners publish for CartPole-v1.
 """
 
 from __future__ import annotations
@@ -12,38 +13,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from unipg.config.hyperparameters import unread_hyperparameters
+from unipg.config.modes import unread_keys
 
-# Keys classic-control training never reads: no reference model, MLPs on the
-# CPU, and one-step samples for which every loss aggregation mode gives the same result.
-_GYM_UNUSED = frozenset(
-    {
-        "device",
-        "estimator.loss_agg_mode",
-        "estimator.kl_coef",
-        "estimator.kl_estimator",
-        "estimator.kl_control",
-        "estimator.target_kl",
-        "estimator.kl_horizon",
-        "sample.rollout_steps",
-    }
-)
+# Keys that one mode never reads, declared on the fields (``read_in`` in ``unipg.config.section``): a gymnasium
+# run has no language model, task, agent or reference model, and its one-step samples give every loss aggregation
+# mode the same result; a language-model run has no gymnasium environment, MLP or gym batch sizes.
+_GYM_UNUSED = unread_keys("gym")
+_LM_UNUSED = unread_keys("lm")
 # The critic regression epochs of TRPO's separate critic optimizer: a train key, so no estimator registry
 # declares it. (Estimator hyperparameters that only some estimators read, such as TRPO's max_kl or PPO's
 # clip_range, are not listed here: ``unipg.config.hyperparameters`` derives them from the registries.)
 _TRPO_TRAIN = frozenset({"train.critic_updates"})
-
-
-# Keys that only language-model training on text tasks reads.
-_LM_ONLY = frozenset({"task.*", "model.*", "sft.*", "agent.*", "rollback.*",
-                        "sample.samples_per_prompt", "sample.max_new_tokens",
-                        "sample.temperature", "sample.top_p", "sample.top_k", "sample.stop", "sample.max_prompt_length",
-                        "train.updates", "train.batch_size", "train.mini_batch_size", "train.micro_batch_size",
-                        "train.weight_decay", "train.tis", "train.tis_cap", "estimator.kl_in_reward",
-                        "eval.every_updates", "eval.pass_k", "eval.max_examples"})
-# Keys that language-model training never reads: the gymnasium environment, the MLP, the gym evaluation,
-# the gym rollout length, and TRPO.
-_LM_UNUSED = frozenset({"env.*", "policy.*", "eval.every_steps", "eval.episodes", "eval.deterministic",
-                          "sample.rollout_steps", "train.batch_transitions", "train.mini_batch_transitions"}) | _TRPO_TRAIN
 
 
 @dataclass(frozen=True)
@@ -66,7 +46,7 @@ class Algorithm:
         return preset
 
     def uses(self, dotted_key: str, text: bool = False) -> bool:
-        unused = (self.lm_unused | _LM_UNUSED) if text else (self.unused | _LM_ONLY)
+        unused = (self.lm_unused | _LM_UNUSED) if text else (self.unused | _GYM_UNUSED)
         section = dotted_key.split(".", 1)[0] + ".*"
         return dotted_key not in unused and section not in unused
 
@@ -121,7 +101,7 @@ _define(
         "train": {"learning_rate": 1e-3, "lr_schedule": "linear", "batch_transitions": 256, "mini_batch_transitions": 64,
                   "num_epochs": 10, "max_grad_norm": 0.5},
     },
-    _GYM_UNUSED | _TRPO_TRAIN,
+    _TRPO_TRAIN,
     # RLHF-style PPO (Ziegler et al. 2019; Ouyang et al. 2022): value head, token-level GAE with γ = 1,
     # the KL to the reference folded into each token's reward.
     _lm_preset({"advantage": "gae", "policy_loss": "ppo", "clip_range": 0.2, "normalize_advantages": True,
@@ -139,8 +119,8 @@ _define(
         "train": {"learning_rate": 1e-3, "batch_transitions": 1024, "mini_batch_transitions": 128, "critic_updates": 10,
                   "max_grad_norm": None},
     },
-    _GYM_UNUSED | {"estimator.value_loss_coef", "estimator.value_clip_range", "train.num_epochs",
-                                "estimator.entropy_coef", "estimator.off_policy_weight"},
+    frozenset({"estimator.value_loss_coef", "estimator.value_clip_range", "train.num_epochs",
+               "estimator.entropy_coef", "estimator.off_policy_weight"}),
 )
 _define(
     "a2c",
@@ -152,7 +132,7 @@ _define(
         "train": {"learning_rate": 7e-4, "batch_transitions": 40, "mini_batch_transitions": 40, "num_epochs": 1,
                   "max_grad_norm": 0.5},
     },
-    _GYM_UNUSED | _TRPO_TRAIN | {"estimator.value_clip_range"},
+    _TRPO_TRAIN | {"estimator.value_clip_range"},
 )
 _define(
     "reinforce",
@@ -164,7 +144,7 @@ _define(
         "train": {"learning_rate": 1e-3, "batch_transitions": 4000, "mini_batch_transitions": 4000, "num_epochs": 1,
                   "max_grad_norm": 0.5},
     },
-    _GYM_UNUSED | _TRPO_TRAIN | {"estimator.value_clip_range"},
+    _TRPO_TRAIN | {"estimator.value_clip_range"},
     # On text: the sequence reward on every token minus the batch mean, no critic.
     _lm_preset({"advantage": "batch_mean_baseline", "policy_loss": "vanilla", "kl_coef": 0.0}),
     _CRITIC_FREE,

@@ -7,23 +7,23 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from unipg.config.section import Section
+from unipg.config.section import Section, read_in
 
 
 class EvalConfig(Section):
     """Periodic evaluation on fresh environments."""
 
-    every_steps: int = Field(10_000, ge=1)
+    every_steps: int = Field(10_000, ge=1, json_schema_extra=read_in("gym"))
     """evaluate every this many environment steps (and once at the end)."""
-    episodes: int = Field(20, ge=1)
+    episodes: int = Field(20, ge=1, json_schema_extra=read_in("gym"))
     """evaluation episodes."""
-    deterministic: bool = True
+    deterministic: bool = Field(True, json_schema_extra=read_in("gym"))
     """act greedily (mode of the policy) during evaluation."""
-    every_updates: int = Field(10, ge=1)
+    every_updates: int = Field(10, ge=1, json_schema_extra=read_in("lm"))
     """lm runs: evaluate on the held-out split every this many learner updates (and before and after)."""
-    pass_k: int = Field(4, ge=0)
+    pass_k: int = Field(4, ge=0, json_schema_extra=read_in("lm"))
     """lm runs: also report sampled pass@k with this k (0 = greedy pass@1 only)."""
-    max_examples: int | None = Field(None, ge=1)
+    max_examples: int | None = Field(None, ge=1, json_schema_extra=read_in("lm"))
     """lm runs: evaluate on the first this many held-out examples (None = all)."""
     transcripts: int = Field(4, ge=0)
     """lm runs: at each evaluation, write the transcripts of the first this many held-out greedy episodes to

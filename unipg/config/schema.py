@@ -31,6 +31,7 @@ from unipg.config.secrets import restore_secrets
 from unipg.config.section import (  # ConfigError: the error callers catch
     ConfigError,
     Section,
+    read_in,
 )
 
 
@@ -92,19 +93,19 @@ class EstimatorConfig(Section):
     """weight of the critic's loss when actor and critic share one optimizer step."""
     value_clip_range: float | None = Field(None, gt=0.0)
     """clip the value update around the rollout-time value (PPO2); None = plain MSE."""
-    loss_agg_mode: str = "token-mean"
+    loss_agg_mode: str = Field("token-mean", json_schema_extra=read_in("lm"))
     """how per-sample losses are reduced: token-mean, seq-mean-token-mean, seq-mean-token-sum, ..."""
-    kl_coef: float = Field(0.0, ge=0.0)
+    kl_coef: float = Field(0.0, ge=0.0, json_schema_extra=read_in("lm"))
     """weight of the KL penalty to the reference model (language models)."""
-    kl_estimator: str = "k3"
+    kl_estimator: str = Field("k3", json_schema_extra=read_in("lm"))
     """per-token KL estimator for the reference penalty, a name from unipg.estimate.KL_ESTIMATORS (k1, k2, k3)."""
-    kl_control: Literal["fixed", "adaptive"] = "fixed"
+    kl_control: Literal["fixed", "adaptive"] = Field("fixed", json_schema_extra=read_in("lm"))
     """fixed kl_coef, or adapt it so the observed KL tracks target_kl (Ziegler et al. 2019)."""
-    target_kl: float | None = Field(None, gt=0.0)
+    target_kl: float | None = Field(None, gt=0.0, json_schema_extra=read_in("lm"))
     """target KL for adaptive KL control."""
-    kl_horizon: int = Field(10_000, ge=1)
+    kl_horizon: int = Field(10_000, ge=1, json_schema_extra=read_in("lm"))
     """horizon (in samples) of the adaptive KL controller."""
-    kl_in_reward: bool = False
+    kl_in_reward: bool = Field(False, json_schema_extra=read_in("lm"))
     """lm runs: subtract kl_coef·KL_t from each token's reward (classic RLHF PPO, REINFORCE++) instead of
     adding the KL as a loss term (GRPO)."""
     off_policy_weight: str = "none"
@@ -144,23 +145,23 @@ class TrainConfig(Section):
     """constant, or linear decay to 0 over training."""
     adam_eps: float = Field(1e-5, gt=0.0)
     """Adam ε."""
-    batch_size: int = Field(64, ge=1)
+    batch_size: int = Field(64, ge=1, json_schema_extra=read_in("lm"))
     """language-model runs: completions (trajectories) per learner update, samples_per_prompt per prompt."""
-    mini_batch_size: int = Field(64, ge=1)
+    mini_batch_size: int = Field(64, ge=1, json_schema_extra=read_in("lm"))
     """language-model runs: completions per optimizer step; must divide batch_size."""
-    batch_transitions: int = Field(512, ge=1)
+    batch_transitions: int = Field(512, ge=1, json_schema_extra=read_in("gym"))
     """gymnasium runs: environment transitions per learner update (num_envs × steps per environment)."""
-    mini_batch_transitions: int = Field(128, ge=1)
+    mini_batch_transitions: int = Field(128, ge=1, json_schema_extra=read_in("gym"))
     """gymnasium runs: transitions per optimizer step; must divide batch_transitions."""
     num_epochs: int = Field(4, ge=1)
     """passes over each batch."""
     max_grad_norm: float | None = Field(0.5, gt=0.0)
     """global gradient-norm clip; None disables it."""
-    critic_updates: int = Field(5, ge=1)
+    critic_updates: int = Field(5, ge=1, json_schema_extra=read_in("gym"))
     """TRPO: epochs of critic regression per update (the actor takes one natural-gradient step)."""
-    updates: int = Field(100, ge=1)
+    updates: int = Field(100, ge=1, json_schema_extra=read_in("lm"))
     """lm runs: learner updates after which training stops (gym runs stop at env.total_steps)."""
-    micro_batch_size: int = Field(64, ge=1)
+    micro_batch_size: int = Field(64, ge=1, json_schema_extra=read_in("lm"))
     """lm runs: sequences per forward pass; gradients of a mini-batch are accumulated over micro-batches."""
     max_tokens_per_micro_batch: int | None = Field(None, ge=1)
     """lm runs: form micro-batches by token count instead (at most this many prompt + completion tokens each,
@@ -173,13 +174,13 @@ class TrainConfig(Section):
     logprob_chunk_tokens: int | None = Field(None, ge=1)
     """lm runs: compute log-probs and entropy over this many tokens at a time, recomputing each chunk's
     log-softmax in the backward pass, so the (tokens, vocabulary) log-softmax is never held whole; None = at once."""
-    weight_decay: float = Field(0.0, ge=0.0)
+    weight_decay: float = Field(0.0, ge=0.0, json_schema_extra=read_in("lm"))
     """lm runs: AdamW weight decay."""
-    tis: Literal["auto", "on", "off"] = "auto"
+    tis: Literal["auto", "on", "off"] = Field("auto", json_schema_extra=read_in("lm"))
     """lm runs: measure and correct the gap between the inference engine's log-probs and the trainer's with
     truncated importance sampling (``unipg.learn.objective``); auto = on whenever the engine is not the trainer's
     own model (``sample.engine`` other than hf). On costs one more forward pass per update."""
-    tis_cap: float = Field(2.0, gt=0.0)
+    tis_cap: float = Field(2.0, gt=0.0, json_schema_extra=read_in("lm"))
     """lm runs with tis: the engine-gap weight is min(π_trainer / μ_engine, tis_cap) on tokens of the current
     version."""
 
@@ -194,7 +195,7 @@ class Config(Section):
     for the per-worker and per-evaluation offsets added to it)."""
     deterministic: bool = False
     """use deterministic torch kernels and a single thread (bitwise-reproducible on CPU)."""
-    device: str = "cpu"
+    device: str = Field("cpu", json_schema_extra=read_in("lm"))
     """where the models live: cpu, cuda, cuda:N, mps, or auto (CUDA when this machine has it, else the CPU). lm
     runs put the policy, critic, reference, reward model and SFT warm start there; gymnasium runs keep their MLPs
     on the CPU. A device that is asked for and absent is refused when the config loads (``unipg.config.devices``)."""
@@ -210,12 +211,12 @@ class Config(Section):
     """torch intra-op CPU threads; None = 1 for MLPs and the embedded model (their small matrix products run
     fastest on one thread, and extra threads only contend), torch's default for other models and for the
     embedded model's warm start (batched fine-tuning steps, ``unipg.learn.warm_start.warm_start_threads``)."""
-    env: EnvConfig = Field(default_factory=EnvConfig)
-    policy: PolicyConfig = Field(default_factory=PolicyConfig)
-    task: TaskConfig = Field(default_factory=TaskConfig)
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    sft: SFTConfig = Field(default_factory=SFTConfig)
-    agent: AgentConfig = Field(default_factory=AgentConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig, json_schema_extra=read_in("gym"))
+    policy: PolicyConfig = Field(default_factory=PolicyConfig, json_schema_extra=read_in("gym"))
+    task: TaskConfig = Field(default_factory=TaskConfig, json_schema_extra=read_in("lm"))
+    model: ModelConfig = Field(default_factory=ModelConfig, json_schema_extra=read_in("lm"))
+    sft: SFTConfig = Field(default_factory=SFTConfig, json_schema_extra=read_in("lm"))
+    agent: AgentConfig = Field(default_factory=AgentConfig, json_schema_extra=read_in("lm"))
     endpoint: EndpointConfig = Field(default_factory=EndpointConfig)
     estimator: EstimatorConfig = Field(default_factory=EstimatorConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
@@ -225,7 +226,7 @@ class Config(Section):
     ray: RayConfig = Field(default_factory=RayConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
-    rollback: RollbackConfig = Field(default_factory=RollbackConfig)
+    rollback: RollbackConfig = Field(default_factory=RollbackConfig, json_schema_extra=read_in("lm"))
     data: DataConfig = Field(default_factory=DataConfig)
 
     # Not part of the schema: keys the user set that the chosen algorithm does not use.

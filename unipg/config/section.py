@@ -9,10 +9,32 @@ import types
 from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+from pydantic.fields import FieldInfo
 
 
 class ConfigError(ValueError):
     """A configuration that cannot be used; the message lists every problem and its fix."""
+
+
+# gym: an MLP on a gymnasium environment; lm: a language model on a text task (``Config.mode``).
+MODES = ("gym", "lm")
+
+
+def read_in(*modes: str) -> dict[str, Any]:
+    """The ``json_schema_extra`` of a field or section that only runs of these modes read, e.g.
+    ``Field(0.0, json_schema_extra=read_in("lm"))``; a field without it is read in both. ``read_in()``: a key no
+    run reads, kept so that older configs still load. The warnings about keys a run ignores
+    (``unipg.config.presets``) and ``unipg config --explain`` are derived from these declarations."""
+    unknown = [mode for mode in modes if mode not in MODES]
+    if unknown:
+        raise ValueError(f"unknown mode {unknown[0]!r}; modes are {', '.join(MODES)}")
+    return {"modes": modes}
+
+
+def field_modes(field: FieldInfo) -> tuple[str, ...]:
+    """The modes whose runs read a field: those of its ``read_in`` declaration, else both."""
+    extra = field.json_schema_extra
+    return tuple(extra["modes"]) if isinstance(extra, dict) and "modes" in extra else MODES
 
 
 def scalar_types(annotation: Any) -> set[type]:
