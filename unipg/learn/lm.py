@@ -28,7 +28,6 @@ import math
 import torch
 
 from unipg.config import Config
-from unipg.estimate.kl import kl_penalty
 from unipg.estimate.kl_control import make_kl_controller
 from unipg.estimate.losses import explained_variance
 from unipg.estimate.masked import masked_mean, masked_var
@@ -146,9 +145,6 @@ class LMLearner:
         mask = batch.completion_mask
         metrics = {"advantage_mean": float(masked_mean(batch.advantages, mask)),
                    "advantage_std": float(masked_var(batch.advantages, mask).sqrt())}
-        if batch.reference_logprobs is not None:
-            kl = kl_penalty(batch.behaviour_logprobs, batch.reference_logprobs, estimator="k3")
-            metrics["kl_to_reference"] = float(masked_mean(kl, mask))
         if batch.values is not None:
             metrics["explained_variance"] = float(explained_variance(batch.values, batch.returns, mask))
             metrics["value_mean"] = float(masked_mean(batch.values, mask))
