@@ -92,6 +92,9 @@ def test_unknown_algorithm_and_registry_names():
 def test_group_estimators_are_rejected_for_gym_environments():
     with pytest.raises(ConfigError, match=r"'grpo' works on groups"):
         load_config(None, ["estimator.advantage=grpo"])
+    with pytest.raises(ConfigError, match=r"'reinforce_plus_plus' does not read episode ends .*use one of: "
+                                          r"batch_mean_baseline, gae, reward_to_go, td, value_baseline$"):
+        load_config(None, ["estimator.advantage=reinforce_plus_plus"])
 
 
 def test_flat_and_structured_key_together_is_an_error():

@@ -7,11 +7,14 @@ import torch
 
 from unipg.estimate.advantages import (
     ADVANTAGES,
+    advantage_family,
+    advantage_names,
     batch_mean_baseline_advantages,
     broadcast_to_tokens,
     dr_grpo_advantages,
     gae,
     group_normalized_advantages,
+    needs_critic,
     normalize_advantages,
     reinforce_plus_plus_advantages,
     reward_to_go,
@@ -277,3 +280,16 @@ def test_duplicate_registration_is_rejected():
     with pytest.raises(RegistryError, match="already registered"):
         ADVANTAGES.register("gae")(lambda: None)
     assert ADVANTAGES.get("gae") is gae
+
+
+def test_an_estimators_family_and_its_need_for_a_critic_come_from_the_inputs_it_declares(monkeypatch):
+    assert advantage_names("group") == ["dr_grpo", "grpo", "rloo"] and advantage_names("turn") == ["turn_level"]
+    assert advantage_family("reinforce_plus_plus") == "step"
+    assert [name for name in ADVANTAGES.names() if needs_critic(name)] == ["gae", "td", "value_baseline"]
+    monkeypatch.setattr(ADVANTAGES, "_entries", dict(ADVANTAGES._entries))  # registration undone after the test
+    ADVANTAGES.register("centered", inputs=("scores", "group_size"))(lambda scores, *, group_size: scores)
+    ADVANTAGES.register("critic_turns", inputs=("turn_rewards", "values"))(lambda turn_rewards, values: values)
+    assert advantage_family("centered") == "group" and not needs_critic("centered")
+    assert advantage_family("critic_turns") == "turn" and needs_critic("critic_turns")
+    with pytest.raises(RegistryError, match="did you mean 'grpo'"):
+        advantage_family("grop")

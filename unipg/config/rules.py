@@ -10,14 +10,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from unipg.config.devices import device_problem
-from unipg.estimate import ADVANTAGES, GROUP_ADVANTAGES, KL_ESTIMATORS, OFF_POLICY_WEIGHTS, POLICY_LOSSES
+from unipg.estimate import (
+    ADVANTAGES,
+    KL_ESTIMATORS,
+    OFF_POLICY_WEIGHTS,
+    POLICY_LOSSES,
+    advantage_family,
+    advantage_names,
+    needs_critic,
+)
 from unipg.registry import unknown_name_message
 
 if TYPE_CHECKING:
     from unipg.config.schema import Config
-
-# Advantage estimators defined on per-step rewards with episode boundaries (gymnasium environments).
-STEP_ADVANTAGES = frozenset({"gae", "td", "reward_to_go", "batch_mean_baseline", "value_baseline"})
 
 
 def cross_field_problems(config: Config) -> list[str]:
@@ -57,6 +62,12 @@ def cross_field_problems(config: Config) -> list[str]:
     return problems
 
 
+def reads_episode_ends(advantage: str) -> bool:
+    """Whether step estimator ``advantage`` reads episode ends (``dones``): a gymnasium segment holds several
+    episodes per row, and a return must not flow from one into the one before."""
+    return advantage_family(advantage) == "step" and "dones" in ADVANTAGES.entry(advantage).inputs
+
+
 def ray_agent_problems(config: Config) -> list[str]:
     """An external agent on the Ray backend: each rollout worker serves its own endpoint (and the driver one for
     evaluation), and a worker is replaced when it holds its episodes past ``ray.episode_timeout``."""
@@ -88,21 +99,20 @@ def gym_problems(config: Config) -> list[str]:
         )
     if est.advantage not in ADVANTAGES:
         problems.append("estimator.advantage: " + unknown_name_message("advantage estimator", est.advantage, ADVANTAGES.names()))
-    elif est.advantage not in STEP_ADVANTAGES:
-        problems.append(
-            f"estimator.advantage '{est.advantage}' works on groups of sampled completions (text tasks); "
-            f"for gymnasium environments use one of: {', '.join(sorted(STEP_ADVANTAGES))}"
-        )
+    elif not reads_episode_ends(est.advantage):
+        valid = ", ".join(name for name in advantage_names("step") if reads_episode_ends(name))
+        if advantage_family(est.advantage) != "step":
+            problems.append(f"estimator.advantage '{est.advantage}' works on groups of sampled completions (text "
+                            f"tasks); for gymnasium environments use one of: {valid}")
+        else:
+            problems.append(f"estimator.advantage '{est.advantage}' does not read episode ends (dones), so its returns "
+                            f"would flow across the episodes of a gymnasium segment; use one of: {valid}")
     if train.batch_transitions > config.env.total_steps:
         problems.append(
             f"train.batch_transitions ({train.batch_transitions}) exceeds env.total_steps ({config.env.total_steps}); "
             "no update would run — raise total_steps or lower batch_transitions"
         )
     return problems
-
-
-# Estimators that need a learned value V(s_t) on text tasks.
-CRITIC_ADVANTAGES = frozenset({"gae", "td", "value_baseline"})
 
 
 def learner_rank_problems(config: Config) -> list[str]:
@@ -158,18 +168,19 @@ def lm_problems(config: Config) -> list[str]:
         )
     if est.advantage not in ADVANTAGES:
         problems.append("estimator.advantage: " + unknown_name_message("advantage estimator", est.advantage, ADVANTAGES.names()))
-    elif est.advantage in GROUP_ADVANTAGES and sample.samples_per_prompt < 2:
+    elif advantage_family(est.advantage) == "group" and sample.samples_per_prompt < 2:
         problems.append(
             f"estimator.advantage '{est.advantage}' compares completions of the same prompt; set "
             "sample.samples_per_prompt to at least 2 (e.g. 8)"
         )
-    if sample.dynamic_sampling and est.advantage not in GROUP_ADVANTAGES:
+    known = est.advantage in ADVANTAGES
+    if sample.dynamic_sampling and known and advantage_family(est.advantage) != "group":
         problems.append(
             f"sample.dynamic_sampling drops groups whose group-relative advantages are zero; estimator.advantage "
             f"'{est.advantage}' does not compare a prompt's completions, so no group is without a gradient: use "
-            f"one of {', '.join(sorted(GROUP_ADVANTAGES))}, or set sample.dynamic_sampling=false"
+            f"one of {', '.join(advantage_names('group'))}, or set sample.dynamic_sampling=false"
         )
-    if est.advantage in CRITIC_ADVANTAGES and not (model.value_head or model.critic):
+    if known and needs_critic(est.advantage) and not (model.value_head or model.critic):
         problems.append(
             f"estimator.advantage '{est.advantage}' needs a critic; set model.value_head=true or model.critic=<model>"
         )

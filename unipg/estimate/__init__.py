@@ -4,7 +4,7 @@ Layout convention: batch first, time last — every per-step tensor is (B, T) wi
 shape that is 1 on valid steps/tokens and 0 on padding.
 """
 
-from unipg.estimate.advantages import ADVANTAGES, GROUP_ADVANTAGES
+from unipg.estimate.advantages import ADVANTAGES, advantage_family, advantage_names, needs_critic
 from unipg.estimate.kl import KL_ESTIMATORS
 from unipg.estimate.losses import POLICY_LOSSES, LossOutput
 from unipg.registry import Registry, RegistryError
@@ -12,7 +12,6 @@ from unipg.estimate.weights import OFF_POLICY_WEIGHTS, OffPolicyWeights
 
 __all__ = [
     "ADVANTAGES",
-    "GROUP_ADVANTAGES",
     "KL_ESTIMATORS",
     "OFF_POLICY_WEIGHTS",
     "POLICY_LOSSES",
@@ -20,4 +19,7 @@ __all__ = [
     "OffPolicyWeights",
     "Registry",
     "RegistryError",
+    "advantage_family",
+    "advantage_names",
+    "needs_critic",
 ]

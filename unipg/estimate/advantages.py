@@ -6,13 +6,18 @@ Shape convention: batch first, time last. ``rewards``, ``values``, ``dones`` and
 Padding after an episode's end is harmless when its last valid step is marked done, or when padded
 rewards and values are 0 (and the bootstrap is 0).
 
-The registered estimators come in two families, and the caller passes arguments by name:
+The registered estimators come in three families, each told by the inputs its entry declares
+(``advantage_family``), and the caller passes arguments by name:
 
-- over step rewards (B, T): "gae", "td", "reward_to_go", "batch_mean_baseline", "value_baseline",
-  "reinforce_plus_plus" return ``(advantages, returns)``, both (B, T); ``returns`` is the value-regression
-  target (for critic-free estimators, the reward-to-go).
-- over sequence scores (N,): "grpo", "dr_grpo", "rloo" return advantages (N,); the N samples come in
-  consecutive groups of ``group_size`` per prompt. Spread them over tokens with ``broadcast_to_tokens``.
+- step (neither ``scores`` nor ``turn_rewards``): over step rewards (B, T), "gae", "td", "reward_to_go",
+  "batch_mean_baseline", "value_baseline", "reinforce_plus_plus" return ``(advantages, returns)``, both (B, T);
+  ``returns`` is the value-regression target (for critic-free estimators, the reward-to-go).
+- group (``scores``): over sequence scores (N,), "grpo", "dr_grpo", "rloo" return advantages (N,); the N samples
+  come in consecutive groups of ``group_size`` per prompt. Spread them over tokens with ``broadcast_to_tokens``.
+- turn (``turn_rewards``): over the (N, K) rewards of the K policy turns of N episodes, "turn_level" returns
+  advantages (N, K).
+
+An estimator that reads ``values`` needs a critic (``needs_critic``).
 """
 
 from __future__ import annotations
@@ -23,10 +28,31 @@ from unipg.estimate.masked import masked_mean, masked_whiten
 from unipg.registry import Registry
 
 ADVANTAGES = Registry("advantage estimator")
-GROUP_ADVANTAGES = frozenset({"grpo", "dr_grpo", "rloo"})  # each sample scored against its prompt's group
 # What the per-step estimators read: rewards and episode ends, V(s_T) of unfinished episodes, and V(s_t).
 _MONTE_CARLO_INPUTS = ("rewards", "dones", "bootstrap_value")
 _CRITIC_INPUTS = ("rewards", "values", "dones", "bootstrap_value")
+
+
+def advantage_family(name: str) -> str:
+    """Which data estimator ``name`` reads, from the inputs its entry declares: "group" (``scores``: one score per
+    sample, compared within its prompt's group), "turn" (``turn_rewards``: one reward per policy turn) or "step"
+    (per-step rewards). An unknown name raises ``RegistryError`` listing the valid ones."""
+    inputs = ADVANTAGES.entry(name).inputs
+    if "scores" in inputs:
+        return "group"
+    if "turn_rewards" in inputs:
+        return "turn"
+    return "step"
+
+
+def needs_critic(name: str) -> bool:
+    """Whether estimator ``name`` reads a learned value V(s_t) (its declared inputs hold ``values``)."""
+    return "values" in ADVANTAGES.entry(name).inputs
+
+
+def advantage_names(family: str) -> list[str]:
+    """The registered estimators of ``family`` ("step", "group" or "turn"), sorted."""
+    return [name for name in ADVANTAGES.names() if advantage_family(name) == family]
 
 
 def _discounted_backward_sum(

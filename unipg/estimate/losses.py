@@ -24,6 +24,12 @@ _CLIP_OPTIONS = {"clip_range": "clip_low", "clip_range_high": "clip_high", "dual
                  "loss_agg_mode": "agg_mode"}
 
 
+def reads_proximal_logprobs(name: str) -> bool:
+    """Whether policy loss ``name`` anchors its trust region at a proximal policy π_prox (its declared inputs hold
+    ``proximal_logprobs``), which the learner then evaluates before the update's first step."""
+    return name in POLICY_LOSSES and "proximal_logprobs" in POLICY_LOSSES.entry(name).inputs
+
+
 @dataclass
 class LossOutput:
     """A scalar loss to minimise and the detached scalar metrics to log beside it."""

@@ -24,8 +24,8 @@ from torch.distributions import kl_divergence
 
 from unipg.config import Config
 from unipg.config.schema import EstimatorConfig
-from unipg.estimate import ADVANTAGES
-from unipg.estimate.losses import value_loss
+from unipg.estimate import ADVANTAGES, needs_critic
+from unipg.estimate.losses import reads_proximal_logprobs, value_loss
 from unipg.estimate.masked import masked_whiten
 from unipg.estimate.trpo import TRUST_REGION_STEPS
 from unipg.learn import objective
@@ -40,12 +40,9 @@ from unipg.learn.state import (
 from unipg.policy.mlp import MLPActorCritic
 from unipg.sample.gym_rollout import RolloutBatch
 
-# Estimators that need no critic: their returns are Monte-Carlo and cannot be bootstrapped.
-MONTE_CARLO_ESTIMATORS = frozenset({"reward_to_go", "batch_mean_baseline"})
-
-
 def uses_critic(estimator: EstimatorConfig) -> bool:
-    return estimator.advantage not in MONTE_CARLO_ESTIMATORS
+    """Whether the estimator reads V(s_t); the others' returns are Monte-Carlo and cannot be bootstrapped."""
+    return needs_critic(estimator.advantage)
 
 
 def bootstraps(estimator: EstimatorConfig) -> bool:
@@ -165,7 +162,7 @@ class GradientLearner(LearnerState):
         """
         behaviour = samples["behaviour_logprobs"]
         stale = samples["age"] > 0 if "age" in samples else torch.zeros_like(behaviour, dtype=torch.bool)
-        if self.config.estimator.policy_loss != "decoupled_ppo" or not bool(stale.any()):
+        if not reads_proximal_logprobs(self.config.estimator.policy_loss) or not bool(stale.any()):
             return behaviour
         with torch.no_grad():
             current, _, _ = self.policy.evaluate(samples["observations"], samples["actions"])

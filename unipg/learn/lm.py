@@ -29,14 +29,13 @@ import torch
 
 from unipg.config import Config
 from unipg.estimate.kl_control import make_kl_controller
-from unipg.estimate.losses import explained_variance
+from unipg.estimate.losses import explained_variance, reads_proximal_logprobs
 from unipg.estimate.masked import masked_mean, masked_var
 from unipg.estimate.weights import engine_mismatch_weights
 from unipg.learn import objective
 from unipg.learn.common import clip_grad_norm, shuffled_minibatches
 from unipg.learn.distributed import process_rank, sum_across_ranks
 from unipg.learn.lm_batch import (  # noqa: F401  (LMBatch and the advantage helpers are imported from here too)
-    GROUP_ADVANTAGES,
     LMBatch,
     episode_ends,
     last_sampled,
@@ -124,7 +123,7 @@ class LMLearner:
 
         temperature = self.config.sample.temperature
         stale = batch.ages is not None and bool((batch.ages > 0).any())
-        proximal = self.tis_cap is not None or (self.config.estimator.policy_loss == "decoupled_ppo" and stale)
+        proximal = self.tis_cap is not None or (reads_proximal_logprobs(self.config.estimator.policy_loss) and stale)
         if proximal:
             # π_prox = π_trainer_old, the weights this update starts from; without tis, on fresh data it is taken
             # to be μ, whose log-probs the batch has. The same pass gives the values (a value head's, or the critic's)

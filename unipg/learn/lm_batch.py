@@ -2,14 +2,15 @@
 
 - the sequence reward sits on the last sampled token; with ``kl_in_reward`` each token also pays
   −β·KL_t to the reference (classic RLHF PPO, REINFORCE++), otherwise β·KL enters the loss (GRPO);
-- group estimators (grpo, dr_grpo, rloo) see one score per *episode* (its first row's) in groups of
+- the estimator's family comes from the inputs it declares (``advantage_family``). Group estimators (they read
+  ``scores``: grpo, dr_grpo, rloo) see one score per *episode* (its first row's) in groups of
   ``samples_per_prompt`` episodes of one prompt, told apart by the rows' ``groups`` index (without it,
   consecutive episodes); an episode's advantage goes to every row of it (``episodes``). An episode may train
   several trajectories (an external agent that rewrote its history): each is a row of the loss's token or
   sequence mean, but the episode counts once in its group's baseline;
-- token estimators (gae, reinforce_plus_plus, batch_mean_baseline, ...) see the (B, C) token rewards of every
-  row with its episode ending at its last sampled token; ``turn_level`` sees one reward per policy turn of a
-  multi-turn episode.
+- step estimators (gae, reinforce_plus_plus, batch_mean_baseline, ...) see the (B, C) token rewards of every
+  row with its episode ending at its last sampled token; turn estimators (they read ``turn_rewards``:
+  turn_level) see one reward per policy turn of a multi-turn episode.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from unipg.config.schema import EstimatorConfig
-from unipg.estimate import ADVANTAGES, GROUP_ADVANTAGES
+from unipg.estimate import ADVANTAGES, advantage_family
 from unipg.estimate.advantages import broadcast_to_tokens
 from unipg.estimate.kl import kl_penalty
 from unipg.estimate.masked import masked_whiten, pack_masked, unpack_masked
@@ -215,15 +216,16 @@ def lm_advantages(batch: LMBatch, est: EstimatorConfig, *, group_size: int,
     if est.kl_in_reward and batch.reference_logprobs is not None and kl_coef > 0:
         kl = kl_penalty(batch.behaviour_logprobs, batch.reference_logprobs, estimator=est.kl_estimator)
     rewards = token_rewards(batch, kl, kl_coef)
-    if est.advantage in GROUP_ADVANTAGES:
+    family = advantage_family(est.advantage)
+    if family == "group":
         heads, order, row_episode = episode_layout(batch, group_size)
         per_episode = torch.empty_like(rewards[heads, 0])  # (N,) in episode order
         per_episode[order] = ADVANTAGES.call(est.advantage, {"scores": rewards.sum(1)[heads[order]],
                                                              "group_size": group_size}, est)
         advantages = broadcast_to_tokens(per_episode[row_episode], mask)
         returns = broadcast_to_tokens(rewards.sum(1), mask)
-    elif est.advantage == "turn_level":
-        advantages = turn_level_advantages(batch, rewards, est, group_size)
+    elif family == "turn":
+        advantages = lm_turn_level_advantages(batch, rewards, est, group_size)
         returns = broadcast_to_tokens(rewards.sum(1), mask)
     else:  # step estimators see the sampled tokens as consecutive steps, inserted tokens removed
         packed_rewards, packed_mask = pack_masked(rewards, mask)
@@ -272,9 +274,9 @@ def episode_layout(batch: LMBatch, group_size: int) -> tuple[torch.Tensor, torch
     return heads, torch.sort(group_of_episode, stable=True).indices, row_episode
 
 
-def turn_level_advantages(batch: LMBatch, rewards: torch.Tensor, est: EstimatorConfig,
-                          group_size: int) -> torch.Tensor:
-    """(B, C) ``turn_level`` advantages: per turn of each episode's first row, against the same turn of the
+def lm_turn_level_advantages(batch: LMBatch, rewards: torch.Tensor, est: EstimatorConfig,
+                             group_size: int) -> torch.Tensor:
+    """(B, C) advantages of a turn estimator (``turn_level``): per turn of each episode's first row, against the same turn of the
     other episodes of its group; the other rows of an episode (its side trajectories) get the episode's
     advantage at its first turn."""
     mask = batch.completion_mask
