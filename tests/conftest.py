@@ -31,6 +31,22 @@ def embedded_path(private_cache) -> str:
     return str(embedded_model_path())
 
 
+@pytest.fixture(scope="session")
+def tiny_policy(embedded_path):
+    """Factory: ``tiny_policy(**options)`` seeds torch with 0 and loads a fresh copy of the embedded model with
+    ``load_lm_policy(embedded_path, **options)`` (e.g. ``value_head=True``). A module that shares one policy
+    between its tests wraps it in a fixture of its own scope."""
+    import torch
+
+    from unipg.policy.loading import load_lm_policy
+
+    def load(**options):
+        torch.manual_seed(0)
+        return load_lm_policy(embedded_path, **options)
+
+    return load
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """For a module that fine-tunes the embedded model outside a run (which would set this, ``set_threads``): on

@@ -43,9 +43,8 @@ def make_runner(policy, overrides=()):
 
 
 @pytest.fixture(scope="module")
-def policy(embedded_path):
-    torch.manual_seed(0)
-    return load_lm_policy(embedded_path)
+def policy(tiny_policy):
+    return tiny_policy()
 
 
 @pytest.fixture(scope="module")

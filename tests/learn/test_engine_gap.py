@@ -11,7 +11,6 @@ from tests.learn.test_lm import make_batch, make_config
 from unipg.config.schema import EstimatorConfig
 from unipg.learn.lm import LMLearner
 from unipg.learn.objective import ObjectiveBatch, unified_objective
-from unipg.policy.loading import load_lm_policy
 
 
 def gap_batch() -> ObjectiveBatch:
@@ -83,9 +82,8 @@ def test_tis_is_on_when_asked_or_when_the_engine_is_not_the_trainers_model():
 
 
 @pytest.fixture
-def policy(embedded_path):
-    torch.manual_seed(0)
-    return load_lm_policy(embedded_path, needs_reference=True)
+def policy(tiny_policy):
+    return tiny_policy(needs_reference=True)
 
 
 def test_learner_measures_the_gap_on_fresh_tokens_and_updates_as_today_when_there_is_none(policy):

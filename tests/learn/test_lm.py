@@ -4,7 +4,6 @@ import torch
 from unipg.config import load_config
 from unipg.learn.lm import LMLearner
 from unipg.learn.lm_batch import LMBatch, episode_ends, lm_advantages, token_rewards
-from unipg.policy.loading import load_lm_policy
 
 GROUP = 4
 
@@ -27,9 +26,8 @@ def make_batch(policy, seed=0):
 
 
 @pytest.fixture
-def policy(embedded_path):
-    torch.manual_seed(0)
-    return load_lm_policy(embedded_path, value_head=True, needs_reference=True)
+def policy(tiny_policy):
+    return tiny_policy(value_head=True, needs_reference=True)
 
 
 def bare_batch(mask, scores, **fields):
@@ -143,11 +141,10 @@ def test_one_update_changes_the_parameters_and_improves_the_surrogate(policy):
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
-def test_micro_batch_accumulation_gives_the_full_batch_gradient(embedded_path, mode):
+def test_micro_batch_accumulation_gives_the_full_batch_gradient(tiny_policy, mode):
     grads = []
     for micro in (16, 4):
-        torch.manual_seed(0)
-        policy = load_lm_policy(embedded_path)
+        policy = tiny_policy()
         config = make_config("grpo", "estimator.kl_coef=0.0", f"estimator.loss_agg_mode={mode}",
                              f"train.micro_batch_size={micro}", "train.max_grad_norm=null")
         learner = LMLearner(policy, config)

@@ -12,7 +12,6 @@ from unipg.learn import objective
 from unipg.learn.gym import GradientLearner, prepare_segment
 from unipg.learn.lm import LMLearner
 from unipg.learn.objective import ObjectiveBatch, micro_batch_share, unified_objective
-from unipg.policy.loading import load_lm_policy
 from unipg.policy.mlp import MLPActorCritic
 from unipg.sample.gym_rollout import GymRollout
 
@@ -112,9 +111,8 @@ def test_a_gym_update_goes_through_the_objective(calls):
     assert {"policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm", "loss"} <= set(metrics)
 
 
-def test_an_lm_update_goes_through_the_objective(calls, embedded_path):
-    torch.manual_seed(0)
-    policy = load_lm_policy(embedded_path, needs_reference=True)
+def test_an_lm_update_goes_through_the_objective(calls, tiny_policy):
+    policy = tiny_policy(needs_reference=True)
     learner = LMLearner(policy, make_config("grpo", "estimator.kl_coef=0.1", "train.micro_batch_size=8"))
     batch = make_batch(policy)
     learner.prepare(batch)

@@ -9,7 +9,6 @@ from unipg.estimate.losses import LOSS_AGGREGATIONS
 from unipg.learn.lm import LMLearner
 from unipg.learn.lm_batch import LMBatch, token_budget_micro_batches
 from unipg.policy.forward import chunked_token_statistics, left_pad, token_logprobs
-from unipg.policy.loading import load_lm_policy
 from unipg.estimate.losses import entropy_from_logits
 
 PROMPT_LENGTHS = (5, 9, 3, 7, 6, 4)
@@ -52,17 +51,15 @@ def gradients(policy, settings, batch) -> list[torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def plain_policy(embedded_path):
-    torch.manual_seed(0)
-    return load_lm_policy(embedded_path)
+def plain_policy(tiny_policy):
+    return tiny_policy()
 
 
 @pytest.mark.parametrize("lora_rank", [0, 4])
-def test_packed_forward_equals_padded(embedded_path, lora_rank):
+def test_packed_forward_equals_padded(tiny_policy, lora_rank):
     if lora_rank:
         pytest.importorskip("peft")
-    torch.manual_seed(0)
-    policy = load_lm_policy(embedded_path, value_head=True, lora_rank=lora_rank)
+    policy = tiny_policy(value_head=True, lora_rank=lora_rank)
     batch = skewed_batch()
     arguments = (batch.input_ids, batch.attention_mask, batch.completion_length)
     padded = policy.evaluate(*arguments, with_entropy=True, with_values=True, temperature=0.7)
@@ -86,9 +83,8 @@ def test_token_budget_micro_batches_give_the_mini_batch_gradient(plain_policy, m
         assert torch.allclose(got, expected, atol=1e-5, rtol=1e-4)
 
 
-def test_packed_gradient_with_critic_and_entropy_equals_padded(embedded_path):
-    torch.manual_seed(0)
-    policy = load_lm_policy(embedded_path, value_head=True)
+def test_packed_gradient_with_critic_and_entropy_equals_padded(tiny_policy):
+    policy = tiny_policy(value_head=True)
     batch = skewed_batch(1)
     batch.values = torch.zeros_like(batch.returns)
     settings = ["algorithm=ppo", "estimator.entropy_coef=0.01", "estimator.loss_agg_mode=token-mean"]
@@ -136,14 +132,13 @@ def saved_activation_numel(policy, batch) -> int:
 
 
 @pytest.mark.parametrize("lora_rank", [0, 4])
-def test_gradient_checkpointing_saves_fewer_activations_and_keeps_the_gradient(embedded_path, lora_rank):
+def test_gradient_checkpointing_saves_fewer_activations_and_keeps_the_gradient(tiny_policy, lora_rank):
     if lora_rank:
         pytest.importorskip("peft")
     batch = skewed_batch(2)
     results = []
     for checkpointing in (False, True):
-        torch.manual_seed(0)
-        policy = load_lm_policy(embedded_path, gradient_checkpointing=checkpointing, lora_rank=lora_rank)
+        policy = tiny_policy(gradient_checkpointing=checkpointing, lora_rank=lora_rank)
         grads = gradients(policy, config("train.micro_batch_size=3"), batch)
         assert not any(module.training for module in policy.model.modules())  # dropout stays off
         results.append((grads, saved_activation_numel(policy, batch)))

@@ -5,18 +5,16 @@ import torch
 
 from tests.learn.test_packing import config, skewed_batch
 from unipg.learn.lm import LMLearner
-from unipg.policy.loading import load_lm_policy
 
 
-def bfloat16_learner(embedded_path) -> LMLearner:
-    torch.manual_seed(0)
-    policy = load_lm_policy(embedded_path, dtype="bfloat16")
+def bfloat16_learner(tiny_policy) -> LMLearner:
+    policy = tiny_policy(dtype="bfloat16")
     return LMLearner(policy, config("train.max_tokens_per_micro_batch=40", "train.num_epochs=1",
                                     "train.learning_rate=1e-5"))
 
 
-def test_bfloat16_weights_have_float32_masters_and_optimizer_state(embedded_path):
-    learner = bfloat16_learner(embedded_path)
+def test_bfloat16_weights_have_float32_masters_and_optimizer_state(tiny_policy):
+    learner = bfloat16_learner(tiny_policy)
     before = [p.detach().clone() for p in learner.policy.actor_parameters()]
     learner.update(skewed_batch())
     weights = learner.policy.actor_parameters()
@@ -32,7 +30,7 @@ def test_bfloat16_weights_have_float32_masters_and_optimizer_state(embedded_path
     assert masters_moved > 2 * weights_moved
 
     tensors, state = learner.checkpoint()
-    resumed = bfloat16_learner(embedded_path)
+    resumed = bfloat16_learner(tiny_policy)
     with torch.no_grad():
         for target, source in zip(resumed.policy.actor_parameters(), weights):
             target.copy_(source)

@@ -14,9 +14,8 @@ def prompts(tokenizer, count=4):
 
 
 @pytest.fixture
-def policy(embedded_path):
-    torch.manual_seed(0)
-    return load_lm_policy(embedded_path, value_head=True, reference="copy", needs_reference=True)
+def policy(tiny_policy):
+    return tiny_policy(value_head=True, reference="copy", needs_reference=True)
 
 
 def full_batch(generation):

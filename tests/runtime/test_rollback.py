@@ -9,7 +9,6 @@ from unipg.checkpoint.store import CheckpointStore, load_checkpoint
 from unipg.config import load_config
 from unipg.learn.lm import LMBatch, LMLearner
 from unipg.observe.metrics import read_metrics
-from unipg.policy.loading import load_lm_policy
 from unipg.runtime.lm import train_lm
 
 SMALL = ["task.name=arithmetic", "task.options={digits: 1, num_train: 40, num_test: 8}", "train.batch_size=8",
@@ -23,9 +22,8 @@ def make_config(*overrides):
 
 
 @pytest.fixture
-def policy(embedded_path):
-    torch.manual_seed(0)
-    return load_lm_policy(embedded_path)
+def policy(tiny_policy):
+    return tiny_policy()
 
 
 def prepared_batch(policy, learner) -> LMBatch:

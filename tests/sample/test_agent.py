@@ -6,7 +6,6 @@ import torch
 from unipg.learn.lm import LMBatch
 from unipg.policy.chat import TurnTemplate
 from unipg.policy.generation import cut_at_stop
-from unipg.policy.loading import load_lm_policy
 from unipg.sample.agent import AgentLoop
 from unipg.envs.base import StepResult
 from unipg.inference import HFService, SamplingParams
@@ -36,9 +35,8 @@ class TwoTurnEnv:
 
 
 @pytest.fixture(scope="module")
-def policy(embedded_path):
-    torch.manual_seed(0)
-    return load_lm_policy(embedded_path)
+def policy(tiny_policy):
+    return tiny_policy()
 
 
 def make_loop(policy, *, temperature=1.0, seed=0, batch_wait=None, max_total_tokens=200):

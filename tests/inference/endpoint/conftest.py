@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from unipg.config.lm import EndpointConfig
-from unipg.policy.loading import load_lm_policy
 from unipg.sample.endpoint_agents import ExternalAgentLoop
 from unipg.inference import HFService, SamplingParams
 
@@ -27,8 +26,8 @@ class RecordingEngine(HFService):
 
 
 @pytest.fixture(scope="module")
-def policy(embedded_path):
-    return load_lm_policy(embedded_path)
+def policy(tiny_policy):
+    return tiny_policy()
 
 
 def make_loop(policy, **endpoint):
