@@ -242,10 +242,22 @@ def parse_seeds(text: Optional[str]) -> list[int]:
 
 @app.command("config")
 def show_config(
-    overrides: List[str] = typer.Argument(None, help="dotted overrides"),
+    overrides: List[str] = typer.Argument(None, help="dotted overrides; with --explain, keys or sections"),
     config_path: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config file"),
+    explain: bool = typer.Option(False, "--explain", help="explain the keys or sections named (all when none is): "
+                                 "type, default, help and the modes that read each key"),
 ) -> None:
-    """Print the fully resolved configuration (preset + file + overrides) as YAML."""
+    """Print the fully resolved configuration (preset + file + overrides) as YAML; with --explain, what each key
+    means (``unipg config --explain estimator.clip_range``, ``unipg config --explain sample``)."""
+    if explain:
+        from unipg.config.explain import explain as explain_keys
+
+        try:
+            typer.echo(explain_keys(list(overrides or [])))
+        except ConfigError as error:
+            print_error(str(error))
+            raise typer.Exit(2) from None
+        return
     config = resolve(config_path, list(overrides or []))
     console.print(yaml.safe_dump(config.to_dict(), sort_keys=False), highlight=False)
 
