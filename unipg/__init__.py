@@ -28,7 +28,7 @@ _PUBLIC = {
     **dict.fromkeys(["TASKS", "REWARDS", "Task", "Example", "make_task", "build_rewards", "RewardFunctionError"],
                     "unipg.tasks"),
     **dict.fromkeys(["TOOLS", "TOOL_PARSERS", "tool", "Tool", "ToolError", "LatencyModel"], "unipg.tools"),
-    **dict.fromkeys(["ENVS", "Env", "RoleEnv", "StepResult", "EnvironmentService"], "unipg.envs"),
+    **dict.fromkeys(["ENVS", "Env", "RoleEnv", "StepResult", "TurnInfo", "EnvironmentService"], "unipg.envs"),
     **dict.fromkeys(["ENGINES", "Engine", "SamplingParams", "TurnOutput"], "unipg.inference"),
     **dict.fromkeys(["ADVANTAGES", "POLICY_LOSSES", "OFF_POLICY_WEIGHTS", "KL_ESTIMATORS"], "unipg.estimate"),
     **dict.fromkeys(["BACKENDS", "Rollout"], "unipg.runtime"),

@@ -156,16 +156,16 @@ def test_tool_env_episode_rewards_process_and_final_answer():
     assert first == ["What is 6*7?"]
     malformed, ok, ok_again, failed, answer = steps
     assert malformed.observation.startswith("error:") and malformed.reward == -0.1 and not malformed.done
-    assert ok.observation == "42" and ok.reward == pytest.approx(0.1) and ok.info["tool_status"] == "ok"
+    assert ok.observation == "42" and ok.reward == pytest.approx(0.1) and ok.info.tool_status == "ok"
     assert ok_again.reward == 0.0  # process reward is paid once per episode: more calls never pay more
     assert failed.observation == "tool unavailable" and failed.reward == -0.5  # and the episode continues
-    assert answer.done and answer.reward == 1.0 and answer.info["correct"]
+    assert answer.done and answer.reward == 1.0 and answer.info.correct
 
 
 def test_single_turn_env_is_the_one_step_case():
     env = ENVS.get("single_turn")(None, build_rewards([{"name": "math"}]))
     _, [step] = run_episode(env, Example("2+2=", "4", "4", {"answer": "4"}), ["4"])
-    assert step.done and step.reward == 1.0 and step.info["correct"] and step.observation == ""
+    assert step.done and step.reward == 1.0 and step.info.correct and step.observation == ""
 
 
 def test_tool_specs_build_registered_tools_with_options():
@@ -189,11 +189,11 @@ def test_gymnasium_environments_speak_the_same_protocol():
     env = ENVS.get("gym")(None, env_id="CartPole-v1", max_episode_steps=3)
     first, steps = run_episode(env, Example("", "", "", {"seed": 0}), ["push 1", "0", "action 1", "1"])
     assert first[0].startswith("observation: ") and first[0].endswith("action (0-1)?")
-    assert [s.reward for s in steps] == [1.0, 1.0, 1.0] and steps[-1].done and steps[-1].info["correct"]
+    assert [s.reward for s in steps] == [1.0, 1.0, 1.0] and steps[-1].done and steps[-1].info.correct
     _, [invalid] = run_episode(env, Example("", "", "", {"seed": 0}), ["left"])
-    assert invalid.done and invalid.reward == -1.0 and invalid.info["invalid_action"]
+    assert invalid.done and invalid.reward == -1.0 and invalid.info.extras["invalid_action"]
     for action in ("9" * 5000, "-" + "1" * 5000):  # past int()'s digit limit: invalid, not an error
         _, [invalid] = run_episode(env, Example("", "", "", {"seed": 0}), [action])
-        assert invalid.info["invalid_action"], action
+        assert invalid.info.extras["invalid_action"], action
     with pytest.raises(ValueError, match="Discrete"):
         ENVS.get("gym")(None, env_id="Pendulum-v1")

@@ -46,7 +46,7 @@ def test_an_episode_is_token_for_token_the_conversation_its_template_renders(fam
     answer = think_last + "The answer is 42."
     trajectory, template, schemas = run_episode(tokenizer, parser_name, [call, answer])
 
-    assert trajectory.infos[0]["tool_status"] == "ok" and trajectory.correct and trajectory.finish == "done"
+    assert trajectory.infos[0].tool_status == "ok" and trajectory.correct and trajectory.finish == "done"
     conversation = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION},
                     {"role": "assistant", "content": call}, {"role": "tool", "content": "42"},
                     {"role": "assistant", "content": answer}]

@@ -8,7 +8,7 @@ from unipg.learn.lm_batch import LMBatch, lm_advantages
 from unipg.policy.loading import load_lm_policy
 from unipg.runtime.backends.local_lm import group_index, split_groups
 from unipg.sample.agent import Trajectory
-from unipg.envs import ENVS, EnvironmentService
+from unipg.envs import ENVS, EnvironmentService, TurnInfo
 from unipg.envs.service import build_tools
 from unipg.envs.solver_checker import SolverCheckerEnv
 from unipg.sample.episodes import EpisodeRunner, demonstration_pairs
@@ -42,26 +42,26 @@ def make_env(**options) -> SolverCheckerEnv:
 def test_turns_alternate_and_an_accepted_correct_answer_pays_the_team():
     steps = play(make_env(), [CALL, "408", CALL, "ACCEPT"])
     assert steps[0] == ("solver", PROBLEM.prompt)
-    assert steps[1].observation == "408" and steps[1].info["next_role"] == "solver"
-    assert steps[1].info["observation_role"] == "tool" and steps[1].reward == pytest.approx(0.1)
-    assert steps[2].info["next_role"] == "checker" and steps[2].observation == "What is 12*34? Proposed: 408"
-    assert steps[3].info["next_role"] == "checker"  # the checker's own calculator call comes back to it
+    assert steps[1].observation == "408" and steps[1].info.next_role == "solver"
+    assert steps[1].info.observation_role == "tool" and steps[1].reward == pytest.approx(0.1)
+    assert steps[2].info.next_role == "checker" and steps[2].observation == "What is 12*34? Proposed: 408"
+    assert steps[3].info.next_role == "checker"  # the checker's own calculator call comes back to it
     final = steps[4]
-    assert final.done and final.info["correct"] and final.info["role_rewards"] == {"solver": 1.0, "checker": 1.0}
+    assert final.done and final.info.correct and final.info.role_rewards == {"solver": 1.0, "checker": 1.0}
 
 
 def test_a_critique_goes_back_to_the_solver_and_accepting_a_wrong_answer_costs_the_team():
     steps = play(make_env(max_rounds=2, shaping={"checker": 0.5}), ["418", "REJECT: 408", "407", "ACCEPT"])
-    assert steps[2].observation == "REJECT: 408" and steps[2].info["next_role"] == "solver"
+    assert steps[2].observation == "REJECT: 408" and steps[2].info.next_role == "solver"
     final = steps[4]
-    assert final.done and not final.info["correct"] and final.info["team_reward"] == -0.1
+    assert final.done and not final.info.correct and final.info.extras["team_reward"] == -0.1
     # the checker was right once (critiqued 418) and wrong once (accepted 407): shaping 0.5 × 1/2
-    assert final.info["role_rewards"] == {"solver": -0.1, "checker": pytest.approx(-0.1 + 0.25)}
+    assert final.info.role_rewards == {"solver": -0.1, "checker": pytest.approx(-0.1 + 0.25)}
 
 
 def test_nothing_accepted_within_the_rounds_ends_the_episode_unrewarded():
     final = play(make_env(max_rounds=1), ["408", "no"])[-1]
-    assert final.done and final.info["role_rewards"] == {"solver": 0.0, "checker": 0.0}
+    assert final.done and final.info.role_rewards == {"solver": 0.0, "checker": 0.0}
 
 
 def test_role_policies_other_than_shared_and_unknown_roles_are_config_errors(embedded_path):
@@ -92,7 +92,7 @@ def test_each_role_gets_an_ordinary_masked_trajectory_of_its_own_conversation(em
     checker = runner.role_encoders["checker"]
     assert checker.system_prompt == "judge" and runner.role_encoders["solver"].system_prompt == "solve"
     for solver, judge in zip(trajectories[::2], trajectories[1::2]):
-        proposals = [text for text, info in zip(solver.turn_texts, solver.infos) if "proposal_correct" in info]
+        proposals = [text for text, info in zip(solver.turn_texts, solver.infos) if "proposal_correct" in info.extras]
         assert bool(judge.turns) == bool(proposals)  # the checker acts once the solver proposed something
         if proposals:  # the checker's prompt is its first observation: the problem and the first proposal
             assert judge.prompt_ids == checker(f"{solver.example.prompt} Proposed: {proposals[0].strip()}")
@@ -102,7 +102,7 @@ def test_groups_lay_out_roles_so_that_group_advantages_compare_one_role_on_one_p
     def trajectory(role, reward):
         t = Trajectory(PROBLEM, [5], role=role)
         t.add_sampled([6, 7], [-1.0, -1.0], 0)
-        t.turn_texts, t.step_rewards, t.policy_versions, t.infos = ["x"], [reward], [0], [{}]
+        t.turn_texts, t.step_rewards, t.policy_versions, t.infos = ["x"], [reward], [0], [TurnInfo()]
         return t
 
     episodes = [trajectory("solver", 1.0), trajectory("checker", 10.0), trajectory("solver", 0.0),

@@ -11,8 +11,8 @@ from unipg.config import load_config
 from unipg.observe.doctor import diagnose
 from unipg.runtime.lm import train_lm
 from unipg.sample.agent import Trajectory
-from unipg.envs.base import final_answer_reward
-from unipg.sample.episodes import mark_unscored_rewards, reward_term_metrics
+from unipg.envs.base import TurnInfo, final_answer_reward
+from unipg.sample.episodes import reward_term_metrics
 from unipg.tasks.rewards.combine import CombinedReward
 from unipg.tasks.rewards.rules import REWARDS
 from unipg.tasks.base import Example
@@ -33,7 +33,7 @@ def scored_trajectories(reward_fn, answers: list[str]) -> list[Trajectory]:
     for answer in answers:
         _, info = asyncio.run(final_answer_reward(reward_fn, example, answer))
         trajectories.append(Trajectory(example, [1], infos=[info]))
-    trajectories.append(Trajectory(example, [1], infos=[{"tool_status": "ok"}]))  # cut off before answering
+    trajectories.append(Trajectory(example, [1], infos=[TurnInfo(tool_status="ok")]))  # cut off before answering
     return trajectories
 
 
@@ -44,7 +44,6 @@ def test_the_none_fraction_of_each_reward_function_is_measured_over_scored_answe
     reward_fn = CombinedReward([("exact", lambda p, c, **k: [float(x == "4") for x in c], 1.0),
                                 ("wrong_column", wrong_column_reward, 1.0), ("half", half, 1.0)])
     trajectories = scored_trajectories(reward_fn, ["4", "5", "4", "4"])
-    mark_unscored_rewards(trajectories, reward_fn.names)
     metrics = reward_term_metrics(trajectories, "rollout")
     assert metrics["rollout/reward_none_fraction/wrong_column"] == 1.0
     assert metrics["rollout/reward_none_fraction/exact"] == 0.0

@@ -95,12 +95,12 @@ def episode_rewards(embedded_path, process_reward, turns):
 def test_rewards_pay_the_answer_and_the_tasks_process_reward_for_a_call_the_tool_answers(embedded_path):
     good_call = make_task("units", **SMALL).test[0].solution[0]["content"]
     (call, answer), example = episode_rewards(embedded_path, 0.15, [good_call, "ANSWER"])
-    assert call.reward == pytest.approx(0.15) and call.observation == example.answer and call.info["tool_status"] == "ok"
-    assert answer.done and answer.reward == 1.0 and answer.info["correct"]
+    assert call.reward == pytest.approx(0.15) and call.observation == example.answer and call.info.tool_status == "ok"
+    assert answer.done and answer.reward == 1.0 and answer.info.correct
     (bad,), _ = episode_rewards(embedded_path, 0.15, [good_call.replace('"from_unit": "', '"from_unit": "x')])
-    assert bad.info["tool_status"] == "malformed" and bad.reward == pytest.approx(-0.15)
+    assert bad.info.tool_status == "malformed" and bad.reward == pytest.approx(-0.15)
     (call, wrong), _ = episode_rewards(embedded_path, 0.0, [good_call, "7"])
-    assert call.reward == 0.0 and wrong.reward == 0.0 and not wrong.info["correct"]
+    assert call.reward == 0.0 and wrong.reward == 0.0 and not wrong.info.correct
 
 
 def test_the_units_config_trains_two_updates(embedded_path, tmp_path):

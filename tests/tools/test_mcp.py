@@ -97,7 +97,7 @@ def test_an_agent_episode_calls_the_server_and_gets_the_result_as_its_observatio
         assert is_running(pid)
     finally:
         service.close()
-    assert trajectory.infos[0]["tool_status"] == "ok" and trajectory.finish == "done" and trajectory.correct
+    assert trajectory.infos[0].tool_status == "ok" and trajectory.finish == "done" and trajectory.correct
     second_context = tokenizer.decode(engine.contexts[1])
     assert second_context.endswith(call + template.closing(False) + template.observation("42"))
     assert not is_running(pid)  # the server stops with the service

@@ -13,7 +13,7 @@ import re
 
 import numpy as np
 
-from unipg.envs.base import ENVS, StepResult
+from unipg.envs.base import ENVS, StepResult, TurnInfo
 from unipg.tasks.base import Example
 
 _INTEGER = re.compile(r"-?\d+")
@@ -50,11 +50,11 @@ class GymTextEnv:
         # converted (a policy-written run past Python's int-string limit would raise).
         if match is None or len(match.group().lstrip("-").lstrip("0")) > len(str(self.env.action_space.n)) \
                 or not 0 <= int(match.group()) < self.env.action_space.n:
-            return StepResult("", self.invalid_action_penalty, True, {"final": True, "correct": False,
-                                                                      "invalid_action": True})
+            return StepResult("", self.invalid_action_penalty, True,
+                              TurnInfo(final=True, correct=False, extras={"invalid_action": True}))
         observation, reward, terminated, truncated, _ = self.env.step(int(match.group()))
         done = bool(terminated or truncated)
-        info = {"final": done, "correct": bool(truncated and not terminated)} if done else {}
+        info = TurnInfo(final=True, correct=bool(truncated and not terminated)) if done else TurnInfo()
         return StepResult("" if done else self.render_observation(observation), float(reward), done, info)
 
 

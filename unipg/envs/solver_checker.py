@@ -14,7 +14,9 @@ critiquing a wrong one).
 
 from __future__ import annotations
 
-from unipg.envs.base import ENVS, StepResult, final_answer_reward
+import dataclasses
+
+from unipg.envs.base import ENVS, StepResult, TurnInfo, final_answer_reward
 from unipg.envs.service import EnvironmentService
 from unipg.envs.tool_env import parse_turn, tool_step
 from unipg.tasks.base import Example
@@ -50,34 +52,34 @@ class SolverCheckerEnv:
             return await self._tool_step(turn)
         if self.acting == SOLVER:
             self.proposal_reward, info = await final_answer_reward(self.reward_fn, self.example, action)
-            self.proposal_correct = info["correct"]
+            self.proposal_correct = info.correct
             self.acting = CHECKER
             return StepResult(checker_observation(self.example, action), 0.0, False,
-                              {"next_role": CHECKER, "proposal_correct": self.proposal_correct})
+                              TurnInfo(next_role=CHECKER, extras={"proposal_correct": self.proposal_correct}))
         accepted = action.strip().upper().startswith(ACCEPT)
         self.rounds += 1
         self.right_verdicts += accepted == self.proposal_correct
         if accepted or self.rounds >= self.max_rounds:
             return StepResult("", 0.0, True, self._outcome(accepted))
         self.acting = SOLVER
-        return StepResult(action.strip(), 0.0, False, {"next_role": SOLVER, "verdict": "critique"})
+        return StepResult(action.strip(), 0.0, False, TurnInfo(next_role=SOLVER, extras={"verdict": "critique"}))
 
-    def _outcome(self, accepted: bool) -> dict:
+    def _outcome(self, accepted: bool) -> TurnInfo:
         team = 0.0
         if accepted:
             team = self.proposal_reward if self.proposal_correct else -self.wrong_accept_penalty
         terms = {SOLVER: float(self.proposal_correct), CHECKER: self.right_verdicts / self.rounds}
         rewards = {role: team + self.shaping.get(role, 0.0) * terms[role] for role in self.roles}
-        return {"final": True, "correct": accepted and self.proposal_correct, "accepted": accepted,
-                "verdict": "accept" if accepted else "critique", "team_reward": team, "role_rewards": rewards}
+        return TurnInfo(final=True, correct=accepted and self.proposal_correct, role_rewards=rewards,
+                        extras={"accepted": accepted, "verdict": "accept" if accepted else "critique",
+                                "team_reward": team})
 
     async def _tool_step(self, turn) -> StepResult:
         """A tool call (or a malformed one) by the acting role: the output goes back to that role."""
         role = self.acting
         step, self.paid[role] = await tool_step(self.service, turn, paid=self.paid[role],
                                                 process_weight=self.process_weight)  # once per role and episode
-        step.info.update(next_role=role, observation_role="tool")
-        return step
+        return step._replace(info=dataclasses.replace(step.info, next_role=role, observation_role="tool"))
 
 
 @ENVS.register("solver_checker")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from unipg.envs.base import ENVS, StepResult, final_answer_reward
+from unipg.envs.base import ENVS, StepResult, TurnInfo, final_answer_reward
 from unipg.envs.service import EnvironmentService
 from unipg.tasks.base import Example
 from unipg.policy.tool_calls import TOOL_PARSERS, Hermes, MalformedToolCall
@@ -96,16 +96,16 @@ async def tool_step(service: EnvironmentService, turn, *, paid: float,
     a malformed one costs ``process_weight``."""
     if turn.kind == "malformed":
         observation = f"error: {turn.error}"
-        info = {"tool": turn.name, "tool_status": "malformed", "process_reward": -process_weight,
-                "observation": observation}
+        info = TurnInfo(tool=turn.name, tool_status="malformed", process_reward=-process_weight,
+                        observation=observation)
         return StepResult(observation, -process_weight, False, info), paid
     result = await service.call(turn.name, turn.arguments)
     process = 0.0
     if result.ok and paid < process_weight:
         process, paid = process_weight - paid, process_weight
-    info = {"tool": turn.name, "arguments": turn.arguments, "tool_status": result.status,
-            "attempts": result.attempts, "timeouts": result.timeouts, "tool_seconds": result.seconds,
-            "process_reward": process, "observation": result.observation}
+    info = TurnInfo(tool=turn.name, arguments=turn.arguments, tool_status=result.status, attempts=result.attempts,
+                    timeouts=result.timeouts, tool_seconds=result.seconds, process_reward=process,
+                    observation=result.observation)
     return StepResult(result.observation, process + result.penalty, False, info), paid
 
 

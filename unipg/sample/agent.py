@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from unipg.policy.chat import TurnTemplate
-from unipg.envs.base import Env
+from unipg.envs.base import Env, TurnInfo
 from unipg.inference import HFService
 from unipg.tasks.base import Example
 
@@ -39,7 +39,7 @@ class Trajectory:
     step_rewards: list[float] = field(default_factory=list)  # reward of each policy turn (final one included)
     policy_versions: list[int] = field(default_factory=list)  # weights version that sampled each turn
     turn_texts: list[str] = field(default_factory=list)
-    infos: list[dict] = field(default_factory=list)  # the environment's info of each turn
+    infos: list[TurnInfo] = field(default_factory=list)  # what the environment reported of each turn
     finish: str = "running"  # "done", "max_turns", "max_tokens"
     messages: list[dict] = field(default_factory=list)  # what the policy was told: the first observation, then
     # each observation inserted after a turn, as chat messages {"role", "content"} (turn texts are turn_texts)
@@ -65,14 +65,14 @@ class Trajectory:
     @property
     def correct(self) -> bool:
         """The task was completed: the final answer equals the reference answer."""
-        return bool(self.infos and self.infos[-1].get("correct", False))
+        return bool(self.infos and self.infos[-1].correct)
 
     @property
     def tool_calls(self) -> int:
-        return sum(1 for info in self.infos if "tool_status" in info)
+        return sum(1 for info in self.infos if info.tool_status is not None)
 
     def tool_status_count(self, status: str) -> int:
-        return sum(1 for info in self.infos if info.get("tool_status") == status)
+        return sum(1 for info in self.infos if info.tool_status == status)
 
     def add_sampled(self, token_ids: list[int], logprobs: list[float], turn: int) -> None:
         self.token_ids += token_ids
@@ -131,7 +131,7 @@ class AgentLoop:
                 trajectory.policy_versions.append(out.policy_version)
                 observation, reward, done, info = await env.step(out.text)
                 trajectory.step_rewards.append(float(reward))
-                trajectory.infos.append(info)
+                trajectory.infos.append(TurnInfo.of(info))
                 if done:
                     trajectory.finish = "done"
                     break

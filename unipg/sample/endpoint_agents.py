@@ -37,7 +37,7 @@ from unipg.sample.agent import Trajectory, run_concurrently
 from unipg.inference.endpoint.protocol import Completions, Limits
 from unipg.inference.endpoint.server import EndpointServer
 from unipg.inference.endpoint.sessions import Sessions, SessionTrajectory
-from unipg.envs.base import final_answer_reward
+from unipg.envs.base import TurnInfo, final_answer_reward
 from unipg.inference import HFService
 from unipg.tasks.base import Example
 
@@ -167,7 +167,7 @@ class ExternalAgentLoop:
                     problem = str(failure)
         self.stats.failures += 1
         prompt = self.tokenizer(example.prompt, add_special_tokens=False)["input_ids"]
-        return Trajectory(example, prompt, infos=[{"agent_status": "failed", "agent_error": problem}], finish="failed")
+        return Trajectory(example, prompt, infos=[TurnInfo(agent_error=problem)], finish="failed")
 
     async def _attempt(self, agent: ExternalAgent, example: Example, order: int) -> Trajectory:
         session = self.sessions.open(order)
@@ -181,11 +181,12 @@ class ExternalAgentLoop:
         last = session.last
         scored, info = await final_answer_reward(agent.reward_fn, example,
                                                  answer if answer is not None else last.turn_texts[-1])
-        if reward is not None:
-            info["final_reward"] = reward
+        if reward is not None:  # the agent's own reward is the episode's
+            info = dataclasses.replace(info, final_reward=reward)
         reward = scored if reward is None else reward
         episode = episode_trajectory(example, last, reward, info)
-        episode.side = [episode_trajectory(example, other, reward, {}) for other in trajectories if other is not last]
+        episode.side = [episode_trajectory(example, other, reward, TurnInfo()) for other in trajectories
+                        if other is not last]
         self.stats.extra_trajectories += len(episode.side)
         return episode
 
@@ -218,11 +219,11 @@ class ExternalAgentLoop:
                                           concurrency)
 
 
-def episode_trajectory(example: Example, recorded: SessionTrajectory, reward: float, info: dict) -> Trajectory:
+def episode_trajectory(example: Example, recorded: SessionTrajectory, reward: float, info: TurnInfo) -> Trajectory:
     """The learner's ``Trajectory`` of a session trajectory: one policy turn per call, the reward on the last."""
     turns = recorded.turns
     return Trajectory(example, list(recorded.prompt_ids), token_ids=list(recorded.token_ids),
                       loss_mask=list(recorded.loss_mask), behaviour_logprobs=list(recorded.behaviour_logprobs),
                       turn_of_token=list(recorded.turn_of_token), step_rewards=[0.0] * (turns - 1) + [reward],
                       policy_versions=list(recorded.policy_versions), turn_texts=list(recorded.turn_texts),
-                      infos=[{} for _ in range(turns - 1)] + [info], finish="done")
+                      infos=[TurnInfo() for _ in range(turns - 1)] + [info], finish="done")

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from unipg.config import ConfigError
+from unipg.envs.base import TurnInfo
 from unipg.policy.chat import TurnTemplate
 from unipg.sample.agent import Trajectory
 from unipg.tasks.base import Example
@@ -159,7 +160,7 @@ def trajectory_from_record(record: dict, *, encode: Callable[[str], list[int]], 
         rewards = [0.0] * (turn_count - 1) + [float(sum(rewards))]
     trajectory.step_rewards = [float(r) for r in rewards]
     trajectory.policy_versions = [-1] * turn_count  # recorded versions belong to another run's count
-    trajectory.infos = [{} for _ in range(turn_count - 1)] + [{"correct": bool(record.get("correct", False))}]
+    trajectory.infos = [TurnInfo() for _ in range(turn_count - 1)] + [TurnInfo(correct=bool(record.get("correct")))]
     trajectory.side = [trajectory_from_record(side, encode=encode, template=template, vocab_size=vocab_size)
                        for side in record.get("side", ())]
     return trajectory

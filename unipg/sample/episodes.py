@@ -233,7 +233,6 @@ class EpisodeRunner:
         if self.roles:
             trajectories = [t for episode in trajectories for t in (episode if all_roles else episode[:1])]
         self.last_batch_sizes, self.last_generate_seconds = engine.pop_batches()
-        mark_unscored_rewards(trajectories, getattr(self.reward_fn, "names", []))
         return trajectories
 
     def pop_service_metrics(self, prefix: str) -> dict[str, float]:
@@ -326,28 +325,18 @@ def duplicate_fraction(texts: list[str]) -> float:
 REWARD_NONE_FRACTION = "reward_none_fraction"  # metric namespace of the fraction a reward function left None
 
 
-def mark_unscored_rewards(trajectories: list[Trajectory], names: list[str]) -> None:
-    """Record in each scored final answer's info (``reward_none``) the reward functions that returned None for
-    it, i.e. those of ``names`` missing from its ``reward_terms``."""
-    for trajectory in trajectories:
-        info = trajectory.infos[-1] if trajectory.infos else {}
-        if "reward_terms" in info:
-            info["reward_none"] = [name for name in names if name not in info["reward_terms"]]
-
-
 def reward_term_metrics(trajectories: list[Trajectory], prefix: str) -> dict[str, float]:
     """The mean of each final-reward function over the episodes it applied to, and the fraction of scored final
     answers it returned None for (``<prefix>/reward_none_fraction/<name>``; 1.0: it scored none of the batch)."""
+    scored = [trajectory.infos[-1] for trajectory in trajectories
+              if trajectory.infos and trajectory.infos[-1].reward_terms is not None]
     values: dict[str, list[float]] = {}
-    for trajectory in trajectories:
-        for name, value in (trajectory.infos[-1].get("reward_terms", {}) if trajectory.infos else {}).items():
+    for info in scored:
+        for name, value in info.reward_terms.items():
             values.setdefault(name, []).append(value)
     metrics = {f"{prefix}/reward_{name}": statistics.fmean(v) for name, v in values.items()}
-    scored = [trajectory.infos[-1] for trajectory in trajectories
-              if trajectory.infos and "reward_none" in trajectory.infos[-1]]
-    names = dict.fromkeys(name for info in scored for name in (*info["reward_terms"], *info["reward_none"]))
+    names = dict.fromkeys(name for info in scored for name in (*info.reward_terms, *info.reward_none))
     for name in names:
-        metrics[f"{prefix}/{REWARD_NONE_FRACTION}/{name}"] = statistics.fmean(
-            name in info["reward_none"] for info in scored)
+        metrics[f"{prefix}/{REWARD_NONE_FRACTION}/{name}"] = statistics.fmean(name in info.reward_none for info in scored)
     return metrics
 

@@ -15,12 +15,13 @@ empty trajectory (no sampled token, no gradient) so that every episode gives one
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from unipg.policy.chat import TurnTemplate
 from unipg.sample.agent import AgentLoop, Trajectory, run_concurrently
-from unipg.envs.base import RoleEnv
+from unipg.envs.base import RoleEnv, TurnInfo
 from unipg.inference import HFService
 from unipg.tasks.base import Example
 
@@ -51,7 +52,7 @@ class RoleLoop:
         role, first = await env.reset(example)
         trajectories = {role: self._start(example, role, first)}
         closing: dict[str, str] = {}  # the rest of each role's last turn, inserted before what it sees next
-        finish, outcome = "max_turns", {}
+        finish, outcome = "max_turns", TurnInfo()
         async with self.engine.episode():
             while True:
                 mine = trajectories[role]
@@ -64,17 +65,18 @@ class RoleLoop:
                 mine.turn_texts.append(out.text)
                 mine.policy_versions.append(out.policy_version)
                 observation, reward, done, info = await env.step(out.text)
+                info = TurnInfo.of(info)
                 mine.step_rewards.append(float(reward))
                 mine.infos.append(info)
                 closing[role] = self.template.closing(out.ended_with_eos)
                 if done:
                     finish, outcome = "done", info
                     break
-                role = info.get("next_role", role)
+                role = info.next_role if info.next_role is not None else role
                 if role not in trajectories:
                     trajectories[role] = self._start(example, role, observation)
                     continue
-                kind = info.get("observation_role", "user")
+                kind = info.observation_role or "user"
                 inserted = self.budget.tokenize(closing.pop(role, "") + self.template.observation(observation, kind))
                 if len(inserted) >= self.budget.room(trajectories[role]):
                     finish = "max_tokens"
@@ -85,12 +87,12 @@ class RoleLoop:
                 for name in env.roles]
 
     @staticmethod
-    def _settle(trajectory: Trajectory, finish: str, outcome: dict) -> Trajectory:
+    def _settle(trajectory: Trajectory, finish: str, outcome: TurnInfo) -> Trajectory:
         """Give ``trajectory`` the episode's end: its finish, its role's reward on its last turn, the outcome."""
         trajectory.finish = finish
         if trajectory.turns:
-            trajectory.step_rewards[-1] += float(outcome.get("role_rewards", {}).get(trajectory.role, 0.0))
-            trajectory.infos[-1] = {**trajectory.infos[-1], "correct": bool(outcome.get("correct", False))}
+            trajectory.step_rewards[-1] += float(outcome.role_rewards.get(trajectory.role, 0.0))
+            trajectory.infos[-1] = dataclasses.replace(trajectory.infos[-1], correct=bool(outcome.correct))
         return trajectory
 
     async def run_episodes(self, envs: list[RoleEnv], examples: list[Example], *,

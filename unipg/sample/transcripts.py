@@ -28,15 +28,15 @@ def transcript(trajectory: Trajectory) -> dict:
     turns = []
     for text, info in zip(trajectory.turn_texts, trajectory.infos):
         turn: dict = {"text": text}
-        if "tool_status" in info:
-            call = {"name": info.get("tool")}
-            if info.get("arguments") is not None:
-                call["arguments"] = info["arguments"]
-            turn.update({"call": call, "status": info["tool_status"], "result": info.get("observation")})
+        if info.tool_status is not None:
+            call = {"name": info.tool}
+            if info.arguments is not None:
+                call["arguments"] = info.arguments
+            turn.update({"call": call, "status": info.tool_status, "result": info.observation})
         turns.append(turn)
-    final = trajectory.infos[-1] if trajectory.infos else {}
+    final = trajectory.infos[-1].final if trajectory.infos else False
     record = {"prompt": trajectory.example.prompt, "reference": trajectory.example.answer, "turns": turns,
-              "answer": trajectory.turn_texts[-1] if final.get("final") else None,
+              "answer": trajectory.turn_texts[-1] if final else None,
               "reward": trajectory.reward, "correct": trajectory.correct, "finish": trajectory.finish}
     if trajectory.side:  # an external agent's rewritten history, trained beside the main trajectory
         record["side"] = [transcript(side) for side in trajectory.side]

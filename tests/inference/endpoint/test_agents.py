@@ -37,7 +37,7 @@ def test_the_learner_trains_exactly_the_tokens_and_log_probs_the_engine_sampled(
     assert sampled_logprobs == pytest.approx(first.behaviour_logprobs + second.behaviour_logprobs, abs=0)
     prompt = batch.input_ids[0, batch.attention_mask[0].argmax():].tolist()
     assert prompt == second_context + second.token_ids  # every token the model saw, in order
-    assert trajectory.turns == 2 and trajectory.infos[-1]["final"] and trajectory.finish == "done"
+    assert trajectory.turns == 2 and trajectory.infos[-1].final and trajectory.finish == "done"
 
 
 def test_an_agent_that_rewrites_its_history_trains_both_trajectories_with_its_episodes_advantage(policy):
@@ -75,7 +75,7 @@ def test_failed_agents_are_counted_episodes_never_a_crashed_run(policy):
         loop, [agents.two_turns, agents.rewards_itself, agents.raises, agents.garbage])
     assert good.finish == own.finish == "done" and own.reward == 0.25
     for failed, why in ((failed_raise, "agent bug"), (failed_garbage, "list")):
-        assert failed.finish == "failed" and sum(failed.loss_mask) == 0 and why in failed.infos[-1]["agent_error"]
+        assert failed.finish == "failed" and sum(failed.loss_mask) == 0 and why in failed.infos[-1].agent_error
     assert loop.stats.failures == 2 and loop.stats.retries == 2 and loop.stats.timeouts == 0
     assert len(loop.sessions) == 0  # every session closed
     LMBatch.from_trajectories([good, own, failed_raise], policy.pad_id)  # failed episodes still batch
@@ -84,7 +84,7 @@ def test_failed_agents_are_counted_episodes_never_a_crashed_run(policy):
 def test_an_agent_that_hangs_costs_its_episode_the_timeout(policy):
     loop = make_loop(policy, agent_timeout=0.2, agent_retries=0)
     [hung] = play(loop, [agents.hangs])
-    assert hung.finish == "failed" and "ran past" in hung.infos[-1]["agent_error"]
+    assert hung.finish == "failed" and "ran past" in hung.infos[-1].agent_error
     assert loop.stats.failures == 1 and loop.stats.timeouts == 1
 
 
