@@ -58,3 +58,21 @@ def test_a_tool_spec_may_carry_a_simulated_latency_but_no_other_key():
     check("task.tools=[{name: calculator, latency: {kind: lognormal, seconds: 0.2, sigma: 1.0}}]")
     with pytest.raises(ConfigError, match=r"a tool takes only name, options, latency, server, not timeout"):
         check("task.tools=[{name: python, timeout: 5}]")
+
+
+def test_the_environment_and_its_options_are_checked_against_the_registered_environments():
+    check("task.env=tool", "task.env_options={process_weight: 0.2}")
+    with pytest.raises(ConfigError, match=r"task.env: unknown environment 'tools'; did you mean 'tool'\? Valid names: "
+                                          r"gym, single_turn, solver_checker, tool"):
+        check("task.env=tools")
+    with pytest.raises(ConfigError, match=r"task.env_options: environment 'tool' has no option 'process_wieght'; did "
+                                          r"you mean 'process_weight'\? It accepts: process_weight, tool_parser"):
+        check("task.env=tool", "task.env_options={process_wieght: 0.2}")
+    with pytest.raises(ConfigError, match=r"task.env_options are set but task.env is not; name the environment"):
+        check("task.env_options={max_rounds: 3}")
+
+
+def test_the_engine_is_checked_against_the_registered_engines():
+    check("sample.engine=vllm")  # accepted, not started
+    with pytest.raises(ConfigError, match=r"sample.engine: unknown inference engine 'tgi'.* Valid names: hf, vllm"):
+        check("sample.engine=tgi")

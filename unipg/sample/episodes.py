@@ -157,21 +157,29 @@ class EpisodeRunner:
         return self._engine
 
     def make_env(self):
+        """A fresh environment for one episode: the config's ``task.env`` with its ``task.env_options`` (over the
+        task's own options when it names the task's environment), else the task's own ``env``, else ``tool`` for a
+        task with tools and ``single_turn`` for one without. Options the environment declares and the config
+        leaves unset come from the run: the call format (``tool_parser``) and the process-reward weight
+        (``agent.process_weight``, else the task's); a multi-role task's environment gets the roles' shaping."""
         if self.external is not None:
             return ExternalAgent(self.external, self.reward_fn)
-        if self.task.env is not None:
-            options = dict(self.task.env_options)
-            if self.roles:
-                options["shaping"] = {role: settings.shaping for role, settings in self.config.agent.roles.items()}
-            if "tool_parser" in ENVS.options(self.task.env):  # calls in the run's format, as in the tool env
-                options.setdefault("tool_parser", self.tool_parser)
-            return ENVS.get(self.task.env)(self.task, self.reward_fn, self.service, **options)
-        if self.service is None:
-            return ENVS.get("single_turn")(self.task, self.reward_fn)
-        weight = self.config.agent.process_weight
-        return ENVS.get("tool")(self.task, self.reward_fn, self.service,
-                                process_weight=self.task.process_weight if weight is None else weight,
-                                tool_parser=self.tool_parser)
+        name, options = self.task.env, dict(self.task.env_options)
+        chosen = self.config.task
+        if chosen.env is not None:
+            options = {**options, **chosen.env_options} if chosen.env == name else dict(chosen.env_options)
+            name = chosen.env
+        if name is None:
+            name = "single_turn" if self.service is None else "tool"
+        declared = ENVS.options(name)
+        if self.roles:
+            options["shaping"] = {role: settings.shaping for role, settings in self.config.agent.roles.items()}
+        if "tool_parser" in declared:  # calls in the run's format
+            options.setdefault("tool_parser", self.tool_parser)
+        if "process_weight" in declared:
+            weight = self.config.agent.process_weight
+            options.setdefault("process_weight", self.task.process_weight if weight is None else weight)
+        return ENVS.get(name)(self.task, self.reward_fn, self.service, **options)
 
     def sampling(self, *, greedy: bool = False) -> SamplingParams:
         sample = self.config.sample

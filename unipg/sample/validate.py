@@ -1,9 +1,11 @@
-"""Load-time check of the options a configuration gives tasks, rewards and tools, against their registries.
+"""Load-time check of the names and options a configuration gives tasks, rewards, tools, the environment and the
+inference engine, against their registries.
 
-``unipg.config`` cannot check these itself: the registries live here, in ``unipg.sample``, a layer above it.
-So whoever loads a configuration to run it calls ``check_sample_options(config)`` right after ``load_config``:
-the command line does (``unipg.cli.resolve``), and so will the public API, so that an unknown task, reward or
-tool option stops the run before anything is built, with a message listing the accepted names.
+``unipg.config`` cannot check these itself: the registries live in the layers above it (``unipg.tasks``,
+``unipg.tools``, ``unipg.envs``, ``unipg.inference``), all visible from here. So whoever loads a configuration
+to run it calls ``check_sample_options(config)`` right after ``load_config`` (``unipg.load_config`` does, and
+with it the command line), so that an unknown name or option stops the run before anything is built, with a
+message listing the accepted ones.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from unipg.policy.tool_calls import TOOL_PARSERS
 
 
 def check_sample_options(config: Config) -> None:
-    """Raise ``ConfigError`` listing every unknown task, reward or tool name or option of ``config``, every
-    missing required option and every option of the wrong plain type; each problem names where it is set."""
+    """Raise ``ConfigError`` listing every unknown task, reward, tool, environment or engine name or option of
+    ``config``, every missing required option and every option of the wrong plain type; each problem names where
+    it is set."""
     if not config.is_lm:
         return
     task = config.task
@@ -56,8 +59,34 @@ def check_sample_options(config: Config) -> None:
     if config.model.tool_parser is not None and config.model.tool_parser not in TOOL_PARSERS:
         problems.append("model.tool_parser: " + unknown_name_message(TOOL_PARSERS.kind, config.model.tool_parser,
                                                                      TOOL_PARSERS.names()))
+    problems += environment_problems(config) + engine_problems(config)
     if problems:
         raise ConfigError(invalid_configuration(problems))
+
+
+def environment_problems(config: Config) -> list[str]:
+    """What is wrong with ``task.env`` and ``task.env_options``: an unknown environment, or options it does not
+    accept (or options without an environment to give them to)."""
+    from unipg.envs import ENVS  # registers every environment; imported here, so ``import unipg`` stays light
+
+    task = config.task
+    if task.env is None:
+        if task.env_options:
+            return [(f"task.env_options are set but task.env is not; name the environment they are for, e.g. "
+                     f"task.env=tool (environments: {', '.join(ENVS.names())})")]
+        return []
+    if task.env not in ENVS:
+        return [f"task.env: {unknown_name_message(ENVS.kind, task.env, ENVS.names())}"]
+    return option_problems(ENVS, task.env, task.env_options, "task.env_options")
+
+
+def engine_problems(config: Config) -> list[str]:
+    """An unknown ``sample.engine``, with the registered ones."""
+    from unipg.inference import ENGINES  # registers every engine; imported here, as ENVS above
+
+    if config.sample.engine in ENGINES:
+        return []
+    return ["sample.engine: " + unknown_name_message(ENGINES.kind, config.sample.engine, ENGINES.names())]
 
 
 def spec_problems(registry: FactoryRegistry, spec: Any, options: dict, where: str, example: str) -> list[str]:
