@@ -11,9 +11,9 @@ import pytest
 import unipg
 
 SURFACE = {
-    "unipg": ["ADVANTAGES", "ALGORITHMS", "BACKENDS", "CHECKS", "Config", "ConfigError", "ENGINES", "ENVS", "Engine",
-              "Env", "EnvironmentService", "Example", "FactoryRegistry", "KL_ESTIMATORS", "LatencyModel",
-              "OFF_POLICY_WEIGHTS", "POLICY_LOSSES", "REWARDS", "Registry", "RegistryError", "RewardFunctionError",
+    "unipg": ["ADVANTAGES", "ALGORITHMS", "BACKENDS", "BACKEND_INPUTS", "CHECKS", "Config", "ConfigError", "ENGINES",
+              "ENVS", "Engine", "Env", "EnvironmentService", "Example", "FactoryRegistry", "KL_ESTIMATORS",
+              "LatencyModel", "OFF_POLICY_WEIGHTS", "POLICY_LOSSES", "REWARDS", "Registry", "RegistryError", "RewardFunctionError",
               "RoleEnv", "Rollout", "RunResult", "SamplingParams", "StepResult", "TASKS", "TOOLS", "TOOL_PARSERS",
               "Task", "Tool", "ToolError", "TurnInfo", "TurnOutput", "UnipgDeprecationWarning", "build_rewards",
               "evaluate", "load_config", "make_task", "tool", "train"],
@@ -22,7 +22,7 @@ SURFACE = {
     "unipg.tools": ["LatencyModel", "TOOLS", "TOOL_PARSERS", "Tool", "ToolError", "format_tool_call", "tool"],
     "unipg.envs": ["ENVS", "Env", "EnvironmentService", "RoleEnv", "StepResult", "ToolCallResult", "TurnInfo"],
     "unipg.inference": ["ENGINES", "Engine", "HFService", "SamplingParams", "TurnOutput"],
-    "unipg.runtime": ["BACKENDS", "Rollout"],
+    "unipg.runtime": ["BACKENDS", "BACKEND_INPUTS", "Rollout"],
     "unipg.observe": ["CHECKS", "Check", "Finding"],
 }
 

@@ -4,11 +4,12 @@ rollback, evaluation, and the backends that place an lm run's episodes (``backen
 
 
 def __getattr__(name: str):
-    """``BACKENDS`` and the ``Rollout`` protocol, imported on first use (the backends import the whole runtime)."""
-    if name == "BACKENDS":
-        from unipg.runtime.backends import BACKENDS
+    """``BACKENDS``, ``BACKEND_INPUTS`` and the ``Rollout`` protocol, imported on first use (the backends import the
+    whole runtime)."""
+    if name in ("BACKENDS", "BACKEND_INPUTS"):
+        from unipg.runtime import backends
 
-        return BACKENDS
+        return getattr(backends, name)
     if name == "Rollout":
         from unipg.runtime.driver import Rollout
 
@@ -16,4 +17,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'unipg.runtime' has no attribute {name!r}")
 
 
-__all__ = ["BACKENDS", "Rollout"]
+__all__ = ["BACKENDS", "BACKEND_INPUTS", "Rollout"]

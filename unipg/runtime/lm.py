@@ -46,7 +46,7 @@ from unipg.observe.episodes import EpisodeLog
 from unipg.observe.metrics import MetricsLogger, Progress, Timer, process_metrics, release_free_memory
 from unipg.policy.lm import LMPolicy
 from unipg.policy.loading import policy_from_config
-from unipg.runtime.backends import BACKENDS, make_learner
+from unipg.runtime.backends import BACKEND_INPUTS, BACKENDS, make_learner
 from unipg.runtime.backends.local_lm import mixed_returns, rollout_batch
 from unipg.runtime.driver import Runtime, resolve_schedule
 from unipg.runtime.offline import OfflineData, load_offline, offline_metrics
@@ -101,9 +101,8 @@ def build_runtime(config: Config, runner: EpisodeRunner, sampler: PromptSampler,
     workers and environment actors of a Ray cluster (``unipg.runtime.backends.ray_lm``)."""
     settings = config.runtime
     schedule = resolve_schedule(settings.schedule, settings.max_staleness, config.deterministic)
-    rollout = BACKENDS.call(config.backend, {"runner": runner, "sampler": sampler, "generator": generator,
-                                             "config": config, "task": task, "reward_fn": reward_fn,
-                                             "schedule": schedule, "log": log})
+    handed = (runner, sampler, generator, config, task, reward_fn, schedule, log)  # in BACKEND_INPUTS' order
+    rollout = BACKENDS.call(config.backend, dict(zip(BACKEND_INPUTS, handed, strict=True)))
     try:
         return Runtime(rollout, groups_per_step=config.prompts_per_step, group_size=config.sample.samples_per_prompt,
                        max_staleness=settings.max_staleness, capacity=config.sample.replay_buffer_size,

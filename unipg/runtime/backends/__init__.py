@@ -4,11 +4,15 @@ learner's ranks (``unipg.learn.sharded.Ranks``, ``train.learner_processes`` > 1)
 
 An lm run's replay buffer, and its learner's handle, stay in the driver's process; a backend decides where its
 episodes run and where the ranks of a sharded learner run. A new backend registers a factory taking the inputs
-below and returning a ``Rollout``, and a launcher. The gymnasium driver steps its vectorised environments in
-process (``local_gym.GymSegments``).
+``BACKEND_INPUTS`` and returning a ``Rollout``, with that class as its return annotation
+(``tests/runtime/test_rollout_protocol.py`` checks that every registered backend's class implements the whole
+protocol), and a launcher. The gymnasium driver steps its vectorised environments in process
+(``local_gym.GymSegments``).
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from unipg.config import Config
 from unipg.registry import Registry
@@ -16,15 +20,21 @@ from unipg.learn.lm import LMLearner
 from unipg.learn.sharded import ShardedLMLearner
 from unipg.policy.lm import LMPolicy
 
+if TYPE_CHECKING:  # the classes the factories return, imported when built (Ray is optional)
+    from unipg.runtime.backends.local_lm import LMRollout
+    from unipg.runtime.backends.ray_lm import RayRollout
+
 BACKENDS = Registry("backend")
 LEARNER_RANKS = Registry("backend")
 
-# What every backend factory is handed by the lm driver (``unipg.runtime.lm.build_runtime``).
-_INPUTS = ("runner", "sampler", "generator", "config", "task", "reward_fn", "schedule", "log")
+# What the lm driver hands every backend factory, by keyword (``unipg.runtime.lm.build_runtime``): the episode
+# runner, the prompt sampler, the sampling generator, the config, the task, the reward function, the schedule
+# (sequential or concurrent) and where to log.
+BACKEND_INPUTS = ("runner", "sampler", "generator", "config", "task", "reward_fn", "schedule", "log")
 
 
-@BACKENDS.register("inprocess", inputs=_INPUTS)
-def inprocess_rollout(runner, sampler, generator, config, task, reward_fn, schedule, log):
+@BACKENDS.register("inprocess", inputs=BACKEND_INPUTS)
+def inprocess_rollout(runner, sampler, generator, config, task, reward_fn, schedule, log) -> LMRollout:
     """Episodes in this process: on the learner's own weights (sequential schedule), or on a copy synced by
     version, with its own episode runner and environment service, in a background thread (concurrent)."""
     from unipg.runtime.backends.local_lm import LMRollout, inference_copy
@@ -39,8 +49,8 @@ def inprocess_rollout(runner, sampler, generator, config, task, reward_fn, sched
                      WeightSync(runner.policy.model, copy.model), owns_runner=True, **shape)
 
 
-@BACKENDS.register("ray", inputs=_INPUTS)
-def ray_rollout(runner, sampler, generator, config, task, reward_fn, schedule, log):
+@BACKENDS.register("ray", inputs=BACKEND_INPUTS)
+def ray_rollout(runner, sampler, generator, config, task, reward_fn, schedule, log) -> RayRollout:
     """Rollout workers (each with its own policy copy) and environment actors on a Ray cluster (section
     ``ray``), with fault tolerance; the schedule is always concurrent."""
     from unipg.runtime.backends.ray_lm import RayRollout
