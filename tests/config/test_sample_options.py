@@ -30,7 +30,7 @@ def test_the_accepted_options_are_the_factory_keywords():
 def test_reward_and_tool_options_and_names_are_checked():
     with pytest.raises(ConfigError, match=r"task.rewards\[0\]: reward 'math' has no option 'tolerence'; did you mean "
                                           r"'tolerance'\? It accepts: tolerance"):
-        check("task.rewards=[{name: math, tolerence: 0.1}]")
+        check("task.rewards=[{name: math, options: {tolerence: 0.1}}]")
     with pytest.raises(ConfigError, match=r"task.rewards\[0\]: reward 'length' needs the option\(s\) max_length"):
         check("task.rewards=[{name: length}]")
     with pytest.raises(ConfigError, match=r"task.tools\[0\]: tool 'python' has no option 'timout'.*It accepts: timeout"):
@@ -49,7 +49,7 @@ def test_wrong_types_unknown_tasks_and_stages_are_reported():
 
 
 def test_valid_options_pass():
-    check("task.options={digits: 3}", "task.rewards=[{name: math, weight: 1.0, tolerance: 0.01}]",
+    check("task.options={digits: 3}", "task.rewards=[{name: math, weight: 1.0, options: {tolerance: 0.01}}]",
           "task.tools=[{name: python, options: {timeout: 3}}]")
     check_sample_options(load_config(None, []))  # gymnasium: nothing to check
 

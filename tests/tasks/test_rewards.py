@@ -132,7 +132,8 @@ def test_build_rewards_passes_columns_and_options():
     result = combined(["q", "q"], ["2 + 2 = 4\n#### 4", "it is 4"], answer=["4", "4"])
     assert result.total == pytest.approx([1.1, 1.0])
     assert combined.names == ["math", "format"]
-    two_lengths = build_rewards([{"name": "length", "max_length": 5}, {"name": "length", "max_length": 50}])
+    two_lengths = build_rewards([{"name": "length", "options": {"max_length": 5}},
+                                 {"name": "length", "options": {"max_length": 50}}])
     assert two_lengths.names == ["length", "length_2"]
 
 
@@ -140,7 +141,7 @@ def test_build_rewards_errors_name_the_reward_and_the_valid_choices():
     with pytest.raises(RegistryError, match="unknown reward 'maths'.*Valid names: .*exact_match.*format.*math"):
         build_rewards([{"name": "maths"}])
     with pytest.raises(ValueError, match="reward 'math' has no option 'tol'.*It accepts: tolerance"):
-        build_rewards([{"name": "math", "tol": 0.1}])
+        build_rewards([{"name": "math", "options": {"tol": 0.1}}])
     with pytest.raises(ValueError, match="reward 'length' needs the option.*max_length"):
         build_rewards([{"name": "length"}])
     with pytest.raises(ValueError, match="reward 'math': weight must be a number"):
@@ -228,7 +229,7 @@ def test_reward_model_scores_each_completion(tiny_reward_model_path):
     # batching and padding do not change a sample's score
     alone = model(["what is 2 + 2 ?"], [" 5"])
     assert alone[0] == pytest.approx(scores[1], abs=1e-4)
-    combined = build_rewards([{"name": "reward_model", "path": tiny_reward_model_path}])
+    combined = build_rewards([{"name": "reward_model", "options": {"path": tiny_reward_model_path}}])
     assert combined(["what is 2 + 2 ?"], [" 5"]).total == pytest.approx(alone, abs=1e-4)
     # conversations go through the chat template when the tokenizer has one
     model.tokenizer.chat_template = "{% for message in messages %}{{ message['content'] }} {% endfor %}"
@@ -244,11 +245,11 @@ def test_a_reward_model_takes_the_runs_device_and_dtype_unless_its_entry_sets_th
     from unipg.tasks.rewards.rules import reward_defaults
 
     defaults = reward_defaults(load_config(None, ["task.name=arithmetic", "device=auto", "dtype=bfloat16"]))
-    (_, model, _), = build_rewards([{"name": "reward_model", "path": tiny_reward_model_path}],
+    (_, model, _), = build_rewards([{"name": "reward_model", "options": {"path": tiny_reward_model_path}}],
                                    defaults=defaults).functions
     assert model.model.dtype == torch.bfloat16 and model.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
-    (_, own, _), = build_rewards([{"name": "reward_model", "path": tiny_reward_model_path, "device": "cpu",
-                                   "dtype": "float32"}], defaults=defaults).functions
+    (_, own, _), = build_rewards([{"name": "reward_model", "options": {"path": tiny_reward_model_path, "device": "cpu",
+                                                                     "dtype": "float32"}}], defaults=defaults).functions
     assert own.model.dtype == torch.float32 and own.device == torch.device("cpu")
     assert [name for name, _, _ in build_rewards([{"name": "format"}], defaults=defaults).functions] == ["format"]
     on_ray = reward_defaults(load_config(None, ["task.name=arithmetic", "device=auto", "backend=ray"]))

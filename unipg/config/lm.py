@@ -58,8 +58,9 @@ class TaskConfig(Section):
     """task options, e.g. {digits: 3} for arithmetic, {path: data/gsm8k.jsonl} for gsm8k, {path: my.jsonl,
     columns: {prompt: question, answer: solution}} for dataset or {dataset: chain_sum} for reasoning_gym."""
     rewards: list[dict[str, Any]] | None = None
-    """reward functions and weights, e.g. [{name: math, weight: 1.0}, {name: format, weight: 0.1}];
-    None = the task's default."""
+    """reward functions, each {name, weight, options}, e.g. [{name: math, weight: 1.0}, {name: length, weight: 0.1,
+    options: {max_length: 200}}] (weight 1.0 and no options when left out); None = the task's default. Options written
+    beside the name are read with a warning showing the nested form."""
     system_prompt: str | None = None
     """system message put before every prompt (None = the task's own, if any)."""
     tools: list[dict[str, Any]] | None = None

@@ -31,6 +31,7 @@ from unipg.config.rules import cross_field_problems
 from unipg.config.schema import Config
 from unipg.config.secrets import drop_redacted
 from unipg.config.section import ConfigError, is_text_field
+from unipg.config.specs import reward_specs
 
 # Seed 000 section 6.2 uses flat keys; each maps onto one structured key.
 FLAT_ALIASES: dict[str, str] = {
@@ -214,6 +215,12 @@ def build_config(raw: dict[str, Any]) -> Config:
     import_plugins(raw.get("plugins", []))
     tree = apply_flat_aliases(copy.deepcopy(raw))
     check_known_keys(tree)
+    reshaped = []
+    if isinstance(tree.get("task"), dict) and "rewards" in tree["task"]:
+        try:
+            tree["task"]["rewards"], reshaped = reward_specs(tree["task"]["rewards"])
+        except ValueError as error:
+            raise ConfigError(invalid_configuration([str(error)])) from None
     user_keys = flatten_keys(tree)
     algorithm = tree.get("algorithm", Config.model_fields["algorithm"].default)
     if not isinstance(algorithm, str):
@@ -237,7 +244,7 @@ def build_config(raw: dict[str, Any]) -> Config:
     problems = cross_field_problems(config)
     if problems:
         raise ConfigError(invalid_configuration(problems))
-    config.warnings = renamed + ignored_keys(config, user_keys)
+    config.warnings = reshaped + renamed + ignored_keys(config, user_keys)
     return config
 
 

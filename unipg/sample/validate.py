@@ -17,6 +17,7 @@ import unipg.tasks  # registers every task
 import unipg.tools  # noqa: F401  (registers every tool)
 from unipg.config import Config, ConfigError
 from unipg.config.loading import invalid_configuration
+from unipg.config.specs import reward_spec
 from unipg.registry import FactoryRegistry, RegistryError, unknown_name_message
 from unipg.tasks.rewards.rules import REWARDS
 from unipg.registry import check_option_types, validate_options
@@ -40,9 +41,8 @@ def check_sample_options(config: Config) -> None:
         for index, stage in enumerate(config.sft.stages):
             merged = {**task.options, **stage.options}
             problems += option_problems(TASKS, task.name, merged, f"sft.stages[{index}].options")
-    for index, spec in enumerate(task.rewards or []):
-        options = {key: value for key, value in spec.items() if key not in ("name", "weight")}
-        problems += spec_problems(REWARDS, spec, options, f"task.rewards[{index}]", "{name: math, weight: 1.0}")
+    for index, entry in enumerate(task.rewards or []):
+        problems += reward_problems(entry, f"task.rewards[{index}]")
     for index, spec in enumerate(task.tools or []):
         where = f"task.tools[{index}]"
         extra = [key for key in spec if key not in TOOL_SPEC_KEYS] if isinstance(spec, dict) else []
@@ -87,6 +87,20 @@ def engine_problems(config: Config) -> list[str]:
     if config.sample.engine in ENGINES:
         return []
     return ["sample.engine: " + unknown_name_message(ENGINES.kind, config.sample.engine, ENGINES.names())]
+
+
+def reward_problems(entry: Any, where: str) -> list[str]:
+    """The problems of one entry of ``task.rewards``: ``{name, weight, options}``, or with its options beside the
+    name (``unipg.config.specs``)."""
+    try:
+        spec, _ = reward_spec(entry, where)
+    except ValueError as error:
+        return [str(error)]
+    options = spec.get("options", {}) if isinstance(spec, dict) else {}
+    if not isinstance(options, dict):
+        return [f"{where}.options must be a mapping of option names to values, e.g. {{max_length: 200}}; got "
+                f"{options!r}"]
+    return spec_problems(REWARDS, spec, options, where, "{name: math, weight: 1.0}")
 
 
 def spec_problems(registry: FactoryRegistry, spec: Any, options: dict, where: str, example: str) -> list[str]:

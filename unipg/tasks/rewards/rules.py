@@ -7,8 +7,8 @@ the completions, e.g. ``answer=[...]`` from the task's ``Example.columns``. A re
 ``async def``; ``CombinedReward`` awaits those concurrently.
 
 ``REWARDS`` holds factories: ``REWARDS.get("math")(tolerance=1e-6)`` returns a reward function.
-``build_rewards([{"name": "math", "weight": 1.0}, {"name": "format", "weight": 0.1}])`` combines several
-into a weighted sum (``CombinedReward``, in ``unipg.tasks.rewards.combine``).
+``build_rewards([{"name": "math", "weight": 1.0}, {"name": "length", "weight": 0.1, "options": {"max_length": 200}}])``
+combines several into a weighted sum (``CombinedReward``, in ``unipg.tasks.rewards.combine``).
 
 What a reward function may return: a list, tuple, 1-D NumPy array or 1-D tensor with one entry per completion,
 each a finite real number (bools, NumPy and 0-d tensor scalars included) or None. Anything else — the wrong
@@ -23,8 +23,11 @@ import functools
 import inspect
 import re
 import threading
+import warnings
 from typing import Any, Callable
 
+from unipg._moved import UnipgDeprecationWarning
+from unipg.config.specs import reward_spec
 from unipg.registry import FactoryRegistry
 from unipg.tasks.answers import extract_final_answer, normalize_answer
 from unipg.tools.bounded import IsolatedFunction, parse_number, symbolic_refusal
@@ -291,19 +294,27 @@ def reward_defaults(config) -> dict[str, Any]:
 
 
 def build_rewards(spec: list[dict], *, defaults: dict[str, Any] | None = None) -> CombinedReward:
-    """A CombinedReward from ``[{"name": ..., "weight": 1.0, **options}, ...]`` using the ``REWARDS`` registry.
+    """A CombinedReward from ``[{"name": ..., "weight": 1.0, "options": {...}}, ...]`` using the ``REWARDS``
+    registry (weight 1.0 and no options when left out).
 
     An unknown name raises RegistryError listing the valid ones; an unknown or missing option raises
     ValueError naming the reward and the options it accepts. ``defaults`` (``reward_defaults``) fill the
-    options a reward accepts and its entry leaves out.
+    options a reward accepts and its entry leaves out. An entry with its options beside the name
+    (``{"name": "length", "max_length": 200}``) is read with a ``UnipgDeprecationWarning`` that shows the nested
+    form.
     """
     functions = []
-    for item in spec:
+    for index, item in enumerate(spec):
+        item, reshaped = reward_spec(item, f"rewards[{index}]")
+        if reshaped:
+            warnings.warn(reshaped, UnipgDeprecationWarning, stacklevel=2)
         if not isinstance(item, dict) or "name" not in item:
             example = {"name": "math", "weight": 1.0}
             raise ValueError(f"each reward must be a dict with a 'name', e.g. {example}; got {item!r}")
-        options = dict(item)
-        name, weight = options.pop("name"), options.pop("weight", 1.0)
+        name, weight, options = item["name"], item.get("weight", 1.0), item.get("options", {})
+        if not isinstance(options, dict):
+            raise ValueError(f"reward '{name}': options must be a mapping of option names to values, e.g. "
+                             f"{{'max_length': 200}}; got {options!r}")
         validate_options(REWARDS, name, options)
         factory = REWARDS.get(name)
         accepted = inspect.signature(factory).parameters
