@@ -121,12 +121,27 @@ def test_a_server_that_never_answers_is_stopped_after_the_startup_timeout(tmp_pa
 
 def test_the_config_checks_the_server_settings():
     spec = json.dumps([server_spec(include=["add"])])
-    check_sample_options(load_config(None, ["task.name=calculator", f"task.tools={spec}"]))  # accepted, not started
+    check_sample_options(load_config(None, ["task.name=arithmetic", f"task.tools={spec}"]))  # accepted, not started
     bad = json.dumps([{"name": "calculator", "server": {}}, {"name": "mcp"}])
     with pytest.raises(ConfigError) as raised:
         check_sample_options(load_config(None, ["task.name=calculator", f"task.tools={bad}"]))
     assert "task.tools[0]: tool 'calculator' has no option 'server'" in str(raised.value)
     assert "task.tools[1]: tool 'mcp' needs the option(s) server" in str(raised.value)
+
+
+def test_the_config_refuses_a_server_that_would_not_offer_a_tool_the_demonstrations_call():
+    """The calculator task's demonstrations call ``calculator``: a server configured to offer only ``add`` would
+    leave those calls without a tool, and one without include cannot be checked before it starts."""
+    def check(*specs: dict) -> None:
+        check_sample_options(load_config(None, ["task.name=calculator", f"task.tools={json.dumps(list(specs))}"]))
+
+    with pytest.raises(ConfigError, match=r"the demonstrations of task 'calculator' call calculator, which task.tools "
+                                          r"does not offer \(it offers add\)"):
+        check(server_spec(include=["add"]))
+    with pytest.raises(ConfigError, match=r"task.tools\[0\] \(mcp\) offers what its server lists; name the tools in "
+                                          r"its include option \(e.g. include: \[calculator\]\)"):
+        check(server_spec())
+    check(server_spec(include=["add"]), {"name": "calculator"})  # offered beside the server's: accepted, not started
 
 
 def test_a_copy_in_another_process_starts_its_own_server_on_its_first_call(tools):

@@ -33,7 +33,7 @@ import time
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 
-from unipg.tools.base import TOOL_SPEC_KEYS, TOOLS, Tool, ToolError, attempt_number
+from unipg.tools.base import TOOL_SPEC_KEYS, Tool, ToolError, attempt_number, build_entry
 
 
 @dataclass
@@ -89,10 +89,12 @@ class ServiceStats:
 
 
 def build_tools(specs: list[dict]) -> dict[str, Tool]:
-    """Tools by name, built from ``[{"name": ..., "options": {...}, "latency": {...}}]`` with the ``TOOLS``
-    registry; ``latency`` (optional) takes ``LatencyModel`` fields, e.g. ``{kind: lognormal, seconds: 0.2}``;
-    ``server`` (the ``mcp`` entry's) is the process serving the tools. An entry may build several tools (every
-    tool of an MCP server); what is built is closed again when a later entry fails."""
+    """Tools by the name the policy calls them by, built from ``[{"name": ..., "options": {...}, "latency": {...}}]``
+    with the ``TOOLS`` registry: an entry's tool is offered under the entry's name (``build_entry``). ``latency``
+    (optional) takes ``LatencyModel`` fields, e.g. ``{kind: lognormal, seconds: 0.2}``; ``server`` (the ``mcp``
+    entry's) is the process serving the tools. An entry may build several tools, named by themselves (every
+    tool of an MCP server); two tools of one name are refused, and what is built is closed again when a later entry
+    fails."""
     import unipg.tools  # noqa: F401  (registers the built-in tools)
 
     tools: dict[str, Tool] = {}
@@ -101,8 +103,13 @@ def build_tools(specs: list[dict]) -> dict[str, Tool]:
             if not isinstance(spec, dict) or "name" not in spec or set(spec) - set(TOOL_SPEC_KEYS):
                 raise ValueError(f"a tool spec is {{name: ..., options: {{...}}, latency: {{...}}}} (an mcp tool also "
                                  f"takes server: {{command: ..., args: [...]}}), got {spec}")
-            built = TOOLS.get(spec["name"])(**spec_options(spec))
-            for one in built if isinstance(built, list) else [built]:
+            built = build_entry(spec["name"], spec_options(spec))
+            taken = [one.name for one in built if one.name in tools]
+            if taken:
+                close_tools({str(index): one for index, one in enumerate(built)})
+                raise ValueError(f"two tool entries offer a tool named '{taken[0]}' (the second: {spec['name']}); "
+                                 "a call names one tool, so keep one of them")
+            for one in built:
                 tools[one.name] = _with_latency(one, spec)
     except BaseException:
         close_tools(tools)

@@ -21,9 +21,9 @@ from unipg.config.specs import reward_spec
 from unipg.registry import FactoryRegistry, RegistryError, unknown_name_message
 from unipg.tasks.rewards.rules import REWARDS
 from unipg.registry import check_option_types, validate_options
-from unipg.tasks.base import TASKS
-from unipg.tools.base import TOOL_SPEC_KEYS, TOOLS
-from unipg.policy.tool_calls import TOOL_PARSERS
+from unipg.tasks.base import TASKS, make_task
+from unipg.tools.base import TOOL_SPEC_KEYS, TOOLS, offered_names
+from unipg.policy.tool_calls import TOOL_PARSERS, Hermes, MalformedToolCall
 
 
 
@@ -60,6 +60,8 @@ def check_sample_options(config: Config) -> None:
         problems.append("model.tool_parser: " + unknown_name_message(TOOL_PARSERS.kind, config.model.tool_parser,
                                                                      TOOL_PARSERS.names()))
     problems += environment_problems(config) + engine_problems(config)
+    if not problems:  # the task and tool entries are valid: their names can be compared
+        problems += demonstrated_tool_problems(config)
     if problems:
         raise ConfigError(invalid_configuration(problems))
 
@@ -101,6 +103,57 @@ def reward_problems(entry: Any, where: str) -> list[str]:
         return [f"{where}.options must be a mapping of option names to values, e.g. {{max_length: 200}}; got "
                 f"{options!r}"]
     return spec_problems(REWARDS, spec, options, where, "{name: math, weight: 1.0}")
+
+
+def demonstrated_tool_problems(config: Config) -> list[str]:
+    """Tool calls in the task's demonstrations that ``task.tools`` does not offer. An entry offers its tool under its
+    own name, so only an entry that names its tools itself (``names_its_tools``: an MCP server's, ``faulty``) can
+    miss; the task is built to read its demonstrations only when there is one."""
+    entries = [(spec["name"], tool_options(spec)) for spec in config.task.tools or []]
+    if all(getattr(TOOLS.get(name), "offers", None) is None for name, _ in entries):
+        return []
+    offered, unknown = set(), []
+    for index, (name, options) in enumerate(entries):
+        names = offered_names(name, options)
+        if names is None:
+            unknown.append(f"task.tools[{index}] ({name})")
+        else:
+            offered.update(names)
+    try:
+        task = make_task(config.task.name, **config.task.options)
+    except Exception:  # noqa: BLE001  (the run builds the task too, and says what is wrong with it)
+        return []
+    missing = sorted(demonstrated_tool_names(task) - offered)
+    if not missing:
+        return []
+    calls = f"the demonstrations of task '{task.name}' call {', '.join(missing)}, which task.tools "
+    if unknown:
+        return [calls + f"does not name: {', '.join(unknown)} offers what its server lists; name the tools in its "
+                f"include option (e.g. include: [{', '.join(missing)}]), or offer them under these names"]
+    return [calls + f"does not offer (it offers {', '.join(sorted(offered)) or 'none'}); a policy trained on the "
+            "demonstrations would call a tool that is not there: offer them under these names"]
+
+
+def demonstrated_tool_names(task) -> set[str]:
+    """The names of the tools the task's demonstrations call (in the hermes format tasks write them in)."""
+    examples = [*task.train, *task.test]
+    solutions = [example.solution for example in examples]
+    if task.role_demonstrations is not None:
+        solutions += [solution for example in examples for _, _, solution in task.role_demonstrations(example)]
+    parser, names = Hermes(), set()
+    for solution in solutions:
+        for message in solution if isinstance(solution, list) else []:
+            if message.get("role") == "assistant" and parser.open_tag in message.get("content", ""):
+                try:
+                    names.update(call.name for call in parser.parse_tool_calls(message["content"]))
+                except MalformedToolCall:  # a demonstration of a malformed call calls no tool
+                    continue
+    return names
+
+
+def tool_options(spec: dict) -> dict:
+    """The options of a ``task.tools`` entry, its ``server`` included (as ``build_tools`` hands them)."""
+    return {**(spec.get("options") or {}), **({"server": spec["server"]} if "server" in spec else {})}
 
 
 def spec_problems(registry: FactoryRegistry, spec: Any, options: dict, where: str, example: str) -> list[str]:

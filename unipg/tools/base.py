@@ -18,24 +18,30 @@ from the docstring, each parameter's JSON type from its annotation and its descr
 delays every call, for experiments with slow tools; the environment service applies it.
 
 ``TOOLS`` maps a name to a factory ``(**options) -> Tool``, so configs can build tools with options
-(``{"name": "python", "options": {"timeout": 5}}``).
+(``{"name": "python", "options": {"timeout": 5}}``). The tool is offered to the policy under the name it is
+registered and configured under, whatever its function is called (``build_entry``): a tool registered as
+``unit_convert`` over ``tool(convert)`` is called ``unit_convert``. A factory that builds several tools returns a
+list and names them itself (an MCP server's tools), declaring with ``names_its_tools`` which names an entry's
+options tell.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import copy
 import inspect
 import json
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from unipg.registry import FactoryRegistry
 from unipg.policy.tool_calls import Hermes
 
 TOOLS = FactoryRegistry("tool")
+F = TypeVar("F", bound=Callable)
 
 
 class ToolError(Exception):
@@ -176,6 +182,40 @@ def tool(function: Callable | None = None, *, name: str | None = None,
                     list(parameters["required"]))
 
     return build(function) if function is not None else build
+
+
+def build_entry(name: str, options: dict) -> list[Tool]:
+    """The tools config entry ``name`` builds with ``options``, each under the name the policy calls it by: a factory
+    that returns one tool offers it under ``name``, the name it is registered and configured under (whatever the
+    tool's function is called); one that returns a list (``names_its_tools``) has named them itself."""
+    built = TOOLS.get(name)(**options)
+    if isinstance(built, list):
+        return built
+    if built.name == name:
+        return [built]
+    renamed = copy.copy(built)  # the factory's object may be shared; attributes set on it are kept
+    renamed.name = name
+    return [renamed]
+
+
+def names_its_tools(offers: Callable[[dict], list[str] | None]) -> Callable[[F], F]:
+    """Mark a tool factory that returns a list of tools named by itself rather than by its entry (the tools an MCP
+    server lists). ``offers(options)`` gives the names an entry with these options will offer, or None where only
+    building it tells; the config check compares them with the tool calls of the task's demonstrations."""
+
+    def mark(factory: F) -> F:
+        factory.offers = offers
+        return factory
+
+    return mark
+
+
+def offered_names(name: str, options: dict) -> list[str] | None:
+    """The names config entry ``name`` with ``options`` offers its tools under, known before it is built: ``name``
+    itself, or for a factory that names its tools, what its ``offers`` reads from the options (None where only
+    building it tells)."""
+    offers = getattr(TOOLS.get(name), "offers", None)
+    return [name] if offers is None else offers(options)
 
 
 _UNDOCUMENTED = "UNIPG-UNDOCUMENTED-ARGUMENT"

@@ -8,7 +8,8 @@ Configured like any tool::
         - name: faulty
           options: {tool: calculator, raise_rate: 0.1, hang_rate: 0.05, garbage_rate: 0.05, huge_rate: 0.05}
 
-The agent sees the wrapped tool's name, description and parameters; the wrapper is invisible to it. Each
+The agent sees the wrapped tool's name (the name it is configured under, ``calculator`` above), description and
+parameters; the wrapper is invisible to it. Each
 attempt draws one uniform number from ``(seed, tool, arguments, attempt)``, where ``attempt`` is the
 environment service's retry counter (``current_attempt``, set by the service), and picks a fault by the rates
 in order raise, hang, garbage, huge, hang_sync, hang_uncancellable. Draws are a pure function of those, not of
@@ -39,7 +40,7 @@ import random
 import threading
 from collections import Counter
 
-from unipg.tools.base import TOOLS, Tool, current_attempt
+from unipg.tools.base import TOOLS, Tool, build_entry, current_attempt, names_its_tools
 
 FAULT_KINDS = ("raise", "hang", "garbage", "huge")
 HANG_KINDS = ("hang_sync", "hang_uncancellable")  # drawn after FAULT_KINDS, so adding them moves no draw
@@ -76,15 +77,23 @@ def garbage_output(rng: random.Random):
 
 
 @TOOLS.register("faulty")
+@names_its_tools(lambda options: [options["tool"]] if isinstance(options.get("tool"), str) else None)
 def faulty_tool(tool: str, options: dict | None = None, raise_rate: float = 0.0, hang_rate: float = 0.0,
                 garbage_rate: float = 0.0, huge_rate: float = 0.0, hang_sync_rate: float = 0.0,
                 hang_uncancellable_rate: float = 0.0, hang_seconds: float = 3600.0, huge_chars: int = 10_000_000,
-                seed: int = 0) -> Tool:
-    """Tool ``tool`` (built with ``options``) whose calls fail at the given rates (module docstring)."""
+                seed: int = 0) -> list[Tool]:
+    """Tool ``tool`` (built with ``options``) whose calls fail at the given rates (module docstring); a list of
+    that one tool, offered under the wrapped tool's name, not ``faulty``."""
     rates = {"raise": raise_rate, "hang": hang_rate, "garbage": garbage_rate, "huge": huge_rate,
              "hang_sync": hang_sync_rate, "hang_uncancellable": hang_uncancellable_rate}
     _check_rates(tool, rates)
-    inner = TOOLS.get(tool)(**(options or {}))
+    built = build_entry(tool, options or {})
+    if len(built) != 1:
+        for one in built:
+            if one.close is not None:
+                one.close()
+        raise ValueError(f"faulty tool: '{tool}' builds {len(built)} tools; wrap a tool entry that builds one")
+    inner = built[0]
     if hang_sync_rate and inner.is_async:
         raise ValueError(f"faulty tool: hang_sync needs a synchronous tool, and '{tool}' is async")
     injected = Counter()
@@ -118,7 +127,7 @@ def faulty_tool(tool: str, options: dict | None = None, raise_rate: float = 0.0,
 
     wrapped = dataclasses.replace(inner, function=call_sync if hang_sync_rate else call)
     wrapped.injected = injected  # a plain attribute: the dataclass has no field for it
-    return wrapped
+    return [wrapped]
 
 
 def _check_rates(tool: str, rates: dict[str, float]) -> None:

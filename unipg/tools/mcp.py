@@ -21,7 +21,7 @@ import json
 import threading
 from typing import Any
 
-from unipg.tools.base import TOOLS, Tool, ToolError
+from unipg.tools.base import TOOLS, Tool, ToolError, names_its_tools
 
 SERVER_KEYS = ("command", "args", "env", "cwd")
 
@@ -163,6 +163,7 @@ def mcp_tool(server: McpServer, description: Any) -> Tool:
 
 
 @TOOLS.register("mcp")
+@names_its_tools(lambda options: options.get("include"))  # without include: whatever the server lists
 def mcp_tools(server: dict, include: list[str] | None = None, startup_timeout: float = 30.0) -> list[Tool]:
     """The tools of an MCP server started over stdio.
 
