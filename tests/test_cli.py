@@ -77,7 +77,7 @@ def test_an_unknown_task_option_exits_2_listing_the_accepted_ones():
 def test_eval_scores_the_policy_a_run_saved(embedded_path, tmp_path):
     import json
 
-    from tests.runtime.test_lm import SMALL
+    from tests.helpers.configs import TWO_EVALUATED_UPDATES as SMALL
 
     trained = runner.invoke(app, ["train", *SMALL, f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
                                   "train.updates=1"])

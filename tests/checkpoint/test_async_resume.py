@@ -4,12 +4,11 @@ prompts, in the same order, as the uninterrupted run."""
 import pytest
 
 import unipg.runtime.lm as text
+from tests.helpers.configs import resumable_config
 from unipg.checkpoint.files import load_checkpoint
 from unipg.checkpoint.store import CheckpointStore
 from unipg.runtime.lm import PromptSampler, train_lm
 from unipg.tasks.base import make_task
-
-from .test_resume import small_config
 
 GROUPS_PER_STEP = 2  # train.batch_size 8 / sample.samples_per_prompt 4
 # one group runs at a time (agent.concurrency = samples_per_prompt), so the concurrent schedule finishes groups
@@ -33,7 +32,7 @@ def trained(monkeypatch):
 
 
 def drawn(count: int) -> list[str]:
-    """The first ``count`` prompts the run's sampler draws (the task and seed of ``small_config``)."""
+    """The first ``count`` prompts the run's sampler draws (the task and seed of ``resumable_config``)."""
     task = make_task("arithmetic", digits=1, num_train=40, num_test=8)
     return [example.prompt for example in PromptSampler(task.train, 0).next(count)]
 
@@ -42,17 +41,17 @@ def drawn(count: int) -> list[str]:
 def test_a_run_stopped_with_groups_ahead_resumes_on_the_same_prompts_in_the_same_order(
         embedded_path, tmp_path, trained, schedule):
     extra = ["runtime.max_staleness=2", "checkpoint.every_updates=0", *SCHEDULES[schedule]]
-    full = train_lm(small_config(embedded_path, tmp_path, "full", 5, *extra))
+    full = train_lm(resumable_config(embedded_path, tmp_path, "full", 5, *extra))
     uninterrupted = list(trained)
     trained.clear()
 
-    first = train_lm(small_config(embedded_path, tmp_path, "split", 2, *extra))
+    first = train_lm(resumable_config(embedded_path, tmp_path, "split", 2, *extra))
     state = load_checkpoint(CheckpointStore(first.run_dir / "checkpoints").latest()).state
     pending = state["sampler"]["pending"]  # admitted after update 2, not trained on: re-issued first
     if schedule == "sequential":  # the fill of update 1 was 3 steps' worth, each update after adds one
         assert len(pending) == 2 * GROUPS_PER_STEP
     assert len(pending) <= 3 * GROUPS_PER_STEP  # the staleness gate's bound, at version 2
-    resumed = train_lm(small_config(embedded_path, tmp_path, "split", 5, *extra), resume=first.run_dir)
+    resumed = train_lm(resumable_config(embedded_path, tmp_path, "split", 5, *extra), resume=first.run_dir)
 
     assert resumed.resumed_from == 2 and resumed.samples == full.samples
     assert len(trained) == len(uninterrupted) == 5

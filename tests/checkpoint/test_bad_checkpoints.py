@@ -10,7 +10,7 @@ import torch
 from typer.testing import CliRunner
 
 import unipg.runtime.lm as text
-from tests.checkpoint.test_resume import small_config as resume_config
+from tests.helpers.configs import resumable_config
 from unipg.checkpoint.files import load_checkpoint, tensor_mismatch, verify_checkpoint
 from unipg.checkpoint.lm import latest_checkpoint
 from unipg.checkpoint.store import CheckpointStore
@@ -22,8 +22,8 @@ from unipg.tasks.rewards.rules import REWARDS
 
 def small_config(embedded_path, output_dir, name, updates, *extra):
     """The resume tests' small run, without evaluation, keeping 3 checkpoints."""
-    return resume_config(embedded_path, output_dir, name, updates, "eval.every_updates=100", "eval.pass_k=0",
-                         "checkpoint.keep_last=3", *extra)
+    return resumable_config(embedded_path, output_dir, name, updates, "eval.every_updates=100", "eval.pass_k=0",
+                            "checkpoint.keep_last=3", *extra)
 
 
 def one_line(output: str) -> str:

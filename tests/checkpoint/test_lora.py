@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from tests.helpers.configs import tiny_lm_overrides
 from unipg.checkpoint.files import load_checkpoint
 from unipg.checkpoint.store import CheckpointStore
 from unipg.config import load_config
@@ -13,11 +14,9 @@ from unipg.runtime.lm import train_lm
 
 peft = pytest.importorskip("peft")
 
-SMALL = ["task.name=arithmetic", "task.options={digits: 1, num_train: 40, num_test: 8}", "train.batch_size=8",
-         "train.mini_batch_size=8", "train.micro_batch_size=8", "sample.samples_per_prompt=4",
-         "sample.max_new_tokens=4", "eval.every_updates=100", "log.progress=false", "log.tensorboard=false",
-         "deterministic=true", "algorithm=grpo", "estimator.kl_coef=0.05", "model.lora_rank=4",
-         "train.learning_rate=1e-2", "estimator.entropy_coef=0.05", "checkpoint.every_updates=1", "checkpoint.keep_best=false"]
+SMALL = tiny_lm_overrides("train.micro_batch_size=8", "deterministic=true", "algorithm=grpo", "estimator.kl_coef=0.05",
+                          "model.lora_rank=4", "train.learning_rate=1e-2", "estimator.entropy_coef=0.05",
+                          "checkpoint.every_updates=1", "checkpoint.keep_best=false")
 
 
 def config(embedded_path, output_dir, name, updates):

@@ -8,23 +8,12 @@ import torch
 from typer.testing import CliRunner
 
 import unipg.runtime.lm as text
+from tests.helpers.configs import resumable_config
 from unipg.checkpoint.files import load_checkpoint
 from unipg.checkpoint.store import CheckpointStore
 from unipg.cli import app
-from unipg.config import load_config
 from unipg.observe.metrics import read_metrics
 from unipg.runtime.lm import TrainingStopped, train_lm
-
-SMALL = ["task.name=arithmetic", "task.options={digits: 1, num_train: 40, num_test: 8}", "train.batch_size=8",
-         "train.mini_batch_size=4", "train.micro_batch_size=4", "sample.samples_per_prompt=4",
-         "sample.max_new_tokens=4", "eval.every_updates=1", "eval.pass_k=2", "log.progress=false",
-         "log.tensorboard=false", "deterministic=true", "algorithm=ppo", "estimator.kl_coef=0.05",
-         "checkpoint.every_updates=1", "checkpoint.keep_last=2", "checkpoint.keep_best=false"]
-
-
-def small_config(embedded_path, output_dir, name, updates, *extra):
-    return load_config(None, SMALL + [f"model.name={embedded_path}", f"log.output_dir={output_dir}",
-                                      f"log.run_name={name}", f"train.updates={updates}", *extra])
 
 
 def comparable(record: dict) -> dict:
@@ -39,7 +28,7 @@ def final_tensors(run_dir) -> dict:
 @pytest.fixture(scope="module")
 def full_run(embedded_path, tmp_path_factory):
     """An uninterrupted run of 4 updates, checkpointing after each."""
-    return train_lm(small_config(embedded_path, tmp_path_factory.mktemp("runs"), "full", 4))
+    return train_lm(resumable_config(embedded_path, tmp_path_factory.mktemp("runs"), "full", 4))
 
 
 def assert_continues_like(full_run, resumed):
@@ -58,9 +47,9 @@ def assert_continues_like(full_run, resumed):
 
 
 def test_two_updates_resumed_to_four_equal_four_updates_bit_for_bit(embedded_path, tmp_path, full_run):
-    first = train_lm(small_config(embedded_path, tmp_path, "split", 2))
+    first = train_lm(resumable_config(embedded_path, tmp_path, "split", 2))
     messages = []
-    resumed = train_lm(small_config(embedded_path, tmp_path, "split", 4), resume=first.run_dir,
+    resumed = train_lm(resumable_config(embedded_path, tmp_path, "split", 4), resume=first.run_dir,
                          log=messages.append)
     assert resumed.run_dir == first.run_dir and resumed.resumed_from == 2
     assert any("resuming" in message for message in messages)
@@ -79,7 +68,7 @@ def test_sigterm_saves_a_checkpoint_after_the_current_update_and_the_run_resumes
         return original(*args, **kwargs)
 
     monkeypatch.setattr(text, "rollout_batch", rollout_then_sigterm)
-    config = small_config(embedded_path, tmp_path, "stopped", 4, "checkpoint.every_updates=0")
+    config = resumable_config(embedded_path, tmp_path, "stopped", 4, "checkpoint.every_updates=0")
     handler = signal.getsignal(signal.SIGTERM)
     with pytest.raises(TrainingStopped) as stopped:
         train_lm(config)
@@ -92,10 +81,10 @@ def test_sigterm_saves_a_checkpoint_after_the_current_update_and_the_run_resumes
 
 
 def test_resuming_a_finished_run_trains_nothing_and_says_so_until_updates_is_raised(embedded_path, tmp_path):
-    run = train_lm(small_config(embedded_path, tmp_path, "done", 2))
+    run = train_lm(resumable_config(embedded_path, tmp_path, "done", 2))
     before = (run.run_dir / "metrics.jsonl").read_text()
     messages = []
-    again = train_lm(small_config(embedded_path, tmp_path, "done", 2), resume=run.run_dir, log=messages.append)
+    again = train_lm(resumable_config(embedded_path, tmp_path, "done", 2), resume=run.run_dir, log=messages.append)
     assert again.resumed_from == 2 and again.updates == 2 and again.samples == run.samples
     assert messages == [f"run {run.run_dir} already finished at update 2 of 2; raise train.updates to train further"]
     assert (run.run_dir / "metrics.jsonl").read_text() == before
@@ -122,7 +111,7 @@ def test_resume_from_a_bad_folder_is_a_clear_error(embedded_path, tmp_path):
     assert result.exit_code == 2 and str(missing) in output and "not a run folder" in output
     assert "Traceback" not in output
 
-    run = train_lm(small_config(embedded_path, tmp_path, "corrupt", 1))
+    run = train_lm(resumable_config(embedded_path, tmp_path, "corrupt", 1))
     (checkpoint,) = CheckpointStore(run.run_dir / "checkpoints").list()
     weights = checkpoint / "policy.safetensors"
     data = bytearray(weights.read_bytes())

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.learn.test_packing import config, skewed_batch
+from tests.helpers.batches import skewed_batch, skewed_config
 from unipg.learn.distributed import (
     full_state_dict,
     init_local_group,
@@ -28,7 +28,7 @@ def learner(model_path: str, shard: bool = False) -> LMLearner:
     policy = load_lm_policy(model_path)
     if shard:
         shard_model(policy.model)
-    return LMLearner(policy, config(*SETTINGS))
+    return LMLearner(policy, skewed_config(*SETTINGS))
 
 
 def update_rank(rank: int, world_size: int, port: int, model_path: str, out: str) -> None:

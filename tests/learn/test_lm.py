@@ -1,28 +1,9 @@
 import pytest
 import torch
 
-from unipg.config import load_config
+from tests.helpers.batches import GROUP, make_batch, make_config
 from unipg.learn.lm import LMLearner
 from unipg.learn.lm_batch import LMBatch, episode_ends, lm_advantages, token_rewards
-
-GROUP = 4
-
-
-def make_config(algorithm="grpo", *overrides):
-    return load_config(None, ["task.name=arithmetic", f"algorithm={algorithm}", "train.batch_size=16",
-                              "train.mini_batch_size=16", "train.micro_batch_size=16",
-                              f"sample.samples_per_prompt={GROUP}", "sample.max_new_tokens=8",
-                              "train.learning_rate=1e-3", *overrides])
-
-
-def make_batch(policy, seed=0):
-    tokenizer = policy.tokenizer
-    texts = [tokenizer.apply_chat_template([{"role": "user", "content": f"{i}+{2 * i}="}], tokenize=False,
-                                           add_generation_prompt=True) for i in range(7, 16, 2)][:4]
-    ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts for _ in range(GROUP)]
-    generation = policy.sample(ids, max_new_tokens=8, generator=torch.Generator().manual_seed(seed))
-    scores = [float(i % 3 == 0) + 0.1 * i for i in range(len(ids))]
-    return LMBatch.from_generation(generation, scores)
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from tests.learn.test_lm import make_batch, make_config
+from tests.helpers.batches import make_batch, make_config
 from unipg.config import load_config
 from unipg.config.schema import EstimatorConfig
 from unipg.learn import objective

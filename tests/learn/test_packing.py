@@ -4,43 +4,12 @@ gradient of the whole mini-batch under every loss aggregation mode."""
 import pytest
 import torch
 
-from unipg.config import load_config
+from tests.helpers.batches import skewed_batch, skewed_config
 from unipg.estimate.losses import LOSS_AGGREGATIONS
 from unipg.learn.lm import LMLearner
-from unipg.learn.lm_batch import LMBatch, token_budget_micro_batches
-from unipg.policy.forward import chunked_token_statistics, left_pad, token_logprobs
+from unipg.learn.lm_batch import token_budget_micro_batches
+from unipg.policy.forward import chunked_token_statistics, token_logprobs
 from unipg.estimate.losses import entropy_from_logits
-
-PROMPT_LENGTHS = (5, 9, 3, 7, 6, 4)
-COMPLETION_LENGTHS = (30, 3, 7, 1, 12, 2)  # length-skewed, as agent trajectories are
-
-
-def skewed_batch(seed: int = 0) -> LMBatch:
-    """Rows of very different lengths: left-padded prompts, right-padded completions, a hole of inserted
-    (loss-masked) tokens in the longest one, random behaviour log-probs and advantages."""
-    generator = torch.Generator().manual_seed(seed)
-    prompts = [torch.randint(8, 90, (n,), generator=generator).tolist() for n in PROMPT_LENGTHS]
-    prompt_ids, prompt_mask = left_pad(prompts, 0)
-    width = max(COMPLETION_LENGTHS)
-    ids = torch.zeros((len(prompts), width), dtype=torch.long)
-    real = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, length in enumerate(COMPLETION_LENGTHS):
-        ids[row, :length] = torch.randint(8, 90, (length,), generator=generator)
-        real[row, :length] = 1
-    loss_mask = real.float()
-    loss_mask[0, 10:15] = 0  # a tool observation inside the first trajectory
-    batch = LMBatch(input_ids=torch.cat([prompt_ids, ids], 1), attention_mask=torch.cat([prompt_mask, real], 1),
-                    completion_mask=loss_mask, behaviour_logprobs=-torch.rand(loss_mask.shape, generator=generator) * 5
-                    * loss_mask, scores=torch.rand(len(prompts), generator=generator))
-    batch.advantages = torch.randn(loss_mask.shape, generator=generator) * loss_mask
-    batch.returns = torch.randn(loss_mask.shape, generator=generator) * loss_mask
-    return batch
-
-
-def config(*overrides):
-    return load_config(None, ["task.name=arithmetic", "algorithm=grpo", "train.batch_size=6",
-                              "train.mini_batch_size=6", "sample.samples_per_prompt=2", "sample.max_new_tokens=30",
-                              "estimator.kl_coef=0.0", *overrides])
 
 
 def gradients(policy, settings, batch) -> list[torch.Tensor]:
@@ -74,9 +43,9 @@ def test_packed_forward_equals_padded(tiny_policy, lora_rank):
 @pytest.mark.parametrize("mode", LOSS_AGGREGATIONS)
 def test_token_budget_micro_batches_give_the_mini_batch_gradient(plain_policy, mode):
     batch = skewed_batch()
-    whole = gradients(plain_policy, config(f"estimator.loss_agg_mode={mode}", "train.micro_batch_size=6"), batch)
-    packed = gradients(plain_policy, config(f"estimator.loss_agg_mode={mode}", "train.max_tokens_per_micro_batch=24"),
-                       batch)
+    aggregation = f"estimator.loss_agg_mode={mode}"
+    whole = gradients(plain_policy, skewed_config(aggregation, "train.micro_batch_size=6"), batch)
+    packed = gradients(plain_policy, skewed_config(aggregation, "train.max_tokens_per_micro_batch=24"), batch)
     plain_policy.packed = False
     assert len(token_budget_micro_batches(batch.attention_mask.sum(1), 24)) > 2  # really accumulated
     for expected, got in zip(whole, packed):
@@ -88,8 +57,8 @@ def test_packed_gradient_with_critic_and_entropy_equals_padded(tiny_policy):
     batch = skewed_batch(1)
     batch.values = torch.zeros_like(batch.returns)
     settings = ["algorithm=ppo", "estimator.entropy_coef=0.01", "estimator.loss_agg_mode=token-mean"]
-    padded = gradients(policy, config(*settings, "train.micro_batch_size=2"), batch)
-    packed = gradients(policy, config(*settings, "train.max_tokens_per_micro_batch=20",
+    padded = gradients(policy, skewed_config(*settings, "train.micro_batch_size=2"), batch)
+    packed = gradients(policy, skewed_config(*settings, "train.max_tokens_per_micro_batch=20",
                                       "train.logprob_chunk_tokens=7"), batch)
     for expected, got in zip(padded, packed):
         assert torch.allclose(got, expected, atol=1e-5, rtol=1e-4)
@@ -139,7 +108,7 @@ def test_gradient_checkpointing_saves_fewer_activations_and_keeps_the_gradient(t
     results = []
     for checkpointing in (False, True):
         policy = tiny_policy(gradient_checkpointing=checkpointing, lora_rank=lora_rank)
-        grads = gradients(policy, config("train.micro_batch_size=3"), batch)
+        grads = gradients(policy, skewed_config("train.micro_batch_size=3"), batch)
         assert not any(module.training for module in policy.model.modules())  # dropout stays off
         results.append((grads, saved_activation_numel(policy, batch)))
     (plain, plain_saved), (checkpointed, checkpointed_saved) = results

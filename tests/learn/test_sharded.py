@@ -4,22 +4,17 @@ its checkpoint resumes in one process."""
 import pytest
 import torch
 
+from tests.helpers.configs import CHECKPOINTED_PPO
 from unipg.checkpoint.files import load_checkpoint
 from unipg.checkpoint.store import CheckpointStore
 from unipg.config import ConfigError, load_config
 from unipg.runtime.lm import train_lm
 
-SMALL = ["task.name=arithmetic", "task.options={digits: 1, num_train: 40, num_test: 8}", "train.batch_size=8",
-         "train.mini_batch_size=8", "sample.samples_per_prompt=4", "sample.max_new_tokens=4",
-         "eval.every_updates=100", "log.progress=false", "log.tensorboard=false", "deterministic=true",
-         "algorithm=ppo", "estimator.kl_coef=0.05", "train.num_epochs=1", "train.adam_eps=1e-3",
-         "train.max_tokens_per_micro_batch=40", "checkpoint.every_updates=1", "checkpoint.keep_best=false"]
-
 
 def config(embedded_path, output_dir, name, updates, processes):
-    return load_config(None, SMALL + [f"model.name={embedded_path}", f"log.output_dir={output_dir}",
-                                      f"log.run_name={name}", f"train.updates={updates}",
-                                      f"train.learner_processes={processes}"])
+    return load_config(None, CHECKPOINTED_PPO + [f"model.name={embedded_path}", f"log.output_dir={output_dir}",
+                                                 f"log.run_name={name}", f"train.updates={updates}",
+                                                 f"train.learner_processes={processes}"])
 
 
 def weights(run):

@@ -2,6 +2,7 @@ import json
 
 from typer.testing import CliRunner
 
+from tests.helpers.configs import TWO_EVALUATED_UPDATES
 from unipg.cli import app
 from unipg.observe.seeds import aggregate, final_metrics, write_seed_summary
 
@@ -32,10 +33,8 @@ def test_aggregate_is_mean_and_std_over_the_metrics_every_seed_logged(tmp_path):
 
 
 def test_cli_seeds_writes_the_aggregate(embedded_path, tmp_path):
-    from tests.runtime.test_lm import SMALL
-
-    result = CliRunner().invoke(app, ["train", *SMALL, f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
-                                      "train.updates=1", "--seeds", "0,1"])
+    result = CliRunner().invoke(app, ["train", *TWO_EVALUATED_UPDATES, f"model.name={embedded_path}",
+                                      f"log.output_dir={tmp_path}", "train.updates=1", "--seeds", "0,1"])
     assert result.exit_code == 0, result.output
     summaries = list(tmp_path.glob("*-seeds-0-1-*.json"))
     assert len(summaries) == 1
@@ -44,9 +43,8 @@ def test_cli_seeds_writes_the_aggregate(embedded_path, tmp_path):
 
 
 def test_cli_seeds_in_parallel_processes_give_the_sequential_results(embedded_path, tmp_path):
-    from tests.runtime.test_lm import SMALL
-
-    common = ["train", *SMALL, f"model.name={embedded_path}", "train.updates=1", "deterministic=true", "--seeds", "0,1"]
+    common = ["train", *TWO_EVALUATED_UPDATES, f"model.name={embedded_path}", "train.updates=1", "deterministic=true",
+              "--seeds", "0,1"]
     finals = []
     for jobs in ("1", "2"):
         output = tmp_path / jobs

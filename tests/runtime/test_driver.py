@@ -6,6 +6,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tests.helpers.configs import CALCULATOR_AGENT as AGENT
+from tests.helpers.configs import DETERMINISTIC_PPO as SMALL
 from unipg.config import load_config
 from unipg.learn.lm import LMBatch, LMLearner
 from unipg.observe.metrics import read_metrics
@@ -17,19 +19,6 @@ from unipg.runtime.replay import Group, ProducerFailed
 from unipg.sample.episodes import EpisodeRunner
 from unipg.tasks.rewards.rules import build_rewards
 from unipg.tasks.base import make_task
-
-SMALL = ["task.name=arithmetic", "task.options={digits: 1, num_train: 40, num_test: 4}", "train.batch_size=8",
-         "train.mini_batch_size=4", "train.micro_batch_size=4", "sample.samples_per_prompt=4",
-         "sample.max_new_tokens=4", "eval.every_updates=100", "eval.pass_k=0", "log.progress=false",
-         "log.tensorboard=false", "deterministic=true", "algorithm=ppo", "estimator.kl_coef=0.05",
-         "checkpoint.every_updates=0", "rollback.enabled=false", "train.updates=3"]
-
-AGENT = ["task.name=calculator", "task.options={digits: 2, num_train: 40, num_test: 4, tool_demonstrations: 1.0}",
-         "task.tools=[{name: calculator, latency: {kind: lognormal, seconds: 0.005, sigma: 1.5}}]",
-         "sample.max_new_tokens=8", "agent.max_total_tokens=40", "algorithm=grpo", "train.batch_size=8",
-         "train.mini_batch_size=8", "train.micro_batch_size=8", "sample.samples_per_prompt=4",
-         "eval.every_updates=100", "eval.pass_k=0", "eval.max_examples=4", "log.progress=false",
-         "log.tensorboard=false", "checkpoint.every_updates=0", "train.updates=4"]
 
 
 def synchronous_reference(config):

@@ -11,6 +11,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from tests.helpers.configs import tiny_lm_overrides
 from unipg.cli import app
 from unipg.config import ConfigError, load_config
 from unipg.config.secrets import REDACTED, is_secret_name, redact_secrets
@@ -19,10 +20,8 @@ from unipg.runtime.lm import train_lm
 
 psutil = pytest.importorskip("psutil")
 
-SMALL = ["task.name=arithmetic", "task.options={digits: 1, num_train: 16, num_test: 4}", "train.batch_size=8",
-         "train.mini_batch_size=8", "train.micro_batch_size=8", "sample.samples_per_prompt=4",
-         "sample.max_new_tokens=4", "train.updates=1", "eval.every_updates=100", "eval.pass_k=0",
-         "log.progress=false", "algorithm=grpo"]
+SMALL = tiny_lm_overrides("train.micro_batch_size=8", "train.updates=1", "eval.pass_k=0", "algorithm=grpo",
+                          "log.tensorboard=true", num_train=16, num_test=4)
 ENVIRONMENT_SECRET = "env-sentinel-4f2c9a7e1b"
 CONFIG_SECRETS = {"WANDB_API_KEY": "config-sentinel-8d31e6", "HF_TOKEN": "config-sentinel-c07b52"}
 SECRET_OVERRIDE = "ray.runtime_env={env_vars: {WANDB_API_KEY: %s, HF_TOKEN: %s}}" % tuple(CONFIG_SECRETS.values())

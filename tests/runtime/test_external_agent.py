@@ -2,17 +2,11 @@
 
 import json
 
+from tests.helpers.configs import EXTERNAL_AGENT_RUN as RUN
 from unipg.config import load_config
 from unipg.observe.metrics import read_metrics
 from unipg.runtime.lm import train_lm
 from unipg.sample.transcripts import format_transcript
-
-RUN = ["task.name=calculator", "task.options={digits: 2, num_train: 40, num_test: 4}",
-       "task.agent=tests.inference.endpoint.agents_for_tests:two_turns", "sample.max_new_tokens=8",
-       "algorithm=grpo", "train.batch_size=8", "train.mini_batch_size=8", "train.micro_batch_size=8",
-       "sample.samples_per_prompt=4", "eval.every_updates=2", "eval.pass_k=0", "eval.max_examples=4",
-       "log.progress=false", "log.tensorboard=false", "checkpoint.every_updates=0", "rollback.enabled=false",
-       "train.updates=2"]
 
 
 def test_an_external_agent_trains_like_the_built_in_loop_and_its_failures_are_logged(embedded_path, tmp_path):

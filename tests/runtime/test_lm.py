@@ -3,6 +3,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from tests.helpers.configs import TWO_EVALUATED_UPDATES as SMALL
 from unipg.cli import app
 from unipg.config import load_config
 from unipg.learn.warm_start import MARKER, resolve_warm_start
@@ -10,11 +11,6 @@ from unipg.observe.metrics import read_metrics
 from unipg.policy.loading import load_lm_policy
 from unipg.runtime.lm import train_lm
 from unipg.tasks.base import make_task
-
-SMALL = ["task.name=arithmetic", "task.options={digits: 1, num_train: 40, num_test: 8}", "train.batch_size=8",
-         "train.mini_batch_size=8", "train.micro_batch_size=4", "sample.samples_per_prompt=4",
-         "sample.max_new_tokens=4", "train.updates=2", "eval.every_updates=1", "eval.pass_k=2",
-         "log.progress=false", "log.tensorboard=false"]
 
 
 @pytest.mark.parametrize("algorithm", ["grpo", "ppo"])

@@ -3,8 +3,9 @@
 import json
 import sys
 
-from tests.runtime.test_lm import SMALL
-from tests.tools.test_mcp import SERVER, is_running, server_pids
+from tests.helpers.configs import TWO_EVALUATED_UPDATES
+from tests.helpers.mcp import SERVER, server_pids
+from tests.helpers.processes import is_running
 from unipg.config import load_config
 from unipg.runtime.lm import train_lm
 
@@ -13,7 +14,7 @@ def test_every_mcp_server_a_run_starts_is_stopped_when_it_ends(embedded_path, tm
     pid_file = tmp_path / "servers.pid"
     tools = json.dumps([{"name": "mcp", "server": {"command": sys.executable, "args": [str(SERVER), str(pid_file)]},
                          "options": {"include": ["add"]}}])
-    config = load_config(None, SMALL + [
+    config = load_config(None, TWO_EVALUATED_UPDATES + [
         "task.name=calculator", "task.options={digits: 1, num_train: 16, num_test: 4}", f"task.tools={tools}",
         "train.updates=1", "agent.max_total_tokens=24", f"model.name={embedded_path}", f"log.output_dir={tmp_path}"])
     result = train_lm(config)

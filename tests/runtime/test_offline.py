@@ -3,6 +3,7 @@ import json
 import pytest
 import torch
 
+from tests.helpers.configs import tiny_lm_overrides
 from unipg.config import ConfigError, load_config
 from unipg.config.run import MixSchedule, OfflineConfig
 from unipg.learn.lm_batch import LMBatch
@@ -15,10 +16,8 @@ from unipg.sample.episodes import EpisodeRunner
 from unipg.tasks.rewards.rules import build_rewards
 from unipg.tasks.base import make_task
 
-SMALL = ["task.name=arithmetic", "task.options={digits: 1, num_train: 40, num_test: 4}", "train.batch_size=8",
-         "train.mini_batch_size=8", "train.micro_batch_size=8", "sample.samples_per_prompt=4",
-         "sample.max_new_tokens=4", "train.updates=2", "eval.every_updates=2", "eval.pass_k=0",
-         "log.progress=false", "log.tensorboard=false", "algorithm=grpo"]
+SMALL = tiny_lm_overrides("train.micro_batch_size=8", "train.updates=2", "eval.every_updates=2", "eval.pass_k=0",
+                          "algorithm=grpo", num_test=4)
 
 
 def test_mix_share_is_constant_or_linear_then_flat():

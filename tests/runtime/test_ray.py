@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.runtime.test_driver import AGENT, SMALL
+from tests.helpers.configs import CALCULATOR_AGENT as AGENT
+from tests.helpers.configs import DETERMINISTIC_PPO as SMALL
 from unipg.config import ConfigError, load_config
 from unipg.observe.metrics import read_metrics
 from unipg.policy.loading import load_lm_policy
@@ -265,7 +266,7 @@ def test_the_ray_backend_is_refused_for_gymnasium_runs():
 def test_a_plugin_files_task_tool_and_reward_run_on_the_workers(local_ray, embedded_path, tmp_path):
     """A task, tool and reward defined in a plugin file (`plugins:`) train on Ray: rollout workers and environment
     actors import the plugin before they unpickle what the driver sent them."""
-    from tests.config.test_plugins import FAST, write_plugin
+    from tests.helpers.plugins import FAST, write_plugin
     from unipg import api
 
     plugin = write_plugin(tmp_path, "ray")
@@ -286,7 +287,7 @@ def test_an_external_agent_trains_on_ray_workers_with_their_own_endpoints(local_
     rewards itself the sum of the log-probs it was sent, over its rewritten history's two trajectories), and the
     agent's counters reach the driver's metrics."""
     import unipg.runtime.lm as lm
-    from tests.runtime.test_external_agent import RUN
+    from tests.helpers.configs import EXTERNAL_AGENT_RUN as RUN
 
     rollout_batch, trained = lm.rollout_batch, []
 

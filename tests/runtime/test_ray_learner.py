@@ -5,9 +5,8 @@ trains like a one-process run, resumes in one process, and leaves no actor or re
 import pytest
 import torch
 
-from tests.learn.test_packing import config as learner_config
-from tests.learn.test_packing import skewed_batch
-from tests.learn.test_sharded import SMALL
+from tests.helpers.batches import skewed_batch, skewed_config
+from tests.helpers.configs import CHECKPOINTED_PPO
 from unipg.checkpoint.files import load_checkpoint
 from unipg.checkpoint.store import CheckpointStore
 from unipg.config import load_config
@@ -39,7 +38,7 @@ def grouped_batch(seed: int = 0) -> LMBatch:
 
 def learner(model_path: str) -> LMLearner:
     torch.manual_seed(0)
-    return LMLearner(load_lm_policy(model_path), learner_config(*SETTINGS))
+    return LMLearner(load_lm_policy(model_path), skewed_config(*SETTINGS))
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +73,7 @@ def test_two_ray_learner_actors_update_like_one_process_and_checkpoints_move_bet
     expected = single.update(grouped_batch())
     torch.manual_seed(0)
     policy = load_lm_policy(embedded_path)
-    sharded = ShardedLMLearner(policy, learner_config(*SETTINGS, *RAY), 2, RayRanks)
+    sharded = ShardedLMLearner(policy, skewed_config(*SETTINGS, *RAY), 2, RayRanks)
     try:
         pids = ray.get([actor.ready.remote() for actor in sharded._ranks.actors])
         metrics = sharded.update(grouped_batch())
@@ -102,7 +101,7 @@ def test_two_ray_learner_actors_update_like_one_process_and_checkpoints_move_bet
 def test_a_ray_run_with_two_learner_actors_trains_like_one_process_and_resumes_in_one(local_ray, embedded_path,
                                                                                       tmp_path):
     def run(name, updates, *overrides, resume=None):
-        config = load_config(None, [*SMALL, f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
+        config = load_config(None, [*CHECKPOINTED_PPO, f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
                                     f"log.run_name={name}", f"train.updates={updates}", *overrides])
         return train_lm(config, resume=resume)
 

@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from tests.tools.test_mcp import is_running, server_pids, server_spec
+from tests.helpers.mcp import server_pids, server_spec
+from tests.helpers.processes import is_running
 from unipg.envs import EnvironmentService
 from unipg.envs.service import build_tools, close_tools
 

@@ -5,16 +5,15 @@ import json
 import pytest
 import torch
 
+from tests.helpers.configs import tiny_lm_overrides
 from unipg.checkpoint.store import CheckpointStore, load_checkpoint
 from unipg.config import load_config
 from unipg.learn.lm import LMBatch, LMLearner
 from unipg.observe.metrics import read_metrics
 from unipg.runtime.lm import train_lm
 
-SMALL = ["task.name=arithmetic", "task.options={digits: 1, num_train: 40, num_test: 8}", "train.batch_size=8",
-         "train.mini_batch_size=4", "train.micro_batch_size=4", "sample.samples_per_prompt=4",
-         "sample.max_new_tokens=4", "eval.every_updates=10", "eval.pass_k=0", "log.progress=false",
-         "log.tensorboard=false", "algorithm=grpo", "estimator.kl_coef=0.0"]
+SMALL = tiny_lm_overrides("train.mini_batch_size=4", "train.micro_batch_size=4", "eval.every_updates=10",
+                          "eval.pass_k=0", "algorithm=grpo", "estimator.kl_coef=0.0")
 
 
 def make_config(*overrides):

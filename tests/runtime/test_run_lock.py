@@ -14,17 +14,15 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from tests.helpers.configs import tiny_lm_overrides
 from unipg.cli import app
 from unipg.config import load_config
 from unipg.runtime.gym import train_gym
 from unipg.runtime.lm import train_lm
 from unipg.runtime.setup import LOCK_FILE, check_ray_address, lock_run_dir
 
-SMALL = ["task.name=arithmetic", "task.options={digits: 1, num_train: 16, num_test: 4}", "train.batch_size=8",
-         "train.mini_batch_size=8", "train.micro_batch_size=8", "sample.samples_per_prompt=4",
-         "sample.max_new_tokens=4", "train.updates=1", "eval.every_updates=100", "eval.pass_k=0",
-         "log.progress=false", "log.monitor=false", "log.tensorboard=false", "algorithm=grpo",
-         "checkpoint.every_updates=1"]
+SMALL = tiny_lm_overrides("train.micro_batch_size=8", "train.updates=1", "eval.pass_k=0", "log.monitor=false",
+                          "algorithm=grpo", "checkpoint.every_updates=1", num_train=16, num_test=4)
 HOLDER = """
 import sys
 from pathlib import Path

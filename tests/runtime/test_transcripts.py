@@ -67,7 +67,7 @@ def test_eval_show_prints_episodes_with_their_calls_and_results(short_run):
 
 def test_single_turn_transcripts_hold_the_answer_and_can_be_switched_off(embedded_path, tmp_path):
     """The same runs log the learning signal of their groups at every update (what the doctor reads)."""
-    from tests.runtime.test_lm import SMALL
+    from tests.helpers.configs import TWO_EVALUATED_UPDATES as SMALL
 
     for count in (1, 0):
         config = load_config(None, SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}",

@@ -9,6 +9,7 @@ import random
 import pytest
 from typer.testing import CliRunner
 
+from tests.helpers.configs import DETERMINISTIC_PPO
 from unipg.cli import app
 from unipg.observe.metrics import read_metrics
 from unipg.tasks.rewards.combine import CombinedReward, RewardFunctionError
@@ -128,9 +129,7 @@ def test_extra_columns_reach_reward_functions_by_name(problems):
 
 def test_unipg_train_on_a_jsonl_with_custom_column_names(problems, embedded_path, tmp_path):
     """`unipg train task.name=dataset task.options.path=... task.options.columns=...` trains a few updates."""
-    from tests.runtime.test_driver import SMALL
-
-    quick = [item for item in SMALL if not item.startswith("task.")]
+    quick = [item for item in DETERMINISTIC_PPO if not item.startswith("task.")]
     result = CliRunner().invoke(app, ["train", "task.name=dataset", f"task.options.path={problems}",
                                       "task.options.columns={prompt: question, answer: result}",
                                       "task.options.num_test=4", *quick, f"model.name={embedded_path}",

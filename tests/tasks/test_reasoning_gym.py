@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
+from tests.helpers.configs import DETERMINISTIC_PPO
 from unipg.cli import app
 from unipg.observe.metrics import read_metrics
 from unipg.tasks.rewards.rules import build_rewards
@@ -45,9 +46,7 @@ def test_an_unknown_generator_or_setting_says_what_to_fix():
 
 
 def test_unipg_train_on_a_reasoning_gym_generator(embedded_path, tmp_path):
-    from tests.runtime.test_driver import SMALL
-
-    quick = [item for item in SMALL if not item.startswith("task.")]
+    quick = [item for item in DETERMINISTIC_PPO if not item.startswith("task.")]
     result = CliRunner().invoke(app, ["train", "task.name=reasoning_gym",
                                       "task.options={dataset: chain_sum, size: 40, num_test: 4, config: "
                                       "{min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1}}",

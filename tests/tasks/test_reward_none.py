@@ -6,6 +6,7 @@ import json
 
 from typer.testing import CliRunner
 
+from tests.helpers.configs import tiny_lm_overrides
 from unipg.cli import app
 from unipg.config import load_config
 from unipg.observe.doctor import diagnose
@@ -64,13 +65,11 @@ def test_the_doctor_flags_a_reward_function_that_never_applies_and_names_it():
 
 
 def test_a_run_whose_reward_never_applies_warns_once_in_its_log_and_the_doctor_flags_it(embedded_path, tmp_path):
-    config = load_config(None, [
-        "task.name=arithmetic", "task.options={digits: 1, num_train: 40, num_test: 4}", "train.batch_size=8",
-        "train.mini_batch_size=8", "train.micro_batch_size=8", "sample.samples_per_prompt=4",
-        "sample.max_new_tokens=2", "eval.every_updates=100", "eval.pass_k=0", "log.progress=false",
-        "log.tensorboard=false", "algorithm=grpo", "checkpoint.every_updates=0", "rollback.enabled=false",
-        "train.updates=3", "task.rewards=[{name: math}, {name: wrong_column}]", f"model.name={embedded_path}",
-        f"log.output_dir={tmp_path}", "log.run_name=wrong-column"])
+    config = load_config(None, tiny_lm_overrides(
+        "train.micro_batch_size=8", "sample.max_new_tokens=2", "eval.pass_k=0", "algorithm=grpo",
+        "checkpoint.every_updates=0", "rollback.enabled=false", "train.updates=3",
+        "task.rewards=[{name: math}, {name: wrong_column}]", f"model.name={embedded_path}",
+        f"log.output_dir={tmp_path}", "log.run_name=wrong-column", num_test=4))
     lines = []
     train_lm(config, log=lines.append)
     run_dir = tmp_path / "wrong-column"

@@ -2,9 +2,7 @@
 
 import asyncio
 import json
-import os
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -18,28 +16,9 @@ from unipg.envs.tool_env import ToolEnv
 from unipg.tasks.rewards.rules import build_rewards
 from unipg.tasks.base import Example
 from unipg.sample.validate import check_sample_options
+from tests.helpers.mcp import server_pids, server_spec
+from tests.helpers.processes import is_running
 from tests.helpers.scripted import ScriptedEngine
-
-SERVER = Path(__file__).with_name("mcp_server.py")
-
-
-def server_spec(pid_file: Path | None = None, **options) -> dict:
-    args = [str(SERVER)] + ([str(pid_file)] if pid_file else [])
-    spec = {"name": "mcp", "server": {"command": sys.executable, "args": args}}
-    return {**spec, "options": options} if options else spec
-
-
-def is_running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as stat:  # a child not yet reaped is a zombie: it has stopped
-        return stat.read().split(")")[-1].split()[0] != "Z"
-
-
-def server_pids(pid_file: Path) -> list[int]:
-    return [int(line) for line in pid_file.read_text().split()]
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from tests.helpers.processes import processes_mentioning
 from unipg.tools.base import TOOLS
 from unipg.tools.sandbox import MAX_FILE_BYTES, run_python, run_python_async
 
@@ -350,19 +351,6 @@ def test_sandboxes_run_concurrently_on_one_event_loop():
     results = asyncio.run(three_at_once())
     assert [result.output for result, _, _ in results] == ["slept\n"] * 3
     assert max(start for _, start, _ in results) < min(end for _, _, end in results)  # all three ran at once
-
-
-def processes_mentioning(text: str) -> list[int]:
-    """Host pids whose command line contains ``text`` (a sandbox's working directory is in its child's)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
-                if entry.isdigit() and text.encode() in cmdline.read():
-                    found.append(int(entry))
-        except OSError:
-            continue  # not a process, or it ended while we looked
-    return found
 
 
 def _child_pids() -> set[int]:

@@ -9,7 +9,7 @@ import time
 import pytest
 
 import unipg
-from tests.tools.test_sandbox import processes_mentioning
+from tests.helpers.processes import processes_mentioning
 from unipg.tools.base import TOOLS
 from unipg.tools.bubblewrap import MISSING, bwrap_command, kernel_isolation_available
 from unipg.tools.sandbox import run_python

@@ -5,35 +5,13 @@ import threading
 from types import SimpleNamespace
 
 import pytest
-import torch
 
-from unipg.config.lm import EndpointConfig
-from unipg.sample.endpoint_agents import ExternalAgentLoop
-from unipg.inference import HFService, SamplingParams
-
-
-class RecordingEngine(HFService):
-    """The inference engine, keeping every turn it sampled (to compare with what the learner gets)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.sampled = []
-
-    async def generate(self, context_ids, **options):
-        output = await super().generate(context_ids, **options)
-        self.sampled.append((list(context_ids), output))
-        return output
+from tests.helpers.endpoint import make_loop
 
 
 @pytest.fixture(scope="module")
 def policy(tiny_policy):
     return tiny_policy()
-
-
-def make_loop(policy, **endpoint):
-    engine = RecordingEngine(policy, SamplingParams(), generator=torch.Generator().manual_seed(0), batch_wait=0.005)
-    return ExternalAgentLoop(engine, policy.tokenizer, eos_ids=policy.eos_ids, endpoint=EndpointConfig(**endpoint),
-                             max_tokens=12, context_length=policy.context_length, describe_tools=True)
 
 
 @pytest.fixture(scope="module")

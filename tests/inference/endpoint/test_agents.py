@@ -14,7 +14,7 @@ from unipg.sample.endpoint_agents import AgentStats, ExternalAgent, load_agent
 from unipg.tasks.rewards.rules import build_rewards
 from unipg.tasks.base import Example
 from tests.inference.endpoint import agents_for_tests as agents
-from tests.inference.endpoint.conftest import make_loop
+from tests.helpers.endpoint import make_loop
 
 EXAMPLE = Example("What is 2*3?", "6", "6", {"answer": "6"})
 REWARDS = build_rewards([{"name": "math"}])
