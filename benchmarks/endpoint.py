@@ -69,7 +69,7 @@ def episodes_per_second(config, task, policy, agent: str | None, examples) -> tu
     config.task.agent = agent
     runner = EpisodeRunner(policy, task, config, build_rewards(config.task.rewards or task.rewards))
     start = time.perf_counter()
-    trajectories = runner.run(examples, params=runner.sampling(), generator=torch.Generator().manual_seed(0))
+    trajectories = runner.run(examples, generator=torch.Generator().manual_seed(0)).trajectories
     seconds = time.perf_counter() - start
     runner.close()
     return len(examples) / seconds, statistics.fmean(t.correct for t in trajectories)
@@ -123,7 +123,7 @@ def main() -> None:
     config = resolve_warm_start(config, task, log=lambda line: None)
     policy = policy_from_config(config)
     examples = [task.test[index % len(task.test)] for index in range(episodes)]
-    engine = EpisodeRunner(policy, task, config, None).engine(SamplingParams(temperature=0.0), None)
+    engine = EpisodeRunner(policy, task, config, None).inference_service(None, params=SamplingParams(temperature=0.0))
     direct, served = asyncio.run(request_overhead(policy, engine, requests))
     print(f"per request ({requests} sequential greedy 16-token calls): engine {direct:.1f} ms, "
           f"endpoint {served:.1f} ms, overhead {served - direct:.1f} ms")

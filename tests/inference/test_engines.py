@@ -51,13 +51,14 @@ def policy(tiny_policy):
 def runner(policy):
     runner = make_runner(policy)
     runner.children_before = set(child_processes())  # e.g. helper processes earlier tests left running
-    runner.inference  # noqa: B018 — start vLLM once for the module
+    runner.engine  # noqa: B018 — start vLLM once for the module
     yield runner
     runner.close()
 
 
 def generate(runner, contexts, *, version=0, temperature=1.0, max_new_tokens=16, seed=0, params=None):
-    service = runner.engine(SamplingParams(temperature=temperature), torch.Generator().manual_seed(seed))
+    sampling = SamplingParams(temperature=temperature)
+    service = runner.inference_service(torch.Generator().manual_seed(seed), params=sampling)
     service.policy_version = version
 
     async def go():
@@ -103,14 +104,14 @@ def test_a_requests_own_stop_strings_cut_its_text(runner, policy):
 
 def test_calculator_agent_runs_unchanged_on_vllm(runner):
     examples = runner.task.train[:2]
-    trajectories = runner.run(examples, params=runner.sampling(), generator=torch.Generator().manual_seed(0),
-                              policy_version=0)
+    episodes = runner.run(examples, generator=torch.Generator().manual_seed(0), policy_version=0)
+    trajectories = episodes.trajectories
     assert len(trajectories) == 2
     for trajectory in trajectories:
         assert trajectory.turns >= 1 and len(trajectory.policy_versions) == trajectory.turns
         sampled = [lp for lp, m in zip(trajectory.behaviour_logprobs, trajectory.loss_mask) if m]
         assert len(sampled) == sum(trajectory.loss_mask) > 0 and all(lp <= 0 for lp in sampled)
-    sizes, seconds = runner.last_batch_sizes, runner.last_generate_seconds
+    sizes, seconds = episodes.batch_sizes, episodes.generate_seconds
     assert sizes and seconds > 0
 
 
@@ -125,7 +126,7 @@ def test_a_weight_update_changes_the_next_generation_and_its_version(runner, pol
                     parameter.mul_(1.5)
         after = generate(runner, contexts, version=1, temperature=1.0, seed=5)
         assert all(out.policy_version == 1 for out in after)
-        assert runner.inference.version == 1
+        assert runner.engine.version == 1
         for context, old, new in zip(contexts, before, after):
             expected = trainer_logprobs(policy, context, new.token_ids, 1.0)  # the updated weights' log-probs
             torch.testing.assert_close(torch.tensor(new.behaviour_logprobs), expected, atol=1e-3, rtol=0)
@@ -146,11 +147,11 @@ def test_an_episode_that_raises_leaves_the_engine_serving(runner, policy):
         async def step(self, action):
             raise RuntimeError("environment broke")
 
-    loop = runner.agent_loop(runner.engine(SamplingParams(), torch.Generator().manual_seed(0)))
+    loop = runner.agent_loop(runner.inference_service(torch.Generator().manual_seed(0), params=SamplingParams()))
     examples = runner.task.train[:2]
     with pytest.raises(RuntimeError, match="environment broke"):
         asyncio.run(loop.run_episodes([Broken(), Broken()], examples))
-    assert runner.inference.core.loop._thread.is_alive()
+    assert runner.engine.core.loop._thread.is_alive()
     assert len(generate(runner, prompts(policy, 2))) == 2
 
 
@@ -164,7 +165,7 @@ def test_engine_memory_keys_are_accepted_and_checked():
 
 
 def test_no_thread_or_process_of_the_engine_is_left_after_close(runner):
-    engine = runner.inference
+    engine = runner.engine
     thread = engine.core.loop._thread
     runner.close()
     assert not thread.is_alive()
@@ -186,7 +187,7 @@ def test_lora_adapters_move_by_version_and_match_the_trainer(embedded_path):
                         parameter.add_(change) if part == "lora_B" else parameter.mul_(change)
             [out] = generate(runner, context, version=version, seed=1)
             assert out.policy_version == version
-            assert runner.inference.core.current_adapter().lora_int_id == version + 1  # a new id per version
+            assert runner.engine.core.current_adapter().lora_int_id == version + 1  # a new id per version
             expected = trainer_logprobs(policy, context[0], out.token_ids, 1.0)  # this version's, not a cached one
             torch.testing.assert_close(torch.tensor(out.behaviour_logprobs), expected, atol=1e-3, rtol=0)
             outputs.append(out)

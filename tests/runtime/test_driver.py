@@ -35,8 +35,8 @@ def synchronous_reference(config):
         learner.set_lr_fraction(1.0)
         examples = sampler.next(config.prompts_per_step)
         group = config.sample.samples_per_prompt
-        trajectories = runner.run([e for e in examples for _ in range(group)], params=runner.sampling(),
-                                  generator=generator, policy_version=update - 1)
+        trajectories = runner.run([e for e in examples for _ in range(group)], generator=generator,
+                                  policy_version=update - 1).trajectories
         batch = LMBatch.from_trajectories(trajectories, policy.pad_id)
         learner.prepare(batch)
         losses.append(learner.update(batch)["loss"])

@@ -78,8 +78,8 @@ def test_each_role_gets_an_ordinary_masked_trajectory_of_its_own_conversation(em
     task = make_task("solver_checker", digits=2, num_train=30, num_test=4)
     runner = EpisodeRunner(load_lm_policy(embedded_path), task, config, build_rewards(task.rewards))
     try:
-        trajectories = runner.run(task.train[:3], params=runner.sampling(), generator=torch.Generator().manual_seed(0),
-                                  policy_version=7, all_roles=True)
+        trajectories = runner.run(task.train[:3], generator=torch.Generator().manual_seed(0), policy_version=7,
+                                  all_roles=True).trajectories
     finally:
         runner.close()
     assert [t.role for t in trajectories] == ["solver", "checker"] * 3
@@ -92,7 +92,8 @@ def test_each_role_gets_an_ordinary_masked_trajectory_of_its_own_conversation(em
     checker = runner.role_encoders["checker"]
     assert checker.system_prompt == "judge" and runner.role_encoders["solver"].system_prompt == "solve"
     for solver, judge in zip(trajectories[::2], trajectories[1::2]):
-        proposals = [text for text, info in zip(solver.turn_texts, solver.infos) if "proposal_correct" in info.extras]
+        proposals = [text for text, info in zip(solver.turn_texts, solver.infos)
+                     if "proposal_correct" in info.extras]
         assert bool(judge.turns) == bool(proposals)  # the checker acts once the solver proposed something
         if proposals:  # the checker's prompt is its first observation: the problem and the first proposal
             assert judge.prompt_ids == checker(f"{solver.example.prompt} Proposed: {proposals[0].strip()}")

@@ -72,7 +72,7 @@ def evaluate_episodes(runner: EpisodeRunner, examples: list[Example], *, pass_k:
     ``eval.pass_k``), pass@k (solved by any of them) and the sampled completion rate (the share of them solved:
     the policy as it samples, which RL trains, where greedy decoding shows only its mode). The metrics, and the
     greedy episodes in the order of ``examples``."""
-    greedy = runner.run(examples, params=runner.sampling(greedy=True), generator=None)
+    greedy = runner.run(examples, params=runner.sampling(greedy=True), generator=None).trajectories
     metrics = {"eval/pass@1": statistics.fmean(t.correct for t in greedy)}
     metrics.update({key: value for key, value in episode_metrics(greedy, "eval", tools=runner.service is not None).items()
                     if key != "eval/completion_rate"})
@@ -80,8 +80,7 @@ def evaluate_episodes(runner: EpisodeRunner, examples: list[Example], *, pass_k:
     k = pass_k
     if k > 0:
         generator = torch.Generator().manual_seed(seed)
-        sampled = runner.run([example for example in examples for _ in range(k)], params=runner.sampling(),
-                             generator=generator)
+        sampled = runner.run([example for example in examples for _ in range(k)], generator=generator).trajectories
         solved = [any(t.correct for t in sampled[i * k:(i + 1) * k]) for i in range(len(examples))]
         metrics[f"eval/pass@{k}"] = statistics.fmean(solved)
         metrics["eval/sampled_completion"] = statistics.fmean(t.correct for t in sampled)

@@ -13,6 +13,7 @@ import json
 import statistics
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -106,6 +107,15 @@ def demonstration_pairs(tokenizer, task: Task, config: Config, examples: list[Ex
             for role, observation, solution in shown]
 
 
+@dataclass
+class Episodes:
+    """What ``EpisodeRunner.run`` returns: the episodes, and what generating them took."""
+
+    trajectories: list[Trajectory]  # one per example (per role with ``all_roles``), in input order
+    batch_sizes: list[int]  # sequences in each generate call
+    generate_seconds: float  # seconds spent in those calls
+
+
 class EpisodeRunner:
     """Runs batches of episodes of one task with one policy."""
 
@@ -150,7 +160,7 @@ class EpisodeRunner:
         return self.encode if role is None else self.role_encoders[role]
 
     @property
-    def inference(self) -> Engine:
+    def engine(self) -> Engine:
         """This runner's inference engine (``sample.engine``), started on first use and closed with the runner."""
         if self._engine is None:
             self._engine = ENGINES.get(self.engine_name)(self.policy, self.config)
@@ -195,13 +205,13 @@ class EpisodeRunner:
             stop += [tag for tag in TOOL_PARSERS.get(self.tool_parser).stop if tag not in stop]
         return stop or None
 
-    def engine(self, params: SamplingParams, generator: torch.Generator | None, *,
-               sync: Callable[[], int | None] | None = None) -> HFService:
-        """The inference service for a batch of episodes on this runner's engine (``sync``: pull newer weights
-        between generate calls)."""
+    def inference_service(self, generator: torch.Generator | None, *, params: SamplingParams | None = None,
+                          sync: Callable[[], int | None] | None = None) -> HFService:
+        """The inference service for a batch of episodes on this runner's engine, sampling with ``params`` (None:
+        the run's, ``sampling()``); ``sync``: pull newer weights between generate calls."""
         wait = None if self.config.deterministic else self.config.agent.batch_wait_ms / 1000
-        return self.inference.service(params, generator, batch_wait=wait, max_batch=self.config.agent.concurrency,
-                                      sync=sync)
+        return self.engine.service(params or self.sampling(), generator, batch_wait=wait,
+                                   max_batch=self.config.agent.concurrency, sync=sync)
 
     def agent_loop(self, engine: HFService) -> AgentLoop | ExternalAgentLoop | RoleLoop:
         """The loop of this task's episodes: an ``ExternalAgentLoop`` for an external agent (``task.agent``), a
@@ -222,26 +232,25 @@ class EpisodeRunner:
                          max_total_tokens=self.config.agent.max_total_tokens if self.max_turns > 1
                          else self.config.sample.max_new_tokens, context_length=self.policy.context_length)
 
-    def run(self, examples: list[Example], *, params: SamplingParams, generator: torch.Generator | None,
-            policy_version: int = 0, all_roles: bool = False) -> list[Trajectory]:
-        """One episode per example (repeat examples for groups); trajectories in input order. A multi-role
-        episode gives its first role's trajectory (which carries the team's outcome), or with ``all_roles``
-        every role's, one after the other."""
-        return asyncio.run(self.arun(examples, params=params, generator=generator, policy_version=policy_version,
+    def run(self, examples: list[Example], *, generator: torch.Generator | None, params: SamplingParams | None = None,
+            policy_version: int = 0, all_roles: bool = False) -> Episodes:
+        """One episode per example (repeat examples for groups), sampled with ``params`` (None: the run's);
+        trajectories in input order. A multi-role episode gives its first role's trajectory (which carries the
+        team's outcome), or with ``all_roles`` every role's, one after the other."""
+        return asyncio.run(self.arun(examples, generator=generator, params=params, policy_version=policy_version,
                                      all_roles=all_roles))
 
-    async def arun(self, examples: list[Example], *, params: SamplingParams, generator: torch.Generator | None,
-                   policy_version: int = 0, all_roles: bool = False) -> list[Trajectory]:
+    async def arun(self, examples: list[Example], *, generator: torch.Generator | None,
+                   params: SamplingParams | None = None, policy_version: int = 0, all_roles: bool = False) -> Episodes:
         """``run`` on the running event loop."""
-        engine = self.engine(params, generator)
-        engine.policy_version = policy_version
+        service = self.inference_service(generator, params=params)
+        service.policy_version = policy_version
         envs = [self.make_env() for _ in examples]
-        trajectories = await self.agent_loop(engine).run_episodes(envs, examples,
-                                                                  concurrency=self.config.agent.concurrency)
+        trajectories = await self.agent_loop(service).run_episodes(envs, examples,
+                                                                   concurrency=self.config.agent.concurrency)
         if self.roles:
             trajectories = [t for episode in trajectories for t in (episode if all_roles else episode[:1])]
-        self.last_batch_sizes, self.last_generate_seconds = engine.pop_batches()
-        return trajectories
+        return Episodes(trajectories, *service.pop_batches())
 
     def pop_service_metrics(self, prefix: str) -> dict[str, float]:
         if self.external is not None:  # zeroed in place: the concurrent schedule's loop keeps counting into it
@@ -270,8 +279,8 @@ def greedy_completion_rate(model, tokenizer, task: Task, config: Config, example
 
     runner = EpisodeRunner(LMPolicy(model, tokenizer), task, config, build_rewards(config.task.rewards or task.rewards))
     try:
-        return statistics.fmean(t.correct for t in runner.run(examples, params=runner.sampling(greedy=True),
-                                                                generator=None))
+        episodes = runner.run(examples, params=runner.sampling(greedy=True), generator=None)
+        return statistics.fmean(t.correct for t in episodes.trajectories)
     finally:
         runner.close()
 

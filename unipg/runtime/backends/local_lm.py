@@ -155,8 +155,7 @@ class LMRollout(CountedEpisodes):
             self.account.in_flight += len(repeated)
         finished = False
         try:
-            trajectories = self.runner.run(repeated, params=self.runner.sampling(), generator=self.generator,
-                                           policy_version=version, all_roles=True)
+            episodes = self.runner.run(repeated, generator=self.generator, policy_version=version, all_roles=True)
             finished = True
         finally:
             with self._lock:
@@ -165,9 +164,9 @@ class LMRollout(CountedEpisodes):
                     self.account.finished += len(repeated)
                 else:
                     self.account.failed += len(repeated)
-        self.batch_sizes += self.runner.last_batch_sizes
-        self.generate_seconds += self.runner.last_generate_seconds
-        return split_groups(trajectories, version, self.group_size, max(len(self.runner.roles), 1))
+        self.batch_sizes += episodes.batch_sizes
+        self.generate_seconds += episodes.generate_seconds
+        return split_groups(episodes.trajectories, version, self.group_size, max(len(self.runner.roles), 1))
 
     def publish(self, version: int) -> None:
         """Snapshot the learner's weights for the rollout's copy (nothing to do when it samples with the learner's)."""
@@ -187,8 +186,8 @@ class LMRollout(CountedEpisodes):
         asyncio.run(serve())
 
     async def _serve(self, gate: StalenessGate, buffer: ReplayBuffer, stop: threading.Event) -> None:
-        engine = self.runner.engine(self.runner.sampling(), self.generator,
-                                    sync=self.weights.pull if self.weights is not None else None)
+        engine = self.runner.inference_service(self.generator,
+                                               sync=self.weights.pull if self.weights is not None else None)
         self._engine = engine
         loop = self.runner.agent_loop(engine)
 

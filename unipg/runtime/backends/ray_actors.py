@@ -207,17 +207,16 @@ class RolloutWorker:
         if self.runner.policy.device.type != "cpu":  # sample with a device generator seeded from the state
             seed = int(torch.randint(2**62, (1,), generator=returned))
             generator = torch.Generator(self.runner.policy.device).manual_seed(seed)
-        trajectories = await self.runner.arun(examples, params=self.runner.sampling(), generator=generator,
-                                              policy_version=version)
-        report = self._report(self.runner.last_batch_sizes, self.runner.last_generate_seconds)
-        return trajectories, generator_state(returned), report
+        episodes = await self.runner.arun(examples, generator=generator, policy_version=version)
+        report = self._report(episodes.batch_sizes, episodes.generate_seconds)
+        return episodes.trajectories, generator_state(returned), report
 
     async def run_group(self, example, order: int, weights) -> tuple[list, dict]:
         """The concurrent schedule: one group of episodes of ``example`` on the worker's shared engine."""
         await self._receive(weights)
         async with self._starting:  # the loop runs until close: the engine's batching worker (and an external
             if self.loop is None:  # agent's endpoint, on this node's loopback); no group uses it before it serves
-                engine = self.runner.engine(self.runner.sampling(), self.generator, sync=self._load)
+                engine = self.runner.inference_service(self.generator, sync=self._load)
                 loop = self.runner.agent_loop(engine)
                 running = loop.running()
                 await running.__aenter__()
