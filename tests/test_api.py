@@ -9,6 +9,7 @@ import unipg
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.e2e
 def test_train_a_config_file_with_keyword_overrides(tmp_path):
     result = unipg.train(ROOT / "configs" / "cartpole_ppo.yaml", env__total_steps=512, eval__every_steps=512,
                          eval__episodes=2, log__output_dir=str(tmp_path), log__tensorboard=False)

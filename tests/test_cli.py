@@ -1,3 +1,4 @@
+import pytest
 from typer.testing import CliRunner
 
 from unipg.cli import app
@@ -5,6 +6,7 @@ from unipg.cli import app
 runner = CliRunner()
 
 
+@pytest.mark.e2e
 def test_train_prints_a_result_table(tmp_path):
     result = runner.invoke(app, ["train", "env.total_steps=512", f"log.output_dir={tmp_path}", "log.tensorboard=false",
                                  "eval.episodes=2", "--seeds", "0,1"])
@@ -14,6 +16,7 @@ def test_train_prints_a_result_table(tmp_path):
     assert len(list(tmp_path.glob("ppo-CartPole-v1-seeds-0-1-*.json"))) == 1  # and their aggregate
 
 
+@pytest.mark.e2e
 def test_a_named_run_over_several_seeds_gets_a_folder_per_seed_named_after_it(tmp_path):
     result = runner.invoke(app, ["train", "env.total_steps=256", f"log.output_dir={tmp_path}", "log.tensorboard=false",
                                  "eval.episodes=1", "log.run_name=cartpole", "--seeds", "0,1"])
@@ -74,6 +77,7 @@ def test_an_unknown_task_option_exits_2_listing_the_accepted_ones():
     assert "did you mean 'digits'" in result.output and "It accepts: digits, operations" in result.output
 
 
+@pytest.mark.e2e
 def test_eval_scores_the_policy_a_run_saved(embedded_path, tmp_path):
     import json
 

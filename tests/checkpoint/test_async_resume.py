@@ -37,6 +37,7 @@ def drawn(count: int) -> list[str]:
     return [example.prompt for example in PromptSampler(task.train, 0).next(count)]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 def test_a_run_stopped_with_groups_ahead_resumes_on_the_same_prompts_in_the_same_order(
         embedded_path, tmp_path, trained, schedule):

@@ -203,6 +203,7 @@ def run_copy(two_updates, tmp_path):
     return shutil.copytree(two_updates, tmp_path / "run")
 
 
+@pytest.mark.e2e
 def test_resume_falls_back_to_the_newest_intact_checkpoint_and_keeps_the_damaged_one(embedded_path, run_copy):
     damaged = run_copy / "checkpoints" / "step-00000002"
     tamper_weights(damaged)
@@ -223,6 +224,7 @@ def test_resume_falls_back_to_the_newest_intact_checkpoint_and_keeps_the_damaged
     assert [record["step"] for record in read_metrics(run_copy)] == [0, 1, 2, 3]
 
 
+@pytest.mark.e2e
 def test_resume_with_another_model_names_both_models_and_changes_nothing(embedded_path, run_copy):
     before = {path.name: fingerprint(path) for path in (run_copy / "checkpoints").iterdir()}
     metrics = (run_copy / "metrics.jsonl").read_text()
@@ -244,6 +246,7 @@ def test_resume_with_another_model_names_both_models_and_changes_nothing(embedde
     assert (run_copy / "metrics.jsonl").read_text() == metrics
 
 
+@pytest.mark.e2e
 def test_resume_from_a_run_without_checkpoints_says_how_to_go_on(run_copy):
     shutil.rmtree(run_copy / "checkpoints")
     with pytest.raises(ValueError, match=f"cannot resume from '{run_copy}': it holds no checkpoint .*; start a new "
@@ -251,6 +254,7 @@ def test_resume_from_a_run_without_checkpoints_says_how_to_go_on(run_copy):
         latest_checkpoint(run_copy)
 
 
+@pytest.mark.e2e
 def test_a_reward_that_fails_mid_run_stops_it_in_one_line_and_keeps_the_checkpoint(embedded_path, tmp_path,
                                                                                     monkeypatch):
     failing = {"now": False}

@@ -14,6 +14,8 @@ from unipg.config import load_config
 from unipg.observe.metrics import read_metrics
 from unipg.runtime.gym import train_gym
 
+pytestmark = pytest.mark.e2e
+
 SMALL = ["algorithm=ppo", "env.id=CartPole-v1", "env.num_envs=4", "train.batch_transitions=256",
          "train.mini_batch_transitions=128", "train.num_epochs=2", "train.lr_schedule=constant",
          "estimator.normalize_rewards=true", "eval.every_steps=512", "eval.episodes=2", "log.log_every_updates=3",

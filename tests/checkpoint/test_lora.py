@@ -59,6 +59,7 @@ def test_weight_sync_sends_only_the_adapter(embedded_path):
     assert torch.allclose(logits(target.model, ids), logits(source.model, ids), atol=1e-6)
 
 
+@pytest.mark.e2e
 def test_lora_checkpoints_hold_the_adapter_in_peft_format_and_resume_exactly(embedded_path, tmp_path):
     straight = train_lm(config(embedded_path, tmp_path, "straight", 2))
     first = train_lm(config(embedded_path, tmp_path, "split", 1))

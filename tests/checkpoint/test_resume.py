@@ -15,6 +15,8 @@ from unipg.cli import app
 from unipg.observe.metrics import read_metrics
 from unipg.runtime.lm import TrainingStopped, train_lm
 
+pytestmark = pytest.mark.e2e
+
 
 def comparable(record: dict) -> dict:
     """A metrics record without its wall-clock entries."""

@@ -36,6 +36,7 @@ def registries(monkeypatch):
 PLUGIN_MODULES = ("unipg_plugin_", "letters_plugin", "entry_plugin_")
 
 
+@pytest.mark.e2e
 def test_a_plugin_file_listed_in_the_config_trains_from_the_command_line(registries, embedded_path, tmp_path):
     """`unipg train --config my.yaml` where my.yaml lists a file (relative to itself) holding a task, its tool and
     its reward: the run trains with them, and its saved config names the plugin by its absolute path."""
@@ -55,6 +56,7 @@ def test_a_plugin_file_listed_in_the_config_trains_from_the_command_line(registr
     assert saved["plugins"] == [str((project / "my_task.py").resolve())]
 
 
+@pytest.mark.e2e
 def test_import_option_and_the_api_load_a_module_plugin(registries, embedded_path, tmp_path, monkeypatch):
     """`unipg --import MODULE` imports a module from sys.path before the config is checked; `unipg.train` takes
     the same module as `plugins=` and trains on it."""

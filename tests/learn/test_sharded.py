@@ -21,6 +21,7 @@ def weights(run):
     return load_checkpoint(CheckpointStore(run.run_dir / "checkpoints").latest()).tensors
 
 
+@pytest.mark.e2e
 def test_a_sharded_run_trains_like_one_process_and_resumes_in_one(embedded_path, tmp_path):
     single = train_lm(config(embedded_path, tmp_path, "single", 2, 1))
     sharded = train_lm(config(embedded_path, tmp_path, "sharded", 1, 2))

@@ -1,5 +1,6 @@
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from tests.helpers.configs import TWO_EVALUATED_UPDATES
@@ -32,6 +33,7 @@ def test_aggregate_is_mean_and_std_over_the_metrics_every_seed_logged(tmp_path):
     assert "| eval/pass@1 | 0.4 ± 0.2 | 0.2, 0.6 |" in path.with_suffix(".md").read_text()
 
 
+@pytest.mark.e2e
 def test_cli_seeds_writes_the_aggregate(embedded_path, tmp_path):
     result = CliRunner().invoke(app, ["train", *TWO_EVALUATED_UPDATES, f"model.name={embedded_path}",
                                       f"log.output_dir={tmp_path}", "train.updates=1", "--seeds", "0,1"])
@@ -42,6 +44,7 @@ def test_cli_seeds_writes_the_aggregate(embedded_path, tmp_path):
     assert len(final["eval/pass@1"]["values"]) == 2
 
 
+@pytest.mark.e2e
 def test_cli_seeds_in_parallel_processes_give_the_sequential_results(embedded_path, tmp_path):
     common = ["train", *TWO_EVALUATED_UPDATES, f"model.name={embedded_path}", "train.updates=1", "deterministic=true",
               "--seeds", "0,1"]

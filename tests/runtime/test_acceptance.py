@@ -8,6 +8,8 @@ from unipg.config import load_config
 from unipg.runtime.gym import train_gym
 from unipg.runtime.lm import train_lm
 
+pytestmark = pytest.mark.e2e
+
 MAIN_JOB = Path(__file__).resolve().parents[2] / "configs" / "calculator_agent.yaml"
 
 

@@ -173,6 +173,7 @@ def interrupt_at_episode_starts(rollout, starts: set[int], interrupted: list[int
     rollout.runner.agent_loop = agent_loop
 
 
+@pytest.mark.e2e
 def test_concurrent_agent_run_survives_tool_faults_interrupted_episodes_and_a_nan_gradient(
         embedded_path, tmp_path, monkeypatch):
     config = load_config(None, AGENT + [f"log.output_dir={tmp_path}", "runtime.max_staleness=1", "runtime.schedule=concurrent", "train.updates=5",
@@ -215,6 +216,7 @@ train_lm(load_config(None, sys.argv[1:]))
 """
 
 
+@pytest.mark.e2e
 def test_a_sigkilled_run_resumes_to_the_same_weights_as_an_uninterrupted_one(embedded_path, tmp_path):
     overrides = AGENT + [f"log.output_dir={tmp_path}", "deterministic=true",
                          "train.updates=4", "checkpoint.every_updates=1", "checkpoint.keep_last=2"]
@@ -238,6 +240,7 @@ def test_a_sigkilled_run_resumes_to_the_same_weights_as_an_uninterrupted_one(emb
     assert steps == [0, 1, 2, 3, 4]
 
 
+@pytest.mark.e2e
 def test_a_short_soak_opens_no_descriptors_and_starts_no_threads_per_update(tmp_path):
     """The long version (benchmarks/soak.py) runs 256 episodes at once for 15 minutes and reports memory too."""
     config = load_config(None, AGENT + [f"log.output_dir={tmp_path}", "runtime.max_staleness=2",

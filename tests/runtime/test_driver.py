@@ -43,6 +43,7 @@ def synchronous_reference(config):
     return policy, losses
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("schedule", ["sequential", "concurrent"])
 def test_staleness_zero_gives_the_same_updates_as_synchronous_training(embedded_path, tmp_path, schedule):
     """Both schedules, bit for bit: the concurrent one samples on its own thread with a copy of the weights,
@@ -58,6 +59,7 @@ def test_staleness_zero_gives_the_same_updates_as_synchronous_training(embedded_
     assert all(torch.equal(trained[name], value) for name, value in reference.model.state_dict().items())
 
 
+@pytest.mark.e2e
 def test_sequential_staleness_trains_every_step_on_data_exactly_eta_versions_old(embedded_path, tmp_path):
     config = load_config(None, SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
                                         "runtime.max_staleness=2", "runtime.schedule=sequential", "train.updates=5",
@@ -73,6 +75,7 @@ def test_sequential_staleness_trains_every_step_on_data_exactly_eta_versions_old
     assert 0 < last["train/importance_ess"] <= 1
 
 
+@pytest.mark.e2e
 def test_concurrent_agent_training_keeps_every_token_within_the_bound(embedded_path, tmp_path):
     """Episodes with heavy-tailed tool latency run on a background thread while the learner trains."""
     config = load_config(None, AGENT + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
@@ -86,6 +89,7 @@ def test_concurrent_agent_training_keeps_every_token_within_the_bound(embedded_p
         assert "rollout/tool_calls" in record and record["rollout/turns"] >= 1
 
 
+@pytest.mark.e2e
 def test_a_failing_rollout_stops_the_run_with_its_error(embedded_path, tmp_path, monkeypatch):
     import unipg.runtime.backends.local_lm as lm_rollout
 
@@ -184,6 +188,7 @@ def test_dynamic_sampling_is_refused_for_an_estimator_that_does_not_compare_a_pr
 
 
 def test_a_grpo_run_with_dynamic_sampling_reports_the_episodes_it_dropped(embedded_path, tmp_path):
+@pytest.mark.e2e
     config = load_config(None, SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
                                         "algorithm=grpo", "sample.dynamic_sampling=true",
                                         "sample.dynamic_sampling_budget=0.5"])

@@ -49,6 +49,7 @@ def is_loopback(ip: str) -> bool:
     return address.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
+@pytest.mark.e2e
 def test_a_training_run_with_wandb_opens_no_listener_and_leaves_no_secret_in_its_folder(
         embedded_path, tmp_path, monkeypatch):
     pytest.importorskip("wandb")

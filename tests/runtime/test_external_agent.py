@@ -2,11 +2,15 @@
 
 import json
 
+import pytest
+
 from tests.helpers.configs import EXTERNAL_AGENT_RUN as RUN
 from unipg.config import load_config
 from unipg.observe.metrics import read_metrics
 from unipg.runtime.lm import train_lm
 from unipg.sample.transcripts import format_transcript
+
+pytestmark = pytest.mark.e2e
 
 
 def test_an_external_agent_trains_like_the_built_in_loop_and_its_failures_are_logged(embedded_path, tmp_path):

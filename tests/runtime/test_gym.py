@@ -8,6 +8,8 @@ from unipg.config import load_config
 from unipg.observe.metrics import read_metrics
 from unipg.runtime.gym import train_gym
 
+pytestmark = pytest.mark.e2e
+
 
 def short_config(tmp_path, *overrides):
     return load_config(None, [f"log.output_dir={tmp_path}", "log.progress=false", "log.tensorboard=false",

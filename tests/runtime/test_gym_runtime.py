@@ -1,5 +1,6 @@
 """The classic driver on the rollout/learner runtime: η = 0 is synchronous training, η > 0 bounded staleness."""
 
+import pytest
 import torch
 
 from unipg.config import load_config
@@ -26,6 +27,7 @@ def without_clock(record: dict) -> dict:
             if key != "time" and not key.startswith(("timing/", "async/buffer"))}
 
 
+@pytest.mark.e2e
 def test_sequential_and_concurrent_schedules_coincide_at_eta_0(tmp_path):
     results = [train_gym(short_config(tmp_path, schedule, "env.total_steps=1536", f"runtime.schedule={schedule}",
                                           "eval.deterministic=false"))  # evaluation draws random numbers too
@@ -36,6 +38,7 @@ def test_sequential_and_concurrent_schedules_coincide_at_eta_0(tmp_path):
     assert all(r["async/staleness_step_max"] == 0 for r in first + second)
 
 
+@pytest.mark.e2e
 def test_sequential_eta_2_trains_every_step_on_data_exactly_two_versions_old(tmp_path):
     config = short_config(tmp_path, "stale", "env.total_steps=2048", "runtime.schedule=sequential",
                           "runtime.max_staleness=2")
@@ -46,6 +49,7 @@ def test_sequential_eta_2_trains_every_step_on_data_exactly_two_versions_old(tmp
     assert all(r["async/staleness_step_frac_2"] == 1.0 for r in records[2:])
 
 
+@pytest.mark.e2e
 def test_concurrent_eta_1_runs_and_never_trains_on_older_data(tmp_path):
     config = short_config(tmp_path, "concurrent", "env.total_steps=2048", "runtime.schedule=concurrent",
                           "runtime.max_staleness=1")

@@ -13,6 +13,7 @@ from unipg.runtime.lm import train_lm
 from unipg.tasks.base import make_task
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
 def test_training_run_logs_the_step_metrics_and_saves_the_policy(embedded_path, tmp_path, algorithm):
     config = load_config(None, SMALL + [f"algorithm={algorithm}", f"model.name={embedded_path}",
@@ -99,6 +100,7 @@ def test_sft_stages_run_in_order_each_on_the_task_built_with_its_options(embedde
                                                                                config.sft.batch_size)
 
 
+@pytest.mark.e2e
 def test_deterministic_agent_runs_with_the_same_seed_log_identical_metrics(embedded_path, tmp_path):
     """Tool-calling episodes included: deterministic mode batches generation in a fixed order."""
     runs = []
@@ -115,6 +117,7 @@ def test_deterministic_agent_runs_with_the_same_seed_log_identical_metrics(embed
     assert len(runs[0]) == 3 and json.dumps(runs[0]) == json.dumps(runs[1])
 
 
+@pytest.mark.e2e
 def test_cli_trains_a_text_task_and_reports_before_and_after(embedded_path, tmp_path):
     result = CliRunner().invoke(app, ["train", *SMALL, f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
                                       "algorithm=rloo", "train.updates=1"])
@@ -146,6 +149,7 @@ def test_cli_unknown_task_or_reward_names_the_valid_ones(tmp_path):
         assert "did you mean" in output and expected in output and "Traceback" not in output
 
 
+@pytest.mark.e2e
 def test_a_run_with_tis_on_logs_the_engine_gap_every_update(embedded_path, tmp_path):
     config = load_config(None, SMALL + ["algorithm=grpo", f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
                                         "train.tis=on", "eval.pass_k=0"])
@@ -157,6 +161,7 @@ def test_a_run_with_tis_on_logs_the_engine_gap_every_update(embedded_path, tmp_p
         assert 0.0 <= record["mismatch/k3"] < 1e-6 and record["mismatch/max_ratio"] == pytest.approx(1.0, abs=1e-4)
 
 
+@pytest.mark.e2e
 def test_a_bfloat16_run_trains_and_saves_a_bfloat16_policy(embedded_path, tmp_path):
     import torch
 

@@ -3,11 +3,15 @@
 import json
 import sys
 
+import pytest
+
 from tests.helpers.configs import TWO_EVALUATED_UPDATES
 from tests.helpers.mcp import SERVER, server_pids
 from tests.helpers.processes import is_running
 from unipg.config import load_config
 from unipg.runtime.lm import train_lm
+
+pytestmark = pytest.mark.e2e
 
 
 def test_every_mcp_server_a_run_starts_is_stopped_when_it_ends(embedded_path, tmp_path):

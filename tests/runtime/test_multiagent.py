@@ -1,9 +1,13 @@
 from pathlib import Path
 
+import pytest
+
 from unipg.config import load_config
 from unipg.observe.metrics import read_metrics
 from unipg.runtime.lm import train_lm
 from unipg.sample.episode_records import read_episode_records
+
+pytestmark = pytest.mark.e2e
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "solver_checker.yaml"
 TINY = ["task.options={digits: 2, num_train: 30, num_test: 4, max_rounds: 2}", "sft.stages=[]", "sft.steps=3",

@@ -26,6 +26,7 @@ def test_mix_share_is_constant_or_linear_then_flat():
     assert [mix_share(schedule, u) for u in (1, 11, 21, 40)] == [0.5, 0.25, 0.0, 0.0]
 
 
+@pytest.mark.e2e
 def test_a_run_writes_its_episodes_and_a_second_run_trains_on_them(embedded_path, tmp_path):
     first = train_lm(load_config(None, SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
                                                 "log.run_name=first", "log.episodes=true"]))

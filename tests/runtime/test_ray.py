@@ -54,6 +54,7 @@ main()
 """
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc to find processes left behind")
 def test_a_run_that_starts_ray_leaves_no_process_behind(embedded_path, tmp_path):
     """`unipg train --backend ray` without ray.address starts a local instance and stops it: no actor, raylet or
@@ -99,6 +100,7 @@ def unipg_actors() -> list[str]:
             if actor["name"].startswith("unipg-")]
 
 
+@pytest.mark.e2e
 def test_ray_and_in_process_backends_give_the_same_updates_at_staleness_zero(local_ray, embedded_path, tmp_path):
     """η = 0 with one rollout worker: the generator's state travels to the worker and back, so the samples, the
     losses and the trained weights are those of the in-process run, bit for bit."""
@@ -114,6 +116,7 @@ def test_ray_and_in_process_backends_give_the_same_updates_at_staleness_zero(loc
     assert unipg_actors() == []  # a run that joined a cluster leaves no actor of its own on it
 
 
+@pytest.mark.e2e
 def test_a_killed_rollout_worker_is_replaced_and_every_episode_is_accounted_for(local_ray, embedded_path, tmp_path,
                                                                                 monkeypatch):
     """`ray.kill` of a rollout worker while it runs groups: training goes on to the last update, the worker is
@@ -149,6 +152,7 @@ def test_a_killed_rollout_worker_is_replaced_and_every_episode_is_accounted_for(
     assert unipg_actors() == []
 
 
+@pytest.mark.e2e
 def test_a_run_whose_workers_keep_dying_stops_with_a_checkpoint_to_resume_from(local_ray, embedded_path, tmp_path,
                                                                               monkeypatch):
     """Past ray.max_restarts the run stops with an error that says so, after saving a checkpoint of its last
@@ -181,6 +185,7 @@ def test_a_run_whose_workers_keep_dying_stops_with_a_checkpoint_to_resume_from(l
     assert [r["step"] for r in read_metrics(run_dir) if "train/loss" in r] == [1, 2, 3, 4]
 
 
+@pytest.mark.e2e
 def test_an_episode_that_raises_on_a_worker_ends_the_run_with_a_one_line_message(local_ray, embedded_path, tmp_path,
                                                                                    monkeypatch):
     """A reward function registered in the caller's script runs on the workers too; when it raises there, the run
@@ -263,6 +268,7 @@ def test_the_ray_backend_is_refused_for_gymnasium_runs():
         load_config(None, ["env.id=CartPole-v1", "backend=ray"])
 
 
+@pytest.mark.e2e
 def test_a_plugin_files_task_tool_and_reward_run_on_the_workers(local_ray, embedded_path, tmp_path):
     """A task, tool and reward defined in a plugin file (`plugins:`) train on Ray: rollout workers and environment
     actors import the plugin before they unpickle what the driver sent them."""
@@ -280,6 +286,7 @@ def test_a_plugin_files_task_tool_and_reward_run_on_the_workers(local_ray, embed
     assert unipg_actors() == []
 
 
+@pytest.mark.e2e
 def test_an_external_agent_trains_on_ray_workers_with_their_own_endpoints(local_ray, embedded_path, tmp_path,
                                                                           monkeypatch):
     """`task.agent` on two rollout workers (concurrent schedule): each worker serves the endpoint on its own

@@ -98,6 +98,7 @@ def test_two_ray_learner_actors_update_like_one_process_and_checkpoints_move_bet
     assert gone(pids) and reservations() == []
 
 
+@pytest.mark.e2e
 def test_a_ray_run_with_two_learner_actors_trains_like_one_process_and_resumes_in_one(local_ray, embedded_path,
                                                                                       tmp_path):
     def run(name, updates, *overrides, resume=None):

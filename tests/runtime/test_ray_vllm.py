@@ -11,6 +11,8 @@ from unipg.runtime.lm import train_lm
 ray = pytest.importorskip("ray")
 pytest.importorskip("vllm")
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(scope="module")
 def local_ray():

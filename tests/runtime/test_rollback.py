@@ -99,6 +99,7 @@ def test_a_kl_spike_reverts_the_whole_update_bit_for_bit(policy):
     assert learner.kl_controller.state_dict() == controller_before
 
 
+@pytest.mark.e2e
 def test_repeated_trips_roll_back_to_the_last_checkpoint_with_a_lower_learning_rate(embedded_path, tmp_path,
                                                                                      monkeypatch, capsys):
     overrides = [f"model.name={embedded_path}", f"log.output_dir={tmp_path}", "log.run_name=run",
@@ -124,6 +125,7 @@ def test_repeated_trips_roll_back_to_the_last_checkpoint_with_a_lower_learning_r
     assert read_metrics(result.run_dir)[-1]["train/learning_rate"] == 5e-4  # the factor survives a resume
 
 
+@pytest.mark.e2e
 def test_a_fresh_run_rolls_back_to_its_initial_checkpoint(embedded_path, tmp_path, monkeypatch):
     poison(monkeypatch, {1, 2})
     result = train_lm(make_config("train.updates=2", "rollback.max_trips=2", f"model.name={embedded_path}",
@@ -136,6 +138,7 @@ def test_a_fresh_run_rolls_back_to_its_initial_checkpoint(embedded_path, tmp_pat
     assert [path.name for path in checkpoints] == ["step-00000002"]  # the initial one served its purpose
 
 
+@pytest.mark.e2e
 def test_a_run_that_keeps_tripping_stops_with_a_clear_error(embedded_path, tmp_path, monkeypatch):
     poison(monkeypatch, set(range(1, 50)))
     config = make_config("train.updates=2", "rollback.max_trips=1", "rollback.max_rollbacks=2",

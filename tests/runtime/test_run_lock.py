@@ -46,6 +46,7 @@ def test_a_second_lock_on_a_folder_is_refused_until_the_first_is_released(tmp_pa
     lock_run_dir(tmp_path / "run").close()
 
 
+@pytest.mark.e2e
 def test_resuming_a_run_in_use_is_refused_and_touches_nothing(embedded_path, tmp_path):
     run = train_lm(load_config(None, SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}"]),
                    log=lambda message: None).run_dir

@@ -13,7 +13,7 @@ from unipg.runtime.lm import train_lm
 from unipg.tasks.base import make_task
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("one_torch_thread")]
 
 TASK_OPTIONS = {"digits": 1, "num_train": 16, "num_test": 4, "tool_demonstrations": 1.0}
 CALCULATOR = ["task.name=calculator", f"task.options={json.dumps(TASK_OPTIONS)}", "agent.tool_prompt=false",

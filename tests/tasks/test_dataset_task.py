@@ -127,6 +127,7 @@ def test_extra_columns_reach_reward_functions_by_name(problems):
         CombinedReward.from_callables([(needs_level, 1.0)])([example.prompt], [example.answer], **columns)
 
 
+@pytest.mark.e2e
 def test_unipg_train_on_a_jsonl_with_custom_column_names(problems, embedded_path, tmp_path):
     """`unipg train task.name=dataset task.options.path=... task.options.columns=...` trains a few updates."""
     quick = [item for item in DETERMINISTIC_PPO if not item.startswith("task.")]

@@ -45,6 +45,7 @@ def test_an_unknown_generator_or_setting_says_what_to_fix():
         make_task("reasoning_gym", dataset="chain_sum", size=0)
 
 
+@pytest.mark.e2e
 def test_unipg_train_on_a_reasoning_gym_generator(embedded_path, tmp_path):
     quick = [item for item in DETERMINISTIC_PPO if not item.startswith("task.")]
     result = CliRunner().invoke(app, ["train", "task.name=reasoning_gym",

@@ -4,6 +4,7 @@ measured per batch, warned about in the run's log when it starts, and flagged by
 import asyncio
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from tests.helpers.configs import tiny_lm_overrides
@@ -64,6 +65,7 @@ def test_the_doctor_flags_a_reward_function_that_never_applies_and_names_it():
     assert findings["rollout/reward_none_fraction/format"].severity == "warning"
 
 
+@pytest.mark.e2e
 def test_a_run_whose_reward_never_applies_warns_once_in_its_log_and_the_doctor_flags_it(embedded_path, tmp_path):
     config = load_config(None, tiny_lm_overrides(
         "train.micro_batch_size=8", "sample.max_new_tokens=2", "eval.pass_k=0", "algorithm=grpo",

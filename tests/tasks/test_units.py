@@ -103,6 +103,7 @@ def test_rewards_pay_the_answer_and_the_tasks_process_reward_for_a_call_the_tool
     assert call.reward == 0.0 and wrong.reward == 0.0 and not wrong.info.correct
 
 
+@pytest.mark.e2e
 def test_the_units_config_trains_two_updates(embedded_path, tmp_path):
     config = load_config("configs/units_agent.yaml", [
         f"model.name={embedded_path}", "model.warm_start=false", "task.options={digits: 1, num_train: 16, num_test: 4}",
