@@ -187,8 +187,8 @@ def test_dynamic_sampling_is_refused_for_an_estimator_that_does_not_compare_a_pr
         load_config(None, overrides)
 
 
-def test_a_grpo_run_with_dynamic_sampling_reports_the_episodes_it_dropped(embedded_path, tmp_path):
 @pytest.mark.e2e
+def test_a_grpo_run_with_dynamic_sampling_reports_the_episodes_it_dropped(embedded_path, tmp_path):
     config = load_config(None, SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
                                         "algorithm=grpo", "sample.dynamic_sampling=true",
                                         "sample.dynamic_sampling_budget=0.5"])
