@@ -51,7 +51,7 @@ def run_plugin(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300)
 
 
-def test_a_plugin_written_against_the_earlier_layout_imports_with_a_warning_naming_the_new_import():
+def test_a_plugin_importing_moved_paths_works_with_a_warning_naming_each_new_path():
     """The import lines of a plugin task from before the rooms: they work, share the registries, and each old
     path warns once, pointing at the plugin's own line (FutureWarning: shown by default)."""
     done = run_plugin("""

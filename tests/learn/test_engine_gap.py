@@ -48,7 +48,7 @@ def test_tis_anchors_the_ppo_ratio_on_the_trainer_and_weighs_the_gap():
 
 @pytest.mark.parametrize("policy_loss, weight", [("ppo", "none"), ("decoupled_ppo", "none"), ("vanilla", "none"),
                                                  ("ppo", "truncated_is"), ("decoupled_ppo", "age_decay")])
-def test_with_identical_log_probs_the_corrected_loss_and_gradient_are_todays(policy_loss, weight):
+def test_without_an_engine_gap_the_corrected_loss_and_gradient_equal_the_plain_ones(policy_loss, weight):
     settings = EstimatorConfig(policy_loss=policy_loss, off_policy_weight=weight, behaviour_weight_cap=3.0)
     gradients, losses = [], []
     for tis_cap in (None, 2.0):
@@ -86,7 +86,7 @@ def policy(tiny_policy):
     return tiny_policy(needs_reference=True)
 
 
-def test_learner_measures_the_gap_on_fresh_tokens_and_updates_as_today_when_there_is_none(policy):
+def test_learner_measures_the_gap_and_without_one_updates_like_the_uncorrected_learner(policy):
     corrected = LMLearner(copy.deepcopy(policy), make_config("grpo", "train.tis=on", "estimator.kl_coef=0.1"))
     plain = LMLearner(copy.deepcopy(policy), make_config("grpo", "estimator.kl_coef=0.1"))
     batch = make_batch(policy)
@@ -99,7 +99,7 @@ def test_learner_measures_the_gap_on_fresh_tokens_and_updates_as_today_when_ther
     assert metrics["mismatch/max_ratio"] == pytest.approx(torch.exp(torch.tensor(-0.05)).item(), rel=1e-3)
     assert metrics["mismatch/k3"] == pytest.approx(0.05 ** 2 / 2, rel=0.05)  # k3 ≈ (log r)²/2 for small gaps
     assert metrics["mismatch/fraction_capped"] == 0.0
-    # with the engine's log-probs equal to the trainer's, the corrected update is today's
+    # with the engine's log-probs equal to the trainer's, the corrected update equals the plain one
     same.behaviour_logprobs = batch.proximal_logprobs.clone()
     gapless = copy.deepcopy(same)
     plain.prepare(same)

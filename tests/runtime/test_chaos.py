@@ -70,7 +70,7 @@ def test_every_tool_fault_becomes_an_observation_within_the_timeout():
     service.close()
 
 
-def test_fault_draws_depend_on_the_attempt_only_so_a_retry_can_succeed_and_a_rerun_meets_the_same():
+def test_fault_draws_depend_on_the_attempt_so_retries_can_succeed_and_reruns_repeat():
     first, second = faulty_service(raise_rate=0.5), faulty_service(raise_rate=0.5)
 
     async def calls(service):
@@ -287,7 +287,7 @@ def arenas_in_use(*arguments: str, **environment: str) -> tuple[str, int]:
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc arenas")
-def test_unipg_caps_malloc_arenas_for_itself_and_its_children_unless_the_environment_sets_a_cap():
+def test_malloc_arenas_are_capped_in_unipg_and_its_children_unless_already_capped():
     default, arenas = arenas_in_use("default")
     assert default == "None None" and arenas > 2  # glibc's default: an arena per thread, up to eight per core
     assert arenas_in_use("cap") == ("True 2", 2)  # and the processes it starts inherit the cap

@@ -179,8 +179,7 @@ def test_dynamic_sampling_trains_on_alike_groups_once_its_budget_is_spent():
     assert rollout.asked == 10
 
 
-def test_dynamic_sampling_is_refused_for_an_estimator_that_does_not_compare_a_prompts_completions(embedded_path,
-                                                                                                tmp_path):
+def test_dynamic_sampling_is_refused_for_an_estimator_that_is_not_group_relative(embedded_path, tmp_path):
     overrides = SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}", "sample.dynamic_sampling=true"]
     with pytest.raises(ValueError, match=r"sample.dynamic_sampling drops groups whose group-relative advantages "
                                          r"are zero; estimator.advantage 'gae'.*use one of dr_grpo, grpo, rloo"):

@@ -93,7 +93,7 @@ def load_yaml(path: Path) -> dict:
     return yaml.safe_load(path.read_text(encoding="utf-8"))
 
 
-def test_a_redacted_secret_is_read_again_from_an_override_or_the_environment_and_refused_otherwise(
+def test_a_redacted_secret_is_read_from_an_override_or_the_environment_or_refused(
         tmp_path, monkeypatch):
     run = tmp_path / "run"
     logger = MetricsLogger(run, tensorboard=False)
@@ -130,7 +130,7 @@ def test_secret_names_are_told_apart_from_the_schemas_own_keys():
         == {"token": True, "api_key": None, "password": "", "credentials": {"user": REDACTED, "ids": [1, 2]}}
 
 
-def test_a_local_ray_instance_listens_on_loopback_only_and_passes_the_real_secret_to_its_workers():
+def test_a_local_ray_instance_listens_on_loopback_and_passes_real_secrets_to_workers():
     ray = pytest.importorskip("ray")
     from unipg.runtime.backends.ray_lm import connect
 

@@ -49,7 +49,7 @@ def test_a_run_writes_its_episodes_and_a_second_run_trains_on_them(embedded_path
     assert all(r["rollout/episodes_started"] <= 8 for r in read_metrics(second.run_dir) if "rollout/episodes_started" in r)
 
 
-def test_records_without_tokens_are_tokenised_as_rollouts_are_and_get_the_load_time_policy_as_mu(embedded_path):
+def test_records_without_tokens_are_tokenised_like_rollouts_with_the_initial_policy_as_mu(embedded_path):
     config = load_config(None, SMALL + [f"model.name={embedded_path}"])
     policy = load_lm_policy(embedded_path)
     task = make_task("arithmetic", digits=1, num_train=40, num_test=4)

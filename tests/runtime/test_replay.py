@@ -159,7 +159,7 @@ def test_staleness_never_exceeds_the_bound_under_random_episode_latencies(max_st
     assert gate_buffer.stats.dropped_stale == 0 and gate_buffer.stats.evicted == 0
 
 
-def test_groups_the_keep_test_rejects_are_not_stored_and_give_their_slots_back_within_a_budget_per_step():
+def test_groups_the_keep_test_rejects_are_dropped_within_a_budget_per_step():
     released, discarded = [], []
     buffer = ReplayBuffer(100, keep=lambda g: g.items[0].startswith("mixed"), filter_budget=2,
                           on_drop=released.append, on_discard=discarded.extend)

@@ -64,7 +64,7 @@ def plugin(tmp_path, monkeypatch):
         del sys.modules[name]
 
 
-def test_a_tool_registered_under_another_name_than_its_function_is_offered_called_and_succeeds_under_it(plugin):
+def test_a_tool_registered_under_another_name_than_its_function_is_offered_under_it(plugin):
     unipg.load_config(None, plugins=[str(plugin)], overrides=["task.name=metres"])  # registers the plugin
     task = unipg.make_task("metres")
     service = EnvironmentService(build_tools(task.tools), timeout=5.0, retries=0)
@@ -85,7 +85,7 @@ def test_a_tool_registered_under_another_name_than_its_function_is_offered_calle
         service.close()
 
 
-def test_faulty_offers_the_wrapped_tool_under_its_configured_name_and_two_tools_of_one_name_are_refused(monkeypatch):
+def test_faulty_offers_the_wrapped_tools_name_and_two_tools_of_one_name_are_refused(monkeypatch):
     monkeypatch.setattr(TOOLS, "_entries", dict(TOOLS._entries))
     TOOLS.register("adder")(lambda: tool(add_numbers))
     tools = build_tools([{"name": "faulty", "options": {"tool": "adder"}}])

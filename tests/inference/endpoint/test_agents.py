@@ -40,7 +40,7 @@ def test_the_learner_trains_exactly_the_tokens_and_log_probs_the_engine_sampled(
     assert trajectory.turns == 2 and trajectory.infos[-1].final and trajectory.finish == "done"
 
 
-def test_an_agent_that_rewrites_its_history_trains_both_trajectories_with_its_episodes_advantage(policy):
+def test_an_agent_that_rewrites_history_trains_both_trajectories_on_one_advantage(policy):
     loop = make_loop(policy)
     rewriting, other = play(loop, [agents.rewrites_history, agents.rewards_itself])
     assert loop.stats.extra_trajectories == 1 and len(rewriting.side) == 1 and not other.side
@@ -118,7 +118,7 @@ def test_a_file_agent_is_stored_absolute_and_is_the_same_module_as_the_plugin_of
     assert load_agent(config.task.agent) is import_plugin(str(tmp_path / "mine.py")).run
 
 
-def test_an_external_agent_on_the_ray_backend_needs_free_ports_and_a_worker_timeout_past_the_agents():
+def test_an_external_agent_on_ray_needs_free_ports_and_a_worker_timeout_past_its_own():
     base = ["task.name=calculator", "task.agent=tests.inference.endpoint.agents_for_tests:two_turns", "backend=ray"]
     assert load_config(None, base).backend == "ray"  # each rollout worker serves its own endpoint
     with pytest.raises(ConfigError, match=r"endpoint.port \(8000\) is fixed, but with backend=ray"):

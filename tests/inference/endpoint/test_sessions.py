@@ -38,7 +38,7 @@ def follow_up(session, tokenizer, history):
     return session.context(text)
 
 
-def test_a_reply_sent_back_continues_the_trajectory_with_the_sampled_ids_not_their_canonical_split(bpe):
+def test_a_reply_sent_back_continues_with_the_sampled_ids_not_a_re_tokenisation(bpe):
     a, b, end = bpe.convert_tokens_to_ids(["a", "b", "<|end|>"])
     assert ids(bpe, "ab") == [bpe.convert_tokens_to_ids("ab")]  # decode -> encode would merge a, b
     session = Session("s", bpe, eos_ids=[end])
