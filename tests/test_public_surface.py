@@ -14,7 +14,8 @@ SURFACE = {
     "unipg": ["ADVANTAGES", "ALGORITHMS", "BACKENDS", "BACKEND_INPUTS", "CHECKS", "Config", "ConfigError", "ENGINES",
               "ENVS", "Engine", "Env", "EnvironmentService", "Example", "FactoryRegistry", "KL_ESTIMATORS",
               "LatencyModel", "OFF_POLICY_WEIGHTS", "POLICY_LOSSES", "REWARDS", "Registry", "RegistryError", "RewardFunctionError",
-              "RoleEnv", "Rollout", "RunResult", "SamplingParams", "StepResult", "TASKS", "TOOLS", "TOOL_PARSERS",
+              "RoleEnv", "Rollout", "RolloutReport", "RunResult", "SamplingParams", "StepResult", "TASKS", "TOOLS",
+              "TOOL_PARSERS",
               "Task", "Tool", "ToolError", "TurnInfo", "TurnOutput", "UnipgDeprecationWarning", "build_rewards",
               "evaluate", "load_config", "make_task", "tool", "train"],
     "unipg.tasks": ["CombinedReward", "Example", "REWARDS", "RewardFunction", "RewardFunctionError", "TASKS", "Task",
@@ -23,7 +24,7 @@ SURFACE = {
                     "format_tool_call", "names_its_tools", "tool"],
     "unipg.envs": ["ENVS", "Env", "EnvironmentService", "RoleEnv", "StepResult", "ToolCallResult", "TurnInfo"],
     "unipg.inference": ["ENGINES", "Engine", "HFService", "SamplingParams", "TurnOutput"],
-    "unipg.runtime": ["BACKENDS", "BACKEND_INPUTS", "Rollout"],
+    "unipg.runtime": ["BACKENDS", "BACKEND_INPUTS", "Rollout", "RolloutReport"],
     "unipg.observe": ["CHECKS", "Check", "Finding"],
 }
 

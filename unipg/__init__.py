@@ -31,7 +31,7 @@ _PUBLIC = {
     **dict.fromkeys(["ENVS", "Env", "RoleEnv", "StepResult", "TurnInfo", "EnvironmentService"], "unipg.envs"),
     **dict.fromkeys(["ENGINES", "Engine", "SamplingParams", "TurnOutput"], "unipg.inference"),
     **dict.fromkeys(["ADVANTAGES", "POLICY_LOSSES", "OFF_POLICY_WEIGHTS", "KL_ESTIMATORS"], "unipg.estimate"),
-    **dict.fromkeys(["BACKENDS", "BACKEND_INPUTS", "Rollout"], "unipg.runtime"),
+    **dict.fromkeys(["BACKENDS", "BACKEND_INPUTS", "Rollout", "RolloutReport"], "unipg.runtime"),
     **dict.fromkeys(["Registry", "FactoryRegistry", "RegistryError"], "unipg.registry"),
     "CHECKS": "unipg.observe",
     "ALGORITHMS": "unipg.config",

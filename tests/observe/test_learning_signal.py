@@ -1,10 +1,8 @@
 """The doctor says when nearly every prompt group scores all its episodes alike, and what to change."""
 
-import torch
-
 from unipg.observe.doctor import Monitor, diagnose
 from unipg.observe.learning_signal import mixed_group_chance
-from unipg.runtime.backends.local_lm import group_signal_metrics
+from unipg.observe.rollout_metrics import group_signal_metrics
 
 CONFIG = {"sample": {"samples_per_prompt": 8, "temperature": 1.0}}
 
@@ -56,7 +54,7 @@ def test_the_live_monitor_reports_it_once():
 
 
 def test_group_signal_metrics_count_uniform_unsolved_and_solved_groups():
-    scores = torch.tensor([0.0, 0.0, 1.1, 1.1, 0.1, 0.0, 1.0, 0.0])  # four groups of two
+    scores = [0.0, 0.0, 1.1, 1.1, 0.1, 0.0, 1.0, 0.0]  # four groups of two
     correct = [False, False, True, True, False, False, True, False]
     assert group_signal_metrics(scores, correct, 2) == {"rollout/uniform_group_fraction": 0.5,
                                                         "rollout/unsolved_group_fraction": 0.5,

@@ -14,7 +14,7 @@ from unipg.observe.metrics import read_metrics
 from unipg.policy.loading import load_lm_policy, policy_from_config
 from unipg.runtime.gym import seed_everything
 from unipg.runtime.lm import PromptSampler, set_threads, train_lm
-from unipg.runtime.driver import Runtime, serve_one_by_one
+from unipg.runtime.driver import RolloutReport, Runtime, serve_one_by_one
 from unipg.runtime.replay import Group, ProducerFailed
 from unipg.sample.episodes import EpisodeRunner
 from unipg.tasks.rewards.rules import build_rewards
@@ -147,19 +147,20 @@ class ScriptedRollout:
     def publish(self, version):
         pass
 
-    def pop_idle_seconds(self):
-        return 0.0
+    def report(self):
+        return RolloutReport()
 
 
 @pytest.mark.parametrize("schedule", ["sequential", "concurrent"])
 def test_dynamic_sampling_replaces_groups_that_scored_alike_with_fresh_ones(schedule):
-    from unipg.runtime.backends.local_lm import mixed_returns
+    from unipg.runtime.lm import mixed_returns
 
     alike, mixed = [1.0, 1.0], [0.0, 1.0]
     rollout = ScriptedRollout([alike, mixed, [0.0, 0.0], mixed] + [mixed] * 20)
     with Runtime(rollout, groups_per_step=2, group_size=2, max_staleness=0, capacity=8, schedule=schedule,
                  keep=mixed_returns, filter_budget=2) as runtime:
-        groups, metrics = runtime.next_groups(0)
+        groups, step = runtime.next_groups(0)
+    metrics = step.metrics()
     assert [[t.reward for t in g.items] for g in groups] == [mixed, mixed]
     assert metrics["async/filtered"] == 4 and metrics["async/staleness_trajectory_max"] == 0
     if schedule == "sequential":
@@ -167,15 +168,15 @@ def test_dynamic_sampling_replaces_groups_that_scored_alike_with_fresh_ones(sche
 
 
 def test_dynamic_sampling_trains_on_alike_groups_once_its_budget_is_spent():
-    from unipg.runtime.backends.local_lm import mixed_returns
+    from unipg.runtime.lm import mixed_returns
 
     rollout = ScriptedRollout([[0.0, 0.0]] * 20)
     runtime = Runtime(rollout, groups_per_step=2, group_size=2, max_staleness=0, capacity=8, keep=mixed_returns,
                       filter_budget=3)
     for version in range(2):  # the budget is per step
-        groups, metrics = runtime.next_groups(version)
+        groups, step = runtime.next_groups(version)
         runtime.publish(version + 1)
-        assert len(groups) == 2 and metrics["async/filtered"] == 6
+        assert len(groups) == 2 and step.metrics()["async/filtered"] == 6
     assert rollout.asked == 10
 
 

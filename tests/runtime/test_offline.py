@@ -126,7 +126,7 @@ def test_bad_offline_files_are_config_errors(tmp_path):
 
 
 def test_the_runtime_starts_fewer_rollouts_when_a_step_takes_offline_groups():
-    from unipg.runtime.driver import Runtime
+    from unipg.runtime.driver import RolloutReport, Runtime
     from unipg.runtime.replay import Group
 
     class Counting:
@@ -138,6 +138,9 @@ def test_the_runtime_starts_fewer_rollouts_when_a_step_takes_offline_groups():
 
         def publish(self, version):
             pass
+
+        def report(self):
+            return RolloutReport()
 
     rollout = Counting()
     runtime = Runtime(rollout, groups_per_step=3, group_size=2, max_staleness=0, capacity=12)

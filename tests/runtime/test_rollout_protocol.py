@@ -54,9 +54,7 @@ def test_every_backend_takes_the_inputs_the_driver_hands_it():
 
 
 def test_the_protocol_declares_what_the_drivers_call():
-    assert protocol_members() == sorted([
-        "produce", "serve", "publish", "pop_idle_seconds", "pop_generation", "pop_service_metrics",
-        "pop_sync_seconds", "episode_state", "resume_episodes", "close"])
+    assert protocol_members() == sorted(["produce", "serve", "publish", "report", "resume_episodes", "close"])
 
 
 @pytest.mark.parametrize("backend", rollout_classes())
@@ -71,9 +69,9 @@ def test_each_backend_implements_every_member_with_the_protocols_parameters(back
 
 def test_a_gym_rollout_reports_the_neutral_values():
     segments = GymSegments.__new__(GymSegments)
-    segments.sync = None
-    assert segments.pop_generation() == ([], 0.0)
-    assert segments.pop_service_metrics("rollout") == {}
-    assert segments.pop_sync_seconds() is None and segments.episode_state() is None
+    segments.sync, segments._since, segments._busy = None, 0.0, 0.0
+    report = segments.report()
+    assert report.batch_sizes == [] and report.generate_seconds == 0.0 and report.counters == {}
+    assert report.sync_seconds is None and report.episodes is None and report.metrics() == {}
     segments.resume_episodes({"started": 4})
     segments.close()

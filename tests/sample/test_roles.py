@@ -6,7 +6,8 @@ import torch
 from unipg.config import ConfigError, load_config
 from unipg.learn.lm_batch import LMBatch, lm_advantages
 from unipg.policy.loading import load_lm_policy
-from unipg.runtime.backends.local_lm import group_index, split_groups
+from unipg.runtime.backends.local_lm import split_groups
+from unipg.runtime.lm import group_index
 from unipg.sample.agent import Trajectory
 from unipg.envs import ENVS, EnvironmentService, TurnInfo
 from unipg.envs.service import build_tools

@@ -14,7 +14,7 @@ from unipg.observe.doctor import diagnose
 from unipg.runtime.lm import train_lm
 from unipg.sample.agent import Trajectory
 from unipg.envs.base import TurnInfo, final_answer_reward
-from unipg.sample.episodes import reward_term_metrics
+from unipg.observe.rollout_metrics import reward_term_metrics
 from unipg.tasks.rewards.combine import CombinedReward
 from unipg.tasks.rewards.rules import REWARDS
 from unipg.tasks.base import Example

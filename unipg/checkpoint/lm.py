@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -54,12 +53,11 @@ class LMCheckpointer:
                                      keep_best=int(settings.keep_best), best_metric=settings.best_metric)
         self.model_name, self.policy, self.learner = model_name, policy, learner
         self.sampler, self.generator = sampler, generator
-        # the rollout's episode counts, saved with the run's state (read under the rollout's lock)
-        self.episode_state: Callable[[], dict[str, int]] | None = None
 
-    def save(self, update: int, *, samples: int, train_seconds: float,
-             history: list[tuple[int, dict[str, float]]], metrics: dict[str, float]) -> Path:
-        """A checkpoint of the run after ``update``; ``metrics`` (this update's evaluation, if any) rank it."""
+    def save(self, update: int, *, samples: int, train_seconds: float, history: list[tuple[int, dict[str, float]]],
+             metrics: dict[str, float], episodes: dict[str, int] | None = None) -> Path:
+        """A checkpoint of the run after ``update``; ``metrics`` (this update's evaluation, if any) rank it;
+        ``episodes``: the rollout's episode counts, which a resumed run continues (None: the rollout keeps none)."""
         optimizer, learner_state = self.learner.checkpoint()
         model, extra_files = self.policy.model, None
         if has_adapter(model):
@@ -75,8 +73,8 @@ class LMCheckpointer:
                  "eval_history": [[at, evaluation] for at, evaluation in history], "learner": learner_state,
                  "sampler": self.sampler.state(), "rollout_generator": generator_state(self.generator),
                  "rng": rng_state(), "reference_model": self.model_name}
-        if self.episode_state is not None:
-            state["episodes"] = self.episode_state()
+        if episodes is not None:
+            state["episodes"] = episodes
         path = self.store.save(update, tensors, state, metrics=metrics, extra_files=extra_files)
         if update > 0:  # the checkpoint of update 0 (see rollback) is needed only until the run saves its own
             self.store.remove(0)

@@ -4,17 +4,17 @@ rollback, evaluation, and the backends that place an lm run's episodes (``backen
 
 
 def __getattr__(name: str):
-    """``BACKENDS``, ``BACKEND_INPUTS`` and the ``Rollout`` protocol, imported on first use (the backends import the
-    whole runtime)."""
+    """``BACKENDS``, ``BACKEND_INPUTS``, the ``Rollout`` protocol and its ``RolloutReport``, imported on first use (the
+    backends import the whole runtime)."""
     if name in ("BACKENDS", "BACKEND_INPUTS"):
         from unipg.runtime import backends
 
         return getattr(backends, name)
-    if name == "Rollout":
-        from unipg.runtime.driver import Rollout
+    if name in ("Rollout", "RolloutReport"):
+        from unipg.runtime import driver
 
-        return Rollout
+        return getattr(driver, name)
     raise AttributeError(f"module 'unipg.runtime' has no attribute {name!r}")
 
 
-__all__ = ["BACKENDS", "BACKEND_INPUTS", "Rollout"]
+__all__ = ["BACKENDS", "BACKEND_INPUTS", "Rollout", "RolloutReport"]

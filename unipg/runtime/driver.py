@@ -31,74 +31,20 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
 from unipg.policy.adapters import load_synced_state, synced_state
 from unipg.runtime.replay import (
+    BufferStats,
     Group,
     ProducerFailed,
     ReplayBuffer,
     StalenessGate,
     rollout_failure,
 )
-
-
-class Rollout(Protocol):
-    """What produces groups for ``Runtime``, and everything the drivers ask of it.
-
-    The backends (``GymSegments``, ``LMRollout``, ``RayRollout``) implement every member; one with nothing to
-    report returns the neutral value its docstring names. ``tests/runtime/test_rollout_protocol.py`` checks that
-    each backend has every member with the same parameters.
-    """
-
-    # -- producing groups (``Runtime``) --------------------------------------------------------------------
-
-    def produce(self, count: int, version: int) -> list[Group]:
-        """Run ``count`` groups to the end now, with the weights of ``version`` (sequential schedule)."""
-        ...
-
-    def serve(self, gate: StalenessGate, buffer: ReplayBuffer, stop: threading.Event) -> None:
-        """Run the groups ``gate`` admits into ``buffer`` until ``stop`` is set (concurrent schedule's thread)."""
-        ...
-
-    def publish(self, version: int) -> None:
-        """Make the learner's weights of ``version`` available to the rollout side."""
-        ...
-
-    def pop_idle_seconds(self) -> float:
-        """Seconds the concurrent schedule's rollout had nothing running, since the last call."""
-        ...
-
-    # -- reporting (the drivers' metrics) --------------------------------------------------------------
-
-    def pop_generation(self) -> tuple[list[int], float]:
-        """Sizes of the generate calls and their seconds since the last call (([], 0.0): nothing generates)."""
-        ...
-
-    def pop_service_metrics(self, prefix: str) -> dict[str, float]:
-        """The environment service's counters under ``prefix`` and the episode counts, since the last call."""
-        ...
-
-    def pop_sync_seconds(self) -> float | None:
-        """Seconds spent publishing and loading weights since the last call (None: no weight sync)."""
-        ...
-
-    # -- checkpoints and shutdown ----------------------------------------------------------------------
-
-    def episode_state(self) -> dict[str, int] | None:
-        """The cumulative episode counts, for a checkpoint (None: the rollout keeps none)."""
-        ...
-
-    def resume_episodes(self, state: dict[str, int] | None) -> None:
-        """Continue the episode counts of a checkpoint's ``episode_state`` (a resumed run)."""
-        ...
-
-    def close(self) -> None:
-        """Release what the rollout owns (its own runner, Ray actors); after ``Runtime.close``."""
-        ...
 
 
 @dataclass
@@ -131,16 +77,75 @@ class EpisodeAccount:
         self.cancelled, self.in_flight = self.cancelled + self.in_flight, 0
 
 
+@dataclass
+class RolloutReport:
+    """What a rollout did since its previous report (``Rollout.report``); the runtime takes one per learner step."""
+
+    batch_sizes: list[int] = field(default_factory=list)  # sequences in each generate call
+    generate_seconds: float = 0.0  # seconds spent in those generate calls
+    idle_seconds: float = 0.0  # concurrent schedule: seconds in which the rollout ran nothing
+    sync_seconds: float | None = None  # seconds spent publishing and loading weights (None: no weight sync)
+    counters: dict[str, float] = field(default_factory=dict)  # environment service, engine, external agent and
+    # Ray counters, under the names they are logged with (``rollout/tool_*``, ``engine/*``, ``ray/*``)
+    episodes: EpisodeAccount | None = None  # the cumulative episode counts, a copy (None: the rollout keeps none)
+
+    def metrics(self) -> dict[str, float]:
+        """The counters, the episode counts and ``timing/weight_sync``, as logged."""
+        metrics = dict(self.counters)
+        if self.episodes is not None:
+            metrics.update(self.episodes.metrics())
+        if self.sync_seconds is not None:
+            metrics["timing/weight_sync"] = self.sync_seconds
+        return metrics
+
+
+class Rollout(Protocol):
+    """What produces groups for ``Runtime``, and everything the drivers ask of it.
+
+    The backends (``GymSegments``, ``LMRollout``, ``RayRollout``) implement every member.
+    ``tests/runtime/test_rollout_protocol.py`` checks that each backend has every member with the same parameters.
+    """
+
+    # -- producing groups (``Runtime``) --------------------------------------------------------------------
+
+    def produce(self, count: int, version: int) -> list[Group]:
+        """Run ``count`` groups to the end now, with the weights of ``version`` (sequential schedule)."""
+        ...
+
+    def serve(self, gate: StalenessGate, buffer: ReplayBuffer, stop: threading.Event) -> None:
+        """Run the groups ``gate`` admits into ``buffer`` until ``stop`` is set (concurrent schedule's thread)."""
+        ...
+
+    def publish(self, version: int) -> None:
+        """Make the learner's weights of ``version`` available to the rollout side."""
+        ...
+
+    def report(self) -> RolloutReport:
+        """What the rollout did since the last report (``Runtime.next_groups`` takes one per learner step); a field
+        the rollout has nothing for keeps its default."""
+        ...
+
+    # -- checkpoints and shutdown ----------------------------------------------------------------------
+
+    def resume_episodes(self, state: dict[str, int] | None) -> None:
+        """Continue the episode counts a checkpoint saved (``RolloutReport.episodes``) in a resumed run."""
+        ...
+
+    def close(self) -> None:
+        """Release what the rollout owns (its own runner, Ray actors); after ``Runtime.close``."""
+        ...
+
+
 class CountedEpisodes:
     """The episode bookkeeping of a rollout that counts its episodes in ``account`` under ``_lock``."""
 
     account: EpisodeAccount
     _lock: threading.Lock
 
-    def episode_state(self) -> dict[str, int]:
-        """The episode counts, consistent (read under the lock the rollout counts under)."""
+    def counted_episodes(self) -> EpisodeAccount:
+        """A copy of the episode counts, consistent (read under the lock the rollout counts under)."""
         with self._lock:
-            return self.account.state()
+            return EpisodeAccount(**self.account.state())
 
     def resume_episodes(self, state: dict[str, int] | None) -> None:
         """Continue the episode counts of a checkpoint (``EpisodeAccount.resume``)."""
@@ -199,6 +204,30 @@ class WeightSync:
         return seconds
 
 
+@dataclass
+class StepReport:
+    """The runtime's account of one learner period: from the previous ``next_groups`` to the return of this one."""
+
+    learner_wait: float  # seconds the learner waited for the step's groups (sequential schedule: producing them)
+    learner_idle_fraction: float  # that wait over the whole period
+    rollout_idle_fraction: float  # share of the period in which rollout ran nothing
+    buffer_trajectories: int  # trajectories the buffer held before the step's groups were taken
+    buffer_occupancy: float  # those over the buffer's capacity
+    buffer: BufferStats  # trajectories evicted, dropped as stale and filtered in the period
+    ages: list[int]  # each taken group's staleness: learner versions between its weights and the step's
+    rollout: RolloutReport  # what the rollout reported for the period
+
+    def metrics(self) -> dict[str, float]:
+        """The runtime's metrics of the period (``timing/*`` and ``async/*``; the rollout's are its report's)."""
+        return {"timing/learner_idle_fraction": self.learner_idle_fraction, "timing/learner_wait": self.learner_wait,
+                "timing/rollout_idle_fraction": self.rollout_idle_fraction,
+                "async/buffer_occupancy": self.buffer_occupancy, "async/buffer_trajectories": self.buffer_trajectories,
+                "async/evicted": self.buffer.evicted, "async/dropped_stale": self.buffer.dropped_stale,
+                "async/filtered": self.buffer.filtered,
+                "async/staleness_trajectory_mean": sum(self.ages) / len(self.ages),
+                "async/staleness_trajectory_max": max(self.ages)}
+
+
 def resolve_schedule(schedule: str, max_staleness: int, deterministic: bool) -> str:
     if schedule != "auto":
         return schedule
@@ -254,9 +283,9 @@ class Runtime:
         except BaseException as error:  # noqa: BLE001 — reported to the learner by the buffer
             self.buffer.fail(error)
 
-    def next_groups(self, version: int, count: int | None = None) -> tuple[list[Group], dict[str, float]]:
-        """The groups of the learner step that starts from ``version``, and the runtime's metrics of the
-        period since the previous call (waiting, occupancy, drops, staleness of the groups returned).
+    def next_groups(self, version: int, count: int | None = None) -> tuple[list[Group], StepReport]:
+        """The groups of the learner step that starts from ``version``, and the report of the period since the
+        previous call (waiting, occupancy, drops, staleness of the groups returned, the rollout's report).
         ``count``: groups to take (default ``groups_per_step``); the rest of the step's batch comes from
         elsewhere (offline data), and rollout starts that many fewer."""
         wait_start = time.perf_counter()
@@ -285,20 +314,13 @@ class Runtime:
         now = time.perf_counter()
         waited, period = now - wait_start, max(now - self._since, 1e-9)
         self._since = now
-        stats = self.buffer.pop_stats()
-        ages = [group.age(version) for group in groups]
-        if self.concurrent:
-            rollout_idle = self.rollout.pop_idle_seconds()
-        else:  # rollout runs only while the learner waits for it
-            rollout_idle = period - produced
-        metrics = {"timing/learner_idle_fraction": waited / period, "timing/learner_wait": waited,
-                   "timing/rollout_idle_fraction": min(max(rollout_idle / period, 0.0), 1.0),
-                   "async/buffer_occupancy": occupancy / self.buffer.capacity, "async/buffer_trajectories": occupancy,
-                   "async/evicted": stats.evicted, "async/dropped_stale": stats.dropped_stale,
-                   "async/filtered": stats.filtered,
-                   "async/staleness_trajectory_mean": sum(ages) / len(ages),
-                   "async/staleness_trajectory_max": max(ages)}
-        return groups, metrics
+        stats, rollout = self.buffer.pop_stats(), self.rollout.report()
+        # the sequential schedule's rollout runs only while the learner waits for it
+        rollout_idle = rollout.idle_seconds if self.concurrent else period - produced
+        return groups, StepReport(learner_wait=waited, learner_idle_fraction=waited / period,
+                                  rollout_idle_fraction=min(max(rollout_idle / period, 0.0), 1.0),
+                                  buffer_trajectories=occupancy, buffer_occupancy=occupancy / self.buffer.capacity,
+                                  buffer=stats, ages=[group.age(version) for group in groups], rollout=rollout)
 
     def publish(self, version: int) -> None:
         """The learner finished the step that produced ``version``: sync weights, admit new rollouts."""
@@ -326,17 +348,3 @@ class Runtime:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
-
-
-def staleness_histogram(ages: torch.Tensor, mask: torch.Tensor, prefix: str, buckets: int = 8) -> dict[str, float]:
-    """Mean, max and the share of tokens at each age 0 … ``buckets`` (the last bucket: that age or older)."""
-    valid = ages[mask.bool()]
-    if valid.numel() == 0:
-        return {}
-    metrics = {f"{prefix}_mean": float(valid.float().mean()), f"{prefix}_max": float(valid.max())}
-    top = int(valid.max())
-    for age in range(min(top, buckets) + 1):
-        share = (valid >= age) if age == buckets else (valid == age)
-        metrics[f"{prefix}_frac_{age}"] = float(share.float().mean())
-    return metrics
-

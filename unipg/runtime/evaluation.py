@@ -14,8 +14,9 @@ from pathlib import Path
 import torch
 
 from unipg.config import Config, load_config
+from unipg.observe.rollout_metrics import episode_metrics
 from unipg.sample.agent import Trajectory
-from unipg.sample.episodes import EpisodeRunner, episode_metrics
+from unipg.sample.episodes import EpisodeRunner
 from unipg.tasks.base import Example
 
 EVALUATION_SECTIONS = ("task", "model", "agent", "sample", "eval", "sft")

@@ -31,9 +31,10 @@ from unipg.estimate.losses import explained_variance
 from unipg.estimate.masked import masked_mean, masked_var
 from unipg.learn.gym import bootstraps, make_learner, prepare_segment
 from unipg.observe.metrics import MetricsLogger, Progress, Timer
+from unipg.observe.rollout_metrics import staleness_histogram
 from unipg.policy.mlp import MLPActorCritic
 from unipg.runtime.backends.local_gym import GymSegments
-from unipg.runtime.driver import Runtime, resolve_schedule, staleness_histogram
+from unipg.runtime.driver import Runtime, resolve_schedule
 from unipg.runtime.setup import locked_run_dir, run_dir_for, seed_everything
 from unipg.sample.gym_rollout import GymRollout, RolloutBatch, evaluate_policy
 
@@ -224,14 +225,14 @@ def train_update(g: GymRun, update: int) -> None:
     version = update - 1  # learner steps published so far
     lr = g.learner.set_lr_fraction(1.0 - (update - 1) / g.num_updates if config.train.lr_schedule == "linear" else 1.0)
     with timer("rollout"):  # collecting (sequential) or waiting for a segment (concurrent)
-        (group,), runtime_record = g.runtime.next_groups(version)
+        (group,), step = g.runtime.next_groups(version)
     batch = group.items[0]
     run.add_rollout(batch)
     with timer("advantage"):
         segment = prepare_segment(g.policy, batch, config.estimator, age=group.age(version))
     with timer("update"):
         metrics = g.learner.update(segment.samples)
-    g.meter.add(runtime_record, segment.samples)
+    g.meter.add(step.metrics(), segment.samples)
     is_last = update == g.num_updates
     before = g.state(), g.meter.pending()  # what a checkpoint keeps of a closing evaluation or log line: nothing
     eval_due, log_due = run.env_steps >= g.next_eval, update % config.log.log_every_updates == 0

@@ -41,18 +41,18 @@ import torch
 from unipg.checkpoint.lm import LMCheckpointer, drop_metrics_after, latest_checkpoint
 from unipg.checkpoint.store import Checkpoint
 from unipg.config import Config
-from unipg.learn.lm import LMLearner
+from unipg.learn.lm import LMBatch, LMLearner
 from unipg.observe.episodes import EpisodeLog
 from unipg.observe.metrics import MetricsLogger, Progress, Timer, process_metrics, release_free_memory
+from unipg.observe.rollout_metrics import rollout_metrics, uniform_groups
 from unipg.policy.lm import LMPolicy
 from unipg.policy.loading import policy_from_config
 from unipg.runtime.backends import BACKEND_INPUTS, BACKENDS, make_learner
-from unipg.runtime.backends.local_lm import mixed_returns, rollout_batch
-from unipg.runtime.driver import Runtime, resolve_schedule
+from unipg.runtime.driver import EpisodeAccount, Runtime, StepReport, resolve_schedule
 from unipg.runtime.offline import OfflineData, load_offline, offline_metrics
 from unipg.runtime.prompts import PromptSampler
 from unipg.runtime.evaluation import evaluate_episodes, evaluate_lm  # noqa: F401  (evaluate_lm: re-exported)
-from unipg.runtime.replay import ProducerFailed
+from unipg.runtime.replay import Group, ProducerFailed
 from unipg.runtime.setup import check_ray_address, lock_run_dir, run_dir_for, seed_everything, set_threads
 from unipg.runtime.stopping import (  # TrainingStopped: where callers catch it
     StopRequest,
@@ -61,13 +61,7 @@ from unipg.runtime.stopping import (  # TrainingStopped: where callers catch it
     roll_back,
     rollout_failed,
 )
-from unipg.sample.episodes import (  # noqa: F401
-    EpisodeRunner,
-    PromptEncoder,
-    episode_metrics,
-    held_out,
-    reward_term_metrics,
-)
+from unipg.sample.episodes import EpisodeRunner, PromptEncoder, held_out  # noqa: F401  (PromptEncoder: re-exported)
 from unipg.tasks.rewards.rules import build_rewards, reward_defaults
 from unipg.tasks.base import Example, Task, make_task
 from unipg.sample.transcripts import transcript
@@ -115,6 +109,27 @@ def build_runtime(config: Config, runner: EpisodeRunner, sampler: PromptSampler,
         raise
 
 
+def mixed_returns(group: Group) -> bool:
+    """Whether the returns of ``group``'s episodes of some role differ (``uniform_groups``), so that a group-relative
+    advantage is not zero for all of them: the test of dynamic sampling (``sample.dynamic_sampling``)."""
+    return not all(uniform_groups([t.reward for t in group.items], group.size))
+
+
+def group_index(groups: list[Group]) -> list[int]:
+    """The group of each episode of ``groups`` (all their items, in order) for the group estimators: the
+    episodes of one ``Group`` that play one role (all of them, in a one-role task)."""
+    numbers: dict[tuple, int] = {}
+    return [numbers.setdefault((number, t.role), len(numbers)) for number, g in enumerate(groups) for t in g.items]
+
+
+def rollout_batch(groups: list[Group], version: int, *, pad_id: int, offline: list[Group] = ()) -> LMBatch:
+    """The learner's batch of the step that starts from ``version``: the episodes of ``groups`` (group after group),
+    then those of the ``offline`` groups, padded with ``pad_id``, each with its group (``group_index``)."""
+    everything = [*groups, *offline]
+    return LMBatch.from_trajectories([t for g in everything for t in g.items], pad_id, version=version,
+                                     groups=group_index(everything))
+
+
 def finished_run(run_dir: Path, checkpoint: Checkpoint) -> LMTrainResult:
     """The result of a run whose newest ``checkpoint`` is already at ``train.updates``: nothing more is trained."""
     history = [(at, evaluation) for at, evaluation in checkpoint.state["eval_history"]]
@@ -124,22 +139,23 @@ def finished_run(run_dir: Path, checkpoint: Checkpoint) -> LMTrainResult:
 
 def train_step(runtime: Runtime, learner: LMLearner, timer: Timer, update: int, *, group_size: int,
                tools: bool, offline: OfflineData | None = None,
-               episodes: EpisodeLog | None = None) -> tuple[dict[str, float], int]:
+               episodes: EpisodeLog | None = None) -> tuple[dict[str, float], int, StepReport]:
     """Update ``update``: the next groups (of ``group_size`` episodes, with tool calls if ``tools``) from the
     runtime, and from ``offline`` its share of them, their reference log-probs and values, the estimator's epochs
     of mini-batch steps, the new weights published; the fresh episodes are written to ``episodes``. Its record
-    (rollout, train, timing and system metrics) and its number of samples; ``ProducerFailed`` when rollout
-    cannot go on (from ``next_groups``, before anything of the update is done)."""
+    (rollout, train, timing and system metrics), its number of samples and the runtime's report of its rollout;
+    ``ProducerFailed`` when rollout cannot go on (from ``next_groups``, before anything of the update is done)."""
     start = time.time()
     recorded = offline.count(update) if offline is not None else 0
-    groups, record = runtime.next_groups(update - 1, runtime.groups_per_step - recorded)
+    groups, step = runtime.next_groups(update - 1, runtime.groups_per_step - recorded)
     extra = offline.take(recorded, update - 1) if recorded else []
-    batch, rollout_record = rollout_batch(groups, runtime.rollout, update - 1, record["timing/learner_wait"],
-                                          group_size=group_size, pad_id=learner.policy.pad_id, tools=tools,
-                                          offline=extra)
-    record.update(rollout_record)
+    batch = rollout_batch(groups, update - 1, pad_id=learner.policy.pad_id, offline=extra)
+    fresh, report = [t for g in groups for t in g.items], step.rollout
+    record = {**step.metrics(), **rollout_metrics(fresh, batch, group_size=group_size, tools=tools,
+                                                  wait_seconds=step.learner_wait, batch_sizes=report.batch_sizes,
+                                                  generate_seconds=report.generate_seconds), **report.metrics()}
     if episodes is not None:
-        episodes.write([t for g in groups for t in g.items], update=update)
+        episodes.write(fresh, update=update)
     with timer("logprob"):
         # keys with a namespace of their own (mismatch/...) are logged as they are
         record.update({k if "/" in k else f"train/{k}": v for k, v in learner.prepare(batch).items()})
@@ -155,7 +171,7 @@ def train_step(runtime: Runtime, learner: LMLearner, timer: Timer, update: int, 
     record.update(process_metrics())
     record.update({"timing/step": seconds, "timing/samples_per_second": len(batch.scores) / seconds,
                    "timing/tokens_per_second": record["rollout/generated_tokens"] / seconds})
-    return record, len(batch.scores)
+    return record, len(batch.scores), step
 
 
 @dataclass
@@ -183,6 +199,7 @@ class LMRun:
     lock: IO[str] | None = None  # the run folder's lock (``lock_run_dir``), released by ``close``
     offline: OfflineData | None = None  # ``data.offline``'s episodes, mixed into every batch
     episodes: EpisodeLog | None = None  # where ``log.episodes`` writes the trained episodes
+    episode_counts: dict[str, int] | None = None  # the rollout's episode counts at the last update (checkpointed)
 
     def close(self) -> None:
         """Stop rollout, then close what the run opened (the rollout's own runner and actors first)."""
@@ -245,7 +262,6 @@ def open_run(config: Config, task: Task | None, run_dir: Path | None, checkpoint
     except BaseException:
         run.close()
         raise
-    checkpointer.episode_state = run.runtime.rollout.episode_state
     if checkpoint is not None:  # the episode counts go on, too
         run.runtime.rollout.resume_episodes(checkpoint.state.get("episodes"))
     return run
@@ -301,13 +317,14 @@ def train_updates(run: LMRun, stop: StopRequest) -> None:
         fraction = 1.0 - (update - 1) / updates if config.train.lr_schedule == "linear" else 1.0
         lr = run.learner.set_lr_fraction(fraction)
         try:
-            record, size = train_step(run.runtime, run.learner, run.timer, update,
-                                      group_size=config.sample.samples_per_prompt,
-                                      tools=run.runner.service is not None, offline=run.offline,
-                                      episodes=run.episodes)
+            record, size, step = train_step(run.runtime, run.learner, run.timer, update,
+                                            group_size=config.sample.samples_per_prompt,
+                                            tools=run.runner.service is not None, offline=run.offline,
+                                            episodes=run.episodes)
         except ProducerFailed as failure:  # rollout cannot go on: keep what is trained, say how to go on
             raise ValueError(rollout_failed(failure, run.checkpointer, update - 1, run.saved, run.samples,
-                                            run.train_seconds, run.history)) from failure
+                                            run.train_seconds, run.history, run.episode_counts)) from failure
+        run.episode_counts = step.rollout.episodes.state() if step.rollout.episodes is not None else None
         run.train_seconds += record["timing/step"]
         run.samples += size
         record.update({"train/learning_rate": lr, "train/samples": run.samples})
@@ -319,7 +336,7 @@ def train_updates(run: LMRun, stop: StopRequest) -> None:
         stopping = stop.signal_number is not None and update < updates
         if stopping or update == updates or (every and update % every == 0):
             run.checkpointer.save(update, samples=run.samples, train_seconds=run.train_seconds, history=run.history,
-                                  metrics=evaluation)
+                                  metrics=evaluation, episodes=run.episode_counts)
             run.saved = update
         if stopping:
             raise TrainingStopped(run.run_dir, update, stop.signal_number)
@@ -348,7 +365,8 @@ def train_lm(config: Config, *, task: Task | None = None, resume: str | Path | N
                 run.history = [(0, initial)]
                 run.logger.log(0, initial)
                 if config.rollback.enabled:  # something to roll back to before the first periodic checkpoint
-                    run.checkpointer.save(0, samples=0, train_seconds=0.0, history=run.history, metrics={})
+                    run.checkpointer.save(0, samples=0, train_seconds=0.0, history=run.history, metrics={},
+                                          episodes=EpisodeAccount().state())  # no episode has run yet
             run.runtime.reset(run.first - 1)  # rollout starts from the weights (and prompt order) training starts from
             run.saved = run.first - 1 if checkpoint is not None or config.rollback.enabled else None
             train_updates(run, stop)

@@ -100,13 +100,14 @@ class TripCounter:
 
 
 def rollout_failed(failure: ProducerFailed, checkpointer: LMCheckpointer, update: int, saved: int | None,
-                   samples: int, train_seconds: float, history: list) -> str:
-    """After rollout failed for good: save a checkpoint of the last finished ``update`` unless ``saved`` is it,
-    and the failure's whole traceback to ``run_dir/rollout_error.txt``; the one-line message of the run's end,
-    saying where to continue from."""
+                   samples: int, train_seconds: float, history: list, episodes: dict[str, int] | None) -> str:
+    """After rollout failed for good: save a checkpoint of the last finished ``update`` (with ``episodes``, the
+    episode counts as of it) unless ``saved`` is it, and the failure's whole traceback to
+    ``run_dir/rollout_error.txt``; the one-line message of the run's end, saying where to continue from."""
     run_dir = checkpointer.store.root.parent
     if update > 0 and saved != update:
-        checkpointer.save(update, samples=samples, train_seconds=train_seconds, history=history, metrics={})
+        checkpointer.save(update, samples=samples, train_seconds=train_seconds, history=history, metrics={},
+                          episodes=episodes)
         saved = update
     trace = run_dir / "rollout_error.txt"  # the message is one line; the traceback is what debugging needs
     trace.write_text("".join(traceback.format_exception(failure)), encoding="utf-8")

@@ -1,4 +1,5 @@
-"""Episodes of an lm run: environments, the environment service, the inference engine, and their metrics.
+"""Episodes of an lm run: environments, the environment service and the inference engine (their metrics are
+``unipg.observe.rollout_metrics``).
 
 Every text task runs through the agent loop; a single-turn task is the one-step case (``single_turn``
 environment, no tools), a task with tools runs the ``tool`` environment with up to ``max_turns`` policy
@@ -11,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
-from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from dataclasses import dataclass
 
 import torch
@@ -105,6 +106,15 @@ def demonstration_pairs(tokenizer, task: Task, config: Config, examples: list[Ex
     return [(encoders[role].render(observation), solution if isinstance(solution, str)
              else template.demonstration([in_format(message) for message in solution]))
             for role, observation, solution in shown]
+
+
+@dataclass
+class Episodes:
+    """What ``EpisodeRunner.run`` returns: the episodes, and what generating them took."""
+
+    trajectories: list[Trajectory]  # one per example (per role with ``all_roles``), in input order
+    batch_sizes: list[int]  # sequences in each generate call
+    generate_seconds: float  # seconds spent in those calls
 
 
 @dataclass
@@ -283,77 +293,4 @@ def greedy_completion_rate(model, tokenizer, task: Task, config: Config, example
         return statistics.fmean(t.correct for t in episodes.trajectories)
     finally:
         runner.close()
-
-
-def episode_metrics(trajectories: list[Trajectory], prefix: str, *, group_size: int = 1,
-                    tools: bool = False) -> dict[str, float]:
-    """Task completion, turns, tool use (with ``tools``, or whenever a tool was called), lengths and diversity
-    of a list of episodes. The tool success rate is reported only when there were calls."""
-    calls = sum(t.tool_calls for t in trajectories)
-    sampled = [sum(t.loss_mask) for t in trajectories]
-    metrics = {f"{prefix}/completion_rate": statistics.fmean(t.correct for t in trajectories),
-               f"{prefix}/turns": statistics.fmean(t.turns for t in trajectories),
-               f"{prefix}/response_length": statistics.fmean(sampled),
-               f"{prefix}/truncated_fraction": statistics.fmean(t.finish != "done" for t in trajectories)}
-    if tools or calls:
-        metrics[f"{prefix}/tool_calls"] = calls / len(trajectories)
-        if calls:
-            metrics[f"{prefix}/tool_success_rate"] = sum(t.tool_status_count("ok") for t in trajectories) / calls
-        metrics[f"{prefix}/malformed_call_rate"] = (sum(t.tool_status_count("malformed") for t in trajectories)
-                                                    / max(sum(t.turns for t in trajectories), 1))
-    finals = [t.turn_texts[-1] if t.turn_texts else "" for t in trajectories]
-    if group_size > 1:
-        groups = [finals[i:i + group_size] for i in range(0, len(finals), group_size)]
-        metrics[f"{prefix}/distinct_1"] = statistics.fmean(distinct_n(g, 1) for g in groups)
-        metrics[f"{prefix}/distinct_2"] = statistics.fmean(distinct_n(g, 2) for g in groups)
-        metrics[f"{prefix}/duplicate_fraction"] = statistics.fmean(duplicate_fraction(g) for g in groups)
-    return metrics
-
-
-def role_metrics(trajectories: list[Trajectory], prefix: str, *, tools: bool = False) -> dict[str, float]:
-    """Per role of multi-role episodes (none for one-role episodes): ``<prefix>/<role>/reward_mean``,
-    response length, turns and tool use of that role's trajectories."""
-    roles = dict.fromkeys(t.role for t in trajectories if t.role is not None)
-    metrics = {}
-    for role in roles:
-        mine = [t for t in trajectories if t.role == role]
-        metrics[f"{prefix}/{role}/reward_mean"] = statistics.fmean(t.reward for t in mine)
-        for key, value in episode_metrics(mine, f"{prefix}/{role}", tools=tools).items():
-            if not key.endswith(("completion_rate", "truncated_fraction")):
-                metrics[key] = value
-    return metrics
-
-
-def distinct_n(texts: list[str], n: int) -> float:
-    """Distinct n-grams / all n-grams over the texts (Li et al. 2016); words, or characters for one-word texts."""
-    grams = []
-    for text in texts:
-        units = text.split() if len(text.split()) > 1 else list(text)
-        grams += [tuple(units[i:i + n]) for i in range(len(units) - n + 1)]
-    return len(set(grams)) / len(grams) if grams else 0.0
-
-
-def duplicate_fraction(texts: list[str]) -> float:
-    """Share of texts that repeat an earlier one exactly: 0 when all differ, (G−1)/G when all are the same."""
-    counts = Counter(texts)
-    return sum(count - 1 for count in counts.values()) / len(texts) if texts else 0.0
-
-
-REWARD_NONE_FRACTION = "reward_none_fraction"  # metric namespace of the fraction a reward function left None
-
-
-def reward_term_metrics(trajectories: list[Trajectory], prefix: str) -> dict[str, float]:
-    """The mean of each final-reward function over the episodes it applied to, and the fraction of scored final
-    answers it returned None for (``<prefix>/reward_none_fraction/<name>``; 1.0: it scored none of the batch)."""
-    scored = [trajectory.infos[-1] for trajectory in trajectories
-              if trajectory.infos and trajectory.infos[-1].reward_terms is not None]
-    values: dict[str, list[float]] = {}
-    for info in scored:
-        for name, value in info.reward_terms.items():
-            values.setdefault(name, []).append(value)
-    metrics = {f"{prefix}/reward_{name}": statistics.fmean(v) for name, v in values.items()}
-    names = dict.fromkeys(name for info in scored for name in (*info.reward_terms, *info.reward_none))
-    for name in names:
-        metrics[f"{prefix}/{REWARD_NONE_FRACTION}/{name}"] = statistics.fmean(name in info.reward_none for info in scored)
-    return metrics
 

@@ -105,6 +105,6 @@ class RoleLoop:
 
 def role_major(episodes: list[list[Trajectory]]) -> list[Trajectory]:
     """The trajectories of a group's episodes, role after role: the group's samples of one (prompt, role) are
-    consecutive (group advantages compare the samples of one role, ``unipg.runtime.backends.local_lm.group_index``)."""
+    consecutive (group advantages compare the samples of one role, ``unipg.runtime.lm.group_index``)."""
     roles = len(episodes[0]) if episodes else 0
     return [episode[index] for index in range(roles) for episode in episodes]

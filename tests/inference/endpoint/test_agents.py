@@ -8,7 +8,7 @@ import torch
 from unipg.config import ConfigError, load_config
 from unipg.estimate import ADVANTAGES
 from unipg.learn.lm import LMBatch, lm_advantages
-from unipg.runtime.backends.local_lm import group_index
+from unipg.runtime.lm import group_index
 from unipg.runtime.replay import Group
 from unipg.sample.endpoint_agents import AgentStats, ExternalAgent, load_agent
 from unipg.tasks.rewards.rules import build_rewards

@@ -20,7 +20,7 @@ import threading
 import time
 
 from unipg.policy.mlp import MLPActorCritic
-from unipg.runtime.driver import WeightSync, serve_one_by_one
+from unipg.runtime.driver import RolloutReport, WeightSync, serve_one_by_one
 from unipg.runtime.replay import Group, ReplayBuffer, StalenessGate
 from unipg.sample.gym_rollout import GymRollout
 
@@ -33,7 +33,7 @@ class GymSegments:
         self.rollout, self.steps_per_env, self.bootstrap = rollout, steps_per_env, bootstrap
         self.policy = copy.deepcopy(policy) if concurrent else policy
         self.sync = WeightSync(policy, self.policy) if concurrent else None
-        self._busy, self._since = 0.0, time.perf_counter()  # seconds spent collecting since the last pop
+        self._busy, self._since = 0.0, time.perf_counter()  # seconds spent collecting since the last report
 
     def produce(self, count: int, version: int) -> list[Group]:
         """``count`` segments, now. In the concurrent schedule the weights may have moved past ``version``
@@ -59,32 +59,18 @@ class GymSegments:
         if self.sync is not None:
             self.sync.publish(version)
 
-    def pop_idle_seconds(self) -> float:
-        """Seconds since the last call in which no segment was being collected (the concurrent schedule's
-        rollout idle time, waiting on the staleness gate)."""
+    def report(self) -> RolloutReport:
+        """The seconds since the last report in which no segment was being collected (the concurrent schedule's
+        rollout idle time, waiting on the staleness gate) and spent syncing weights (None: sequential, no sync).
+        Nothing else: a gym policy acts in one forward pass per environment step, with no generate calls; its
+        environments run in-process, without an environment service; the gym driver counts episodes itself."""
         now = time.perf_counter()
         idle = max(now - self._since - self._busy, 0.0)
         self._since, self._busy = now, 0.0
-        return idle
-
-    def pop_generation(self) -> tuple[list[int], float]:
-        """([], 0.0): a gym policy acts in one forward pass per environment step, with no generate calls."""
-        return [], 0.0
-
-    def pop_service_metrics(self, prefix: str) -> dict[str, float]:
-        """{}: gym environments run in-process, without an environment service; the driver counts episodes."""
-        return {}
-
-    def pop_sync_seconds(self) -> float | None:
-        """Seconds spent publishing and loading weights since the last call (None: sequential, no sync)."""
-        return self.sync.pop_seconds() if self.sync is not None else None
-
-    def episode_state(self) -> dict[str, int] | None:
-        """None: the gym driver counts episodes itself, and its checkpoints keep the count."""
-        return None
+        return RolloutReport(idle_seconds=idle, sync_seconds=self.sync.pop_seconds() if self.sync is not None else None)
 
     def resume_episodes(self, state: dict[str, int] | None) -> None:
-        """Nothing to do: there are no episode counts to continue (``episode_state`` is None)."""
+        """Nothing to do: there are no episode counts to continue (the gym driver's checkpoints keep its own)."""
 
     def close(self) -> None:
         """Nothing to do: the ``GymRollout`` and its environments are the driver's, closed by it."""

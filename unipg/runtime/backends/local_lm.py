@@ -18,23 +18,15 @@ import asyncio
 import concurrent.futures
 import copy
 import random
-import statistics
 import threading
 import time
 
 import torch
 
-from unipg.learn.lm import LMBatch
 from unipg.policy.lm import LMPolicy
-from unipg.runtime.driver import (
-    CountedEpisodes,
-    EpisodeAccount,
-    Rollout,
-    WeightSync,
-    staleness_histogram,
-)
+from unipg.runtime.driver import CountedEpisodes, EpisodeAccount, RolloutReport, WeightSync
 from unipg.runtime.replay import Group, ReplayBuffer, StalenessGate
-from unipg.sample.episodes import EpisodeRunner, episode_metrics, reward_term_metrics, role_metrics
+from unipg.sample.episodes import EpisodeRunner
 from unipg.sample.roles import role_major
 
 MAX_CANCELLATIONS = 5  # a group cancelled this often from inside its episodes has a bug, not bad luck
@@ -138,10 +130,10 @@ class LMRollout(CountedEpisodes):
         environment service) is this rollout's own, closed with it."""
         self.runner, self.sampler, self.generator, self.weights = runner, sampler, generator, weights
         self.owns_runner, self.group_size, self.concurrency = owns_runner, group_size, concurrency
-        self.batch_sizes: list[int] = []
+        self.batch_sizes: list[int] = []  # the sequential schedule's generate calls since the last report
         self.generate_seconds = 0.0
         self.idle_seconds = 0.0
-        self._engine = None  # the concurrent schedule's inference engine while it serves
+        self._service = None  # the concurrent schedule's inference service while it serves
         self._loop = self._interrupt = None  # its event loop, and how to cancel running groups, while it serves
         self.account = EpisodeAccount()
         self._lock = threading.Lock()
@@ -186,10 +178,10 @@ class LMRollout(CountedEpisodes):
         asyncio.run(serve())
 
     async def _serve(self, gate: StalenessGate, buffer: ReplayBuffer, stop: threading.Event) -> None:
-        engine = self.runner.inference_service(self.generator,
-                                               sync=self.weights.pull if self.weights is not None else None)
-        self._engine = engine
-        loop = self.runner.agent_loop(engine)
+        service = self.runner.inference_service(self.generator,
+                                                sync=self.weights.pull if self.weights is not None else None)
+        self._service = service
+        loop = self.runner.agent_loop(service)
 
         async def run_group(example, version: int, order: int) -> None:
             envs = [self.runner.make_env() for _ in range(self.group_size)]
@@ -223,8 +215,8 @@ class LMRollout(CountedEpisodes):
             finally:
                 self._interrupt = None
                 await groups.close()
-                self.pop_generation()  # the counts of a run that stopped are not reported
-                self._engine = None
+                service.pop_batches()  # the counts of a run that stopped are not reported
+                self._service = None
 
     def interrupt(self, groups: int = 1) -> int:
         """Cancel up to ``groups`` running groups of the concurrent schedule, from any thread; each is started
@@ -242,94 +234,23 @@ class LMRollout(CountedEpisodes):
         except (RuntimeError, concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
             return 0  # rollout stopped in the meantime: nothing is running to interrupt
 
-    def pop_service_metrics(self, prefix: str) -> dict[str, float]:
-        """The runner's environment service counters under ``prefix`` and the episode counts."""
+    def report(self) -> RolloutReport:
+        """Since the last report: the generate calls, the seconds the concurrent schedule ran no group (0.0 in the
+        sequential one), the weight syncs (None: sampling on the learner's own weights), the runner's environment
+        service and engine counters; and the episode counts."""
+        service = self._service
+        if service is not None:  # the concurrent schedule's, counting on the rollout thread
+            sizes, seconds = service.pop_batches()
+        else:
+            sizes, seconds = self.batch_sizes, self.generate_seconds
+            self.batch_sizes, self.generate_seconds = [], 0.0
         with self._lock:
-            account = self.account.metrics()
-        return {**self.runner.pop_service_metrics(prefix), **self.runner.pop_engine_metrics(), **account}
-
-    def pop_sync_seconds(self) -> float | None:
-        """Seconds spent publishing and loading weights since the last call (None: no weight sync)."""
-        return self.weights.pop_seconds() if self.weights is not None else None
+            idle, self.idle_seconds = self.idle_seconds, 0.0
+        counters = {**self.runner.pop_service_metrics("rollout"), **self.runner.pop_engine_metrics()}
+        return RolloutReport(sizes, seconds, idle, self.weights.pop_seconds() if self.weights is not None else None,
+                             counters, self.counted_episodes())
 
     def close(self) -> None:
         """Close the runner if it is this rollout's own (concurrent schedule); the driver closes its own."""
         if self.owns_runner:
             self.runner.close()
-
-    def pop_idle_seconds(self) -> float:
-        """Seconds the concurrent schedule ran no group, since the last call (0.0 in the sequential one)."""
-        with self._lock:
-            seconds, self.idle_seconds = self.idle_seconds, 0.0
-            return seconds
-
-    def pop_generation(self) -> tuple[list[int], float]:
-        """Sizes of the generate calls and their seconds since the last call."""
-        engine = self._engine
-        if engine is not None:  # the concurrent schedule's engine, counting on the rollout thread
-            return engine.pop_batches()
-        sizes, seconds = self.batch_sizes, self.generate_seconds
-        self.batch_sizes, self.generate_seconds = [], 0.0
-        return sizes, seconds
-
-
-def group_signal_metrics(scores: torch.Tensor, correct: list[bool], group_size: int) -> dict[str, float]:
-    """How many prompt groups can teach anything. ``scores``: (B,) episode returns, group after group;
-    ``correct``: whether each episode completed the task.
-
-    - ``rollout/uniform_group_fraction``: groups whose returns are all equal: a group-relative advantage is zero
-      for every episode of such a group, so it contributes no gradient (GRPO, RLOO);
-    - ``rollout/unsolved_group_fraction``: groups in which no episode completed the task;
-    - ``rollout/solved_group_fraction``: groups in which every episode did.
-    """
-    grouped = torch.tensor(correct, dtype=torch.bool).view(-1, group_size)
-    uniform = scores.view(-1, group_size).std(dim=1) == 0 if group_size > 1 else torch.zeros(1, dtype=torch.bool)
-    return {"rollout/uniform_group_fraction": float(uniform.float().mean()),
-            "rollout/unsolved_group_fraction": float((~grouped.any(dim=1)).float().mean()),
-            "rollout/solved_group_fraction": float(grouped.all(dim=1).float().mean())}
-
-
-def mixed_returns(group: Group) -> bool:
-    """Whether the episodes of ``group`` differ in return, so that a group-relative advantage is not zero for
-    all of them (the test of dynamic sampling; ``rollout/uniform_group_fraction`` counts the groups failing it)."""
-    return len({t.reward for t in group.items}) > 1
-
-
-def group_index(groups: list[Group]) -> list[int]:
-    """The group of each episode of ``groups`` (all their items, in order) for the group estimators: the
-    episodes of one ``Group`` that play one role (all of them, in a one-role task)."""
-    numbers: dict[tuple, int] = {}
-    return [numbers.setdefault((number, t.role), len(numbers)) for number, g in enumerate(groups) for t in g.items]
-
-
-def rollout_batch(groups: list[Group], rollout: Rollout, version: int, seconds: float, *, group_size: int,
-                  pad_id: int, tools: bool, offline: list[Group] = ()) -> tuple[LMBatch, dict[str, float]]:
-    """The learner's batch from ``groups`` (group after group, each ``group_size`` episodes per role, padded
-    with ``pad_id``), then the ``offline`` groups, and the rollout metrics of the step (of ``groups`` only), read
-    from ``rollout``'s reporting methods; ``seconds`` is the step's time spent waiting for rollout; ``tools``:
-    the episodes may call tools (their metrics are reported)."""
-    group = group_size
-    trajectories = [t for g in groups for t in g.items]
-    episodes = trajectories + [t for g in offline for t in g.items]
-    batch = LMBatch.from_trajectories(episodes, pad_id, version=version, groups=group_index([*groups, *offline]))
-    online = sum(len(t.rows) for t in trajectories)  # rows: an episode's side ones included
-    scores = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)  # (episodes,)
-    lengths = batch.completion_mask[:online].sum(1)
-    sizes, generate_seconds = rollout.pop_generation()
-    metrics = {"rollout/reward_mean": float(scores.mean()), "rollout/reward_std": float(scores.std()),
-               "rollout/response_length_max": float(lengths.max()), "rollout/generated_tokens": float(lengths.sum()),
-               "timing/generate": generate_seconds,
-               # generation and environment steps interleave: env is the rollout time not spent generating
-               "timing/env": max(seconds - generate_seconds, 0.0)}
-    if sizes:
-        metrics["rollout/generate_batch_mean"] = statistics.fmean(sizes)
-    metrics.update(episode_metrics(trajectories, "rollout", group_size=group, tools=tools))
-    metrics.update(role_metrics(trajectories, "rollout", tools=tools))
-    metrics.update(reward_term_metrics(trajectories, "rollout"))
-    metrics.update(rollout.pop_service_metrics("rollout"))
-    metrics.update(group_signal_metrics(scores, [t.correct for t in trajectories], group))
-    metrics.update(staleness_histogram(batch.ages[:online], batch.completion_mask[:online], "async/staleness_token"))
-    sync_seconds = rollout.pop_sync_seconds()
-    if sync_seconds is not None:
-        metrics["timing/weight_sync"] = sync_seconds
-    return batch, metrics

@@ -68,7 +68,7 @@ from unipg.runtime.backends.ray_setup import (  # connect: here, where tests rep
     start_worker,
     wait_ready,
 )
-from unipg.runtime.driver import CountedEpisodes, EpisodeAccount
+from unipg.runtime.driver import CountedEpisodes, EpisodeAccount, RolloutReport
 from unipg.runtime.replay import Group, ProducerFailed, ReplayBuffer, StalenessGate
 from unipg.sample.endpoint_agents import AgentStats
 from unipg.envs.service import ServiceStats
@@ -344,36 +344,24 @@ class RayRollout(CountedEpisodes):
             if report["agent"] is not None:
                 self.agent.merge(report["agent"])
 
-    def pop_generation(self) -> tuple[list[int], float]:
-        """Sizes of the workers' generate calls and their seconds, reported with their results since the last call."""
+    def report(self) -> RolloutReport:
+        """Since the last report: the workers' generate calls (reported with their results), the seconds the
+        concurrent schedule had no group in flight, the seconds spent putting weights into the object store, the
+        workers' environment service (and external agent) counters and the worker and actor restarts; and the
+        episode counts."""
         with self._lock:
-            sizes, seconds = self.batch_sizes, self.generate_seconds
-            self.batch_sizes, self.generate_seconds = [], 0.0
-            return sizes, seconds
-
-    def pop_service_metrics(self, prefix: str) -> dict[str, float]:
-        """The workers' environment service counters, the episode counts and the worker and actor restarts."""
-        with self._lock:
+            sizes, seconds, idle = self.batch_sizes, self.generate_seconds, self.idle_seconds
+            self.batch_sizes, self.generate_seconds, self.idle_seconds = [], 0.0, 0.0
             stats, self.service = self.service, ServiceStats()
-            metrics = stats.metrics(prefix) if self.uses_tools else {}
+            counters = stats.metrics("rollout") if self.uses_tools else {}
             if self.agent is not None:
-                metrics.update(self.agent.pop().metrics(prefix))
-            metrics.update(self.account.metrics())
-            metrics["ray/worker_restarts"] = float(self.worker_restarts)
+                counters.update(self.agent.pop().metrics("rollout"))
+            counters["ray/worker_restarts"] = float(self.worker_restarts)
             if self.env_actors:
-                metrics["ray/env_restarts"] = float(self.env_restarts)
-        return metrics
-
-    def pop_sync_seconds(self) -> float | None:
-        """Seconds spent putting weights into the object store since the last call."""
-        seconds, self.sync_seconds = self.sync_seconds, 0.0
-        return seconds
-
-    def pop_idle_seconds(self) -> float:
-        """Seconds the concurrent schedule had no group in flight, since the last call."""
-        with self._lock:
-            seconds, self.idle_seconds = self.idle_seconds, 0.0
-            return seconds
+                counters["ray/env_restarts"] = float(self.env_restarts)
+            episodes = EpisodeAccount(**self.account.state())
+        sync, self.sync_seconds = self.sync_seconds, 0.0
+        return RolloutReport(sizes, seconds, idle, sync, counters, episodes)
 
     # -- shutdown ----------------------------------------------------------------------------------------
 
