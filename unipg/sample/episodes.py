@@ -14,7 +14,6 @@ import json
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
-from dataclasses import dataclass
 
 import torch
 
@@ -106,15 +105,6 @@ def demonstration_pairs(tokenizer, task: Task, config: Config, examples: list[Ex
     return [(encoders[role].render(observation), solution if isinstance(solution, str)
              else template.demonstration([in_format(message) for message in solution]))
             for role, observation, solution in shown]
-
-
-@dataclass
-class Episodes:
-    """What ``EpisodeRunner.run`` returns: the episodes, and what generating them took."""
-
-    trajectories: list[Trajectory]  # one per example (per role with ``all_roles``), in input order
-    batch_sizes: list[int]  # sequences in each generate call
-    generate_seconds: float  # seconds spent in those calls
 
 
 @dataclass
