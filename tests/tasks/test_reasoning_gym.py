@@ -70,4 +70,4 @@ def test_a_text_answer_between_answer_tags_is_scored_and_counted_correct():
     reward_fn = build_rewards(task.rewards)
     right = asyncio.run(final_answer_reward(reward_fn, example, f"<answer>{example.answer}</answer>"))
     wrong = asyncio.run(final_answer_reward(reward_fn, example, "<answer>zzz</answer>"))
-    assert (right[0], right[1]["correct"]) == (1.0, True) and (wrong[0], wrong[1]["correct"]) == (0.0, False)
+    assert (right[0], right[1].correct) == (1.0, True) and (wrong[0], wrong[1].correct) == (0.0, False)
