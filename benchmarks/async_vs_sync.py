@@ -31,33 +31,58 @@ from unipg.observe.metrics import read_metrics
 from unipg.runtime.lm import train_lm
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "calculator_agent.yaml"
-OBJECTIVES = {"ppo": [], "decoupled_ppo": ["estimator.policy_loss=decoupled_ppo"],
-              "truncated_is": ["estimator.off_policy_weight=truncated_is"],
-              "age_decay": ["estimator.off_policy_weight=age_decay"]}
+OBJECTIVES = {
+    "ppo": [],
+    "decoupled_ppo": ["estimator.policy_loss=decoupled_ppo"],
+    "truncated_is": ["estimator.off_policy_weight=truncated_is"],
+    "age_decay": ["estimator.off_policy_weight=age_decay"],
+}
 # --smoke: a tiny run of the same code path, to check that the script still runs (its figures mean nothing)
-SMOKE = ["task.options={digits: 1, num_train: 16, num_test: 4, tool_demonstrations: 1.0}", "model.warm_start=false",
-         "train.batch_size=8", "train.mini_batch_size=8", "train.micro_batch_size=8", "sample.samples_per_prompt=4",
-         "sample.max_new_tokens=8", "agent.max_total_tokens=40", "eval.max_examples=4", "eval.pass_k=0"]
+SMOKE = [
+    "task.options={digits: 1, num_train: 16, num_test: 4, tool_demonstrations: 1.0}",
+    "model.warm_start=false",
+    "train.batch_size=8",
+    "train.mini_batch_size=8",
+    "train.micro_batch_size=8",
+    "sample.samples_per_prompt=4",
+    "sample.max_new_tokens=8",
+    "agent.max_total_tokens=40",
+    "eval.max_examples=4",
+    "eval.pass_k=0",
+]
 
 
 def run(mode: str, args, output_dir: str) -> dict[str, float]:
     latency = f"{{kind: lognormal, seconds: {args.latency}, sigma: {args.sigma}}}"
-    overrides = [f"task.tools=[{{name: calculator, latency: {latency}}}]", f"train.updates={args.updates}",
-                 f"eval.every_updates={args.updates}", f"eval.max_examples={args.eval_examples}",
-                 f"log.output_dir={output_dir}", f"log.run_name={mode}", "log.progress=false",
-                 "log.tensorboard=false", "log.monitor=false", "checkpoint.every_updates=0",
-                 "agent.tool_timeout=60", f"seed={args.seed}", f"agent.batch_wait_ms={args.batch_wait_ms}"]
+    overrides = [
+        f"task.tools=[{{name: calculator, latency: {latency}}}]",
+        f"train.updates={args.updates}",
+        f"eval.every_updates={args.updates}",
+        f"eval.max_examples={args.eval_examples}",
+        f"log.output_dir={output_dir}",
+        f"log.run_name={mode}",
+        "log.progress=false",
+        "log.tensorboard=false",
+        "log.monitor=false",
+        "checkpoint.every_updates=0",
+        "agent.tool_timeout=60",
+        f"seed={args.seed}",
+        f"agent.batch_wait_ms={args.batch_wait_ms}",
+    ]
     if mode == "async":
-        overrides += [f"runtime.max_staleness={args.eta}", "runtime.schedule=concurrent",
-                      *OBJECTIVES[args.objective]]
+        overrides += [f"runtime.max_staleness={args.eta}", "runtime.schedule=concurrent", *OBJECTIVES[args.objective]]
     config = load_config(CONFIG, overrides + (SMOKE if args.smoke else []))
     result = train_lm(config)
     steps = [r for r in read_metrics(result.run_dir) if "train/loss" in r]
-    return {"seconds": result.train_seconds, "trajectories_per_second": result.samples_per_second,
-            "learner_idle": statistics.fmean(r["timing/learner_idle_fraction"] for r in steps),
-            "staleness": statistics.fmean(r["async/staleness_trajectory_mean"] for r in steps),
-            "tool_calls": statistics.fmean(r.get("rollout/tool_calls", 0.0) for r in steps),
-            "initial": result.initial_eval["eval/pass@1"], "final": result.final_eval["eval/pass@1"]}
+    return {
+        "seconds": result.train_seconds,
+        "trajectories_per_second": result.samples_per_second,
+        "learner_idle": statistics.fmean(r["timing/learner_idle_fraction"] for r in steps),
+        "staleness": statistics.fmean(r["async/staleness_trajectory_mean"] for r in steps),
+        "tool_calls": statistics.fmean(r.get("rollout/tool_calls", 0.0) for r in steps),
+        "initial": result.initial_eval["eval/pass@1"],
+        "final": result.final_eval["eval/pass@1"],
+    }
 
 
 def main() -> None:
@@ -70,28 +95,42 @@ def main() -> None:
     parser.add_argument("--eval-examples", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--modes", nargs="+", default=["sync", "async"], choices=["sync", "async"])
-    parser.add_argument("--batch-wait-ms", type=float, default=5.0,
-                        help="how long the inference engine waits to fill a generate batch (both runs)")
+    parser.add_argument(
+        "--batch-wait-ms",
+        type=float,
+        default=5.0,
+        help="how long the inference engine waits to fill a generate batch (both runs)",
+    )
     parser.add_argument("--output-dir", help="keep the runs here (default: a temporary folder)")
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: checks that the script still runs, measures nothing")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes, a few seconds: checks that the script still runs, measures nothing",
+    )
     args = parser.parse_args()
     if args.smoke:
         args.updates, args.eta, args.latency, args.eval_examples = 2, 1, 0.01, 4
     tail = math.exp(2.3263 * args.sigma)
-    print(f"tool latency: log-normal, median {args.latency:g} s, p99 {args.latency * tail:.2f} s "
-          f"(p99/median {tail:.1f}); {args.updates} learner steps of 128 trajectories")
+    print(
+        f"tool latency: log-normal, median {args.latency:g} s, p99 {args.latency * tail:.2f} s "
+        f"(p99/median {tail:.1f}); {args.updates} learner steps of 128 trajectories"
+    )
     if args.output_dir:
         results = {mode: run(mode, args, args.output_dir) for mode in args.modes}
     else:
         with tempfile.TemporaryDirectory() as output_dir:
             results = {mode: run(mode, args, output_dir) for mode in args.modes}
-    print("\n| run | steps wall-clock (s) | trajectories/s | learner idle | staleness | tool calls/episode "
-          "| completion before → after |")
+    print(
+        "\n| run | steps wall-clock (s) | trajectories/s | learner idle | staleness | tool calls/episode "
+        "| completion before → after |"
+    )
     print("|---|---|---|---|---|---|---|")
     for mode, r in results.items():
         label = mode if mode == "sync" else f"async (η={args.eta}, {args.objective})"
-        print(f"| {label} | {r['seconds']:.0f} | {r['trajectories_per_second']:.2f} | {r['learner_idle']:.1%} "
-              f"| {r['staleness']:.2f} | {r['tool_calls']:.2f} | {r['initial']:.3f} → {r['final']:.3f} |")
+        print(
+            f"| {label} | {r['seconds']:.0f} | {r['trajectories_per_second']:.2f} | {r['learner_idle']:.1%} "
+            f"| {r['staleness']:.2f} | {r['tool_calls']:.2f} | {r['initial']:.3f} → {r['final']:.3f} |"
+        )
     if len(results) == 2:
         speedup = results["async"]["trajectories_per_second"] / results["sync"]["trajectories_per_second"]
         gap = 100 * (results["async"]["final"] - results["sync"]["final"])

@@ -55,20 +55,45 @@ CONFIG = Path(__file__).resolve().parents[1] / "configs" / "calculator_agent.yam
 
 
 # --smoke: a tiny run of the same code path, to check that the script still runs (its figures mean nothing)
-SMOKE = ["task.options={digits: 1, num_train: 16, num_test: 4, tool_demonstrations: 1.0}", "model.warm_start=false",
-         "train.batch_size=8", "train.mini_batch_size=8", "train.micro_batch_size=8", "sample.samples_per_prompt=4",
-         "sample.max_new_tokens=8", "agent.max_total_tokens=40", "eval.max_examples=4", "eval.pass_k=0"]
+SMOKE = [
+    "task.options={digits: 1, num_train: 16, num_test: 4, tool_demonstrations: 1.0}",
+    "model.warm_start=false",
+    "train.batch_size=8",
+    "train.mini_batch_size=8",
+    "train.micro_batch_size=8",
+    "sample.samples_per_prompt=4",
+    "sample.max_new_tokens=8",
+    "agent.max_total_tokens=40",
+    "eval.max_examples=4",
+    "eval.pass_k=0",
+]
 
 
 def configuration(args, output_dir: str, name: str, *extra: str):
-    faulty = (f"task.tools=[{{name: faulty, options: {{tool: calculator, raise_rate: {args.raise_rate}, "
-              f"hang_rate: {args.hang_rate}, garbage_rate: {args.garbage_rate}, huge_rate: {args.huge_rate}}}}}]")
-    overrides = ["task.options={digits: 3, operations: '*', tool_demonstrations: 1.0}", faulty,
-                 "agent.tool_timeout=1.0", "agent.tool_retries=1", f"train.updates={args.updates}",
-                 "train.batch_size=64", "train.mini_batch_size=64", "train.micro_batch_size=32",
-                 "eval.every_updates=1000", "eval.max_examples=32", "checkpoint.every_updates=2",
-                 "rollback.enabled=true", f"log.output_dir={output_dir}", f"log.run_name={name}",
-                 "log.progress=false", "log.tensorboard=false", *extra, *(SMOKE if args.smoke else [])]
+    faulty = (
+        f"task.tools=[{{name: faulty, options: {{tool: calculator, raise_rate: {args.raise_rate}, "
+        f"hang_rate: {args.hang_rate}, garbage_rate: {args.garbage_rate}, huge_rate: {args.huge_rate}}}}}]"
+    )
+    overrides = [
+        "task.options={digits: 3, operations: '*', tool_demonstrations: 1.0}",
+        faulty,
+        "agent.tool_timeout=1.0",
+        "agent.tool_retries=1",
+        f"train.updates={args.updates}",
+        "train.batch_size=64",
+        "train.mini_batch_size=64",
+        "train.micro_batch_size=32",
+        "eval.every_updates=1000",
+        "eval.max_examples=32",
+        "checkpoint.every_updates=2",
+        "rollback.enabled=true",
+        f"log.output_dir={output_dir}",
+        f"log.run_name={name}",
+        "log.progress=false",
+        "log.tensorboard=false",
+        *extra,
+        *(SMOKE if args.smoke else []),
+    ]
     return overrides
 
 
@@ -142,8 +167,15 @@ def tool_faults(runtime) -> Counter:
 def run_phase(args, backend: str, output_dir: str) -> dict:
     extra = ["runtime.max_staleness=1", "runtime.schedule=concurrent", f"backend={backend}"]
     if backend == "ray":
-        extra += ["ray.rollout_workers=2", "ray.env_workers=1", "ray.episodes_per_worker=32",
-                  "ray.rollout_num_cpus=0.5", "ray.env_num_cpus=0", "ray.max_restarts=100", "ray.max_attempts=5"]
+        extra += [
+            "ray.rollout_workers=2",
+            "ray.env_workers=1",
+            "ray.episodes_per_worker=32",
+            "ray.rollout_num_cpus=0.5",
+            "ray.env_num_cpus=0",
+            "ray.max_restarts=100",
+            "ray.max_attempts=5",
+        ]
     config = load_config(CONFIG, configuration(args, output_dir, backend, *extra))
     start, error = time.time(), None
     with Chaos(args, backend) as chaos:
@@ -162,38 +194,54 @@ def run_phase(args, backend: str, output_dir: str) -> dict:
     trained = int(last.get("train/samples", 0))
     dropped = int(sum(r.get("async/dropped_stale", 0) + r.get("async/evicted", 0) for r in records))
     left = len(runtime.buffer) if runtime is not None else 0
-    balance = account["started"] - sum(account[p] for p in ("finished", "failed", "requeued", "cancelled",
-                                                               "in_flight"))
+    balance = account["started"] - sum(account[p] for p in ("finished", "failed", "requeued", "cancelled", "in_flight"))
     unconsumed = account["finished"] - trained - dropped - left
-    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()] \
-        if (run_dir / "events.jsonl").is_file() else []
+    events = (
+        [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+        if (run_dir / "events.jsonl").is_file()
+        else []
+    )
     try:
         final = load_checkpoint(CheckpointStore(run_dir / "checkpoints").latest())
         loads = final.step == args.updates and all(torch.isfinite(t).all() for t in final.tensors["policy"].values())
     except Exception:  # noqa: BLE001 — reported as "does not load"
         loads = False
     agent = config.agent  # what cuts a hung group: tool timeouts in-process, ray.episode_timeout on Ray
-    bound = (config.ray.episode_timeout if backend == "ray" else
-             (agent.max_turns or 2) * (agent.tool_retries + 1) * agent.tool_timeout)
-    return {"phase": backend, "error": error, "seconds": time.time() - start, "injected": dict(injected),
-            "updates": len(records), "steps_ok": steps == list(range(1, args.updates + 1)), "account": account,
-            "lost": abs(balance) + abs(unconsumed), "trained": trained,
-            "dropped": dropped, "left_in_buffer": left,
-            "skipped_updates": sum(e["event"] == "skipped_update" for e in events),
-            "rollbacks": sum(e["event"] == "rollback" for e in events), "final_checkpoint_loads": loads,
-            "learner_wait_max": max((r["timing/learner_wait"] for r in records[1:]), default=0.0),
-            "group_bound": bound,
-            "tool_failures": sum(r.get("rollout/tool_failures", 0) for r in records),
-            "tool_timeouts": sum(r.get("rollout/tool_timeouts", 0) for r in records),
-            "worker_restarts": last.get("ray/worker_restarts")}
+    bound = (
+        config.ray.episode_timeout
+        if backend == "ray"
+        else (agent.max_turns or 2) * (agent.tool_retries + 1) * agent.tool_timeout
+    )
+    return {
+        "phase": backend,
+        "error": error,
+        "seconds": time.time() - start,
+        "injected": dict(injected),
+        "updates": len(records),
+        "steps_ok": steps == list(range(1, args.updates + 1)),
+        "account": account,
+        "lost": abs(balance) + abs(unconsumed),
+        "trained": trained,
+        "dropped": dropped,
+        "left_in_buffer": left,
+        "skipped_updates": sum(e["event"] == "skipped_update" for e in events),
+        "rollbacks": sum(e["event"] == "rollback" for e in events),
+        "final_checkpoint_loads": loads,
+        "learner_wait_max": max((r["timing/learner_wait"] for r in records[1:]), default=0.0),
+        "group_bound": bound,
+        "tool_failures": sum(r.get("rollout/tool_failures", 0) for r in records),
+        "tool_timeouts": sum(r.get("rollout/tool_timeouts", 0) for r in records),
+        "worker_restarts": last.get("ray/worker_restarts"),
+    }
 
 
 KILLED_RUN = "import sys\nfrom unipg.cli import main\nsys.argv = ['unipg', 'train', *sys.argv[1:]]\nmain()\n"
 
 
 def sigkill_phase(args, output_dir: str) -> dict:
-    overrides = configuration(args, output_dir, "reference", "deterministic=true", "checkpoint.every_updates=1",
-                              "rollback.enabled=false")
+    overrides = configuration(
+        args, output_dir, "reference", "deterministic=true", "checkpoint.every_updates=1", "rollback.enabled=false"
+    )
     reference = text.train_lm(load_config(CONFIG, overrides)).run_dir
     rng, kills, runs, run_dir = random.Random(args.seed), 0, 0, Path(output_dir) / "killed"
     named = [o for o in overrides if not o.startswith("log.run_name=")] + ["log.run_name=killed"]
@@ -201,8 +249,12 @@ def sigkill_phase(args, output_dir: str) -> dict:
         started = (run_dir / "checkpoints").is_dir() and CheckpointStore(run_dir / "checkpoints").latest() is not None
         if not started:  # killed before its first checkpoint: start again (a resumed run needs one)
             shutil.rmtree(run_dir, ignore_errors=True)
-        command = [sys.executable, "-c", KILLED_RUN,
-                   *(["--resume", str(run_dir)] if started else ["--config", str(CONFIG), *named])]
+        command = [
+            sys.executable,
+            "-c",
+            KILLED_RUN,
+            *(["--resume", str(run_dir)] if started else ["--config", str(CONFIG), *named]),
+        ]
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         runs += 1
         if kills < args.kills:
@@ -218,36 +270,51 @@ def sigkill_phase(args, output_dir: str) -> dict:
     resumed = load_checkpoint(CheckpointStore(run_dir / "checkpoints").latest()).tensors["policy"]
     equal = full.keys() == resumed.keys() and all(torch.equal(full[k], resumed[k]) for k in full)
     steps = [r["step"] for r in read_metrics(run_dir)]
-    return {"phase": "sigkill", "kills": kills, "runs": runs, "bitwise_equal": equal,
-            "steps_ok": steps == list(range(0, args.updates + 1))}
+    return {
+        "phase": "sigkill",
+        "kills": kills,
+        "runs": runs,
+        "bitwise_equal": equal,
+        "steps_ok": steps == list(range(0, args.updates + 1)),
+    }
 
 
 def report(results: list[dict], args) -> None:
-    print(f"\nfault rates: raise {args.raise_rate}, hang {args.hang_rate}, garbage {args.garbage_rate}, "
-          f"huge {args.huge_rate}; {args.updates} updates of 64 episodes")
-    print("| phase | survived | faults injected | episodes started / finished / requeued / failed / cancelled | "
-          "lost | metrics steps | final checkpoint | longest learner wait |")
+    print(
+        f"\nfault rates: raise {args.raise_rate}, hang {args.hang_rate}, garbage {args.garbage_rate}, "
+        f"huge {args.huge_rate}; {args.updates} updates of 64 episodes"
+    )
+    print(
+        "| phase | survived | faults injected | episodes started / finished / requeued / failed / cancelled | "
+        "lost | metrics steps | final checkpoint | longest learner wait |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
         if r["phase"] == "sigkill":
             continue
         a, faults = r["account"], ", ".join(f"{k} {v}" for k, v in sorted(r["injected"].items()))
-        print(f"| {r['phase']} | {'yes' if r['error'] is None and r['updates'] == args.updates else 'NO'} | {faults} | "
-              f"{a['started']} / {a['finished']} / {a['requeued']} / {a['failed']} / {a['cancelled']} | {r['lost']} | "
-              f"{'each once' if r['steps_ok'] else 'GAP OR REPEAT'} | "
-              f"{'loads' if r['final_checkpoint_loads'] else 'NO'} | {r['learner_wait_max']:.1f} s "
-              f"(a hung group is cut after {r['group_bound']:.0f} s) |")
+        print(
+            f"| {r['phase']} | {'yes' if r['error'] is None and r['updates'] == args.updates else 'NO'} | {faults} | "
+            f"{a['started']} / {a['finished']} / {a['requeued']} / {a['failed']} / {a['cancelled']} | {r['lost']} | "
+            f"{'each once' if r['steps_ok'] else 'GAP OR REPEAT'} | "
+            f"{'loads' if r['final_checkpoint_loads'] else 'NO'} | {r['learner_wait_max']:.1f} s "
+            f"(a hung group is cut after {r['group_bound']:.0f} s) |"
+        )
     for r in results:
         if r["phase"] != "sigkill":
-            print(f"{r['phase']}: {r['seconds']:.0f} s; trained on {r['trained']}, dropped/evicted {r['dropped']}, "
-                  f"left in buffer {r['left_in_buffer']}; tool failures {r['tool_failures']:.0f}, timeouts "
-                  f"{r['tool_timeouts']:.0f}; skipped updates {r['skipped_updates']}, rollbacks {r['rollbacks']}"
-                  + (f"; worker restarts {r['worker_restarts']:.0f}" if r["worker_restarts"] is not None else "")
-                  + (f"; ERROR {r['error']}" if r["error"] else ""))
+            print(
+                f"{r['phase']}: {r['seconds']:.0f} s; trained on {r['trained']}, dropped/evicted {r['dropped']}, "
+                f"left in buffer {r['left_in_buffer']}; tool failures {r['tool_failures']:.0f}, timeouts "
+                f"{r['tool_timeouts']:.0f}; skipped updates {r['skipped_updates']}, rollbacks {r['rollbacks']}"
+                + (f"; worker restarts {r['worker_restarts']:.0f}" if r["worker_restarts"] is not None else "")
+                + (f"; ERROR {r['error']}" if r["error"] else "")
+            )
         else:
-            print(f"sigkill: {r['kills']} SIGKILLs over {r['runs']} runs; final weights equal to the uninterrupted "
-                  f"run bit for bit: {'yes' if r['bitwise_equal'] else 'NO'}; metrics steps "
-                  f"{'each once' if r['steps_ok'] else 'GAP OR REPEAT'}")
+            print(
+                f"sigkill: {r['kills']} SIGKILLs over {r['runs']} runs; final weights equal to the uninterrupted "
+                f"run bit for bit: {'yes' if r['bitwise_equal'] else 'NO'}; metrics steps "
+                f"{'each once' if r['steps_ok'] else 'GAP OR REPEAT'}"
+            )
 
 
 def main() -> None:
@@ -264,10 +331,19 @@ def main() -> None:
     parser.add_argument("--kill-every", type=float, default=30.0, help="seconds between killed Ray workers")
     parser.add_argument("--nan-updates", type=int, nargs="*", default=[3, 9])
     parser.add_argument("--kills", type=int, default=2, help="SIGKILLs of the sigkill phase")
-    parser.add_argument("--kill-after", type=float, nargs=2, default=[20.0, 60.0],
-                        help="a SIGKILL comes uniformly between these seconds after a (re)start")
+    parser.add_argument(
+        "--kill-after",
+        type=float,
+        nargs=2,
+        default=[20.0, 60.0],
+        help="a SIGKILL comes uniformly between these seconds after a (re)start",
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: checks that the script still runs, measures nothing")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes, a few seconds: checks that the script still runs, measures nothing",
+    )
     args = parser.parse_args()
     if args.smoke:  # the SIGKILL phase restarts a run several times: too long for a smoke run
         args.updates, args.nan_updates, args.interrupt_every, args.skip_sigkill = 3, [2], 0.5, True

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+import unipg  # noqa: F401  (before transformers: hides torch companions that do not match torch)
+
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ["task.options={digits: 1, num_train: 16, num_test: 4, tool_demonstrations: 1.0}"]
 
@@ -41,7 +43,6 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="an untrained model on a tiny task, in seconds")
     args = parser.parse_args()
 
-    import unipg  # noqa: F401  (first: hides torch companions that do not match torch)
     from transformers import AutoModelForCausalLM
 
     from unipg.config import load_config
@@ -55,8 +56,11 @@ def main() -> None:
     config = load_config(args.config, [f"model.name={path}", "model.warm_start=false", *(SMOKE if args.smoke else [])])
     tokenizer, model = load_tokenizer(path), AutoModelForCausalLM.from_pretrained(path).eval()
     task = TASKS.get(config.task.name)(**dict(config.task.options))
-    examples = [example for example in task.test[:args.examples] if not isinstance(example.solution, str)
-                and len(example.solution) >= 3]
+    examples = [
+        example
+        for example in task.test[: args.examples]
+        if not isinstance(example.solution, str) and len(example.solution) >= 3
+    ]
     evidence = call_evidence(model, tokenizer, task, config, examples)
     print(f"{config.task.name}, {len(examples)} held-out problems, model {args.model or 'embedded'}")
     print("call: " + ", ".join(f"{name} {value:.3f}" for name, value in evidence.items()))

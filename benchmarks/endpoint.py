@@ -27,8 +27,12 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "calculator_agent.yaml"
-SMOKE = ["task.options={digits: 1, num_train: 16, num_test: 4, tool_demonstrations: 1.0}", "model.warm_start=false",
-         "sample.max_new_tokens=8", "agent.max_total_tokens=40"]
+SMOKE = [
+    "task.options={digits: 1, num_train: 16, num_test: 4, tool_demonstrations: 1.0}",
+    "model.warm_start=false",
+    "sample.max_new_tokens=8",
+    "agent.max_total_tokens=40",
+]
 
 
 _TLS = ssl.create_default_context()  # built once: loading the CA bundle costs about 0.1 s of CPU per client
@@ -40,12 +44,20 @@ async def openai_agent(base_url: str, api_key: str, example) -> str:
 
     from unipg.tools.calculator import calculator
 
-    tools = [{"type": "function", "function": {"name": "calculator", "description": "Evaluate an expression.",
-                                               "parameters": {"type": "object", "properties": {
-                                                   "expression": {"type": "string"}}}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "calculator",
+                "description": "Evaluate an expression.",
+                "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+            },
+        }
+    ]
     messages = [{"role": "user", "content": example.prompt}]
-    async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0,
-                           http_client=DefaultAsyncHttpxClient(verify=_TLS)) as client:
+    async with AsyncOpenAI(
+        base_url=base_url, api_key=api_key, max_retries=0, http_client=DefaultAsyncHttpxClient(verify=_TLS)
+    ) as client:
         for _ in range(3):
             reply = (await client.chat.completions.create(model="unipg", messages=messages, tools=tools)).choices[0]
             messages.append(reply.message.model_dump(exclude_none=True))
@@ -82,8 +94,15 @@ async def request_overhead(policy, runner_engine, requests: int) -> tuple[float,
     from unipg.config.lm import EndpointConfig
     from unipg.sample.endpoint_agents import ExternalAgentLoop
 
-    loop = ExternalAgentLoop(runner_engine, policy.tokenizer, eos_ids=policy.eos_ids, endpoint=EndpointConfig(),
-                             max_tokens=16, context_length=policy.context_length, describe_tools=False)
+    loop = ExternalAgentLoop(
+        runner_engine,
+        policy.tokenizer,
+        eos_ids=policy.eos_ids,
+        endpoint=EndpointConfig(),
+        max_tokens=16,
+        context_length=policy.context_length,
+        describe_tools=False,
+    )
     messages = [{"role": "user", "content": "What is 123*456?"}]
     text = policy.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     context = policy.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -111,10 +130,10 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, no warm start: checks the script runs")
     args = parser.parse_args()
     from unipg.config import load_config
+    from unipg.inference import SamplingParams
     from unipg.learn.warm_start import resolve_warm_start
     from unipg.policy.loading import policy_from_config
     from unipg.sample.episodes import EpisodeRunner
-    from unipg.inference import SamplingParams
     from unipg.tasks.base import make_task
 
     episodes, concurrency, requests = (8, 4, 3) if args.smoke else (args.episodes, args.concurrency, args.requests)
@@ -125,13 +144,18 @@ def main() -> None:
     examples = [task.test[index % len(task.test)] for index in range(episodes)]
     engine = EpisodeRunner(policy, task, config, None).inference_service(None, params=SamplingParams(temperature=0.0))
     direct, served = asyncio.run(request_overhead(policy, engine, requests))
-    print(f"per request ({requests} sequential greedy 16-token calls): engine {direct:.1f} ms, "
-          f"endpoint {served:.1f} ms, overhead {served - direct:.1f} ms")
+    print(
+        f"per request ({requests} sequential greedy 16-token calls): engine {direct:.1f} ms, "
+        f"endpoint {served:.1f} ms, overhead {served - direct:.1f} ms"
+    )
     print(f"\n{episodes} calculator episodes, {concurrency} at once\n")
     print("| agent | episodes/s | vs built-in | completion rate |")
     print("|---|---|---|---|")
-    rows = [("built-in agent loop", None), ("openai client agent", f"{__file__}:openai_agent"),
-            ("OpenAI Agents SDK agent", f"{ROOT / 'examples' / 'openai_agent' / 'agent.py'}:run")]
+    rows = [
+        ("built-in agent loop", None),
+        ("openai client agent", f"{__file__}:openai_agent"),
+        ("OpenAI Agents SDK agent", f"{ROOT / 'examples' / 'openai_agent' / 'agent.py'}:run"),
+    ]
     baseline = None
     for name, agent in rows:
         rate, completion = episodes_per_second(config, task, policy, agent, examples)

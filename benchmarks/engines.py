@@ -29,11 +29,11 @@ import time
 import torch
 
 from unipg.config import load_config
+from unipg.envs.base import StepResult
+from unipg.inference import ENGINES, SamplingParams
 from unipg.policy.chat import TurnTemplate
 from unipg.policy.loading import load_lm_policy
 from unipg.sample.agent import AgentLoop
-from unipg.inference import ENGINES, SamplingParams
-from unipg.envs.base import StepResult
 from unipg.tasks.base import Example
 
 
@@ -55,8 +55,10 @@ class SlowToolEnv:
 
 
 def prompt_ids(policy, count: int) -> list[list[int]]:
-    return [policy.tokenizer(f"<|user|>Question {i}: what is {i} * {i + 7}?<|end|><|assistant|>")["input_ids"]
-            for i in range(count)]
+    return [
+        policy.tokenizer(f"<|user|>Question {i}: what is {i} * {i + 7}?<|end|><|assistant|>")["input_ids"]
+        for i in range(count)
+    ]
 
 
 def single_turn(service, prompts: list[list[int]], new_tokens: int) -> float:
@@ -65,8 +67,9 @@ def single_turn(service, prompts: list[list[int]], new_tokens: int) -> float:
     async def run():
         async with service.running():
             start = time.perf_counter()
-            outputs = await asyncio.gather(*(service.generate(p, max_new_tokens=new_tokens, order=i)
-                                             for i, p in enumerate(prompts)))
+            outputs = await asyncio.gather(
+                *(service.generate(p, max_new_tokens=new_tokens, order=i) for i, p in enumerate(prompts))
+            )
             return sum(len(o.token_ids) for o in outputs) / (time.perf_counter() - start)
 
     return asyncio.run(run())
@@ -75,13 +78,21 @@ def single_turn(service, prompts: list[list[int]], new_tokens: int) -> float:
 def multi_turn(service, policy, args) -> tuple[float, float]:
     """Episodes per second and prefill tokens per turn."""
     rng = random.Random(args.seed)
-    delays = [[args.latency * rng.lognormvariate(0.0, args.sigma) for _ in range(args.turns)]
-              for _ in range(args.episodes)]
+    delays = [
+        [args.latency * rng.lognormvariate(0.0, args.sigma) for _ in range(args.turns)] for _ in range(args.episodes)
+    ]
     envs = [SlowToolEnv(args.turns, d) for d in delays]
     examples = [Example(policy.decode(ids), "", "") for ids in prompt_ids(policy, args.episodes)]
     encode = lambda text: policy.tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
-    loop = AgentLoop(service, TurnTemplate(policy.tokenizer), encode, max_turns=args.turns,
-                     max_new_tokens=args.turn_tokens, max_total_tokens=400, context_length=policy.context_length)
+    loop = AgentLoop(
+        service,
+        TurnTemplate(policy.tokenizer),
+        encode,
+        max_turns=args.turns,
+        max_new_tokens=args.turn_tokens,
+        max_total_tokens=400,
+        context_length=policy.context_length,
+    )
     start = time.perf_counter()
     asyncio.run(loop.run_episodes(envs, examples))
     seconds = time.perf_counter() - start
@@ -128,17 +139,37 @@ def vllm_alone(policy, config, args) -> dict[str, float]:
     folder = resolve_model_name(config.model.name)
     start = time.perf_counter()
     settings = vars(engine_args(folder, policy, config.sample, dtype="float32", seed=args.seed, lora_rank=0))
-    llm = vllm.LLM(**{k: v for k, v in settings.items() if k in ("model", "tokenizer", "dtype", "seed",
-                   "max_model_len", "enable_prefix_caching", "logprobs_mode", "enforce_eager",
-                   "kv_cache_memory_bytes", "gpu_memory_utilization", "block_size",
-                   "enable_chunked_prefill")}, disable_log_stats=True)
+    llm = vllm.LLM(
+        **{
+            k: v
+            for k, v in settings.items()
+            if k
+            in (
+                "model",
+                "tokenizer",
+                "dtype",
+                "seed",
+                "max_model_len",
+                "enable_prefix_caching",
+                "logprobs_mode",
+                "enforce_eager",
+                "kv_cache_memory_bytes",
+                "gpu_memory_utilization",
+                "block_size",
+                "enable_chunked_prefill",
+            )
+        },
+        disable_log_stats=True,
+    )
     load = time.perf_counter() - start
-    params = vllm.SamplingParams(max_tokens=args.new_tokens, temperature=1.0, ignore_eos=True, logprobs=0,
-                                 seed=args.seed)
+    params = vllm.SamplingParams(
+        max_tokens=args.new_tokens, temperature=1.0, ignore_eos=True, logprobs=0, seed=args.seed
+    )
     for _ in range(2):  # the first pass warms up, as for the unipg engines
         start = time.perf_counter()
-        outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids(policy, args.prompts)], params,
-                               use_tqdm=False)
+        outputs = llm.generate(
+            [{"prompt_token_ids": ids} for ids in prompt_ids(policy, args.prompts)], params, use_tqdm=False
+        )
         tokens = sum(len(o.outputs[0].token_ids) for o in outputs) / (time.perf_counter() - start)
     llm.llm_engine.engine_core.shutdown()
     return {"tokens/s": tokens, "load s": load}
@@ -155,8 +186,12 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.05, help="median tool delay, seconds")
     parser.add_argument("--sigma", type=float, default=1.2, help="log-space σ of the tool delay")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (as vLLM serves on CPU; more "
-                        "threads than free cores make every engine spin)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (as vLLM serves on CPU; more threads than free cores make every engine spin)",
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: check that the script runs")
     args = parser.parse_args()
     if args.smoke:
@@ -167,17 +202,21 @@ def main() -> None:
     policy = load_lm_policy(args.model)
     args.policy_load = time.perf_counter() - start
     policy.eos_ids = []  # every engine samples exactly --new-tokens / --turn-tokens tokens
-    results = {"unipg hf": unipg_engine("hf", policy, config, args),
-               "unipg vllm": unipg_engine("vllm", policy, config, args),
-               "vLLM alone": vllm_alone(policy, config, args)}
+    results = {
+        "unipg hf": unipg_engine("hf", policy, config, args),
+        "unipg vllm": unipg_engine("vllm", policy, config, args),
+        "vLLM alone": vllm_alone(policy, config, args),
+    }
     columns = ["tokens/s", "episodes/s", "prefill/turn", "load s", "sync s"]
     print(f"\n{'engine':<12}" + "".join(f"{c:>14}" for c in columns))
     for name, row in results.items():
         print(f"{name:<12}" + "".join(f"{row[c]:>14.3f}" if c in row else f"{'-':>14}" for c in columns))
     hf, vl, alone = results["unipg hf"], results["unipg vllm"], results["vLLM alone"]
-    print(f"\nvllm / hf tokens/s: {vl['tokens/s'] / hf['tokens/s']:.2f}×   vllm / hf episodes/s: "
-          f"{vl['episodes/s'] / hf['episodes/s']:.2f}×   unipg vllm / vLLM alone tokens/s: "
-          f"{vl['tokens/s'] / alone['tokens/s']:.0%}")
+    print(
+        f"\nvllm / hf tokens/s: {vl['tokens/s'] / hf['tokens/s']:.2f}×   vllm / hf episodes/s: "
+        f"{vl['episodes/s'] / hf['episodes/s']:.2f}×   unipg vllm / vLLM alone tokens/s: "
+        f"{vl['tokens/s'] / alone['tokens/s']:.0%}"
+    )
 
 
 if __name__ == "__main__":

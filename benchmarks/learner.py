@@ -58,17 +58,33 @@ def skewed_batch(count: int, long_length: int, seed: int = 0) -> LMBatch:
     for row, length in enumerate(lengths):
         ids[row, :length] = torch.randint(8, 90, (length,), generator=generator)
         real[row, :length] = 1
-    batch = LMBatch(input_ids=torch.cat([prompt_ids, ids], 1), attention_mask=torch.cat([prompt_mask, real.long()], 1),
-                    completion_mask=real, behaviour_logprobs=-4.0 * real, scores=torch.zeros(count))
+    batch = LMBatch(
+        input_ids=torch.cat([prompt_ids, ids], 1),
+        attention_mask=torch.cat([prompt_mask, real.long()], 1),
+        completion_mask=real,
+        behaviour_logprobs=-4.0 * real,
+        scores=torch.zeros(count),
+    )
     batch.advantages = torch.randn(real.shape, generator=generator) * real
     return batch
 
 
 def learner(model_name: str, count: int, *overrides: str) -> LMLearner:
     torch.manual_seed(0)
-    config = load_config(None, ["task.name=arithmetic", "algorithm=grpo", f"train.batch_size={count}",
-                                f"train.mini_batch_size={count}", "train.num_epochs=1", "estimator.kl_coef=0.0",
-                                f"sample.samples_per_prompt={GROUP}", "sample.max_new_tokens=512", *overrides])
+    config = load_config(
+        None,
+        [
+            "task.name=arithmetic",
+            "algorithm=grpo",
+            f"train.batch_size={count}",
+            f"train.mini_batch_size={count}",
+            "train.num_epochs=1",
+            "estimator.kl_coef=0.0",
+            f"sample.samples_per_prompt={GROUP}",
+            "sample.max_new_tokens=512",
+            *overrides,
+        ],
+    )
     return LMLearner(load_lm_policy(model_name), config)
 
 
@@ -87,8 +103,13 @@ def bare_step(model, optimizer, batch: LMBatch, groups: list[torch.Tensor]) -> N
     """Forward, −Σ log-prob of the completion tokens, backward and AdamW on pre-packed micro-batches."""
     optimizer.zero_grad(set_to_none=True)
     for packing in groups:
-        logits = model(input_ids=packing.input_ids, position_ids=packing.position_ids, attention_mask=None,
-                       use_cache=False, logits_to_keep=packing.predictors).logits[0]
+        logits = model(
+            input_ids=packing.input_ids,
+            position_ids=packing.position_ids,
+            attention_mask=None,
+            use_cache=False,
+            logits_to_keep=packing.predictors,
+        ).logits[0]
         logprobs = torch.log_softmax(logits.float(), -1).gather(-1, packing.targets[:, None])
         (-logprobs.sum() / len(batch.scores)).backward()
     optimizer.step()
@@ -100,14 +121,20 @@ def throughput(model_name: str, batch: LMBatch, padded_micro: int, repeats: int)
     budget = -(-tokens // -(-count // padded_micro))
     packed = learner(model_name, count, f"train.max_tokens_per_micro_batch={budget}")
     rows = packed.micro_batches(batch, torch.arange(count))
-    results = {"tokens": tokens, "budget": budget, "packed_micro_batches": len(rows),
-               "padded_micro_batches": -(-count // padded_micro),
-               "padded_s": timed(lambda: padded.update(batch), repeats),
-               "packed_s": timed(lambda: packed.update(batch), repeats)}
+    results = {
+        "tokens": tokens,
+        "budget": budget,
+        "packed_micro_batches": len(rows),
+        "padded_micro_batches": -(-count // padded_micro),
+        "padded_s": timed(lambda: padded.update(batch), repeats),
+        "packed_s": timed(lambda: packed.update(batch), repeats),
+    }
     model = load_causal_lm(model_name)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
-    packings = [pack_rows(sub.input_ids, sub.attention_mask, sub.completion_length)
-                for sub in (batch.rows(index) for index in rows)]
+    packings = [
+        pack_rows(sub.input_ids, sub.attention_mask, sub.completion_length)
+        for sub in (batch.rows(index) for index in rows)
+    ]
     results["bare_s"] = timed(lambda: bare_step(model, optimizer, batch, packings), repeats)
     return results
 
@@ -160,18 +187,24 @@ def main() -> None:
     batch = skewed_batch(args.trajectories, args.long)
     result = throughput(model_name, batch, args.micro, args.repeats)
     tokens = result["tokens"]
-    print(f"model {args.model}, {args.trajectories} trajectories, {tokens} real tokens "
-          f"({batch.attention_mask.numel()} padded), {args.threads} thread(s)")
+    print(
+        f"model {args.model}, {args.trajectories} trajectories, {tokens} real tokens "
+        f"({batch.attention_mask.numel()} padded), {args.threads} thread(s)"
+    )
     print("| step | micro-batches | seconds | tokens/s |\n|---|---:|---:|---:|")
-    for name, key, micro in (("learner, padded", "padded_s", "padded_micro_batches"),
-                             ("learner, packed", "packed_s", "packed_micro_batches"),
-                             ("bare step, packed", "bare_s", "packed_micro_batches")):
+    for name, key, micro in (
+        ("learner, padded", "padded_s", "padded_micro_batches"),
+        ("learner, packed", "packed_s", "packed_micro_batches"),
+        ("bare step, packed", "bare_s", "packed_micro_batches"),
+    ):
         print(f"| {name} | {result[micro]} | {result[key]:.3f} | {tokens / result[key]:,.0f} |")
     print(f"packed / padded tokens/s: {result['padded_s'] / result['packed_s']:.2f} (goal >= 1.5)")
     print(f"learner / bare step tokens/s: {result['bare_s'] / result['packed_s']:.2f} (goal >= 0.9)")
     held = memory(model_name)
-    print(f"per-rank params + grads + AdamW state: N=1 {held[1] / 2**20:.2f} MiB, N=2 {held[2] / 2**20:.2f} MiB, "
-          f"ratio {held[2] / held[1]:.2f} (goal <= 0.6)")
+    print(
+        f"per-rank params + grads + AdamW state: N=1 {held[1] / 2**20:.2f} MiB, N=2 {held[2] / 2**20:.2f} MiB, "
+        f"ratio {held[2] / held[1]:.2f} (goal <= 0.6)"
+    )
 
 
 if __name__ == "__main__":

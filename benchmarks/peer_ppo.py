@@ -25,8 +25,17 @@ def run_unipg(steps: int, seed: int, output_dir: str) -> tuple[float, float]:
     from unipg.config import load_config
     from unipg.runtime.gym import train_gym
 
-    config = load_config(None, [f"seed={seed}", f"env.total_steps={steps}", f"eval.every_steps={10 * steps}",
-                                f"log.output_dir={output_dir}", "log.progress=false", "log.tensorboard=false"])
+    config = load_config(
+        None,
+        [
+            f"seed={seed}",
+            f"env.total_steps={steps}",
+            f"eval.every_steps={10 * steps}",
+            f"log.output_dir={output_dir}",
+            "log.progress=false",
+            "log.tensorboard=false",
+        ],
+    )
     start = time.perf_counter()
     result = train_gym(config)
     return time.perf_counter() - start, result.final_train_return or float("nan")
@@ -40,9 +49,23 @@ def run_sb3(steps: int, seed: int) -> tuple[float, float]:
         return lambda progress_remaining: progress_remaining * start
 
     env = make_vec_env("CartPole-v1", n_envs=8, seed=seed)
-    model = PPO("MlpPolicy", env, n_steps=32, batch_size=64, n_epochs=10, learning_rate=linear(1e-3),
-                gamma=0.98, gae_lambda=0.8, clip_range=0.2, ent_coef=0.0, vf_coef=0.5, max_grad_norm=0.5,
-                seed=seed, device="cpu", verbose=0)
+    model = PPO(
+        "MlpPolicy",
+        env,
+        n_steps=32,
+        batch_size=64,
+        n_epochs=10,
+        learning_rate=linear(1e-3),
+        gamma=0.98,
+        gae_lambda=0.8,
+        clip_range=0.2,
+        ent_coef=0.0,
+        vf_coef=0.5,
+        max_grad_norm=0.5,
+        seed=seed,
+        device="cpu",
+        verbose=0,
+    )
     start = time.perf_counter()
     model.learn(total_timesteps=steps)
     elapsed = time.perf_counter() - start
@@ -54,7 +77,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: checks that the script still runs, measures nothing")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes, a few seconds: checks that the script still runs, measures nothing",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     peers = ["unipg", "sb3"]
@@ -67,11 +94,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as output_dir:
         for repeat in range(args.repeats):
             for name in peers if repeat % 2 == 0 else peers[::-1]:
-                seconds, final_return = run_unipg(args.steps, repeat, output_dir) if name == "unipg" \
-                    else run_sb3(args.steps, repeat)
+                seconds, final_return = (
+                    run_unipg(args.steps, repeat, output_dir) if name == "unipg" else run_sb3(args.steps, repeat)
+                )
                 times[name].append(seconds)
-                print(f"{name:6s} seed {repeat}: {seconds:6.1f} s, {args.steps / seconds:7,.0f} steps/s, "
-                      f"train return (last 100 episodes) {final_return:.1f}", flush=True)
+                print(
+                    f"{name:6s} seed {repeat}: {seconds:6.1f} s, {args.steps / seconds:7,.0f} steps/s, "
+                    f"train return (last 100 episodes) {final_return:.1f}",
+                    flush=True,
+                )
     unipg = statistics.fmean(times["unipg"])
     if "sb3" not in times:
         print(f"mean wall time: unipg {unipg:.1f} s, sb3 skipped")

@@ -33,29 +33,50 @@ from unipg.learn.warm_start import resolve_warm_start
 from unipg.policy.loading import policy_from_config
 from unipg.runtime.lm import PromptSampler, build_runtime, set_threads
 from unipg.sample.episodes import EpisodeRunner
-from unipg.tasks.rewards.rules import build_rewards
 from unipg.tasks.base import make_task
+from unipg.tasks.rewards.rules import build_rewards
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "calculator_agent.yaml"
 
 
 # --smoke: a tiny run of the same code path, to check that the script still runs (its figures mean nothing)
-SMOKE = ["task.options={digits: 1, num_train: 16, num_test: 4, tool_demonstrations: 1.0}", "model.warm_start=false",
-         "train.batch_size=8", "train.mini_batch_size=8", "train.micro_batch_size=8", "sample.samples_per_prompt=4",
-         "sample.max_new_tokens=8", "agent.max_total_tokens=40", "eval.max_examples=4", "eval.pass_k=0"]
+SMOKE = [
+    "task.options={digits: 1, num_train: 16, num_test: 4, tool_demonstrations: 1.0}",
+    "model.warm_start=false",
+    "train.batch_size=8",
+    "train.mini_batch_size=8",
+    "train.micro_batch_size=8",
+    "sample.samples_per_prompt=4",
+    "sample.max_new_tokens=8",
+    "agent.max_total_tokens=40",
+    "eval.max_examples=4",
+    "eval.pass_k=0",
+]
 
 
 def configuration(args, backend: str, workers: int, output_dir: str):
     cpus = os.cpu_count() or 1
-    overrides = ["task.options={digits: 3, operations: '*', tool_demonstrations: 1.0}",
-                 f"task.tools=[{{name: calculator, latency: {{kind: fixed, seconds: {args.latency}}}}}]",
-                 "runtime.max_staleness=4", "runtime.schedule=concurrent", "agent.tool_timeout=60",
-                 f"log.output_dir={output_dir}", "log.progress=false", "log.tensorboard=false",
-                 f"backend={backend}", f"agent.concurrency={args.episodes}", *(SMOKE if args.smoke else [])]
+    overrides = [
+        "task.options={digits: 3, operations: '*', tool_demonstrations: 1.0}",
+        f"task.tools=[{{name: calculator, latency: {{kind: fixed, seconds: {args.latency}}}}}]",
+        "runtime.max_staleness=4",
+        "runtime.schedule=concurrent",
+        "agent.tool_timeout=60",
+        f"log.output_dir={output_dir}",
+        "log.progress=false",
+        "log.tensorboard=false",
+        f"backend={backend}",
+        f"agent.concurrency={args.episodes}",
+        *(SMOKE if args.smoke else []),
+    ]
     if backend == "ray":
-        overrides += [f"ray.rollout_workers={workers}", f"ray.episodes_per_worker={args.episodes}",
-                      f"ray.rollout_num_cpus={min(1.0, cpus / workers):g}", "ray.env_workers=1",
-                      "ray.env_num_cpus=0"]
+        overrides += [
+            f"ray.rollout_workers={workers}",
+            f"ray.episodes_per_worker={args.episodes}",
+            f"ray.rollout_num_cpus={min(1.0, cpus / workers):g}",
+            "ray.env_workers=1",
+            "ray.env_num_cpus=0",
+        ]
     return load_config(CONFIG, overrides)
 
 
@@ -85,8 +106,7 @@ def measure(config, args) -> dict[str, float]:
         runtime.close()
         runtime.rollout.close()
         runner.close()
-    return {"trajectories_per_second": episodes / seconds, "tool_calls": calls / max(episodes, 1),
-            "seconds": seconds}
+    return {"trajectories_per_second": episodes / seconds, "tool_calls": calls / max(episodes, 1), "seconds": seconds}
 
 
 def main() -> None:
@@ -97,7 +117,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5, help="timed consumer steps of 128 trajectories")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: checks that the script still runs, measures nothing")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes, a few seconds: checks that the script still runs, measures nothing",
+    )
     args = parser.parse_args()
     if args.smoke:  # starting Ray alone takes longer than a smoke run
         args.workers, args.episodes, args.latency, args.steps, args.warmup, args.repeats = [], 8, 0.01, 1, 0, 1
@@ -113,16 +137,21 @@ def main() -> None:
             for backend, workers in modes:
                 outcome = measure(configuration(args, backend, workers, output_dir), args)
                 results[(backend, workers)].append(outcome)
-                print(f"repeat {repeat + 1}: {backend:9s} workers {workers}: "
-                      f"{outcome['trajectories_per_second']:.2f} trajectories/s, "
-                      f"{outcome['tool_calls']:.2f} tool calls per episode", flush=True)
+                print(
+                    f"repeat {repeat + 1}: {backend:9s} workers {workers}: "
+                    f"{outcome['trajectories_per_second']:.2f} trajectories/s, "
+                    f"{outcome['tool_calls']:.2f} tool calls per episode",
+                    flush=True,
+                )
     if not args.smoke:
         ray.shutdown()
 
     median = {mode: statistics.median(r["trajectories_per_second"] for r in runs) for mode, runs in results.items()}
     one = median[("ray", 1)] if ("ray", 1) in median else None
-    print(f"\n{os.cpu_count()} CPUs; tool latency {args.latency:g} s; {args.episodes} episodes in flight per worker; "
-          f"median of {args.repeats} repeat(s) of {args.steps} steps × 128 trajectories")
+    print(
+        f"\n{os.cpu_count()} CPUs; tool latency {args.latency:g} s; {args.episodes} episodes in flight per worker; "
+        f"median of {args.repeats} repeat(s) of {args.steps} steps × 128 trajectories"
+    )
     print("| backend | rollout workers | trajectories/s | vs Ray with 1 worker | tool calls per episode |")
     print("|---|---|---|---|---|")
     for (backend, workers), value in median.items():
@@ -131,8 +160,10 @@ def main() -> None:
         print(f"| {backend} | {workers} | {value:.2f} | {ratio} | {calls:.2f} |")
     if one:
         inprocess = median[("inprocess", 1)]
-        print(f"\nRay overhead at 1 worker vs in-process: {(inprocess - one) / inprocess:+.1%} of throughput "
-              f"(positive: Ray is slower)")
+        print(
+            f"\nRay overhead at 1 worker vs in-process: {(inprocess - one) / inprocess:+.1%} of throughput "
+            f"(positive: Ray is slower)"
+        )
         if ("ray", 2) in median:
             print(f"scaling 1 → 2 workers: {median[('ray', 2)] / one:.2f}×")
 

@@ -62,8 +62,10 @@ def smoke_runs() -> list[str]:
 
     root = Path(tempfile.mkdtemp(prefix="same-metrics-"))
     overrides = {"env__total_steps": 1024, "eval__every_steps": 512, "eval__episodes": 2, "log__output_dir": str(root)}
-    return [str(unipg.train("configs/cartpole_ppo.yaml", log__run_name=name, **overrides).run_dir)
-            for name in ("first", "second")]
+    return [
+        str(unipg.train("configs/cartpole_ppo.yaml", log__run_name=name, **overrides).run_dir)
+        for name in ("first", "second")
+    ]
 
 
 def main(argv: list[str]) -> int:

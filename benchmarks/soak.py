@@ -37,10 +37,21 @@ CONFIG = Path(__file__).resolve().parents[1] / "configs" / "calculator_agent.yam
 
 
 # --smoke: a tiny run of the same code path, to check that the script still runs (its figures mean nothing)
-SMOKE = ["task.options={digits: 1, num_train: 16, num_test: 4, tool_demonstrations: 1.0}", "model.warm_start=false",
-         "train.batch_size=8", "train.mini_batch_size=8", "train.micro_batch_size=8", "sample.samples_per_prompt=4",
-         "sample.max_new_tokens=8", "agent.max_total_tokens=40", "eval.max_examples=4", "eval.pass_k=0",
-         "train.updates=3", "eval.every_updates=2", "checkpoint.every_updates=2"]
+SMOKE = [
+    "task.options={digits: 1, num_train: 16, num_test: 4, tool_demonstrations: 1.0}",
+    "model.warm_start=false",
+    "train.batch_size=8",
+    "train.mini_batch_size=8",
+    "train.micro_batch_size=8",
+    "sample.samples_per_prompt=4",
+    "sample.max_new_tokens=8",
+    "agent.max_total_tokens=40",
+    "eval.max_examples=4",
+    "eval.pass_k=0",
+    "train.updates=3",
+    "eval.every_updates=2",
+    "checkpoint.every_updates=2",
+]
 
 
 def slope_per_minute(times: list[float], values: list[float]) -> float:
@@ -58,7 +69,11 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=256, help="episodes in flight")
     parser.add_argument("--latency", type=float, default=1.0, help="median seconds of a tool call")
     parser.add_argument("--default-arenas", action="store_true", help="keep glibc's default malloc arenas")
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: checks that the script still runs, measures nothing")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes, a few seconds: checks that the script still runs, measures nothing",
+    )
     args = parser.parse_args()
     if args.smoke:  # three updates, not a time limit
         args.concurrency, args.latency = 8, 0.01
@@ -67,13 +82,26 @@ def main() -> None:
     arenas = os.environ.get("MALLOC_ARENA_MAX")
     print(f"malloc arenas: {f'at most {arenas}' if arenas else 'glibc default'}")
     with tempfile.TemporaryDirectory() as output_dir:
-        config = load_config(CONFIG, [
-            "task.options={digits: 3, operations: '*', tool_demonstrations: 1.0}",
-            f"task.tools=[{{name: calculator, latency: {{kind: lognormal, seconds: {args.latency}, sigma: 1.0}}}}]",
-            f"agent.concurrency={args.concurrency}", "runtime.max_staleness=2", "runtime.schedule=concurrent",
-            "sample.replay_buffer_size=512", "train.updates=1000000", "eval.every_updates=50", "eval.max_examples=64",
-            "checkpoint.every_updates=10", "checkpoint.keep_last=3", f"log.output_dir={output_dir}",
-            "log.run_name=soak", "log.progress=false", *(SMOKE if args.smoke else [])])
+        config = load_config(
+            CONFIG,
+            [
+                "task.options={digits: 3, operations: '*', tool_demonstrations: 1.0}",
+                f"task.tools=[{{name: calculator, latency: {{kind: lognormal, seconds: {args.latency}, sigma: 1.0}}}}]",
+                f"agent.concurrency={args.concurrency}",
+                "runtime.max_staleness=2",
+                "runtime.schedule=concurrent",
+                "sample.replay_buffer_size=512",
+                "train.updates=1000000",
+                "eval.every_updates=50",
+                "eval.max_examples=64",
+                "checkpoint.every_updates=10",
+                "checkpoint.keep_last=3",
+                f"log.output_dir={output_dir}",
+                "log.run_name=soak",
+                "log.progress=false",
+                *(SMOKE if args.smoke else []),
+            ],
+        )
         timer = threading.Timer(args.minutes * 60, os.kill, (os.getpid(), signal.SIGTERM))
         timer.start()
         start = time.time()
@@ -86,16 +114,22 @@ def main() -> None:
         seconds = time.time() - start
         records = [r for r in read_metrics(Path(output_dir) / "soak") if "system/rss_mb" in r]
     first, last = records[0], records[-1]
-    half = records[len(records) // 2:]
+    half = records[len(records) // 2 :]
     trend = slope_per_minute([r["time"] for r in half], [r["system/rss_mb"] for r in half])
     in_flight = statistics.fmean(r["rollout/episodes_in_flight"] for r in records)
-    print(f"\n{seconds / 60:.1f} minutes, {len(records)} updates, {int(last['train/samples'])} episodes trained on, "
-          f"{int(last['rollout/episodes_finished'])} finished; episodes in flight at update ends: mean "
-          f"{in_flight:.0f}, max {max(r['rollout/episodes_in_flight'] for r in records):.0f}")
+    print(
+        f"\n{seconds / 60:.1f} minutes, {len(records)} updates, {int(last['train/samples'])} episodes trained on, "
+        f"{int(last['rollout/episodes_finished'])} finished; episodes in flight at update ends: mean "
+        f"{in_flight:.0f}, max {max(r['rollout/episodes_in_flight'] for r in records):.0f}"
+    )
     print("| | first update | last update |")
     print("|---|---|---|")
-    for name, unit in (("system/rss_mb", " MB"), ("system/open_files", ""), ("system/threads", ""),
-                       ("system/python_threads", "")):
+    for name, unit in (
+        ("system/rss_mb", " MB"),
+        ("system/open_files", ""),
+        ("system/threads", ""),
+        ("system/python_threads", ""),
+    ):
         print(f"| {name} | {first[name]:.0f}{unit} | {last[name]:.0f}{unit} |")
     print(f"RSS trend over the second half: {trend:+.2f} MB/minute")
 

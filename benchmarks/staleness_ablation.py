@@ -55,14 +55,30 @@ def run_one(job: tuple[str, int, int, int, int]) -> dict:
     objective, eta, seed, total_steps, eval_every = job
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as output_dir:
-        config = load_config(CONFIG, [f"seed={seed}", f"env.total_steps={total_steps}",
-                                      f"eval.every_steps={eval_every}", "runtime.schedule=sequential",
-                                      f"runtime.max_staleness={eta}", f"log.output_dir={output_dir}",
-                                      "log.progress=false", "log.tensorboard=false", "log.log_every_updates=50",
-                                      *OBJECTIVES[objective]])
+        config = load_config(
+            CONFIG,
+            [
+                f"seed={seed}",
+                f"env.total_steps={total_steps}",
+                f"eval.every_steps={eval_every}",
+                "runtime.schedule=sequential",
+                f"runtime.max_staleness={eta}",
+                f"log.output_dir={output_dir}",
+                "log.progress=false",
+                "log.tensorboard=false",
+                "log.log_every_updates=50",
+                *OBJECTIVES[objective],
+            ],
+        )
         result = train_gym(config, return_threshold=THRESHOLD)
-    return {"objective": objective, "eta": eta, "seed": seed, "steps_to_475": result.steps_to_eval_threshold,
-            "final_return": result.final_eval_mean, "wall_seconds": result.wall_seconds}
+    return {
+        "objective": objective,
+        "eta": eta,
+        "seed": seed,
+        "steps_to_475": result.steps_to_eval_threshold,
+        "final_return": result.final_eval_mean,
+        "wall_seconds": result.wall_seconds,
+    }
 
 
 def mean_std(values: list[float], digits: int = 0) -> str:
@@ -97,13 +113,27 @@ def markdown(results: list[dict], objectives: list[str], etas: list[int]) -> str
             lines.append(f"| {objective} | " + " | ".join(cells) + " |")
         return lines
 
-    steps = table(0, lambda values, runs, change: f"{mean_std(values)} ({len(values)}/{runs}"
-                                                  + (f", {change:+.0%}" if change is not None else "") + ")")
-    finals = table(1, lambda values, runs, change: mean_std(values, 1)
-                                                   + (f" ({change:+.1%})" if change is not None else ""))
-    return "\n".join([f"Environment steps until eval return ≥ {THRESHOLD:.0f} (mean ± std over the seeds that "
-                      "reached it; reached/seeds; change vs η=0 of the same objective):", "", *steps, "",
-                      "Final evaluation return (mean ± std; change vs η=0 of the same objective):", "", *finals])
+    steps = table(
+        0,
+        lambda values, runs, change: (
+            f"{mean_std(values)} ({len(values)}/{runs}" + (f", {change:+.0%}" if change is not None else "") + ")"
+        ),
+    )
+    finals = table(
+        1, lambda values, runs, change: mean_std(values, 1) + (f" ({change:+.1%})" if change is not None else "")
+    )
+    return "\n".join(
+        [
+            f"Environment steps until eval return ≥ {THRESHOLD:.0f} (mean ± std over the seeds that "
+            "reached it; reached/seeds; change vs η=0 of the same objective):",
+            "",
+            *steps,
+            "",
+            "Final evaluation return (mean ± std; change vs η=0 of the same objective):",
+            "",
+            *finals,
+        ]
+    )
 
 
 def main() -> None:
@@ -115,7 +145,11 @@ def main() -> None:
     parser.add_argument("--total-steps", type=int, default=100_000, help="environment steps per run")
     parser.add_argument("--eval-every", type=int, default=5_000, help="environment steps between evaluations")
     parser.add_argument("--out", type=Path, help="also write every run's figures to this JSON file")
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: checks that the script still runs, measures nothing")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes, a few seconds: checks that the script still runs, measures nothing",
+    )
     args = parser.parse_args()
     if args.smoke:
         args.etas, args.objectives, args.seeds = [0, 1], ["naive_ppo", "decoupled_ppo"], [0]
@@ -124,18 +158,30 @@ def main() -> None:
     objectives = list(args.objectives)
     if 0 in args.etas and "naive_ppo" not in objectives and SAME_AS_NAIVE_WHEN_FRESH & set(objectives):
         objectives.insert(0, "naive_ppo")  # run once, stands in for the others at η = 0
-    jobs = [(objective, eta, seed, args.total_steps, args.eval_every)
-            for objective in objectives for eta in args.etas for seed in args.seeds
-            if not (eta == 0 and objective in SAME_AS_NAIVE_WHEN_FRESH)]
+    jobs = [
+        (objective, eta, seed, args.total_steps, args.eval_every)
+        for objective in objectives
+        for eta in args.etas
+        for seed in args.seeds
+        if not (eta == 0 and objective in SAME_AS_NAIVE_WHEN_FRESH)
+    ]
     start, results = time.time(), []
     with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
         for result in pool.imap_unordered(run_one, jobs):
             results.append(result)
-            print(f"[{len(results)}/{len(jobs)} {time.time() - start:.0f}s] {result['objective']} η={result['eta']} "
-                  f"seed {result['seed']}: 475 at {result['steps_to_475']}, final {result['final_return']:.1f} "
-                  f"({result['wall_seconds']:.0f}s)", flush=True)
-    results += [dict(r, objective=objective) for objective in objectives if objective in SAME_AS_NAIVE_WHEN_FRESH
-                for r in list(results) if r["objective"] == "naive_ppo" and r["eta"] == 0]
+            print(
+                f"[{len(results)}/{len(jobs)} {time.time() - start:.0f}s] {result['objective']} η={result['eta']} "
+                f"seed {result['seed']}: 475 at {result['steps_to_475']}, final {result['final_return']:.1f} "
+                f"({result['wall_seconds']:.0f}s)",
+                flush=True,
+            )
+    results += [
+        dict(r, objective=objective)
+        for objective in objectives
+        if objective in SAME_AS_NAIVE_WHEN_FRESH
+        for r in list(results)
+        if r["objective"] == "naive_ppo" and r["eta"] == 0
+    ]
     if args.out:
         args.out.write_text(json.dumps(results, indent=1))
     print()

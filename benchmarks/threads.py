@@ -46,18 +46,26 @@ def main() -> None:
         args.steps, args.rounds = 2, 1
     config = load_config(CONFIG)
     tokenizer = load_tokenizer(config.model.name)
-    task = make_task(config.task.name, **{**config.task.options, "tool_demonstrations": 1.0,
-                                          **({"num_train": 64, "num_test": 4} if args.smoke else {})})
+    task = make_task(
+        config.task.name,
+        **{
+            **config.task.options,
+            "tool_demonstrations": 1.0,
+            **({"num_train": 64, "num_test": 4} if args.smoke else {}),
+        },
+    )
     pairs = demonstration_pairs(tokenizer, task, config, task.train)
-    batch_sizes = sorted({stage.batch_size or config.sft.batch_size for stage in config.sft.stages}
-                         | {config.sft.batch_size})
+    batch_sizes = sorted(
+        {stage.batch_size or config.sft.batch_size for stage in config.sft.stages} | {config.sft.batch_size}
+    )
     print(f"| threads | batch | ms per step (median of {args.rounds} rounds of {args.steps}) |")
     print("|---:|---:|---:|")
     medians = {}
     for batch_size in batch_sizes:
         model = load_causal_lm(config.model.name)
-        data, batches, tokens_per_batch = sft_batches(model, tokenizer, pairs, batch_size=batch_size, seed=0,
-                                                      group_by_length=config.sft.group_by_length)
+        data, batches, tokens_per_batch = sft_batches(
+            model, tokenizer, pairs, batch_size=batch_size, seed=0, group_by_length=config.sft.group_by_length
+        )
         optimizer = make_optimizer(model, config.sft.learning_rate, 0.0)
         model.train()
         times = {1: [], args.threads: []}
@@ -73,8 +81,10 @@ def main() -> None:
             medians[threads, batch_size] = statistics.median(rounds)
             print(f"| {threads} | {batch_size} | {medians[threads, batch_size]:.0f} |")
     for batch_size in batch_sizes:
-        print(f"1 / {args.threads} threads, batch {batch_size}: "
-              f"{medians[1, batch_size] / medians[args.threads, batch_size]:.2f}× as fast on {args.threads}")
+        print(
+            f"1 / {args.threads} threads, batch {batch_size}: "
+            f"{medians[1, batch_size] / medians[args.threads, batch_size]:.2f}× as fast on {args.threads}"
+        )
     print(f"(torch {torch.__version__}, {os.cpu_count()} CPUs)")
 
 

@@ -79,8 +79,13 @@ import unipg  # noqa: E402, F401  (first: it hides torch companions built for an
 EVAL_SEED = 10_000  # pass@1 is greedy, so the seed only matters if eval.pass_k > 0
 
 # Small enough to finish in about a minute on two CPU cores once the warm start is cached.
-QUICK_OVERRIDES = ["train.batch_size=16", "train.mini_batch_size=16", "train.micro_batch_size=16",
-                   "sample.samples_per_prompt=4", "eval.max_examples=16"]
+QUICK_OVERRIDES = [
+    "train.batch_size=16",
+    "train.mini_batch_size=16",
+    "train.micro_batch_size=16",
+    "sample.samples_per_prompt=4",
+    "eval.max_examples=16",
+]
 
 LOSS_TYPES = {"seq-mean-token-mean": "grpo", "token-mean": "dapo", "seq-mean-token-sum-norm": "dr_grpo"}
 SCALE_REWARDS = {"grpo": "group", "dr_grpo": "none"}
@@ -109,11 +114,18 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seeds", default="0", help="comma-separated seeds, e.g. 0,1,2")
     parser.add_argument("--config", default="configs/arithmetic_grpo.yaml", help="unipg config both runs follow")
     parser.add_argument("--threads", type=int, default=2, help="torch threads for both frameworks")
-    parser.add_argument("overrides", nargs="*", help="dotted overrides of the config for both runs, e.g. "
-                        "train.learning_rate=3e-5 estimator.kl_coef=0.04")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        help="dotted overrides of the config for both runs, e.g. train.learning_rate=3e-5 estimator.kl_coef=0.04",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny batches and 2 updates: a smoke run")
-    parser.add_argument("--smoke", action="store_true", help="--quick, without the warm start, and without TRL "
-                        "where it is not installed: checks that the script still runs, measures nothing")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="--quick, without the warm start, and without TRL "
+        "where it is not installed: checks that the script still runs, measures nothing",
+    )
     args = parser.parse_args()
     args.quick = args.quick or args.smoke
     return args
@@ -124,10 +136,26 @@ def load_benchmark_config(args: argparse.Namespace, seed: int, output_dir: str):
     from unipg.config import load_config
 
     updates = min(args.updates, 2) if args.quick else args.updates
-    overrides = [f"seed={seed}", f"train.updates={updates}", f"eval.every_updates={updates}", "eval.pass_k=0",
-                 f"log.output_dir={output_dir}", "log.progress=false", "log.tensorboard=false"]
-    smoke = ["model.warm_start=false", "train.batch_size=8", "train.mini_batch_size=8", "train.micro_batch_size=8",
-             "eval.max_examples=4"] if args.smoke else []
+    overrides = [
+        f"seed={seed}",
+        f"train.updates={updates}",
+        f"eval.every_updates={updates}",
+        "eval.pass_k=0",
+        f"log.output_dir={output_dir}",
+        "log.progress=false",
+        "log.tensorboard=false",
+    ]
+    smoke = (
+        [
+            "model.warm_start=false",
+            "train.batch_size=8",
+            "train.mini_batch_size=8",
+            "train.micro_batch_size=8",
+            "eval.max_examples=4",
+        ]
+        if args.smoke
+        else []
+    )
     return load_config(args.config, list(args.overrides) + overrides + (QUICK_OVERRIDES if args.quick else []) + smoke)
 
 
@@ -138,17 +166,24 @@ def check_comparable(config) -> None:
     if est.advantage not in SCALE_REWARDS:
         problems.append(f"estimator.advantage '{est.advantage}' has no TRL twin; use one of {sorted(SCALE_REWARDS)}")
     if est.loss_agg_mode not in LOSS_TYPES:
-        problems.append(f"estimator.loss_agg_mode '{est.loss_agg_mode}' has no TRL twin; "
-                        f"use one of {sorted(LOSS_TYPES)}")
+        problems.append(
+            f"estimator.loss_agg_mode '{est.loss_agg_mode}' has no TRL twin; use one of {sorted(LOSS_TYPES)}"
+        )
     if est.policy_loss != "ppo" or est.kl_in_reward or est.kl_estimator != "k3" or est.kl_control != "fixed":
-        problems.append("TRL's GRPO loss is PPO-clip plus a fixed β·k3 KL term in the loss; set "
-                        "estimator.policy_loss=ppo, kl_in_reward=false, kl_estimator=k3, kl_control=fixed")
+        problems.append(
+            "TRL's GRPO loss is PPO-clip plus a fixed β·k3 KL term in the loss; set "
+            "estimator.policy_loss=ppo, kl_in_reward=false, kl_estimator=k3, kl_control=fixed"
+        )
     if est.normalize_advantages or est.entropy_coef > 0 or est.dual_clip is not None or est.off_policy_weight != "none":
-        problems.append("set estimator.normalize_advantages=false, entropy_coef=0, dual_clip=null, "
-                        "off_policy_weight=none (TRL's GRPO has no equivalent)")
+        problems.append(
+            "set estimator.normalize_advantages=false, entropy_coef=0, dual_clip=null, "
+            "off_policy_weight=none (TRL's GRPO has no equivalent)"
+        )
     if train.mini_batch_size % train.micro_batch_size or train.batch_size % train.mini_batch_size:
-        problems.append(f"train.micro_batch_size ({train.micro_batch_size}) must divide train.mini_batch_size "
-                        f"({train.mini_batch_size}), which must divide train.batch_size ({train.batch_size})")
+        problems.append(
+            f"train.micro_batch_size ({train.micro_batch_size}) must divide train.mini_batch_size "
+            f"({train.mini_batch_size}), which must divide train.batch_size ({train.batch_size})"
+        )
     if config.sample.stop:
         problems.append("sample.stop has no GRPOConfig field; leave it empty")
     if config.model.lora_rank or config.model.value_head or config.model.critic:
@@ -164,23 +199,44 @@ def trl_arguments(config, output_dir: str):
     train, sample, est = config.train, config.sample, config.estimator
     steps_per_update = train.batch_size // train.mini_batch_size * train.num_epochs
     return GRPOConfig(
-        output_dir=output_dir, seed=config.seed, data_seed=config.seed,
+        output_dir=output_dir,
+        seed=config.seed,
+        data_seed=config.seed,
         per_device_train_batch_size=train.micro_batch_size,
         gradient_accumulation_steps=train.mini_batch_size // train.micro_batch_size,
         steps_per_generation=train.batch_size // train.micro_batch_size,
-        num_generations=sample.samples_per_prompt, num_iterations=train.num_epochs,
+        num_generations=sample.samples_per_prompt,
+        num_iterations=train.num_epochs,
         max_steps=train.updates * steps_per_update,
-        max_completion_length=sample.max_new_tokens, temperature=sample.temperature, top_p=sample.top_p,
+        max_completion_length=sample.max_new_tokens,
+        temperature=sample.temperature,
+        top_p=sample.top_p,
         top_k=sample.top_k or 0,
-        learning_rate=train.learning_rate, lr_scheduler_type=train.lr_schedule, warmup_steps=0,
-        optim="adamw_torch_fused", adam_epsilon=train.adam_eps, weight_decay=train.weight_decay,
+        learning_rate=train.learning_rate,
+        lr_scheduler_type=train.lr_schedule,
+        warmup_steps=0,
+        optim="adamw_torch_fused",
+        adam_epsilon=train.adam_eps,
+        weight_decay=train.weight_decay,
         max_grad_norm=train.max_grad_norm or 0.0,
-        beta=est.kl_coef, use_bias_correction_kl=False, epsilon=est.clip_range, epsilon_high=est.clip_range_high,
-        loss_type=LOSS_TYPES[est.loss_agg_mode], scale_rewards=SCALE_REWARDS[est.advantage],
-        use_cpu=config.device == "cpu", bf16=False, fp16=False, disable_dropout=True,
+        beta=est.kl_coef,
+        use_bias_correction_kl=False,
+        epsilon=est.clip_range,
+        epsilon_high=est.clip_range_high,
+        loss_type=LOSS_TYPES[est.loss_agg_mode],
+        scale_rewards=SCALE_REWARDS[est.advantage],
+        use_cpu=config.device == "cpu",
+        bf16=False,
+        fp16=False,
+        disable_dropout=True,
         gradient_checkpointing=config.model.gradient_checkpointing,
-        remove_unused_columns=False, dataloader_num_workers=0, report_to="none", save_strategy="no",
-        logging_steps=steps_per_update, disable_tqdm=True, log_completions=False,
+        remove_unused_columns=False,
+        dataloader_num_workers=0,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=steps_per_update,
+        disable_tqdm=True,
+        log_completions=False,
     )
 
 
@@ -265,14 +321,20 @@ def run_trl(config, task, output_dir: str) -> RunResult:
     arguments = trl_arguments(config, output_dir)
     arguments.reward_weights = weights
     timer = LoopTimer()
-    trainer = GRPOTrainer(model=model, reward_funcs=rewards, args=arguments,
-                          train_dataset=trl_dataset(task, config.task.system_prompt or task.system_prompt),
-                          processing_class=tokenizer, callbacks=[timer])
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=rewards,
+        args=arguments,
+        train_dataset=trl_dataset(task, config.task.system_prompt or task.system_prompt),
+        processing_class=tokenizer,
+        callbacks=[timer],
+    )
     trainer.remove_callback(PrinterCallback)  # its per-step log lines would drown the table
     trainer.train()
     pass_after = held_out_pass_at_1(trainer.model, tokenizer, task, config)
-    return RunResult("trl", config.seed, tally.samples, timer.seconds, tally.total / max(tally.samples, 1),
-                     pass_before, pass_after)
+    return RunResult(
+        "trl", config.seed, tally.samples, timer.seconds, tally.total / max(tally.samples, 1), pass_before, pass_after
+    )
 
 
 def run_unipg(config, task) -> RunResult:
@@ -280,31 +342,48 @@ def run_unipg(config, task) -> RunResult:
     from unipg.runtime.lm import train_lm
 
     result = train_lm(config, task=task)
-    rewards = [record["rollout/reward_mean"] for record in read_metrics(result.run_dir)
-               if "rollout/reward_mean" in record]
-    return RunResult("unipg", config.seed, result.samples, result.train_seconds, statistics.fmean(rewards),
-                     result.initial_eval["eval/pass@1"], result.final_eval["eval/pass@1"])
+    rewards = [
+        record["rollout/reward_mean"] for record in read_metrics(result.run_dir) if "rollout/reward_mean" in record
+    ]
+    return RunResult(
+        "unipg",
+        config.seed,
+        result.samples,
+        result.train_seconds,
+        statistics.fmean(rewards),
+        result.initial_eval["eval/pass@1"],
+        result.final_eval["eval/pass@1"],
+    )
 
 
 def print_settings(config) -> None:
     train, sample, est = config.train, config.sample, config.estimator
     print(f"task {config.task.name} {config.task.options}, model {config.model.name}")
-    print(f"updates {train.updates} × batch {train.batch_size} (group {sample.samples_per_prompt}, mini-batch "
-          f"{train.mini_batch_size}, micro-batch {train.micro_batch_size}, epochs {train.num_epochs}), max new tokens "
-          f"{sample.max_new_tokens}, temperature {sample.temperature}, lr {train.learning_rate}, β {est.kl_coef}, "
-          f"clip {est.clip_range}, loss {est.loss_agg_mode} (TRL '{LOSS_TYPES[est.loss_agg_mode]}'), "
-          f"eval on {config.eval.max_examples or 'all'} held-out examples, {torch.get_num_threads()} threads")
+    print(
+        f"updates {train.updates} × batch {train.batch_size} (group {sample.samples_per_prompt}, mini-batch "
+        f"{train.mini_batch_size}, micro-batch {train.micro_batch_size}, epochs {train.num_epochs}), max new tokens "
+        f"{sample.max_new_tokens}, temperature {sample.temperature}, lr {train.learning_rate}, β {est.kl_coef}, "
+        f"clip {est.clip_range}, loss {est.loss_agg_mode} (TRL '{LOSS_TYPES[est.loss_agg_mode]}'), "
+        f"eval on {config.eval.max_examples or 'all'} held-out examples, {torch.get_num_threads()} threads"
+    )
 
 
 # (heading, width, format) of the table's numeric columns
-COLUMNS = (("samples", 9, "d"), ("train s", 10, ".1f"), ("samples/s", 11, ".1f"), ("train reward", 14, ".3f"),
-           ("pass@1 before", 15, ".3f"), ("pass@1 after", 14, ".3f"))
+COLUMNS = (
+    ("samples", 9, "d"),
+    ("train s", 10, ".1f"),
+    ("samples/s", 11, ".1f"),
+    ("train reward", 14, ".3f"),
+    ("pass@1 before", 15, ".3f"),
+    ("pass@1 after", 14, ".3f"),
+)
 
 
 def table_row(label: str, seed: str, values: tuple) -> str:
     """One line of the table; a None value leaves its cell blank."""
-    cells = "".join(" " * width if value is None else f"{value:>{width}{form}}"
-                    for value, (_, width, form) in zip(values, COLUMNS))
+    cells = "".join(
+        " " * width if value is None else f"{value:>{width}{form}}" for value, (_, width, form) in zip(values, COLUMNS)
+    )
     return f"{label:<10}{seed:>5}{cells}"
 
 
@@ -313,20 +392,28 @@ def print_table(results: list[RunResult], seeds: list[int]) -> None:
     print("\n" + header + "\n" + "-" * len(header))
     ordered = sorted(results, key=lambda r: (seeds.index(r.seed), r.framework))
     for r in ordered:
-        print(table_row(r.framework, str(r.seed), (r.samples, r.train_seconds, r.samples_per_second, r.train_reward,
-                                                   r.pass_before, r.pass_after)))
+        print(
+            table_row(
+                r.framework,
+                str(r.seed),
+                (r.samples, r.train_seconds, r.samples_per_second, r.train_reward, r.pass_before, r.pass_after),
+            )
+        )
     runs = {name: [r for r in ordered if r.framework == name] for name in ("trl", "unipg")}
     if len(seeds) > 1:
         for name, mine in runs.items():
-            means = [statistics.fmean(getattr(r, field) for r in mine)
-                     for field in ("samples_per_second", "train_reward", "pass_before", "pass_after")]
+            means = [
+                statistics.fmean(getattr(r, field) for r in mine)
+                for field in ("samples_per_second", "train_reward", "pass_before", "pass_after")
+            ]
             print(table_row(name, "mean", (None, None, *means)))
     if not runs["trl"]:
         return
     ratios = [u.samples_per_second / t.samples_per_second for t, u in zip(runs["trl"], runs["unipg"])]
     per_seed = ", ".join(f"seed {t.seed}: {ratio:.2f}" for t, ratio in zip(runs["trl"], ratios))
-    print(f"\nsamples/s ratio unipg / TRL: {statistics.fmean(ratios):.2f}"
-          + (f" ({per_seed})" if len(ratios) > 1 else ""))
+    print(
+        f"\nsamples/s ratio unipg / TRL: {statistics.fmean(ratios):.2f}" + (f" ({per_seed})" if len(ratios) > 1 else "")
+    )
 
 
 def quiet_libraries() -> None:
@@ -371,8 +458,11 @@ def main() -> None:
                     raise SystemExit(f"{framework} failed on seed {seed}: {type(error).__name__}: {error}") from error
                 results.append(result)
                 rate, before, after = result.samples_per_second, result.pass_before, result.pass_after
-                print(f"  {result.samples} samples in {result.train_seconds:.1f} s ({rate:.1f}/s), "
-                      f"pass@1 {before:.3f} → {after:.3f}", flush=True)
+                print(
+                    f"  {result.samples} samples in {result.train_seconds:.1f} s ({rate:.1f}/s), "
+                    f"pass@1 {before:.3f} → {after:.3f}",
+                    flush=True,
+                )
     print_table(results, seeds)
 
 

@@ -11,8 +11,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.e2e
 def test_train_a_config_file_with_keyword_overrides(tmp_path):
-    result = unipg.train(ROOT / "configs" / "cartpole_ppo.yaml", env__total_steps=512, eval__every_steps=512,
-                         eval__episodes=2, log__output_dir=str(tmp_path), log__tensorboard=False)
+    result = unipg.train(
+        ROOT / "configs" / "cartpole_ppo.yaml",
+        env__total_steps=512,
+        eval__every_steps=512,
+        eval__episodes=2,
+        log__output_dir=str(tmp_path),
+        log__tensorboard=False,
+    )
     assert result.run_dir.parent == tmp_path and (result.run_dir / "metrics.jsonl").is_file()
     assert result.config.env.total_steps == 512
     assert result.details.env_steps == 512
@@ -41,5 +47,7 @@ def test_the_backend_is_a_registered_name():
     from unipg.runtime.backends import BACKENDS
 
     assert BACKENDS.names() == ["inprocess", "ray"]
-    with pytest.raises(unipg.ConfigError, match=r"unknown backend 'rayy'; did you mean 'ray'\? Valid names: inprocess, ray"):
+    with pytest.raises(
+        unipg.ConfigError, match=r"unknown backend 'rayy'; did you mean 'ray'\? Valid names: inprocess, ray"
+    ):
         unipg.load_config(None, overrides=["task.name=arithmetic", "backend=rayy"])

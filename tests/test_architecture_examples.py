@@ -29,10 +29,23 @@ from unipg.tools import TOOL_PARSERS, TOOLS, format_tool_call
 
 DOC = Path(__file__).parents[1] / "docs" / "architecture.md"
 REGISTRIES = (TASKS, REWARDS, TOOLS, TOOL_PARSERS, ENVS, ADVANTAGES, POLICY_LOSSES, ENGINES, BACKENDS)
-TINY = ["algorithm=grpo", "task.name=arithmetic", "task.options={digits: 1, num_train: 16, num_test: 4}",
-        "train.batch_size=8", "train.mini_batch_size=8", "train.micro_batch_size=8", "sample.samples_per_prompt=4",
-        "sample.max_new_tokens=4", "train.updates=1", "eval.every_updates=100", "eval.pass_k=0",
-        "eval.max_examples=4", "log.progress=false", "log.tensorboard=false", "checkpoint.every_updates=0"]
+TINY = [
+    "algorithm=grpo",
+    "task.name=arithmetic",
+    "task.options={digits: 1, num_train: 16, num_test: 4}",
+    "train.batch_size=8",
+    "train.mini_batch_size=8",
+    "train.micro_batch_size=8",
+    "sample.samples_per_prompt=4",
+    "sample.max_new_tokens=4",
+    "train.updates=1",
+    "eval.every_updates=100",
+    "eval.pass_k=0",
+    "eval.max_examples=4",
+    "log.progress=false",
+    "log.tensorboard=false",
+    "checkpoint.every_updates=0",
+]
 
 
 def python_blocks() -> list[str]:
@@ -50,8 +63,11 @@ class Examples:
             before = {registry: set(registry.names()) for registry in REGISTRIES}
             unipg.load_config(None, plugins=[str(path)])  # imports the plugin, as a run's config does
             self.plugins.append(str(path))
-            self.added[str(path)] = {registry: sorted(set(registry.names()) - before[registry])
-                                     for registry in REGISTRIES if set(registry.names()) - before[registry]}
+            self.added[str(path)] = {
+                registry: sorted(set(registry.names()) - before[registry])
+                for registry in REGISTRIES
+                if set(registry.names()) - before[registry]
+            }
 
     def name(self, registry) -> str:
         """The one name the doc's examples registered in ``registry``."""
@@ -68,8 +84,14 @@ class Examples:
 @pytest.fixture(scope="module")
 def examples(tmp_path_factory):
     """Registrations are undone after the module, and the plugin modules forgotten."""
-    saved = {registry: {key: value.copy() for key, value in vars(registry).items()
-                        if key.startswith("_") and isinstance(value, (dict, set))} for registry in REGISTRIES}
+    saved = {
+        registry: {
+            key: value.copy()
+            for key, value in vars(registry).items()
+            if key.startswith("_") and isinstance(value, (dict, set))
+        }
+        for registry in REGISTRIES
+    }
     folder = tmp_path_factory.mktemp("architecture")
     try:
         yield Examples(folder)
@@ -77,8 +99,11 @@ def examples(tmp_path_factory):
         for registry, attributes in saved.items():
             for key, value in attributes.items():
                 setattr(registry, key, value)
-        for name in [name for name, module in sys.modules.items()
-                     if str(getattr(module, "__file__", None) or "").startswith(str(folder))]:
+        for name in [
+            name
+            for name, module in sys.modules.items()
+            if str(getattr(module, "__file__", None) or "").startswith(str(folder))
+        ]:
             del sys.modules[name]
 
 
@@ -91,8 +116,9 @@ def test_every_block_registers_and_every_extension_point_has_an_example(examples
 
 def test_the_task_builds_and_a_config_names_it(examples):
     name = examples.name(TASKS)
-    config = unipg.load_config(None, plugins=examples.plugins, overrides=[f"task.name={name}",
-                                                                          "task.options={test_fraction: 0.25}"])
+    config = unipg.load_config(
+        None, plugins=examples.plugins, overrides=[f"task.name={name}", "task.options={test_fraction: 0.25}"]
+    )
     task = make_task(name, **config.task.options)
     assert task.train and task.test and build_rewards(task.rewards)
 
@@ -137,8 +163,9 @@ def test_the_tool_call_format_drives_a_tool_episode(examples):
 
 def test_the_environment_is_chosen_with_task_env_and_built_by_the_episode_runner(examples, tiny_policy):
     name = examples.name(ENVS)
-    config = unipg.load_config(None, plugins=examples.plugins,
-                               overrides=[*TINY, f"task.env={name}", "task.env_options={rounds: 2}"])
+    config = unipg.load_config(
+        None, plugins=examples.plugins, overrides=[*TINY, f"task.env={name}", "task.env_options={rounds: 2}"]
+    )
     task = make_task(config.task.name, **config.task.options)
     runner = EpisodeRunner(tiny_policy(), task, config, build_rewards(task.rewards))
     example = task.test[0]
@@ -166,9 +193,20 @@ def test_the_estimator_loss_engine_and_backend_train_one_update(examples, embedd
         unipg.load_config(None, plugins=examples.plugins, overrides=[*TINY, f"sample.engine={engine[:-1]}"])
     with pytest.raises(ConfigError, match=rf"did you mean '{backend}'"):
         unipg.load_config(None, plugins=examples.plugins, overrides=[*TINY, f"backend={backend[:-1]}"])
-    result = unipg.train(None, plugins=examples.plugins, overrides=[
-        *TINY, f"estimator.advantage={advantage}", f"estimator.policy_loss={loss}", "estimator.clip_range=0.1",
-        f"sample.engine={engine}", f"backend={backend}", f"model.name={embedded_path}", f"log.output_dir={tmp_path}"])
+    result = unipg.train(
+        None,
+        plugins=examples.plugins,
+        overrides=[
+            *TINY,
+            f"estimator.advantage={advantage}",
+            f"estimator.policy_loss={loss}",
+            "estimator.clip_range=0.1",
+            f"sample.engine={engine}",
+            f"backend={backend}",
+            f"model.name={embedded_path}",
+            f"log.output_dir={tmp_path}",
+        ],
+    )
     assert math.isfinite(result.metrics["train/loss"]) and "train/clip_fraction" in result.metrics
     assert examples.module(ENGINES).STARTED  # the run's episodes were sampled by the registered engine
     assert "episodes in this process, sequential schedule" in capsys.readouterr().out

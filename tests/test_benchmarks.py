@@ -27,21 +27,43 @@ REPORTS = {
     "vs_trl.py": "framework",
 }
 # the scripts whose smoke run trains (train_lm, train_gym or unipg.train): e2e
-TRAINS = {"async_vs_sync.py", "chaos.py", "classic_control.py", "peer_ppo.py", "same_metrics.py", "soak.py",
-          "staleness_ablation.py", "vs_trl.py"}
+TRAINS = {
+    "async_vs_sync.py",
+    "chaos.py",
+    "classic_control.py",
+    "peer_ppo.py",
+    "same_metrics.py",
+    "soak.py",
+    "staleness_ablation.py",
+    "vs_trl.py",
+}
 
 
 def test_every_benchmark_script_has_a_smoke_run():
     assert sorted(path.name for path in (ROOT / "benchmarks").glob("*.py")) == sorted(REPORTS)
 
 
-@pytest.mark.parametrize("script", [pytest.param(script, marks=pytest.mark.e2e) if script in TRAINS else script
-                                    for script in sorted(REPORTS)])
+@pytest.mark.parametrize(
+    "script",
+    [pytest.param(script, marks=pytest.mark.e2e) if script in TRAINS else script for script in sorted(REPORTS)],
+)
 def test_a_benchmark_script_runs_in_its_smoke_mode(script, embedded_path, tmp_path):
     """``embedded_path``: the embedded model is built once, in the cache the scripts inherit."""
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-                   "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--smoke"], cwd=ROOT,
-                          env=environment, capture_output=True, text=True, timeout=300, check=False)
+    environment = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), "--smoke"],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert REPORTS[script] in done.stdout, done.stdout[-2000:]

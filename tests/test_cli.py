@@ -8,8 +8,18 @@ runner = CliRunner()
 
 @pytest.mark.e2e
 def test_train_prints_a_result_table(tmp_path):
-    result = runner.invoke(app, ["train", "env.total_steps=512", f"log.output_dir={tmp_path}", "log.tensorboard=false",
-                                 "eval.episodes=2", "--seeds", "0,1"])
+    result = runner.invoke(
+        app,
+        [
+            "train",
+            "env.total_steps=512",
+            f"log.output_dir={tmp_path}",
+            "log.tensorboard=false",
+            "eval.episodes=2",
+            "--seeds",
+            "0,1",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "unipg results" in result.output and "over 2 seeds" in result.output
     assert len([path for path in tmp_path.iterdir() if path.is_dir()]) == 2  # one run folder per seed
@@ -18,8 +28,19 @@ def test_train_prints_a_result_table(tmp_path):
 
 @pytest.mark.e2e
 def test_a_named_run_over_several_seeds_gets_a_folder_per_seed_named_after_it(tmp_path):
-    result = runner.invoke(app, ["train", "env.total_steps=256", f"log.output_dir={tmp_path}", "log.tensorboard=false",
-                                 "eval.episodes=1", "log.run_name=cartpole", "--seeds", "0,1"])
+    result = runner.invoke(
+        app,
+        [
+            "train",
+            "env.total_steps=256",
+            f"log.output_dir={tmp_path}",
+            "log.tensorboard=false",
+            "eval.episodes=1",
+            "log.run_name=cartpole",
+            "--seeds",
+            "0,1",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert sorted(path.name for path in tmp_path.iterdir() if path.is_dir()) == ["cartpole-seed0", "cartpole-seed1"]
 
@@ -65,8 +86,15 @@ def test_algorithms_lists_every_registry_entry_with_its_hyperparameters():
     for registry in (ADVANTAGES, POLICY_LOSSES, OFF_POLICY_WEIGHTS, KL_ESTIMATORS):
         assert all(name in output for name in registry.names())
     # accepted hyperparameters with the defaults of the estimator section, and each entry's summary
-    for setting in ("clip_range=0.2", "clip_range_high=None", "dual_clip=None", "sample_age_decay=0.99",
-                    "max_kl=0.01", "lambda_gae=0.95", "entropy_coef=0.0"):
+    for setting in (
+        "clip_range=0.2",
+        "clip_range_high=None",
+        "dual_clip=None",
+        "sample_age_decay=0.99",
+        "max_kl=0.01",
+        "lambda_gae=0.95",
+        "entropy_coef=0.0",
+    ):
         assert setting in output
     assert "Generalized advantage estimation" in output
 
@@ -83,8 +111,9 @@ def test_eval_scores_the_policy_a_run_saved(embedded_path, tmp_path):
 
     from tests.helpers.configs import TWO_EVALUATED_UPDATES as SMALL
 
-    trained = runner.invoke(app, ["train", *SMALL, f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
-                                  "train.updates=1"])
+    trained = runner.invoke(
+        app, ["train", *SMALL, f"model.name={embedded_path}", f"log.output_dir={tmp_path}", "train.updates=1"]
+    )
     assert trained.exit_code == 0, trained.output
     run_dir = next(path for path in tmp_path.iterdir() if path.is_dir())
     result = runner.invoke(app, ["eval", "--run", str(run_dir), "eval.pass_k=0", "-o", str(tmp_path / "eval.json")])

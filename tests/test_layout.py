@@ -10,8 +10,11 @@ MAX_FUNCTION_LINES = 60
 
 
 def test_no_module_is_over_400_lines():
-    long = {str(path.relative_to(PACKAGE)): n for path in PACKAGE.rglob("*.py")
-            if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
+    long = {
+        str(path.relative_to(PACKAGE)): n
+        for path in PACKAGE.rglob("*.py")
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+    }
     assert long == {}, f"split these modules along a seam: {long}"
 
 
@@ -41,7 +44,12 @@ def test_the_package_front_doors_private_modules_import_nothing_of_unipg():
     for path in PACKAGE.glob("_*.py"):
         if path.stem == "__init__":
             continue
-        imported = [node for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
-                    if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("unipg")
-                    or isinstance(node, ast.Import) and any(a.name.startswith("unipg") for a in node.names)]
+        imported = [
+            node
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.ImportFrom)
+            and (node.module or "").startswith("unipg")
+            or isinstance(node, ast.Import)
+            and any(a.name.startswith("unipg") for a in node.names)
+        ]
         assert imported == [], path.name

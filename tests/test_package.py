@@ -16,8 +16,11 @@ def test_torch_companions_built_for_another_torch_are_hidden_and_transformers_st
 
 
 def test_companions_built_for_another_torch_are_told_apart_from_matching_ones():
-    pypi = {"torchvision": ("0.28.0", ["torch (==2.13.0)", "numpy"]), "torchaudio": ("2.11.1", ["torch>=2.11"]),
-            "torchcodec": ("0.17.0", [])}
+    pypi = {
+        "torchvision": ("0.28.0", ["torch (==2.13.0)", "numpy"]),
+        "torchaudio": ("2.11.1", ["torch>=2.11"]),
+        "torchcodec": ("0.17.0", []),
+    }
     assert companions_to_hide("2.13.0+cpu", pypi) == ["torchvision", "torchaudio", "torchcodec"]
     assert companions_to_hide("2.13.0", {"torchvision": pypi["torchvision"]}) == []  # PyPI's torch and torchvision
     matching = {"torchvision": ("0.28.0+cpu", ["torch==2.13.0"]), "torchaudio": ("2.13.0+cpu", ["torch==2.13.0"])}

@@ -15,7 +15,8 @@ The extension surface is public and stable: the registries (``TASKS``, ``REWARDS
 """
 
 from unipg import _moved
-from unipg._compat import companions_to_hide, hide_mismatched_torch_companions
+from unipg._compat import companions_to_hide as companions_to_hide  # re-exported for tests and tools
+from unipg._compat import hide_mismatched_torch_companions
 
 HIDDEN_PACKAGES = hide_mismatched_torch_companions()  # before anything imports transformers
 _moved.install()
@@ -25,8 +26,9 @@ from unipg.config import Config, ConfigError  # noqa: E402
 
 # public name → the module that defines it, imported on first use (``import unipg`` stays light)
 _PUBLIC = {
-    **dict.fromkeys(["TASKS", "REWARDS", "Task", "Example", "make_task", "build_rewards", "RewardFunctionError"],
-                    "unipg.tasks"),
+    **dict.fromkeys(
+        ["TASKS", "REWARDS", "Task", "Example", "make_task", "build_rewards", "RewardFunctionError"], "unipg.tasks"
+    ),
     **dict.fromkeys(["TOOLS", "TOOL_PARSERS", "tool", "Tool", "ToolError", "LatencyModel"], "unipg.tools"),
     **dict.fromkeys(["ENVS", "Env", "RoleEnv", "StepResult", "TurnInfo", "EnvironmentService"], "unipg.envs"),
     **dict.fromkeys(["ENGINES", "Engine", "SamplingParams", "TurnOutput"], "unipg.inference"),

@@ -4,6 +4,7 @@ before anything imports transformers."""
 import importlib.metadata as _metadata
 import sys as _sys
 
+
 def companions_to_hide(torch_version: str, installed: dict[str, tuple[str, list[str]]]) -> list[str]:
     """Which of torchvision, torchaudio and torchcodec to hide, given torch's version and the installed ones'
     ``{name: (version, requirements)}``.
@@ -26,10 +27,14 @@ def companions_to_hide(torch_version: str, installed: dict[str, tuple[str, list[
         if name not in installed:
             continue
         version, requires = installed[name]
-        pins = [r.split("==")[1].strip(" )").partition("+")[0] for r in requires
-                if r.replace(" ", "").replace("(", "").startswith("torch==")]
+        pins = [
+            r.split("==")[1].strip(" )").partition("+")[0]
+            for r in requires
+            if r.replace(" ", "").replace("(", "").startswith("torch==")
+        ]
         matches = version.partition("+")[2] == variant and (
-            pins == [base] if name == "torchvision" else version.split(".")[:2] == base.split(".")[:2])
+            pins == [base] if name == "torchvision" else version.split(".")[:2] == base.split(".")[:2]
+        )
         if not matches:
             hidden.append(name)
     if hidden and "torchcodec" in installed:

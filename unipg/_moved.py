@@ -45,7 +45,7 @@ def new_path(old: str) -> str | None:
     """Where module ``old`` lives now, or None if it did not move."""
     for moved in sorted(MOVED, key=len, reverse=True):
         if old == moved or old.startswith(moved + "."):
-            return MOVED[moved] + old[len(moved):]
+            return MOVED[moved] + old[len(moved) :]
     return None
 
 
@@ -68,9 +68,13 @@ class _MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def create_module(self, spec):
         new = new_path(spec.name)
-        warnings.warn(f"'{spec.name}' moved to '{new}'; import from '{new}' (or the public names of 'unipg', "
-                      f"'unipg.tasks', 'unipg.tools', 'unipg.envs', 'unipg.inference'): the old path goes in the "
-                      "next release", UnipgDeprecationWarning, stacklevel=_caller_stacklevel())
+        warnings.warn(
+            f"'{spec.name}' moved to '{new}'; import from '{new}' (or the public names of 'unipg', "
+            f"'unipg.tasks', 'unipg.tools', 'unipg.envs', 'unipg.inference'): the old path goes in the "
+            "next release",
+            UnipgDeprecationWarning,
+            stacklevel=_caller_stacklevel(),
+        )
         return importlib.import_module(new)
 
     def exec_module(self, module) -> None:

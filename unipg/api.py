@@ -34,8 +34,13 @@ class RunResult:
     details: Any
 
 
-def load_config(source: str | Path | Config | None = None, *, overrides: list[str] | None = None,
-                plugins: list[str] | None = None, **settings: Any) -> Config:
+def load_config(
+    source: str | Path | Config | None = None,
+    *,
+    overrides: list[str] | None = None,
+    plugins: list[str] | None = None,
+    **settings: Any,
+) -> Config:
     """A validated ``Config`` from a YAML file (or an existing ``Config``), ``key=value`` ``overrides`` and
     keyword ``settings`` (``train__updates=2``); raises ``ConfigError`` saying what to fix.
 
@@ -55,9 +60,15 @@ def load_config(source: str | Path | Config | None = None, *, overrides: list[st
     return config
 
 
-def train(config: str | Path | Config | None = None, *, overrides: list[str] | None = None,
-          resume: str | Path | None = None, return_threshold: float | None = None,
-          plugins: list[str] | None = None, **settings: Any) -> RunResult:
+def train(
+    config: str | Path | Config | None = None,
+    *,
+    overrides: list[str] | None = None,
+    resume: str | Path | None = None,
+    return_threshold: float | None = None,
+    plugins: list[str] | None = None,
+    **settings: Any,
+) -> RunResult:
     """Train the policy ``config`` describes and return its ``RunResult``.
 
     ``config`` is a YAML path, a ``Config`` or None (the defaults); ``settings`` override it
@@ -77,16 +88,24 @@ def train(config: str | Path | Config | None = None, *, overrides: list[str] | N
     return RunResult(details.run_dir, final_metrics(details.run_dir), loaded, details)
 
 
-def resumed_config(run_dir: str | Path, *, overrides: list[str] | None = None,
-                   notify: Callable[[str], None] | None = None, plugins: list[str] | None = None,
-                   **settings: Any) -> Config:
+def resumed_config(
+    run_dir: str | Path,
+    *,
+    overrides: list[str] | None = None,
+    notify: Callable[[str], None] | None = None,
+    plugins: list[str] | None = None,
+    **settings: Any,
+) -> Config:
     """The configuration of the run in ``run_dir`` (its config.yaml) with ``overrides`` and ``settings`` applied,
     as ``load_config`` checks it. The folder's ``model.trust_remote_code`` is not taken: it is false unless the
     overrides set it, and ``notify`` (default: standard error) says so when the folder had it set."""
     from unipg.runtime.evaluation import notify_stderr, remote_code_notice, run_folder_overrides
 
-    config = load_config(Path(run_dir) / "config.yaml",
-                         overrides=run_folder_overrides(_override_pairs(overrides, settings)), plugins=plugins)
+    config = load_config(
+        Path(run_dir) / "config.yaml",
+        overrides=run_folder_overrides(_override_pairs(overrides, settings)),
+        plugins=plugins,
+    )
     notice = remote_code_notice(Path(run_dir), config)
     if notice is not None:
         (notify or notify_stderr)(notice)
@@ -116,8 +135,9 @@ def evaluate(source: str | Path | Config, *, overrides: list[str] | None = None,
     return evaluate_model(config)
 
 
-def evaluate_episodes(source: str | Path | Config, *, show: int, overrides: list[str] | None = None,
-                      **settings: Any) -> tuple[dict[str, float], list[dict]]:
+def evaluate_episodes(
+    source: str | Path | Config, *, show: int, overrides: list[str] | None = None, **settings: Any
+) -> tuple[dict[str, float], list[dict]]:
     """``evaluate``, and the transcripts of the first ``show`` held-out greedy episodes: prompt, each tool call
     with its arguments and result, the answer and the reward (``unipg.sample.transcripts``)."""
     from unipg.runtime.evaluation import evaluate_model_episodes
@@ -126,8 +146,13 @@ def evaluate_episodes(source: str | Path | Config, *, show: int, overrides: list
     return evaluate_model_episodes(config, show=show)
 
 
-def evaluation_config(run_dir: str | Path, *, overrides: list[str] | None = None,
-                      notify: Callable[[str], None] | None = None, **settings: Any) -> Config:
+def evaluation_config(
+    run_dir: str | Path,
+    *,
+    overrides: list[str] | None = None,
+    notify: Callable[[str], None] | None = None,
+    **settings: Any,
+) -> Config:
     """The configuration of the finished run in ``run_dir``, pointed at the policy it saved; the folder's
     ``model.trust_remote_code`` is not taken unless the overrides set it (``notify`` says so, as in
     ``resumed_config``)."""

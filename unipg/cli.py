@@ -18,7 +18,6 @@ from rich.table import Table
 
 from unipg import api
 from unipg.config import Config, ConfigError
-from unipg.registry import RegistryError
 from unipg.observe.report import (
     LM_COLUMN_NAMES,
     algorithm_table,
@@ -28,8 +27,11 @@ from unipg.observe.report import (
     lm_result_table,
     value_text,
 )
+from unipg.registry import RegistryError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="unipg: policy-gradient RL from CartPole to LLM agents.")
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="unipg: policy-gradient RL from CartPole to LLM agents."
+)
 console = Console(width=None if sys.stdout.isatty() else 120)
 errors = Console(stderr=True)
 
@@ -50,9 +52,13 @@ IMPORTED: list[str] = []  # the plugins of --import, added to every config this 
 
 @app.callback()
 def import_option(
-    imports: List[str] = typer.Option(None, "--import", metavar="MODULE",
-                                      help="import a module or Python file that registers tasks, tools, rewards, "
-                                           "environments or estimators (repeatable); added to the config's plugins"),
+    imports: List[str] = typer.Option(
+        None,
+        "--import",
+        metavar="MODULE",
+        help="import a module or Python file that registers tasks, tools, rewards, "
+        "environments or estimators (repeatable); added to the config's plugins",
+    ),
 ) -> None:
     """unipg: policy-gradient RL from CartPole to LLM agents."""
     from unipg.config.plugins import import_plugins, resolve_plugins
@@ -86,20 +92,35 @@ def train(
     overrides: List[str] = typer.Argument(None, help="dotted overrides, e.g. estimator.clip_range=0.1"),
     config_path: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config file"),
     seeds: Optional[str] = typer.Option(None, help="comma-separated seeds, e.g. 0,1,2"),
-    jobs: int = typer.Option(1, "--jobs", "-j", min=1, help="with --seeds: how many seeds train at once, each in "
-                             "its own process (one thread each for the embedded model)"),
+    jobs: int = typer.Option(
+        1,
+        "--jobs",
+        "-j",
+        min=1,
+        help="with --seeds: how many seeds train at once, each in "
+        "its own process (one thread each for the embedded model)",
+    ),
     threshold: Optional[float] = typer.Option(None, help="report the first step whose eval mean return ≥ this"),
-    resume: Optional[Path] = typer.Option(None, "--resume", help="continue the run in this folder from its "
-                                          "newest checkpoint; overrides apply on top of its config.yaml"),
-    backend: Optional[str] = typer.Option(None, "--backend", help="inprocess, or ray: rollout workers and environment "
-                                          "actors on a local Ray instance, or on a cluster with ray.address=auto"),
+    resume: Optional[Path] = typer.Option(
+        None,
+        "--resume",
+        help="continue the run in this folder from its newest checkpoint; overrides apply on top of its config.yaml",
+    ),
+    backend: Optional[str] = typer.Option(
+        None,
+        "--backend",
+        help="inprocess, or ray: rollout workers and environment "
+        "actors on a local Ray instance, or on a cluster with ray.address=auto",
+    ),
 ) -> None:
     """Train a policy; prints a result table at the end."""
     overrides = list(overrides or []) + ([f"backend={backend}"] if backend is not None else [])
     if resume is not None:
         if config_path is not None or seeds:
-            print_error("--resume continues a run with its own config.yaml; drop --config and --seeds "
-                        "(key=value overrides still apply)")
+            print_error(
+                "--resume continues a run with its own config.yaml; drop --config and --seeds "
+                "(key=value overrides still apply)"
+            )
             raise typer.Exit(2)
         config = resolve_resumed(resume, list(overrides or []))
         result = [(config, run_guarded(config, threshold, resume=resume))]
@@ -109,12 +130,16 @@ def train(
     if seed_list and any(override.partition("=")[0].strip() == "seed" for override in overrides):
         print_error("the seed is set twice, by --seeds and by a seed= override; keep one of them")
         raise typer.Exit(2)
-    configs = [resolve(config_path, list(overrides or []) + ([f"seed={seed}"] if seed is not None else []))
-               for seed in seed_list or [None]]
+    configs = [
+        resolve(config_path, list(overrides or []) + ([f"seed={seed}"] if seed is not None else []))
+        for seed in seed_list or [None]
+    ]
     if len(configs) > 1 and configs[0].log.run_name:  # a named run: one folder per seed, named after it
         name = configs[0].log.run_name
-        configs = [resolve(config_path, list(overrides or []) + [f"seed={seed}", f"log.run_name={name}-seed{seed}"])
-                   for seed in seed_list]
+        configs = [
+            resolve(config_path, list(overrides or []) + [f"seed={seed}", f"log.run_name={name}-seed{seed}"])
+            for seed in seed_list
+        ]
     if jobs > 1 and len(configs) > 1:
         results = list(zip(configs, run_in_parallel(configs, threshold, jobs)))
     else:
@@ -125,8 +150,12 @@ def train(
 
         first = results[0][0]
         name = f"{first.algorithm}-{first.task.name if first.is_lm else first.env.id}"
-        summary = write_seed_summary(Path(first.log.output_dir), name, [config.seed for config, _ in results],
-                                     [result.run_dir for _, result in results])
+        summary = write_seed_summary(
+            Path(first.log.output_dir),
+            name,
+            [config.seed for config, _ in results],
+            [result.run_dir for _, result in results],
+        )
         table.caption += f"\nmean ± std of every final metric: {summary} (and .md)"
     console.print(table)
 
@@ -171,8 +200,10 @@ def resolve_resumed(run_dir: Path, overrides: List[str]) -> Config:
     """The configuration of the run in ``run_dir`` (its config.yaml) with ``overrides`` applied."""
     config_file = run_dir / "config.yaml"
     if not config_file.is_file():
-        print_error(f"cannot resume from '{run_dir}': it is not a run folder (no config.yaml); pass the folder "
-                    "that `unipg train` created for the run")
+        print_error(
+            f"cannot resume from '{run_dir}': it is not a run folder (no config.yaml); pass the folder "
+            "that `unipg train` created for the run"
+        )
         raise typer.Exit(2)
     try:
         config = api.resumed_config(run_dir, overrides=overrides, notify=print_notice, plugins=IMPORTED)
@@ -219,8 +250,9 @@ def sft(
     except (ValueError, RegistryError) as error:
         print_error(str(error))
         raise typer.Exit(2) from None
-    console.print(f"held-out greedy accuracy {report['before']:.3f} → {report['after']:.3f}; "
-                  f"model saved to {report['output']}")
+    console.print(
+        f"held-out greedy accuracy {report['before']:.3f} → {report['after']:.3f}; model saved to {report['output']}"
+    )
 
 
 def parse_seeds(text: Optional[str]) -> list[int]:
@@ -234,8 +266,10 @@ def parse_seeds(text: Optional[str]) -> list[int]:
         raise typer.Exit(2) from None
     repeated = sorted({seed for seed in seeds if seeds.count(seed) > 1})
     if repeated:
-        print_error(f"--seeds lists seed {', '.join(map(str, repeated))} more than once; each seed trains one run, "
-                    "so list every seed once")
+        print_error(
+            f"--seeds lists seed {', '.join(map(str, repeated))} more than once; each seed trains one run, "
+            "so list every seed once"
+        )
         raise typer.Exit(2)
     return seeds
 
@@ -244,8 +278,12 @@ def parse_seeds(text: Optional[str]) -> list[int]:
 def show_config(
     overrides: List[str] = typer.Argument(None, help="dotted overrides; with --explain, keys or sections"),
     config_path: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config file"),
-    explain: bool = typer.Option(False, "--explain", help="explain the keys or sections named (all when none is): "
-                                 "type, default, help and the modes that read each key"),
+    explain: bool = typer.Option(
+        False,
+        "--explain",
+        help="explain the keys or sections named (all when none is): "
+        "type, default, help and the modes that read each key",
+    ),
 ) -> None:
     """Print the fully resolved configuration (preset + file + overrides) as YAML; with --explain, what each key
     means (``unipg config --explain estimator.clip_range``, ``unipg config --explain sample``)."""
@@ -271,8 +309,11 @@ def algorithms() -> None:
     console.print(algorithm_table())
     for choice in CHOICES:
         console.print(choice_table(choice))
-    console.print(f"read whatever the estimators chosen: {hyperparameter_list(general_settings())}", highlight=False,
-                  soft_wrap=True)
+    console.print(
+        f"read whatever the estimators chosen: {hyperparameter_list(general_settings())}",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 @app.command("eval")
@@ -281,8 +322,9 @@ def evaluate(
     config_path: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config file (task, model, eval)"),
     run: Optional[Path] = typer.Option(None, "--run", help="a finished run folder: evaluate the policy it saved"),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="also write the metrics to this JSON file"),
-    show: int = typer.Option(0, "--show", min=0, help="print this many held-out episodes: prompt, tool calls and "
-                             "results, answer, reward"),
+    show: int = typer.Option(
+        0, "--show", min=0, help="print this many held-out episodes: prompt, tool calls and results, answer, reward"
+    ),
 ) -> None:
     """Evaluate a model on a text task's held-out split: completion (pass@1), pass@k, turns, tool use."""
     import json
@@ -343,8 +385,9 @@ def doctor(
 def plot(
     run_dirs: List[Path] = typer.Argument(..., help="run folders; runs that differ only in seed are averaged"),
     out: Path = typer.Option(Path("plots"), "--out", "-o", help="folder for the PNG files"),
-    metric: Optional[List[str]] = typer.Option(None, "--metric", "-m",
-                                               help="metric group (reward, eval, kl, ...) or metric; repeatable"),
+    metric: Optional[List[str]] = typer.Option(
+        None, "--metric", "-m", help="metric group (reward, eval, kl, ...) or metric; repeatable"
+    ),
 ) -> None:
     """Plot learning curves, one PNG per metric group, with mean and min-max band over seeds."""
     from unipg.observe.plots import plot_runs

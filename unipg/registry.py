@@ -70,8 +70,9 @@ class Registry(Generic[T]):
         self.kind = kind
         self._entries: dict[str, Entry[T]] = {}
 
-    def register(self, name: str, *, inputs: Iterable[str] = (),
-                 options: Mapping[str, str] | Iterable[str] = ()) -> Callable[[T], T]:
+    def register(
+        self, name: str, *, inputs: Iterable[str] = (), options: Mapping[str, str] | Iterable[str] = ()
+    ) -> Callable[[T], T]:
         """Decorator: ``@ADVANTAGES.register("gae", inputs=(...), options={"lambda_gae": "lam"})``.
 
         Registering a name twice is an error, and so is declaring a keyword ``fn`` does not take.
@@ -153,20 +154,31 @@ class FactoryRegistry(Registry):
         self._open: set[str] = set()
         self._required: dict[str, list[str]] = {}
 
-    def register(self, name: str, *, inputs: tuple[str, ...] | None = None,
-                 options: dict[str, str] | tuple[str, ...] | None = None) -> Callable[[Callable], Callable]:
+    def register(
+        self,
+        name: str,
+        *,
+        inputs: tuple[str, ...] | None = None,
+        options: dict[str, str] | tuple[str, ...] | None = None,
+    ) -> Callable[[Callable], Callable]:
         inputs = self.inputs if inputs is None else tuple(inputs)
 
         def decorate(fn):
             parameters = inspect.signature(fn).parameters
-            named = [key for key, p in parameters.items()
-                     if key not in inputs and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+            named = [
+                key
+                for key, p in parameters.items()
+                if key not in inputs and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+            ]
             Registry.register(self, name, inputs=inputs, options=named if options is None else options)(fn)
             if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
                 self._open.add(name)
             keywords = self.entry(name).options
-            self._required[name] = [setting for setting, keyword in keywords.items()
-                                    if keyword in parameters and parameters[keyword].default is inspect.Parameter.empty]
+            self._required[name] = [
+                setting
+                for setting, keyword in keywords.items()
+                if keyword in parameters and parameters[keyword].default is inspect.Parameter.empty
+            ]
             return fn
 
         return decorate
@@ -195,14 +207,14 @@ def _check_signature(kind: str, name: str, fn: Callable, keywords: list[str]) ->
 
 
 def unknown_name_message(kind: str, name: str, valid: list[str]) -> str:
-    """"unknown advantage estimator 'gea'; did you mean 'gae'? Valid names: a, b, c"."""
+    """ "unknown advantage estimator 'gea'; did you mean 'gae'? Valid names: a, b, c"."""
     close = difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
     hint = f"; did you mean '{close[0]}'?" if close else ""
     return f"unknown {kind} '{name}'{hint} Valid names: {', '.join(valid)}"
 
 
 def unknown_option_message(kind: str, name: str, option: str, accepted: list[str]) -> str:
-    """"policy loss 'ppo' has no option 'clip_rnage'; did you mean 'clip_range'? It accepts: ..."."""
+    """ "policy loss 'ppo' has no option 'clip_rnage'; did you mean 'clip_range'? It accepts: ..."."""
     close = difflib.get_close_matches(option, accepted, n=1, cutoff=0.5)
     hint = f"; did you mean '{close[0]}'?" if close else "."
     return f"{kind} '{name}' has no option '{option}'{hint} It accepts: {', '.join(accepted) or 'no options'}"
@@ -228,8 +240,9 @@ def check_option_types(kind: str, name: str, factory: Callable, options: dict) -
         if not matches and not (float in accepted and isinstance(value, int) and not isinstance(value, bool)):
             optional = ["None"] if type(None) in accepted else []
             names = " or ".join(sorted(t.__name__ for t in accepted - {type(None)}) + optional)
-            raise ValueError(f"{kind} '{name}': option '{option}' must be {names}, got {type(value).__name__} "
-                             f"{value!r}")
+            raise ValueError(
+                f"{kind} '{name}': option '{option}' must be {names}, got {type(value).__name__} {value!r}"
+            )
 
 
 def validate_options(registry: FactoryRegistry, name: str, options: dict) -> None:

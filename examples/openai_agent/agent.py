@@ -45,9 +45,11 @@ def calculator(expression: str) -> str:
 
 async def run(base_url: str, api_key: str, example) -> str:
     """One episode: the question in, the agent's final answer out."""
-    async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0,
-                           http_client=DefaultAsyncHttpxClient(verify=TLS)) as client:
-        agent = Agent(name="calculator", tools=[calculator],
-                      model=OpenAIChatCompletionsModel(model="unipg", openai_client=client))
+    async with AsyncOpenAI(
+        base_url=base_url, api_key=api_key, max_retries=0, http_client=DefaultAsyncHttpxClient(verify=TLS)
+    ) as client:
+        agent = Agent(
+            name="calculator", tools=[calculator], model=OpenAIChatCompletionsModel(model="unipg", openai_client=client)
+        )
         result = await Runner.run(agent, example.prompt, max_turns=3)
     return str(result.final_output)

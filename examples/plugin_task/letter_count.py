@@ -39,18 +39,31 @@ def same_count() -> RewardFunction:
 
 @TASKS.register("letter_count")
 def letter_count_task(num_train: int = 500, num_test: int = 50, data_seed: int = 0) -> Task:
-    """"How many letters has <word>?" for made-up words of 2 to 12 letters; solved with one ``letters`` call."""
+    """ "How many letters has <word>?" for made-up words of 2 to 12 letters; solved with one ``letters`` call."""
     rng = random.Random(data_seed)
-    words = sorted({"".join(rng.choice("abcdefghij") for _ in range(rng.randint(2, 12)))
-                    for _ in range(3 * (num_train + num_test))})
+    words = sorted(
+        {
+            "".join(rng.choice("abcdefghij") for _ in range(rng.randint(2, 12)))
+            for _ in range(3 * (num_train + num_test))
+        }
+    )
     rng.shuffle(words)
 
     def example(word: str) -> Example:
         count = str(len(word))
-        solution = [{"role": "assistant", "content": format_tool_call("letters", {"word": word})},
-                    {"role": "tool", "content": count}, {"role": "assistant", "content": count}]
+        solution = [
+            {"role": "assistant", "content": format_tool_call("letters", {"word": word})},
+            {"role": "tool", "content": count},
+            {"role": "assistant", "content": count},
+        ]
         return Example(f"How many letters has {word}?", count, solution, {"answer": count, "count": len(word)})
 
-    return Task(name="letter_count", train=[example(w) for w in words[:num_train]],
-                test=[example(w) for w in words[num_train:num_train + num_test]], system_prompt=None,
-                rewards=[{"name": "same_count"}], tools=[{"name": "letters"}], max_turns=2)
+    return Task(
+        name="letter_count",
+        train=[example(w) for w in words[:num_train]],
+        test=[example(w) for w in words[num_train : num_train + num_test]],
+        system_prompt=None,
+        rewards=[{"name": "same_count"}],
+        tools=[{"name": "letters"}],
+        max_turns=2,
+    )

@@ -13,8 +13,10 @@ from unipg.tasks.base import make_task
 GROUPS_PER_STEP = 2  # train.batch_size 8 / sample.samples_per_prompt 4
 # one group runs at a time (agent.concurrency = samples_per_prompt), so the concurrent schedule finishes groups
 # in the order it admits them and (fifo) trains on them in that order too: the prompt order is deterministic
-SCHEDULES = {"sequential": ["runtime.schedule=sequential"],
-             "concurrent": ["runtime.schedule=concurrent", "agent.concurrency=4"]}
+SCHEDULES = {
+    "sequential": ["runtime.schedule=sequential"],
+    "concurrent": ["runtime.schedule=concurrent", "agent.concurrency=4"],
+}
 
 
 @pytest.fixture
@@ -40,7 +42,8 @@ def drawn(count: int) -> list[str]:
 @pytest.mark.e2e
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 def test_a_run_stopped_with_groups_ahead_resumes_on_the_same_prompts_in_the_same_order(
-        embedded_path, tmp_path, trained, schedule):
+    embedded_path, tmp_path, trained, schedule
+):
     extra = ["runtime.max_staleness=2", "checkpoint.every_updates=0", *SCHEDULES[schedule]]
     full = train_lm(resumable_config(embedded_path, tmp_path, "full", 5, *extra))
     uninterrupted = list(trained)

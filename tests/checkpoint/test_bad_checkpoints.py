@@ -22,8 +22,16 @@ from unipg.tasks.rewards.rules import REWARDS
 
 def small_config(embedded_path, output_dir, name, updates, *extra):
     """The resume tests' small run, without evaluation, keeping 3 checkpoints."""
-    return resumable_config(embedded_path, output_dir, name, updates, "eval.every_updates=100", "eval.pass_k=0",
-                            "checkpoint.keep_last=3", *extra)
+    return resumable_config(
+        embedded_path,
+        output_dir,
+        name,
+        updates,
+        "eval.every_updates=100",
+        "eval.pass_k=0",
+        "checkpoint.keep_last=3",
+        *extra,
+    )
 
 
 def one_line(output: str) -> str:
@@ -108,26 +116,32 @@ def garble_state_and_checksum_again(folder):
     checksum_again(folder, "state.json")
 
 
-@pytest.mark.parametrize("damage, problem", [
-    (truncate_weights, r"policy\.safetensors does not match the size and sha256 checksum in its manifest"),
-    (tamper_weights, r"policy\.safetensors does not match the size and sha256 checksum in its manifest"),
-    (truncate_manifest, r"manifest\.json is not valid JSON \(.*\)"),
-    (garble_manifest, r"manifest\.json is not valid JSON \(.*\)"),
-    (tamper_manifest_checksum, r"policy\.safetensors does not match the size and sha256 checksum in its manifest"),
-    (drop_checksums, r"manifest\.json lacks the 'files' or 'tensor_groups' object"),
-    (forget_a_checksum, r"manifest\.json lists tensor group 'policy' without a checksummed file or its aliases"),
-    (manifest_of_a_list, r"manifest\.json is not an object with an integer format_version"),
-    (delete_state, r"file 'state\.json' listed in the manifest is missing"),
-    (truncate_weights_and_checksum_again, r"policy\.safetensors is not a readable safetensors file \(.*\)"),
-    (garble_state_and_checksum_again, r"state\.json is not valid JSON \(.*\)"),
-])
+@pytest.mark.parametrize(
+    "damage, problem",
+    [
+        (truncate_weights, r"policy\.safetensors does not match the size and sha256 checksum in its manifest"),
+        (tamper_weights, r"policy\.safetensors does not match the size and sha256 checksum in its manifest"),
+        (truncate_manifest, r"manifest\.json is not valid JSON \(.*\)"),
+        (garble_manifest, r"manifest\.json is not valid JSON \(.*\)"),
+        (tamper_manifest_checksum, r"policy\.safetensors does not match the size and sha256 checksum in its manifest"),
+        (drop_checksums, r"manifest\.json lacks the 'files' or 'tensor_groups' object"),
+        (forget_a_checksum, r"manifest\.json lists tensor group 'policy' without a checksummed file or its aliases"),
+        (manifest_of_a_list, r"manifest\.json is not an object with an integer format_version"),
+        (delete_state, r"file 'state\.json' listed in the manifest is missing"),
+        (truncate_weights_and_checksum_again, r"policy\.safetensors is not a readable safetensors file \(.*\)"),
+        (garble_state_and_checksum_again, r"state\.json is not valid JSON \(.*\)"),
+    ],
+)
 def test_a_damaged_checkpoint_says_which_file_is_wrong_and_the_older_one_is_used(tmp_path, damage, problem):
     saved(1, 1.0, tmp_path)
     saved(2, 2.0, tmp_path)
     newest = tmp_path / "step-00000002"
     damage(newest)
-    with pytest.raises(ValueError, match=f"checkpoint {newest} is corrupted or incomplete: {problem}; load an "
-                                         r"older checkpoint \(CheckpointStore.latest\(\) skips corrupted ones\)"):
+    with pytest.raises(
+        ValueError,
+        match=f"checkpoint {newest} is corrupted or incomplete: {problem}; load an "
+        r"older checkpoint \(CheckpointStore.latest\(\) skips corrupted ones\)",
+    ):
         load_checkpoint(newest)
     with pytest.warns(RuntimeWarning, match="skipping checkpoint step-00000002: .*corrupted"):
         latest = CheckpointStore(tmp_path).latest()
@@ -136,12 +150,16 @@ def test_a_damaged_checkpoint_says_which_file_is_wrong_and_the_older_one_is_used
 
 
 def test_a_path_that_is_not_a_checkpoint_folder_says_so(tmp_path):
-    for path, problem in ((tmp_path / "missing", "does not exist"), (tmp_path / "file", "is a file, not a checkpoint "
-                                                                                         "folder")):
+    for path, problem in (
+        (tmp_path / "missing", "does not exist"),
+        (tmp_path / "file", "is a file, not a checkpoint folder"),
+    ):
         if path.name == "file":
             path.write_text("weights")
-        with pytest.raises(ValueError, match=f"checkpoint {path} {problem}; pass a step-<number> folder written "
-                                             "by CheckpointStore.save"):
+        with pytest.raises(
+            ValueError,
+            match=f"checkpoint {path} {problem}; pass a step-<number> folder written by CheckpointStore.save",
+        ):
             load_checkpoint(path)
         with pytest.raises(ValueError, match=problem):
             verify_checkpoint(path)
@@ -152,8 +170,11 @@ def test_a_checkpoint_root_that_is_a_file_or_empty_is_reported_and_left_alone(tm
     root.write_text("not a folder")
     store = CheckpointStore(root)
     assert store.list() == [] and store.latest() is None
-    with pytest.raises(ValueError, match=f"cannot save checkpoints in {root}: it is a file, not a folder; move the "
-                                         "file away or choose another checkpoint folder"):
+    with pytest.raises(
+        ValueError,
+        match=f"cannot save checkpoints in {root}: it is a file, not a folder; move the "
+        "file away or choose another checkpoint folder",
+    ):
         saved(1, 1.0, root)
     assert root.read_text() == "not a folder"
     assert CheckpointStore(tmp_path / "empty").latest() is None
@@ -175,8 +196,11 @@ def test_a_save_sets_a_damaged_checkpoint_of_its_step_aside_instead_of_replacing
     for _ in range(3):  # rotation never touches what was set aside
         saved(3, 1.0, tmp_path)
     assert (tmp_path / "damaged-step-00000002").is_dir() and (tmp_path / "damaged-step-00000002-2").is_dir()
-    assert [path.name for path in CheckpointStore(tmp_path).list()] == ["step-00000001", "step-00000002",
-                                                                         "step-00000003"]
+    assert [path.name for path in CheckpointStore(tmp_path).list()] == [
+        "step-00000001",
+        "step-00000002",
+        "step-00000003",
+    ]
 
 
 def test_tensor_mismatch_names_shapes_and_missing_tensors():
@@ -186,7 +210,8 @@ def test_tensor_mismatch_names_shapes_and_missing_tensors():
     assert tensor_mismatch(saved_tensors, expected) == (
         "2 tensor(s) differ in shape, e.g. embed.weight is (10, 8) in the checkpoint and (10, 4) in the model; "
         "1 tensor(s) of the model are not in the checkpoint, e.g. norm.weight; "
-        "1 tensor(s) of the checkpoint are not in the model, e.g. extra.bias")
+        "1 tensor(s) of the checkpoint are not in the model, e.g. extra.bias"
+    )
 
 
 # --- runs ----------------------------------------------------------------------------------------------
@@ -212,8 +237,10 @@ def test_resume_falls_back_to_the_newest_intact_checkpoint_and_keeps_the_damaged
         resumed = train_lm(small_config(embedded_path, run_copy.parent, "run", 3), resume=run_copy)
     messages = [str(warning.message) for warning in caught]
     assert any(message.startswith("skipping checkpoint step-00000002: ") for message in messages)
-    assert ("resuming from step-00000001, the newest intact checkpoint; step-00000002 could not be used (see the "
-            "warnings above) and stay where they are") in messages
+    assert (
+        "resuming from step-00000001, the newest intact checkpoint; step-00000002 could not be used (see the "
+        "warnings above) and stay where they are"
+    ) in messages
     # the resumed run's save of update 2 sets the damaged folder aside rather than replacing it
     assert any("kept as damaged-step-00000002 instead of being replaced" in message for message in messages)
     assert resumed.resumed_from == 1 and resumed.updates == 3
@@ -229,17 +256,23 @@ def test_resume_with_another_model_names_both_models_and_changes_nothing(embedde
     before = {path.name: fingerprint(path) for path in (run_copy / "checkpoints").iterdir()}
     metrics = (run_copy / "metrics.jsonl").read_text()
     with pytest.raises(ValueError) as raised:
-        train_lm(small_config(embedded_path, run_copy.parent, "run", 3, "model.name=embedded:small"),
-                   resume=run_copy, log=lambda message: None)
+        train_lm(
+            small_config(embedded_path, run_copy.parent, "run", 3, "model.name=embedded:small"),
+            resume=run_copy,
+            log=lambda message: None,
+        )
     message = str(raised.value)
-    assert message.startswith(f"checkpoint {run_copy / 'checkpoints' / 'step-00000002'} does not fit the "
-                              f"configured model: it was written for {embedded_path}, the configuration asks for "
-                              "embedded:small (policy: ")
+    assert message.startswith(
+        f"checkpoint {run_copy / 'checkpoints' / 'step-00000002'} does not fit the "
+        f"configured model: it was written for {embedded_path}, the configuration asks for "
+        "embedded:small (policy: "
+    )
     assert "tensor(s) differ in shape, e.g. model.embed_tokens.weight is (" in message
     assert message.endswith("resume with the run's own config.yaml, leaving model.* as it was")
     assert "\n" not in message
-    result = CliRunner().invoke(app, ["train", "--resume", str(run_copy), "train.updates=3",
-                                      "model.name=embedded:small"])
+    result = CliRunner().invoke(
+        app, ["train", "--resume", str(run_copy), "train.updates=3", "model.name=embedded:small"]
+    )
     output = one_line(result.output)
     assert result.exit_code == 2 and "does not fit the configured model" in output and "Traceback" not in output
     assert {path.name: fingerprint(path) for path in (run_copy / "checkpoints").iterdir()} == before
@@ -249,14 +282,18 @@ def test_resume_with_another_model_names_both_models_and_changes_nothing(embedde
 @pytest.mark.e2e
 def test_resume_from_a_run_without_checkpoints_says_how_to_go_on(run_copy):
     shutil.rmtree(run_copy / "checkpoints")
-    with pytest.raises(ValueError, match=f"cannot resume from '{run_copy}': it holds no checkpoint .*; start a new "
-                                         "run instead, or set checkpoint.every_updates"):
+    with pytest.raises(
+        ValueError,
+        match=f"cannot resume from '{run_copy}': it holds no checkpoint .*; start a new "
+        "run instead, or set checkpoint.every_updates",
+    ):
         latest_checkpoint(run_copy)
 
 
 @pytest.mark.e2e
-def test_a_reward_that_fails_mid_run_stops_it_in_one_line_and_keeps_the_checkpoint(embedded_path, tmp_path,
-                                                                                    monkeypatch):
+def test_a_reward_that_fails_mid_run_stops_it_in_one_line_and_keeps_the_checkpoint(
+    embedded_path, tmp_path, monkeypatch
+):
     failing = {"now": False}
 
     def flaky_grader(prompts, completions, **columns):
@@ -276,8 +313,10 @@ def test_a_reward_that_fails_mid_run_stops_it_in_one_line_and_keeps_the_checkpoi
     config = small_config(embedded_path, tmp_path, "flaky", 3, "task.rewards=[{name: flaky_grader}]")
     with pytest.raises(ValueError) as raised:
         train_lm(config)
-    expected = ("reward function 'flaky_grader' failed: grading service unreachable (ConnectionError); fix the "
-                "function, or leave it out of the rewards (its traceback is this error's cause)")
+    expected = (
+        "reward function 'flaky_grader' failed: grading service unreachable (ConnectionError); fix the "
+        "function, or leave it out of the rewards (its traceback is this error's cause)"
+    )
     assert expected in str(raised.value) and "\n" not in str(raised.value)
     run_dir = tmp_path / "flaky"
     store = CheckpointStore(run_dir / "checkpoints")

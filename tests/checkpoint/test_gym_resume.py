@@ -16,17 +16,32 @@ from unipg.runtime.gym import train_gym
 
 pytestmark = pytest.mark.e2e
 
-SMALL = ["algorithm=ppo", "env.id=CartPole-v1", "env.num_envs=4", "train.batch_transitions=256",
-         "train.mini_batch_transitions=128", "train.num_epochs=2", "train.lr_schedule=constant",
-         "estimator.normalize_rewards=true", "eval.every_steps=512", "eval.episodes=2", "log.log_every_updates=3",
-         "log.progress=false", "log.tensorboard=false", "deterministic=true", "checkpoint.every_updates=2",
-         "checkpoint.keep_last=2", "checkpoint.keep_best=false"]
+SMALL = [
+    "algorithm=ppo",
+    "env.id=CartPole-v1",
+    "env.num_envs=4",
+    "train.batch_transitions=256",
+    "train.mini_batch_transitions=128",
+    "train.num_epochs=2",
+    "train.lr_schedule=constant",
+    "estimator.normalize_rewards=true",
+    "eval.every_steps=512",
+    "eval.episodes=2",
+    "log.log_every_updates=3",
+    "log.progress=false",
+    "log.tensorboard=false",
+    "deterministic=true",
+    "checkpoint.every_updates=2",
+    "checkpoint.keep_last=2",
+    "checkpoint.keep_best=false",
+]
 FULL_STEPS = 2048  # 8 updates
 
 
 def small_config(output_dir, name, total_steps, *extra):
-    return load_config(None, SMALL + [f"log.output_dir={output_dir}", f"log.run_name={name}",
-                                      f"env.total_steps={total_steps}", *extra])
+    return load_config(
+        None, SMALL + [f"log.output_dir={output_dir}", f"log.run_name={name}", f"env.total_steps={total_steps}", *extra]
+    )
 
 
 def comparable(record: dict) -> dict:
@@ -81,7 +96,8 @@ def test_cli_resumes_a_gym_run_and_a_finished_run_trains_nothing(tmp_path, full_
     result = CliRunner().invoke(app, ["train", "--resume", str(first.run_dir), f"env.total_steps={FULL_STEPS}"])
     assert result.exit_code == 0, result.output
     assert [comparable(r) for r in read_metrics(first.run_dir)] == [
-        comparable(r) for r in read_metrics(full_run.run_dir)]
+        comparable(r) for r in read_metrics(full_run.run_dir)
+    ]
 
 
 def test_a_trpo_run_resumes_bit_for_bit_too(tmp_path):

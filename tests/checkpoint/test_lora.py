@@ -14,14 +14,30 @@ from unipg.runtime.lm import train_lm
 
 peft = pytest.importorskip("peft")
 
-SMALL = tiny_lm_overrides("train.micro_batch_size=8", "deterministic=true", "algorithm=grpo", "estimator.kl_coef=0.05",
-                          "model.lora_rank=4", "train.learning_rate=1e-2", "estimator.entropy_coef=0.05",
-                          "checkpoint.every_updates=1", "checkpoint.keep_best=false")
+SMALL = tiny_lm_overrides(
+    "train.micro_batch_size=8",
+    "deterministic=true",
+    "algorithm=grpo",
+    "estimator.kl_coef=0.05",
+    "model.lora_rank=4",
+    "train.learning_rate=1e-2",
+    "estimator.entropy_coef=0.05",
+    "checkpoint.every_updates=1",
+    "checkpoint.keep_best=false",
+)
 
 
 def config(embedded_path, output_dir, name, updates):
-    return load_config(None, SMALL + [f"model.name={embedded_path}", f"log.output_dir={output_dir}",
-                                      f"log.run_name={name}", f"train.updates={updates}"])
+    return load_config(
+        None,
+        SMALL
+        + [
+            f"model.name={embedded_path}",
+            f"log.output_dir={output_dir}",
+            f"log.run_name={name}",
+            f"train.updates={updates}",
+        ],
+    )
 
 
 def moved_lora_policy(embedded_path):

@@ -51,15 +51,15 @@ def assert_continues_like(full_run, resumed):
 def test_two_updates_resumed_to_four_equal_four_updates_bit_for_bit(embedded_path, tmp_path, full_run):
     first = train_lm(resumable_config(embedded_path, tmp_path, "split", 2))
     messages = []
-    resumed = train_lm(resumable_config(embedded_path, tmp_path, "split", 4), resume=first.run_dir,
-                         log=messages.append)
+    resumed = train_lm(resumable_config(embedded_path, tmp_path, "split", 4), resume=first.run_dir, log=messages.append)
     assert resumed.run_dir == first.run_dir and resumed.resumed_from == 2
     assert any("resuming" in message for message in messages)
     assert_continues_like(full_run, resumed)
 
 
 def test_sigterm_saves_a_checkpoint_after_the_current_update_and_the_run_resumes_exactly(
-        embedded_path, tmp_path, full_run, monkeypatch):
+    embedded_path, tmp_path, full_run, monkeypatch
+):
     calls = []
     original = text.rollout_batch
 

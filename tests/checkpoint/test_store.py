@@ -30,11 +30,22 @@ def small_group(value: float = 1.0) -> dict[str, dict[str, torch.Tensor]]:
 def test_round_trip_of_tensors_state_and_random_generators(tmp_path):
     generator = torch.Generator().manual_seed(7)
     torch.rand(3), random.random(), np.random.rand(), torch.rand(2, generator=generator)  # move off the seeds
-    tensors = {"policy": {"w": torch.randn(4, 3).t(),  # non-contiguous
-                          "half": torch.randn(5).to(torch.bfloat16), "scalar": torch.tensor(3.0)},
-               "value_head": {"bias": torch.zeros(1)}}
-    state = {"step": 5, "policy_version": 4, "kl_coef": 0.05, "data_position": 17,
-             "rng": rng_state(), "generator": generator_state(generator)}
+    tensors = {
+        "policy": {
+            "w": torch.randn(4, 3).t(),  # non-contiguous
+            "half": torch.randn(5).to(torch.bfloat16),
+            "scalar": torch.tensor(3.0),
+        },
+        "value_head": {"bias": torch.zeros(1)},
+    }
+    state = {
+        "step": 5,
+        "policy_version": 4,
+        "kl_coef": 0.05,
+        "data_position": 17,
+        "rng": rng_state(),
+        "generator": generator_state(generator),
+    }
     path = CheckpointStore(tmp_path).save(5, tensors, state, metrics={"reward": 0.5})
     expected = (torch.rand(4), random.random(), np.random.rand(3), torch.randn(2, generator=generator))
 
@@ -46,15 +57,23 @@ def test_round_trip_of_tensors_state_and_random_generators(tmp_path):
     assert torch.equal(drawn[0], expected[0]) and drawn[1] == expected[1]
     assert np.array_equal(drawn[2], expected[2]) and torch.equal(drawn[3], expected[3])
     assert checkpoint.step == 5 and checkpoint.metrics == {"reward": 0.5}
-    assert {key: checkpoint.state[key] for key in ("step", "policy_version", "kl_coef", "data_position")} == \
-        {"step": 5, "policy_version": 4, "kl_coef": 0.05, "data_position": 17}
+    assert {key: checkpoint.state[key] for key in ("step", "policy_version", "kl_coef", "data_position")} == {
+        "step": 5,
+        "policy_version": 4,
+        "kl_coef": 0.05,
+        "data_position": 17,
+    }
     for group, group_tensors in tensors.items():
         for name, tensor in group_tensors.items():
             loaded = checkpoint.tensors[group][name]
             assert torch.equal(loaded, tensor) and loaded.dtype == tensor.dtype
     assert path == tmp_path / "step-00000005"
-    assert sorted(p.name for p in path.iterdir()) == ["manifest.json", "policy.safetensors", "state.json",
-                                                      "value_head.safetensors"]
+    assert sorted(p.name for p in path.iterdir()) == [
+        "manifest.json",
+        "policy.safetensors",
+        "state.json",
+        "value_head.safetensors",
+    ]
     manifest = json.loads((path / "manifest.json").read_text())
     assert manifest["format_version"] == 1 and manifest["step"] == 5
     assert set(manifest["files"]) == {"policy.safetensors", "state.json", "value_head.safetensors"}
@@ -87,8 +106,10 @@ def test_tied_weights_are_stored_once_and_load_tied(tmp_path):
     policy = checkpoint.tensors["policy"]
     assert policy["embed.weight"] is policy["unembed.weight"]
     manifest = json.loads((path / "manifest.json").read_text())
-    assert manifest["tensor_groups"]["policy"]["aliases"] in ({"unembed.weight": "embed.weight"},
-                                                             {"embed.weight": "unembed.weight"})
+    assert manifest["tensor_groups"]["policy"]["aliases"] in (
+        {"unembed.weight": "embed.weight"},
+        {"embed.weight": "unembed.weight"},
+    )
     fresh = TiedModel()
     fresh.load_state_dict(policy)
     tokens = torch.tensor([0, 3, 5])
@@ -115,9 +136,15 @@ def train_steps(model, optimizer, steps: range):
 
 def make_adamw(model, fused: bool):
     # Two groups with different hyperparameters, as LMLearner has for actor and critic.
-    return torch.optim.AdamW([{"params": [model.weight], "lr": 1e-2, "base_lr": 1e-2},
-                              {"params": [model.bias], "lr": 3e-3, "base_lr": 3e-3}],
-                             betas=(0.8, 0.95), weight_decay=0.1, fused=fused)
+    return torch.optim.AdamW(
+        [
+            {"params": [model.weight], "lr": 1e-2, "base_lr": 1e-2},
+            {"params": [model.bias], "lr": 3e-3, "base_lr": 3e-3},
+        ],
+        betas=(0.8, 0.95),
+        weight_decay=0.1,
+        fused=fused,
+    )
 
 
 @pytest.mark.parametrize("fused", [False, True])
@@ -131,15 +158,17 @@ def test_optimizer_round_trip_continues_training_bitwise_identically(tmp_path, f
     optimizer = make_adamw(interrupted, fused)
     train_steps(interrupted, optimizer, range(3))
     optimizer_group, optimizer_meta = optimizer_tensors(optimizer)
-    path = CheckpointStore(tmp_path).save(3, {"policy": interrupted.state_dict(), "optimizer": optimizer_group},
-                                          {"optimizer": optimizer_meta})
+    path = CheckpointStore(tmp_path).save(
+        3, {"policy": interrupted.state_dict(), "optimizer": optimizer_group}, {"optimizer": optimizer_meta}
+    )
     assert "state.0.exp_avg" in optimizer_group and "state.1.exp_avg_sq" in optimizer_group
 
     checkpoint = load_checkpoint(path)
     resumed = nn.Linear(4, 3)  # a different initialisation, overwritten by the checkpoint
     resumed.load_state_dict(checkpoint.tensors["policy"])
-    resumed_optimizer = torch.optim.AdamW([{"params": [resumed.weight]}, {"params": [resumed.bias]}], lr=1.0,
-                                          fused=fused)
+    resumed_optimizer = torch.optim.AdamW(
+        [{"params": [resumed.weight]}, {"params": [resumed.bias]}], lr=1.0, fused=fused
+    )
     load_optimizer(resumed_optimizer, checkpoint.tensors["optimizer"], checkpoint.state["optimizer"])
     assert resumed_optimizer.param_groups[0]["betas"] == (0.8, 0.95)
     assert resumed_optimizer.param_groups[1]["lr"] == 3e-3
@@ -248,8 +277,12 @@ WRITER = textwrap.dedent("""
 
 
 def test_kill_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path):
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     started = writer.stdout.readline()  # the writer stops itself there, so the kill cannot come too late
     assert started == b"writing checkpoint 2\n", f"the writer exited early: {writer.stderr.read().decode()}"
     os.kill(writer.pid, signal.SIGKILL)

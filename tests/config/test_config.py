@@ -61,7 +61,9 @@ def test_unknown_key_suggests_the_nearest():
 
 
 def test_cross_field_rule_says_how_to_fix():
-    with pytest.raises(ConfigError, match=r"train.mini_batch_transitions \(100\) must divide train.batch_transitions \(256\)"):
+    with pytest.raises(
+        ConfigError, match=r"train.mini_batch_transitions \(100\) must divide train.batch_transitions \(256\)"
+    ):
         load_config(None, ["algorithm=ppo", "train.mini_batch_transitions=100"])
     with pytest.raises(ConfigError, match=r"env.num_envs \(3\) must divide"):
         load_config(None, ["algorithm=ppo", "env.num_envs=3"])
@@ -92,8 +94,11 @@ def test_unknown_algorithm_and_registry_names():
 def test_group_estimators_are_rejected_for_gym_environments():
     with pytest.raises(ConfigError, match=r"'grpo' works on groups"):
         load_config(None, ["estimator.advantage=grpo"])
-    with pytest.raises(ConfigError, match=r"'reinforce_plus_plus' does not read episode ends .*use one of: "
-                                          r"batch_mean_baseline, gae, reward_to_go, td, value_baseline$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"'reinforce_plus_plus' does not read episode ends .*use one of: "
+        r"batch_mean_baseline, gae, reward_to_go, td, value_baseline$",
+    ):
         load_config(None, ["estimator.advantage=reinforce_plus_plus"])
 
 
@@ -143,7 +148,9 @@ def test_hyperparameters_of_an_unchosen_option_are_reported():
     assert any("sample_age_decay" in w for w in warnings)
     chosen = load_config(None, ["estimator.off_policy_weight=truncated_is", "estimator.is_truncation=1.5"])
     assert chosen.warnings == []
-    assert any("lambda_gae" in w for w in load_config(None, ["estimator.advantage=td", "estimator.lambda_gae=0.9"]).warnings)
+    assert any(
+        "lambda_gae" in w for w in load_config(None, ["estimator.advantage=td", "estimator.lambda_gae=0.9"]).warnings
+    )
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda path: path.name)
@@ -161,7 +168,9 @@ def test_batch_sizes_carry_their_unit_per_mode():
     gym = load_config(None, ["algorithm=ppo", "train.batch_transitions=512", "train.mini_batch_transitions=128"])
     assert (gym.train.batch_transitions, gym.train.mini_batch_transitions, gym.steps_per_env) == (512, 128, 64)
     assert gym.warnings == []
-    lm = load_config(None, ["task.name=arithmetic", "algorithm=grpo", "train.batch_size=32", "train.mini_batch_size=16"])
+    lm = load_config(
+        None, ["task.name=arithmetic", "algorithm=grpo", "train.batch_size=32", "train.mini_batch_size=16"]
+    )
     assert (lm.train.batch_size, lm.train.mini_batch_size, lm.prompts_per_step) == (32, 16, 4)
     misplaced = load_config(None, ["task.name=arithmetic", "algorithm=grpo", "train.batch_transitions=32"])
     assert any("'train.batch_transitions' has no effect" in warning for warning in misplaced.warnings)
@@ -174,4 +183,5 @@ def test_a_gym_run_reads_the_old_batch_keys_as_transitions_with_a_deprecation_wa
         "'train.batch_size' counts completions in language-model runs; a gymnasium run counts its batch in "
         "environment transitions: read as 'train.batch_transitions' (256); rename the key",
         "'train.mini_batch_size' counts completions in language-model runs; a gymnasium run counts its batch in "
-        "environment transitions: read as 'train.mini_batch_transitions' (32); rename the key"]
+        "environment transitions: read as 'train.mini_batch_transitions' (32); rename the key",
+    ]

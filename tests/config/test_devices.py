@@ -54,8 +54,11 @@ def fake_gpus(monkeypatch, count: int) -> None:
 @pytest.mark.parametrize("backend", ["inprocess", "ray"])
 def test_more_cuda_learner_ranks_than_gpus_is_a_config_error(monkeypatch, backend):
     fake_gpus(monkeypatch, 1)
-    with pytest.raises(ConfigError, match=r"train.learner_processes \(2\) ranks on device 'cuda' take a GPU each; "
-                                          r"this machine has 1: lower train.learner_processes"):
+    with pytest.raises(
+        ConfigError,
+        match=r"train.learner_processes \(2\) ranks on device 'cuda' take a GPU each; "
+        r"this machine has 1: lower train.learner_processes",
+    ):
         load_config(None, [*TEXT, "device=cuda", "train.learner_processes=2", f"backend={backend}"])
     fake_gpus(monkeypatch, 2)
     assert load_config(None, [*TEXT, "device=cuda", "train.learner_processes=2"]).train.learner_processes == 2

@@ -32,6 +32,16 @@ def test_unread_keys_name_whole_sections_and_single_fields():
 def test_a_key_the_mode_never_reads_is_warned_about_and_a_shared_one_is_not():
     gym = load_config(None, ["algorithm=ppo", "model.name=gpt2", "device=cpu", "train.learning_rate=1e-3"])
     assert sorted(warning.split("'")[1] for warning in gym.warnings) == ["device", "model.name"]
-    lm = load_config(None, ["algorithm=grpo", "task.name=arithmetic", "env.id=Pendulum-v1", "eval.episodes=5",
-                            "sample.replay_buffer_size=256", "train.batch_size=16", "train.mini_batch_size=16"])
+    lm = load_config(
+        None,
+        [
+            "algorithm=grpo",
+            "task.name=arithmetic",
+            "env.id=Pendulum-v1",
+            "eval.episodes=5",
+            "sample.replay_buffer_size=256",
+            "train.batch_size=16",
+            "train.mini_batch_size=16",
+        ],
+    )
     assert sorted(warning.split("'")[1] for warning in lm.warnings) == ["env.id", "eval.episodes"]

@@ -16,10 +16,10 @@ from tests.helpers.plugins import FAST, write_plugin
 from unipg.cli import app
 from unipg.config import ConfigError, load_config
 from unipg.config import plugins as plugin_module
-from unipg.registry import Registry
 from unipg.observe.metrics import read_metrics
-from unipg.tasks.rewards.rules import REWARDS
+from unipg.registry import Registry
 from unipg.tasks.base import TASKS
+from unipg.tasks.rewards.rules import REWARDS
 from unipg.tools.base import TOOLS
 
 
@@ -45,8 +45,17 @@ def test_a_plugin_file_listed_in_the_config_trains_from_the_command_line(registr
     write_plugin(project, "cli")
     config_file = project / "my.yaml"
     config_file.write_text(yaml.safe_dump({"plugins": ["./my_task.py"], "task": {"name": "letter_count_cli"}}))
-    result = CliRunner().invoke(app, ["train", "--config", str(config_file), *FAST, f"model.name={embedded_path}",
-                                      f"log.output_dir={tmp_path / 'runs'}"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "--config",
+            str(config_file),
+            *FAST,
+            f"model.name={embedded_path}",
+            f"log.output_dir={tmp_path / 'runs'}",
+        ],
+    )
     assert result.exit_code == 0, result.output
     run_dir = next((tmp_path / "runs").iterdir())
     steps = [record for record in read_metrics(run_dir) if "train/loss" in record]
@@ -65,9 +74,16 @@ def test_import_option_and_the_api_load_a_module_plugin(registries, embedded_pat
     shown = CliRunner().invoke(app, ["--import", "letters_plugin", "config", "task.name=letter_count_mod"])
     assert shown.exit_code == 0, shown.output
     assert "letters_plugin" in shown.output
-    result = unipg.train(None, plugins=["letters_plugin"], overrides=["task.name=letter_count_mod", *FAST,
-                                                                       f"model.name={embedded_path}",
-                                                                       f"log.output_dir={tmp_path / 'runs'}"])
+    result = unipg.train(
+        None,
+        plugins=["letters_plugin"],
+        overrides=[
+            "task.name=letter_count_mod",
+            *FAST,
+            f"model.name={embedded_path}",
+            f"log.output_dir={tmp_path / 'runs'}",
+        ],
+    )
     assert result.config.plugins == ["letters_plugin"]
     assert 0.0 <= result.metrics["rollout/reward_same_count_mod"] <= 1.0
 
@@ -82,10 +98,12 @@ def test_a_plugin_that_fails_to_import_names_itself_and_its_error(registries, tm
     broken.write_text("raise RuntimeError('cannot reach the data server')\n")
     with pytest.raises(ConfigError) as raised:
         load_config(None, [f"plugins=[{broken}]"])
-    assert str(raised.value) == (f"plugin file '{broken}' failed to import: RuntimeError: cannot reach the data "
-                                 "server")
-    with pytest.raises(ConfigError, match=r"plugin 'no_such_plugin_module' failed to import: ModuleNotFoundError: "
-                                          r".*; is it installed, or on PYTHONPATH\?"):
+    assert str(raised.value) == (f"plugin file '{broken}' failed to import: RuntimeError: cannot reach the data server")
+    with pytest.raises(
+        ConfigError,
+        match=r"plugin 'no_such_plugin_module' failed to import: ModuleNotFoundError: "
+        r".*; is it installed, or on PYTHONPATH\?",
+    ):
         load_config(None, ["plugins=[no_such_plugin_module]"])
     with pytest.raises(ConfigError, match="plugin file '.*missing.py' does not exist"):
         load_config(None, [f"plugins=[{tmp_path / 'missing.py'}]"])
@@ -112,13 +130,14 @@ def test_entry_point_plugins_are_loaded_once(registries, tmp_path, monkeypatch):
     calls = []
     estimators = Registry("estimator")
     module = tmp_path / "entry_plugin_module.py"
-    module.write_text("from unipg.tasks.base import TASKS\n"
-                      "TASKS.register('entry_point_task')(lambda: None)\n")
+    module.write_text("from unipg.tasks.base import TASKS\nTASKS.register('entry_point_task')(lambda: None)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     sys.modules["entry_plugin_hook"] = type(sys)("entry_plugin_hook")
     sys.modules["entry_plugin_hook"].register = lambda: calls.append(estimators.register("mine")(len))
-    entries = [EntryPoint("tasks", "entry_plugin_module", plugin_module.ENTRY_POINT_GROUP),
-               EntryPoint("hook", "entry_plugin_hook:register", plugin_module.ENTRY_POINT_GROUP)]
+    entries = [
+        EntryPoint("tasks", "entry_plugin_module", plugin_module.ENTRY_POINT_GROUP),
+        EntryPoint("hook", "entry_plugin_hook:register", plugin_module.ENTRY_POINT_GROUP),
+    ]
     monkeypatch.setattr(plugin_module, "entry_points", lambda group: entries if group == "unipg.plugins" else [])
     plugin_module.load_entry_point_plugins.cache_clear()
     try:
@@ -144,19 +163,22 @@ def test_a_payload_from_a_plugin_file_unpickles_in_a_fresh_process(registries, t
     wrapped, unwrapped = tmp_path / "wrapped.pickle", tmp_path / "unwrapped.pickle"
     wrapped.write_bytes(pickle.dumps(plugin_module.imported_first([str(path)], payload)))
     unwrapped.write_bytes(pickle.dumps(payload))
-    script = ("import pickle, sys\n"
-              "try:\n    pickle.loads(open(sys.argv[2], 'rb').read())\n"
-              "except ModuleNotFoundError:\n    print('unwrapped: unknown module')\n"
-              "task, tool = pickle.loads(open(sys.argv[1], 'rb').read())\n"
-              "print(task.name, tool.function('abc'))\n")
-    shown = subprocess.run([sys.executable, "-c", script, str(wrapped), str(unwrapped)], capture_output=True,
-                           text=True, timeout=120)
+    script = (
+        "import pickle, sys\n"
+        "try:\n    pickle.loads(open(sys.argv[2], 'rb').read())\n"
+        "except ModuleNotFoundError:\n    print('unwrapped: unknown module')\n"
+        "task, tool = pickle.loads(open(sys.argv[1], 'rb').read())\n"
+        "print(task.name, tool.function('abc'))\n"
+    )
+    shown = subprocess.run(
+        [sys.executable, "-c", script, str(wrapped), str(unwrapped)], capture_output=True, text=True, timeout=120
+    )
     assert shown.stdout.split("\n")[:2] == ["unwrapped: unknown module", "letter_count_pickle 3"], shown.stderr[-2000:]
 
 
 def test_the_example_plugin_task_loads_and_its_demonstrations_earn_full_reward(registries):
-    from unipg.tasks.rewards.rules import build_rewards
     from unipg.tasks.base import make_task
+    from unipg.tasks.rewards.rules import build_rewards
 
     example_config = Path(__file__).resolve().parents[2] / "examples" / "plugin_task" / "config.yaml"
     config = unipg.load_config(example_config, train__updates=1)
@@ -164,7 +186,8 @@ def test_the_example_plugin_task_loads_and_its_demonstrations_earn_full_reward(r
     task = make_task(config.task.name, **config.task.options)
     example = task.train[0]
     demonstrated = example.solution[-1]["content"]
-    scored = build_rewards(task.rewards)([example.prompt], [demonstrated],
-                                         **{name: [value] for name, value in example.columns.items()})
+    scored = build_rewards(task.rewards)(
+        [example.prompt], [demonstrated], **{name: [value] for name, value in example.columns.items()}
+    )
     assert scored.total == [1.0]
     assert TOOLS.get("letters")().function(example.prompt.split()[-1].rstrip("?")) == example.answer

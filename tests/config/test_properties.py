@@ -19,8 +19,37 @@ KNOWN = set(VALID) | set(FLAT_ALIASES)
 names = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,10}", fullmatch=True)
 keys = st.one_of(st.sampled_from(LEAVES), st.lists(names, min_size=1, max_size=3).map(".".join), st.text(max_size=20))
 # Values that exercise the YAML parser: scalars, flow collections, tags, anchors, broken syntax.
-yaml_bits = st.sampled_from(["[", "]", "{", "}", ":", ": ", "-", "#", "!!", "!!float ", "!!int ", "!!bool ", "&a ",
-                             "*a", "'", '"', "|", ">", "\t", "\n", ",", "~", "null", "true", "no", "1e-3", ".inf"])
+yaml_bits = st.sampled_from(
+    [
+        "[",
+        "]",
+        "{",
+        "}",
+        ":",
+        ": ",
+        "-",
+        "#",
+        "!!",
+        "!!float ",
+        "!!int ",
+        "!!bool ",
+        "&a ",
+        "*a",
+        "'",
+        '"',
+        "|",
+        ">",
+        "\t",
+        "\n",
+        ",",
+        "~",
+        "null",
+        "true",
+        "no",
+        "1e-3",
+        ".inf",
+    ]
+)
 values = st.one_of(st.text(max_size=30), st.lists(st.one_of(yaml_bits, st.text(max_size=4)), max_size=8).map("".join))
 
 
@@ -50,8 +79,9 @@ def test_load_config_with_any_override_builds_or_raises_a_config_error(key, valu
 def test_unknown_dotted_keys_are_rejected_naming_the_key(parts):
     prefixes = [".".join(parts[: i + 1]) for i in range(len(parts))]
     unknown = next((prefix for prefix in prefixes if prefix not in KNOWN), None)
-    value_with_sub_keys = any(prefix in FLAT_ALIASES or (prefix in VALID and VALID[prefix] is None)
-                              for prefix in prefixes[:-1])
+    value_with_sub_keys = any(
+        prefix in FLAT_ALIASES or (prefix in VALID and VALID[prefix] is None) for prefix in prefixes[:-1]
+    )
     if unknown is None or value_with_sub_keys:  # a valid key, or sub-keys under a value: other properties
         return
     with pytest.raises(ConfigError, match=f"unknown key '{unknown}'"):
@@ -61,7 +91,8 @@ def test_unknown_dotted_keys_are_rejected_naming_the_key(parts):
 # Valid values of keys of each kind that no cross-field rule involves, and how the value is written on the
 # command line. Text values exclude YAML's spellings of null (null, Null, ~), which mean None.
 plain_text = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,15}", fullmatch=True).filter(
-    lambda text: yaml.safe_load(text) is not None)
+    lambda text: yaml.safe_load(text) is not None
+)
 ROUND_TRIP = {
     "seed": st.integers(0, 2**31 - 1),
     "eval.episodes": st.integers(1, 10**6),
@@ -113,8 +144,11 @@ def test_set_dotted_places_the_value_at_the_dotted_path(path, value):
 
 
 @settings(max_examples=120, deadline=None)
-@given(text=st.one_of(st.text(max_size=20), st.lists(st.integers(-5, 50).map(str) | st.text(max_size=3),
-                                                     max_size=5).map(",".join)))
+@given(
+    text=st.one_of(
+        st.text(max_size=20), st.lists(st.integers(-5, 50).map(str) | st.text(max_size=3), max_size=5).map(",".join)
+    )
+)
 def test_parse_seeds_gives_integers_or_exits_with_code_2(text):
     try:
         seeds = parse_seeds(text)

@@ -63,8 +63,11 @@ def test_explain_reads_flat_aliases_and_nested_keys_written_plainly():
 
 
 def test_an_unknown_key_or_section_names_the_nearest():
-    with pytest.raises(ConfigError, match=r"unknown key or section 'estimator.clip_rnge'; did you mean "
-                                          r"'estimator.clip_range'\?"):
+    with pytest.raises(
+        ConfigError,
+        match=r"unknown key or section 'estimator.clip_rnge'; did you mean "
+        r"'estimator.clip_range'\?",
+    ):
         explain(["estimator.clip_rnge"])
     with pytest.raises(ConfigError, match=r"did you mean 'estimator.clip_range'"):
         explain(["train.clip_range"])  # the right key in the wrong section
@@ -84,7 +87,8 @@ def test_the_command_explains_and_exits_2_without_a_traceback_on_an_unknown_key(
 
 def test_docs_config_md_is_the_reference_the_schema_generates():
     # a fresh interpreter: plugins registered by other tests must not change what the command prints
-    generated = subprocess.run([sys.executable, "-m", "unipg.config.reference"], cwd=ROOT, capture_output=True,
-                               text=True, check=True).stdout
+    generated = subprocess.run(
+        [sys.executable, "-m", "unipg.config.reference"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
     committed = (ROOT / "docs" / "config.md").read_text(encoding="utf-8")
     assert committed == generated, f"docs/config.md differs from the schema; regenerate it: {REGENERATE}"

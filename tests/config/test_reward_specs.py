@@ -16,8 +16,9 @@ NESTED = {"name": "length", "weight": 0.1, "options": {"max_length": 120}}
 
 
 def test_the_nested_form_loads_without_a_warning_and_is_stored_as_written():
-    config = load_config(None, [*TEXT, "task.rewards=[{name: math}, {name: length, weight: 0.1, options: "
-                                       "{max_length: 120}}]"])
+    config = load_config(
+        None, [*TEXT, "task.rewards=[{name: math}, {name: length, weight: 0.1, options: {max_length: 120}}]"]
+    )
     check_sample_options(config)
     assert config.task.rewards == [{"name": "math"}, NESTED]
     assert config.warnings == []
@@ -27,14 +28,19 @@ def test_options_beside_the_name_load_in_the_nested_form_with_a_warning_showing_
     config = load_config(None, [*TEXT, "task.rewards=[{name: math}, {name: length, weight: 0.1, max_length: 120}]"])
     check_sample_options(config)
     assert config.task.rewards == [{"name": "math"}, NESTED]
-    assert config.warnings == ["task.rewards[1]: a reward's options go under 'options'; write {name: length, "
-                               "weight: 0.1, options: {max_length: 120}} (options beside the name are read until "
-                               "the next release)"]
+    assert config.warnings == [
+        "task.rewards[1]: a reward's options go under 'options'; write {name: length, "
+        "weight: 0.1, options: {max_length: 120}} (options beside the name are read until "
+        "the next release)"
+    ]
 
 
 def test_an_option_set_in_both_places_or_options_that_are_no_mapping_are_errors():
-    with pytest.raises(ConfigError, match=r"task.rewards\[0\] sets max_length both beside the name and under "
-                                          r"options; keep the one under options"):
+    with pytest.raises(
+        ConfigError,
+        match=r"task.rewards\[0\] sets max_length both beside the name and under "
+        r"options; keep the one under options",
+    ):
         load_config(None, [*TEXT, "task.rewards=[{name: length, max_length: 9, options: {max_length: 120}}]"])
     with pytest.raises(ConfigError, match=r"task.rewards\[0\].options must be a mapping of option names to values"):
         check_sample_options(load_config(None, [*TEXT, "task.rewards=[{name: length, options: 120}]"]))
@@ -52,8 +58,11 @@ def test_build_rewards_reads_both_forms_alike_and_warns_about_the_inline_one():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         nested = build_rewards([{"name": "math"}, {"name": "length", "weight": 0.5, "options": {"max_length": 10}}])
-    with pytest.warns(UnipgDeprecationWarning, match=r"rewards\[1\]: a reward's options go under 'options'; write "
-                                                     r"\{name: length, weight: 0.5, options: \{max_length: 10\}\}"):
+    with pytest.warns(
+        UnipgDeprecationWarning,
+        match=r"rewards\[1\]: a reward's options go under 'options'; write "
+        r"\{name: length, weight: 0.5, options: \{max_length: 10\}\}",
+    ):
         inline = build_rewards([{"name": "math"}, {"name": "length", "weight": 0.5, "max_length": 10}])
     scored = nested(prompts, completions, answer=answers).total
     assert scored[0] == 1.0 and scored[1] < 1.0  # the long completion pays the length penalty

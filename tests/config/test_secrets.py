@@ -8,8 +8,20 @@ from unipg.config import ConfigError, load_config
 from unipg.config.secrets import CLEAR_ENV_VARS, REDACTED, looks_like_secret, redact_secrets
 from unipg.observe.metrics import MetricsLogger
 
-SECRET_ENV_NAMES = ("OPENAI_API_KEY", "MY_KEY", "GITHUB_PAT", "DATABASE_URL", "SLACK_WEBHOOK_URL", "SESSION_COOKIE",
-                    "AUTH_HEADER", "DB_PASSWORD", "ANTHROPIC_API_KEY", "HF_TOKEN", "SOME_SETTING", "S3_BUCKET")
+SECRET_ENV_NAMES = (
+    "OPENAI_API_KEY",
+    "MY_KEY",
+    "GITHUB_PAT",
+    "DATABASE_URL",
+    "SLACK_WEBHOOK_URL",
+    "SESSION_COOKIE",
+    "AUTH_HEADER",
+    "DB_PASSWORD",
+    "ANTHROPIC_API_KEY",
+    "HF_TOKEN",
+    "SOME_SETTING",
+    "S3_BUCKET",
+)
 SECRET_VALUES = (
     "Bearer abcdef0123456789xyz",
     "bearer eyJhbGciOi.something-long",
@@ -36,25 +48,58 @@ SECRET_VALUES = (
     "dGhpcyBpcyBhIHNlY3JldCBrZXkgdmFsdWUgMTIzNDU2Nzg5MA==",
     "-----BEGIN RSA PRIVATE KEY-----\nMIIEow...",
 )
-PLAIN_VALUES = ("Qwen/Qwen2.5-0.5B-Instruct", "embedded-tiny", "runs", "/work/data/train.jsonl", "arithmetic",
-                "https://example.com/data.jsonl", "http://127.0.0.1:8080", "grpo", "offline", "The answer is 42.",
-                "token_mean", "sk-short", "cafe", "step-00012", "bfloat16", "ray://head:10001")
+PLAIN_VALUES = (
+    "Qwen/Qwen2.5-0.5B-Instruct",
+    "embedded-tiny",
+    "runs",
+    "/work/data/train.jsonl",
+    "arithmetic",
+    "https://example.com/data.jsonl",
+    "http://127.0.0.1:8080",
+    "grpo",
+    "offline",
+    "The answer is 42.",
+    "token_mean",
+    "sk-short",
+    "cafe",
+    "step-00012",
+    "bfloat16",
+    "ray://head:10001",
+)
 
 
 def test_environment_variables_are_redacted_unless_kept_in_clear():
     env_vars = {name: f"value-of-{name.lower()}" for name in SECRET_ENV_NAMES}
-    env_vars |= {"PYTHONPATH": "/opt/code", "OMP_NUM_THREADS": "4", "CUDA_VISIBLE_DEVICES": "0,1",
-                 "TOKENIZERS_PARALLELISM": "false", "HF_HOME": "/cache/hf", "MY_SETTING": "fast"}
+    env_vars |= {
+        "PYTHONPATH": "/opt/code",
+        "OMP_NUM_THREADS": "4",
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HOME": "/cache/hf",
+        "MY_SETTING": "fast",
+    }
     tree = {"ray": {"runtime_env": {"env_vars": env_vars, "working_dir": "."}, "env_vars_in_clear": ["MY_SETTING"]}}
     saved = redact_secrets(tree)["ray"]
-    assert {name for name, value in saved["runtime_env"]["env_vars"].items() if value == REDACTED} \
-        == set(SECRET_ENV_NAMES)
-    for name in ("PYTHONPATH", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "TOKENIZERS_PARALLELISM", "HF_HOME",
-                 "MY_SETTING"):
+    assert {name for name, value in saved["runtime_env"]["env_vars"].items() if value == REDACTED} == set(
+        SECRET_ENV_NAMES
+    )
+    for name in (
+        "PYTHONPATH",
+        "OMP_NUM_THREADS",
+        "CUDA_VISIBLE_DEVICES",
+        "TOKENIZERS_PARALLELISM",
+        "HF_HOME",
+        "MY_SETTING",
+    ):
         assert saved["runtime_env"]["env_vars"][name] == env_vars[name], name
     assert saved["runtime_env"]["working_dir"] == "." and saved["env_vars_in_clear"] == ["MY_SETTING"]
-    assert {"PYTHONPATH", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "TOKENIZERS_PARALLELISM", "HF_HOME"} \
-        <= CLEAR_ENV_VARS
+    assert {
+        "PYTHONPATH",
+        "OMP_NUM_THREADS",
+        "CUDA_VISIBLE_DEVICES",
+        "TOKENIZERS_PARALLELISM",
+        "HF_HOME",
+    } <= CLEAR_ENV_VARS
     # a settings name in clear still has a credential-looking value redacted
     leaked = redact_secrets({"ray": {"runtime_env": {"env_vars": {"HF_HOME": "sk-abcdefghijklmnop1234567890"}}}})
     assert leaked["ray"]["runtime_env"]["env_vars"]["HF_HOME"] == REDACTED
@@ -64,8 +109,10 @@ def test_environment_variables_are_redacted_unless_kept_in_clear():
 def test_a_credential_is_redacted_by_its_form_under_any_key(value):
     assert looks_like_secret(value)
     tree = {"task": {"options": {"source": value, "sources": [value, "plain"]}}, "model": {"name": value}}
-    assert redact_secrets(tree) == {"task": {"options": {"source": REDACTED, "sources": [REDACTED, "plain"]}},
-                                    "model": {"name": REDACTED}}
+    assert redact_secrets(tree) == {
+        "task": {"options": {"source": REDACTED, "sources": [REDACTED, "plain"]}},
+        "model": {"name": REDACTED},
+    }
 
 
 @pytest.mark.parametrize("value", PLAIN_VALUES)
@@ -75,8 +122,18 @@ def test_ordinary_text_is_not_taken_for_a_credential(value):
 
 
 def test_secret_names_of_every_common_form_are_redacted():
-    names = ("OPENAI_API_KEY", "MY_KEY", "GITHUB_PAT", "session_cookie", "Authorization", "db_password",
-             "slack_webhook", "sentry_dsn", "bearer", "client_secret")
+    names = (
+        "OPENAI_API_KEY",
+        "MY_KEY",
+        "GITHUB_PAT",
+        "session_cookie",
+        "Authorization",
+        "db_password",
+        "slack_webhook",
+        "sentry_dsn",
+        "bearer",
+        "client_secret",
+    )
     tree = {"task": {"options": {name: "plain-looking" for name in names} | {"answer_key": "A", "keep": "x"}}}
     options = redact_secrets(tree)["task"]["options"]
     assert [name for name in names if options[name] != REDACTED] == []
@@ -84,9 +141,12 @@ def test_secret_names_of_every_common_form_are_redacted():
 
 
 def test_a_resumed_run_reads_redacted_environment_variables_again(tmp_path, monkeypatch):
-    overrides = ["task.name=arithmetic", "log.monitor=false",
-                 "ray.runtime_env={env_vars: {MY_KEY: k-1, SOME_SETTING: s-1, OMP_NUM_THREADS: '2'}}",
-                 "task.options={digits: 1, source_url: 'https://u:secretpw@example.com/x'}"]
+    overrides = [
+        "task.name=arithmetic",
+        "log.monitor=false",
+        "ray.runtime_env={env_vars: {MY_KEY: k-1, SOME_SETTING: s-1, OMP_NUM_THREADS: '2'}}",
+        "task.options={digits: 1, source_url: 'https://u:secretpw@example.com/x'}",
+    ]
     logger = MetricsLogger(tmp_path / "run", tensorboard=False)
     logger.write_config(load_config(None, overrides).to_dict())
     logger.close()
@@ -98,7 +158,8 @@ def test_a_resumed_run_reads_redacted_environment_variables_again(tmp_path, monk
     with pytest.raises(ConfigError, match="env_vars.MY_KEY, ray.runtime_env.env_vars.SOME_SETTING"):
         load_config(saved, ["task.options.source_url=https://u:secretpw@example.com/x"])
     monkeypatch.setenv("MY_KEY", "k-2")
-    config = load_config(saved, ["ray.runtime_env.env_vars.SOME_SETTING=s-2",
-                                 "task.options.source_url=https://u:pw2@example.com/x"])
+    config = load_config(
+        saved, ["ray.runtime_env.env_vars.SOME_SETTING=s-2", "task.options.source_url=https://u:pw2@example.com/x"]
+    )
     assert config.ray.runtime_env["env_vars"] == {"MY_KEY": "k-2", "SOME_SETTING": "s-2", "OMP_NUM_THREADS": "2"}
     assert config.task.options["source_url"] == "https://u:pw2@example.com/x"

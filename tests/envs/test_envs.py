@@ -6,8 +6,8 @@ import pytest
 
 from unipg.envs import ENVS, EnvironmentService
 from unipg.envs.tool_env import ToolEnv, parse_turn
-from unipg.tasks.rewards.rules import build_rewards
 from unipg.tasks.base import Example
+from unipg.tasks.rewards.rules import build_rewards
 from unipg.tools import LatencyModel, ToolError, tool
 
 
@@ -111,14 +111,17 @@ def test_tools_run_concurrently():
     assert max(start for _, start, _ in results) < min(end for _, _, end in results)  # all ten ran at once
 
 
-@pytest.mark.parametrize("text, problem", [
-    ('<tool_call>{"name": "echo", "arguments": {"text": "x"}}', "no closing"),
-    ('<tool_call>{"name": echo}</tool_call>', "not valid JSON"),
-    ('<tool_call>["echo"]</tool_call>', '"name"'),
-    ('<tool_call>{"name": "mystery", "arguments": {}}</tool_call>', "unknown tool 'mystery'"),
-    ('<tool_call>{"name": "echo", "arguments": {"txt": "x"}}</tool_call>', "unknown argument"),
-    ('<tool_call>{"name": "echo", "arguments": {"text": 5}}</tool_call>', "must be string"),
-])
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ('<tool_call>{"name": "echo", "arguments": {"text": "x"}}', "no closing"),
+        ('<tool_call>{"name": echo}</tool_call>', "not valid JSON"),
+        ('<tool_call>["echo"]</tool_call>', '"name"'),
+        ('<tool_call>{"name": "mystery", "arguments": {}}</tool_call>', "unknown tool 'mystery'"),
+        ('<tool_call>{"name": "echo", "arguments": {"txt": "x"}}</tool_call>', "unknown argument"),
+        ('<tool_call>{"name": "echo", "arguments": {"text": 5}}</tool_call>', "must be string"),
+    ],
+)
 def test_malformed_calls_say_what_was_wrong(text, problem):
     service, _ = make_service()
     turn = parse_turn(text, service)
@@ -150,9 +153,17 @@ def test_tool_env_episode_rewards_process_and_final_answer():
     env = ToolEnv(build_rewards([{"name": "math"}]), service, process_weight=0.1)
     example = Example("What is 6*7?", "42", "", {"answer": "42"})
     good = '<tool_call>{"name": "echo", "arguments": {"text": "42"}}</tool_call>'
-    first, steps = run_episode(env, example, ["<tool_call>oops</tool_call>", good, good,
-                                              '<tool_call>{"name": "raises", "arguments": {"text": "x"}}</tool_call>',
-                                              "42"])
+    first, steps = run_episode(
+        env,
+        example,
+        [
+            "<tool_call>oops</tool_call>",
+            good,
+            good,
+            '<tool_call>{"name": "raises", "arguments": {"text": "x"}}</tool_call>',
+            "42",
+        ],
+    )
     assert first == ["What is 6*7?"]
     malformed, ok, ok_again, failed, answer = steps
     assert malformed.observation.startswith("error:") and malformed.reward == -0.1 and not malformed.done

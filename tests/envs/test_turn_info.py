@@ -5,12 +5,12 @@ import asyncio
 
 import pytest
 
+from tests.helpers.scripted import ScriptedEngine
 from unipg.envs import StepResult, TurnInfo
 from unipg.policy.chat import TurnTemplate
 from unipg.policy.templates import family_tokenizer
 from unipg.sample.agent import AgentLoop
 from unipg.tasks.base import Example
-from tests.helpers.scripted import ScriptedEngine
 
 
 class DictInfoEnv:
@@ -35,8 +35,14 @@ def play(env):
     tokenizer = family_tokenizer("qwen2.5")
     tokenizer.model_max_length = 10_000
     encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
-    loop = AgentLoop(ScriptedEngine(tokenizer, ["call", "42"]), TurnTemplate(tokenizer), encode, max_turns=3,
-                     max_new_tokens=50, max_total_tokens=500)
+    loop = AgentLoop(
+        ScriptedEngine(tokenizer, ["call", "42"]),
+        TurnTemplate(tokenizer),
+        encode,
+        max_turns=3,
+        max_new_tokens=50,
+        max_total_tokens=500,
+    )
     [trajectory] = asyncio.run(loop.run_episodes([env], [Example("What is 6*7?", "42", "")]))
     return trajectory
 
@@ -49,10 +55,13 @@ def test_a_plugin_environment_that_reports_dicts_plays_episodes_with_its_facts_r
     assert trajectory.correct and trajectory.tool_calls == 1 and trajectory.tool_status_count("ok") == 1
 
 
-@pytest.mark.parametrize("info, problem", [
-    (["final"], "returned info of type list; return a unipg.envs.TurnInfo"),
-    ({"final": True, "reward_terms": 1.0}, "reward_terms of type float; it must map names to numbers"),
-])
+@pytest.mark.parametrize(
+    "info, problem",
+    [
+        (["final"], "returned info of type list; return a unipg.envs.TurnInfo"),
+        ({"final": True, "reward_terms": 1.0}, "reward_terms of type float; it must map names to numbers"),
+    ],
+)
 def test_an_info_of_another_shape_is_refused_saying_what_to_return(info, problem):
     with pytest.raises(TypeError, match=problem):
         play(DictInfoEnv(info))

@@ -157,9 +157,7 @@ def test_reward_to_go_matches_loop_twin(seed):
 @pytest.mark.parametrize("seed, gamma, lam", [(0, 0.99, 0.95), (1, 0.9, 0.5), (2, 1.0, 1.0)])
 def test_gae_matches_loop_twin(seed, gamma, lam):
     rewards, values, dones, bootstrap = random_episode_batch(seed)
-    expected = gae_loop(
-        rewards.tolist(), values.tolist(), dones.double().tolist(), gamma, lam, bootstrap.tolist()
-    )
+    expected = gae_loop(rewards.tolist(), values.tolist(), dones.double().tolist(), gamma, lam, bootstrap.tolist())
     advantages, returns = gae(rewards, values, dones, gamma=gamma, lam=lam, bootstrap_value=bootstrap)
     assert torch.allclose(advantages, t(expected))
     assert torch.allclose(returns, advantages + values)
@@ -183,9 +181,7 @@ def test_gae_lambda_zero_is_td_residual_and_td_estimator():
 
 def test_gae_accepts_float32_and_bool_dones():
     rewards, values, dones, bootstrap = random_episode_batch(5)
-    advantages, _ = gae(
-        rewards.float(), values.float(), dones, gamma=0.9, lam=0.9, bootstrap_value=bootstrap.float()
-    )
+    advantages, _ = gae(rewards.float(), values.float(), dones, gamma=0.9, lam=0.9, bootstrap_value=bootstrap.float())
     reference, _ = gae(rewards, values, dones.double(), gamma=0.9, lam=0.9, bootstrap_value=bootstrap)
     assert advantages.dtype == torch.float32
     assert torch.allclose(advantages.double(), reference, atol=1e-5)
@@ -261,8 +257,16 @@ def test_normalize_advantages_whitens_valid_entries_and_keeps_signs_without_shif
 
 def test_registered_advantage_estimators():
     expected = {
-        "gae", "td", "reward_to_go", "batch_mean_baseline", "value_baseline",
-        "grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "turn_level",
+        "gae",
+        "td",
+        "reward_to_go",
+        "batch_mean_baseline",
+        "value_baseline",
+        "grpo",
+        "dr_grpo",
+        "rloo",
+        "reinforce_plus_plus",
+        "turn_level",
     }
     assert set(ADVANTAGES.names()) == expected
     assert ADVANTAGES.get("gae") is gae

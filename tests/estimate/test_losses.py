@@ -167,9 +167,7 @@ def test_dual_clip_does_not_change_moderate_ratios():
     assert dual.metrics["dual_clip_fraction"].item() == 0.0
 
 
-@pytest.mark.parametrize(
-    "kwargs", [{"dual_clip": 1.0}, {"clip_low": 1.0}, {"clip_low": -0.1}, {"clip_high": -0.1}]
-)
+@pytest.mark.parametrize("kwargs", [{"dual_clip": 1.0}, {"clip_low": 1.0}, {"clip_low": -0.1}, {"clip_high": -0.1}])
 def test_ppo_rejects_invalid_clip_settings(kwargs):
     with pytest.raises(ValueError):
         ppo_clip_loss(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2), **kwargs)

@@ -5,14 +5,14 @@ import math
 import pytest
 import torch
 
-from unipg.registry import RegistryError
 from unipg.estimate.weights import (
-    engine_mismatch_weights,
     OFF_POLICY_WEIGHTS,
     OffPolicyWeights,
     combine_weights,
+    engine_mismatch_weights,
     weight_metrics,
 )
+from unipg.registry import RegistryError
 
 # Two sequences of three tokens; the last token of row 1 is padding.
 MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])

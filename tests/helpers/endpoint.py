@@ -23,5 +23,12 @@ class RecordingEngine(HFService):
 def make_loop(policy, **endpoint) -> ExternalAgentLoop:
     """An ``ExternalAgentLoop`` on ``policy`` (a ``RecordingEngine``, seed 0) with ``EndpointConfig(**endpoint)``."""
     engine = RecordingEngine(policy, SamplingParams(), generator=torch.Generator().manual_seed(0), batch_wait=0.005)
-    return ExternalAgentLoop(engine, policy.tokenizer, eos_ids=policy.eos_ids, endpoint=EndpointConfig(**endpoint),
-                             max_tokens=12, context_length=policy.context_length, describe_tools=True)
+    return ExternalAgentLoop(
+        engine,
+        policy.tokenizer,
+        eos_ids=policy.eos_ids,
+        endpoint=EndpointConfig(**endpoint),
+        max_tokens=12,
+        context_length=policy.context_length,
+        describe_tools=True,
+    )

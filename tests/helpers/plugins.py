@@ -52,10 +52,23 @@ LETTERS_PLUGIN = textwrap.dedent('''
 ''')
 
 # two GRPO updates of eight short completions; no checkpoints or rollback
-FAST = ["sample.max_new_tokens=6", "agent.max_total_tokens=24", "algorithm=grpo", "train.batch_size=8",
-        "train.mini_batch_size=8", "train.micro_batch_size=8", "sample.samples_per_prompt=4", "eval.every_updates=100",
-        "eval.pass_k=0", "eval.max_examples=4", "log.progress=false", "log.tensorboard=false",
-        "checkpoint.every_updates=0", "rollback.enabled=false", "train.updates=2"]
+FAST = [
+    "sample.max_new_tokens=6",
+    "agent.max_total_tokens=24",
+    "algorithm=grpo",
+    "train.batch_size=8",
+    "train.mini_batch_size=8",
+    "train.micro_batch_size=8",
+    "sample.samples_per_prompt=4",
+    "eval.every_updates=100",
+    "eval.pass_k=0",
+    "eval.max_examples=4",
+    "log.progress=false",
+    "log.tensorboard=false",
+    "checkpoint.every_updates=0",
+    "rollback.enabled=false",
+    "train.updates=2",
+]
 
 
 def write_plugin(folder: Path, tag: str, name: str = "my_task.py") -> Path:

@@ -6,22 +6,28 @@ One engine serves the whole module (starting vLLM takes tens of seconds); a seco
 
 import asyncio
 import os
-
 from pathlib import Path
+
 import pytest
 import torch
 
 from unipg.config import load_config
-from unipg.policy.loading import load_lm_policy
 from unipg.inference import SamplingParams
+from unipg.policy.loading import load_lm_policy
 from unipg.sample.episodes import EpisodeRunner
-from unipg.tasks.rewards.rules import build_rewards
 from unipg.tasks.base import make_task
+from unipg.tasks.rewards.rules import build_rewards
 
 pytest.importorskip("vllm")
 
-CALCULATOR = ["task.name=calculator", "task.options={digits: 1, num_train: 8, num_test: 2}", "sample.engine=vllm",
-              "sample.max_new_tokens=24", "agent.max_total_tokens=80", "sample.cpu_kv_cache_gb=0.125"]
+CALCULATOR = [
+    "task.name=calculator",
+    "task.options={digits: 1, num_train: 8, num_test: 2}",
+    "sample.engine=vllm",
+    "sample.max_new_tokens=24",
+    "agent.max_total_tokens=80",
+    "sample.cpu_kv_cache_gb=0.125",
+]
 
 
 def child_processes() -> list[int]:
@@ -63,15 +69,16 @@ def generate(runner, contexts, *, version=0, temperature=1.0, max_new_tokens=16,
 
     async def go():
         async with service.running():
-            return await asyncio.gather(*(service.generate(c, max_new_tokens=max_new_tokens, params=params)
-                                          for c in contexts))
+            return await asyncio.gather(
+                *(service.generate(c, max_new_tokens=max_new_tokens, params=params) for c in contexts)
+            )
 
     return asyncio.run(go())
 
 
 def trainer_logprobs(policy, context, tokens, temperature):
     with torch.no_grad():
-        logits = policy.model(torch.tensor([context + tokens])).logits[0, len(context) - 1:-1].float()
+        logits = policy.model(torch.tensor([context + tokens])).logits[0, len(context) - 1 : -1].float()
     return torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1)
 
 
@@ -156,8 +163,9 @@ def test_an_episode_that_raises_leaves_the_engine_serving(runner, policy):
 
 
 def test_engine_memory_keys_are_accepted_and_checked():
-    config = load_config(overrides=["sample.engine=vllm", "sample.gpu_memory_utilization=0.3",
-                                    "sample.engine_sleep=true"])
+    config = load_config(
+        overrides=["sample.engine=vllm", "sample.gpu_memory_utilization=0.3", "sample.engine_sleep=true"]
+    )
     assert config.sample.gpu_memory_utilization == 0.3 and config.sample.engine_sleep
     for bad in ("sample.gpu_memory_utilization=1.5", "sample.cpu_kv_cache_gb=0"):
         with pytest.raises(Exception, match="sample"):

@@ -19,8 +19,13 @@ from unipg.learn.lm import LMLearner
 from unipg.learn.lm_batch import split_across_ranks
 from unipg.policy.loading import load_lm_policy
 
-SETTINGS = ("train.max_tokens_per_micro_batch=24", "train.num_epochs=1", "train.learning_rate=1e-3",
-            "train.adam_eps=1e-3", "estimator.entropy_coef=0.01")
+SETTINGS = (
+    "train.max_tokens_per_micro_batch=24",
+    "train.num_epochs=1",
+    "train.learning_rate=1e-3",
+    "train.adam_eps=1e-3",
+    "estimator.entropy_coef=0.01",
+)
 
 
 def learner(model_path: str, shard: bool = False) -> LMLearner:

@@ -46,8 +46,16 @@ def test_tis_anchors_the_ppo_ratio_on_the_trainer_and_weighs_the_gap():
     assert plain.loss.item() == pytest.approx(-(1.2 + 0.9 + 1.2) / 3)
 
 
-@pytest.mark.parametrize("policy_loss, weight", [("ppo", "none"), ("decoupled_ppo", "none"), ("vanilla", "none"),
-                                                 ("ppo", "truncated_is"), ("decoupled_ppo", "age_decay")])
+@pytest.mark.parametrize(
+    "policy_loss, weight",
+    [
+        ("ppo", "none"),
+        ("decoupled_ppo", "none"),
+        ("vanilla", "none"),
+        ("ppo", "truncated_is"),
+        ("decoupled_ppo", "age_decay"),
+    ],
+)
 def test_without_an_engine_gap_the_corrected_loss_and_gradient_equal_the_plain_ones(policy_loss, weight):
     settings = EstimatorConfig(policy_loss=policy_loss, off_policy_weight=weight, behaviour_weight_cap=3.0)
     gradients, losses = [], []
@@ -97,7 +105,7 @@ def test_learner_measures_the_gap_and_without_one_updates_like_the_uncorrected_l
     tokens = float(batch.completion_mask.sum())
     assert metrics["mismatch/tokens"] == tokens
     assert metrics["mismatch/max_ratio"] == pytest.approx(torch.exp(torch.tensor(-0.05)).item(), rel=1e-3)
-    assert metrics["mismatch/k3"] == pytest.approx(0.05 ** 2 / 2, rel=0.05)  # k3 ≈ (log r)²/2 for small gaps
+    assert metrics["mismatch/k3"] == pytest.approx(0.05**2 / 2, rel=0.05)  # k3 ≈ (log r)²/2 for small gaps
     assert metrics["mismatch/fraction_capped"] == 0.0
     # with the engine's log-probs equal to the trainer's, the corrected update equals the plain one
     same.behaviour_logprobs = batch.proximal_logprobs.clone()

@@ -13,8 +13,9 @@ GROUP_ESTIMATORS = ["grpo", "dr_grpo", "rloo", "turn_level"]
 
 
 def estimator(name):
-    return load_config(None, ["task.name=arithmetic", f"estimator.advantage={name}",
-                              "estimator.normalize_advantages=false"]).estimator
+    return load_config(
+        None, ["task.name=arithmetic", f"estimator.advantage={name}", "estimator.normalize_advantages=false"]
+    ).estimator
 
 
 def batch_of(scores, lengths, **fields):
@@ -22,10 +23,17 @@ def batch_of(scores, lengths, **fields):
     width = max(lengths)
     mask = torch.tensor([[1.0] * n + [0.0] * (width - n) for n in lengths])
     turns = torch.where(mask > 0, 0, -1)
-    return LMBatch(input_ids=torch.zeros((len(scores), width + 1), dtype=torch.long),
-                   attention_mask=torch.ones((len(scores), width + 1), dtype=torch.long), completion_mask=mask,
-                   behaviour_logprobs=torch.zeros_like(mask), scores=torch.tensor(scores), token_turns=turns,
-                   turn_rewards=torch.tensor(scores)[:, None], turn_mask=torch.ones((len(scores), 1)), **fields)
+    return LMBatch(
+        input_ids=torch.zeros((len(scores), width + 1), dtype=torch.long),
+        attention_mask=torch.ones((len(scores), width + 1), dtype=torch.long),
+        completion_mask=mask,
+        behaviour_logprobs=torch.zeros_like(mask),
+        scores=torch.tensor(scores),
+        token_turns=turns,
+        turn_rewards=torch.tensor(scores)[:, None],
+        turn_mask=torch.ones((len(scores), 1)),
+        **fields,
+    )
 
 
 @pytest.mark.parametrize("name", GROUP_ESTIMATORS)
@@ -55,8 +63,12 @@ def test_the_rows_of_one_episode_share_its_advantage_and_count_once_in_its_group
     # episode 1 trained three trajectories (its own, then two more); episode 5 two
     episodes = [0, 1, 1, 1, 2, 3, 4, 5, 5, 6, 7]
     scores = [SCORES[e] for e in episodes]
-    batch = batch_of(scores, [2, 3, 1, 4, 2, 2, 2, 1, 5, 2, 2], episodes=torch.tensor(episodes),
-                     groups=torch.tensor([e // 4 for e in episodes]))
+    batch = batch_of(
+        scores,
+        [2, 3, 1, 4, 2, 2, 2, 1, 5, 2, 2],
+        episodes=torch.tensor(episodes),
+        groups=torch.tensor([e // 4 for e in episodes]),
+    )
     advantages = lm_advantages(batch, estimator(name), group_size=4, kl_coef=0.0)[0]
     one_row_each = lm_advantages(batch_of(SCORES, [2] * 8), estimator(name), group_size=4, kl_coef=0.0)[0][:, 0]
     for row, episode in enumerate(episodes):

@@ -3,38 +3,55 @@
 import pytest
 
 from unipg.config import load_config
+from unipg.envs.service import EnvironmentService
 from unipg.learn import evidence as evidence_module
 from unipg.learn.evidence import answer_evidence, answer_turns, call_evidence, call_scores
 from unipg.learn.sft import greedy_completions
 from unipg.learn.warm_start import fine_tune_on_demonstrations, warm_start_key
 from unipg.policy.loading import load_lm_policy
-from unipg.envs.service import EnvironmentService
 from unipg.tasks.base import make_task
 from unipg.tools.base import format_tool_call
 
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-TASKS = {"calculator": {"digits": 1, "num_train": 16, "num_test": 4, "tool_demonstrations": 1.0},
-         "units": {"digits": 1, "num_train": 16, "num_test": 4, "tool_demonstrations": 1.0}}
+TASKS = {
+    "calculator": {"digits": 1, "num_train": 16, "num_test": 4, "tool_demonstrations": 1.0},
+    "units": {"digits": 1, "num_train": 16, "num_test": 4, "tool_demonstrations": 1.0},
+}
 
 
 def config_for(name, *overrides):
     import json
 
-    return load_config(None, [f"task.name={name}", f"task.options={json.dumps(TASKS[name])}", "sft.batch_size=4",
-                              "sample.max_new_tokens=8", *overrides])
+    return load_config(
+        None,
+        [
+            f"task.name={name}",
+            f"task.options={json.dumps(TASKS[name])}",
+            "sft.batch_size=4",
+            "sample.max_new_tokens=8",
+            *overrides,
+        ],
+    )
 
 
 def test_call_scores_count_valid_calls_and_exactly_copied_arguments():
     service = EnvironmentService.from_specs([{"name": "convert"}])
     demonstrated = format_tool_call("convert", {"value": 3, "from_unit": "km", "to_unit": "m"})
-    turns = [demonstrated, format_tool_call("convert", {"value": 4, "from_unit": "km", "to_unit": "m"}),
-             format_tool_call("convert", {"value": 3, "from_unit": "parsec", "to_unit": "m"}), "3000"]
+    turns = [
+        demonstrated,
+        format_tool_call("convert", {"value": 4, "from_unit": "km", "to_unit": "m"}),
+        format_tool_call("convert", {"value": 3, "from_unit": "parsec", "to_unit": "m"}),
+        "3000",
+    ]
     try:
         assert call_scores(turns, [demonstrated] * 4, service) == {
-            "call_validity": 0.5, "argument_accuracy": 0.25, "argument/value": 0.25, "argument/from_unit": 0.5,
-            "argument/to_unit": 0.5}
+            "call_validity": 0.5,
+            "argument_accuracy": 0.25,
+            "argument/value": 0.25,
+            "argument/from_unit": 0.5,
+            "argument/to_unit": 0.5,
+        }
     finally:
         service.close()
 
@@ -44,27 +61,48 @@ def test_a_stage_stops_once_the_evidence_passes_and_otherwise_runs_to_its_cap(em
     task = make_task(name, **TASKS[name])
     lines = []
     # (call and argument thresholds, answer threshold): the answer's threshold holds a stage alone, too
-    for calls, answers, expected_steps, checks in (("0.0", "0.0", 4, 1), ("1.0", "1.0", 12, 2),
-                                                   ("0.0", "1.0", 12, 2)):
-        config = config_for(name, "sft.steps=12", "sft.evidence_stop=all", "sft.evidence_every=4",
-                            f"sft.min_call_validity={calls}", f"sft.min_argument_accuracy={calls}",
-                            f"sft.min_answer_accuracy={answers}")
+    for calls, answers, expected_steps, checks in (("0.0", "0.0", 4, 1), ("1.0", "1.0", 12, 2), ("0.0", "1.0", 12, 2)):
+        config = config_for(
+            name,
+            "sft.steps=12",
+            "sft.evidence_stop=all",
+            "sft.evidence_every=4",
+            f"sft.min_call_validity={calls}",
+            f"sft.min_argument_accuracy={calls}",
+            f"sft.min_answer_accuracy={answers}",
+        )
         policy = load_lm_policy(embedded_path)
-        metrics = fine_tune_on_demonstrations(policy.model, policy.tokenizer, task, config, seed=0, log_every=100,
-                                              log=lines.append)
+        metrics = fine_tune_on_demonstrations(
+            policy.model, policy.tokenizer, task, config, seed=0, log_every=100, log=lines.append
+        )
         assert metrics["steps"] == expected_steps and len(metrics["evidence"]) == checks
         assert {"stage", "step", "call_validity", "argument_accuracy", "answer_accuracy"} < set(metrics["evidence"][0])
-    assert any("evidence: call validity" in line and "answer accuracy" in line and "stage ends" in line
-               for line in lines)
+    assert any(
+        "evidence: call validity" in line and "answer accuracy" in line and "stage ends" in line for line in lines
+    )
 
 
 def test_stages_mode_leaves_the_main_stage_to_run_its_steps(embedded_path):
-    config = config_for("calculator", "sft.steps=6", "sft.evidence_stop=stages", "sft.evidence_every=2",
-                        "sft.min_call_validity=0", "sft.min_argument_accuracy=0", "sft.min_answer_accuracy=0",
-                        "sft.stages=[{steps: 6, options: {tool_demonstrations: 1.0}}]")
+    config = config_for(
+        "calculator",
+        "sft.steps=6",
+        "sft.evidence_stop=stages",
+        "sft.evidence_every=2",
+        "sft.min_call_validity=0",
+        "sft.min_argument_accuracy=0",
+        "sft.min_answer_accuracy=0",
+        "sft.stages=[{steps: 6, options: {tool_demonstrations: 1.0}}]",
+    )
     policy = load_lm_policy(embedded_path)
-    metrics = fine_tune_on_demonstrations(policy.model, policy.tokenizer, make_task("calculator", **TASKS["calculator"]),
-                                          config, seed=0, log_every=100, log=lambda text: None)
+    metrics = fine_tune_on_demonstrations(
+        policy.model,
+        policy.tokenizer,
+        make_task("calculator", **TASKS["calculator"]),
+        config,
+        seed=0,
+        log_every=100,
+        log=lambda text: None,
+    )
     assert metrics["steps"] == 6 and [entry["step"] for entry in metrics["evidence"]] == [2]
 
 
@@ -74,8 +112,13 @@ def test_off_by_default_and_then_the_warm_start_cache_key_is_unchanged(embedded_
     assert not {"evidence_stop", "min_call_validity"} & set(warm_start_key(config)["sft"])
     assert warm_start_key(config) != warm_start_key(config_for("calculator", "sft.evidence_stop=all"))
     policy = load_lm_policy(embedded_path)
-    evidence = call_evidence(policy.model, policy.tokenizer, make_task("calculator", **TASKS["calculator"]), config,
-                             make_task("calculator", **TASKS["calculator"]).test)
+    evidence = call_evidence(
+        policy.model,
+        policy.tokenizer,
+        make_task("calculator", **TASKS["calculator"]),
+        config,
+        make_task("calculator", **TASKS["calculator"]).test,
+    )
     assert set(evidence) == {"call_validity", "argument_accuracy", "argument/expression"}
 
 

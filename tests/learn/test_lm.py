@@ -15,9 +15,14 @@ def bare_batch(mask, scores, **fields):
     """A LMBatch with only the fields the reward layout reads."""
     mask = torch.as_tensor(mask, dtype=torch.float32)
     width = mask.shape[1]
-    return LMBatch(input_ids=torch.zeros((len(mask), width + 1), dtype=torch.long),
-                     attention_mask=torch.ones((len(mask), width + 1), dtype=torch.long), completion_mask=mask,
-                     behaviour_logprobs=torch.zeros_like(mask), scores=torch.tensor(scores), **fields)
+    return LMBatch(
+        input_ids=torch.zeros((len(mask), width + 1), dtype=torch.long),
+        attention_mask=torch.ones((len(mask), width + 1), dtype=torch.long),
+        completion_mask=mask,
+        behaviour_logprobs=torch.zeros_like(mask),
+        scores=torch.tensor(scores),
+        **fields,
+    )
 
 
 def test_sequence_reward_sits_on_the_last_sampled_token():
@@ -32,8 +37,7 @@ def two_turn_batch():
     mask = torch.tensor([[1.0, 1.0, 0.0, 0.0, 1.0, 1.0], [1.0, 0.0, 0.0, 1.0, 0.0, 0.0]])
     turns = torch.tensor([[0, 0, -1, -1, 1, 1], [0, -1, -1, 1, -1, -1]])
     turn_rewards = torch.tensor([[0.1, 1.0], [-0.1, 0.0]])
-    return bare_batch(mask, [1.1, -0.1], token_turns=turns, turn_rewards=turn_rewards,
-                      turn_mask=torch.ones((2, 2)))
+    return bare_batch(mask, [1.1, -0.1], token_turns=turns, turn_rewards=turn_rewards, turn_mask=torch.ones((2, 2)))
 
 
 def test_turn_rewards_sit_on_the_last_sampled_token_of_each_turn():
@@ -45,17 +49,29 @@ def test_turn_rewards_sit_on_the_last_sampled_token_of_each_turn():
 
 
 def test_turn_level_advantages_credit_each_turn_with_what_followed():
-    config = make_config("grpo", "sample.samples_per_prompt=2", "estimator.advantage=turn_level",
-                         "estimator.normalize_advantages=false", "estimator.gamma=1.0")
-    advantages, _ = lm_advantages(two_turn_batch(), config.estimator, group_size=config.sample.samples_per_prompt, kl_coef=0.0)
+    config = make_config(
+        "grpo",
+        "sample.samples_per_prompt=2",
+        "estimator.advantage=turn_level",
+        "estimator.normalize_advantages=false",
+        "estimator.gamma=1.0",
+    )
+    advantages, _ = lm_advantages(
+        two_turn_batch(), config.estimator, group_size=config.sample.samples_per_prompt, kl_coef=0.0
+    )
     # returns: episode 0 turns (1.1, 1.0), episode 1 turns (-0.1, 0.0); baseline = the other episode, same turn
     expected = torch.tensor([[1.2, 1.2, 0.0, 0.0, 1.0, 1.0], [-1.2, 0.0, 0.0, -1.0, 0.0, 0.0]])
     assert torch.allclose(advantages, expected, atol=1e-6)
 
 
 def test_gae_skips_inserted_tokens():
-    config = make_config("ppo", "estimator.normalize_advantages=false", "estimator.gamma=0.5",
-                         "estimator.lambda_gae=1.0", "sample.samples_per_prompt=2")
+    config = make_config(
+        "ppo",
+        "estimator.normalize_advantages=false",
+        "estimator.gamma=0.5",
+        "estimator.lambda_gae=1.0",
+        "sample.samples_per_prompt=2",
+    )
     batch = two_turn_batch()
     batch.values = torch.zeros_like(batch.completion_mask)
     advantages, _ = lm_advantages(batch, config.estimator, group_size=config.sample.samples_per_prompt, kl_coef=0.0)
@@ -65,8 +81,9 @@ def test_gae_skips_inserted_tokens():
 
 def test_grpo_advantages_have_zero_mean_within_each_group(policy):
     batch = make_batch(policy)
-    advantages, _ = lm_advantages(batch, make_config("grpo").estimator, group_size=make_config("grpo").sample.samples_per_prompt,
-                                  kl_coef=0.0)
+    advantages, _ = lm_advantages(
+        batch, make_config("grpo").estimator, group_size=make_config("grpo").sample.samples_per_prompt, kl_coef=0.0
+    )
     per_sequence = advantages.sum(1) / batch.completion_mask.sum(1)
     assert torch.allclose(per_sequence.reshape(-1, GROUP).mean(1), torch.zeros(4), atol=1e-5)
     assert (advantages[batch.completion_mask == 0] == 0).all()
@@ -126,8 +143,13 @@ def test_micro_batch_accumulation_gives_the_full_batch_gradient(tiny_policy, mod
     grads = []
     for micro in (16, 4):
         policy = tiny_policy()
-        config = make_config("grpo", "estimator.kl_coef=0.0", f"estimator.loss_agg_mode={mode}",
-                             f"train.micro_batch_size={micro}", "train.max_grad_norm=null")
+        config = make_config(
+            "grpo",
+            "estimator.kl_coef=0.0",
+            f"estimator.loss_agg_mode={mode}",
+            f"train.micro_batch_size={micro}",
+            "train.max_grad_norm=null",
+        )
         learner = LMLearner(policy, config)
         batch = make_batch(policy)
         learner.prepare(batch)

@@ -32,8 +32,9 @@ def token_batch() -> ObjectiveBatch:
 
 
 def test_ppo_objective_sums_its_terms_as_computed_by_hand():
-    settings = EstimatorConfig(policy_loss="ppo", clip_range=0.2, kl_estimator="k1", entropy_coef=0.01,
-                               value_loss_coef=0.5)
+    settings = EstimatorConfig(
+        policy_loss="ppo", clip_range=0.2, kl_estimator="k1", entropy_coef=0.01, value_loss_coef=0.5
+    )
     batch = token_batch()
     out = unified_objective(batch, settings, kl_coef=0.5)
     # clipped surrogate per token: min(ρA, clip(ρ, 0.8, 1.2)A) = (1.2, −1, 2.4); token-mean, negated
@@ -72,8 +73,9 @@ def test_micro_batch_shares_use_the_mini_batch_denominators():
 def test_step_batches_are_one_token_sequences_weighted_by_age():
     settings = EstimatorConfig(policy_loss="vanilla", off_policy_weight="age_decay", sample_age_decay=0.5)
     logprobs = torch.log(torch.full((3,), 0.5))
-    batch = ObjectiveBatch.from_steps(logprobs=logprobs, behaviour_logprobs=logprobs, advantages=torch.ones(3),
-                                      age=torch.tensor([0.0, 1.0, 2.0]))
+    batch = ObjectiveBatch.from_steps(
+        logprobs=logprobs, behaviour_logprobs=logprobs, advantages=torch.ones(3), age=torch.tensor([0.0, 1.0, 2.0])
+    )
     assert batch.mask.shape == (3, 1) and batch.age.shape == (3, 1)
     out = unified_objective(batch, settings)
     weights = (1.0, 0.5, 0.25)  # γ_age^age
@@ -98,8 +100,16 @@ def calls(monkeypatch):
 
 
 def test_a_gym_update_goes_through_the_objective(calls):
-    config = load_config(None, ["algorithm=ppo", "env.num_envs=2", "train.batch_transitions=32", "train.mini_batch_transitions=16",
-                                "train.num_epochs=2"])
+    config = load_config(
+        None,
+        [
+            "algorithm=ppo",
+            "env.num_envs=2",
+            "train.batch_transitions=32",
+            "train.mini_batch_transitions=16",
+            "train.num_epochs=2",
+        ],
+    )
     rollout = GymRollout("CartPole-v1", 2, seed=0, gamma=config.estimator.gamma)
     torch.manual_seed(0)
     policy = MLPActorCritic(rollout.observation_space, rollout.action_space, hidden_sizes=(16,))

@@ -5,11 +5,10 @@ import pytest
 import torch
 
 from tests.helpers.batches import skewed_batch, skewed_config
-from unipg.estimate.losses import LOSS_AGGREGATIONS
+from unipg.estimate.losses import LOSS_AGGREGATIONS, entropy_from_logits
 from unipg.learn.lm import LMLearner
 from unipg.learn.lm_batch import token_budget_micro_batches
 from unipg.policy.forward import chunked_token_statistics, token_logprobs
-from unipg.estimate.losses import entropy_from_logits
 
 
 def gradients(policy, settings, batch) -> list[torch.Tensor]:
@@ -34,7 +33,7 @@ def test_packed_forward_equals_padded(tiny_policy, lora_rank):
     padded = policy.evaluate(*arguments, with_entropy=True, with_values=True, temperature=0.7)
     policy.packed = True
     packed = policy.evaluate(*arguments, with_entropy=True, with_values=True, temperature=0.7)
-    real = batch.attention_mask[:, -batch.completion_length:].bool()
+    real = batch.attention_mask[:, -batch.completion_length :].bool()
     for name in ("logprobs", "entropy", "values"):
         assert torch.allclose(getattr(packed, name)[real], getattr(padded, name)[real], atol=1e-5), name
         assert not getattr(packed, name)[~real].any()  # nothing where a row has no token
@@ -58,8 +57,9 @@ def test_packed_gradient_with_critic_and_entropy_equals_padded(tiny_policy):
     batch.values = torch.zeros_like(batch.returns)
     settings = ["algorithm=ppo", "estimator.entropy_coef=0.01", "estimator.loss_agg_mode=token-mean"]
     padded = gradients(policy, skewed_config(*settings, "train.micro_batch_size=2"), batch)
-    packed = gradients(policy, skewed_config(*settings, "train.max_tokens_per_micro_batch=20",
-                                      "train.logprob_chunk_tokens=7"), batch)
+    packed = gradients(
+        policy, skewed_config(*settings, "train.max_tokens_per_micro_batch=20", "train.logprob_chunk_tokens=7"), batch
+    )
     for expected, got in zip(padded, packed):
         assert torch.allclose(got, expected, atol=1e-5, rtol=1e-4)
 
@@ -71,8 +71,9 @@ def test_chunked_logprobs_and_entropy_equal_unchunked_with_their_gradients():
     weights = torch.randn((2, 3, 11), generator=generator)
     logprobs, entropy = token_logprobs(logits, targets), entropy_from_logits(logits)
     expected = torch.autograd.grad((weights[0] * logprobs + weights[1] * entropy).sum(), logits)[0]
-    chunked, chunked_entropy = chunked_token_statistics(logits, targets, chunk_tokens=4, with_entropy=True,
-                                                        entropy_grad=True)
+    chunked, chunked_entropy = chunked_token_statistics(
+        logits, targets, chunk_tokens=4, with_entropy=True, entropy_grad=True
+    )
     got = torch.autograd.grad((weights[0] * chunked + weights[1] * chunked_entropy).sum(), logits)[0]
     assert torch.allclose(chunked, logprobs, atol=1e-6) and torch.allclose(chunked_entropy, entropy, atol=1e-6)
     assert torch.allclose(got, expected, atol=1e-6)
@@ -82,8 +83,9 @@ def test_token_budget_micro_batches_fit_the_budget_and_cover_every_row():
     lengths = torch.tensor([40, 3, 17, 9, 30, 2, 25])
     groups = token_budget_micro_batches(lengths, 32)
     assert sorted(torch.cat(groups).tolist()) == list(range(len(lengths)))
-    assert [int(lengths[g].sum()) for g in groups if len(g) > 1] == [min(32, int(lengths[g].sum())) for g in groups
-                                                                     if len(g) > 1]
+    assert [int(lengths[g].sum()) for g in groups if len(g) > 1] == [
+        min(32, int(lengths[g].sum())) for g in groups if len(g) > 1
+    ]
     assert [g.tolist() for g in groups if int(lengths[g].sum()) > 32] == [[0]]  # only the over-long one alone
 
 

@@ -9,8 +9,9 @@ from unipg.learn.lm import LMLearner
 
 def bfloat16_learner(tiny_policy) -> LMLearner:
     policy = tiny_policy(dtype="bfloat16")
-    return LMLearner(policy, skewed_config("train.max_tokens_per_micro_batch=40", "train.num_epochs=1",
-                                           "train.learning_rate=1e-5"))
+    return LMLearner(
+        policy, skewed_config("train.max_tokens_per_micro_batch=40", "train.num_epochs=1", "train.learning_rate=1e-5")
+    )
 
 
 def test_bfloat16_weights_have_float32_masters_and_optimizer_state(tiny_policy):

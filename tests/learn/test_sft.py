@@ -139,8 +139,17 @@ def test_short_sft_learns_single_digit_addition(tokenizer, one_thread):
     pairs = [(render_prompt(tokenizer, f"{a}+{b}="), str(a + b)) for a in range(10) for b in range(10)]
     model = build_model(tokenizer, seed=0)
     logged = []
-    result = sft_train(model, tokenizer, pairs, steps=100, batch_size=32, learning_rate=3e-3, seed=0,
-                       log_every=10, on_log=lambda step, metrics: logged.append((step, metrics)))
+    result = sft_train(
+        model,
+        tokenizer,
+        pairs,
+        steps=100,
+        batch_size=32,
+        learning_rate=3e-3,
+        seed=0,
+        log_every=10,
+        on_log=lambda step, metrics: logged.append((step, metrics)),
+    )
     assert [step for step, _ in logged] == list(range(10, 101, 10))
     assert result["steps"] == 100 and not model.training
     assert result["loss"] < 0.25 * logged[0][1]["loss"]

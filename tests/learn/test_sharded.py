@@ -12,9 +12,17 @@ from unipg.runtime.lm import train_lm
 
 
 def config(embedded_path, output_dir, name, updates, processes):
-    return load_config(None, CHECKPOINTED_PPO + [f"model.name={embedded_path}", f"log.output_dir={output_dir}",
-                                                 f"log.run_name={name}", f"train.updates={updates}",
-                                                 f"train.learner_processes={processes}"])
+    return load_config(
+        None,
+        CHECKPOINTED_PPO
+        + [
+            f"model.name={embedded_path}",
+            f"log.output_dir={output_dir}",
+            f"log.run_name={name}",
+            f"train.updates={updates}",
+            f"train.learner_processes={processes}",
+        ],
+    )
 
 
 def weights(run):

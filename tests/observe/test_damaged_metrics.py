@@ -33,15 +33,26 @@ DAMAGED_LINES = {
     "NaN and Infinity literals": ('{"step": 7, "rollout/reward_mean": NaN, "train/entropy": Infinity}', 0, 0),
     "non-numeric values": ('{"step": 7, "rollout/reward_mean": "high", "train/entropy": true, "x": {}}', 0, 3),
     "not JSON": ("step 7 reward 0.5", 1, 0),
-    "not UTF-8": (b"\xff\xfe{\"step\": 7}".decode("latin-1"), 1, 0),
+    "not UTF-8": (b'\xff\xfe{"step": 7}'.decode("latin-1"), 1, 0),
 }
 
 
 def healthy_lines(steps: int = 40) -> list[str]:
     rng = random.Random(0)
-    return [json.dumps({"step": i, "time": float(i), "rollout/reward_mean": 0.1 + 0.7 * i / steps + rng.gauss(0, 0.03),
-                        "train/entropy": 2.0 - 0.5 * i / steps, "timing/generate": 0.5, "timing/update": 0.4,
-                        "timing/step": 1.0}) for i in range(steps)]
+    return [
+        json.dumps(
+            {
+                "step": i,
+                "time": float(i),
+                "rollout/reward_mean": 0.1 + 0.7 * i / steps + rng.gauss(0, 0.03),
+                "train/entropy": 2.0 - 0.5 * i / steps,
+                "timing/generate": 0.5,
+                "timing/update": 0.4,
+                "timing/step": 1.0,
+            }
+        )
+        for i in range(steps)
+    ]
 
 
 def write_run(folder, damaged: str):
@@ -98,7 +109,7 @@ def test_final_metrics_of_a_damaged_file_are_numbers(form, tmp_path):
 def test_a_file_of_only_damaged_lines_is_a_clear_error_with_exit_2(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
-    (run / "metrics.jsonl").write_text("[1]\n42\n{\"loss\": 1}\n", encoding="utf-8")
+    (run / "metrics.jsonl").write_text('[1]\n42\n{"loss": 1}\n', encoding="utf-8")
     result = runner.invoke(app, ["doctor", str(run)])
     assert result.exit_code == 2 and "3 malformed line(s) skipped" in result.output
     assert "Traceback" not in result.output

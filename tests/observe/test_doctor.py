@@ -9,8 +9,8 @@ import yaml
 from typer.testing import CliRunner
 
 from unipg.cli import app
-from unipg.registry import RegistryError
 from unipg.observe.doctor import CHECKS, Finding, Monitor, diagnose, format_report
+from unipg.registry import RegistryError
 
 runner = CliRunner()
 STEPS = 100
@@ -22,7 +22,8 @@ def healthy(steps: int = STEPS, seed: int = 0) -> list[dict]:
     records = []
     for i in range(steps):
         record = {
-            "step": i, "time": float(i),
+            "step": i,
+            "time": float(i),
             "rollout/reward_mean": 0.1 + 0.7 * i / steps + rng.gauss(0, 0.03),
             "rollout/uniform_group_fraction": 0.3 + rng.uniform(-0.05, 0.05),
             "rollout/distinct_2": 0.6 + rng.uniform(-0.02, 0.02),
@@ -33,8 +34,12 @@ def healthy(steps: int = STEPS, seed: int = 0) -> list[dict]:
             "train/clip_fraction": 0.1 + rng.uniform(-0.03, 0.03),
             "train/grad_norm": 1.0 + rng.uniform(-0.3, 0.3),
             "train/learning_rate": 1e-5,
-            "timing/generate": 0.5 + rng.uniform(-0.05, 0.05), "timing/reward": 0.05,
-            "timing/logprob": 0.2, "timing/update": 0.4, "timing/step": 1.15, "timing/samples_per_second": 55.0,
+            "timing/generate": 0.5 + rng.uniform(-0.05, 0.05),
+            "timing/reward": 0.05,
+            "timing/logprob": 0.2,
+            "timing/update": 0.4,
+            "timing/step": 1.15,
+            "timing/samples_per_second": 55.0,
             "system/rss_mb": 2000 + rng.uniform(-20, 20),
         }
         if i % 10 == 0:
@@ -115,8 +120,11 @@ def test_evidence_quotes_steps_and_values():
     assert "0.2" in kl.evidence and kl.severity == "warning"
     nan = diagnose(with_series(healthy(), "train/grad_norm", CONDITIONS["non_finite_values"][1]))[0]
     assert nan.severity == "error" and "steps 80-99" in nan.evidence and "20 record(s)" in nan.evidence
-    skipped = with_series(with_series(healthy(), "train/grad_norm", lambda i, old: None if i == 50 else old),
-                          "train/skipped_steps", lambda i, old: 1.0 if i == 50 else 0.0)
+    skipped = with_series(
+        with_series(healthy(), "train/grad_norm", lambda i, old: None if i == 50 else old),
+        "train/skipped_steps",
+        lambda i, old: 1.0 if i == 50 else 0.0,
+    )
     handled = diagnose(skipped)[0]  # rollback dropped the step: nothing non-finite reached the weights
     assert handled.check == "non_finite_values" and handled.severity == "warning" and "skipped" in handled.evidence
     memory = diagnose(with_series(healthy(), "system/rss_mb", CONDITIONS["memory_growth"][1]))[0]

@@ -15,23 +15,41 @@ pytest.importorskip("matplotlib")
 
 runner = CliRunner()
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-CONFIG = {"algorithm": "ppo", "seed": 0, "env": {"id": "CartPole-v1"}, "train": {"learning_rate": 3e-4},
-          "log": {"output_dir": "runs", "run_name": None}}
+CONFIG = {
+    "algorithm": "ppo",
+    "seed": 0,
+    "env": {"id": "CartPole-v1"},
+    "train": {"learning_rate": 3e-4},
+    "log": {"output_dir": "runs", "run_name": None},
+}
 
 
 def write_run(root, name, *, seed=0, learning_rate=3e-4, config=True, steps=30):
     """A run folder whose reward is ``seed`` above a shared rising curve."""
     run_dir = root / name
     run_dir.mkdir(parents=True)
-    records = [{"step": 512 * i, "time": float(i), "rollout/episode_return": 20.0 + 5 * i + seed,
-                "train/approx_kl": 0.01, "train/clip_fraction": 0.1, "train/entropy": 0.69 - 0.001 * i,
-                "train/grad_norm": None if i == 3 else 0.5, "train/learning_rate": learning_rate}
-               for i in range(steps)]
+    records = [
+        {
+            "step": 512 * i,
+            "time": float(i),
+            "rollout/episode_return": 20.0 + 5 * i + seed,
+            "train/approx_kl": 0.01,
+            "train/clip_fraction": 0.1,
+            "train/entropy": 0.69 - 0.001 * i,
+            "train/grad_norm": None if i == 3 else 0.5,
+            "train/learning_rate": learning_rate,
+        }
+        for i in range(steps)
+    ]
     records += [{"step": 512 * i, "time": float(i), "eval/return_mean": 30.0 + 6 * i} for i in range(0, steps, 5)]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
     if config:
-        run_config = {**CONFIG, "seed": seed, "train": {"learning_rate": learning_rate},
-                      "log": {"output_dir": str(root), "run_name": name}}
+        run_config = {
+            **CONFIG,
+            "seed": seed,
+            "train": {"learning_rate": learning_rate},
+            "log": {"output_dir": str(root), "run_name": name},
+        }
         (run_dir / "config.yaml").write_text(yaml.safe_dump(run_config))
     return run_dir
 
@@ -70,7 +88,8 @@ def test_a_seed_group_is_drawn_as_its_mean_with_a_min_max_band(runs):
 def test_plot_runs_writes_one_valid_png_per_present_group(runs, tmp_path):
     paths = plot_runs(runs, tmp_path / "plots")
     assert sorted(path.name for path in paths) == sorted(
-        ["reward.png", "eval.png", "kl.png", "clip_fraction.png", "entropy.png", "grad_norm.png", "learning_rate.png"])
+        ["reward.png", "eval.png", "kl.png", "clip_fraction.png", "entropy.png", "grad_norm.png", "learning_rate.png"]
+    )
     for path in paths:
         data = path.read_bytes()
         assert data[:8] == PNG_MAGIC and len(data) > 10_000, path
@@ -85,8 +104,9 @@ def test_missing_matplotlib_names_the_extra(runs, tmp_path, monkeypatch):
 
 def test_cli_plot_prints_the_written_paths_for_chosen_metrics(runs, tmp_path):
     out = tmp_path / "figures"
-    result = runner.invoke(app, ["plot", *map(str, runs), "--out", str(out), "--metric", "reward",
-                                 "--metric", "train/grad_norm"])
+    result = runner.invoke(
+        app, ["plot", *map(str, runs), "--out", str(out), "--metric", "reward", "--metric", "train/grad_norm"]
+    )
     assert result.exit_code == 0, result.output
     assert result.output.split() == [str(out / "reward.png"), str(out / "train_grad_norm.png")]
     assert all((out / name).read_bytes()[:8] == PNG_MAGIC for name in ("reward.png", "train_grad_norm.png"))

@@ -10,8 +10,14 @@ from unipg.observe.report import lm_result_table
 
 def table_for(final: dict):
     config = load_config(None, ["task.name=arithmetic"])
-    result = SimpleNamespace(updates=2, samples=16, samples_per_second=10.0, run_dir="runs/r",
-                             initial_eval={key: 0.0 for key in final}, final_eval=final)
+    result = SimpleNamespace(
+        updates=2,
+        samples=16,
+        samples_per_second=10.0,
+        run_dir="runs/r",
+        initial_eval={key: 0.0 for key in final},
+        final_eval=final,
+    )
     table = lm_result_table([(config, result)])
     console = Console(width=200, record=True)
     console.print(table)

@@ -27,6 +27,6 @@ def test_a_multi_role_group_is_compared_role_by_role():
 
 def test_the_fraction_and_the_filter_count_the_same_groups():
     returns = [0.0, 0.0, 1.1, 0.1, 0.3, 0.3, 1.0, 1.0]
-    kept = [mixed_returns(group(returns[i:i + 2], 2)) for i in range(0, 8, 2)]
+    kept = [mixed_returns(group(returns[i : i + 2], 2)) for i in range(0, 8, 2)]
     fraction = group_signal_metrics(returns, [False] * 8, 2)["rollout/uniform_group_fraction"]
     assert kept == [False, True, False, False] and fraction == 1 - sum(kept) / len(kept)

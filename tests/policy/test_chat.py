@@ -22,20 +22,26 @@ def base_tokenizer(tokenizer):
 def test_string_prompt_renders_as_a_user_turn_opening_the_assistant(tokenizer):
     assert render_prompt(tokenizer, "37+48=") == "<|user|>37+48=<|end|><|assistant|>"
     assert render_prompt(tokenizer, "37+48=", system_prompt="Add.") == (
-        "<|system|>Add.<|end|><|user|>37+48=<|end|><|assistant|>")
+        "<|system|>Add.<|end|><|user|>37+48=<|end|><|assistant|>"
+    )
 
 
 def test_message_list_is_rendered_as_given(tokenizer):
-    messages = [{"role": "user", "content": "2+2="}, {"role": "assistant", "content": "4"},
-                {"role": "user", "content": "3+3="}]
+    messages = [
+        {"role": "user", "content": "2+2="},
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "3+3="},
+    ]
     assert render_prompt(tokenizer, messages) == (
-        "<|user|>2+2=<|end|><|assistant|>4<|end|><|user|>3+3=<|end|><|assistant|>")
+        "<|user|>2+2=<|end|><|assistant|>4<|end|><|user|>3+3=<|end|><|assistant|>"
+    )
 
 
 def test_two_system_prompts_are_rejected(tokenizer):
     with pytest.raises(ValueError, match="keep only one"):
-        render_prompt(tokenizer, [{"role": "system", "content": "A"}, {"role": "user", "content": "q"}],
-                      system_prompt="B")
+        render_prompt(
+            tokenizer, [{"role": "system", "content": "A"}, {"role": "user", "content": "q"}], system_prompt="B"
+        )
 
 
 def test_without_a_template_contents_are_joined_by_newlines(base_tokenizer):
@@ -62,6 +68,7 @@ def test_check_tokenizer_without_pad_or_eos_says_how_to_fix(tokenizer):
     bare = copy.deepcopy(tokenizer)
     bare.pad_token = None
     bare.eos_token = None
-    with pytest.raises(ValueError, match="tokenizer of 'my/model' has no pad token and no eos token; "
-                                         "set tokenizer.pad_token"):
+    with pytest.raises(
+        ValueError, match="tokenizer of 'my/model' has no pad token and no eos token; set tokenizer.pad_token"
+    ):
         check_tokenizer(bare, "my/model")

@@ -9,8 +9,9 @@ from unipg.policy.loading import load_lm_policy, policy_from_config
 
 
 def test_dtype_applies_to_the_policy_critic_and_reference(embedded_path):
-    policy = load_lm_policy(embedded_path, dtype="bfloat16", critic=embedded_path, reference="copy",
-                            needs_reference=True, device="cpu")
+    policy = load_lm_policy(
+        embedded_path, dtype="bfloat16", critic=embedded_path, reference="copy", needs_reference=True, device="cpu"
+    )
     assert {p.dtype for p in policy.model.parameters()} == {torch.bfloat16}
     assert {p.dtype for p in policy.critic.backbone.parameters()} == {torch.bfloat16}
     assert {p.dtype for p in policy._reference.parameters()} == {torch.bfloat16}

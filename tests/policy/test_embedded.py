@@ -7,7 +7,6 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from unipg.policy import embedded
-from unipg.policy.loading import load_tokenizer
 from unipg.policy.embedded import (
     BUILDER_VERSION,
     EMBEDDED_SIZES,
@@ -20,6 +19,7 @@ from unipg.policy.embedded import (
     embedded_model_path,
     resolve_model_name,
 )
+from unipg.policy.loading import load_tokenizer
 
 SPECIALS = ["<pad>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>", "<unk>"]
 
@@ -53,14 +53,20 @@ def test_special_tokens_are_single_tokens_never_split(tokenizer):
 
 
 def test_chat_template_renders_compact_turns(tokenizer):
-    rendered = tokenizer.apply_chat_template([{"role": "user", "content": "37+48="}], tokenize=False,
-                                             add_generation_prompt=True)
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "37+48="}], tokenize=False, add_generation_prompt=True
+    )
     assert rendered == "<|user|>37+48=<|end|><|assistant|>"
     assert len(tokenizer.encode(rendered, add_special_tokens=False)) == 9
-    conversation = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
-                    {"role": "assistant", "content": "A"}, {"role": "tool", "content": "T"}]
+    conversation = [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "U"},
+        {"role": "assistant", "content": "A"},
+        {"role": "tool", "content": "T"},
+    ]
     assert tokenizer.apply_chat_template(conversation, tokenize=False) == (
-        "<|system|>S<|end|><|user|>U<|end|><|assistant|>A<|end|><|tool|>T<|end|>")
+        "<|system|>S<|end|><|user|>U<|end|><|assistant|>A<|end|><|tool|>T<|end|>"
+    )
 
 
 def test_tiny_model_is_a_seeded_qwen2_of_about_a_million_parameters(tokenizer):
@@ -98,13 +104,15 @@ def test_built_folder_loads_like_a_hub_model_with_identical_logits(tmp_path, tok
     loaded_model = AutoModelForCausalLM.from_pretrained(path)
     loaded_tokenizer = AutoTokenizer.from_pretrained(path)
     prompt = "<|user|>37+48=<|end|><|assistant|>"
-    assert loaded_tokenizer.encode(prompt, add_special_tokens=False) == tokenizer.encode(prompt,
-                                                                                         add_special_tokens=False)
+    assert loaded_tokenizer.encode(prompt, add_special_tokens=False) == tokenizer.encode(
+        prompt, add_special_tokens=False
+    )
     assert loaded_tokenizer.chat_template == tokenizer.chat_template
     input_ids = torch.tensor([tokenizer.encode(prompt, add_special_tokens=False)])
     with torch.no_grad():
-        torch.testing.assert_close(loaded_model(input_ids).logits, build_model(tokenizer)(input_ids).logits,
-                                   rtol=0, atol=0)
+        torch.testing.assert_close(
+            loaded_model(input_ids).logits, build_model(tokenizer)(input_ids).logits, rtol=0, atol=0
+        )
 
 
 def test_second_call_reuses_the_build(tmp_path, monkeypatch):

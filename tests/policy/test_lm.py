@@ -7,8 +7,12 @@ from unipg.policy.loading import load_lm_policy, load_tokenizer
 
 
 def prompts(tokenizer, count=4):
-    texts = [tokenizer.apply_chat_template([{"role": "user", "content": f"{i}{i}+{i + 3}="}], tokenize=False,
-                                           add_generation_prompt=True) for i in range(count)]
+    texts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"{i}{i}+{i + 3}="}], tokenize=False, add_generation_prompt=True
+        )
+        for i in range(count)
+    ]
     texts[0] = "7" + texts[0]  # rows of different lengths exercise the left padding
     return [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
 
@@ -26,8 +30,12 @@ def full_batch(generation):
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_training_forward_reproduces_sampling_logprobs(policy, temperature):
-    generation = policy.sample(prompts(policy.tokenizer), max_new_tokens=12, temperature=temperature,
-                               generator=torch.Generator().manual_seed(1))
+    generation = policy.sample(
+        prompts(policy.tokenizer),
+        max_new_tokens=12,
+        temperature=temperature,
+        generator=torch.Generator().manual_seed(1),
+    )
     ids, mask = full_batch(generation)
     evaluated = policy.evaluate(ids, mask, generation.completion_ids.shape[1], temperature=temperature).logprobs
     valid = generation.completion_mask.bool()
@@ -70,7 +78,9 @@ def test_max_new_tokens_and_stop_strings_end_generation(policy):
     long = policy.sample(ids, max_new_tokens=20, temperature=1.0, generator=torch.Generator().manual_seed(5))
     row = next(row for row, text in enumerate(long.texts) if len(text) >= 2)  # StopIteration fails the test
     stop = long.texts[row][1]
-    cut = policy.sample(ids, max_new_tokens=20, temperature=1.0, stop=[stop], generator=torch.Generator().manual_seed(5))
+    cut = policy.sample(
+        ids, max_new_tokens=20, temperature=1.0, stop=[stop], generator=torch.Generator().manual_seed(5)
+    )
     assert stop not in cut.texts[row] and cut.finish_reasons[row] == "stop"
 
 
@@ -110,7 +120,11 @@ def test_lora_reference_is_the_adapter_disabled_model(embedded_path):
     base = policy.reference_logprobs(ids, mask, width)
     adapted = policy.evaluate(ids, mask, width).logprobs
     assert not torch.allclose(base, adapted)
-    assert torch.allclose(base[generation.completion_mask.bool()], generation.behaviour_logprobs[generation.completion_mask.bool()], atol=1e-4)
+    assert torch.allclose(
+        base[generation.completion_mask.bool()],
+        generation.behaviour_logprobs[generation.completion_mask.bool()],
+        atol=1e-4,
+    )
 
 
 def test_bad_model_path_says_what_to_fix(tmp_path):
@@ -157,14 +171,20 @@ def test_rows_that_finish_early_leave_the_batch_without_changing_the_samples(pol
     stop = next(text[1] for text in long.texts if len(text) >= 2)  # one character = one token: rows end unevenly
     selections = []
     select = DynamicCache.batch_select_indices
-    monkeypatch.setattr(DynamicCache, "batch_select_indices",
-                        lambda self, indices: selections.append(len(indices)) or select(self, indices))
-    compacted = policy.sample(ids, max_new_tokens=20, temperature=1.0, stop=[stop],
-                              generator=torch.Generator().manual_seed(6))
+    monkeypatch.setattr(
+        DynamicCache,
+        "batch_select_indices",
+        lambda self, indices: selections.append(len(indices)) or select(self, indices),
+    )
+    compacted = policy.sample(
+        ids, max_new_tokens=20, temperature=1.0, stop=[stop], generator=torch.Generator().manual_seed(6)
+    )
     assert selections and min(selections) < len(ids)  # finished rows left the batch
     assert len(set(compacted.completion_lengths.tolist())) > 1
     for module in (forward, generation):  # no row selection: every row to the end
         monkeypatch.setattr(module, "plain_cache", lambda cache: False)
-    full = policy.sample(ids, max_new_tokens=20, temperature=1.0, stop=[stop], generator=torch.Generator().manual_seed(6))
+    full = policy.sample(
+        ids, max_new_tokens=20, temperature=1.0, stop=[stop], generator=torch.Generator().manual_seed(6)
+    )
     assert torch.equal(full.completion_ids, compacted.completion_ids) and full.texts == compacted.texts
     assert torch.allclose(full.behaviour_logprobs, compacted.behaviour_logprobs, atol=1e-4)

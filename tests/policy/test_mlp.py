@@ -25,12 +25,14 @@ def test_deterministic_action_is_the_mode():
 
 
 def test_gaussian_policy_shapes_and_initial_std():
-    policy = MLPActorCritic(gym.spaces.Box(-1, 1, (3,)), gym.spaces.Box(-2, 2, (2,)), hidden_sizes=[16],
-                            log_std_init=-0.5)
+    policy = MLPActorCritic(
+        gym.spaces.Box(-1, 1, (3,)), gym.spaces.Box(-2, 2, (2,)), hidden_sizes=[16], log_std_init=-0.5
+    )
     sample = policy.act(torch.randn(6, 3))
     assert sample.actions.shape == (6, 2) and sample.logprobs.shape == (6,)
-    torch.testing.assert_close(policy.distribution(torch.randn(1, 3)).stddev, torch.full((1, 2), np.exp(-0.5)),
-                               rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        policy.distribution(torch.randn(1, 3)).stddev, torch.full((1, 2), np.exp(-0.5)), rtol=1e-5, atol=1e-6
+    )
     assert any(p is policy.log_std for p in policy.actor_parameters())
 
 

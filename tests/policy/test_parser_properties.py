@@ -10,17 +10,24 @@ from fractions import Fraction
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
-from unipg.tasks.answers import extract_final_answer, normalize_answer
 from unipg.envs import EnvironmentService
 from unipg.envs.tool_env import parse_turn
+from unipg.tasks.answers import extract_final_answer, normalize_answer
 from unipg.tasks.rewards.rules import answers_equivalent
 from unipg.tools import tool
 from unipg.tools.base import CLOSE_TAG, OPEN_TAG, Tool, format_tool_call
 
 
 @tool
-def lookup(query: str, limit: int = 5, scale: float = 1.0, tags: list[str] | None = None,
-           mode: typing.Literal["fast", "exact"] = "fast", verbose: bool = False, extra: dict | None = None) -> str:
+def lookup(
+    query: str,
+    limit: int = 5,
+    scale: float = 1.0,
+    tags: list[str] | None = None,
+    mode: typing.Literal["fast", "exact"] = "fast",
+    verbose: bool = False,
+    extra: dict | None = None,
+) -> str:
     """Look something up."""
     return query
 
@@ -28,11 +35,37 @@ def lookup(query: str, limit: int = 5, scale: float = 1.0, tags: list[str] | Non
 SERVICE = EnvironmentService({"lookup": lookup})
 
 json_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20)
-json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=3)
-                           | st.dictionaries(st.text(max_size=8), inner, max_size=3), max_leaves=8)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)
 # Pieces that make text look like a call, so that generated turns reach every branch of the parser.
-call_pieces = st.sampled_from([OPEN_TAG, CLOSE_TAG, "{", "}", "[", "]", '"name"', '"arguments"', ": ", ", ",
-                               '"lookup"', '"query"', '"x"', "null", "1", "\\", '"', " ", "\n", "é", "🙂"])
+call_pieces = st.sampled_from(
+    [
+        OPEN_TAG,
+        CLOSE_TAG,
+        "{",
+        "}",
+        "[",
+        "]",
+        '"name"',
+        '"arguments"',
+        ": ",
+        ", ",
+        '"lookup"',
+        '"query"',
+        '"x"',
+        "null",
+        "1",
+        "\\",
+        '"',
+        " ",
+        "\n",
+        "é",
+        "🙂",
+    ]
+)
 turns = st.lists(call_pieces | st.text(max_size=10), max_size=30).map("".join)
 
 
@@ -56,13 +89,21 @@ def test_any_turn_is_an_answer_a_call_or_a_malformed_call_and_never_raises(text)
 
 
 @settings(max_examples=100, deadline=None)
-@given(name=st.text(min_size=1, max_size=20), arguments=st.dictionaries(st.text(max_size=10), json_values, max_size=4),
-       before=st.text(max_size=20), after=st.text(max_size=20))
+@given(
+    name=st.text(min_size=1, max_size=20),
+    arguments=st.dictionaries(st.text(max_size=10), json_values, max_size=4),
+    before=st.text(max_size=20),
+    after=st.text(max_size=20),
+)
 @example(name="python", arguments={"code": f"print('{CLOSE_TAG}')"}, before="", after="")
 def test_a_formatted_call_parses_back_to_its_name_and_arguments(name, arguments, before, after):
     assume(OPEN_TAG not in before)
-    anything = Tool(name, "accepts any arguments", {"type": "object", "properties": {key: {} for key in arguments}},
-                    lambda **kwargs: "")
+    anything = Tool(
+        name,
+        "accepts any arguments",
+        {"type": "object", "properties": {key: {} for key in arguments}},
+        lambda **kwargs: "",
+    )
     turn = parse_turn(before + format_tool_call(name, arguments) + after, EnvironmentService({name: anything}))
     assert (turn.kind, turn.name, turn.arguments) == ("call", name, arguments)
 
@@ -72,9 +113,11 @@ adversarial_bodies = st.one_of(
     st.integers(4301, 6000).map(lambda digits: '{"name": "lookup", "arguments": {"limit": -%s}}' % ("1" * digits)),
     st.integers(1, 200_000).map(lambda depth: "[" * depth),  # nesting past the recursion limit
     st.integers(1, 50_000).map(lambda depth: '{"x": ' * depth),
-    st.integers(500, 3000).map(lambda depth: '{"name": "lookup", "arguments": {"query": "q", "mode": '
-                               + "[" * depth + "]" * depth + "}}"),
-    st.sampled_from(["NaN", "-Infinity", "1e999999", "[1e400]", '"\ud800"', '{"name": "\udfff"}', "\u0000"]))
+    st.integers(500, 3000).map(
+        lambda depth: '{"name": "lookup", "arguments": {"query": "q", "mode": ' + "[" * depth + "]" * depth + "}}"
+    ),
+    st.sampled_from(["NaN", "-Infinity", "1e999999", "[1e400]", '"\ud800"', '{"name": "\udfff"}', "\u0000"]),
+)
 
 
 @settings(max_examples=60, deadline=None)
@@ -115,8 +158,14 @@ def test_unicode_nested_tags_missing_closing_tags_and_non_objects_are_malformed_
 
 
 @settings(max_examples=150, deadline=None)
-@given(arguments=json_values | st.dictionaries(st.sampled_from(["query", "limit", "scale", "tags", "mode", "verbose",
-                                                                 "extra", "other"]), json_values, max_size=5))
+@given(
+    arguments=json_values
+    | st.dictionaries(
+        st.sampled_from(["query", "limit", "scale", "tags", "mode", "verbose", "extra", "other"]),
+        json_values,
+        max_size=5,
+    )
+)
 def test_checking_any_json_arguments_gives_a_problem_or_none_and_never_raises(arguments):
     problem = lookup.check_arguments(arguments)
     assert problem is None or (isinstance(problem, str) and problem)
@@ -126,9 +175,15 @@ def test_checking_any_json_arguments_gives_a_problem_or_none_and_never_raises(ar
 
 valid_lookup_arguments = st.fixed_dictionaries(
     {"query": st.text(max_size=10)},
-    optional={"limit": st.integers(), "scale": st.integers() | st.floats(), "tags": st.lists(st.text(max_size=5)),
-              "mode": st.sampled_from(["fast", "exact"]), "verbose": st.booleans(),
-              "extra": st.dictionaries(st.text(max_size=5), json_values, max_size=2)})
+    optional={
+        "limit": st.integers(),
+        "scale": st.integers() | st.floats(),
+        "tags": st.lists(st.text(max_size=5)),
+        "mode": st.sampled_from(["fast", "exact"]),
+        "verbose": st.booleans(),
+        "extra": st.dictionaries(st.text(max_size=5), json_values, max_size=2),
+    },
+)
 
 
 @settings(max_examples=100, deadline=None)
@@ -157,17 +212,22 @@ def decimal(digits: int, places: int) -> tuple[Fraction, str]:
 
 # A GSM8K answer as a fraction n/d, and how it is written: an integer (with thousands separators), a decimal,
 # a negative, or a fraction p/q.
-integers = st.integers(-10**12, 10**12).map(lambda n: (Fraction(n), f"{n:,}"))
-decimals = st.builds(decimal, st.integers(-10**9, 10**9), st.integers(1, 6))
-fractions = st.tuples(st.integers(-10**6, 10**6), st.integers(1, 10**6)).map(
-    lambda pair: (Fraction(pair[0], pair[1]), f"{pair[0]:,}/{pair[1]:,}"))
+integers = st.integers(-(10**12), 10**12).map(lambda n: (Fraction(n), f"{n:,}"))
+decimals = st.builds(decimal, st.integers(-(10**9), 10**9), st.integers(1, 6))
+fractions = st.tuples(st.integers(-(10**6), 10**6), st.integers(1, 10**6)).map(
+    lambda pair: (Fraction(pair[0], pair[1]), f"{pair[0]:,}/{pair[1]:,}")
+)
 gsm8k_numbers = integers | decimals | fractions
 prose = st.text(st.characters(blacklist_characters="#0123456789-", blacklist_categories=("Cs",)), max_size=30)
 
 
 @settings(max_examples=150, deadline=None)
-@given(number=gsm8k_numbers, steps=prose, trailer=st.sampled_from(["", ".", "\n", " \nThanks!", ".\n\n"]),
-       dollar=st.booleans())
+@given(
+    number=gsm8k_numbers,
+    steps=prose,
+    trailer=st.sampled_from(["", ".", "\n", " \nThanks!", ".\n\n"]),
+    dollar=st.booleans(),
+)
 @example(number=(Fraction(-1234), "-1,234"), steps="", trailer=".", dollar=True)
 def test_the_answer_after_the_last_marker_is_the_number_written_there(number, steps, trailer, dollar):
     value, written = number
@@ -186,8 +246,9 @@ def test_without_a_marker_the_last_number_in_the_text_is_the_answer(number, step
     assert Fraction(extract_final_answer(text)) == value
 
 
-answer_texts = st.text(st.sampled_from("0123456789.,-+*/()$ x^\\{}frac sqrtpi"), max_size=12) | \
-    gsm8k_numbers.map(lambda number: number[1])
+answer_texts = st.text(st.sampled_from("0123456789.,-+*/()$ x^\\{}frac sqrtpi"), max_size=12) | gsm8k_numbers.map(
+    lambda number: number[1]
+)
 
 
 @settings(max_examples=80, deadline=None)
@@ -200,8 +261,15 @@ def test_answer_equivalence_is_reflexive_and_symmetric_and_never_raises(first, s
 
 
 def test_json_round_trip_of_a_call_keeps_every_json_type():
-    arguments = {"none": None, "flag": True, "count": -3, "ratio": 0.25, "text": "a\"b\\c", "list": [1, [2]],
-                 "object": {"k": {}}}
+    arguments = {
+        "none": None,
+        "flag": True,
+        "count": -3,
+        "ratio": 0.25,
+        "text": 'a"b\\c',
+        "list": [1, [2]],
+        "object": {"k": {}},
+    }
     anything = Tool("t", "", {"type": "object", "properties": {key: {} for key in arguments}}, lambda **kw: "")
     turn = parse_turn(format_tool_call("t", arguments), EnvironmentService({"t": anything}))
     assert turn.arguments == arguments == json.loads(json.dumps(arguments))

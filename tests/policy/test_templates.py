@@ -7,8 +7,15 @@ import pytest
 from unipg.policy.chat import TurnTemplate
 from unipg.policy.embedded import build_tokenizer
 from unipg.policy.loading import load_tokenizer
-from unipg.policy.templates import (NAMES, STOCK, family_tokenizer, prefix_stability_problem, prepare_chat_template,
-                                    read_template, resolve_chat_template)
+from unipg.policy.templates import (
+    NAMES,
+    STOCK,
+    family_tokenizer,
+    prefix_stability_problem,
+    prepare_chat_template,
+    read_template,
+    resolve_chat_template,
+)
 
 QUESTION = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
 
@@ -17,13 +24,22 @@ def render(tokenizer, messages, **options):
     return tokenizer.apply_chat_template(messages, tokenize=False, **options)
 
 
-@pytest.mark.parametrize("family, prompt", [
-    ("qwen2.5", "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"),
-    ("qwen3", "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"),
-    ("llama3.1", "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
-                 "Today Date: 26 Jul 2024\n\nBe brief.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n2+2?"
-                 "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"),
-])
+@pytest.mark.parametrize(
+    "family, prompt",
+    [
+        (
+            "qwen2.5",
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n",
+        ),
+        ("qwen3", "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"),
+        (
+            "llama3.1",
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+            "Today Date: 26 Jul 2024\n\nBe brief.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n2+2?"
+            "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
+        ),
+    ],
+)
 def test_stock_templates_render_prompts_as_the_released_models_expect(family, prompt):
     assert render(family_tokenizer(family), QUESTION, add_generation_prompt=True) == prompt
 
@@ -31,7 +47,8 @@ def test_stock_templates_render_prompts_as_the_released_models_expect(family, pr
 def test_qwen25_adds_its_default_system_prompt_and_tools_go_into_the_system_message():
     tokenizer = family_tokenizer("qwen2.5")
     assert render(tokenizer, QUESTION[1:]).startswith(
-        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n")
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+    )
     tools = [{"type": "function", "function": {"name": "add", "description": "Add.", "parameters": {}}}]
     with_tools = render(tokenizer, QUESTION, tools=tools)
     assert with_tools.startswith("<|im_start|>system\nBe brief.\n\n# Tools\n") and '"name": "add"' in with_tools
@@ -95,9 +112,11 @@ def test_the_override_applies_when_the_tokenizer_is_loaded(tmp_path):
 
 def test_a_template_that_rewrites_turns_without_a_known_variant_is_refused_with_the_fix():
     tokenizer = build_tokenizer()
-    tokenizer.chat_template = ("{% for m in messages %}{% if loop.last or m.role != 'assistant' %}"
-                               "<|{{ m.role }}|>{{ m.content }}<|end|>{% endif %}{% endfor %}"
-                               "{% if add_generation_prompt %}<|assistant|>{% endif %}")  # drops past answers
+    tokenizer.chat_template = (
+        "{% for m in messages %}{% if loop.last or m.role != 'assistant' %}"
+        "<|{{ m.role }}|>{{ m.content }}<|end|>{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )  # drops past answers
     prepare_chat_template(tokenizer)  # nothing known replaces it
     with pytest.raises(ValueError, match="rewrites earlier turns.*set model.chat_template"):
         TurnTemplate(tokenizer)

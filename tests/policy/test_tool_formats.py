@@ -7,48 +7,74 @@ from unipg.config import ConfigError, load_config
 from unipg.policy.embedded import build_model
 from unipg.policy.lm import LMPolicy
 from unipg.policy.templates import family_tokenizer, read_template
+from unipg.policy.tool_calls import (
+    TOOL_PARSERS,
+    MalformedToolCall,
+    ToolCall,
+    parse_tool_calls,
+    parser_for_template,
+    rewrite_calls,
+    tool_parser,
+)
 from unipg.sample.episodes import EpisodeRunner
-from unipg.tasks.rewards.rules import build_rewards
-from unipg.tasks.base import make_task
-from unipg.policy.tool_calls import (TOOL_PARSERS, MalformedToolCall, ToolCall, parse_tool_calls,
-                                        parser_for_template, rewrite_calls, tool_parser)
 from unipg.sample.validate import check_sample_options
+from unipg.tasks.base import make_task
+from unipg.tasks.rewards.rules import build_rewards
 
 
-@pytest.mark.parametrize("text, calls", [
-    ("The answer is 4.", []),
-    ('Let me add. <tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>',
-     [ToolCall("add", {"a": 1, "b": 2})]),
-    ('<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": "b", "arguments": {"x": 1}}</tool_call>',
-     [ToolCall("a", {}), ToolCall("b", {"x": 1})]),
-    ('<tool_call>{"name": "py", "arguments": {"code": "print(\'</tool_call>\')"}}</tool_call>',
-     [ToolCall("py", {"code": "print('</tool_call>')"})]),
-])
+@pytest.mark.parametrize(
+    "text, calls",
+    [
+        ("The answer is 4.", []),
+        (
+            'Let me add. <tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>',
+            [ToolCall("add", {"a": 1, "b": 2})],
+        ),
+        (
+            '<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": "b", "arguments": {"x": 1}}</tool_call>',
+            [ToolCall("a", {}), ToolCall("b", {"x": 1})],
+        ),
+        (
+            '<tool_call>{"name": "py", "arguments": {"code": "print(\'</tool_call>\')"}}</tool_call>',
+            [ToolCall("py", {"code": "print('</tool_call>')"})],
+        ),
+    ],
+)
 def test_hermes_calls_are_json_between_tags(text, calls):
     assert parse_tool_calls(text, "hermes") == calls
 
 
-@pytest.mark.parametrize("text, calls", [
-    ("The answer is 4.", []),
-    ("{curly} braces in an answer", []),
-    ('{"name": "add", "parameters": {"a": 1, "b": 2}}', [ToolCall("add", {"a": 1, "b": 2})]),
-    ('<|python_tag|>{"name": "add", "parameters": {"a": 1}}', [ToolCall("add", {"a": 1})]),
-    ('{"name": "a", "parameters": {}}; {"name": "b", "arguments": {"x": 1}}', [ToolCall("a", {}), ToolCall("b", {"x": 1})]),
-])
+@pytest.mark.parametrize(
+    "text, calls",
+    [
+        ("The answer is 4.", []),
+        ("{curly} braces in an answer", []),
+        ('{"name": "add", "parameters": {"a": 1, "b": 2}}', [ToolCall("add", {"a": 1, "b": 2})]),
+        ('<|python_tag|>{"name": "add", "parameters": {"a": 1}}', [ToolCall("add", {"a": 1})]),
+        (
+            '{"name": "a", "parameters": {}}; {"name": "b", "arguments": {"x": 1}}',
+            [ToolCall("a", {}), ToolCall("b", {"x": 1})],
+        ),
+    ],
+)
 def test_llama3_calls_are_the_turn_as_json_with_parameters(text, calls):
     assert parse_tool_calls(text, "llama3_json") == calls
 
 
-@pytest.mark.parametrize("parser, text, problem", [
-    ("hermes", '<tool_call>{"name": "add"', "no closing </tool_call>"),
-    ("hermes", "<tool_call>[1, 2]</tool_call>", 'must be {"name": "<tool>", "arguments": {...}}'),
-    ("llama3_json", '{"name": "add", "parameters": {"a": ', "not valid JSON"),
-    ("llama3_json", "<|python_tag|>add(1, 2)", "after <|python_tag|> the call must be"),
-    ("llama3_json", '{"tool": "add"}', 'must be {"name": "<tool>", "parameters": {...}}'),
-])
+@pytest.mark.parametrize(
+    "parser, text, problem",
+    [
+        ("hermes", '<tool_call>{"name": "add"', "no closing </tool_call>"),
+        ("hermes", "<tool_call>[1, 2]</tool_call>", 'must be {"name": "<tool>", "arguments": {...}}'),
+        ("llama3_json", '{"name": "add", "parameters": {"a": ', "not valid JSON"),
+        ("llama3_json", "<|python_tag|>add(1, 2)", "after <|python_tag|> the call must be"),
+        ("llama3_json", '{"tool": "add"}', 'must be {"name": "<tool>", "parameters": {...}}'),
+    ],
+)
 def test_a_call_that_cannot_be_read_says_what_is_wrong(parser, text, problem):
-    with pytest.raises(MalformedToolCall, match=problem.replace("{", r"\{").replace("[", r"\[").replace("(", r"\(")
-                       .replace("|", r"\|")):
+    with pytest.raises(
+        MalformedToolCall, match=problem.replace("{", r"\{").replace("[", r"\[").replace("(", r"\(").replace("|", r"\|")
+    ):
         parse_tool_calls(text, parser)
 
 
@@ -56,7 +82,8 @@ def test_a_call_that_cannot_be_read_says_what_is_wrong(parser, text, problem):
 def test_a_formatted_call_parses_back(parser):
     arguments = {"expression": "19+23", "nested": {"list": [1, "two", None]}}
     assert parse_tool_calls(tool_parser(parser).format_tool_call("calc", arguments), parser) == [
-        ToolCall("calc", arguments)]
+        ToolCall("calc", arguments)
+    ]
 
 
 def test_demonstrations_written_with_hermes_calls_are_rewritten_per_family():
@@ -68,7 +95,11 @@ def test_demonstrations_written_with_hermes_calls_are_rewritten_per_family():
 
 def test_the_format_is_chosen_from_the_chat_template():
     assert [parser_for_template(read_template(name)) for name in ("qwen2.5", "qwen3", "llama3.1", "llama3.2")] == [
-        "hermes", "hermes", "llama3_json", "llama3_json"]
+        "hermes",
+        "hermes",
+        "llama3_json",
+        "llama3_json",
+    ]
     assert parser_for_template(None) == "hermes"
     assert TOOL_PARSERS.names() == ["hermes", "llama3_json"]
 

@@ -18,9 +18,9 @@ import torch
 import unipg.runtime.lm as text
 from unipg.checkpoint.store import CheckpointStore, load_checkpoint
 from unipg.config import load_config
+from unipg.envs.service import EnvironmentService, build_tools
 from unipg.observe.metrics import read_metrics
 from unipg.runtime.lm import train_lm
-from unipg.envs.service import EnvironmentService, build_tools
 from unipg.tools import faulty
 from unipg.tools.base import current_attempt
 from unipg.tools.faulty import FAULT_KINDS
@@ -28,16 +28,35 @@ from unipg.tools.faulty import FAULT_KINDS
 # rates high enough that a few updates meet raising and hanging calls, and calls that fail on every attempt; which
 # expressions the policy writes (so which draws it meets) depends on timing, so the rarer kinds may not come up here
 # (every kind is checked through the service in the first test)
-FAULTY = ("task.tools=[{name: faulty, options: {tool: calculator, raise_rate: 0.3, hang_rate: 0.25, "
-          "garbage_rate: 0.1, huge_rate: 0.1}}]")
+FAULTY = (
+    "task.tools=[{name: faulty, options: {tool: calculator, raise_rate: 0.3, hang_rate: 0.25, "
+    "garbage_rate: 0.1, huge_rate: 0.1}}]"
+)
 # a warm start on tool demonstrations, short enough for a test, after which nearly every episode calls the tool
-AGENT = ["task.name=calculator", "task.options={digits: 1, num_train: 40, num_test: 4, tool_demonstrations: 1.0}",
-         "model.warm_start=true", "sft.steps=50", "sft.batch_size=16", "sft.learning_rate=1e-2",
-         FAULTY, "agent.tool_timeout=0.5", "agent.tool_retries=1", "agent.retry_backoff=0.01",
-         "sample.max_new_tokens=96", "agent.max_total_tokens=160", "algorithm=grpo", "train.batch_size=8",
-         "train.mini_batch_size=8", "train.micro_batch_size=8", "sample.samples_per_prompt=4",
-         "eval.every_updates=100", "eval.pass_k=0", "eval.max_examples=4", "log.progress=false",
-         "log.tensorboard=false"]
+AGENT = [
+    "task.name=calculator",
+    "task.options={digits: 1, num_train: 40, num_test: 4, tool_demonstrations: 1.0}",
+    "model.warm_start=true",
+    "sft.steps=50",
+    "sft.batch_size=16",
+    "sft.learning_rate=1e-2",
+    FAULTY,
+    "agent.tool_timeout=0.5",
+    "agent.tool_retries=1",
+    "agent.retry_backoff=0.01",
+    "sample.max_new_tokens=96",
+    "agent.max_total_tokens=160",
+    "algorithm=grpo",
+    "train.batch_size=8",
+    "train.mini_batch_size=8",
+    "train.micro_batch_size=8",
+    "sample.samples_per_prompt=4",
+    "eval.every_updates=100",
+    "eval.pass_k=0",
+    "eval.max_examples=4",
+    "log.progress=false",
+    "log.tensorboard=false",
+]
 
 
 def faulty_service(**rates) -> EnvironmentService:
@@ -175,9 +194,20 @@ def interrupt_at_episode_starts(rollout, starts: set[int], interrupted: list[int
 
 @pytest.mark.e2e
 def test_concurrent_agent_run_survives_tool_faults_interrupted_episodes_and_a_nan_gradient(
-        embedded_path, tmp_path, monkeypatch):
-    config = load_config(None, AGENT + [f"log.output_dir={tmp_path}", "runtime.max_staleness=1", "runtime.schedule=concurrent", "train.updates=5",
-                                        "checkpoint.every_updates=1", "rollback.enabled=true"])
+    embedded_path, tmp_path, monkeypatch
+):
+    config = load_config(
+        None,
+        AGENT
+        + [
+            f"log.output_dir={tmp_path}",
+            "runtime.max_staleness=1",
+            "runtime.schedule=concurrent",
+            "train.updates=5",
+            "checkpoint.every_updates=1",
+            "rollback.enabled=true",
+        ],
+    )
     interrupted = []
 
     def chaos(runtime):  # on the rollout's own runner and service; the learner's evaluation is left alone
@@ -218,11 +248,19 @@ train_lm(load_config(None, sys.argv[1:]))
 
 @pytest.mark.e2e
 def test_a_sigkilled_run_resumes_to_the_same_weights_as_an_uninterrupted_one(embedded_path, tmp_path):
-    overrides = AGENT + [f"log.output_dir={tmp_path}", "deterministic=true",
-                         "train.updates=4", "checkpoint.every_updates=1", "checkpoint.keep_last=2"]
+    overrides = AGENT + [
+        f"log.output_dir={tmp_path}",
+        "deterministic=true",
+        "train.updates=4",
+        "checkpoint.every_updates=1",
+        "checkpoint.keep_last=2",
+    ]
     full = train_lm(load_config(None, overrides + ["log.run_name=full"]))
-    killed = subprocess.Popen([sys.executable, "-c", KILLED_RUN, *overrides, "log.run_name=killed"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    killed = subprocess.Popen(
+        [sys.executable, "-c", KILLED_RUN, *overrides, "log.run_name=killed"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     run_dir = tmp_path / "killed"
     deadline = time.monotonic() + 120
     while not (run_dir / "checkpoints" / "step-00000002").is_dir() and killed.poll() is None:
@@ -243,9 +281,19 @@ def test_a_sigkilled_run_resumes_to_the_same_weights_as_an_uninterrupted_one(emb
 @pytest.mark.e2e
 def test_a_short_soak_opens_no_descriptors_and_starts_no_threads_per_update(tmp_path):
     """The long version (benchmarks/soak.py) runs 256 episodes at once for 15 minutes and reports memory too."""
-    config = load_config(None, AGENT + [f"log.output_dir={tmp_path}", "runtime.max_staleness=2",
-                                        "runtime.schedule=concurrent", "agent.concurrency=32", "train.updates=8",
-                                        "checkpoint.every_updates=2", "checkpoint.keep_last=2"])
+    config = load_config(
+        None,
+        AGENT
+        + [
+            f"log.output_dir={tmp_path}",
+            "runtime.max_staleness=2",
+            "runtime.schedule=concurrent",
+            "agent.concurrency=32",
+            "train.updates=8",
+            "checkpoint.every_updates=2",
+            "checkpoint.keep_last=2",
+        ],
+    )
     records = [r for r in read_metrics(train_lm(config).run_dir) if "train/loss" in r]
     assert [r["step"] for r in records] == list(range(1, 9))
     files = [r["system/open_files"] for r in records[2:]]
@@ -280,8 +328,13 @@ def arenas_in_use(*arguments: str, **environment: str) -> tuple[str, int]:
     """What the probe's ``limit_malloc_arenas`` call returned and the cap a child process of it sees, and the
     malloc arenas of the probe's 12 threads."""
     base = {key: value for key, value in os.environ.items() if key not in ("MALLOC_ARENA_MAX", "GLIBC_TUNABLES")}
-    probe = subprocess.run([sys.executable, "-c", ARENA_PROBE, *arguments], env={**base, **environment},
-                           capture_output=True, text=True, timeout=60)
+    probe = subprocess.run(
+        [sys.executable, "-c", ARENA_PROBE, *arguments],
+        env={**base, **environment},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert probe.returncode == 0, probe.stderr
     return probe.stdout.strip(), sum(line.startswith("Arena ") for line in probe.stderr.splitlines())
 

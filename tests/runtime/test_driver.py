@@ -12,13 +12,13 @@ from unipg.config import load_config
 from unipg.learn.lm import LMBatch, LMLearner
 from unipg.observe.metrics import read_metrics
 from unipg.policy.loading import load_lm_policy, policy_from_config
+from unipg.runtime.driver import RolloutReport, Runtime, serve_one_by_one
 from unipg.runtime.gym import seed_everything
 from unipg.runtime.lm import PromptSampler, set_threads, train_lm
-from unipg.runtime.driver import RolloutReport, Runtime, serve_one_by_one
 from unipg.runtime.replay import Group, ProducerFailed
 from unipg.sample.episodes import EpisodeRunner
-from unipg.tasks.rewards.rules import build_rewards
 from unipg.tasks.base import make_task
+from unipg.tasks.rewards.rules import build_rewards
 
 
 def synchronous_reference(config):
@@ -35,8 +35,9 @@ def synchronous_reference(config):
         learner.set_lr_fraction(1.0)
         examples = sampler.next(config.prompts_per_step)
         group = config.sample.samples_per_prompt
-        trajectories = runner.run([e for e in examples for _ in range(group)], generator=generator,
-                                  policy_version=update - 1).trajectories
+        trajectories = runner.run(
+            [e for e in examples for _ in range(group)], generator=generator, policy_version=update - 1
+        ).trajectories
         batch = LMBatch.from_trajectories(trajectories, policy.pad_id)
         learner.prepare(batch)
         losses.append(learner.update(batch)["loss"])
@@ -48,8 +49,16 @@ def synchronous_reference(config):
 def test_staleness_zero_gives_the_same_updates_as_synchronous_training(embedded_path, tmp_path, schedule):
     """Both schedules, bit for bit: the concurrent one samples on its own thread with a copy of the weights,
     which computes exactly what the learner's model would."""
-    config = load_config(None, SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
-                                        f"runtime.schedule={schedule}", "runtime.max_staleness=0"])
+    config = load_config(
+        None,
+        SMALL
+        + [
+            f"model.name={embedded_path}",
+            f"log.output_dir={tmp_path}",
+            f"runtime.schedule={schedule}",
+            "runtime.max_staleness=0",
+        ],
+    )
     reference, reference_losses = synchronous_reference(config)
     result = train_lm(config)
     records = [r for r in read_metrics(result.run_dir) if "train/loss" in r]
@@ -61,9 +70,19 @@ def test_staleness_zero_gives_the_same_updates_as_synchronous_training(embedded_
 
 @pytest.mark.e2e
 def test_sequential_staleness_trains_every_step_on_data_exactly_eta_versions_old(embedded_path, tmp_path):
-    config = load_config(None, SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
-                                        "runtime.max_staleness=2", "runtime.schedule=sequential", "train.updates=5",
-                                        "estimator.policy_loss=decoupled_ppo", "estimator.off_policy_weight=age_decay"])
+    config = load_config(
+        None,
+        SMALL
+        + [
+            f"model.name={embedded_path}",
+            f"log.output_dir={tmp_path}",
+            "runtime.max_staleness=2",
+            "runtime.schedule=sequential",
+            "train.updates=5",
+            "estimator.policy_loss=decoupled_ppo",
+            "estimator.off_policy_weight=age_decay",
+        ],
+    )
     records = [r for r in read_metrics(train_lm(config).run_dir) if "train/loss" in r]
     assert [r["async/staleness_trajectory_max"] for r in records] == [0, 1, 2, 2, 2]
     assert [r["async/staleness_token_mean"] for r in records] == [0, 1, 2, 2, 2]
@@ -71,15 +90,23 @@ def test_sequential_staleness_trains_every_step_on_data_exactly_eta_versions_old
     assert records[0]["train/behaviour_weight_mean"] == 1.0 and records[-1]["train/behaviour_weight_mean"] != 1.0
     last = records[-1]
     assert last["async/buffer_trajectories"] == 3 * 8  # η + 1 steps' worth before the step takes its own
-    assert last["train/weights_weight_mean"] == pytest.approx(0.99 ** 2)
+    assert last["train/weights_weight_mean"] == pytest.approx(0.99**2)
     assert 0 < last["train/importance_ess"] <= 1
 
 
 @pytest.mark.e2e
 def test_concurrent_agent_training_keeps_every_token_within_the_bound(embedded_path, tmp_path):
     """Episodes with heavy-tailed tool latency run on a background thread while the learner trains."""
-    config = load_config(None, AGENT + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
-                                        "runtime.max_staleness=1", "runtime.schedule=concurrent"])
+    config = load_config(
+        None,
+        AGENT
+        + [
+            f"model.name={embedded_path}",
+            f"log.output_dir={tmp_path}",
+            "runtime.max_staleness=1",
+            "runtime.schedule=concurrent",
+        ],
+    )
     records = [r for r in read_metrics(train_lm(config).run_dir) if "train/loss" in r]
     assert len(records) == 4
     for record in records:
@@ -93,9 +120,17 @@ def test_concurrent_agent_training_keeps_every_token_within_the_bound(embedded_p
 def test_a_failing_rollout_stops_the_run_with_its_error(embedded_path, tmp_path, monkeypatch):
     import unipg.runtime.backends.local_lm as lm_rollout
 
-    config = load_config(None, SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
-                                        "runtime.max_staleness=1", "runtime.schedule=concurrent",
-                                        "deterministic=false"])
+    config = load_config(
+        None,
+        SMALL
+        + [
+            f"model.name={embedded_path}",
+            f"log.output_dir={tmp_path}",
+            "runtime.max_staleness=1",
+            "runtime.schedule=concurrent",
+            "deterministic=false",
+        ],
+    )
 
     make_env = lm_rollout.EpisodeRunner.make_env
 
@@ -105,21 +140,30 @@ def test_a_failing_rollout_stops_the_run_with_its_error(embedded_path, tmp_path,
         return make_env(self, *args, **kwargs)
 
     monkeypatch.setattr(lm_rollout.EpisodeRunner, "make_env", broken)
-    with pytest.raises(ValueError, match=r"rollout failed: RuntimeError: environment crashed; no update had "
-                                         r"finished; the metrics so far are in") as raised:
+    with pytest.raises(
+        ValueError,
+        match=r"rollout failed: RuntimeError: environment crashed; no update had "
+        r"finished; the metrics so far are in",
+    ) as raised:
         train_lm(config)
     assert isinstance(raised.value.__cause__, ProducerFailed)
     trace = str(raised.value).rsplit("(traceback: ", 1)[1].rstrip(")")  # the one line names the whole traceback
     assert "Traceback" in open(trace).read() and "in broken" in open(trace).read()
 
 
-def test_a_buffer_too_small_for_one_batch_is_refused_at_config_load_before_a_run_folder_exists(embedded_path,
-                                                                                              tmp_path):
-    overrides = SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}", "log.run_name=tiny-buffer",
-                         "runtime.max_staleness=1"]
+def test_a_buffer_too_small_for_one_batch_is_refused_at_config_load_before_a_run_folder_exists(embedded_path, tmp_path):
+    overrides = SMALL + [
+        f"model.name={embedded_path}",
+        f"log.output_dir={tmp_path}",
+        "log.run_name=tiny-buffer",
+        "runtime.max_staleness=1",
+    ]
     for size in (1, 4):
-        with pytest.raises(ValueError, match=rf"replay_buffer_size \({size}\) cannot hold one learner step's batch "
-                                             r"of 8 trajectories; set it to at least 16"):
+        with pytest.raises(
+            ValueError,
+            match=rf"replay_buffer_size \({size}\) cannot hold one learner step's batch "
+            r"of 8 trajectories; set it to at least 16",
+        ):
             load_config(None, overrides + [f"sample.replay_buffer_size={size}"])
     assert list(tmp_path.iterdir()) == []
     load_config(None, overrides + ["sample.replay_buffer_size=8"])  # one batch is enough to train
@@ -138,8 +182,10 @@ class ScriptedRollout:
 
     def produce(self, count, version):
         self.asked += count
-        return [Group([SimpleNamespace(reward=r) for r in next(self.script)], version, self.group_size)
-                for _ in range(count)]
+        return [
+            Group([SimpleNamespace(reward=r) for r in next(self.script)], version, self.group_size)
+            for _ in range(count)
+        ]
 
     def serve(self, gate, buffer, stop):
         serve_one_by_one(self, gate, buffer, stop, self.group_size)
@@ -157,8 +203,16 @@ def test_dynamic_sampling_replaces_groups_that_scored_alike_with_fresh_ones(sche
 
     alike, mixed = [1.0, 1.0], [0.0, 1.0]
     rollout = ScriptedRollout([alike, mixed, [0.0, 0.0], mixed] + [mixed] * 20)
-    with Runtime(rollout, groups_per_step=2, group_size=2, max_staleness=0, capacity=8, schedule=schedule,
-                 keep=mixed_returns, filter_budget=2) as runtime:
+    with Runtime(
+        rollout,
+        groups_per_step=2,
+        group_size=2,
+        max_staleness=0,
+        capacity=8,
+        schedule=schedule,
+        keep=mixed_returns,
+        filter_budget=2,
+    ) as runtime:
         groups, step = runtime.next_groups(0)
     metrics = step.metrics()
     assert [[t.reward for t in g.items] for g in groups] == [mixed, mixed]
@@ -171,8 +225,9 @@ def test_dynamic_sampling_trains_on_alike_groups_once_its_budget_is_spent():
     from unipg.runtime.lm import mixed_returns
 
     rollout = ScriptedRollout([[0.0, 0.0]] * 20)
-    runtime = Runtime(rollout, groups_per_step=2, group_size=2, max_staleness=0, capacity=8, keep=mixed_returns,
-                      filter_budget=3)
+    runtime = Runtime(
+        rollout, groups_per_step=2, group_size=2, max_staleness=0, capacity=8, keep=mixed_returns, filter_budget=3
+    )
     for version in range(2):  # the budget is per step
         groups, step = runtime.next_groups(version)
         runtime.publish(version + 1)
@@ -182,16 +237,27 @@ def test_dynamic_sampling_trains_on_alike_groups_once_its_budget_is_spent():
 
 def test_dynamic_sampling_is_refused_for_an_estimator_that_is_not_group_relative(embedded_path, tmp_path):
     overrides = SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}", "sample.dynamic_sampling=true"]
-    with pytest.raises(ValueError, match=r"sample.dynamic_sampling drops groups whose group-relative advantages "
-                                         r"are zero; estimator.advantage 'gae'.*use one of dr_grpo, grpo, rloo"):
+    with pytest.raises(
+        ValueError,
+        match=r"sample.dynamic_sampling drops groups whose group-relative advantages "
+        r"are zero; estimator.advantage 'gae'.*use one of dr_grpo, grpo, rloo",
+    ):
         load_config(None, overrides)
 
 
 @pytest.mark.e2e
 def test_a_grpo_run_with_dynamic_sampling_reports_the_episodes_it_dropped(embedded_path, tmp_path):
-    config = load_config(None, SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
-                                        "algorithm=grpo", "sample.dynamic_sampling=true",
-                                        "sample.dynamic_sampling_budget=0.5"])
+    config = load_config(
+        None,
+        SMALL
+        + [
+            f"model.name={embedded_path}",
+            f"log.output_dir={tmp_path}",
+            "algorithm=grpo",
+            "sample.dynamic_sampling=true",
+            "sample.dynamic_sampling_budget=0.5",
+        ],
+    )
     records = [r for r in read_metrics(train_lm(config).run_dir) if "train/loss" in r]
     assert len(records) == 3
     for record in records:  # at most one group of 4 dropped per step (half of the step's two groups)

@@ -20,8 +20,15 @@ from unipg.runtime.lm import train_lm
 
 psutil = pytest.importorskip("psutil")
 
-SMALL = tiny_lm_overrides("train.micro_batch_size=8", "train.updates=1", "eval.pass_k=0", "algorithm=grpo",
-                          "log.tensorboard=true", num_train=16, num_test=4)
+SMALL = tiny_lm_overrides(
+    "train.micro_batch_size=8",
+    "train.updates=1",
+    "eval.pass_k=0",
+    "algorithm=grpo",
+    "log.tensorboard=true",
+    num_train=16,
+    num_test=4,
+)
 ENVIRONMENT_SECRET = "env-sentinel-4f2c9a7e1b"
 CONFIG_SECRETS = {"WANDB_API_KEY": "config-sentinel-8d31e6", "HF_TOKEN": "config-sentinel-c07b52"}
 SECRET_OVERRIDE = "ray.runtime_env={env_vars: {WANDB_API_KEY: %s, HF_TOKEN: %s}}" % tuple(CONFIG_SECRETS.values())
@@ -37,8 +44,9 @@ def listening_sockets() -> set[tuple[str, str, int]]:
         except psutil.Error:
             continue  # it ended while we looked
         for connection in connections:
-            if connection.status == psutil.CONN_LISTEN or (connection.type == socket.SOCK_DGRAM
-                                                           and not connection.raddr):
+            if connection.status == psutil.CONN_LISTEN or (
+                connection.type == socket.SOCK_DGRAM and not connection.raddr
+            ):
                 found.add((name, connection.laddr.ip, connection.laddr.port))
     return found
 
@@ -51,7 +59,8 @@ def is_loopback(ip: str) -> bool:
 
 @pytest.mark.e2e
 def test_a_training_run_with_wandb_opens_no_listener_and_leaves_no_secret_in_its_folder(
-        embedded_path, tmp_path, monkeypatch):
+    embedded_path, tmp_path, monkeypatch
+):
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_API_KEY", ENVIRONMENT_SECRET)
     # as if the secrets were passed on the command line, which W&B would otherwise record with the run
@@ -65,9 +74,19 @@ def test_a_training_run_with_wandb_opens_no_listener_and_leaves_no_secret_in_its
         during.append(listening_sockets())
 
     monkeypatch.setattr(MetricsLogger, "write_config", write_and_look)
-    config = load_config(None, SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
-                                        "log.wandb=true", "log.wandb_mode=offline", "log.tensorboard=true",
-                                        "checkpoint.every_updates=1", SECRET_OVERRIDE])
+    config = load_config(
+        None,
+        SMALL
+        + [
+            f"model.name={embedded_path}",
+            f"log.output_dir={tmp_path}",
+            "log.wandb=true",
+            "log.wandb_mode=offline",
+            "log.tensorboard=true",
+            "checkpoint.every_updates=1",
+            SECRET_OVERRIDE,
+        ],
+    )
     result = train_lm(config)
 
     assert during and during[0] - before == set()
@@ -93,8 +112,7 @@ def load_yaml(path: Path) -> dict:
     return yaml.safe_load(path.read_text(encoding="utf-8"))
 
 
-def test_a_redacted_secret_is_read_from_an_override_or_the_environment_or_refused(
-        tmp_path, monkeypatch):
+def test_a_redacted_secret_is_read_from_an_override_or_the_environment_or_refused(tmp_path, monkeypatch):
     run = tmp_path / "run"
     logger = MetricsLogger(run, tensorboard=False)
     logger.write_config(load_config(None, SMALL + ["log.monitor=false", SECRET_OVERRIDE]).to_dict())
@@ -103,8 +121,9 @@ def test_a_redacted_secret_is_read_from_an_override_or_the_environment_or_refuse
     for name in CONFIG_SECRETS:
         monkeypatch.delenv(name, raising=False)
 
-    with pytest.raises(ConfigError, match="ray.runtime_env.env_vars.WANDB_API_KEY, "
-                                          "ray.runtime_env.env_vars.HF_TOKEN") as refused:
+    with pytest.raises(
+        ConfigError, match="ray.runtime_env.env_vars.WANDB_API_KEY, ray.runtime_env.env_vars.HF_TOKEN"
+    ) as refused:
         load_config(saved)
     assert "override" in str(refused.value) and "environment variable" in str(refused.value)
     resumed = CliRunner().invoke(app, ["train", "--resume", str(run)])
@@ -112,22 +131,35 @@ def test_a_redacted_secret_is_read_from_an_override_or_the_environment_or_refuse
 
     monkeypatch.setenv("HF_TOKEN", "from-the-environment")
     config = load_config(saved, ["ray.runtime_env.env_vars.WANDB_API_KEY=from-an-override"])
-    assert config.ray.runtime_env["env_vars"] == {"WANDB_API_KEY": "from-an-override",
-                                                  "HF_TOKEN": "from-the-environment"}
+    assert config.ray.runtime_env["env_vars"] == {
+        "WANDB_API_KEY": "from-an-override",
+        "HF_TOKEN": "from-the-environment",
+    }
 
 
 def test_secret_names_are_told_apart_from_the_schemas_own_keys():
-    for name in ("WANDB_API_KEY", "api_key", "apiKey", "HFToken", "hf_token", "db_password", "client_secret",
-                 "apikey"):
+    for name in ("WANDB_API_KEY", "api_key", "apiKey", "HFToken", "hf_token", "db_password", "client_secret", "apikey"):
         assert is_secret_name(name), name
-    for name in ("max_new_tokens", "max_total_tokens", "keep_last", "best_metric", "tokenizer", "output_dir",
-                 "pad_token", "eos_token", "answer_key", "num_keys", "monkey"):  # options a task or reward may take
+    for name in (
+        "max_new_tokens",
+        "max_total_tokens",
+        "keep_last",
+        "best_metric",
+        "tokenizer",
+        "output_dir",
+        "pad_token",
+        "eos_token",
+        "answer_key",
+        "num_keys",
+        "monkey",
+    ):  # options a task or reward may take
         assert not is_secret_name(name), name
     for overrides in ([], ["task.name=arithmetic"], ["task.name=calculator", "task.tools=[{name: calculator}]"]):
         plain = load_config(None, overrides).to_dict()
         assert redact_secrets(plain) == plain  # nothing of the schema itself is taken for a secret
-    assert redact_secrets({"token": True, "api_key": None, "password": "", "credentials": {"user": "u", "ids": [1, 2]}}) \
-        == {"token": True, "api_key": None, "password": "", "credentials": {"user": REDACTED, "ids": [1, 2]}}
+    assert redact_secrets(
+        {"token": True, "api_key": None, "password": "", "credentials": {"user": "u", "ids": [1, 2]}}
+    ) == {"token": True, "api_key": None, "password": "", "credentials": {"user": REDACTED, "ids": [1, 2]}}
 
 
 def test_a_local_ray_instance_listens_on_loopback_and_passes_real_secrets_to_workers():
@@ -136,8 +168,15 @@ def test_a_local_ray_instance_listens_on_loopback_and_passes_real_secrets_to_wor
 
     if ray.is_initialized():
         pytest.skip("Ray is already connected in this process; this test starts its own local instance")
-    settings = load_config(None, ["task.name=arithmetic", "backend=ray", "ray.num_cpus=1",
-                                  "ray.runtime_env={env_vars: {UNIPG_TEST_TOKEN: real-value}}"]).ray
+    settings = load_config(
+        None,
+        [
+            "task.name=arithmetic",
+            "backend=ray",
+            "ray.num_cpus=1",
+            "ray.runtime_env={env_vars: {UNIPG_TEST_TOKEN: real-value}}",
+        ],
+    ).ray
     before = listening_sockets()
     assert connect(settings)
     try:
@@ -155,8 +194,9 @@ def test_evaluating_a_run_does_not_ask_for_secrets_only_training_reads(embedded_
 
     run = tmp_path / "run"
     logger = MetricsLogger(run, tensorboard=False)
-    logger.write_config(load_config(None, SMALL + [f"model.name={embedded_path}", "log.monitor=false",
-                                                   SECRET_OVERRIDE]).to_dict())
+    logger.write_config(
+        load_config(None, SMALL + [f"model.name={embedded_path}", "log.monitor=false", SECRET_OVERRIDE]).to_dict()
+    )
     logger.close()
     (run / "policy").mkdir()
     for name in CONFIG_SECRETS:

@@ -12,14 +12,25 @@ pytestmark = pytest.mark.e2e
 
 
 def short_config(tmp_path, *overrides):
-    return load_config(None, [f"log.output_dir={tmp_path}", "log.progress=false", "log.tensorboard=false",
-                              "log.run_name=run", "eval.episodes=3", *overrides])
+    return load_config(
+        None,
+        [
+            f"log.output_dir={tmp_path}",
+            "log.progress=false",
+            "log.tensorboard=false",
+            "log.run_name=run",
+            "eval.episodes=3",
+            *overrides,
+        ],
+    )
 
 
 @pytest.mark.parametrize("algorithm", ["reinforce", "a2c", "ppo", "trpo"])
 def test_every_algorithm_trains_without_non_finite_metrics(tmp_path, algorithm):
-    extra = {"reinforce": ["train.batch_transitions=400", "train.mini_batch_transitions=400"],
-             "trpo": ["train.batch_transitions=256", "train.mini_batch_transitions=64", "train.critic_updates=2"]}.get(algorithm, [])
+    extra = {
+        "reinforce": ["train.batch_transitions=400", "train.mini_batch_transitions=400"],
+        "trpo": ["train.batch_transitions=256", "train.mini_batch_transitions=64", "train.critic_updates=2"],
+    }.get(algorithm, [])
     config = short_config(tmp_path, f"algorithm={algorithm}", "env.total_steps=1200", *extra)
     result = train_gym(config)
     records = read_metrics(result.run_dir)
@@ -35,9 +46,20 @@ def test_metrics_are_namespaced_and_the_config_is_saved(tmp_path):
     config = short_config(tmp_path, "algorithm=ppo", "env.total_steps=512", "log.tensorboard=true")
     result = train_gym(config)
     last = read_metrics(result.run_dir)[-1]
-    for key in ("train/policy_loss", "train/value_loss", "train/approx_kl", "train/clip_fraction", "train/entropy",
-                "train/explained_variance", "train/grad_norm", "train/learning_rate", "timing/steps_per_second",
-                "timing/rollout", "timing/update", "rollout/episode_return"):
+    for key in (
+        "train/policy_loss",
+        "train/value_loss",
+        "train/approx_kl",
+        "train/clip_fraction",
+        "train/entropy",
+        "train/explained_variance",
+        "train/grad_norm",
+        "train/learning_rate",
+        "timing/steps_per_second",
+        "timing/rollout",
+        "timing/update",
+        "rollout/episode_return",
+    ):
         assert key in last, key
     saved = yaml.safe_load((result.run_dir / "config.yaml").read_text())
     assert saved["algorithm"] == "ppo" and saved["env"]["total_steps"] == 512
@@ -51,16 +73,23 @@ def test_linear_schedule_anneals_the_learning_rate(tmp_path):
 
 
 def test_gaussian_policy_trains_on_a_continuous_environment(tmp_path):
-    config = short_config(tmp_path, "algorithm=ppo", "env.id=Pendulum-v1", "env.num_envs=2", "env.total_steps=512",
-                          "estimator.normalize_rewards=true")
+    config = short_config(
+        tmp_path,
+        "algorithm=ppo",
+        "env.id=Pendulum-v1",
+        "env.num_envs=2",
+        "env.total_steps=512",
+        "estimator.normalize_rewards=true",
+    )
     assert math.isfinite(train_gym(config).final_eval_mean)
 
 
 def test_same_seed_gives_identical_metrics(tmp_path):
     runs = []
     for name in ("a", "b"):
-        config = short_config(tmp_path, "algorithm=ppo", "env.total_steps=768", "deterministic=true",
-                              f"log.run_name={name}")
+        config = short_config(
+            tmp_path, "algorithm=ppo", "env.total_steps=768", "deterministic=true", f"log.run_name={name}"
+        )
         records = read_metrics(train_gym(config).run_dir)
         runs.append([{k: v for k, v in r.items() if not k.startswith("timing/") and k != "time"} for r in records])
     assert json.dumps(runs[0]) == json.dumps(runs[1])
@@ -83,6 +112,14 @@ def test_an_existing_run_is_never_appended_to(tmp_path):
 
 
 def test_automatic_run_names_do_not_collide(tmp_path):
-    config = load_config(None, [f"log.output_dir={tmp_path}", "log.progress=false", "log.tensorboard=false",
-                                "env.total_steps=256", "eval.episodes=2"])
+    config = load_config(
+        None,
+        [
+            f"log.output_dir={tmp_path}",
+            "log.progress=false",
+            "log.tensorboard=false",
+            "env.total_steps=256",
+            "eval.episodes=2",
+        ],
+    )
     assert train_gym(config).run_dir != train_gym(config).run_dir

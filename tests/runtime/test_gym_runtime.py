@@ -12,10 +12,23 @@ from unipg.sample.gym_rollout import GymRollout
 
 
 def short_config(tmp_path, name, *overrides):
-    return load_config(None, [f"log.output_dir={tmp_path}", "log.progress=false", "log.tensorboard=false",
-                              f"log.run_name={name}", "eval.episodes=3", "eval.every_steps=512",
-                              "log.log_every_updates=1", "algorithm=ppo", "train.batch_transitions=256",
-                              "train.mini_batch_transitions=64", "train.num_epochs=2", *overrides])
+    return load_config(
+        None,
+        [
+            f"log.output_dir={tmp_path}",
+            "log.progress=false",
+            "log.tensorboard=false",
+            f"log.run_name={name}",
+            "eval.episodes=3",
+            "eval.every_steps=512",
+            "log.log_every_updates=1",
+            "algorithm=ppo",
+            "train.batch_transitions=256",
+            "train.mini_batch_transitions=64",
+            "train.num_epochs=2",
+            *overrides,
+        ],
+    )
 
 
 def train_records(result) -> list[dict]:
@@ -23,15 +36,21 @@ def train_records(result) -> list[dict]:
 
 
 def without_clock(record: dict) -> dict:
-    return {key: value for key, value in record.items()
-            if key != "time" and not key.startswith(("timing/", "async/buffer"))}
+    return {
+        key: value for key, value in record.items() if key != "time" and not key.startswith(("timing/", "async/buffer"))
+    }
 
 
 @pytest.mark.e2e
 def test_sequential_and_concurrent_schedules_coincide_at_eta_0(tmp_path):
-    results = [train_gym(short_config(tmp_path, schedule, "env.total_steps=1536", f"runtime.schedule={schedule}",
-                                          "eval.deterministic=false"))  # evaluation draws random numbers too
-               for schedule in ("sequential", "concurrent")]
+    results = [
+        train_gym(
+            short_config(
+                tmp_path, schedule, "env.total_steps=1536", f"runtime.schedule={schedule}", "eval.deterministic=false"
+            )
+        )  # evaluation draws random numbers too
+        for schedule in ("sequential", "concurrent")
+    ]
     assert results[0].eval_history == results[1].eval_history
     first, second = (train_records(result) for result in results)
     assert [without_clock(r) for r in first] == [without_clock(r) for r in second]
@@ -40,8 +59,9 @@ def test_sequential_and_concurrent_schedules_coincide_at_eta_0(tmp_path):
 
 @pytest.mark.e2e
 def test_sequential_eta_2_trains_every_step_on_data_exactly_two_versions_old(tmp_path):
-    config = short_config(tmp_path, "stale", "env.total_steps=2048", "runtime.schedule=sequential",
-                          "runtime.max_staleness=2")
+    config = short_config(
+        tmp_path, "stale", "env.total_steps=2048", "runtime.schedule=sequential", "runtime.max_staleness=2"
+    )
     records = train_records(train_gym(config))
     assert len(records) == 8
     assert [r["async/staleness_trajectory_max"] for r in records] == [0, 1, 2, 2, 2, 2, 2, 2]  # warm-up: 0, 1
@@ -51,8 +71,9 @@ def test_sequential_eta_2_trains_every_step_on_data_exactly_two_versions_old(tmp
 
 @pytest.mark.e2e
 def test_concurrent_eta_1_runs_and_never_trains_on_older_data(tmp_path):
-    config = short_config(tmp_path, "concurrent", "env.total_steps=2048", "runtime.schedule=concurrent",
-                          "runtime.max_staleness=1")
+    config = short_config(
+        tmp_path, "concurrent", "env.total_steps=2048", "runtime.schedule=concurrent", "runtime.max_staleness=1"
+    )
     result = train_gym(config)
     records = train_records(result)
     assert len(records) == 8 and result.env_steps == 2048
@@ -61,8 +82,16 @@ def test_concurrent_eta_1_runs_and_never_trains_on_older_data(tmp_path):
 
 
 def learner_and_segment(*overrides):
-    config = load_config(None, ["algorithm=ppo", "env.num_envs=2", "train.batch_transitions=32", "train.mini_batch_transitions=16",
-                                *overrides])
+    config = load_config(
+        None,
+        [
+            "algorithm=ppo",
+            "env.num_envs=2",
+            "train.batch_transitions=32",
+            "train.mini_batch_transitions=16",
+            *overrides,
+        ],
+    )
     rollout = GymRollout("CartPole-v1", 2, seed=0, gamma=config.estimator.gamma)
     torch.manual_seed(0)
     policy = MLPActorCritic(rollout.observation_space, rollout.action_space, hidden_sizes=(16,))
@@ -109,12 +138,23 @@ def test_with_values_re_evaluates_the_time_limit_bootstrap_in_the_rewards():
     truncated = torch.tensor([[0.0, 1.0, 0.0]])
     cut_observations = torch.zeros(1, 3, 4)
     cut_observations[0, 1] = 1.0
-    batch = RolloutBatch(observations, torch.zeros(1, 3), torch.zeros(1, 3), torch.zeros(1, 3),
-                         rewards=torch.tensor([[1.0, 1.0 + 0.5 * 7.0, 1.0]]), dones=truncated, mask=torch.ones(1, 3),
-                         bootstrap_value=torch.zeros(1), final_observations=torch.ones(1, 4), truncated=truncated,
-                         truncation_observations=cut_observations, truncation_values=7.0 * truncated)
+    batch = RolloutBatch(
+        observations,
+        torch.zeros(1, 3),
+        torch.zeros(1, 3),
+        torch.zeros(1, 3),
+        rewards=torch.tensor([[1.0, 1.0 + 0.5 * 7.0, 1.0]]),
+        dones=truncated,
+        mask=torch.ones(1, 3),
+        bootstrap_value=torch.zeros(1),
+        final_observations=torch.ones(1, 4),
+        truncated=truncated,
+        truncation_observations=cut_observations,
+        truncation_values=7.0 * truncated,
+    )
     refreshed = batch.with_values(lambda x: x.sum(-1), gamma=0.5)  # V(s) = Σ s: 4 at the cut state
     assert torch.equal(refreshed.rewards, torch.tensor([[1.0, 1.0 + 0.5 * 4.0, 1.0]]))
-    assert torch.equal(refreshed.values, observations.sum(-1)) and torch.equal(refreshed.bootstrap_value,
-                                                                                torch.tensor([4.0]))
+    assert torch.equal(refreshed.values, observations.sum(-1)) and torch.equal(
+        refreshed.bootstrap_value, torch.tensor([4.0])
+    )
     assert torch.equal(batch.rewards, torch.tensor([[1.0, 4.5, 1.0]]))  # the segment itself is untouched

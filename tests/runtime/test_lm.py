@@ -16,19 +16,47 @@ from unipg.tasks.base import make_task
 @pytest.mark.e2e
 @pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
 def test_training_run_logs_the_step_metrics_and_saves_the_policy(embedded_path, tmp_path, algorithm):
-    config = load_config(None, SMALL + [f"algorithm={algorithm}", f"model.name={embedded_path}",
-                                        f"log.output_dir={tmp_path}", "estimator.kl_coef=0.05"])
+    config = load_config(
+        None,
+        SMALL
+        + [
+            f"algorithm={algorithm}",
+            f"model.name={embedded_path}",
+            f"log.output_dir={tmp_path}",
+            "estimator.kl_coef=0.05",
+        ],
+    )
     result = train_lm(config)
     assert result.updates == 2 and result.samples == 16 and result.samples_per_second > 0
-    assert set(result.final_eval) == {"eval/pass@1", "eval/pass@2", "eval/sampled_completion", "eval/response_length",
-                                      "eval/turns", "eval/truncated_fraction"}
+    assert set(result.final_eval) == {
+        "eval/pass@1",
+        "eval/pass@2",
+        "eval/sampled_completion",
+        "eval/response_length",
+        "eval/turns",
+        "eval/truncated_fraction",
+    }
     assert result.final_eval["eval/sampled_completion"] <= result.final_eval["eval/pass@2"]
     records = read_metrics(result.run_dir)
     train_record = next(r for r in records if "rollout/reward_mean" in r)
-    for key in ["rollout/reward_std", "rollout/response_length", "train/kl_to_reference", "train/clip_fraction",
-                "train/approx_kl", "train/entropy", "train/advantage_mean", "train/advantage_std", "train/grad_norm",
-                "train/learning_rate", "timing/generate", "timing/env", "timing/logprob", "timing/update",
-                "timing/tokens_per_second", "timing/samples_per_second"]:
+    for key in [
+        "rollout/reward_std",
+        "rollout/response_length",
+        "train/kl_to_reference",
+        "train/clip_fraction",
+        "train/approx_kl",
+        "train/entropy",
+        "train/advantage_mean",
+        "train/advantage_std",
+        "train/grad_norm",
+        "train/learning_rate",
+        "timing/generate",
+        "timing/env",
+        "timing/logprob",
+        "timing/update",
+        "timing/tokens_per_second",
+        "timing/samples_per_second",
+    ]:
         assert key in train_record, key
     if algorithm == "ppo":
         assert "train/value_loss" in train_record and "train/explained_variance" in train_record
@@ -50,16 +78,18 @@ def test_warm_start_is_built_once_and_reused(embedded_path, tmp_path):
     assert resolve_warm_start(other, task, root=tmp_path, log=messages.append).model.name != folder
 
 
-def test_the_warm_start_fine_tunes_on_every_core_and_gives_the_run_its_one_thread_back(embedded_path, tmp_path,
-                                                                                       monkeypatch):
+def test_the_warm_start_fine_tunes_on_every_core_and_gives_the_run_its_one_thread_back(
+    embedded_path, tmp_path, monkeypatch
+):
     import torch
 
     import unipg.learn.warm_start as sft_job
     from unipg.config.devices import cpu_threads
 
     seen = []
-    monkeypatch.setattr(sft_job, "fine_tune_on_demonstrations",
-                        lambda *args, **kwargs: seen.append(torch.get_num_threads()) or {})
+    monkeypatch.setattr(
+        sft_job, "fine_tune_on_demonstrations", lambda *args, **kwargs: seen.append(torch.get_num_threads()) or {}
+    )
     monkeypatch.setattr(sft_job, "STARTUP_THREADS", 3)
     task = make_task("arithmetic", digits=1, num_train=40, num_test=8)
     with cpu_threads(1):  # as a run of the embedded model sets it
@@ -83,10 +113,15 @@ def test_a_tools_simulated_latency_or_injected_faults_do_not_change_the_warm_sta
 def test_sft_stages_run_in_order_each_on_the_task_built_with_its_options(embedded_path, monkeypatch):
     import unipg.learn.warm_start as sft_job
 
-    config = load_config(None, [
-        "task.name=calculator", "task.options={digits: 2, num_train: 40, num_test: 4, tool_demonstrations: 0.0}",
-        "sft.stages=[{steps: 2, options: {tool_demonstrations: 1.0}, learning_rate: 0.01, batch_size: 4}]",
-        "sft.steps=3"])
+    config = load_config(
+        None,
+        [
+            "task.name=calculator",
+            "task.options={digits: 2, num_train: 40, num_test: 4, tool_demonstrations: 0.0}",
+            "sft.stages=[{steps: 2, options: {tool_demonstrations: 1.0}, learning_rate: 0.01, batch_size: 4}]",
+            "sft.steps=3",
+        ],
+    )
     seen = []
     monkeypatch.setattr(sft_job, "sft_train", lambda model, tokenizer, pairs, **kw: seen.append((pairs, kw)) or {})
     policy = load_lm_policy(embedded_path)
@@ -96,8 +131,11 @@ def test_sft_stages_run_in_order_each_on_the_task_built_with_its_options(embedde
     assert all(len(completion) == 3 for _, completion in first)  # every demonstration calls the calculator
     assert all(isinstance(completion, str) or len(completion) == 1 for _, completion in main)
     assert (first_kw["steps"], first_kw["learning_rate"], first_kw["batch_size"]) == (2, 0.01, 4)
-    assert (main_kw["steps"], main_kw["learning_rate"], main_kw["batch_size"]) == (3, config.sft.learning_rate,
-                                                                               config.sft.batch_size)
+    assert (main_kw["steps"], main_kw["learning_rate"], main_kw["batch_size"]) == (
+        3,
+        config.sft.learning_rate,
+        config.sft.batch_size,
+    )
 
 
 @pytest.mark.e2e
@@ -105,22 +143,47 @@ def test_deterministic_agent_runs_with_the_same_seed_log_identical_metrics(embed
     """Tool-calling episodes included: deterministic mode batches generation in a fixed order."""
     runs = []
     for name in ("a", "b"):
-        config = load_config(None, SMALL + [
-            "task.name=calculator", "task.options={digits: 2, num_train: 40, num_test: 8, tool_demonstrations: 1.0}",
-            "sample.max_new_tokens=8", "agent.max_total_tokens=40", "deterministic=true", f"model.name={embedded_path}",
-            f"log.output_dir={tmp_path}", f"log.run_name={name}"])
+        config = load_config(
+            None,
+            SMALL
+            + [
+                "task.name=calculator",
+                "task.options={digits: 2, num_train: 40, num_test: 8, tool_demonstrations: 1.0}",
+                "sample.max_new_tokens=8",
+                "agent.max_total_tokens=40",
+                "deterministic=true",
+                f"model.name={embedded_path}",
+                f"log.output_dir={tmp_path}",
+                f"log.run_name={name}",
+            ],
+        )
         records = read_metrics(train_lm(config).run_dir)
-        runs.append([{key: value for key, value in record.items()
-                      if not key.startswith(("timing/", "system/")) and key != "time"
-                      and not key.endswith("tool_seconds")}
-                     for record in records])
+        runs.append(
+            [
+                {
+                    key: value
+                    for key, value in record.items()
+                    if not key.startswith(("timing/", "system/")) and key != "time" and not key.endswith("tool_seconds")
+                }
+                for record in records
+            ]
+        )
     assert len(runs[0]) == 3 and json.dumps(runs[0]) == json.dumps(runs[1])
 
 
 @pytest.mark.e2e
 def test_cli_trains_a_text_task_and_reports_before_and_after(embedded_path, tmp_path):
-    result = CliRunner().invoke(app, ["train", *SMALL, f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
-                                      "algorithm=rloo", "train.updates=1"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "train",
+            *SMALL,
+            f"model.name={embedded_path}",
+            f"log.output_dir={tmp_path}",
+            "algorithm=rloo",
+            "train.updates=1",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "completion" in result.output and "→" in result.output
 
@@ -133,8 +196,18 @@ def test_cli_bad_model_path_is_a_clear_error(tmp_path):
 
 
 def test_cli_sft_saves_a_loadable_model(embedded_path, tmp_path):
-    result = CliRunner().invoke(app, ["sft", *SMALL, f"model.name={embedded_path}", "sft.steps=3", "sft.batch_size=4",
-                                      "--output", str(tmp_path / "sft")])
+    result = CliRunner().invoke(
+        app,
+        [
+            "sft",
+            *SMALL,
+            f"model.name={embedded_path}",
+            "sft.steps=3",
+            "sft.batch_size=4",
+            "--output",
+            str(tmp_path / "sft"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "held-out greedy accuracy" in result.output
     load_lm_policy(str(tmp_path / "sft"))
@@ -151,8 +224,17 @@ def test_cli_unknown_task_or_reward_names_the_valid_ones(tmp_path):
 
 @pytest.mark.e2e
 def test_a_run_with_tis_on_logs_the_engine_gap_every_update(embedded_path, tmp_path):
-    config = load_config(None, SMALL + ["algorithm=grpo", f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
-                                        "train.tis=on", "eval.pass_k=0"])
+    config = load_config(
+        None,
+        SMALL
+        + [
+            "algorithm=grpo",
+            f"model.name={embedded_path}",
+            f"log.output_dir={tmp_path}",
+            "train.tis=on",
+            "eval.pass_k=0",
+        ],
+    )
     records = [r for r in read_metrics(train_lm(config).run_dir) if "rollout/reward_mean" in r]
     assert len(records) == 2
     for record in records:
@@ -165,9 +247,20 @@ def test_a_run_with_tis_on_logs_the_engine_gap_every_update(embedded_path, tmp_p
 def test_a_bfloat16_run_trains_and_saves_a_bfloat16_policy(embedded_path, tmp_path):
     import torch
 
-    config = load_config(None, SMALL + ["algorithm=ppo", f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
-                                        "dtype=bfloat16", "device=auto", "eval.pass_k=0", "train.learning_rate=1e-3",
-                                        "task.rewards=[{name: length, max_length: 3}]"])  # rewards that vary
+    config = load_config(
+        None,
+        SMALL
+        + [
+            "algorithm=ppo",
+            f"model.name={embedded_path}",
+            f"log.output_dir={tmp_path}",
+            "dtype=bfloat16",
+            "device=auto",
+            "eval.pass_k=0",
+            "train.learning_rate=1e-3",
+            "task.rewards=[{name: length, max_length: 3}]",
+        ],
+    )  # rewards that vary
     result = train_lm(config)
     records = [r for r in read_metrics(result.run_dir) if "rollout/reward_mean" in r]
     assert len(records) == 2 and all(r["train/grad_norm"] > 0 and r["train/loss"] == r["train/loss"] for r in records)

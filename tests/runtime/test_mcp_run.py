@@ -16,11 +16,28 @@ pytestmark = pytest.mark.e2e
 
 def test_every_mcp_server_a_run_starts_is_stopped_when_it_ends(embedded_path, tmp_path):
     pid_file = tmp_path / "servers.pid"
-    tools = json.dumps([{"name": "mcp", "server": {"command": sys.executable, "args": [str(SERVER), str(pid_file)]},
-                         "options": {"include": ["add"]}}])
-    config = load_config(None, TWO_EVALUATED_UPDATES + [
-        "task.name=calculator", "task.options={digits: 1, num_train: 16, num_test: 4}", f"task.tools={tools}",
-        "train.updates=1", "agent.max_total_tokens=24", f"model.name={embedded_path}", f"log.output_dir={tmp_path}"])
+    tools = json.dumps(
+        [
+            {
+                "name": "mcp",
+                "server": {"command": sys.executable, "args": [str(SERVER), str(pid_file)]},
+                "options": {"include": ["add"]},
+            }
+        ]
+    )
+    config = load_config(
+        None,
+        TWO_EVALUATED_UPDATES
+        + [
+            "task.name=calculator",
+            "task.options={digits: 1, num_train: 16, num_test: 4}",
+            f"task.tools={tools}",
+            "train.updates=1",
+            "agent.max_total_tokens=24",
+            f"model.name={embedded_path}",
+            f"log.output_dir={tmp_path}",
+        ],
+    )
     result = train_lm(config)
     assert result.updates == 1
     pids = server_pids(pid_file)

@@ -15,10 +15,10 @@ import torch
 from tests.helpers.configs import CALCULATOR_AGENT as AGENT
 from tests.helpers.configs import DETERMINISTIC_PPO as SMALL
 from unipg.config import ConfigError, load_config
+from unipg.envs.service import EnvironmentService
 from unipg.observe.metrics import read_metrics
 from unipg.policy.loading import load_lm_policy
 from unipg.runtime.lm import train_lm
-from unipg.envs.service import EnvironmentService
 from unipg.tools.base import Tool, ToolError
 
 ray = pytest.importorskip("ray")
@@ -60,10 +60,22 @@ def test_a_run_that_starts_ray_leaves_no_process_behind(embedded_path, tmp_path)
     """`unipg train --backend ray` without ray.address starts a local instance and stops it: no actor, raylet or
     worker process of its session outlives the command."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    args = [*SMALL, "train.updates=2", f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
-            "ray.num_cpus=2", "ray.rollout_workers=2", "ray.rollout_num_cpus=0.5"]
-    done = subprocess.run([sys.executable, "-c", SESSION_SCRIPT, "--backend", "ray", *args], capture_output=True,
-                          text=True, env=env, timeout=300)
+    args = [
+        *SMALL,
+        "train.updates=2",
+        f"model.name={embedded_path}",
+        f"log.output_dir={tmp_path}",
+        "ray.num_cpus=2",
+        "ray.rollout_workers=2",
+        "ray.rollout_num_cpus=0.5",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-c", SESSION_SCRIPT, "--backend", "ray", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     session = next(line.split()[2] for line in done.stdout.splitlines() if line.startswith("SESSION"))
     deadline = time.monotonic() + 20
@@ -80,8 +92,17 @@ def test_a_local_instance_too_small_for_the_workers_is_refused_up_front(embedded
     saying which settings to change, and the instance the run started is stopped again."""
     if ray.is_initialized():
         pytest.skip("needs to start its own instance")
-    config = load_config(None, SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}", "backend=ray",
-                                        "ray.num_cpus=1", "ray.rollout_workers=3"])
+    config = load_config(
+        None,
+        SMALL
+        + [
+            f"model.name={embedded_path}",
+            f"log.output_dir={tmp_path}",
+            "backend=ray",
+            "ray.num_cpus=1",
+            "ray.rollout_workers=3",
+        ],
+    )
     with pytest.raises(ValueError, match=r"needs 3 CPUs, the cluster has 1"):
         train_lm(config)
     assert not ray.is_initialized()
@@ -96,8 +117,9 @@ def local_ray():
 
 
 def unipg_actors() -> list[str]:
-    return [actor["name"] for actor in ray.util.list_named_actors(all_namespaces=True)
-            if actor["name"].startswith("unipg-")]
+    return [
+        actor["name"] for actor in ray.util.list_named_actors(all_namespaces=True) if actor["name"].startswith("unipg-")
+    ]
 
 
 @pytest.mark.e2e
@@ -105,20 +127,27 @@ def test_ray_and_in_process_backends_give_the_same_updates_at_staleness_zero(loc
     """η = 0 with one rollout worker: the generator's state travels to the worker and back, so the samples, the
     losses and the trained weights are those of the in-process run, bit for bit."""
     base = SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}", "runtime.max_staleness=0"]
-    runs = {backend: train_lm(load_config(None, base + [f"backend={backend}", "ray.rollout_workers=1"]))
-            for backend in ("inprocess", "ray")}
-    losses = {backend: [r["train/loss"] for r in read_metrics(result.run_dir) if "train/loss" in r]
-              for backend, result in runs.items()}
+    runs = {
+        backend: train_lm(load_config(None, base + [f"backend={backend}", "ray.rollout_workers=1"]))
+        for backend in ("inprocess", "ray")
+    }
+    losses = {
+        backend: [r["train/loss"] for r in read_metrics(result.run_dir) if "train/loss" in r]
+        for backend, result in runs.items()
+    }
     assert len(losses["ray"]) == 3 and losses["ray"] == losses["inprocess"]
-    weights = {backend: load_lm_policy(str(result.run_dir / "policy"), value_head=True).model.state_dict()
-               for backend, result in runs.items()}
+    weights = {
+        backend: load_lm_policy(str(result.run_dir / "policy"), value_head=True).model.state_dict()
+        for backend, result in runs.items()
+    }
     assert all(torch.equal(weights["ray"][name], value) for name, value in weights["inprocess"].items())
     assert unipg_actors() == []  # a run that joined a cluster leaves no actor of its own on it
 
 
 @pytest.mark.e2e
-def test_a_killed_rollout_worker_is_replaced_and_every_episode_is_accounted_for(local_ray, embedded_path, tmp_path,
-                                                                                monkeypatch):
+def test_a_killed_rollout_worker_is_replaced_and_every_episode_is_accounted_for(
+    local_ray, embedded_path, tmp_path, monkeypatch
+):
     """`ray.kill` of a rollout worker while it runs groups: training goes on to the last update, the worker is
     replaced, its groups run again, and started = finished + failed + re-queued + cancelled + in flight."""
     import unipg.runtime.backends.ray_lm as backend
@@ -136,10 +165,22 @@ def test_a_killed_rollout_worker_is_replaced_and_every_episode_is_accounted_for(
         return request
 
     monkeypatch.setattr(backend.RayRollout, "_submit", submit_and_kill_at_the_third_group)
-    config = load_config(None, AGENT + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}", "backend=ray",
-                                        "runtime.max_staleness=1", "runtime.schedule=concurrent", "train.updates=5",
-                                        "ray.rollout_workers=2", "ray.rollout_num_cpus=0.5", "ray.env_workers=1",
-                                        "ray.env_num_cpus=0.1"])
+    config = load_config(
+        None,
+        AGENT
+        + [
+            f"model.name={embedded_path}",
+            f"log.output_dir={tmp_path}",
+            "backend=ray",
+            "runtime.max_staleness=1",
+            "runtime.schedule=concurrent",
+            "train.updates=5",
+            "ray.rollout_workers=2",
+            "ray.rollout_num_cpus=0.5",
+            "ray.env_workers=1",
+            "ray.env_num_cpus=0.1",
+        ],
+    )
     result = train_lm(config)
     assert killed.is_set()
     records = [r for r in read_metrics(result.run_dir) if "train/loss" in r]
@@ -153,8 +194,9 @@ def test_a_killed_rollout_worker_is_replaced_and_every_episode_is_accounted_for(
 
 
 @pytest.mark.e2e
-def test_a_run_whose_workers_keep_dying_stops_with_a_checkpoint_to_resume_from(local_ray, embedded_path, tmp_path,
-                                                                              monkeypatch):
+def test_a_run_whose_workers_keep_dying_stops_with_a_checkpoint_to_resume_from(
+    local_ray, embedded_path, tmp_path, monkeypatch
+):
     """Past ray.max_restarts the run stops with an error that says so, after saving a checkpoint of its last
     finished update; `--resume` from it trains to the end."""
     import unipg.runtime.backends.ray_lm as backend
@@ -169,8 +211,18 @@ def test_a_run_whose_workers_keep_dying_stops_with_a_checkpoint_to_resume_from(l
         return produce(self, count, version)
 
     monkeypatch.setattr(backend.RayRollout, "produce", produce_and_kill_at_the_third_step)
-    config = load_config(None, SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}", "backend=ray",
-                                        "ray.rollout_workers=1", "ray.max_restarts=0", "train.updates=4"])
+    config = load_config(
+        None,
+        SMALL
+        + [
+            f"model.name={embedded_path}",
+            f"log.output_dir={tmp_path}",
+            "backend=ray",
+            "ray.rollout_workers=1",
+            "ray.max_restarts=0",
+            "train.updates=4",
+        ],
+    )
     with pytest.raises(ValueError) as raised:
         train_lm(config)
     (run_dir,) = [path.parent for path in tmp_path.glob("*/metrics.jsonl")]
@@ -186,8 +238,9 @@ def test_a_run_whose_workers_keep_dying_stops_with_a_checkpoint_to_resume_from(l
 
 
 @pytest.mark.e2e
-def test_an_episode_that_raises_on_a_worker_ends_the_run_with_a_one_line_message(local_ray, embedded_path, tmp_path,
-                                                                                   monkeypatch):
+def test_an_episode_that_raises_on_a_worker_ends_the_run_with_a_one_line_message(
+    local_ray, embedded_path, tmp_path, monkeypatch
+):
     """A reward function registered in the caller's script runs on the workers too; when it raises there, the run
     stops with the error in one line (no remote traceback) and what to do next."""
     from unipg.tasks.rewards.rules import REWARDS
@@ -201,13 +254,24 @@ def test_an_episode_that_raises_on_a_worker_ends_the_run_with_a_one_line_message
 
     monkeypatch.setattr(REWARDS, "_entries", dict(REWARDS._entries))  # registration undone after the test
     REWARDS.register("fragile")(lambda: fragile)
-    config = load_config(None, SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}", "backend=ray",
-                                        "ray.rollout_workers=1", "task.rewards=[{name: fragile}]"])
+    config = load_config(
+        None,
+        SMALL
+        + [
+            f"model.name={embedded_path}",
+            f"log.output_dir={tmp_path}",
+            "backend=ray",
+            "ray.rollout_workers=1",
+            "task.rewards=[{name: fragile}]",
+        ],
+    )
     with pytest.raises(ValueError) as raised:
         train_lm(config)
     message = str(raised.value)
-    assert message.startswith("an episode raised on rollout worker 0: RewardFunctionError: reward function "
-                              "'fragile' failed: reward service unreachable (RuntimeError); fix the function")
+    assert message.startswith(
+        "an episode raised on rollout worker 0: RewardFunctionError: reward function "
+        "'fragile' failed: reward service unreachable (RuntimeError); fix the function"
+    )
     assert "no update had finished" in message and "Traceback" not in message and "\n" not in message
     assert unipg_actors() == []
 
@@ -226,8 +290,10 @@ def test_a_hanging_environment_actor_is_timed_out_and_restarted(local_ray):
             raise ToolError("nothing to echo")
         return text
 
-    tools = {"hang": Tool("hang", "sleeps", {"properties": {"seconds": {"type": "integer"}}}, hang),
-             "echo": Tool("echo", "echoes", {"properties": {"text": {"type": "string"}}}, echo)}
+    tools = {
+        "hang": Tool("hang", "sleeps", {"properties": {"seconds": {"type": "integer"}}}, hang),
+        "echo": Tool("echo", "echoes", {"properties": {"text": {"type": "string"}}}, echo),
+    }
     actor = ray.remote(EnvActor).options(max_restarts=-1, num_cpus=0).remote(tools)
     ray.get(actor.ready.remote(), timeout=60)
     pool = EnvPool([actor], health_timeout=5.0)
@@ -276,10 +342,20 @@ def test_a_plugin_files_task_tool_and_reward_run_on_the_workers(local_ray, embed
     from unipg import api
 
     plugin = write_plugin(tmp_path, "ray")
-    config = api.load_config(None, overrides=[f"plugins=[{plugin}]", "task.name=letter_count_ray", *FAST,
-                                              f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
-                                              "backend=ray", "ray.rollout_workers=1", "ray.env_workers=1",
-                                              "ray.env_num_cpus=0.1"])
+    config = api.load_config(
+        None,
+        overrides=[
+            f"plugins=[{plugin}]",
+            "task.name=letter_count_ray",
+            *FAST,
+            f"model.name={embedded_path}",
+            f"log.output_dir={tmp_path}",
+            "backend=ray",
+            "ray.rollout_workers=1",
+            "ray.env_workers=1",
+            "ray.env_num_cpus=0.1",
+        ],
+    )
     result = train_lm(config)
     steps = [record for record in read_metrics(result.run_dir) if "train/loss" in record]
     assert [record["step"] for record in steps] == [1, 2] and "rollout/reward_same_count_ray" in steps[0]
@@ -287,8 +363,9 @@ def test_a_plugin_files_task_tool_and_reward_run_on_the_workers(local_ray, embed
 
 
 @pytest.mark.e2e
-def test_an_external_agent_trains_on_ray_workers_with_their_own_endpoints(local_ray, embedded_path, tmp_path,
-                                                                          monkeypatch):
+def test_an_external_agent_trains_on_ray_workers_with_their_own_endpoints(
+    local_ray, embedded_path, tmp_path, monkeypatch
+):
     """`task.agent` on two rollout workers (concurrent schedule): each worker serves the endpoint on its own
     loopback and runs the agent there. Every trained row holds what the worker's engine sent the agent (the agent
     rewards itself the sum of the log-probs it was sent, over its rewritten history's two trajectories), and the
@@ -303,15 +380,27 @@ def test_an_external_agent_trains_on_ray_workers_with_their_own_endpoints(local_
         return rollout_batch(groups, *args, **kwargs)
 
     monkeypatch.setattr(lm, "rollout_batch", recording)
-    config = load_config(None, [*RUN, "task.agent=tests.inference.endpoint.agents_for_tests:reports_its_log_probs",
-                                f"model.name={embedded_path}", f"log.output_dir={tmp_path}", "eval.every_updates=100",
-                                "backend=ray", "ray.rollout_workers=2", "ray.rollout_num_cpus=0.5",
-                                "runtime.max_staleness=1", "runtime.schedule=concurrent"])
+    config = load_config(
+        None,
+        [
+            *RUN,
+            "task.agent=tests.inference.endpoint.agents_for_tests:reports_its_log_probs",
+            f"model.name={embedded_path}",
+            f"log.output_dir={tmp_path}",
+            "eval.every_updates=100",
+            "backend=ray",
+            "ray.rollout_workers=2",
+            "ray.rollout_num_cpus=0.5",
+            "runtime.max_staleness=1",
+            "runtime.schedule=concurrent",
+        ],
+    )
     result = train_lm(config)
     records = [r for r in read_metrics(result.run_dir) if "train/loss" in r]
     assert [r["step"] for r in records] == [1, 2] and [r["train/samples"] for r in records] == [16, 32]
-    assert all(r["rollout/agent_failures"] == r["rollout/agent_timeouts"] == r["rollout/agent_retries"] == 0
-               for r in records)
+    assert all(
+        r["rollout/agent_failures"] == r["rollout/agent_timeouts"] == r["rollout/agent_retries"] == 0 for r in records
+    )
     assert sum(r["rollout/agent_extra_trajectories"] for r in records) >= 16  # one per trained episode, at least
     assert len(trained) == 16 and all(t.finish == "done" and len(t.side) == 1 for t in trained)
     for episode in trained:

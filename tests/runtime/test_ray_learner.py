@@ -22,8 +22,13 @@ from unipg.runtime.backends.ray_setup import connect, disconnect  # noqa: E402
 
 RAY = ("ray.num_cpus=2", "ray.learner_num_cpus=0.5", "ray.rollout_num_cpus=0.5", "ray.rollout_workers=1")
 # padded micro-batches of 3 rows, one per rank: exactly one of them repeats a prompt (of grouped_batch)
-SETTINGS = ("train.micro_batch_size=3", "train.num_epochs=1", "train.learning_rate=1e-3", "train.adam_eps=1e-3",
-            "estimator.entropy_coef=0.01")
+SETTINGS = (
+    "train.micro_batch_size=3",
+    "train.num_epochs=1",
+    "train.learning_rate=1e-3",
+    "train.adam_eps=1e-3",
+    "estimator.entropy_coef=0.01",
+)
 
 
 def grouped_batch(seed: int = 0) -> LMBatch:
@@ -99,11 +104,21 @@ def test_two_ray_learner_actors_update_like_one_process_and_checkpoints_move_bet
 
 
 @pytest.mark.e2e
-def test_a_ray_run_with_two_learner_actors_trains_like_one_process_and_resumes_in_one(local_ray, embedded_path,
-                                                                                      tmp_path):
+def test_a_ray_run_with_two_learner_actors_trains_like_one_process_and_resumes_in_one(
+    local_ray, embedded_path, tmp_path
+):
     def run(name, updates, *overrides, resume=None):
-        config = load_config(None, [*CHECKPOINTED_PPO, f"model.name={embedded_path}", f"log.output_dir={tmp_path}",
-                                    f"log.run_name={name}", f"train.updates={updates}", *overrides])
+        config = load_config(
+            None,
+            [
+                *CHECKPOINTED_PPO,
+                f"model.name={embedded_path}",
+                f"log.output_dir={tmp_path}",
+                f"log.run_name={name}",
+                f"train.updates={updates}",
+                *overrides,
+            ],
+        )
         return train_lm(config, resume=resume)
 
     single = run("single", 3)
@@ -112,8 +127,10 @@ def test_a_ray_run_with_two_learner_actors_trains_like_one_process_and_resumes_i
     assert reservations() == []
     resumed = run("sharded", 3, resume=sharded.run_dir)
     assert resumed.resumed_from == 2
-    expected, got = (load_checkpoint(CheckpointStore(result.run_dir / "checkpoints").latest()).tensors
-                     for result in (single, resumed))
+    expected, got = (
+        load_checkpoint(CheckpointStore(result.run_dir / "checkpoints").latest()).tensors
+        for result in (single, resumed)
+    )
     for group in ("policy", "value_head"):
         for name, tensor in expected[group].items():
             assert torch.allclose(got[group][name], tensor, atol=1e-5), name

@@ -22,10 +22,19 @@ def local_ray():
 
 
 def test_lora_adapters_reach_a_vllm_rollout_worker_by_version(local_ray, embedded_path, tmp_path):
-    overrides = DETERMINISTIC_PPO + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}", "backend=ray",
-                                     "ray.rollout_workers=1", "sample.engine=vllm", "sample.cpu_kv_cache_gb=0.125",
-                                     "model.lora_rank=4", "runtime.max_staleness=1", "runtime.schedule=concurrent",
-                                     "deterministic=false", "train.updates=3"]
+    overrides = DETERMINISTIC_PPO + [
+        f"model.name={embedded_path}",
+        f"log.output_dir={tmp_path}",
+        "backend=ray",
+        "ray.rollout_workers=1",
+        "sample.engine=vllm",
+        "sample.cpu_kv_cache_gb=0.125",
+        "model.lora_rank=4",
+        "runtime.max_staleness=1",
+        "runtime.schedule=concurrent",
+        "deterministic=false",
+        "train.updates=3",
+    ]
     result = train_lm(load_config(None, overrides))
     records = [r for r in read_metrics(result.run_dir) if "train/loss" in r]
     assert len(records) == 3

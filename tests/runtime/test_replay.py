@@ -15,8 +15,11 @@ def group(version: int, size: int = 2, tag: str = "") -> Group:
 
 
 @settings(max_examples=60, deadline=None)
-@given(capacity=st.integers(2, 20), sizes=st.lists(st.integers(1, 2), min_size=1, max_size=60),
-       eviction=st.sampled_from(["oldest", "probabilistic"]))
+@given(
+    capacity=st.integers(2, 20),
+    sizes=st.lists(st.integers(1, 2), min_size=1, max_size=60),
+    eviction=st.sampled_from(["oldest", "probabilistic"]),
+)
 def test_the_buffer_never_holds_more_trajectories_than_its_capacity(capacity, sizes, eviction):
     dropped = []
     buffer = ReplayBuffer(capacity, eviction=eviction, on_drop=dropped.append)
@@ -161,8 +164,13 @@ def test_staleness_never_exceeds_the_bound_under_random_episode_latencies(max_st
 
 def test_groups_the_keep_test_rejects_are_dropped_within_a_budget_per_step():
     released, discarded = [], []
-    buffer = ReplayBuffer(100, keep=lambda g: g.items[0].startswith("mixed"), filter_budget=2,
-                          on_drop=released.append, on_discard=discarded.extend)
+    buffer = ReplayBuffer(
+        100,
+        keep=lambda g: g.items[0].startswith("mixed"),
+        filter_budget=2,
+        on_drop=released.append,
+        on_discard=discarded.extend,
+    )
     for tag in ("alike", "mixed", "alike", "alike"):  # the third alike group is past the budget: kept
         buffer.put(group(0, size=4, tag=tag))
     assert [g.items[0] for g in buffer.groups] == ["mixed0-0", "alike0-0"]

@@ -12,8 +12,14 @@ from unipg.learn.lm import LMBatch, LMLearner
 from unipg.observe.metrics import read_metrics
 from unipg.runtime.lm import train_lm
 
-SMALL = tiny_lm_overrides("train.mini_batch_size=4", "train.micro_batch_size=4", "eval.every_updates=10",
-                          "eval.pass_k=0", "algorithm=grpo", "estimator.kl_coef=0.0")
+SMALL = tiny_lm_overrides(
+    "train.mini_batch_size=4",
+    "train.micro_batch_size=4",
+    "eval.every_updates=10",
+    "eval.pass_k=0",
+    "algorithm=grpo",
+    "estimator.kl_coef=0.0",
+)
 
 
 def make_config(*overrides):
@@ -28,8 +34,12 @@ def policy(tiny_policy):
 def prepared_batch(policy, learner) -> LMBatch:
     """Two prompts of four sampled completions each, with advantages."""
     tokenizer = policy.tokenizer
-    texts = [tokenizer.apply_chat_template([{"role": "user", "content": f"{i}+{i}="}], tokenize=False,
-                                           add_generation_prompt=True) for i in (3, 4)]
+    texts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"{i}+{i}="}], tokenize=False, add_generation_prompt=True
+        )
+        for i in (3, 4)
+    ]
     ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts for _ in range(4)]
     generation = policy.sample(ids, max_new_tokens=4, generator=torch.Generator().manual_seed(0))
     batch = LMBatch.from_generation(generation, [float(i % 2) for i in range(len(ids))])
@@ -78,16 +88,19 @@ def test_a_non_finite_gradient_skips_the_step_and_leaves_the_parameters(policy, 
 
 
 def test_a_kl_spike_reverts_the_whole_update_bit_for_bit(policy):
-    learner = LMLearner(policy, make_config("train.learning_rate=1e-2", "train.num_epochs=2",
-                                              "estimator.target_kl=1e-12"))
+    learner = LMLearner(
+        policy, make_config("train.learning_rate=1e-2", "train.num_epochs=2", "estimator.target_kl=1e-12")
+    )
     assert learner.kl_spike == pytest.approx(1e-11)
     batch = prepared_batch(policy, learner)
     learner.kl_spike = None  # one normal update first, so that the optimizer has state to restore
     learner.update(batch)
     learner.kl_spike = 1e-11
     before, optimizer_before = parameters(learner), learner.optimizer.state_dict()
-    optimizer_before = {index: {key: value.clone() for key, value in state.items()}
-                        for index, state in optimizer_before["state"].items()}
+    optimizer_before = {
+        index: {key: value.clone() for key, value in state.items()}
+        for index, state in optimizer_before["state"].items()
+    }
     controller_before = learner.kl_controller.state_dict()
     metrics = learner.update(batch)
     assert metrics["reverted"] == 1.0 and metrics["approx_kl"] > 1e-11 and metrics["skipped_steps"] == 0.0
@@ -100,10 +113,17 @@ def test_a_kl_spike_reverts_the_whole_update_bit_for_bit(policy):
 
 
 @pytest.mark.e2e
-def test_repeated_trips_roll_back_to_the_last_checkpoint_with_a_lower_learning_rate(embedded_path, tmp_path,
-                                                                                     monkeypatch, capsys):
-    overrides = [f"model.name={embedded_path}", f"log.output_dir={tmp_path}", "log.run_name=run",
-                 "rollback.max_trips=2", "rollback.lr_factor=0.5", "train.learning_rate=1e-3"]
+def test_repeated_trips_roll_back_to_the_last_checkpoint_with_a_lower_learning_rate(
+    embedded_path, tmp_path, monkeypatch, capsys
+):
+    overrides = [
+        f"model.name={embedded_path}",
+        f"log.output_dir={tmp_path}",
+        "log.run_name=run",
+        "rollback.max_trips=2",
+        "rollback.lr_factor=0.5",
+        "train.learning_rate=1e-3",
+    ]
     poison(monkeypatch, {2, 3})  # updates 2 and 3 trip; the run rolls back to update 1 and trains on
     result = train_lm(make_config("train.updates=3", "checkpoint.every_updates=1", *overrides))
     events = [json.loads(line) for line in (result.run_dir / "events.jsonl").read_text().splitlines()]
@@ -119,8 +139,7 @@ def test_repeated_trips_roll_back_to_the_last_checkpoint_with_a_lower_learning_r
     assert [r["train/skipped_steps"] for r in records] == [0.0, 2.0, 2.0, 0.0]
     final = load_checkpoint(CheckpointStore(result.run_dir / "checkpoints").latest())
     assert final.step == 3 and final.state["learner"]["lr_factor"] == 0.5
-    resumed = train_lm(make_config("train.updates=4", "checkpoint.every_updates=1", *overrides),
-                         resume=result.run_dir)
+    resumed = train_lm(make_config("train.updates=4", "checkpoint.every_updates=1", *overrides), resume=result.run_dir)
     assert resumed.resumed_from == 3
     assert read_metrics(result.run_dir)[-1]["train/learning_rate"] == 5e-4  # the factor survives a resume
 
@@ -128,11 +147,15 @@ def test_repeated_trips_roll_back_to_the_last_checkpoint_with_a_lower_learning_r
 @pytest.mark.e2e
 def test_a_fresh_run_rolls_back_to_its_initial_checkpoint(embedded_path, tmp_path, monkeypatch):
     poison(monkeypatch, {1, 2})
-    result = train_lm(make_config("train.updates=2", "rollback.max_trips=2", f"model.name={embedded_path}",
-                                    f"log.output_dir={tmp_path}"))
+    result = train_lm(
+        make_config(
+            "train.updates=2", "rollback.max_trips=2", f"model.name={embedded_path}", f"log.output_dir={tmp_path}"
+        )
+    )
     events = [json.loads(line) for line in (result.run_dir / "events.jsonl").read_text().splitlines()]
     assert [event for event in events if event["event"] == "rollback"] == [
-        {"step": 2, "event": "rollback", "to_update": 0, "learning_rate_factor": 0.5}]
+        {"step": 2, "event": "rollback", "to_update": 0, "learning_rate_factor": 0.5}
+    ]
     assert result.samples == 16  # the two updates given up do not count
     checkpoints = CheckpointStore(result.run_dir / "checkpoints").list()
     assert [path.name for path in checkpoints] == ["step-00000002"]  # the initial one served its purpose
@@ -141,8 +164,13 @@ def test_a_fresh_run_rolls_back_to_its_initial_checkpoint(embedded_path, tmp_pat
 @pytest.mark.e2e
 def test_a_run_that_keeps_tripping_stops_with_a_clear_error(embedded_path, tmp_path, monkeypatch):
     poison(monkeypatch, set(range(1, 50)))
-    config = make_config("train.updates=2", "rollback.max_trips=1", "rollback.max_rollbacks=2",
-                         f"model.name={embedded_path}", f"log.output_dir={tmp_path}")
+    config = make_config(
+        "train.updates=2",
+        "rollback.max_trips=1",
+        "rollback.max_rollbacks=2",
+        f"model.name={embedded_path}",
+        f"log.output_dir={tmp_path}",
+    )
     with pytest.raises(ValueError, match="keep tripping after 2 rollbacks"):
         train_lm(config)
     run_dir = next(tmp_path.iterdir())
@@ -152,8 +180,12 @@ def test_a_run_that_keeps_tripping_stops_with_a_clear_error(embedded_path, tmp_p
 
 
 def test_with_rollback_disabled_nothing_is_skipped_or_reverted(policy, monkeypatch):
-    learner = LMLearner(policy, make_config("train.learning_rate=1e-2", "train.num_epochs=2",
-                                              "estimator.target_kl=1e-12", "rollback.enabled=false"))
+    learner = LMLearner(
+        policy,
+        make_config(
+            "train.learning_rate=1e-2", "train.num_epochs=2", "estimator.target_kl=1e-12", "rollback.enabled=false"
+        ),
+    )
     assert learner.kl_spike is None
     batch = prepared_batch(policy, learner)
     before = parameters(learner)

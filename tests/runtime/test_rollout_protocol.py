@@ -32,8 +32,10 @@ def rollout_class(backend: str) -> type:
         if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
             exec(compile(ast.Module(node.body, type_ignores=[]), module.__file__, "exec"), namespace)
     returned = typing.get_type_hints(factory, globalns=namespace).get("return")
-    assert isinstance(returned, type), (f"backend '{backend}': annotate its factory's return type with the Rollout "
-                                        f"class it builds, e.g. def {factory.__name__}(...) -> MyRollout")
+    assert isinstance(returned, type), (
+        f"backend '{backend}': annotate its factory's return type with the Rollout "
+        f"class it builds, e.g. def {factory.__name__}(...) -> MyRollout"
+    )
     return returned
 
 

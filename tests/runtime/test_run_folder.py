@@ -13,8 +13,13 @@ from unipg.cli import app
 from unipg.config import load_config
 from unipg.observe.metrics import MetricsLogger
 
-SMALL = ["task.name=arithmetic", "task.options={digits: 1, num_train: 16, num_test: 4}", "log.monitor=false",
-         "log.tensorboard=false", "model.trust_remote_code=true"]
+SMALL = [
+    "task.name=arithmetic",
+    "task.options={digits: 1, num_train: 16, num_test: 4}",
+    "log.monitor=false",
+    "log.tensorboard=false",
+    "model.trust_remote_code=true",
+]
 
 
 def saved_run(tmp_path: Path, overrides: list[str] = SMALL) -> Path:
@@ -52,10 +57,14 @@ def test_no_notice_when_the_folder_did_not_ask_for_remote_code(tmp_path):
 
 def test_eval_and_resume_on_the_command_line_say_so_and_load_without_remote_code(tmp_path, monkeypatch):
     run, seen = saved_run(tmp_path), []
-    monkeypatch.setattr(unipg.api, "evaluate_episodes",
-                        lambda config, show: seen.append(config) or ({"eval/pass@1": 1.0}, []))
-    monkeypatch.setattr(unipg.api, "run", lambda config, **options: seen.append(config) or (_ for _ in ()).throw(
-        ValueError("stopped here")))
+    monkeypatch.setattr(
+        unipg.api, "evaluate_episodes", lambda config, show: seen.append(config) or ({"eval/pass@1": 1.0}, [])
+    )
+    monkeypatch.setattr(
+        unipg.api,
+        "run",
+        lambda config, **options: seen.append(config) or (_ for _ in ()).throw(ValueError("stopped here")),
+    )
 
     evaluated = CliRunner().invoke(app, ["eval", "--run", str(run)])
     assert evaluated.exit_code == 0, evaluated.output
@@ -74,8 +83,11 @@ def test_eval_and_resume_on_the_command_line_say_so_and_load_without_remote_code
 
 def test_train_resume_in_python_reads_the_folder_without_remote_code(tmp_path, monkeypatch):
     run, seen = saved_run(tmp_path), []
-    monkeypatch.setattr(unipg.api, "run", lambda config, **options: seen.append(config) or (_ for _ in ()).throw(
-        ValueError("stopped here")))
+    monkeypatch.setattr(
+        unipg.api,
+        "run",
+        lambda config, **options: seen.append(config) or (_ for _ in ()).throw(ValueError("stopped here")),
+    )
     with pytest.raises(ValueError, match="stopped here"):
         unipg.api.train(resume=run)
     with pytest.raises(ValueError, match="stopped here"):

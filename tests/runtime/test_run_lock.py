@@ -21,8 +21,16 @@ from unipg.runtime.gym import train_gym
 from unipg.runtime.lm import train_lm
 from unipg.runtime.setup import LOCK_FILE, check_ray_address, lock_run_dir
 
-SMALL = tiny_lm_overrides("train.micro_batch_size=8", "train.updates=1", "eval.pass_k=0", "log.monitor=false",
-                          "algorithm=grpo", "checkpoint.every_updates=1", num_train=16, num_test=4)
+SMALL = tiny_lm_overrides(
+    "train.micro_batch_size=8",
+    "train.updates=1",
+    "eval.pass_k=0",
+    "log.monitor=false",
+    "algorithm=grpo",
+    "checkpoint.every_updates=1",
+    num_train=16,
+    num_test=4,
+)
 HOLDER = """
 import sys
 from pathlib import Path
@@ -34,8 +42,11 @@ sys.stdin.read()
 
 
 def fingerprint(folder: Path) -> dict[str, str]:
-    return {str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
-            for path in sorted(folder.rglob("*")) if path.is_file() and path.name != LOCK_FILE}
+    return {
+        str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file() and path.name != LOCK_FILE
+    }
 
 
 def test_a_second_lock_on_a_folder_is_refused_until_the_first_is_released(tmp_path):
@@ -48,8 +59,10 @@ def test_a_second_lock_on_a_folder_is_refused_until_the_first_is_released(tmp_pa
 
 @pytest.mark.e2e
 def test_resuming_a_run_in_use_is_refused_and_touches_nothing(embedded_path, tmp_path):
-    run = train_lm(load_config(None, SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}"]),
-                   log=lambda message: None).run_dir
+    run = train_lm(
+        load_config(None, SMALL + [f"model.name={embedded_path}", f"log.output_dir={tmp_path}"]),
+        log=lambda message: None,
+    ).run_dir
     before = fingerprint(run)
     assert "metrics.jsonl" in before and any(name.startswith("checkpoints") for name in before)
     holder = lock_run_dir(run)  # another open file description: flock treats it as another writer
@@ -76,8 +89,9 @@ def test_a_gymnasium_run_into_a_folder_in_use_is_refused(tmp_path):
 
 def test_a_killed_writer_leaves_the_folder_usable(tmp_path):
     run = tmp_path / "run"
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(run)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(run)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(ValueError, match=f"in use by process {holder.pid};"):
@@ -99,8 +113,17 @@ def free_port() -> int:
 
 def test_a_ray_address_with_nothing_listening_is_refused_before_a_run_folder_is_made(embedded_path, tmp_path):
     port = free_port()
-    result = CliRunner().invoke(app, ["train", "backend=ray", f"ray.address=127.0.0.1:{port}",
-                                      f"model.name={embedded_path}", f"log.output_dir={tmp_path}", *SMALL])
+    result = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "backend=ray",
+            f"ray.address=127.0.0.1:{port}",
+            f"model.name={embedded_path}",
+            f"log.output_dir={tmp_path}",
+            *SMALL,
+        ],
+    )
     assert result.exit_code == 2, result.output
     text = " ".join(result.output.split())
     assert text.startswith(f"error: cannot connect to Ray at ray.address='127.0.0.1:{port}'") and "ray start" in text

@@ -3,12 +3,12 @@ import asyncio
 import pytest
 import torch
 
+from unipg.envs.base import StepResult
+from unipg.inference import HFService, SamplingParams
 from unipg.learn.lm import LMBatch
 from unipg.policy.chat import TurnTemplate
 from unipg.policy.generation import cut_at_stop
 from unipg.sample.agent import AgentLoop
-from unipg.envs.base import StepResult
-from unipg.inference import HFService, SamplingParams
 from unipg.tasks.base import Example
 
 OBSERVATION = "tool says 42"
@@ -40,8 +40,12 @@ def policy(tiny_policy):
 
 
 def make_loop(policy, *, temperature=1.0, seed=0, batch_wait=None, max_total_tokens=200):
-    engine = HFService(policy, SamplingParams(temperature=temperature),
-                             generator=torch.Generator().manual_seed(seed), batch_wait=batch_wait)
+    engine = HFService(
+        policy,
+        SamplingParams(temperature=temperature),
+        generator=torch.Generator().manual_seed(seed),
+        batch_wait=batch_wait,
+    )
     template = TurnTemplate(policy.tokenizer)
     encode = lambda text: policy.tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     return AgentLoop(engine, template, encode, max_turns=3, max_new_tokens=12, max_total_tokens=max_total_tokens)
@@ -59,7 +63,7 @@ def test_loss_mask_is_one_exactly_on_sampled_tokens_of_a_two_turn_episode(policy
     tokens, mask = trajectory.token_ids, trajectory.loss_mask
     first = trajectory.turn_of_token.count(0)
     second = trajectory.turn_of_token.count(1)
-    inserted = tokens[first: len(tokens) - second]
+    inserted = tokens[first : len(tokens) - second]
     # the environment inserted the closing of the turn, the observation message and the next assistant opening
     expected = loop.template.closing(tokens[first - 1] in policy.eos_ids) + loop.template.observation(OBSERVATION)
     assert policy.tokenizer.decode(inserted) == expected
@@ -114,6 +118,7 @@ def test_a_kept_stop_string_reaches_the_environment(policy):
         async def one_turn():
             async with engine.running(), engine.episode():
                 return await engine.generate(prompt, max_new_tokens=24)
+
         return asyncio.run(one_turn())
 
     free = turn(SamplingParams())  # same seed, so the same tokens up to wherever a stop string ends the turn

@@ -5,16 +5,16 @@ import asyncio
 
 import pytest
 
-from unipg.policy.chat import TurnTemplate
-from unipg.policy.templates import family_tokenizer, prepare_chat_template, read_template
-from unipg.sample.agent import AgentLoop
+from tests.helpers.scripted import ScriptedEngine
 from unipg.envs import EnvironmentService
 from unipg.envs.tool_env import ToolEnv
-from unipg.sample.episodes import PromptEncoder
-from unipg.tasks.rewards.rules import build_rewards
-from unipg.tasks.base import Example
+from unipg.policy.chat import TurnTemplate
+from unipg.policy.templates import family_tokenizer, prepare_chat_template, read_template
 from unipg.policy.tool_calls import parser_for_template, tool_parser
-from tests.helpers.scripted import ScriptedEngine
+from unipg.sample.agent import AgentLoop
+from unipg.sample.episodes import PromptEncoder
+from unipg.tasks.base import Example
+from unipg.tasks.rewards.rules import build_rewards
 
 SYSTEM, QUESTION = "You add numbers with the calculator.", "What is 19+23?"
 REASONING = {"qwen3": ("<think>\nI should use the calculator.\n</think>\n\n", "<think>\nIt said 42.\n</think>\n\n")}
@@ -25,8 +25,14 @@ def run_episode(tokenizer, parser_name, turns):
     schemas = [tool.schema() for tool in service.tools.values()]
     engine = ScriptedEngine(tokenizer, turns, keep_stop=tool_parser(parser_name).stop)
     template = TurnTemplate(tokenizer)
-    loop = AgentLoop(engine, template, PromptEncoder(tokenizer, system_prompt=SYSTEM, max_length=10_000, tools=schemas),
-                     max_turns=3, max_new_tokens=200, max_total_tokens=2000)
+    loop = AgentLoop(
+        engine,
+        template,
+        PromptEncoder(tokenizer, system_prompt=SYSTEM, max_length=10_000, tools=schemas),
+        max_turns=3,
+        max_new_tokens=200,
+        max_total_tokens=2000,
+    )
     env = ToolEnv(build_rewards([{"name": "math"}]), service, tool_parser=parser_name)
     [trajectory] = asyncio.run(loop.run_episodes([env], [Example(QUESTION, "42", "", {"answer": "42"})]))
     return trajectory, template, schemas
@@ -47,14 +53,18 @@ def test_an_episode_is_token_for_token_the_conversation_its_template_renders(fam
     trajectory, template, schemas = run_episode(tokenizer, parser_name, [call, answer])
 
     assert trajectory.infos[0].tool_status == "ok" and trajectory.correct and trajectory.finish == "done"
-    conversation = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION},
-                    {"role": "assistant", "content": call}, {"role": "tool", "content": "42"},
-                    {"role": "assistant", "content": answer}]
+    conversation = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": call},
+        {"role": "tool", "content": "42"},
+        {"role": "assistant", "content": answer},
+    ]
     rendered = tokenizer.apply_chat_template(conversation, tools=schemas, tokenize=False)
     expected = tokenizer(rendered, add_special_tokens=False)["input_ids"]
     episode = trajectory.prompt_ids + trajectory.token_ids
-    assert episode == expected[:len(episode)]
-    assert tokenizer.decode(expected[len(episode):]) == template.closing(ended_with_eos=True)  # the last turn's close
+    assert episode == expected[: len(episode)]
+    assert tokenizer.decode(expected[len(episode) :]) == template.closing(ended_with_eos=True)  # the last turn's close
     sampled = [token for token, mask in zip(trajectory.token_ids, trajectory.loss_mask) if mask]
     call_end = "" if parser_name == "hermes" else tokenizer.eos_token  # sampling stops at </tool_call>; Llama's at EOS
     assert tokenizer.decode(sampled) == call + call_end + answer + tokenizer.eos_token

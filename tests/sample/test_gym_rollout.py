@@ -70,7 +70,9 @@ def test_reward_scaler_tracks_return_scale():
     state = scaler.state_dict()
     other = RewardScaler(num_envs=2, gamma=0.9)
     other.load_state_dict(state)
-    assert other(np.array([1.0, 1.0]), np.array([True, True])) == pytest.approx(scaler(np.array([1.0, 1.0]), np.array([True, True])))
+    assert other(np.array([1.0, 1.0]), np.array([True, True])) == pytest.approx(
+        scaler(np.array([1.0, 1.0]), np.array([True, True]))
+    )
 
 
 def test_unknown_environment_suggests_a_registered_id():

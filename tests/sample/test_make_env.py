@@ -46,6 +46,7 @@ def test_task_env_chooses_the_environment_and_its_options_fill_in_over_the_tasks
     tool = environment(policy, *CALCULATOR, "task.env=tool", "task.env_options={process_weight: 0.25}")
     assert isinstance(tool, ToolEnv) and tool.process_weight == 0.25
     assert isinstance(environment(policy, *CALCULATOR, "task.env=single_turn"), SingleTurnEnv)
-    same = environment(policy, *SOLVER_CHECKER, "task.env=solver_checker",
-                       "task.env_options={wrong_accept_penalty: 0.5}")
+    same = environment(
+        policy, *SOLVER_CHECKER, "task.env=solver_checker", "task.env_options={wrong_accept_penalty: 0.5}"
+    )
     assert same.max_rounds == 1 and same.wrong_accept_penalty == 0.5  # the task's max_rounds is kept

@@ -4,25 +4,37 @@ import pytest
 import torch
 
 from unipg.config import ConfigError, load_config
+from unipg.envs import ENVS, EnvironmentService, TurnInfo
+from unipg.envs.service import build_tools
+from unipg.envs.solver_checker import SolverCheckerEnv
 from unipg.learn.lm_batch import LMBatch, lm_advantages
 from unipg.policy.loading import load_lm_policy
 from unipg.runtime.backends.local_lm import split_groups
 from unipg.runtime.lm import group_index
 from unipg.sample.agent import Trajectory
-from unipg.envs import ENVS, EnvironmentService, TurnInfo
-from unipg.envs.service import build_tools
-from unipg.envs.solver_checker import SolverCheckerEnv
 from unipg.sample.episodes import EpisodeRunner, demonstration_pairs
-from unipg.tasks.rewards.rules import build_rewards
 from unipg.tasks.base import Example, make_task
+from unipg.tasks.rewards.rules import build_rewards
 from unipg.tools.base import format_tool_call
 
 PROBLEM = Example("What is 12*34?", "408", "", {"answer": "408"})
 CALL = format_tool_call("calculator", {"expression": "12*34"})
-TINY = ["task.name=solver_checker", "task.options={digits: 2, num_train: 30, num_test: 4}",
-        "sample.samples_per_prompt=2", "sample.max_new_tokens=12", "agent.max_total_tokens=48",
-        "train.batch_size=4", "train.mini_batch_size=4", "train.micro_batch_size=8", "train.updates=2",
-        "eval.every_updates=2", "eval.pass_k=0", "log.progress=false", "log.tensorboard=false", "algorithm=grpo"]
+TINY = [
+    "task.name=solver_checker",
+    "task.options={digits: 2, num_train: 30, num_test: 4}",
+    "sample.samples_per_prompt=2",
+    "sample.max_new_tokens=12",
+    "agent.max_total_tokens=48",
+    "train.batch_size=4",
+    "train.mini_batch_size=4",
+    "train.micro_batch_size=8",
+    "train.updates=2",
+    "eval.every_updates=2",
+    "eval.pass_k=0",
+    "log.progress=false",
+    "log.tensorboard=false",
+    "algorithm=grpo",
+]
 
 
 def play(env: SolverCheckerEnv, actions: list[str]) -> list:
@@ -79,8 +91,9 @@ def test_each_role_gets_an_ordinary_masked_trajectory_of_its_own_conversation(em
     task = make_task("solver_checker", digits=2, num_train=30, num_test=4)
     runner = EpisodeRunner(load_lm_policy(embedded_path), task, config, build_rewards(task.rewards))
     try:
-        trajectories = runner.run(task.train[:3], generator=torch.Generator().manual_seed(0), policy_version=7,
-                                  all_roles=True).trajectories
+        trajectories = runner.run(
+            task.train[:3], generator=torch.Generator().manual_seed(0), policy_version=7, all_roles=True
+        ).trajectories
     finally:
         runner.close()
     assert [t.role for t in trajectories] == ["solver", "checker"] * 3
@@ -89,12 +102,13 @@ def test_each_role_gets_an_ordinary_masked_trajectory_of_its_own_conversation(em
         assert trajectory.policy_versions == [7] * trajectory.turns and len(trajectory.step_rewards) == trajectory.turns
         sampled = [i for i, m in enumerate(trajectory.loss_mask) if m]
         assert all(trajectory.turn_of_token[i] >= 0 for i in sampled)
-        assert all(trajectory.behaviour_logprobs[i] == 0.0 for i in range(len(trajectory.token_ids)) if i not in sampled)
+        assert all(
+            trajectory.behaviour_logprobs[i] == 0.0 for i in range(len(trajectory.token_ids)) if i not in sampled
+        )
     checker = runner.role_encoders["checker"]
     assert checker.system_prompt == "judge" and runner.role_encoders["solver"].system_prompt == "solve"
     for solver, judge in zip(trajectories[::2], trajectories[1::2]):
-        proposals = [text for text, info in zip(solver.turn_texts, solver.infos)
-                     if "proposal_correct" in info.extras]
+        proposals = [text for text, info in zip(solver.turn_texts, solver.infos) if "proposal_correct" in info.extras]
         assert bool(judge.turns) == bool(proposals)  # the checker acts once the solver proposed something
         if proposals:  # the checker's prompt is its first observation: the problem and the first proposal
             assert judge.prompt_ids == checker(f"{solver.example.prompt} Proposed: {proposals[0].strip()}")
@@ -107,8 +121,12 @@ def test_groups_lay_out_roles_so_that_group_advantages_compare_one_role_on_one_p
         t.turn_texts, t.step_rewards, t.policy_versions, t.infos = ["x"], [reward], [0], [TurnInfo()]
         return t
 
-    episodes = [trajectory("solver", 1.0), trajectory("checker", 10.0), trajectory("solver", 0.0),
-                trajectory("checker", 20.0)]
+    episodes = [
+        trajectory("solver", 1.0),
+        trajectory("checker", 10.0),
+        trajectory("solver", 0.0),
+        trajectory("checker", 20.0),
+    ]
     (group,) = split_groups(episodes, version=0, size=2, roles=2)
     assert [t.role for t in group.items] == ["solver", "solver", "checker", "checker"] and group.size == 2
     batch = LMBatch.from_trajectories(group.items, pad_id=0)

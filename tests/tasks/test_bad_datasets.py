@@ -13,8 +13,10 @@ GOOD = {"question": "Tom has 3 apples and buys 4 more. How many does he have?", 
 
 def jsonl(tmp_path, *lines: bytes | str | dict, name: str = "data.jsonl"):
     path = tmp_path / name
-    encoded = [line if isinstance(line, bytes) else (json.dumps(line) if isinstance(line, dict) else line).encode()
-               for line in lines]
+    encoded = [
+        line if isinstance(line, bytes) else (json.dumps(line) if isinstance(line, dict) else line).encode()
+        for line in lines
+    ]
     path.write_bytes(b"".join(line + b"\n" for line in encoded))
     return path
 
@@ -40,18 +42,24 @@ def test_a_missing_parquet_column_names_the_columns_found(tmp_path):
     assert "lacks the column(s) question; expected 'question' and 'answer', found prompt, answer" in load_error(path)
 
 
-@pytest.mark.parametrize("record, expected", [
-    ({"question": "   ", "answer": "#### 1"}, "line 2: field 'question' is empty"),
-    ({"question": "Why?", "answer": ""}, "line 2: field 'answer' is empty"),
-    ({"question": 12, "answer": "#### 1"}, "line 2: missing or non-text field 'question': it holds int 12, not text"),
-    ({"question": "q", "answer": ["#### 1"]}, "line 2: missing or non-text field 'answer': it holds list"),
-    ({"question": "q", "answer": None}, "line 2: field 'answer' is null"),
-    ({"question": None, "answer": "#### 1"}, "line 2: field 'question' is null; every example needs a question"),
-    ({"question": "q", "answer": "3 + 4\n#### seven"}, "line 2: the final answer '#### seven' is not a number"),
-    ({"question": "q", "answer": "#### 7 apples"}, "line 2: the final answer '#### 7 apples' is not a number"),
-    ({"question": "q", "answer": "#### $"}, "line 2: the answer has no final line '#### <number>'"),
-    ({"question": "q", "answer": "no final line"}, "line 2: the answer has no final line '#### <number>'"),
-])
+@pytest.mark.parametrize(
+    "record, expected",
+    [
+        ({"question": "   ", "answer": "#### 1"}, "line 2: field 'question' is empty"),
+        ({"question": "Why?", "answer": ""}, "line 2: field 'answer' is empty"),
+        (
+            {"question": 12, "answer": "#### 1"},
+            "line 2: missing or non-text field 'question': it holds int 12, not text",
+        ),
+        ({"question": "q", "answer": ["#### 1"]}, "line 2: missing or non-text field 'answer': it holds list"),
+        ({"question": "q", "answer": None}, "line 2: field 'answer' is null"),
+        ({"question": None, "answer": "#### 1"}, "line 2: field 'question' is null; every example needs a question"),
+        ({"question": "q", "answer": "3 + 4\n#### seven"}, "line 2: the final answer '#### seven' is not a number"),
+        ({"question": "q", "answer": "#### 7 apples"}, "line 2: the final answer '#### 7 apples' is not a number"),
+        ({"question": "q", "answer": "#### $"}, "line 2: the answer has no final line '#### <number>'"),
+        ({"question": "q", "answer": "no final line"}, "line 2: the answer has no final line '#### <number>'"),
+    ],
+)
 def test_empty_prompts_and_wrong_value_types_name_the_line(tmp_path, record, expected):
     assert expected in load_error(jsonl(tmp_path, GOOD, record))
 
@@ -98,8 +106,10 @@ def test_an_empty_or_broken_parquet_file_is_rejected(tmp_path):
     pyarrow = pytest.importorskip("pyarrow")
     parquet = pytest.importorskip("pyarrow.parquet")
     empty = tmp_path / "empty.parquet"
-    parquet.write_table(pyarrow.table({"question": pyarrow.array([], pyarrow.string()),
-                                       "answer": pyarrow.array([], pyarrow.string())}), empty)
+    parquet.write_table(
+        pyarrow.table({"question": pyarrow.array([], pyarrow.string()), "answer": pyarrow.array([], pyarrow.string())}),
+        empty,
+    )
     assert f"{empty} holds no rows" in load_error(empty)
     broken = tmp_path / "broken.parquet"
     broken.write_bytes(b"PAR1 not really")
@@ -116,11 +126,14 @@ def test_a_byte_order_mark_is_accepted(tmp_path):
     assert len(task.train) == len(task.test) == 1
 
 
-@pytest.mark.parametrize("options, expected", [
-    ({"path": 3}, "task 'gsm8k': option 'path' must be str or None, got int 3"),
-    ({"test_fraction": "half"}, "option 'test_fraction' must be float, got str 'half'"),
-    ({"num_train": True}, "option 'num_train' must be int or None, got bool True"),
-])
+@pytest.mark.parametrize(
+    "options, expected",
+    [
+        ({"path": 3}, "task 'gsm8k': option 'path' must be str or None, got int 3"),
+        ({"test_fraction": "half"}, "option 'test_fraction' must be float, got str 'half'"),
+        ({"num_train": True}, "option 'num_train' must be int or None, got bool True"),
+    ],
+)
 def test_option_values_of_the_wrong_type_are_named(options, expected):
     with pytest.raises(ValueError, match=expected.replace("(", r"\(")):
         make_task("gsm8k", **options)
@@ -129,8 +142,9 @@ def test_option_values_of_the_wrong_type_are_named(options, expected):
 def test_the_cli_reports_bad_data_in_one_line_and_writes_nothing(tmp_path):
     data = jsonl(tmp_path, GOOD, b"{broken", name="train.jsonl")
     runs = tmp_path / "runs"
-    result = CliRunner().invoke(app, ["train", "task.name=gsm8k", f"task.options.path={data}",
-                                      f"log.output_dir={runs}"])
+    result = CliRunner().invoke(
+        app, ["train", "task.name=gsm8k", f"task.options.path={data}", f"log.output_dir={runs}"]
+    )
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert result.output.startswith(f"error: gsm8k: {data}, line 2: ") and result.output.count("\n") == 1
     assert not runs.exists()

@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 from tests.helpers.configs import DETERMINISTIC_PPO
 from unipg.cli import app
 from unipg.observe.metrics import read_metrics
-from unipg.tasks.rewards.combine import CombinedReward, RewardFunctionError
 from unipg.tasks.base import make_task
+from unipg.tasks.rewards.combine import CombinedReward, RewardFunctionError
 
 datasets = pytest.importorskip("datasets")
 
@@ -69,16 +69,25 @@ def test_named_splits_parquet_csv_and_save_to_disk_folders(tmp_path):
     for name in ("data.parquet", "data.csv"):
         task = make_task("dataset", path=str(tmp_path / name), test_size=10)
         assert (len(task.train), len(task.test)) == (30, 10)
-    datasets.DatasetDict({"train": table.select(range(35)), "validation": table.select(range(35, 40))}) \
-        .save_to_disk(tmp_path / "saved")
+    datasets.DatasetDict({"train": table.select(range(35)), "validation": table.select(range(35, 40))}).save_to_disk(
+        tmp_path / "saved"
+    )
     saved = make_task("dataset", path=str(tmp_path / "saved"), test_split="validation")
     assert (len(saved.train), len(saved.test)) == (35, 5)
 
 
 def test_a_prompt_column_of_chat_messages_is_kept_as_a_conversation(tmp_path):
     path = tmp_path / "chat.jsonl"
-    rows = [{"messages": [{"role": "system", "content": "Answer with a number."},
-                          {"role": "user", "content": f"{i}+1="}], "answer": str(i + 1)} for i in range(10)]
+    rows = [
+        {
+            "messages": [
+                {"role": "system", "content": "Answer with a number."},
+                {"role": "user", "content": f"{i}+1="},
+            ],
+            "answer": str(i + 1),
+        }
+        for i in range(10)
+    ]
     path.write_text("\n".join(json.dumps(row) for row in rows), encoding="utf-8")
     task = make_task("dataset", path=str(path), columns={"prompt": "messages"}, test_size=2)
     assert task.train[0].prompt[0] == {"role": "system", "content": "Answer with a number."}
@@ -116,14 +125,17 @@ def test_extra_columns_reach_reward_functions_by_name(problems):
         return [float(sorted(kwargs) == ["answer", "carry"])]
 
     scored = CombinedReward.from_callables([(carry_bonus, 1.0), (everything, 1.0)])(
-        [example.prompt], [example.answer], **columns)
+        [example.prompt], [example.answer], **columns
+    )
     assert scored.per_function == {"carry_bonus": [0.5 * example.columns["carry"]], "everything": [1.0]}
 
     def needs_level(prompts, completions, level):
         return [0.0]
 
-    with pytest.raises(RewardFunctionError, match="'needs_level' needs the column\\(s\\) level, which the task does "
-                                                  "not have; its columns: answer, carry"):
+    with pytest.raises(
+        RewardFunctionError,
+        match="'needs_level' needs the column\\(s\\) level, which the task does not have; its columns: answer, carry",
+    ):
         CombinedReward.from_callables([(needs_level, 1.0)])([example.prompt], [example.answer], **columns)
 
 
@@ -131,10 +143,19 @@ def test_extra_columns_reach_reward_functions_by_name(problems):
 def test_unipg_train_on_a_jsonl_with_custom_column_names(problems, embedded_path, tmp_path):
     """`unipg train task.name=dataset task.options.path=... task.options.columns=...` trains a few updates."""
     quick = [item for item in DETERMINISTIC_PPO if not item.startswith("task.")]
-    result = CliRunner().invoke(app, ["train", "task.name=dataset", f"task.options.path={problems}",
-                                      "task.options.columns={prompt: question, answer: result}",
-                                      "task.options.num_test=4", *quick, f"model.name={embedded_path}",
-                                      f"log.output_dir={tmp_path / 'runs'}"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "task.name=dataset",
+            f"task.options.path={problems}",
+            "task.options.columns={prompt: question, answer: result}",
+            "task.options.num_test=4",
+            *quick,
+            f"model.name={embedded_path}",
+            f"log.output_dir={tmp_path / 'runs'}",
+        ],
+    )
     assert result.exit_code == 0, result.output
     run_dir = next((tmp_path / "runs").iterdir())
     steps = [record for record in read_metrics(run_dir) if "train/loss" in record]

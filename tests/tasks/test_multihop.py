@@ -7,7 +7,6 @@ import re
 
 import pytest
 
-from unipg.tasks.rewards.rules import build_rewards
 from unipg.tasks.base import make_task
 from unipg.tasks.multihop import (
     COLLECTION_PATH,
@@ -18,6 +17,7 @@ from unipg.tasks.multihop import (
     generate_world,
     write_collection,
 )
+from unipg.tasks.rewards.rules import build_rewards
 from unipg.tools.base import TOOLS
 from unipg.tools.retrieval import load_documents, tokenize
 
@@ -72,8 +72,10 @@ def test_demonstrations_search_the_person_then_the_town_and_show_the_real_tool_o
     for example in task.train + task.test:
         name = re.fullmatch(r"In which region was (.+) born\?", example.prompt).group(1)
         queries, outputs, final = _parsed(example)
-        assert queries == [{"name": "search", "arguments": {"query": name}},
-                           {"name": "search", "arguments": {"query": town_of[name]}}]
+        assert queries == [
+            {"name": "search", "arguments": {"query": name}},
+            {"name": "search", "arguments": {"query": town_of[name]}},
+        ]
         assert outputs == [search(name), search(town_of[name])]
         # the first result of each search is the right document, so the demonstration is sound
         assert outputs[0] == f"[{name}] {name} was born in {town_of[name]}."
@@ -108,7 +110,8 @@ def test_exact_match_rewards_the_demonstration_and_not_a_wrong_region(task):
     examples = task.test[:4]
     wrong = next(region for region in generate_world().region_kind if region != examples[0].answer)
     completions = [example.solution for example in examples] + [
-        examples[0].solution[:-1] + [{"role": "assistant", "content": f"#### {wrong}"}]]
+        examples[0].solution[:-1] + [{"role": "assistant", "content": f"#### {wrong}"}]
+    ]
     answers = [example.answer for example in examples] + [examples[0].answer]
     prompts = [example.prompt for example in examples] + [examples[0].prompt]
     result = build_rewards(task.rewards)(prompts, completions, answer=answers)

@@ -8,8 +8,8 @@ from typer.testing import CliRunner
 from tests.helpers.configs import DETERMINISTIC_PPO
 from unipg.cli import app
 from unipg.observe.metrics import read_metrics
-from unipg.tasks.rewards.rules import build_rewards
 from unipg.tasks.base import make_task
+from unipg.tasks.rewards.rules import build_rewards
 
 pytest.importorskip("reasoning_gym")
 
@@ -48,10 +48,18 @@ def test_an_unknown_generator_or_setting_says_what_to_fix():
 @pytest.mark.e2e
 def test_unipg_train_on_a_reasoning_gym_generator(embedded_path, tmp_path):
     quick = [item for item in DETERMINISTIC_PPO if not item.startswith("task.")]
-    result = CliRunner().invoke(app, ["train", "task.name=reasoning_gym",
-                                      "task.options={dataset: chain_sum, size: 40, num_test: 4, config: "
-                                      "{min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1}}",
-                                      *quick, f"model.name={embedded_path}", f"log.output_dir={tmp_path / 'runs'}"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "task.name=reasoning_gym",
+            "task.options={dataset: chain_sum, size: 40, num_test: 4, config: "
+            "{min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1}}",
+            *quick,
+            f"model.name={embedded_path}",
+            f"log.output_dir={tmp_path / 'runs'}",
+        ],
+    )
     assert result.exit_code == 0, result.output
     run_dir = next((tmp_path / "runs").iterdir())
     steps = [record for record in read_metrics(run_dir) if "train/loss" in record]

@@ -10,14 +10,14 @@ from typer.testing import CliRunner
 from tests.helpers.configs import tiny_lm_overrides
 from unipg.cli import app
 from unipg.config import load_config
+from unipg.envs.base import TurnInfo, final_answer_reward
 from unipg.observe.doctor import diagnose
+from unipg.observe.rollout_metrics import reward_term_metrics
 from unipg.runtime.lm import train_lm
 from unipg.sample.agent import Trajectory
-from unipg.envs.base import TurnInfo, final_answer_reward
-from unipg.observe.rollout_metrics import reward_term_metrics
+from unipg.tasks.base import Example
 from unipg.tasks.rewards.combine import CombinedReward
 from unipg.tasks.rewards.rules import REWARDS
-from unipg.tasks.base import Example
 
 
 def wrong_column_reward(prompts, completions, **columns):
@@ -43,8 +43,13 @@ def test_the_none_fraction_of_each_reward_function_is_measured_over_scored_answe
     def half(prompts, completions, **columns):
         return [None if completion == "5" else 0.5 for completion in completions]
 
-    reward_fn = CombinedReward([("exact", lambda p, c, **k: [float(x == "4") for x in c], 1.0),
-                                ("wrong_column", wrong_column_reward, 1.0), ("half", half, 1.0)])
+    reward_fn = CombinedReward(
+        [
+            ("exact", lambda p, c, **k: [float(x == "4") for x in c], 1.0),
+            ("wrong_column", wrong_column_reward, 1.0),
+            ("half", half, 1.0),
+        ]
+    )
     trajectories = scored_trajectories(reward_fn, ["4", "5", "4", "4"])
     metrics = reward_term_metrics(trajectories, "rollout")
     assert metrics["rollout/reward_none_fraction/wrong_column"] == 1.0
@@ -54,24 +59,45 @@ def test_the_none_fraction_of_each_reward_function_is_measured_over_scored_answe
 
 
 def test_the_doctor_flags_a_reward_function_that_never_applies_and_names_it():
-    records = [{"step": step, "rollout/reward_none_fraction/math": 0.0,
-                "rollout/reward_none_fraction/wrong_column": 1.0,
-                "rollout/reward_none_fraction/format": 1.0 if step == 3 else 0.2} for step in range(10)]
+    records = [
+        {
+            "step": step,
+            "rollout/reward_none_fraction/math": 0.0,
+            "rollout/reward_none_fraction/wrong_column": 1.0,
+            "rollout/reward_none_fraction/format": 1.0 if step == 3 else 0.2,
+        }
+        for step in range(10)
+    ]
     findings = {finding.metric: finding for finding in diagnose(records, checks=["reward_never_applies"])}
     assert set(findings) == {"rollout/reward_none_fraction/wrong_column", "rollout/reward_none_fraction/format"}
     never = findings["rollout/reward_none_fraction/wrong_column"]
-    assert never.severity == "error" and "'wrong_column' returned None for every completion in 10 of 10" in \
-        never.evidence and "remove it from task.rewards" in never.remedy
+    assert (
+        never.severity == "error"
+        and "'wrong_column' returned None for every completion in 10 of 10" in never.evidence
+        and "remove it from task.rewards" in never.remedy
+    )
     assert findings["rollout/reward_none_fraction/format"].severity == "warning"
 
 
 @pytest.mark.e2e
 def test_a_run_whose_reward_never_applies_warns_once_in_its_log_and_the_doctor_flags_it(embedded_path, tmp_path):
-    config = load_config(None, tiny_lm_overrides(
-        "train.micro_batch_size=8", "sample.max_new_tokens=2", "eval.pass_k=0", "algorithm=grpo",
-        "checkpoint.every_updates=0", "rollback.enabled=false", "train.updates=3",
-        "task.rewards=[{name: math}, {name: wrong_column}]", f"model.name={embedded_path}",
-        f"log.output_dir={tmp_path}", "log.run_name=wrong-column", num_test=4))
+    config = load_config(
+        None,
+        tiny_lm_overrides(
+            "train.micro_batch_size=8",
+            "sample.max_new_tokens=2",
+            "eval.pass_k=0",
+            "algorithm=grpo",
+            "checkpoint.every_updates=0",
+            "rollback.enabled=false",
+            "train.updates=3",
+            "task.rewards=[{name: math}, {name: wrong_column}]",
+            f"model.name={embedded_path}",
+            f"log.output_dir={tmp_path}",
+            "log.run_name=wrong-column",
+            num_test=4,
+        ),
+    )
     lines = []
     train_lm(config, log=lines.append)
     run_dir = tmp_path / "wrong-column"

@@ -95,8 +95,11 @@ def test_expressions_and_refusals():
 
 def test_rewards_read_conversational_completions():
     completion = [{"role": "assistant", "content": "Work... #### 42"}]
-    two_turns = [{"role": "assistant", "content": "#### 1"}, {"role": "user", "content": "again"},
-                 {"role": "assistant", "content": "#### 42"}]
+    two_turns = [
+        {"role": "assistant", "content": "#### 1"},
+        {"role": "user", "content": "again"},
+        {"role": "assistant", "content": "#### 42"},
+    ]
     assert score("math", [completion, two_turns], ["42", "42"]) == [1.0, 1.0]
     assert score("format", [completion, "#### 42 apples"]) == [1.0, 0.0]
 
@@ -132,8 +135,9 @@ def test_build_rewards_passes_columns_and_options():
     result = combined(["q", "q"], ["2 + 2 = 4\n#### 4", "it is 4"], answer=["4", "4"])
     assert result.total == pytest.approx([1.1, 1.0])
     assert combined.names == ["math", "format"]
-    two_lengths = build_rewards([{"name": "length", "options": {"max_length": 5}},
-                                 {"name": "length", "options": {"max_length": 50}}])
+    two_lengths = build_rewards(
+        [{"name": "length", "options": {"max_length": 5}}, {"name": "length", "options": {"max_length": 50}}]
+    )
     assert two_lengths.names == ["length", "length_2"]
 
 
@@ -212,8 +216,15 @@ def tiny_reward_model_path(tmp_path_factory):
     backend = Tokenizer(models.WordLevel({word: i for i, word in enumerate(words)}, unk_token="[UNK]"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", eos_token="</s>")
-    config = LlamaConfig(vocab_size=len(words), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, num_labels=1)
+    config = LlamaConfig(
+        vocab_size=len(words),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        num_labels=1,
+    )
     path = tmp_path_factory.mktemp("tiny_reward_model")
     tokenizer.save_pretrained(path)
     LlamaForSequenceClassification(config).save_pretrained(path)
@@ -245,11 +256,14 @@ def test_a_reward_model_takes_the_runs_device_and_dtype_unless_its_entry_sets_th
     from unipg.tasks.rewards.rules import reward_defaults
 
     defaults = reward_defaults(load_config(None, ["task.name=arithmetic", "device=auto", "dtype=bfloat16"]))
-    (_, model, _), = build_rewards([{"name": "reward_model", "options": {"path": tiny_reward_model_path}}],
-                                   defaults=defaults).functions
+    ((_, model, _),) = build_rewards(
+        [{"name": "reward_model", "options": {"path": tiny_reward_model_path}}], defaults=defaults
+    ).functions
     assert model.model.dtype == torch.bfloat16 and model.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
-    (_, own, _), = build_rewards([{"name": "reward_model", "options": {"path": tiny_reward_model_path, "device": "cpu",
-                                                                     "dtype": "float32"}}], defaults=defaults).functions
+    ((_, own, _),) = build_rewards(
+        [{"name": "reward_model", "options": {"path": tiny_reward_model_path, "device": "cpu", "dtype": "float32"}}],
+        defaults=defaults,
+    ).functions
     assert own.model.dtype == torch.float32 and own.device == torch.device("cpu")
     assert [name for name, _, _ in build_rewards([{"name": "format"}], defaults=defaults).functions] == ["format"]
     on_ray = reward_defaults(load_config(None, ["task.name=arithmetic", "device=auto", "backend=ray"]))

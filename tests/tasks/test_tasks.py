@@ -172,16 +172,23 @@ def test_loader_errors_name_the_file_line_and_what_is_expected(tmp_path):
         make_task("gsm8k", path=str(tmp_path))
 
 
-@pytest.mark.parametrize("name, options, expected", [
-    ("calculator", {"digits": 1}, r"calculator: digits=1 with operations='\*' gives only 100 distinct problems, "
-                                  r"fewer than num_test = 200; lower num_test / num_train or raise digits"),
-    ("calculator", {"digits": 1, "num_test": 100}, "takes them all, leaving none to train on"),
-    ("calculator", {"digits": 1, "num_test": 50, "num_train": 51}, "fewer than num_train \\+ num_test = 101"),
-    ("arithmetic", {"digits": 1, "num_test": 1000}, "arithmetic: digits=1 .* fewer than num_test = 1000"),
-    ("arithmetic", {"digits": 1, "operations": "+", "num_test": 100}, "leaving none to train on"),
-    ("multihop", {"num_test": 10_000}, "multihop: the bundled world .* fewer than num_test = 10000"),
-    ("multihop", {"num_test": 0, "num_train": 10_000}, "fewer than num_train \\+ num_test = 10000"),
-])
+@pytest.mark.parametrize(
+    "name, options, expected",
+    [
+        (
+            "calculator",
+            {"digits": 1},
+            r"calculator: digits=1 with operations='\*' gives only 100 distinct problems, "
+            r"fewer than num_test = 200; lower num_test / num_train or raise digits",
+        ),
+        ("calculator", {"digits": 1, "num_test": 100}, "takes them all, leaving none to train on"),
+        ("calculator", {"digits": 1, "num_test": 50, "num_train": 51}, "fewer than num_train \\+ num_test = 101"),
+        ("arithmetic", {"digits": 1, "num_test": 1000}, "arithmetic: digits=1 .* fewer than num_test = 1000"),
+        ("arithmetic", {"digits": 1, "operations": "+", "num_test": 100}, "leaving none to train on"),
+        ("multihop", {"num_test": 10_000}, "multihop: the bundled world .* fewer than num_test = 10000"),
+        ("multihop", {"num_test": 0, "num_train": 10_000}, "fewer than num_train \\+ num_test = 10000"),
+    ],
+)
 def test_sizes_a_task_cannot_hold_name_the_options_to_change(name, options, expected):
     with pytest.raises(ValueError, match=expected):
         make_task(name, **options)

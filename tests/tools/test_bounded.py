@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from unipg.tools.bounded import IsolatedFunction, parse_number, symbolic_refusal
 from unipg.tasks.rewards.rules import REWARDS, answers_equivalent
+from unipg.tools.bounded import IsolatedFunction, parse_number, symbolic_refusal
 
 GUARD_SECONDS = 30  # only a failure guard: each case below takes milliseconds
 
@@ -45,8 +45,9 @@ print(json.dumps({"scores": scores, "formats": formats, "refused": refused}))
 def test_adversarial_answers_and_expressions_are_refused_quickly():
     root = Path(__file__).resolve().parents[2]
     start = time.monotonic()
-    child = subprocess.run([sys.executable, "-c", ADVERSARIAL], cwd=root, capture_output=True, text=True,
-                           timeout=GUARD_SECONDS + 30)
+    child = subprocess.run(
+        [sys.executable, "-c", ADVERSARIAL], cwd=root, capture_output=True, text=True, timeout=GUARD_SECONDS + 30
+    )
     assert child.returncode == 0, child.stderr
     assert time.monotonic() - start < GUARD_SECONDS
     result = json.loads(child.stdout)
@@ -68,8 +69,7 @@ def test_parse_number_refuses_numbers_too_large_to_build():
     assert parse_number("x") is None
 
 
-@pytest.mark.parametrize("text", ["9^9^9", "2^{3^4}", "2**2**2", "10^{1000}", "2^{1e9}", "1000!", "(n)!",
-                                  "x" * 301])
+@pytest.mark.parametrize("text", ["9^9^9", "2^{3^4}", "2**2**2", "10^{1000}", "2^{1e9}", "1000!", "(n)!", "x" * 301])
 def test_symbolic_refusal_names_towers_large_exponents_and_factorials(text):
     assert symbolic_refusal(text) is not None
 

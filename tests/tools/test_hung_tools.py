@@ -26,8 +26,7 @@ def echo(text: str) -> str:
 
 def service_with(max_threads: int = 64, **rates) -> EnvironmentService:
     tools = build_tools([{"name": "faulty", "options": {"tool": "calculator", "hang_seconds": 60, **rates}}])
-    return EnvironmentService({**tools, "echo": echo}, timeout=0.2, retries=0, backoff=0.01,
-                              max_threads=max_threads)
+    return EnvironmentService({**tools, "echo": echo}, timeout=0.2, retries=0, backoff=0.01, max_threads=max_threads)
 
 
 def test_more_blocked_sync_calls_than_threads_all_time_out_and_a_later_call_succeeds():
@@ -35,8 +34,7 @@ def test_more_blocked_sync_calls_than_threads_all_time_out_and_a_later_call_succ
     service = service_with(max_threads=threads, hang_sync_rate=1.0)
 
     async def calls():
-        hung = await asyncio.gather(*(service.call("calculator", {"expression": f"{n}+1"})
-                                      for n in range(threads + 1)))
+        hung = await asyncio.gather(*(service.call("calculator", {"expression": f"{n}+1"}) for n in range(threads + 1)))
         return hung, await service.call("echo", {"text": "still here"})
 
     start = time.monotonic()
@@ -50,8 +48,9 @@ def test_more_blocked_sync_calls_than_threads_all_time_out_and_a_later_call_succ
 
 
 def test_an_async_call_that_swallows_cancellation_times_out_on_time():
-    tools = build_tools([{"name": "faulty", "options": {"tool": "calculator", "hang_uncancellable_rate": 1.0,
-                                                        "hang_seconds": 2.0}}])
+    tools = build_tools(
+        [{"name": "faulty", "options": {"tool": "calculator", "hang_uncancellable_rate": 1.0, "hang_seconds": 2.0}}]
+    )
     service = EnvironmentService(tools, timeout=0.2, retries=1, backoff=0.01, failure_penalty=0.5)
 
     async def timed_call():
@@ -87,7 +86,13 @@ def test_the_process_exits_with_a_sync_tool_still_hung():
 
 def test_hang_kinds_are_checked():
     with pytest.raises(ValueError, match="cannot be combined"):
-        build_tools([{"name": "faulty", "options": {"tool": "calculator", "hang_sync_rate": 0.1,
-                                                    "hang_uncancellable_rate": 0.1}}])
+        build_tools(
+            [
+                {
+                    "name": "faulty",
+                    "options": {"tool": "calculator", "hang_sync_rate": 0.1, "hang_uncancellable_rate": 0.1},
+                }
+            ]
+        )
     with pytest.raises(ValueError, match="hang_sync_rate must be in"):
         build_tools([{"name": "faulty", "options": {"tool": "calculator", "hang_sync_rate": 1.5}}])

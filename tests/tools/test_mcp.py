@@ -6,19 +6,19 @@ import sys
 
 import pytest
 
-from unipg.config import ConfigError, load_config
-from unipg.policy.chat import TurnTemplate
-from unipg.policy.embedded import build_tokenizer
-from unipg.sample.agent import AgentLoop
-from unipg.envs import EnvironmentService
-from unipg.envs.service import build_tools, close_tools
-from unipg.envs.tool_env import ToolEnv
-from unipg.tasks.rewards.rules import build_rewards
-from unipg.tasks.base import Example
-from unipg.sample.validate import check_sample_options
 from tests.helpers.mcp import server_pids, server_spec
 from tests.helpers.processes import is_running
 from tests.helpers.scripted import ScriptedEngine
+from unipg.config import ConfigError, load_config
+from unipg.envs import EnvironmentService
+from unipg.envs.service import build_tools, close_tools
+from unipg.envs.tool_env import ToolEnv
+from unipg.policy.chat import TurnTemplate
+from unipg.policy.embedded import build_tokenizer
+from unipg.sample.agent import AgentLoop
+from unipg.sample.validate import check_sample_options
+from unipg.tasks.base import Example
+from unipg.tasks.rewards.rules import build_rewards
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +65,14 @@ def test_an_agent_episode_calls_the_server_and_gets_the_result_as_its_observatio
     call = '<tool_call>{"name": "add", "arguments": {"a": 19, "b": 23}}</tool_call>'
     engine = ScriptedEngine(tokenizer, [call, "The sum is 42."], keep_stop=("</tool_call>",))
     template = TurnTemplate(tokenizer)
-    loop = AgentLoop(engine, template, lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
-                     max_turns=3, max_new_tokens=64, max_total_tokens=400)
+    loop = AgentLoop(
+        engine,
+        template,
+        lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
+        max_turns=3,
+        max_new_tokens=64,
+        max_total_tokens=400,
+    )
     env = ToolEnv(build_rewards([{"name": "math"}]), service)
     example = Example("<|user|>What is 19+23?<|end|><|assistant|>", "42", "", {"answer": "42"})
     try:
@@ -93,8 +99,15 @@ def test_a_server_that_never_answers_is_stopped_after_the_startup_timeout(tmp_pa
     pid_file = tmp_path / "server.pid"
     silent = f"import os, time; open({str(pid_file)!r}, 'a').write(f'{{os.getpid()}}\\n'); time.sleep(120)"
     with pytest.raises(ValueError, match="did not answer within 2 s"):
-        build_tools([{"name": "mcp", "server": {"command": sys.executable, "args": ["-c", silent]},
-                      "options": {"startup_timeout": 2}}])
+        build_tools(
+            [
+                {
+                    "name": "mcp",
+                    "server": {"command": sys.executable, "args": ["-c", silent]},
+                    "options": {"startup_timeout": 2},
+                }
+            ]
+        )
     assert not any(is_running(pid) for pid in server_pids(pid_file))
 
 
@@ -111,14 +124,21 @@ def test_the_config_checks_the_server_settings():
 def test_the_config_refuses_a_server_that_would_not_offer_a_tool_the_demonstrations_call():
     """The calculator task's demonstrations call ``calculator``: a server configured to offer only ``add`` would
     leave those calls without a tool, and one without include cannot be checked before it starts."""
+
     def check(*specs: dict) -> None:
         check_sample_options(load_config(None, ["task.name=calculator", f"task.tools={json.dumps(list(specs))}"]))
 
-    with pytest.raises(ConfigError, match=r"the demonstrations of task 'calculator' call calculator, which task.tools "
-                                          r"does not offer \(it offers add\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"the demonstrations of task 'calculator' call calculator, which task.tools "
+        r"does not offer \(it offers add\)",
+    ):
         check(server_spec(include=["add"]))
-    with pytest.raises(ConfigError, match=r"task.tools\[0\] \(mcp\) offers what its server lists; name the tools in "
-                                          r"its include option \(e.g. include: \[calculator\]\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"task.tools\[0\] \(mcp\) offers what its server lists; name the tools in "
+        r"its include option \(e.g. include: \[calculator\]\)",
+    ):
         check(server_spec())
     check(server_spec(include=["add"]), {"name": "calculator"})  # offered beside the server's: accepted, not started
 

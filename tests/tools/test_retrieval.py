@@ -69,11 +69,14 @@ def _write_collection(path, documents):
 
 
 def test_search_tool_returns_title_and_text_of_the_top_k(tmp_path):
-    path = _write_collection(tmp_path / "fruit.jsonl", [
-        {"id": "1", "title": "Apples", "text": "Apples grow on trees."},
-        {"id": "2", "title": "Bananas", "text": "Bananas grow in bunches; apples do not."},
-        {"id": "3", "title": "Cherries", "text": "Cherries are red."},
-    ])
+    path = _write_collection(
+        tmp_path / "fruit.jsonl",
+        [
+            {"id": "1", "title": "Apples", "text": "Apples grow on trees."},
+            {"id": "2", "title": "Bananas", "text": "Bananas grow in bunches; apples do not."},
+            {"id": "3", "title": "Cherries", "text": "Cherries are red."},
+        ],
+    )
     search = search_tool(collection=str(path), k=2).function
     assert search("apples") == "[Apples] Apples grow on trees.\n[Bananas] Bananas grow in bunches; apples do not."
     assert search("cherries") == "[Cherries] Cherries are red."

@@ -17,8 +17,7 @@ from unipg.tools.sandbox import MAX_FILE_BYTES, run_python, run_python_async
 
 
 def test_prints_are_captured_and_an_exception_is_reported_with_its_type():
-    result = run_python("import sys\nprint('hello', 6 * 7)\nprint('to stderr', file=sys.stderr)\n1 / 0",
-                        timeout=2)
+    result = run_python("import sys\nprint('hello', 6 * 7)\nprint('to stderr', file=sys.stderr)\n1 / 0", timeout=2)
     assert result.output == "hello 42\nto stderr\n"
     assert not result.ok and not result.timed_out
     assert result.error == "ZeroDivisionError: division by zero"
@@ -34,8 +33,11 @@ def test_working_directory_is_fresh_private_and_removed_afterwards():
 
 
 def test_the_trainers_environment_variables_cannot_be_seen_from_inside(monkeypatch):
-    secrets = {"WANDB_API_KEY": "wandb-sentinel-7f3a", "OPENAI_API_KEY": "openai-sentinel-9c1e",
-               "UNIPG_SANDBOX_SECRET": "unipg-sentinel-2b4d"}
+    secrets = {
+        "WANDB_API_KEY": "wandb-sentinel-7f3a",
+        "OPENAI_API_KEY": "openai-sentinel-9c1e",
+        "UNIPG_SANDBOX_SECRET": "unipg-sentinel-2b4d",
+    }
     for name, value in secrets.items():
         monkeypatch.setenv(name, value)
     code = """
@@ -80,8 +82,18 @@ for name, attempt in attempts.items():
 """
     result = run_python(code, timeout=2)
     assert result.ok, result.error
-    assert result.output.split() == ["open", "refused", "os.open", "refused", "mkdir", "refused",
-                                     "symlink", "refused", "relative", "refused"]
+    assert result.output.split() == [
+        "open",
+        "refused",
+        "os.open",
+        "refused",
+        "mkdir",
+        "refused",
+        "symlink",
+        "refused",
+        "relative",
+        "refused",
+    ]
     assert list(tmp_path.iterdir()) == []
 
 
@@ -135,8 +147,7 @@ print(open("notes.txt").read(), os.listdir("."), len(os.urandom(4)))
 
 def test_network_is_refused_and_nothing_arrives_over_tcp_udp_or_unix_sockets(tmp_path):
     unix_path = str(tmp_path / "trainer.sock")
-    with socket.socket() as tcp, socket.socket(type=socket.SOCK_DGRAM) as udp, \
-            socket.socket(socket.AF_UNIX) as unix:
+    with socket.socket() as tcp, socket.socket(type=socket.SOCK_DGRAM) as udp, socket.socket(socket.AF_UNIX) as unix:
         tcp.bind(("127.0.0.1", 0))
         tcp.listen(1)
         udp.bind(("127.0.0.1", 0))
@@ -169,8 +180,20 @@ for name, attempt in attempts.items():
         with pytest.raises(socket.timeout):
             unix.accept()
     assert result.ok, result.error
-    assert result.output.split() == ["tcp", "refused", "tcp-raw", "refused", "udp", "refused", "unix", "refused",
-                                     "socketpair", "refused", "dns", "refused"]
+    assert result.output.split() == [
+        "tcp",
+        "refused",
+        "tcp-raw",
+        "refused",
+        "udp",
+        "refused",
+        "unix",
+        "refused",
+        "socketpair",
+        "refused",
+        "dns",
+        "refused",
+    ]
 
 
 def test_processes_and_ctypes_cannot_be_used_to_escape(tmp_path):
@@ -204,11 +227,26 @@ for name, attempt in attempts.items():
 """
     result = run_python(code, timeout=2)
     assert result.ok, result.error
-    assert result.output.split() == ["subprocess", "PermissionError", "system", "PermissionError",
-                                     "posix_spawn", "PermissionError", "fork", "PermissionError",
-                                     "forkpty", "PermissionError", "fork_exec", "PermissionError",
-                                     "multiprocessing", "PermissionError", "process_pool", "PermissionError",
-                                     "ctypes", "ImportError"]
+    assert result.output.split() == [
+        "subprocess",
+        "PermissionError",
+        "system",
+        "PermissionError",
+        "posix_spawn",
+        "PermissionError",
+        "fork",
+        "PermissionError",
+        "forkpty",
+        "PermissionError",
+        "fork_exec",
+        "PermissionError",
+        "multiprocessing",
+        "PermissionError",
+        "process_pool",
+        "PermissionError",
+        "ctypes",
+        "ImportError",
+    ]
     assert not os.path.exists(marker)
 
 
@@ -276,8 +314,10 @@ for name, attempt in attempts.items():
 def test_an_infinite_loop_is_killed_at_the_timeout_and_leaves_no_process_behind():
     psutil = pytest.importorskip("psutil")
     start = time.monotonic()
-    code = ("import os\nprint('started', os.getpid(), os.getpgid(0), os.getsid(0), os.getcwd(), flush=True)\n"
-            "while True:\n    pass")
+    code = (
+        "import os\nprint('started', os.getpid(), os.getpgid(0), os.getsid(0), os.getcwd(), flush=True)\n"
+        "while True:\n    pass"
+    )
     result = run_python(code, timeout=1)
     elapsed = time.monotonic() - start
     assert result.timed_out and not result.ok
@@ -398,9 +438,11 @@ def test_python_tool_has_a_code_parameter_and_returns_strings():
     assert "print" in schema["description"]
 
     async def calls():
-        return (await python.function(code="print(2 ** 10)"),
-                await python.function(code="print('partial', end='')\nraise ValueError('bad input')"),
-                await python.function(code="x = 1"))
+        return (
+            await python.function(code="print(2 ** 10)"),
+            await python.function(code="print('partial', end='')\nraise ValueError('bad input')"),
+            await python.function(code="x = 1"),
+        )
 
     success, failure, silent = asyncio.run(calls())
     assert success == "1024\n"

@@ -14,8 +14,9 @@ from unipg.tools.base import TOOLS
 from unipg.tools.bubblewrap import MISSING, bwrap_command, kernel_isolation_available
 from unipg.tools.sandbox import run_python
 
-needs_bwrap = pytest.mark.skipif(not kernel_isolation_available(),
-                                 reason="needs bubblewrap (apt-get install bubblewrap) able to create namespaces")
+needs_bwrap = pytest.mark.skipif(
+    not kernel_isolation_available(), reason="needs bubblewrap (apt-get install bubblewrap) able to create namespaces"
+)
 
 # switches the audit hook off through the object graph: every cell of its closure becomes harmless
 DISABLE_HOOK = """
@@ -75,7 +76,9 @@ def test_disabling_the_audit_hook_opens_nothing(tmp_path):
     listener.bind(("127.0.0.1", 0))
     listener.listen()
     listener.setblocking(False)
-    code = DISABLE_HOOK + f"""
+    code = (
+        DISABLE_HOOK
+        + f"""
 import os, socket, subprocess
 for name, action in [("passwd", lambda: open("/etc/passwd").read()),
                      ("shell", lambda: subprocess.run(["/bin/sh", "-c", "cat /etc/passwd"], check=True)),
@@ -87,6 +90,7 @@ for name, action in [("passwd", lambda: open("/etc/passwd").read()),
     except Exception as error:
         print(name, "refused", type(error).__name__)
 """
+    )
     try:
         output = attempt(code)
         with pytest.raises(BlockingIOError):
@@ -101,7 +105,9 @@ for name, action in [("passwd", lambda: open("/etc/passwd").read()),
 @needs_bwrap
 @pytest.mark.parametrize("parent_loops", [False, True])
 def test_a_forked_and_detached_grandchild_dies_with_the_call(parent_loops):
-    code = DISABLE_HOOK + f"""
+    code = (
+        DISABLE_HOOK
+        + f"""
 import os, time
 print(os.getcwd(), flush=True)
 if os.fork() == 0:
@@ -118,6 +124,7 @@ if os.fork() == 0:
 while {parent_loops}:
     pass
 """
+    )
     start = time.monotonic()
     result = run_python(code, timeout=3)
     workdir = result.output.split()[0]
@@ -129,7 +136,9 @@ while {parent_loops}:
 @needs_bwrap
 def test_host_processes_the_package_and_system_files_are_out_of_reach():
     package = os.path.dirname(unipg.__file__)
-    code = DISABLE_HOOK + f"""
+    code = (
+        DISABLE_HOOK
+        + f"""
 import os
 for name, action in [("trainer environ", lambda: open("/proc/{os.getpid()}/environ").read()),
                      ("init environ", lambda: "PYTHONPATH" in open("/proc/1/environ").read() or None),
@@ -142,6 +151,7 @@ for name, action in [("trainer environ", lambda: open("/proc/{os.getpid()}/envir
         print(name, "refused", type(error).__name__, flush=True)
 print("uid", os.getuid(), "pid", os.getpid())
 """
+    )
     output = attempt(code)
     for name in ("trainer environ", "init environ", "package", "etc"):
         assert f"{name} refused" in output, output

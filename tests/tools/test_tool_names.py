@@ -96,12 +96,19 @@ def test_faulty_offers_the_wrapped_tools_name_and_two_tools_of_one_name_are_refu
 
 
 def test_a_faulty_tool_the_demonstrations_do_not_call_is_refused_at_load():
-    with pytest.raises(ConfigError, match=r"the demonstrations of task 'calculator' call calculator, which task.tools "
-                                          r"does not offer \(it offers python\)"):
-        unipg.load_config(None, overrides=["task.name=calculator",
-                                           "task.tools=[{name: faulty, options: {tool: python, raise_rate: 0.1}}]"])
-    unipg.load_config(None, overrides=["task.name=calculator",
-                                       "task.tools=[{name: faulty, options: {tool: calculator, raise_rate: 0.1}}]"])
+    with pytest.raises(
+        ConfigError,
+        match=r"the demonstrations of task 'calculator' call calculator, which task.tools "
+        r"does not offer \(it offers python\)",
+    ):
+        unipg.load_config(
+            None,
+            overrides=["task.name=calculator", "task.tools=[{name: faulty, options: {tool: python, raise_rate: 0.1}}]"],
+        )
+    unipg.load_config(
+        None,
+        overrides=["task.name=calculator", "task.tools=[{name: faulty, options: {tool: calculator, raise_rate: 0.1}}]"],
+    )
 
 
 def add_numbers(a: int, b: int) -> str:

@@ -46,13 +46,16 @@ def test_the_schema_is_the_one_transformers_builds_for_chat_templates():
         return ""
 
     expected = get_json_schema(convert)
-    assert tool(convert).schema() == {"type": "function", "function": {
-        key: expected["function"][key] for key in ("name", "description", "parameters")}}
+    assert tool(convert).schema() == {
+        "type": "function",
+        "function": {key: expected["function"][key] for key in ("name", "description", "parameters")},
+    }
     assert expected["function"]["parameters"]["properties"]["unit"]["enum"] == ["km", "mi"]
 
 
 def test_parameters_without_a_type_are_rejected_at_definition():
     with pytest.raises(TypeError, match="tool parameters must be annotated.*missing a type hint"):
+
         @tool
         def bad(value) -> str:
             return ""
@@ -69,15 +72,32 @@ def test_arguments_without_a_description_are_accepted_without_one():
     assert echo.required == ["text"]
 
 
-@pytest.mark.parametrize("expression, result", [("4738*29", "137402"), ("7/3", "2.333333"), ("-(3+4)*2", "-14"),
-                                                ("2**10", "1024"), ("1e3+1", "1001"), ("10//3 + 10%3", "4")])
+@pytest.mark.parametrize(
+    "expression, result",
+    [
+        ("4738*29", "137402"),
+        ("7/3", "2.333333"),
+        ("-(3+4)*2", "-14"),
+        ("2**10", "1024"),
+        ("1e3+1", "1001"),
+        ("10//3 + 10%3", "4"),
+    ],
+)
 def test_calculator_is_exact(expression, result):
     assert calculator(expression) == result
 
 
-@pytest.mark.parametrize("expression, problem", [("9**9**9", "exponents"), ("__import__('os')", "not allowed"),
-                                                 ("1/0", "division by zero"), ("2+", "cannot parse"),
-                                                 ("x*2", "not allowed"), ("1" * 300, "longer than")])
+@pytest.mark.parametrize(
+    "expression, problem",
+    [
+        ("9**9**9", "exponents"),
+        ("__import__('os')", "not allowed"),
+        ("1/0", "division by zero"),
+        ("2+", "cannot parse"),
+        ("x*2", "not allowed"),
+        ("1" * 300, "longer than"),
+    ],
+)
 def test_calculator_refuses_what_it_cannot_do_safely(expression, problem):
     with pytest.raises(ToolError, match=problem):
         calculator(expression)

@@ -78,8 +78,10 @@ def json_bytes(value, what: str) -> bytes:
     try:
         return json.dumps(value, indent=1, sort_keys=True).encode()
     except (TypeError, ValueError) as error:
-        raise TypeError(f"the checkpoint {what} must be JSON-serializable ({error}); put tensors in a tensor "
-                        "group and encode RNG states with rng_state()/generator_state()") from None
+        raise TypeError(
+            f"the checkpoint {what} must be JSON-serializable ({error}); put tensors in a tensor "
+            "group and encode RNG states with rng_state()/generator_state()"
+        ) from None
 
 
 # --- tensor groups -----------------------------------------------------------------------------------
@@ -98,8 +100,10 @@ def _storable(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor]
     users_of_storage: dict[tuple, int] = {}
     for name, tensor in tensors.items():
         if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"tensor group entry {name!r} is a {type(tensor).__name__}, not a torch.Tensor; "
-                            "put non-tensor values in the JSON state instead")
+            raise TypeError(
+                f"tensor group entry {name!r} is a {type(tensor).__name__}, not a torch.Tensor; "
+                "put non-tensor values in the JSON state instead"
+            )
         tensor = tensor.detach()
         if tensor.numel() == 0:  # empty tensors have no memory to share
             stored[name] = tensor.cpu()
@@ -122,9 +126,14 @@ def _storable(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor]
     return stored, aliases
 
 
-def write_checkpoint_files(directory: Path, step: int, tensors: dict[str, dict[str, torch.Tensor]],
-                            state_bytes: bytes, metrics: dict[str, float], extra_files: dict[str, bytes] | None = None
-                            ) -> None:
+def write_checkpoint_files(
+    directory: Path,
+    step: int,
+    tensors: dict[str, dict[str, torch.Tensor]],
+    state_bytes: bytes,
+    metrics: dict[str, float],
+    extra_files: dict[str, bytes] | None = None,
+) -> None:
     """Every file of a checkpoint into ``directory``, each fsynced; the manifest last. ``extra_files`` (name →
     contents, e.g. an adapter's ``adapter_config.json``) are written and checksummed beside the tensors."""
     for name, data in (extra_files or {}).items():
@@ -138,10 +147,14 @@ def write_checkpoint_files(directory: Path, step: int, tensors: dict[str, dict[s
         groups[group] = {"file": file.name, "aliases": aliases}
         del stored  # a group's CPU copies need not outlive its file
     _write_durably(directory / STATE_FILE, state_bytes)
-    files = {path.name: {"bytes": path.stat().st_size, "sha256": _sha256(path)}
-             for path in sorted(directory.iterdir())}
-    manifest = {"format_version": FORMAT_VERSION, "step": step, "metrics": metrics, "files": files,
-                "tensor_groups": groups}
+    files = {path.name: {"bytes": path.stat().st_size, "sha256": _sha256(path)} for path in sorted(directory.iterdir())}
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "step": step,
+        "metrics": metrics,
+        "files": files,
+        "tensor_groups": groups,
+    }
     _write_durably(directory / MANIFEST_FILE, json_bytes(manifest, "manifest"))
 
 
@@ -149,16 +162,20 @@ def write_checkpoint_files(directory: Path, step: int, tensors: dict[str, dict[s
 
 
 def _corrupted(path: Path, problem: str) -> ValueError:
-    return ValueError(f"checkpoint {path} is corrupted or incomplete: {problem}; load an older checkpoint "
-                      "(CheckpointStore.latest() skips corrupted ones)")
+    return ValueError(
+        f"checkpoint {path} is corrupted or incomplete: {problem}; load an older checkpoint "
+        "(CheckpointStore.latest() skips corrupted ones)"
+    )
 
 
 def read_manifest(path: Path) -> dict:
     path = Path(path)
     if not path.is_dir():
         problem = "is a file, not a checkpoint folder" if path.exists() else "does not exist"
-        raise ValueError(f"checkpoint {path} {problem}; pass a step-<number> folder written by "
-                         "CheckpointStore.save (CheckpointStore(root).list() lists them)")
+        raise ValueError(
+            f"checkpoint {path} {problem}; pass a step-<number> folder written by "
+            "CheckpointStore.save (CheckpointStore(root).list() lists them)"
+        )
     manifest_file = path / MANIFEST_FILE
     if not manifest_file.is_file():
         raise _corrupted(path, f"{manifest_file.name} is missing")
@@ -171,8 +188,10 @@ def read_manifest(path: Path) -> dict:
     if not isinstance(manifest, dict) or not isinstance(manifest.get("format_version"), int):
         raise _corrupted(path, f"{manifest_file.name} is not an object with an integer format_version")
     if manifest["format_version"] > FORMAT_VERSION:
-        raise ValueError(f"checkpoint {path} has format version {manifest['format_version']}; this code reads "
-                         f"versions up to {FORMAT_VERSION}: load it with a newer unipg")
+        raise ValueError(
+            f"checkpoint {path} has format version {manifest['format_version']}; this code reads "
+            f"versions up to {FORMAT_VERSION}: load it with a newer unipg"
+        )
     problem = _manifest_problem(manifest)
     if problem:
         raise _corrupted(path, f"{manifest_file.name} {problem}")
@@ -226,8 +245,11 @@ def _check_contents(path: Path, manifest: dict) -> None:
             raise _corrupted(path, f"{entry['file']} is not a readable safetensors file ({error})") from None
         for alias, stored_name in entry["aliases"].items():
             if stored_name not in names:
-                raise _corrupted(path, f"alias {alias!r} of tensor group {group!r} names {stored_name!r}, which "
-                                       f"{entry['file']} does not hold")
+                raise _corrupted(
+                    path,
+                    f"alias {alias!r} of tensor group {group!r} names {stored_name!r}, which "
+                    f"{entry['file']} does not hold",
+                )
     try:
         json.loads((path / STATE_FILE).read_bytes())
     except (ValueError, RecursionError) as error:
@@ -260,8 +282,10 @@ def tensor_mismatch(saved: dict[str, torch.Tensor], expected: dict[str, torch.Te
     problems = []
     if reshaped:
         name = reshaped[0]
-        problems.append(f"{len(reshaped)} tensor(s) differ in shape, e.g. {name} is {tuple(saved[name].shape)} in "
-                        f"the checkpoint and {tuple(expected[name].shape)} in the model")
+        problems.append(
+            f"{len(reshaped)} tensor(s) differ in shape, e.g. {name} is {tuple(saved[name].shape)} in "
+            f"the checkpoint and {tuple(expected[name].shape)} in the model"
+        )
     if missing:
         problems.append(f"{len(missing)} tensor(s) of the model are not in the checkpoint, e.g. {missing[0]}")
     if unexpected:

@@ -39,11 +39,23 @@ class GymLearner(Protocol):
 class GymCheckpointer:
     """Saves and restores a gym run's objects under ``run_dir/checkpoints``; the driver passes its counters."""
 
-    def __init__(self, run_dir: Path, settings: CheckpointConfig, env_id: str, policy: MLPActorCritic,
-                 learner: GymLearner, rollout: GymRollout, replay_random=None):
+    def __init__(
+        self,
+        run_dir: Path,
+        settings: CheckpointConfig,
+        env_id: str,
+        policy: MLPActorCritic,
+        learner: GymLearner,
+        rollout: GymRollout,
+        replay_random=None,
+    ):
         """``replay_random``: the replay buffer's ``random.Random``, saved and restored with the run."""
-        self.store = CheckpointStore(run_dir / CHECKPOINT_DIR, keep_last=settings.keep_last,
-                                     keep_best=int(settings.keep_best), best_metric=settings.best_metric)
+        self.store = CheckpointStore(
+            run_dir / CHECKPOINT_DIR,
+            keep_last=settings.keep_last,
+            keep_best=int(settings.keep_best),
+            best_metric=settings.best_metric,
+        )
         self.every_updates = settings.every_updates
         self.env_id, self.policy, self.learner, self.rollout = env_id, policy, learner, rollout
         self.replay_random = replay_random
@@ -52,19 +64,34 @@ class GymCheckpointer:
         """Whether ``update`` saves: every ``checkpoint.every_updates`` updates, and the last one."""
         return last or (self.every_updates > 0 and update % self.every_updates == 0)
 
-    def save(self, update: int, run_state: dict, *, pending: list[tuple[dict, torch.Tensor, torch.Tensor]],
-             metrics: dict[str, float]) -> Path:
+    def save(
+        self,
+        update: int,
+        run_state: dict,
+        *,
+        pending: list[tuple[dict, torch.Tensor, torch.Tensor]],
+        metrics: dict[str, float],
+    ) -> Path:
         """A checkpoint after ``update``; ``run_state``: the driver's JSON counters; ``pending``: runtime figures
         (record, ages, masks) not logged yet; ``metrics``: this update's evaluation, which ranks it."""
         optimizer, learner_state = self.learner.checkpoint()
         tensors = {"policy": self.policy.state_dict(), "optimizer": optimizer}
         if pending:
-            tensors["pending"] = {f"{kind}.{index}": tensor.contiguous() for index, (_, ages, masks) in enumerate(pending)
-                                  for kind, tensor in (("age", ages), ("mask", masks))}
-        state = {"update": update, "env_id": self.env_id, "run": run_state, "learner": learner_state,
-                 "rollout": self.rollout.state_dict(), "rng": rng_state(),
-                 "pending": [record for record, _, _ in pending],
-                 "replay_random": _random_state(self.replay_random)}
+            tensors["pending"] = {
+                f"{kind}.{index}": tensor.contiguous()
+                for index, (_, ages, masks) in enumerate(pending)
+                for kind, tensor in (("age", ages), ("mask", masks))
+            }
+        state = {
+            "update": update,
+            "env_id": self.env_id,
+            "run": run_state,
+            "learner": learner_state,
+            "rollout": self.rollout.state_dict(),
+            "rng": rng_state(),
+            "pending": [record for record, _, _ in pending],
+            "replay_random": _random_state(self.replay_random),
+        }
         return self.store.save(update, tensors, state, metrics=metrics)
 
     def restore(self, checkpoint: Checkpoint) -> tuple[dict, list[tuple[dict, torch.Tensor, torch.Tensor]]]:
@@ -84,13 +111,16 @@ class GymCheckpointer:
                 version, internal, gauss = state["replay_random"]
                 self.replay_random.setstate((version, tuple(internal), gauss))
             saved = checkpoint.tensors.get("pending", {})
-            pending = [(record, saved[f"age.{index}"], saved[f"mask.{index}"])
-                       for index, record in enumerate(state["pending"])]
+            pending = [
+                (record, saved[f"age.{index}"], saved[f"mask.{index}"]) for index, record in enumerate(state["pending"])
+            ]
             return state["run"], pending
         except (KeyError, TypeError, ValueError, RuntimeError) as error:
-            raise ValueError(f"checkpoint {checkpoint.path} does not fit this run ({type(error).__name__}: "
-                             f"{str(error).splitlines()[0] if str(error) else error!r}); resume with the run's own "
-                             "config.yaml, leaving env.*, policy.* and the algorithm as they were") from None
+            raise ValueError(
+                f"checkpoint {checkpoint.path} does not fit this run ({type(error).__name__}: "
+                f"{str(error).splitlines()[0] if str(error) else error!r}); resume with the run's own "
+                "config.yaml, leaving env.*, policy.* and the algorithm as they were"
+            ) from None
 
 
 def _random_state(generator) -> list | None:

@@ -34,6 +34,7 @@ class Resumable(Protocol):
 
     def load_state(self, state: dict) -> None: ...
 
+
 CHECKPOINT_DIR = "checkpoints"
 
 
@@ -46,16 +47,36 @@ class LMCheckpointer:
     and ``adapter_config.json``), so the checkpoint folder loads with ``PeftModel.from_pretrained``.
     """
 
-    def __init__(self, run_dir: Path, settings: CheckpointConfig, model_name: str, policy: LMPolicy,
-                 learner: LMLearner, sampler: Resumable, generator: torch.Generator):
+    def __init__(
+        self,
+        run_dir: Path,
+        settings: CheckpointConfig,
+        model_name: str,
+        policy: LMPolicy,
+        learner: LMLearner,
+        sampler: Resumable,
+        generator: torch.Generator,
+    ):
         """``settings``: section ``checkpoint``; ``model_name``: the configured model, which is the reference."""
-        self.store = CheckpointStore(run_dir / CHECKPOINT_DIR, keep_last=settings.keep_last,
-                                     keep_best=int(settings.keep_best), best_metric=settings.best_metric)
+        self.store = CheckpointStore(
+            run_dir / CHECKPOINT_DIR,
+            keep_last=settings.keep_last,
+            keep_best=int(settings.keep_best),
+            best_metric=settings.best_metric,
+        )
         self.model_name, self.policy, self.learner = model_name, policy, learner
         self.sampler, self.generator = sampler, generator
 
-    def save(self, update: int, *, samples: int, train_seconds: float, history: list[tuple[int, dict[str, float]]],
-             metrics: dict[str, float], episodes: dict[str, int] | None = None) -> Path:
+    def save(
+        self,
+        update: int,
+        *,
+        samples: int,
+        train_seconds: float,
+        history: list[tuple[int, dict[str, float]]],
+        metrics: dict[str, float],
+        episodes: dict[str, int] | None = None,
+    ) -> Path:
         """A checkpoint of the run after ``update``; ``metrics`` (this update's evaluation, if any) rank it;
         ``episodes``: the rollout's episode counts, which a resumed run continues (None: the rollout keeps none)."""
         optimizer, learner_state = self.learner.checkpoint()
@@ -69,10 +90,18 @@ class LMCheckpointer:
             tensors["value_head"] = self.policy.value_head.state_dict()
         if self.policy.critic is not None:
             tensors["critic"] = self.policy.critic.state_dict()
-        state = {"update": update, "policy_version": update, "samples": samples, "train_seconds": train_seconds,
-                 "eval_history": [[at, evaluation] for at, evaluation in history], "learner": learner_state,
-                 "sampler": self.sampler.state(), "rollout_generator": generator_state(self.generator),
-                 "rng": rng_state(), "reference_model": self.model_name}
+        state = {
+            "update": update,
+            "policy_version": update,
+            "samples": samples,
+            "train_seconds": train_seconds,
+            "eval_history": [[at, evaluation] for at, evaluation in history],
+            "learner": learner_state,
+            "sampler": self.sampler.state(),
+            "rollout_generator": generator_state(self.generator),
+            "rng": rng_state(),
+            "reference_model": self.model_name,
+        }
         if episodes is not None:
             state["episodes"] = episodes
         path = self.store.save(update, tensors, state, metrics=metrics, extra_files=extra_files)
@@ -104,10 +133,12 @@ class LMCheckpointer:
                 module.load_state_dict(checkpoint.tensors[group])
             self.learner.restore(checkpoint.tensors["optimizer"], state["learner"])
         except (RuntimeError, KeyError, ValueError, TypeError) as error:
-            raise ValueError(f"checkpoint {checkpoint.path} does not fit the configured model: it was written for "
-                             f"{state.get('reference_model', 'an unrecorded model')}, the configuration asks for "
-                             f"{self.model_name} ({str(error).splitlines()[0]}); resume with the run's own "
-                             "config.yaml, leaving model.* as it was") from None
+            raise ValueError(
+                f"checkpoint {checkpoint.path} does not fit the configured model: it was written for "
+                f"{state.get('reference_model', 'an unrecorded model')}, the configuration asks for "
+                f"{self.model_name} ({str(error).splitlines()[0]}); resume with the run's own "
+                "config.yaml, leaving model.* as it was"
+            ) from None
         try:
             self.sampler.load_state(state["sampler"])
             restore_generator(self.generator, state["rollout_generator"])
@@ -115,30 +146,43 @@ class LMCheckpointer:
             history = [(at, evaluation) for at, evaluation in state["eval_history"]]
             return state["samples"], state["train_seconds"], history
         except (KeyError, TypeError, ValueError, RuntimeError) as error:  # a state.json from another program
-            raise ValueError(f"checkpoint {checkpoint.path} has an incomplete run state ({type(error).__name__}: "
-                             f"{error}); it was not written by train_lm, so resume from a checkpoint that "
-                             "was") from None
+            raise ValueError(
+                f"checkpoint {checkpoint.path} has an incomplete run state ({type(error).__name__}: "
+                f"{error}); it was not written by train_lm, so resume from a checkpoint that "
+                "was"
+            ) from None
 
 
 def latest_checkpoint(run_dir: Path) -> Checkpoint:
     """The newest intact checkpoint of an earlier run; ``ValueError`` saying what to do if there is none."""
     if not (run_dir / "config.yaml").is_file():
-        raise ValueError(f"cannot resume from '{run_dir}': it is not a run folder (no config.yaml); pass the folder "
-                         "that `unipg train` created for the run, e.g. runs/grpo-arithmetic-seed0-<time>")
+        raise ValueError(
+            f"cannot resume from '{run_dir}': it is not a run folder (no config.yaml); pass the folder "
+            "that `unipg train` created for the run, e.g. runs/grpo-arithmetic-seed0-<time>"
+        )
     store = CheckpointStore(run_dir / CHECKPOINT_DIR)
     path = store.latest()
     if path is None:
         found = len(store.list())
-        problem = (f"none of its {found} checkpoints is intact (see the warnings above)" if found else
-                   f"it holds no checkpoint ({run_dir / CHECKPOINT_DIR} is missing or empty: the run stopped "
-                   "before its first save)")
-        raise ValueError(f"cannot resume from '{run_dir}': {problem}; start a new run instead, or set "
-                         "checkpoint.every_updates so that runs save checkpoints as they go")
+        problem = (
+            f"none of its {found} checkpoints is intact (see the warnings above)"
+            if found
+            else f"it holds no checkpoint ({run_dir / CHECKPOINT_DIR} is missing or empty: the run stopped "
+            "before its first save)"
+        )
+        raise ValueError(
+            f"cannot resume from '{run_dir}': {problem}; start a new run instead, or set "
+            "checkpoint.every_updates so that runs save checkpoints as they go"
+        )
     checkpoints = store.list()
-    newer = [damaged.name for damaged in checkpoints[checkpoints.index(path) + 1:]]
+    newer = [damaged.name for damaged in checkpoints[checkpoints.index(path) + 1 :]]
     if newer:  # left in place: a save that reaches their step sets them aside as damaged-*, never deletes them
-        warnings.warn(f"resuming from {path.name}, the newest intact checkpoint; {', '.join(newer)} could not be "
-                      "used (see the warnings above) and stay where they are", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"resuming from {path.name}, the newest intact checkpoint; {', '.join(newer)} could not be "
+            "used (see the warnings above) and stay where they are",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     return load_checkpoint(path)
 
 

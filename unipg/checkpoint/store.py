@@ -58,8 +58,15 @@ class CheckpointStore:
     ``best_metric`` ("max": higher is better, "min": lower) and the one just written; it deletes the rest.
     """
 
-    def __init__(self, root: str | Path, *, keep_last: int = 3, keep_best: int = 1, best_metric: str | None = None,
-                 mode: Literal["max", "min"] = "max"):
+    def __init__(
+        self,
+        root: str | Path,
+        *,
+        keep_last: int = 3,
+        keep_best: int = 1,
+        best_metric: str | None = None,
+        mode: Literal["max", "min"] = "max",
+    ):
         if keep_last < 0 or keep_best < 0:
             raise ValueError(f"keep_last ({keep_last}) and keep_best ({keep_best}) must be ≥ 0")
         if mode not in ("max", "min"):
@@ -67,8 +74,15 @@ class CheckpointStore:
         self.root = Path(root)
         self.keep_last, self.keep_best, self.best_metric, self.mode = keep_last, keep_best, best_metric, mode
 
-    def save(self, step: int, tensors: dict[str, dict[str, torch.Tensor]], state: dict, *,
-             metrics: dict[str, float] | None = None, extra_files: dict[str, bytes] | None = None) -> Path:
+    def save(
+        self,
+        step: int,
+        tensors: dict[str, dict[str, torch.Tensor]],
+        state: dict,
+        *,
+        metrics: dict[str, float] | None = None,
+        extra_files: dict[str, bytes] | None = None,
+    ) -> Path:
         """Write ``root/step-{step:08d}`` atomically, then rotate; returns its path.
 
         ``tensors`` maps a group name to a flat ``name → tensor`` dict (one safetensors file per group);
@@ -81,14 +95,20 @@ class CheckpointStore:
             if not _GROUP_NAME.fullmatch(group):
                 raise ValueError(f"tensor group name {group!r} must be a plain file name: letters, digits, _ . -")
         for name in extra_files or {}:
-            if not _GROUP_NAME.fullmatch(name) or name.endswith(".safetensors") or name in (MANIFEST_FILE, "state.json"):
+            if (
+                not _GROUP_NAME.fullmatch(name)
+                or name.endswith(".safetensors")
+                or name in (MANIFEST_FILE, "state.json")
+            ):
                 raise ValueError(f"extra file name {name!r} must be a plain file name that is not a checkpoint's own")
         # Check everything that can be checked before touching the disk.
         state_bytes = json_bytes(state, "state")
         metrics = {str(name): float(value) for name, value in (metrics or {}).items()}
         if self.root.exists() and not self.root.is_dir():
-            raise ValueError(f"cannot save checkpoints in {self.root}: it is a file, not a folder; move the file "
-                             "away or choose another checkpoint folder")
+            raise ValueError(
+                f"cannot save checkpoints in {self.root}: it is a file, not a folder; move the file "
+                "away or choose another checkpoint folder"
+            )
         self.root.mkdir(parents=True, exist_ok=True)
         self._remove_stray_tmp()
         final = self.root / f"step-{step:08d}"
@@ -177,9 +197,12 @@ class CheckpointStore:
         displaced = None
         if final.exists() and not self._intact(final):
             moved = self.set_aside(final)
-            warnings.warn(f"checkpoint {final.name} failed verification; kept as {moved.name} instead of being "
-                          "replaced by the new save (delete it once it is no longer needed)", RuntimeWarning,
-                          stacklevel=3)
+            warnings.warn(
+                f"checkpoint {final.name} failed verification; kept as {moved.name} instead of being "
+                "replaced by the new save (delete it once it is no longer needed)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         elif final.exists():
             # A resumed run re-reaching a saved step: move the old one aside under a .tmp- name (rename
             # cannot replace a non-empty folder); a crash in between loses only this step, no older one.
@@ -194,9 +217,9 @@ class CheckpointStore:
         checkpoints = self.list()
         keep = {just_written}
         if self.keep_last:
-            keep.update(checkpoints[-self.keep_last:])
+            keep.update(checkpoints[-self.keep_last :])
         if self.best_metric is not None and self.keep_best:
-            keep.update(self._ranked(checkpoints)[:self.keep_best])
+            keep.update(self._ranked(checkpoints)[: self.keep_best])
         for path in checkpoints:
             if path not in keep:
                 self._remove(path)

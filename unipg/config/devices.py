@@ -33,13 +33,17 @@ def device_problem(name: str) -> str | None:
         return f"device '{name}' is not a device name; use {DEVICE_NAMES}"
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
-            return (f"device '{name}': CUDA is not available on this machine (torch {torch.__version__}, "
-                    f"{'built without CUDA' if torch.version.cuda is None else 'no GPU visible'}); set device=cpu, "
-                    "or device=auto to use a GPU only where there is one")
+            return (
+                f"device '{name}': CUDA is not available on this machine (torch {torch.__version__}, "
+                f"{'built without CUDA' if torch.version.cuda is None else 'no GPU visible'}); set device=cpu, "
+                "or device=auto to use a GPU only where there is one"
+            )
         index, count = int(name.partition(":")[2] or 0), torch.cuda.device_count()
         if index >= count:
-            return (f"device '{name}': this machine has {count} CUDA device{'s' if count != 1 else ''} "
-                    f"(cuda:0 to cuda:{count - 1}); pick one of them")
+            return (
+                f"device '{name}': this machine has {count} CUDA device{'s' if count != 1 else ''} "
+                f"(cuda:0 to cuda:{count - 1}); pick one of them"
+            )
     if name == "mps" and not torch.backends.mps.is_available():
         return "device 'mps': Apple's Metal backend is not available on this machine; set device=cpu or device=auto"
     return None

@@ -49,8 +49,10 @@ def unknown_message(query: str, names: list[str]) -> str:
         tail = query.rsplit(".", 1)[-1]
         close = [name for name in names if name.rsplit(".", 1)[-1] == tail][:1]
     hint = f"; did you mean '{close[0]}'?" if close else "."
-    return (f"unknown key or section '{query}'{hint} Run `unipg config --explain` to list every section and key, "
-            "or `unipg config --explain SECTION` for one section")
+    return (
+        f"unknown key or section '{query}'{hint} Run `unipg config --explain` to list every section and key, "
+        "or `unipg config --explain SECTION` for one section"
+    )
 
 
 def section_text(section: SectionDoc) -> str:
@@ -64,8 +66,7 @@ def section_text(section: SectionDoc) -> str:
 def key_text(doc: KeyDoc) -> str:
     """A key's name and type, its help, then one labelled line per fact."""
     read_in = modes_text(doc.modes) + (f", {doc.condition}" if doc.condition else "")
-    facts = [("default", doc.default), ("presets", doc.presets), ("read in", read_in),
-             ("ignored by", doc.ignored_by)]
+    facts = [("default", doc.default), ("presets", doc.presets), ("read in", read_in), ("ignored by", doc.ignored_by)]
     lines = [f"{doc.key}  {doc.type}", *wrap(doc.help, indent="  ")]
     for label, text in facts:
         if text:
@@ -74,5 +75,11 @@ def key_text(doc: KeyDoc) -> str:
 
 
 def wrap(text: str, indent: str, subsequent: str | None = None) -> list[str]:
-    return textwrap.wrap(text, WIDTH, initial_indent=indent, subsequent_indent=indent if subsequent is None
-                         else subsequent, break_on_hyphens=False, break_long_words=False) or [indent.rstrip()]
+    return textwrap.wrap(
+        text,
+        WIDTH,
+        initial_indent=indent,
+        subsequent_indent=indent if subsequent is None else subsequent,
+        break_on_hyphens=False,
+        break_long_words=False,
+    ) or [indent.rstrip()]

@@ -79,6 +79,7 @@ def default(name: str) -> Any:
 def chosen_estimators(estimator: Mapping[str, Any] | object) -> dict[str, str]:
     """selector → chosen entry, read from a mapping (missing or non-text values: the field's default) or a
     section object."""
+
     def read(key: str) -> str:
         if not isinstance(estimator, Mapping):
             return getattr(estimator, key)
@@ -106,7 +107,9 @@ def unread_hyperparameters(estimator: object, user_keys: set[str]) -> dict[str, 
         key = f"estimator.{option}"
         if key in user_keys and option not in choice.options(chosen[choice.selector]):
             governing = f"estimator.{choice.selector}"
-            warnings[key] = (f"'{key}' has no effect unless {governing} is {' or '.join(readers)} "
-                             f"({choice.kind} '{chosen[choice.selector]}' does not read it); remove it or set "
-                             f"{governing}")
+            warnings[key] = (
+                f"'{key}' has no effect unless {governing} is {' or '.join(readers)} "
+                f"({choice.kind} '{chosen[choice.selector]}' does not read it); remove it or set "
+                f"{governing}"
+            )
     return warnings

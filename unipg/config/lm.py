@@ -251,8 +251,10 @@ class SampleConfig(Section):
     def _no_empty_stop_strings(cls, stop: list[str]) -> list[str]:
         # "" occurs at every position, so it would end every completion after its first token
         if any(text == "" for text in stop):
-            raise ValueError("stop strings must not be empty: an empty string matches everywhere and ends every "
-                             "completion after one token; remove it (e.g. sample.stop=[] or sample.stop=['\\n\\n'])")
+            raise ValueError(
+                "stop strings must not be empty: an empty string matches everywhere and ends every "
+                "completion after one token; remove it (e.g. sample.stop=[] or sample.stop=['\\n\\n'])"
+            )
         return stop
 
 

@@ -54,8 +54,12 @@ FLAT_ALIASES: dict[str, str] = {
 }
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
-                unread: tuple[str, ...] = (), plugins: list[str] | None = None) -> Config:
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    unread: tuple[str, ...] = (),
+    plugins: list[str] | None = None,
+) -> Config:
     """Build a validated Config from an optional YAML file and ``key=value`` overrides. Secrets the file holds
     redacted (a run's config.yaml) are read again from overrides or the environment, except in the top-level
     sections named in ``unread``, which the caller never reads: there they are left out. ``plugins`` are added
@@ -80,8 +84,9 @@ def with_plugins(raw: dict[str, Any], extra: list[str] | None) -> dict[str, Any]
     if "plugins" not in raw and not extra:
         return raw
     resolved = resolve_plugins(raw.get("plugins"), Path.cwd())
-    raw["plugins"] = resolved + [plugin for plugin in resolve_plugins(extra, Path.cwd(), "--import")
-                                 if plugin not in resolved]
+    raw["plugins"] = resolved + [
+        plugin for plugin in resolve_plugins(extra, Path.cwd(), "--import") if plugin not in resolved
+    ]
     return raw
 
 
@@ -96,8 +101,11 @@ class UniqueKeyLoader(yaml.SafeLoader):
             line = key_node.start_mark.line + 1
             if key_node.value in lines:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"key '{key_node.value}' is set twice (lines {lines[key_node.value]} and {line}); "
-                    "keep one of them", key_node.start_mark)
+                    None,
+                    None,
+                    f"key '{key_node.value}' is set twice (lines {lines[key_node.value]} and {line}); keep one of them",
+                    key_node.start_mark,
+                )
             lines[key_node.value] = line
         return super().construct_mapping(node, deep)
 
@@ -113,24 +121,31 @@ def read_yaml(path: Path) -> dict[str, Any]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
         line = raw[: error.start].count(b"\n") + 1
-        raise ConfigError(f"config file '{path}' is not UTF-8 text (byte {raw[error.start]:#04x} on line {line}); "
-                          "save it as UTF-8") from None
+        raise ConfigError(
+            f"config file '{path}' is not UTF-8 text (byte {raw[error.start]:#04x} on line {line}); save it as UTF-8"
+        ) from None
     try:
         data = yaml.load(text, Loader=UniqueKeyLoader)
     except yaml.YAMLError as error:
         raise ConfigError(f"config file '{path}' is not valid YAML: {describe_yaml_error(error)}") from None
     except Exception as error:  # PyYAML's constructors raise what they hit: `!!float abc`, `!!float`, deep nesting
-        raise ConfigError(f"config file '{path}' holds a value YAML cannot build ({type(error).__name__}: "
-                          f"{error}); quote the value or remove its explicit !!tag") from None
+        raise ConfigError(
+            f"config file '{path}' holds a value YAML cannot build ({type(error).__name__}: "
+            f"{error}); quote the value or remove its explicit !!tag"
+        ) from None
     if refers_to_itself(data):
-        raise ConfigError(f"config file '{path}' holds a YAML alias inside the value it names (&name ... *name); "
-                          "write the value out instead")
+        raise ConfigError(
+            f"config file '{path}' holds a YAML alias inside the value it names (&name ... *name); "
+            "write the value out instead"
+        )
     if data is None:  # empty, or only comments: the defaults, as with no file
         warnings.warn(f"config file '{path}' holds no settings; training with the defaults", stacklevel=3)
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"config file '{path}' must hold a mapping of keys to values (key: value lines), got "
-                          f"a {type(data).__name__}")
+        raise ConfigError(
+            f"config file '{path}' must hold a mapping of keys to values (key: value lines), got "
+            f"a {type(data).__name__}"
+        )
     return data
 
 
@@ -171,8 +186,10 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not sep or not key:
         raise ConfigError(f"override '{text}' must look like key=value, e.g. estimator.clip_range=0.1")
     if any(not part.strip() for part in key.split(".")):
-        raise ConfigError(f"override '{text}' has an empty part in its key '{key}'; write section.name=value, "
-                          "e.g. estimator.clip_range=0.1")
+        raise ConfigError(
+            f"override '{text}' has an empty part in its key '{key}'; write section.name=value, "
+            "e.g. estimator.clip_range=0.1"
+        )
     try:
         parsed = yaml.safe_load(value) if value.strip() else None
     except Exception:  # `[a`, `!!float x`, `[[[[...`: PyYAML raises YAMLError and whatever its constructors hit
@@ -224,8 +241,9 @@ def build_config(raw: dict[str, Any]) -> Config:
     user_keys = flatten_keys(tree)
     algorithm = tree.get("algorithm", Config.model_fields["algorithm"].default)
     if not isinstance(algorithm, str):
-        raise ConfigError(f"algorithm must be the name of a preset, got {algorithm!r}. "
-                          f"Valid: {', '.join(algorithm_names())}")
+        raise ConfigError(
+            f"algorithm must be the name of a preset, got {algorithm!r}. Valid: {', '.join(algorithm_names())}"
+        )
     if algorithm not in ALGORITHMS:
         close = difflib.get_close_matches(str(algorithm), algorithm_names(), n=1)
         hint = f"; did you mean '{close[0]}'?" if close else "."
@@ -264,8 +282,10 @@ def read_gym_batch_keys(config: Config, user_keys: set[str]) -> list[str]:
             setattr(config.train, new, value)
             user_keys.discard(f"train.{old}")
             user_keys.add(f"train.{new}")
-            warnings.append(f"'train.{old}' counts completions in language-model runs; a gymnasium run counts its "
-                            f"batch in environment transitions: read as 'train.{new}' ({value}); rename the key")
+            warnings.append(
+                f"'train.{old}' counts completions in language-model runs; a gymnasium run counts its "
+                f"batch in environment transitions: read as 'train.{new}' ({value}); rename the key"
+            )
     return warnings
 
 
@@ -320,8 +340,11 @@ def check_known_keys(tree: dict[str, Any]) -> None:
 def chosen_in(tree: dict[str, Any]) -> dict[str, str]:
     """The estimators a raw config tree chooses: its own estimator section over its algorithm's preset (the
     defaults where the algorithm is unknown or the values are not names)."""
-    algorithm = ALGORITHMS.get(tree.get("algorithm", Config.model_fields["algorithm"].default)) \
-        if isinstance(tree.get("algorithm", ""), str) else None
+    algorithm = (
+        ALGORITHMS.get(tree.get("algorithm", Config.model_fields["algorithm"].default))
+        if isinstance(tree.get("algorithm", ""), str)
+        else None
+    )
     text = isinstance(tree.get("task"), dict) and tree["task"].get("name") is not None
     preset = {}
     if algorithm is not None and (algorithm.lm_preset if text else algorithm.preset) is not None:
@@ -333,7 +356,7 @@ def chosen_in(tree: dict[str, Any]) -> dict[str, str]:
 def siblings(key: str, valid: dict[str, type[BaseModel] | None]) -> str:
     """The valid keys of the section ``key`` sits in (the top level for an undotted key), as a phrase."""
     prefix = key.rsplit(".", 1)[0] + "." if "." in key else ""
-    names = sorted(name[len(prefix):] for name in valid if name.startswith(prefix) and "." not in name[len(prefix):])
+    names = sorted(name[len(prefix) :] for name in valid if name.startswith(prefix) and "." not in name[len(prefix) :])
     where = f"section '{prefix[:-1]}' has" if prefix else "valid top-level keys:"
     return f"{where} {', '.join(names)}"
 

@@ -19,11 +19,11 @@ def unread_keys(mode: str) -> frozenset[str]:
     for name, field in Config.model_fields.items():
         if field.exclude:
             continue
-        section = field.annotation if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel) \
-            else None
+        section = (
+            field.annotation if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel) else None
+        )
         if mode not in field_modes(field):
             keys.add(f"{name}.*" if section is not None else name)
         elif section is not None:
             keys |= {f"{name}.{leaf}" for leaf, inner in section.model_fields.items() if mode not in field_modes(inner)}
     return frozenset(keys)
-

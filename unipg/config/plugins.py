@@ -53,8 +53,10 @@ def resolve_plugins(plugins: Any, base_dir: Path, where: str = "plugins") -> lis
     if isinstance(plugins, str):
         plugins = [plugins]
     if not isinstance(plugins, list) or not all(isinstance(item, str) and item.strip() for item in plugins):
-        raise ConfigError(f"{where} must be a list of module names or Python file paths, e.g. "
-                          f"[my_package.tasks, ./my_tools.py]; got {plugins!r}")
+        raise ConfigError(
+            f"{where} must be a list of module names or Python file paths, e.g. "
+            f"[my_package.tasks, ./my_tools.py]; got {plugins!r}"
+        )
     resolved = []
     for plugin in (item.strip() for item in plugins):
         if is_file_plugin(plugin):
@@ -63,8 +65,10 @@ def resolve_plugins(plugins: Any, base_dir: Path, where: str = "plugins") -> lis
             except (OSError, ValueError, RuntimeError) as error:  # a NUL byte, a symlink loop
                 raise ConfigError(f"{where}: cannot read the path '{plugin}': {error}") from None
         elif not _MODULE_NAME.fullmatch(plugin):
-            raise ConfigError(f"{where}: '{plugin}' is neither a module name (my_package.tasks) nor the path of a "
-                              "Python file (./my_tools.py)")
+            raise ConfigError(
+                f"{where}: '{plugin}' is neither a module name (my_package.tasks) nor the path of a "
+                "Python file (./my_tools.py)"
+            )
         if plugin not in resolved:
             resolved.append(plugin)
     return resolved
@@ -88,8 +92,9 @@ def load_entry_point_plugins() -> tuple[str, ...]:
             if callable(loaded) and not isinstance(loaded, ModuleType):
                 loaded()
         except Exception as error:
-            raise plugin_error(f"entry point '{entry.name} = {entry.value}' (group {ENTRY_POINT_GROUP})",
-                               error) from error
+            raise plugin_error(
+                f"entry point '{entry.name} = {entry.value}' (group {ENTRY_POINT_GROUP})", error
+            ) from error
         names.append(entry.name)
     return tuple(names)
 
@@ -110,8 +115,9 @@ def import_plugin(plugin: str) -> ModuleType:
     if name in sys.modules:
         return sys.modules[name]
     if not path.is_file():
-        raise ConfigError(f"plugin file '{path}' does not exist; plugin paths in a config file are relative to "
-                          "that file's folder")
+        raise ConfigError(
+            f"plugin file '{path}' does not exist; plugin paths in a config file are relative to that file's folder"
+        )
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # before running it: dataclasses and pickling look the module up by name

@@ -52,8 +52,11 @@ class SectionDoc:
 
 def sections() -> list[SectionDoc]:
     """The top-level keys, then every section in the order of ``Config``."""
-    top = [field_doc(name, field, (field,)) for name, field in Config.model_fields.items()
-           if not field.exclude and not is_model(field.annotation)]
+    top = [
+        field_doc(name, field, (field,))
+        for name, field in Config.model_fields.items()
+        if not field.exclude and not is_model(field.annotation)
+    ]
     found = [SectionDoc("", "Keys at the top level of a config file.", MODES, top)]
     for name, field in Config.model_fields.items():
         if field.exclude or not is_model(field.annotation):
@@ -92,9 +95,16 @@ def nested_models(key: str, annotation: Any) -> list[tuple[str, type[BaseModel]]
 
 def field_doc(key: str, field: FieldInfo, path: tuple[FieldInfo, ...]) -> KeyDoc:
     modes = tuple(mode for mode in MODES if all(mode in field_modes(step) for step in path))
-    return KeyDoc(key=key, type=type_text(field), default=default_text(field), help=paragraph(field.description),
-                  modes=modes, condition=condition_text(key), presets=preset_text(key),
-                  ignored_by=ignored_by_text(key, modes))
+    return KeyDoc(
+        key=key,
+        type=type_text(field),
+        default=default_text(field),
+        help=paragraph(field.description),
+        modes=modes,
+        condition=condition_text(key),
+        presets=preset_text(key),
+        ignored_by=ignored_by_text(key, modes),
+    )
 
 
 def is_model(annotation: Any) -> bool:
@@ -124,14 +134,22 @@ def annotation_text(annotation: Any) -> str:
     return getattr(annotation, "__name__", str(annotation))
 
 
-BOUNDS = ((annotated_types.Gt, "gt", ">"), (annotated_types.Ge, "ge", "≥"), (annotated_types.Lt, "lt", "<"),
-          (annotated_types.Le, "le", "≤"))
+BOUNDS = (
+    (annotated_types.Gt, "gt", ">"),
+    (annotated_types.Ge, "ge", "≥"),
+    (annotated_types.Lt, "lt", "<"),
+    (annotated_types.Le, "le", "≤"),
+)
 
 
 def type_text(field: FieldInfo) -> str:
     """The field's type and its bounds: "float (> 0, < 1)"."""
-    bounds = [f"{sign} {value_text(getattr(item, attribute))}" for item in field.metadata
-              for kind, attribute, sign in BOUNDS if isinstance(item, kind)]
+    bounds = [
+        f"{sign} {value_text(getattr(item, attribute))}"
+        for item in field.metadata
+        for kind, attribute, sign in BOUNDS
+        if isinstance(item, kind)
+    ]
     text = annotation_text(field.annotation)
     return f"{text} ({', '.join(bounds)})" if bounds else text
 
@@ -145,8 +163,15 @@ def value_text(value: Any) -> str:
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, str):
-        plain = re.fullmatch(r"[A-Za-z_][\w./@:+-]*", value) and value.lower() not in ("null", "true", "false",
-                                                                                           "yes", "no", "on", "off")
+        plain = re.fullmatch(r"[A-Za-z_][\w./@:+-]*", value) and value.lower() not in (
+            "null",
+            "true",
+            "false",
+            "yes",
+            "no",
+            "on",
+            "off",
+        )
         return value if plain else repr(value)
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(value_text(item) for item in value) + "]"
@@ -172,7 +197,7 @@ def condition_text(key: str) -> str:
 
 
 def algorithm_label(name: str, text: bool) -> str:
-    """"grpo"; "ppo (lm)" for an algorithm with presets in both modes."""
+    """ "grpo"; "ppo (lm)" for an algorithm with presets in both modes."""
     algorithm = ALGORITHMS[name]
     both = algorithm.preset is not None and algorithm.lm_preset is not None
     return f"{name} ({'lm' if text else 'gym'})" if both else name
@@ -180,8 +205,12 @@ def algorithm_label(name: str, text: bool) -> str:
 
 def algorithm_modes() -> list[tuple[str, bool]]:
     """(algorithm, text) for every preset, gymnasium presets first."""
-    return [(name, text) for text in (False, True) for name, algorithm in ALGORITHMS.items()
-            if (algorithm.lm_preset if text else algorithm.preset) is not None]
+    return [
+        (name, text)
+        for text in (False, True)
+        for name, algorithm in ALGORITHMS.items()
+        if (algorithm.lm_preset if text else algorithm.preset) is not None
+    ]
 
 
 def preset_text(key: str) -> str:
@@ -202,8 +231,11 @@ def ignored_by_text(key: str, modes: tuple[str, ...]) -> str:
     """The algorithms that do not read a key in a mode that otherwise does (TRPO and ``train.num_epochs``)."""
     if "[]" in key or "<" in key:
         return ""
-    return ", ".join(algorithm_label(name, text) for name, text in algorithm_modes()
-                     if ("lm" if text else "gym") in modes and not ALGORITHMS[name].uses(key, text))
+    return ", ".join(
+        algorithm_label(name, text)
+        for name, text in algorithm_modes()
+        if ("lm" if text else "gym") in modes and not ALGORITHMS[name].uses(key, text)
+    )
 
 
 def modes_text(modes: tuple[str, ...]) -> str:
@@ -214,12 +246,17 @@ def modes_text(modes: tuple[str, ...]) -> str:
 
 def markdown() -> str:
     """The reference as Markdown: a table per section."""
-    lines = ["# Configuration reference", "",
-             f"Generated from the schema in `unipg/config/` by `{REGENERATE}`; do not edit it by hand. "
-             "In a terminal, `unipg config --explain KEY` (or a section, or nothing for all) prints the same.", "",
-             "Modes: *gym* runs train an MLP on a gymnasium environment, *lm* runs a language model on a text task "
-             "(`task.name` set). Items of a list are written `key[].field`, entries of a mapping "
-             "`key.<name>.field`.", ""]
+    lines = [
+        "# Configuration reference",
+        "",
+        f"Generated from the schema in `unipg/config/` by `{REGENERATE}`; do not edit it by hand. "
+        "In a terminal, `unipg config --explain KEY` (or a section, or nothing for all) prints the same.",
+        "",
+        "Modes: *gym* runs train an MLP on a gymnasium environment, *lm* runs a language model on a text task "
+        "(`task.name` set). Items of a list are written `key[].field`, entries of a mapping "
+        "`key.<name>.field`.",
+        "",
+    ]
     for section in sections():
         title = f"`{section.name}`" if section.name else "Top-level keys"
         lines += [f"## {title}", "", section.help, ""]
@@ -239,8 +276,13 @@ def markdown_row(doc: KeyDoc) -> str:
         notes.append(f"Ignored by {doc.ignored_by}.")
     if doc.presets:
         notes.append(f"Presets: {doc.presets}.")
-    cells = [f"`{doc.key}`", f"`{doc.type}`", f"`{doc.default}`", modes_text(doc.modes).removesuffix(" runs"),
-             " ".join(notes)]
+    cells = [
+        f"`{doc.key}`",
+        f"`{doc.type}`",
+        f"`{doc.default}`",
+        modes_text(doc.modes).removesuffix(" runs"),
+        " ".join(notes),
+    ]
     return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
 
 

@@ -38,27 +38,35 @@ def cross_field_problems(config: Config) -> list[str]:
     if config.data.offline is not None and not config.is_lm:
         problems.append("data.offline holds recorded text episodes; it applies to text tasks (set task.name) only")
     if config.backend == "ray" and not config.is_lm:
-        problems.append("backend 'ray' runs text tasks; train gymnasium environments with backend=inprocess "
-                        "(their vectorised environments already step in one process)")
+        problems.append(
+            "backend 'ray' runs text tasks; train gymnasium environments with backend=inprocess "
+            "(their vectorised environments already step in one process)"
+        )
     if est.policy_loss != "trpo" and est.policy_loss not in POLICY_LOSSES:
         valid = POLICY_LOSSES.names() + ["trpo"]
         problems.append("estimator.policy_loss: " + unknown_name_message("policy loss", est.policy_loss, valid))
     if est.off_policy_weight not in OFF_POLICY_WEIGHTS:
         names = OFF_POLICY_WEIGHTS.names()
-        problems.append("estimator.off_policy_weight: " + unknown_name_message("off-policy weight", est.off_policy_weight, names))
+        problems.append(
+            "estimator.off_policy_weight: " + unknown_name_message("off-policy weight", est.off_policy_weight, names)
+        )
     if est.kl_estimator not in KL_ESTIMATORS:
         names = KL_ESTIMATORS.names()
         problems.append("estimator.kl_estimator: " + unknown_name_message("KL estimator", est.kl_estimator, names))
     if est.kl_control == "adaptive" and est.target_kl is None:
-        problems.append("estimator.kl_control is 'adaptive' but estimator.target_kl is not set; set target_kl (e.g. 0.02)")
+        problems.append(
+            "estimator.kl_control is 'adaptive' but estimator.target_kl is not set; set target_kl (e.g. 0.02)"
+        )
     if est.clip_range_high is not None and est.clip_range_high < est.clip_range:
         problems.append(
             f"estimator.clip_range_high ({est.clip_range_high}) is below clip_range ({est.clip_range}); "
             "clip-higher needs ε_high ≥ ε_low"
         )
     if Path(config.log.output_dir).is_file():
-        problems.append(f"log.output_dir '{config.log.output_dir}' is a file; point it at a folder (each run gets "
-                        "a folder inside it)")
+        problems.append(
+            f"log.output_dir '{config.log.output_dir}' is a file; point it at a folder (each run gets "
+            "a folder inside it)"
+        )
     return problems
 
 
@@ -74,15 +82,19 @@ def ray_agent_problems(config: Config) -> list[str]:
     problems = []
     endpoint = config.endpoint
     if endpoint.port != 0:
-        problems.append(f"endpoint.port ({endpoint.port}) is fixed, but with backend=ray every rollout worker runs its "
-                        "own endpoint (and the driver one for evaluation), which cannot share a port on one machine; "
-                        "leave endpoint.port at 0 (each takes a free port)")
+        problems.append(
+            f"endpoint.port ({endpoint.port}) is fixed, but with backend=ray every rollout worker runs its "
+            "own endpoint (and the driver one for evaluation), which cannot share a port on one machine; "
+            "leave endpoint.port at 0 (each takes a free port)"
+        )
     longest = endpoint.agent_timeout * (endpoint.agent_retries + 1)
     if config.ray.episode_timeout < longest:
-        problems.append(f"ray.episode_timeout ({config.ray.episode_timeout:g} s) is shorter than an external agent's "
-                        f"episode may take, endpoint.agent_timeout × (1 + endpoint.agent_retries) = {longest:g} s: "
-                        "its worker would be killed before the agent's own timeout counts the episode as failed; "
-                        "raise ray.episode_timeout or lower endpoint.agent_timeout")
+        problems.append(
+            f"ray.episode_timeout ({config.ray.episode_timeout:g} s) is shorter than an external agent's "
+            f"episode may take, endpoint.agent_timeout × (1 + endpoint.agent_retries) = {longest:g} s: "
+            "its worker would be killed before the agent's own timeout counts the episode as failed; "
+            "raise ray.episode_timeout or lower endpoint.agent_timeout"
+        )
     return problems
 
 
@@ -90,23 +102,31 @@ def gym_problems(config: Config) -> list[str]:
     problems = []
     train, est = config.train, config.estimator
     if train.batch_transitions % train.mini_batch_transitions:
-        problems.append(f"train.mini_batch_transitions ({train.mini_batch_transitions}) must divide "
-                        f"train.batch_transitions ({train.batch_transitions})")
+        problems.append(
+            f"train.mini_batch_transitions ({train.mini_batch_transitions}) must divide "
+            f"train.batch_transitions ({train.batch_transitions})"
+        )
     if train.batch_transitions % config.env.num_envs:
         problems.append(
             f"env.num_envs ({config.env.num_envs}) must divide train.batch_transitions ({train.batch_transitions}): "
             "each environment takes batch_transitions / num_envs steps per update"
         )
     if est.advantage not in ADVANTAGES:
-        problems.append("estimator.advantage: " + unknown_name_message("advantage estimator", est.advantage, ADVANTAGES.names()))
+        problems.append(
+            "estimator.advantage: " + unknown_name_message("advantage estimator", est.advantage, ADVANTAGES.names())
+        )
     elif not reads_episode_ends(est.advantage):
         valid = ", ".join(name for name in advantage_names("step") if reads_episode_ends(name))
         if advantage_family(est.advantage) != "step":
-            problems.append(f"estimator.advantage '{est.advantage}' works on groups of sampled completions (text "
-                            f"tasks); for gymnasium environments use one of: {valid}")
+            problems.append(
+                f"estimator.advantage '{est.advantage}' works on groups of sampled completions (text "
+                f"tasks); for gymnasium environments use one of: {valid}"
+            )
         else:
-            problems.append(f"estimator.advantage '{est.advantage}' does not read episode ends (dones), so its returns "
-                            f"would flow across the episodes of a gymnasium segment; use one of: {valid}")
+            problems.append(
+                f"estimator.advantage '{est.advantage}' does not read episode ends (dones), so its returns "
+                f"would flow across the episodes of a gymnasium segment; use one of: {valid}"
+            )
     if train.batch_transitions > config.env.total_steps:
         problems.append(
             f"train.batch_transitions ({train.batch_transitions}) exceeds env.total_steps ({config.env.total_steps}); "
@@ -124,19 +144,22 @@ def learner_rank_problems(config: Config) -> list[str]:
     problems = []
     cpus = train.learner_processes * ray.learner_num_cpus
     if config.backend == "ray" and ray.num_cpus is not None and cpus > ray.num_cpus:
-        problems.append(f"train.learner_processes ({train.learner_processes}) × ray.learner_num_cpus "
-                        f"({ray.learner_num_cpus:g}) = {cpus:g} CPUs, more than the local Ray instance has "
-                        f"(ray.num_cpus={ray.num_cpus}); lower ray.learner_num_cpus (e.g. "
-                        f"{ray.num_cpus / (train.learner_processes + ray.rollout_workers):g}) or raise ray.num_cpus")
+        problems.append(
+            f"train.learner_processes ({train.learner_processes}) × ray.learner_num_cpus "
+            f"({ray.learner_num_cpus:g}) = {cpus:g} CPUs, more than the local Ray instance has "
+            f"(ray.num_cpus={ray.num_cpus}); lower ray.learner_num_cpus (e.g. "
+            f"{ray.num_cpus / (train.learner_processes + ray.rollout_workers):g}) or raise ray.num_cpus"
+        )
     if config.device.startswith("cuda") and device_problem(config.device) is None:
         import torch
 
         gpus = torch.cuda.device_count()
         if train.learner_processes > gpus:
-            problems.append(f"train.learner_processes ({train.learner_processes}) ranks on device "
-                            f"'{config.device}' take a GPU each; this machine has {gpus}: lower "
-                            "train.learner_processes" + (" or join a cluster with ray.address" if config.backend == "ray"
-                                                         else ""))
+            problems.append(
+                f"train.learner_processes ({train.learner_processes}) ranks on device "
+                f"'{config.device}' take a GPU each; this machine has {gpus}: lower "
+                "train.learner_processes" + (" or join a cluster with ray.address" if config.backend == "ray" else "")
+            )
     return problems
 
 
@@ -167,7 +190,9 @@ def lm_problems(config: Config) -> list[str]:
             "((runtime.max_staleness + 1) batches, so that nothing admitted is evicted)"
         )
     if est.advantage not in ADVANTAGES:
-        problems.append("estimator.advantage: " + unknown_name_message("advantage estimator", est.advantage, ADVANTAGES.names()))
+        problems.append(
+            "estimator.advantage: " + unknown_name_message("advantage estimator", est.advantage, ADVANTAGES.names())
+        )
     elif advantage_family(est.advantage) == "group" and sample.samples_per_prompt < 2:
         problems.append(
             f"estimator.advantage '{est.advantage}' compares completions of the same prompt; set "
@@ -185,15 +210,23 @@ def lm_problems(config: Config) -> list[str]:
             f"estimator.advantage '{est.advantage}' needs a critic; set model.value_head=true or model.critic=<model>"
         )
     if model.warm_start and not model.name.startswith("embedded"):
-        problems.append("model.warm_start builds a cached warm start of the embedded model only; for another "
-                        "model run `unipg sft` and point model.name at its output")
+        problems.append(
+            "model.warm_start builds a cached warm start of the embedded model only; for another "
+            "model run `unipg sft` and point model.name at its output"
+        )
     if est.policy_loss == "trpo":
-        problems.append("estimator.policy_loss 'trpo' is implemented for MLP policies only; use ppo for language models")
+        problems.append(
+            "estimator.policy_loss 'trpo' is implemented for MLP policies only; use ppo for language models"
+        )
     if config.agent.role_policy != "shared":
-        problems.append(f"agent.role_policy '{config.agent.role_policy}' (a LoRA adapter per role) is not supported "
-                        "yet; use agent.role_policy=shared (one model, a system prompt per role)")
+        problems.append(
+            f"agent.role_policy '{config.agent.role_policy}' (a LoRA adapter per role) is not supported "
+            "yet; use agent.role_policy=shared (one model, a system prompt per role)"
+        )
     if config.data.offline is not None and config.prompts_per_step < 2:
-        problems.append("data.offline mixes recorded prompt groups into each batch and keeps at least one fresh; "
-                        f"the batch has {config.prompts_per_step} prompt group: raise train.batch_size to at least "
-                        f"{2 * sample.samples_per_prompt} (2 × sample.samples_per_prompt)")
+        problems.append(
+            "data.offline mixes recorded prompt groups into each batch and keeps at least one fresh; "
+            f"the batch has {config.prompts_per_step} prompt group: raise train.batch_size to at least "
+            f"{2 * sample.samples_per_prompt} (2 × sample.samples_per_prompt)"
+        )
     return problems

@@ -133,9 +133,13 @@ class LogConfig(Section):
         # '..', '/x' or 'a/../../b' would put the run, and its config.yaml, outside output_dir; 'sweep1/lr3e-4'
         # (a folder per sweep) stays inside it
         parts = name.replace("\\", "/").split("/") if name is not None else []
-        if name is not None and (name.startswith(("/", "\\")) or any(part.strip() in ("", ".", "..") for part in parts)):
-            raise ValueError("run_name must be a relative folder path such as 'baseline-1' or 'sweep1/lr3e-4', "
-                             "without '..', '.' or empty parts; the folder is made under log.output_dir")
+        if name is not None and (
+            name.startswith(("/", "\\")) or any(part.strip() in ("", ".", "..") for part in parts)
+        ):
+            raise ValueError(
+                "run_name must be a relative folder path such as 'baseline-1' or 'sweep1/lr3e-4', "
+                "without '..', '.' or empty parts; the folder is made under log.output_dir"
+            )
         return name
 
 
@@ -168,8 +172,10 @@ class OfflineConfig(Section):
     @classmethod
     def _a_share(cls, mix: float | MixSchedule) -> float | MixSchedule:
         if isinstance(mix, (int, float)) and not 0.0 <= mix <= 1.0:
-            raise ValueError(f"mix ({mix}) is the share of each batch taken from the file: a number in [0, 1], or "
-                             "{start: 0.5, end: 0.0, updates: 20} for a linear schedule")
+            raise ValueError(
+                f"mix ({mix}) is the share of each batch taken from the file: a number in [0, 1], or "
+                "{start: 0.5, end: 0.0, updates: 20} for a linear schedule"
+            )
         return mix
 
 

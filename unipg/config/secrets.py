@@ -18,42 +18,101 @@ from unipg.config.section import ConfigError
 
 REDACTED = "<redacted>"
 """What the configuration saved with a run (config.yaml, TensorBoard, W&B) holds in place of a secret."""
-SECRET_WORDS = ("secret", "secrets", "password", "passwd", "passphrase", "credential", "credentials", "apikey",
-                "cookie", "cookies", "authorization", "bearer", "webhook", "dsn")
+SECRET_WORDS = (
+    "secret",
+    "secrets",
+    "password",
+    "passwd",
+    "passphrase",
+    "credential",
+    "credentials",
+    "apikey",
+    "cookie",
+    "cookies",
+    "authorization",
+    "bearer",
+    "webhook",
+    "dsn",
+)
 """A key holding one of these words names a secret."""
 SECRET_PAIRS = {("api", "key"), ("access", "key"), ("private", "key"), ("secret", "key"), ("auth", "key")}
 """A key ending in one of these pairs of words names a secret (``WANDB_API_KEY``)."""
 ENV_STYLE_ENDINGS = ("key", "pat")
 """An upper-case key (an environment variable's name) ending in one of these words names a secret (``MY_KEY``,
 ``GITHUB_PAT``); a lower-case one may be a task's option (``answer_key``)."""
-TOKEN_WORDS = ("pad", "eos", "bos", "unk", "sep", "cls", "mask", "stop", "start", "end", "special", "new", "max",
-               "min", "num", "total", "prompt", "completion", "image", "audio", "video")
+TOKEN_WORDS = (
+    "pad",
+    "eos",
+    "bos",
+    "unk",
+    "sep",
+    "cls",
+    "mask",
+    "stop",
+    "start",
+    "end",
+    "special",
+    "new",
+    "max",
+    "min",
+    "num",
+    "total",
+    "prompt",
+    "completion",
+    "image",
+    "audio",
+    "video",
+)
 """Words before ``token`` that make it a vocabulary item or a count (``pad_token``), not a credential."""
 ENV_VARS_KEYS = ("env_vars",)
 """Keys whose values map environment variable names to values (Ray's ``runtime_env.env_vars``): every value
 under them is a secret unless its name is kept in clear."""
-CLEAR_ENV_VARS = frozenset({
-    "PYTHONPATH", "PYTHONHASHSEED", "PYTHONUNBUFFERED", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-    "OPENBLAS_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "TOKENIZERS_PARALLELISM", "HF_HOME", "HF_HUB_OFFLINE",
-    "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "TRANSFORMERS_VERBOSITY", "TRANSFORMERS_CACHE",
-    "NCCL_DEBUG", "RAY_DEDUP_LOGS", "MALLOC_ARENA_MAX", "WANDB_MODE", "WANDB_PROJECT", "LANG", "LC_ALL", "TZ"})
+CLEAR_ENV_VARS = frozenset(
+    {
+        "PYTHONPATH",
+        "PYTHONHASHSEED",
+        "PYTHONUNBUFFERED",
+        "OMP_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS",
+        "CUDA_VISIBLE_DEVICES",
+        "TOKENIZERS_PARALLELISM",
+        "HF_HOME",
+        "HF_HUB_OFFLINE",
+        "HF_DATASETS_OFFLINE",
+        "TRANSFORMERS_OFFLINE",
+        "TRANSFORMERS_VERBOSITY",
+        "TRANSFORMERS_CACHE",
+        "NCCL_DEBUG",
+        "RAY_DEDUP_LOGS",
+        "MALLOC_ARENA_MAX",
+        "WANDB_MODE",
+        "WANDB_PROJECT",
+        "LANG",
+        "LC_ALL",
+        "TZ",
+    }
+)
 """Environment variables whose values are saved in clear: settings, never credentials. A run adds its own
 names with ``ray.env_vars_in_clear``."""
-SECRET_PATTERNS = tuple(re.compile(pattern) for pattern in (
-    r"(?i)\bbearer\s+\S{8,}",  # an Authorization header's value
-    r"(?i)\bbasic\s+[A-Za-z0-9+/]{12,}={0,2}",
-    r"\b[sr]k[-_](?:live_|test_|proj-|ant-)?[A-Za-z0-9_-]{16,}",  # OpenAI, Anthropic, Stripe keys
-    r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,}|glpat-[A-Za-z0-9_-]{20,})",  # GitHub, GitLab
-    r"\bhf_[A-Za-z0-9]{30,}",  # Hugging Face
-    r"\bxox[abposr]-[A-Za-z0-9-]{10,}",  # Slack
-    r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b",  # AWS access key id
-    r"\bAIza[0-9A-Za-z_-]{30,}",  # Google API key
-    r"\beyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}",  # a JWT: base64url JSON header, payload, sig
-    r"-----BEGIN [A-Z ]*PRIVATE KEY-----",
-    r"(?i)\b[a-z][a-z0-9+.-]*://[^\s/@:]*:[^\s/@]+@",  # a URL with user:password@
-    r"(?i)://(?:hooks\.slack\.com/|(?:[a-z0-9-]+\.)?discord(?:app)?\.com/api/webhooks/|[^\s/]*webhook)",
-    r"(?i)[?&](?:access_token|api_key|apikey|auth|key|password|secret|sig|signature|token)=[^&\s]{6,}",
-))
+SECRET_PATTERNS = tuple(
+    re.compile(pattern)
+    for pattern in (
+        r"(?i)\bbearer\s+\S{8,}",  # an Authorization header's value
+        r"(?i)\bbasic\s+[A-Za-z0-9+/]{12,}={0,2}",
+        r"\b[sr]k[-_](?:live_|test_|proj-|ant-)?[A-Za-z0-9_-]{16,}",  # OpenAI, Anthropic, Stripe keys
+        r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,}|glpat-[A-Za-z0-9_-]{20,})",  # GitHub, GitLab
+        r"\bhf_[A-Za-z0-9]{30,}",  # Hugging Face
+        r"\bxox[abposr]-[A-Za-z0-9-]{10,}",  # Slack
+        r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b",  # AWS access key id
+        r"\bAIza[0-9A-Za-z_-]{30,}",  # Google API key
+        r"\beyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}",  # a JWT: base64url JSON header, payload, sig
+        r"-----BEGIN [A-Z ]*PRIVATE KEY-----",
+        r"(?i)\b[a-z][a-z0-9+.-]*://[^\s/@:]*:[^\s/@]+@",  # a URL with user:password@
+        r"(?i)://(?:hooks\.slack\.com/|(?:[a-z0-9-]+\.)?discord(?:app)?\.com/api/webhooks/|[^\s/]*webhook)",
+        r"(?i)[?&](?:access_token|api_key|apikey|auth|key|password|secret|sig|signature|token)=[^&\s]{6,}",
+    )
+)
 """Text matching one of these holds a credential, whatever its key is named."""
 LONG_HEX = re.compile(r"[0-9a-fA-F]{32,}")
 LONG_BASE64 = re.compile(r"[A-Za-z0-9+/_-]{32,}={0,2}")
@@ -104,9 +163,15 @@ def redact_secrets(tree: Any) -> Any:
 
 def _redact(tree: Any, *, secret: bool, clear: frozenset[str] | set[str], env: bool = False) -> Any:
     if isinstance(tree, dict):
-        return {key: _redact(value, secret=secret or is_secret_name(key) or (env and str(key) not in clear),
-                             clear=clear, env=str(key) in ENV_VARS_KEYS)
-                for key, value in tree.items()}
+        return {
+            key: _redact(
+                value,
+                secret=secret or is_secret_name(key) or (env and str(key) not in clear),
+                clear=clear,
+                env=str(key) in ENV_VARS_KEYS,
+            )
+            for key, value in tree.items()
+        }
     if isinstance(tree, list):
         return [_redact(value, secret=secret, clear=clear) for value in tree]
     if isinstance(tree, str) and tree != "" and (secret or looks_like_secret(tree)):
@@ -144,8 +209,10 @@ def restore_secrets(tree: dict[str, Any]) -> dict[str, Any]:
 
     restored = restore(tree, [])
     if missing:
-        raise ConfigError(f"the configuration holds {REDACTED!r} at {', '.join(missing)}: secrets are left out of the "
-                          "config.yaml saved with a run. Pass each again as an override (e.g. "
-                          f"{missing[0]}=...), or set the environment variable of the same name "
-                          f"({missing[0].rsplit('.', 1)[-1]}), which is read in its place")
+        raise ConfigError(
+            f"the configuration holds {REDACTED!r} at {', '.join(missing)}: secrets are left out of the "
+            "config.yaml saved with a run. Pass each again as an override (e.g. "
+            f"{missing[0]}=...), or set the environment variable of the same name "
+            f"({missing[0].rsplit('.', 1)[-1]}), which is read in its place"
+        )
     return restored

@@ -56,8 +56,9 @@ def is_text_field(annotation: Any) -> bool:
 class Section(BaseModel):
     # allow_inf_nan=False: an infinite or NaN learning rate, coefficient or clip range is always a mistake.
     # use_attribute_docstrings: the docstring under each field is its description (``unipg config --explain``).
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False,
-                              use_attribute_docstrings=True)
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, allow_inf_nan=False, use_attribute_docstrings=True
+    )
 
     @field_validator("*", mode="before")
     @classmethod
@@ -69,6 +70,8 @@ class Section(BaseModel):
         if isinstance(value, bool) and bool not in accepted and accepted & {int, float}:
             raise ValueError("expected a number, not a boolean")
         if is_text_field(annotation) and isinstance(value, (bool, int, float, datetime.date)):
-            raise ValueError("expected text; YAML reads unquoted yes/no/on/off/true/false as booleans and 1.5 or "
-                             "2024-01-01 as a number or a date: quote the value ('no')")
+            raise ValueError(
+                "expected text; YAML reads unquoted yes/no/on/off/true/false as booleans and 1.5 or "
+                "2024-01-01 as a number or a date: quote the value ('no')"
+            )
         return value

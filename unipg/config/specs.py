@@ -12,7 +12,6 @@ from typing import Any
 
 import yaml
 
-
 REWARD_KEYS = ("name", "weight", "options")
 
 
@@ -29,12 +28,15 @@ def reward_spec(entry: Any, where: str) -> tuple[Any, str | None]:
         return entry, None
     twice = sorted(set(inline) & set(nested))
     if twice:
-        raise ValueError(f"{where} sets {', '.join(twice)} both beside the name and under options; keep the one "
-                          "under options")
+        raise ValueError(
+            f"{where} sets {', '.join(twice)} both beside the name and under options; keep the one under options"
+        )
     spec = {key: entry[key] for key in ("name", "weight") if key in entry}
     spec["options"] = {**nested, **inline}
-    return spec, (f"{where}: a reward's options go under 'options'; write {flow(spec)} (options beside the name "
-                  "are read until the next release)")
+    return spec, (
+        f"{where}: a reward's options go under 'options'; write {flow(spec)} (options beside the name "
+        "are read until the next release)"
+    )
 
 
 def reward_specs(entries: Any, where: str = "task.rewards") -> tuple[Any, list[str]]:
@@ -52,5 +54,9 @@ def reward_specs(entries: Any, where: str = "task.rewards") -> tuple[Any, list[s
 
 def flow(value: Any) -> str:
     """A value in YAML's one-line flow style: {name: length, weight: 0.1, options: {max_length: 200}}."""
-    return yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=10_000).strip().removesuffix("...") \
+    return (
+        yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=10_000)
         .strip()
+        .removesuffix("...")
+        .strip()
+    )

@@ -71,16 +71,22 @@ class TurnInfo:
         if info is None:
             return cls()
         if not isinstance(info, Mapping):
-            raise TypeError(f"an environment's step returned info of type {type(info).__name__}; return a "
-                            "unipg.envs.TurnInfo (or a dict with its field names as keys) as StepResult's info")
+            raise TypeError(
+                f"an environment's step returned info of type {type(info).__name__}; return a "
+                "unipg.envs.TurnInfo (or a dict with its field names as keys) as StepResult's info"
+            )
         known = {name.name for name in fields(cls)} - {"extras"}
         facts = {key: value for key, value in info.items() if key in known}
         for name in ("reward_terms", "role_rewards"):
             if facts.get(name) is not None and not isinstance(facts[name], Mapping):
-                raise TypeError(f"an environment's step info has {name} of type {type(facts[name]).__name__}; "
-                                f"it must map names to numbers, e.g. {{'math': 1.0}}")
-        extras = {**info.get("extras", {}), **{key: value for key, value in info.items()
-                                                if key not in known and key != "extras"}}
+                raise TypeError(
+                    f"an environment's step info has {name} of type {type(facts[name]).__name__}; "
+                    f"it must map names to numbers, e.g. {{'math': 1.0}}"
+                )
+        extras = {
+            **info.get("extras", {}),
+            **{key: value for key, value in info.items() if key not in known and key != "extras"},
+        }
         return cls(**facts, extras=extras)
 
 

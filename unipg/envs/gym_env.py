@@ -24,20 +24,31 @@ class GymTextEnv:
 
     observation_role = "user"
 
-    def __init__(self, env_id: str, *, decimals: int = 2, invalid_action_penalty: float = -1.0,
-                 max_episode_steps: int | None = None):
+    def __init__(
+        self,
+        env_id: str,
+        *,
+        decimals: int = 2,
+        invalid_action_penalty: float = -1.0,
+        max_episode_steps: int | None = None,
+    ):
         import gymnasium as gym
 
         self.env = gym.make(env_id, max_episode_steps=max_episode_steps)
         if not isinstance(self.env.action_space, gym.spaces.Discrete):
-            raise ValueError(f"'{env_id}' has a {type(self.env.action_space).__name__} action space; the text "
-                             "adapter needs a Discrete one (the policy names an action by its number)")
+            raise ValueError(
+                f"'{env_id}' has a {type(self.env.action_space).__name__} action space; the text "
+                "adapter needs a Discrete one (the policy names an action by its number)"
+            )
         self.decimals, self.invalid_action_penalty = decimals, invalid_action_penalty
 
     def render_observation(self, observation) -> str:
         values = np.asarray(observation, dtype=float).ravel()
-        return "observation: " + " ".join(f"{value:.{self.decimals}f}" for value in values) + \
-            f"; action (0-{self.env.action_space.n - 1})?"
+        return (
+            "observation: "
+            + " ".join(f"{value:.{self.decimals}f}" for value in values)
+            + f"; action (0-{self.env.action_space.n - 1})?"
+        )
 
     async def reset(self, example: Example) -> str:
         seed = example.columns.get("seed") if example is not None else None
@@ -48,10 +59,17 @@ class GymTextEnv:
         match = _INTEGER.search(action)
         # An action is a small index: a run of digits longer than the largest index is invalid, and is not
         # converted (a policy-written run past Python's int-string limit would raise).
-        if match is None or len(match.group().lstrip("-").lstrip("0")) > len(str(self.env.action_space.n)) \
-                or not 0 <= int(match.group()) < self.env.action_space.n:
-            return StepResult("", self.invalid_action_penalty, True,
-                              TurnInfo(final=True, correct=False, extras={"invalid_action": True}))
+        if (
+            match is None
+            or len(match.group().lstrip("-").lstrip("0")) > len(str(self.env.action_space.n))
+            or not 0 <= int(match.group()) < self.env.action_space.n
+        ):
+            return StepResult(
+                "",
+                self.invalid_action_penalty,
+                True,
+                TurnInfo(final=True, correct=False, extras={"invalid_action": True}),
+            )
         observation, reward, terminated, truncated, _ = self.env.step(int(match.group()))
         done = bool(terminated or truncated)
         info = TurnInfo(final=True, correct=bool(truncated and not terminated)) if done else TurnInfo()

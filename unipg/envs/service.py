@@ -83,9 +83,13 @@ class ServiceStats:
             self.by_tool[name] = self.by_tool.get(name, 0) + count
 
     def metrics(self, prefix: str) -> dict[str, float]:
-        return {f"{prefix}/tool_timeouts": self.timeouts, f"{prefix}/tool_retries": self.retries,
-                f"{prefix}/tool_failures": self.failures, f"{prefix}/tool_errors": self.errors,
-                f"{prefix}/tool_seconds": self.seconds / max(self.calls, 1)}
+        return {
+            f"{prefix}/tool_timeouts": self.timeouts,
+            f"{prefix}/tool_retries": self.retries,
+            f"{prefix}/tool_failures": self.failures,
+            f"{prefix}/tool_errors": self.errors,
+            f"{prefix}/tool_seconds": self.seconds / max(self.calls, 1),
+        }
 
 
 def build_tools(specs: list[dict]) -> dict[str, Tool]:
@@ -101,14 +105,18 @@ def build_tools(specs: list[dict]) -> dict[str, Tool]:
     try:
         for spec in specs:
             if not isinstance(spec, dict) or "name" not in spec or set(spec) - set(TOOL_SPEC_KEYS):
-                raise ValueError(f"a tool spec is {{name: ..., options: {{...}}, latency: {{...}}}} (an mcp tool also "
-                                 f"takes server: {{command: ..., args: [...]}}), got {spec}")
+                raise ValueError(
+                    f"a tool spec is {{name: ..., options: {{...}}, latency: {{...}}}} (an mcp tool also "
+                    f"takes server: {{command: ..., args: [...]}}), got {spec}"
+                )
             built = build_entry(spec["name"], spec_options(spec))
             taken = [one.name for one in built if one.name in tools]
             if taken:
                 close_tools({str(index): one for index, one in enumerate(built)})
-                raise ValueError(f"two tool entries offer a tool named '{taken[0]}' (the second: {spec['name']}); "
-                                 "a call names one tool, so keep one of them")
+                raise ValueError(
+                    f"two tool entries offer a tool named '{taken[0]}' (the second: {spec['name']}); "
+                    "a call names one tool, so keep one of them"
+                )
             for one in built:
                 tools[one.name] = _with_latency(one, spec)
     except BaseException:
@@ -135,8 +143,9 @@ def _with_latency(built: Tool, spec: dict) -> Tool:
     try:
         return dataclasses.replace(built, latency=LatencyModel(**spec["latency"]))
     except TypeError as error:
-        raise ValueError(f"tool '{spec['name']}': latency takes kind, seconds, sigma, alpha; "
-                         f"got {spec['latency']}") from error
+        raise ValueError(
+            f"tool '{spec['name']}': latency takes kind, seconds, sigma, alpha; got {spec['latency']}"
+        ) from error
 
 
 def close_tools(tools: dict[str, Tool]) -> None:
@@ -194,9 +203,20 @@ async def run_tool(tool: Tool, arguments: dict, delay: float, threads: Executor)
 class EnvironmentService:
     """Runs tool calls with a timeout, bounded retries with backoff, and a default observation on failure."""
 
-    def __init__(self, tools: dict[str, Tool], *, timeout: float = 10.0, retries: int = 2, backoff: float = 0.05,
-                 default_observation: str = "tool unavailable", failure_penalty: float = 0.1,
-                 max_output_chars: int = 1000, max_threads: int = 64, seed: int = 0, remote=None):
+    def __init__(
+        self,
+        tools: dict[str, Tool],
+        *,
+        timeout: float = 10.0,
+        retries: int = 2,
+        backoff: float = 0.05,
+        default_observation: str = "tool unavailable",
+        failure_penalty: float = 0.1,
+        max_output_chars: int = 1000,
+        max_threads: int = 64,
+        seed: int = 0,
+        remote=None,
+    ):
         self.tools, self.remote = dict(tools), remote
         self.timeout, self.retries, self.backoff = timeout, retries, backoff
         self.default_observation, self.failure_penalty = default_observation, failure_penalty
@@ -223,14 +243,21 @@ class EnvironmentService:
                 result = ToolCallResult(output, "ok", attempts, timeouts, time.monotonic() - start, 0.0)
                 break
             except ToolError as refusal:
-                result = ToolCallResult(self._clip(f"error: {refusal}"), "error", attempts, timeouts,
-                                        time.monotonic() - start, 0.0)
+                result = ToolCallResult(
+                    self._clip(f"error: {refusal}"), "error", attempts, timeouts, time.monotonic() - start, 0.0
+                )
                 break
             except Exception as failure:  # noqa: BLE001 — any tool failure must become an observation
                 timeouts += isinstance(failure, (asyncio.TimeoutError, TimeoutError))
                 if attempts > self.retries:
-                    result = ToolCallResult(self.default_observation, "failed", attempts, timeouts,
-                                            time.monotonic() - start, -self.failure_penalty)
+                    result = ToolCallResult(
+                        self.default_observation,
+                        "failed",
+                        attempts,
+                        timeouts,
+                        time.monotonic() - start,
+                        -self.failure_penalty,
+                    )
                     break
                 await asyncio.sleep(self.backoff * 2 ** (attempts - 1))
         self.stats.add(name, result)

@@ -19,18 +19,27 @@ import dataclasses
 from unipg.envs.base import ENVS, StepResult, TurnInfo, final_answer_reward
 from unipg.envs.service import EnvironmentService
 from unipg.envs.tool_env import parse_turn, tool_step
+from unipg.policy.tool_calls import TOOL_PARSERS
 from unipg.tasks.base import Example
 from unipg.tasks.solver_checker import ACCEPT, CHECKER, SOLVER, checker_observation
-from unipg.policy.tool_calls import TOOL_PARSERS
+
 
 class SolverCheckerEnv:
     """One solver–checker episode (module docstring)."""
 
     roles = (SOLVER, CHECKER)
 
-    def __init__(self, reward_fn, service: EnvironmentService | None, *, max_rounds: int = 2,
-                 wrong_accept_penalty: float = 0.1, process_weight: float = 0.1, shaping: dict | None = None,
-                 tool_parser: str = "hermes"):
+    def __init__(
+        self,
+        reward_fn,
+        service: EnvironmentService | None,
+        *,
+        max_rounds: int = 2,
+        wrong_accept_penalty: float = 0.1,
+        process_weight: float = 0.1,
+        shaping: dict | None = None,
+        tool_parser: str = "hermes",
+    ):
         if max_rounds < 1:
             raise ValueError(f"solver_checker: max_rounds ({max_rounds}) must be ≥ 1 (checker verdicts per episode)")
         self.reward_fn, self.service, self.max_rounds = reward_fn, service, max_rounds
@@ -54,8 +63,12 @@ class SolverCheckerEnv:
             self.proposal_reward, info = await final_answer_reward(self.reward_fn, self.example, action)
             self.proposal_correct = info.correct
             self.acting = CHECKER
-            return StepResult(checker_observation(self.example, action), 0.0, False,
-                              TurnInfo(next_role=CHECKER, extras={"proposal_correct": self.proposal_correct}))
+            return StepResult(
+                checker_observation(self.example, action),
+                0.0,
+                False,
+                TurnInfo(next_role=CHECKER, extras={"proposal_correct": self.proposal_correct}),
+            )
         accepted = action.strip().upper().startswith(ACCEPT)
         self.rounds += 1
         self.right_verdicts += accepted == self.proposal_correct
@@ -70,22 +83,40 @@ class SolverCheckerEnv:
             team = self.proposal_reward if self.proposal_correct else -self.wrong_accept_penalty
         terms = {SOLVER: float(self.proposal_correct), CHECKER: self.right_verdicts / self.rounds}
         rewards = {role: team + self.shaping.get(role, 0.0) * terms[role] for role in self.roles}
-        return TurnInfo(final=True, correct=accepted and self.proposal_correct, role_rewards=rewards,
-                        extras={"accepted": accepted, "verdict": "accept" if accepted else "critique",
-                                "team_reward": team})
+        return TurnInfo(
+            final=True,
+            correct=accepted and self.proposal_correct,
+            role_rewards=rewards,
+            extras={"accepted": accepted, "verdict": "accept" if accepted else "critique", "team_reward": team},
+        )
 
     async def _tool_step(self, turn) -> StepResult:
         """A tool call (or a malformed one) by the acting role: the output goes back to that role."""
         role = self.acting
-        step, self.paid[role] = await tool_step(self.service, turn, paid=self.paid[role],
-                                                process_weight=self.process_weight)  # once per role and episode
+        step, self.paid[role] = await tool_step(
+            self.service, turn, paid=self.paid[role], process_weight=self.process_weight
+        )  # once per role and episode
         return step._replace(info=dataclasses.replace(step.info, next_role=role, observation_role="tool"))
 
 
 @ENVS.register("solver_checker")
-def solver_checker_env(task, reward_fn, service: EnvironmentService | None, max_rounds: int = 2,
-                       wrong_accept_penalty: float = 0.1, process_weight: float = 0.1,
-                       shaping: dict | None = None, tool_parser: str = "hermes") -> SolverCheckerEnv:
+def solver_checker_env(
+    task,
+    reward_fn,
+    service: EnvironmentService | None,
+    max_rounds: int = 2,
+    wrong_accept_penalty: float = 0.1,
+    process_weight: float = 0.1,
+    shaping: dict | None = None,
+    tool_parser: str = "hermes",
+) -> SolverCheckerEnv:
     """``tool_parser``: the format calls are written in (``unipg.policy.tool_calls``)."""
-    return SolverCheckerEnv(reward_fn, service, max_rounds=max_rounds, wrong_accept_penalty=wrong_accept_penalty,
-                            process_weight=process_weight, shaping=shaping, tool_parser=tool_parser)
+    return SolverCheckerEnv(
+        reward_fn,
+        service,
+        max_rounds=max_rounds,
+        wrong_accept_penalty=wrong_accept_penalty,
+        process_weight=process_weight,
+        shaping=shaping,
+        tool_parser=tool_parser,
+    )

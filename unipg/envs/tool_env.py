@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 from unipg.envs.base import ENVS, StepResult, TurnInfo, final_answer_reward
 from unipg.envs.service import EnvironmentService
-from unipg.tasks.base import Example
 from unipg.policy.tool_calls import TOOL_PARSERS, Hermes, MalformedToolCall
+from unipg.tasks.base import Example
 
 
 @dataclass
@@ -66,8 +66,9 @@ class ToolEnv:
 
     observation_role = "tool"
 
-    def __init__(self, reward_fn, service: EnvironmentService, *, process_weight: float = 0.1,
-                 tool_parser: str = "hermes"):
+    def __init__(
+        self, reward_fn, service: EnvironmentService, *, process_weight: float = 0.1, tool_parser: str = "hermes"
+    ):
         self.reward_fn, self.service, self.process_weight = reward_fn, service, process_weight
         self.parser = TOOL_PARSERS.get(tool_parser)()
         self.example: Example | None = None
@@ -84,33 +85,44 @@ class ToolEnv:
         if turn.kind == "answer":
             reward, info = await final_answer_reward(self.reward_fn, self.example, action)
             return StepResult("", reward, True, info)
-        step, self._process_paid = await tool_step(self.service, turn, paid=self._process_paid,
-                                                   process_weight=self.process_weight)
+        step, self._process_paid = await tool_step(
+            self.service, turn, paid=self._process_paid, process_weight=self.process_weight
+        )
         return step
 
 
-async def tool_step(service: EnvironmentService, turn, *, paid: float,
-                    process_weight: float) -> tuple[StepResult, float]:
+async def tool_step(
+    service: EnvironmentService, turn, *, paid: float, process_weight: float
+) -> tuple[StepResult, float]:
     """A turn that calls a tool (or tries to, malformed): run it through ``service``; the step and the process
     reward paid so far. A successful call pays up to ``process_weight`` once per episode (``paid`` of it already);
     a malformed one costs ``process_weight``."""
     if turn.kind == "malformed":
         observation = f"error: {turn.error}"
-        info = TurnInfo(tool=turn.name, tool_status="malformed", process_reward=-process_weight,
-                        observation=observation)
+        info = TurnInfo(
+            tool=turn.name, tool_status="malformed", process_reward=-process_weight, observation=observation
+        )
         return StepResult(observation, -process_weight, False, info), paid
     result = await service.call(turn.name, turn.arguments)
     process = 0.0
     if result.ok and paid < process_weight:
         process, paid = process_weight - paid, process_weight
-    info = TurnInfo(tool=turn.name, arguments=turn.arguments, tool_status=result.status, attempts=result.attempts,
-                    timeouts=result.timeouts, tool_seconds=result.seconds, process_reward=process,
-                    observation=result.observation)
+    info = TurnInfo(
+        tool=turn.name,
+        arguments=turn.arguments,
+        tool_status=result.status,
+        attempts=result.attempts,
+        timeouts=result.timeouts,
+        tool_seconds=result.seconds,
+        process_reward=process,
+        observation=result.observation,
+    )
     return StepResult(result.observation, process + result.penalty, False, info), paid
 
 
 @ENVS.register("tool")
-def tool_env(task, reward_fn, service: EnvironmentService, process_weight: float = 0.1,
-             tool_parser: str = "hermes") -> ToolEnv:
+def tool_env(
+    task, reward_fn, service: EnvironmentService, process_weight: float = 0.1, tool_parser: str = "hermes"
+) -> ToolEnv:
     """``tool_parser``: the format calls are written in (``unipg.policy.tool_calls``)."""
     return ToolEnv(reward_fn, service, process_weight=process_weight, tool_parser=tool_parser)

@@ -7,8 +7,8 @@ shape that is 1 on valid steps/tokens and 0 on padding.
 from unipg.estimate.advantages import ADVANTAGES, advantage_family, advantage_names, needs_critic
 from unipg.estimate.kl import KL_ESTIMATORS
 from unipg.estimate.losses import POLICY_LOSSES, LossOutput
-from unipg.registry import Registry, RegistryError
 from unipg.estimate.weights import OFF_POLICY_WEIGHTS, OffPolicyWeights
+from unipg.registry import Registry, RegistryError
 
 __all__ = [
     "ADVANTAGES",

@@ -298,9 +298,7 @@ def broadcast_to_tokens(sequence_values: torch.Tensor, mask: torch.Tensor) -> to
     return sequence_values[:, None] * mask.to(sequence_values.dtype)
 
 
-def normalize_advantages(
-    advantages: torch.Tensor, mask: torch.Tensor, *, shift_mean: bool = True
-) -> torch.Tensor:
+def normalize_advantages(advantages: torch.Tensor, mask: torch.Tensor, *, shift_mean: bool = True) -> torch.Tensor:
     """Whiten advantages over the valid entries: (A − mean) / std (A / std with ``shift_mean=False``).
 
     Per-batch normalization as in the PPO reference implementation (Schulman et al. 2017, baselines).

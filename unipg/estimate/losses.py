@@ -20,8 +20,12 @@ from unipg.registry import Registry
 POLICY_LOSSES = Registry("policy loss")
 # What every policy loss reads, and the settings of the clipped ones ({config field: keyword}).
 _PG_INPUTS = ("logprobs", "advantages", "mask", "weights")
-_CLIP_OPTIONS = {"clip_range": "clip_low", "clip_range_high": "clip_high", "dual_clip": "dual_clip",
-                 "loss_agg_mode": "agg_mode"}
+_CLIP_OPTIONS = {
+    "clip_range": "clip_low",
+    "clip_range_high": "clip_high",
+    "dual_clip": "dual_clip",
+    "loss_agg_mode": "agg_mode",
+}
 
 
 def reads_proximal_logprobs(name: str) -> bool:
@@ -60,9 +64,7 @@ def _seq_mean_token_sum(values: torch.Tensor, mask: torch.Tensor, norm_length: i
     return _seq_mean(masked_sum(values, mask, dim=-1), mask)
 
 
-def _seq_mean_token_sum_norm(
-    values: torch.Tensor, mask: torch.Tensor, norm_length: int | None
-) -> torch.Tensor:
+def _seq_mean_token_sum_norm(values: torch.Tensor, mask: torch.Tensor, norm_length: int | None) -> torch.Tensor:
     length = values.shape[-1] if norm_length is None else norm_length
     return masked_sum(values, mask) / (values.shape[0] * length)
 
@@ -76,9 +78,7 @@ _AGGREGATIONS = {
 LOSS_AGGREGATIONS: tuple[str, ...] = tuple(_AGGREGATIONS)
 
 
-def aggregate(
-    values: torch.Tensor, mask: torch.Tensor, *, mode: str, norm_length: int | None = None
-) -> torch.Tensor:
+def aggregate(values: torch.Tensor, mask: torch.Tensor, *, mode: str, norm_length: int | None = None) -> torch.Tensor:
     """Reduce a per-token loss (B, T) to a scalar over the valid tokens.
 
     - "token-mean": Σ m·x / Σ m over the whole batch; every token weighs the same (Yu et al. 2025, DAPO).
@@ -204,16 +204,22 @@ def ppo_clip_loss(
     clip_high = clip_low if clip_high is None else clip_high
     _check_clip(clip_low, clip_high, dual_clip)
     objective, ratio, clipped, dual_clipped = _clipped_surrogate(
-        logprobs - behaviour_logprobs.detach(), advantages,
-        clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip,
+        logprobs - behaviour_logprobs.detach(),
+        advantages,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        dual_clip=dual_clip,
     )
     loss = aggregate(_apply_weights(-objective, weights), mask, mode=agg_mode)
     metrics = _ratio_metrics(ratio, clipped, dual_clipped, mask, dual_clip is not None)
     return LossOutput(loss=loss, metrics=metrics)
 
 
-@POLICY_LOSSES.register("decoupled_ppo", inputs=(*_PG_INPUTS, "behaviour_logprobs", "proximal_logprobs"),
-                         options={**_CLIP_OPTIONS, "behaviour_weight_cap": "behaviour_weight_cap"})
+@POLICY_LOSSES.register(
+    "decoupled_ppo",
+    inputs=(*_PG_INPUTS, "behaviour_logprobs", "proximal_logprobs"),
+    options={**_CLIP_OPTIONS, "behaviour_weight_cap": "behaviour_weight_cap"},
+)
 def decoupled_ppo_loss(
     logprobs: torch.Tensor,
     proximal_logprobs: torch.Tensor,
@@ -249,8 +255,11 @@ def decoupled_ppo_loss(
     behaviour_weight = torch.exp(proximal_logprobs - behaviour_logprobs).detach()  # (B, T) π_prox / μ
     used_weight = behaviour_weight if behaviour_weight_cap is None else behaviour_weight.clamp(max=behaviour_weight_cap)
     objective, ratio, clipped, dual_clipped = _clipped_surrogate(
-        logprobs - proximal_logprobs.detach(), advantages,
-        clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip,
+        logprobs - proximal_logprobs.detach(),
+        advantages,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        dual_clip=dual_clip,
     )
     per_token = _apply_weights(-objective * used_weight, weights)
     metrics = _ratio_metrics(ratio, clipped, dual_clipped, mask, dual_clip is not None)
@@ -286,9 +295,7 @@ def value_loss(
     if clip_range is None:
         return LossOutput(loss=aggregate(0.5 * squared_error, mask, mode=agg_mode))
     if old_values is None:
-        raise ValueError(
-            "value clipping needs old_values (V at rollout time); pass them or set clip_range=None"
-        )
+        raise ValueError("value clipping needs old_values (V at rollout time); pass them or set clip_range=None")
     old_values = old_values.detach()
     clipped_values = old_values + torch.clamp(values - old_values, -clip_range, clip_range)
     clipped_error = (clipped_values - returns) ** 2

@@ -132,9 +132,16 @@ class TRPOStepResult:
 
 
 @TRUST_REGION_STEPS.register(
-    "trpo", inputs=("params", "surrogate_fn", "kl_fn"),
-    options={"max_kl": "max_kl", "cg_damping": "damping", "cg_iterations": "cg_iterations",
-             "backtrack_coef": "backtrack_coef", "line_search_steps": "max_backtracks"})
+    "trpo",
+    inputs=("params", "surrogate_fn", "kl_fn"),
+    options={
+        "max_kl": "max_kl",
+        "cg_damping": "damping",
+        "cg_iterations": "cg_iterations",
+        "backtrack_coef": "backtrack_coef",
+        "line_search_steps": "max_backtracks",
+    },
+)
 def trpo_step(
     params: Sequence[torch.Tensor],
     surrogate_fn: Callable[[], torch.Tensor],

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .masked import masked_mean
 from unipg.registry import Registry
+
+from .masked import masked_mean
 
 
 @dataclass
@@ -107,9 +108,7 @@ def _finish(weights: torch.Tensor, mask: torch.Tensor, name: str, **extra: torch
     return OffPolicyWeights(weights=weights, metrics={**weight_metrics(weights, mask), **extra}, name=name)
 
 
-def _token_age(
-    age: torch.Tensor | None, mask: torch.Tensor, weight_name: str, dtype: torch.dtype
-) -> torch.Tensor:
+def _token_age(age: torch.Tensor | None, mask: torch.Tensor, weight_name: str, dtype: torch.dtype) -> torch.Tensor:
     """Broadcast ``age`` (B,) or (B, T) to a (B, T) tensor of ``dtype``; check it is given and ≥ 0."""
     if age is None:
         raise ValueError(
@@ -188,8 +187,9 @@ def age_decay_weights(
     return _finish(weights, mask, "age_decay", age_mean=masked_mean(token_age, mask))
 
 
-@OFF_POLICY_WEIGHTS.register("kl_filter", inputs=_WEIGHT_INPUTS,
-                            options={"kl_filter_threshold": "max_kl", "kl_filter_mode": "mode"})
+@OFF_POLICY_WEIGHTS.register(
+    "kl_filter", inputs=_WEIGHT_INPUTS, options={"kl_filter_threshold": "max_kl", "kl_filter_mode": "mode"}
+)
 def kl_filter_weights(
     logprobs: torch.Tensor,
     behaviour_logprobs: torch.Tensor,
@@ -278,5 +278,11 @@ def engine_mismatch_weights(
     ratio = torch.where(valid, log_ratio.exp(), torch.zeros_like(log_ratio))
     capped = (log_ratio > log_cap) & valid
     count = mask.to(log_ratio.dtype).sum().clamp(min=1.0)
-    return _finish(weights, mask, "engine_mismatch", k3=masked_mean(k3, mask), max_ratio=ratio.max(),
-                   fraction_capped=capped.to(log_ratio.dtype).sum() / count)
+    return _finish(
+        weights,
+        mask,
+        "engine_mismatch",
+        k3=masked_mean(k3, mask),
+        max_ratio=ratio.max(),
+        fraction_capped=capped.to(log_ratio.dtype).sum() / count,
+    )

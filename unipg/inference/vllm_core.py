@@ -111,8 +111,12 @@ class StepLoop:
             if command[0] == "add":
                 _, request_id, prompt_ids, params, done, lora = command
                 try:
-                    self.llm.add_request(request_id, {"prompt_token_ids": prompt_ids}, params,
-                                         lora_request=lora() if lora is not None else None)
+                    self.llm.add_request(
+                        request_id,
+                        {"prompt_token_ids": prompt_ids},
+                        params,
+                        lora_request=lora() if lora is not None else None,
+                    )
                 except Exception as error:  # noqa: BLE001 — a bad request fails its caller, not the loop
                     done(None, error)
                 else:

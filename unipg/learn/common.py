@@ -22,6 +22,7 @@ def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float | None) -> fl
         return 0.0
     # an infinite limit scales every gradient by exactly 1: the norm is measured, nothing is clipped;
     # with sharded (FSDP2) gradients torch reduces the norm across ranks
-    norm = torch.nn.utils.clip_grad_norm_([p for p in parameters if p.grad is not None],
-                                          math.inf if max_norm is None else max_norm)
+    norm = torch.nn.utils.clip_grad_norm_(
+        [p for p in parameters if p.grad is not None], math.inf if max_norm is None else max_norm
+    )
     return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)

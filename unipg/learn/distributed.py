@@ -66,8 +66,9 @@ def spawn_local(function: Callable, world_size: int, *args) -> None:
     """Run ``function(rank, world_size, port, *args)`` in ``world_size`` fresh processes and wait for all."""
     import torch.multiprocessing as mp
 
-    mp.start_processes(function, args=(world_size, free_port(), *args), nprocs=world_size, join=True,
-                       start_method="spawn")
+    mp.start_processes(
+        function, args=(world_size, free_port(), *args), nprocs=world_size, join=True, start_method="spawn"
+    )
 
 
 def shard_model(model: nn.Module) -> nn.Module:
@@ -92,8 +93,12 @@ def resident_bytes(parameters: list[nn.Parameter], optimizer: torch.optim.Optimi
     tensors = [local_tensor(p) for p in parameters]
     tensors += [local_tensor(p.grad) for p in parameters if p.grad is not None]
     if optimizer is not None:
-        tensors += [local_tensor(value) for state in optimizer.state.values() for value in state.values()
-                    if isinstance(value, torch.Tensor)]
+        tensors += [
+            local_tensor(value)
+            for state in optimizer.state.values()
+            for value in state.values()
+            if isinstance(value, torch.Tensor)
+        ]
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
@@ -114,8 +119,11 @@ def save_sharded(directory: str | os.PathLike, model: nn.Module, optimizer: torc
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_state, optimizer_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(directory),
-             no_dist=process_rank()[1] == 1)
+    dcp.save(
+        {"model": model_state, "optimizer": optimizer_state},
+        checkpoint_id=str(directory),
+        no_dist=process_rank()[1] == 1,
+    )
 
 
 def load_sharded(directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:

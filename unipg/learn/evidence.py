@@ -23,9 +23,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from unipg.config import Config
-from unipg.learn.sft import greedy_completions
 from unipg.envs.service import EnvironmentService
 from unipg.envs.tool_env import parse_turn
+from unipg.learn.sft import greedy_completions
 from unipg.sample.episodes import demonstration_pairs, tool_specs
 from unipg.tasks.base import Example, Task
 
@@ -82,23 +82,28 @@ def call_scores(turns: list[str], demonstrated: list[str], service: EnvironmentS
     parsed = [parse_turn(turn, service) for turn in turns]
     expected = [parse_turn(call, service) for call in demonstrated]
     valid = [turn.kind == "call" for turn in parsed]
-    copied = [ok and (turn.name, turn.arguments) == (want.name, want.arguments)
-              for ok, turn, want in zip(valid, parsed, expected)]
+    copied = [
+        ok and (turn.name, turn.arguments) == (want.name, want.arguments)
+        for ok, turn, want in zip(valid, parsed, expected)
+    ]
     scores = {"call_validity": sum(valid) / len(valid), "argument_accuracy": sum(copied) / len(copied)}
     names = dict.fromkeys(name for want in expected for name in (want.arguments or {}))
     for name in names:  # which argument fails to be copied: the number, a unit word, ...
-        scores[f"argument/{name}"] = sum(ok and (turn.arguments or {}).get(name) == (want.arguments or {}).get(name)
-                                         for ok, turn, want in zip(valid, parsed, expected)) / len(parsed)
+        scores[f"argument/{name}"] = sum(
+            ok and (turn.arguments or {}).get(name) == (want.arguments or {}).get(name)
+            for ok, turn, want in zip(valid, parsed, expected)
+        ) / len(parsed)
     return scores
 
 
-def evidence_check(model, tokenizer, task: Task, config: Config, *, stage: str,
-                   log: Callable[[str], None]) -> Callable[[int], bool]:
+def evidence_check(
+    model, tokenizer, task: Task, config: Config, *, stage: str, log: Callable[[str], None]
+) -> Callable[[int], bool]:
     """``check(step) -> stop``: measures ``call_evidence`` and ``answer_evidence`` on the first
     ``sft.evidence_examples`` held-out demonstrations of ``task``, logs them, records them in ``check.history``, and
     says whether every threshold passes (the answer's only where the demonstrations go on after the call)."""
     sft = config.sft
-    examples = task.test[:sft.evidence_examples]
+    examples = task.test[: sft.evidence_examples]
 
     def check(step: int) -> bool:
         evidence = call_evidence(model, tokenizer, task, config, examples)
@@ -106,13 +111,17 @@ def evidence_check(model, tokenizer, task: Task, config: Config, *, stage: str,
             return False
         evidence |= answer_evidence(model, tokenizer, task, config, examples)
         check.history.append({"stage": stage, "step": step, **evidence})
-        passed = (evidence["call_validity"] >= sft.min_call_validity
-                  and evidence["argument_accuracy"] >= sft.min_argument_accuracy
-                  and evidence.get("answer_accuracy", 1.0) >= sft.min_answer_accuracy)
+        passed = (
+            evidence["call_validity"] >= sft.min_call_validity
+            and evidence["argument_accuracy"] >= sft.min_argument_accuracy
+            and evidence.get("answer_accuracy", 1.0) >= sft.min_answer_accuracy
+        )
         each = ", ".join(f"{key.split('/', 1)[1]} {value:.2f}" for key, value in evidence.items() if "/" in key)
         answer = f", answer accuracy {evidence['answer_accuracy']:.2f}" if "answer_accuracy" in evidence else ""
-        log(f"{stage}step {step} evidence: call validity {evidence['call_validity']:.2f}, argument accuracy "
-            f"{evidence['argument_accuracy']:.2f} ({each}){answer}{' - passed, stage ends' if passed else ''}")
+        log(
+            f"{stage}step {step} evidence: call validity {evidence['call_validity']:.2f}, argument accuracy "
+            f"{evidence['argument_accuracy']:.2f} ({each}){answer}{' - passed, stage ends' if passed else ''}"
+        )
         return passed
 
     check.history = []

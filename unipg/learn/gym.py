@@ -40,6 +40,7 @@ from unipg.learn.state import (
 from unipg.policy.mlp import MLPActorCritic
 from unipg.sample.gym_rollout import RolloutBatch
 
+
 def uses_critic(estimator: EstimatorConfig) -> bool:
     """Whether the estimator reads V(s_t); the others' returns are Monte-Carlo and cannot be bootstrapped."""
     return needs_critic(estimator.advantage)
@@ -52,14 +53,20 @@ def bootstraps(estimator: EstimatorConfig) -> bool:
 
 def compute_advantages(batch: RolloutBatch, estimator: EstimatorConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """(advantages, returns), each (N, T), from the configured estimator."""
-    data = {"rewards": batch.rewards, "values": batch.values, "dones": batch.dones, "mask": batch.mask,
-            "bootstrap_value": batch.bootstrap_value}
+    data = {
+        "rewards": batch.rewards,
+        "values": batch.values,
+        "dones": batch.dones,
+        "mask": batch.mask,
+        "bootstrap_value": batch.bootstrap_value,
+    }
     advantages, returns = ADVANTAGES.call(estimator.advantage, data, estimator)
     return advantages * batch.mask, returns
 
 
-def flatten_batch(batch: RolloutBatch, advantages: torch.Tensor, returns: torch.Tensor,
-                  age: int = 0) -> dict[str, torch.Tensor]:
+def flatten_batch(
+    batch: RolloutBatch, advantages: torch.Tensor, returns: torch.Tensor, age: int = 0
+) -> dict[str, torch.Tensor]:
     """(N, T, ...) → (N·T, ...) samples; the learner treats every step as one sample.
 
     ``age`` is the learner's version minus the version that collected the segment; every sample carries it.
@@ -69,10 +76,16 @@ def flatten_batch(batch: RolloutBatch, advantages: torch.Tensor, returns: torch.
     def flat(x: torch.Tensor) -> torch.Tensor:
         return x.reshape(n * t, *x.shape[2:])
 
-    return {"observations": flat(batch.observations), "actions": flat(batch.actions),
-            "behaviour_logprobs": flat(batch.behaviour_logprobs), "values": flat(batch.values),
-            "mask": flat(batch.mask), "advantages": flat(advantages), "returns": flat(returns),
-            "age": torch.full((n * t,), float(age))}
+    return {
+        "observations": flat(batch.observations),
+        "actions": flat(batch.actions),
+        "behaviour_logprobs": flat(batch.behaviour_logprobs),
+        "values": flat(batch.values),
+        "mask": flat(batch.mask),
+        "advantages": flat(advantages),
+        "returns": flat(returns),
+        "age": torch.full((n * t,), float(age)),
+    }
 
 
 @dataclass
@@ -85,8 +98,9 @@ class PreparedSegment:
     samples: dict[str, torch.Tensor]  # flat (N·T, ...), for ``update``
 
 
-def prepare_segment(policy: MLPActorCritic, batch: RolloutBatch, estimator: EstimatorConfig, *,
-                    age: int = 0) -> PreparedSegment:
+def prepare_segment(
+    policy: MLPActorCritic, batch: RolloutBatch, estimator: EstimatorConfig, *, age: int = 0
+) -> PreparedSegment:
     """Advantages of a segment collected ``age`` learner versions ago, computed on the learner's side.
 
     A fresh segment (age 0) keeps the values its rollout recorded, which are the current critic's. A stale
@@ -135,9 +149,16 @@ class GradientLearner(LearnerState):
         self.parameters = list(policy.parameters())
         critic_lr = config.train.critic_learning_rate or config.train.learning_rate
         self.optimizer = torch.optim.Adam(
-            [{"params": policy.actor_parameters(), "lr": config.train.learning_rate, "base_lr": config.train.learning_rate},
-             {"params": policy.critic_parameters(), "lr": critic_lr, "base_lr": critic_lr}],
-            eps=config.train.adam_eps, fused=True,
+            [
+                {
+                    "params": policy.actor_parameters(),
+                    "lr": config.train.learning_rate,
+                    "base_lr": config.train.learning_rate,
+                },
+                {"params": policy.critic_parameters(), "lr": critic_lr, "base_lr": critic_lr},
+            ],
+            eps=config.train.adam_eps,
+            fused=True,
         )
         self.generator = torch.Generator().manual_seed(config.seed)
 
@@ -146,8 +167,9 @@ class GradientLearner(LearnerState):
         samples = dict(samples, proximal_logprobs=self.proximal_logprobs(samples))
         valid = samples["mask"].nonzero().squeeze(-1)
         history: dict[str, list[float]] = {}
-        for index in shuffled_minibatches(valid, train.mini_batch_transitions, epochs=train.num_epochs,
-                                          generator=self.generator):
+        for index in shuffled_minibatches(
+            valid, train.mini_batch_transitions, epochs=train.num_epochs, generator=self.generator
+        ):
             metrics = self._step({key: value[index] for key, value in samples.items()})
             for key, value in metrics.items():
                 history.setdefault(key, []).append(value)
@@ -173,10 +195,16 @@ class GradientLearner(LearnerState):
         logprobs, entropy, values = self.policy.evaluate(mini["observations"], mini["actions"])
         critic = uses_critic(self.config.estimator)
         batch = ObjectiveBatch.from_steps(
-            logprobs=logprobs, behaviour_logprobs=mini["behaviour_logprobs"],
-            proximal_logprobs=mini["proximal_logprobs"], advantages=normalized(mini["advantages"], self.config.estimator),
-            age=mini.get("age"), entropy=entropy, values=values if critic else None,
-            old_values=mini["values"] if critic else None, returns=mini["returns"] if critic else None)
+            logprobs=logprobs,
+            behaviour_logprobs=mini["behaviour_logprobs"],
+            proximal_logprobs=mini["proximal_logprobs"],
+            advantages=normalized(mini["advantages"], self.config.estimator),
+            age=mini.get("age"),
+            entropy=entropy,
+            values=values if critic else None,
+            old_values=mini["values"] if critic else None,
+            returns=mini["returns"] if critic else None,
+        )
         out = objective.unified_objective(batch, self.config.estimator)
         self.optimizer.zero_grad(set_to_none=True)
         out.loss.backward()
@@ -194,7 +222,6 @@ class GradientLearner(LearnerState):
         return self.optimizer.param_groups[0]["lr"]
 
 
-
 class TRPOLearner(LearnerState):
     """TRPO: a natural-gradient actor step constrained to mean KL ≤ δ, then Adam epochs on the critic."""
 
@@ -202,8 +229,9 @@ class TRPOLearner(LearnerState):
         self.policy, self.config = policy, config
         critic_lr = config.train.critic_learning_rate or config.train.learning_rate
         self.base_lr = critic_lr
-        self.critic_optimizer = torch.optim.Adam(policy.critic_parameters(), lr=critic_lr,
-                                                 eps=config.train.adam_eps, fused=True)
+        self.critic_optimizer = torch.optim.Adam(
+            policy.critic_parameters(), lr=critic_lr, eps=config.train.adam_eps, fused=True
+        )
         self.generator = torch.Generator().manual_seed(config.seed)
 
     def update(self, samples: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -216,29 +244,42 @@ class TRPOLearner(LearnerState):
             old_logprobs = old_dist.log_prob(actions)
 
         def surrogate() -> torch.Tensor:  # L(θ) = E[π_θ/π_old · A], to maximise
-            return (torch.exp(self.policy.distribution(observations).log_prob(actions) - old_logprobs) * advantages).mean()
+            return (
+                torch.exp(self.policy.distribution(observations).log_prob(actions) - old_logprobs) * advantages
+            ).mean()
 
         def mean_kl() -> torch.Tensor:  # E_s[KL(π_old(·|s) ‖ π_θ(·|s))], old detached
             return kl_divergence(old_dist, self.policy.distribution(observations)).mean()
 
-        result = TRUST_REGION_STEPS.call(est.policy_loss, {"params": self.policy.actor_parameters(),
-                                                           "surrogate_fn": surrogate, "kl_fn": mean_kl}, est)
+        result = TRUST_REGION_STEPS.call(
+            est.policy_loss,
+            {"params": self.policy.actor_parameters(), "surrogate_fn": surrogate, "kl_fn": mean_kl},
+            est,
+        )
         with torch.no_grad():
             entropy = self.policy.distribution(observations).entropy().mean().item()
         # approx_kl is the exact mean KL(π_old‖π_new) here, named as in the other learners.
-        metrics = {"approx_kl": result.kl, "step_accepted": float(result.accepted), "step_fraction": result.step_fraction,
-                   "surrogate_improvement": result.surrogate_improvement, "line_search_steps": result.line_search_steps,
-                   "entropy": entropy}
+        metrics = {
+            "approx_kl": result.kl,
+            "step_accepted": float(result.accepted),
+            "step_fraction": result.step_fraction,
+            "surrogate_improvement": result.surrogate_improvement,
+            "line_search_steps": result.line_search_steps,
+            "entropy": entropy,
+        }
         metrics.update(self._fit_critic(samples, valid))
         return metrics
 
     def _fit_critic(self, samples: dict[str, torch.Tensor], valid: torch.Tensor) -> dict[str, float]:
         train = self.config.train
         losses, grad_norms = [], []
-        for index in shuffled_minibatches(valid, train.mini_batch_transitions, epochs=train.critic_updates,
-                                          generator=self.generator):
+        for index in shuffled_minibatches(
+            valid, train.mini_batch_transitions, epochs=train.critic_updates, generator=self.generator
+        ):
             values = self.policy.value(samples["observations"][index])
-            out = value_loss(as_tokens(values), as_tokens(samples["returns"][index]), as_tokens(torch.ones_like(values)))
+            out = value_loss(
+                as_tokens(values), as_tokens(samples["returns"][index]), as_tokens(torch.ones_like(values))
+            )
             self.critic_optimizer.zero_grad(set_to_none=True)
             out.loss.backward()
             grad_norms.append(clip_grad_norm(self.policy.critic_parameters(), train.max_grad_norm))
@@ -254,7 +295,6 @@ class TRPOLearner(LearnerState):
         for group in self.critic_optimizer.param_groups:
             group["lr"] = self.base_lr * fraction
         return self.base_lr * fraction
-
 
 
 def make_learner(policy: MLPActorCritic, config: Config):

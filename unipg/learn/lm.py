@@ -65,7 +65,9 @@ def mismatch_metrics(batch: LMBatch, cap: float) -> dict[str, float]:
     metrics = {"mismatch/tokens": float(fresh.sum())}
     if metrics["mismatch/tokens"] > 0:
         gap = engine_mismatch_weights(batch.proximal_logprobs, batch.behaviour_logprobs, fresh, cap=cap)
-        metrics.update({f"mismatch/{name}": float(gap.metrics[name]) for name in ("k3", "max_ratio", "fraction_capped")})
+        metrics.update(
+            {f"mismatch/{name}": float(gap.metrics[name]) for name in ("k3", "max_ratio", "fraction_capped")}
+        )
     return metrics
 
 
@@ -84,21 +86,32 @@ class LMLearner:
         critic_lr = train.critic_learning_rate or train.learning_rate
         # low-precision (bfloat16) weights are stepped through float32 masters (unipg.learn.precision)
         self.masters = Float32Masters(policy.actor_parameters() + policy.critic_parameters())
-        groups = [{"params": self.masters.optimized(policy.actor_parameters()), "lr": train.learning_rate,
-                   "base_lr": train.learning_rate}]
+        groups = [
+            {
+                "params": self.masters.optimized(policy.actor_parameters()),
+                "lr": train.learning_rate,
+                "base_lr": train.learning_rate,
+            }
+        ]
         if policy.critic_parameters():
-            groups.append({"params": self.masters.optimized(policy.critic_parameters()), "lr": critic_lr,
-                           "base_lr": critic_lr})
+            groups.append(
+                {"params": self.masters.optimized(policy.critic_parameters()), "lr": critic_lr, "base_lr": critic_lr}
+            )
         self.parameters = [p for group in groups for p in group["params"]]
         # With the policy sharded over a process group (unipg.learn.distributed), every rank runs this learner
         # on the same batch and takes its own share of each mini-batch's micro-batches.
         self.rank, self.world_size = process_rank()
         policy.packed = train.max_tokens_per_micro_batch is not None
         policy.logprob_chunk_tokens = train.logprob_chunk_tokens
-        self.optimizer = torch.optim.AdamW(groups, eps=train.adam_eps, weight_decay=train.weight_decay,
-                                           fused=policy.device.type in ("cpu", "cuda") and self.world_size == 1)
-        self.kl_controller = make_kl_controller(est.kl_control, coef=est.kl_coef, target_kl=est.target_kl,
-                                                horizon=est.kl_horizon)
+        self.optimizer = torch.optim.AdamW(
+            groups,
+            eps=train.adam_eps,
+            weight_decay=train.weight_decay,
+            fused=policy.device.type in ("cpu", "cuda") and self.world_size == 1,
+        )
+        self.kl_controller = make_kl_controller(
+            est.kl_control, coef=est.kl_coef, target_kl=est.target_kl, horizon=est.kl_horizon
+        )
         self.generator = torch.Generator().manual_seed(config.seed)
         self.lr_fraction = 1.0
         self.lr_factor = 1.0  # the product of rollback.lr_factor over the run's rollbacks
@@ -127,23 +140,41 @@ class LMLearner:
         if proximal:
             # π_prox = π_trainer_old, the weights this update starts from; without tis, on fresh data it is taken
             # to be μ, whose log-probs the batch has. The same pass gives the values (a value head's, or the critic's)
-            evaluations = [self.policy.evaluate(c.input_ids, c.attention_mask, c.completion_length,
-                                                temperature=temperature, with_values=self.policy.has_critic)
-                           for c in chunks]
+            evaluations = [
+                self.policy.evaluate(
+                    c.input_ids,
+                    c.attention_mask,
+                    c.completion_length,
+                    temperature=temperature,
+                    with_values=self.policy.has_critic,
+                )
+                for c in chunks
+            ]
             batch.proximal_logprobs = padded([e.logprobs for e in evaluations]) * batch.completion_mask
             if self.policy.has_critic:
                 batch.values = padded([e.values for e in evaluations]) * batch.completion_mask
         if self.policy.has_reference:
-            batch.reference_logprobs = padded([self.policy.reference_logprobs(
-                c.input_ids, c.attention_mask, c.completion_length, temperature=temperature) for c in chunks])
+            batch.reference_logprobs = padded(
+                [
+                    self.policy.reference_logprobs(
+                        c.input_ids, c.attention_mask, c.completion_length, temperature=temperature
+                    )
+                    for c in chunks
+                ]
+            )
         if self.policy.has_critic and not proximal:
-            batch.values = padded([self.policy.values(c.input_ids, c.attention_mask, c.completion_length)
-                                   for c in chunks]) * batch.completion_mask
+            batch.values = (
+                padded([self.policy.values(c.input_ids, c.attention_mask, c.completion_length) for c in chunks])
+                * batch.completion_mask
+            )
         batch.advantages, batch.returns = lm_advantages(
-            batch, self.config.estimator, group_size=self.config.sample.samples_per_prompt, kl_coef=self.kl_coef)
+            batch, self.config.estimator, group_size=self.config.sample.samples_per_prompt, kl_coef=self.kl_coef
+        )
         mask = batch.completion_mask
-        metrics = {"advantage_mean": float(masked_mean(batch.advantages, mask)),
-                   "advantage_std": float(masked_var(batch.advantages, mask).sqrt())}
+        metrics = {
+            "advantage_mean": float(masked_mean(batch.advantages, mask)),
+            "advantage_std": float(masked_var(batch.advantages, mask).sqrt()),
+        }
         if batch.values is not None:
             metrics["explained_variance"] = float(explained_variance(batch.values, batch.returns, mask))
             metrics["value_mean"] = float(masked_mean(batch.values, mask))
@@ -166,8 +197,9 @@ class LMLearner:
         history: dict[str, list[float]] = {}
         skipped = 0
         rows = torch.arange(len(batch.scores))
-        for mini_rows in shuffled_minibatches(rows, train.mini_batch_size, epochs=train.num_epochs,
-                                              generator=self.generator):
+        for mini_rows in shuffled_minibatches(
+            rows, train.mini_batch_size, epochs=train.num_epochs, generator=self.generator
+        ):
             step_metrics, stepped = self._optimizer_step(batch, mini_rows)
             skipped += not stepped
             for key, value in step_metrics.items():
@@ -218,8 +250,16 @@ class LMLearner:
         shortest = mini_rows[batch.attention_mask[mini_rows].sum(1).argmin()][None]  # for a rank's empty pass
         for micro_rows in groups:
             micro = batch.rows(micro_rows if micro_rows is not None else shortest)
-            share = micro_batch_share(micro.completion_mask, mini_mask, mode=self.config.estimator.loss_agg_mode,
-                                      norm_length=self.config.sample.max_new_tokens) if micro_rows is not None else 0.0
+            share = (
+                micro_batch_share(
+                    micro.completion_mask,
+                    mini_mask,
+                    mode=self.config.estimator.loss_agg_mode,
+                    norm_length=self.config.sample.max_new_tokens,
+                )
+                if micro_rows is not None
+                else 0.0
+            )
             loss, metrics = self._loss(micro)
             (loss * share * self.world_size).backward()  # FSDP averages the gradients of the ranks
             for key, value in metrics.items():
@@ -244,17 +284,35 @@ class LMLearner:
     def _loss(self, micro: LMBatch) -> tuple[torch.Tensor, dict[str, float]]:
         """The unified objective of a micro-batch and its metrics."""
         est = self.config.estimator
-        out = self.policy.evaluate(micro.input_ids, micro.attention_mask, micro.completion_length,
-                                   temperature=self.config.sample.temperature, with_entropy=True,
-                                   entropy_grad=est.entropy_coef > 0,
-                                   with_values=self.policy.has_critic)
+        out = self.policy.evaluate(
+            micro.input_ids,
+            micro.attention_mask,
+            micro.completion_length,
+            temperature=self.config.sample.temperature,
+            with_entropy=True,
+            entropy_grad=est.entropy_coef > 0,
+            with_values=self.policy.has_critic,
+        )
         batch = ObjectiveBatch(
-            logprobs=out.logprobs, behaviour_logprobs=micro.behaviour_logprobs, advantages=micro.advantages,
-            mask=micro.completion_mask, proximal_logprobs=micro.proximal_logprobs, age=micro.ages,
-            entropy=out.entropy, values=out.values, old_values=micro.values, returns=micro.returns,
-            reference_logprobs=micro.reference_logprobs)
-        out = objective.unified_objective(batch, est, kl_coef=0.0 if est.kl_in_reward else self.kl_coef,
-                                          report_importance_ess=micro.ages is not None, tis_cap=self.tis_cap)
+            logprobs=out.logprobs,
+            behaviour_logprobs=micro.behaviour_logprobs,
+            advantages=micro.advantages,
+            mask=micro.completion_mask,
+            proximal_logprobs=micro.proximal_logprobs,
+            age=micro.ages,
+            entropy=out.entropy,
+            values=out.values,
+            old_values=micro.values,
+            returns=micro.returns,
+            reference_logprobs=micro.reference_logprobs,
+        )
+        out = objective.unified_objective(
+            batch,
+            est,
+            kl_coef=0.0 if est.kl_in_reward else self.kl_coef,
+            report_importance_ess=micro.ages is not None,
+            tis_cap=self.tis_cap,
+        )
         return out.loss, out.metrics
 
     def close(self) -> None:
@@ -278,9 +336,13 @@ class LMLearner:
 
     def state(self, optimizer_meta: dict) -> dict:
         """The JSON part of ``checkpoint``, around the optimizer's metadata."""
-        return {"optimizer": optimizer_meta, "kl_controller": self.kl_controller.state_dict(),
-                "generator": generator_state(self.generator), "lr_fraction": self.lr_fraction,
-                "lr_factor": self.lr_factor}
+        return {
+            "optimizer": optimizer_meta,
+            "kl_controller": self.kl_controller.state_dict(),
+            "generator": generator_state(self.generator),
+            "lr_fraction": self.lr_fraction,
+            "lr_factor": self.lr_factor,
+        }
 
     def restore(self, tensors: dict[str, torch.Tensor], state: dict) -> None:
         """Set the learner back to a state from ``checkpoint``."""

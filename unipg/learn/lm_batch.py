@@ -53,15 +53,18 @@ class LMBatch:
 
     @classmethod
     def from_generation(cls, generation: Generation, scores: list[float]) -> LMBatch:
-        return cls(input_ids=torch.cat([generation.prompt_ids, generation.completion_ids], dim=1),
-                   attention_mask=torch.cat([generation.prompt_mask, generation.completion_mask], dim=1),
-                   completion_mask=generation.completion_mask.float(),
-                   behaviour_logprobs=generation.behaviour_logprobs,
-                   scores=torch.tensor(scores, dtype=torch.float32))
+        return cls(
+            input_ids=torch.cat([generation.prompt_ids, generation.completion_ids], dim=1),
+            attention_mask=torch.cat([generation.prompt_mask, generation.completion_mask], dim=1),
+            completion_mask=generation.completion_mask.float(),
+            behaviour_logprobs=generation.behaviour_logprobs,
+            scores=torch.tensor(scores, dtype=torch.float32),
+        )
 
     @classmethod
-    def from_trajectories(cls, episodes: list, pad_id: int, version: int | None = None,
-                          groups: list[int] | None = None) -> LMBatch:
+    def from_trajectories(
+        cls, episodes: list, pad_id: int, version: int | None = None, groups: list[int] | None = None
+    ) -> LMBatch:
         """Episodes of the agent loop, a row per trajectory (each episode's own, then its ``side`` ones): the
         prompt left-padded, every later token right-padded; the loss mask (1 on sampled tokens only) is the
         completion mask. ``groups``: the group of each episode (None: consecutive groups). With the learner's
@@ -74,8 +77,9 @@ class LMBatch:
         turns = max(max(t.turns for t in trajectories), 1)
         batch = len(trajectories)
         ids = torch.full((batch, width), pad_id, dtype=torch.long)
-        real, loss_mask, behaviour = (torch.zeros((batch, width), dtype=dtype) for dtype in
-                                      (torch.long, torch.float32, torch.float32))
+        real, loss_mask, behaviour = (
+            torch.zeros((batch, width), dtype=dtype) for dtype in (torch.long, torch.float32, torch.float32)
+        )
         token_turns = torch.full((batch, width), -1, dtype=torch.long)
         turn_rewards, turn_mask = torch.zeros((batch, turns)), torch.zeros((batch, turns))
         ages = torch.zeros((batch, width)) if version is not None else None
@@ -86,17 +90,24 @@ class LMBatch:
             loss_mask[row, :n] = torch.tensor(t.loss_mask, dtype=torch.float32)
             behaviour[row, :n] = torch.tensor(t.behaviour_logprobs, dtype=torch.float32)
             token_turns[row, :n] = torch.tensor(t.turn_of_token, dtype=torch.long)
-            turn_rewards[row, :t.turns] = torch.tensor(t.step_rewards, dtype=torch.float32)
-            turn_mask[row, :t.turns] = 1
+            turn_rewards[row, : t.turns] = torch.tensor(t.step_rewards, dtype=torch.float32)
+            turn_mask[row, : t.turns] = 1
             if ages is not None and t.turns:
                 turn_ages = torch.tensor([version - v for v in t.policy_versions], dtype=torch.float32)
                 ages[row, :n] = turn_ages[token_turns[row, :n].clamp(min=0)] * loss_mask[row, :n]
-        return cls(input_ids=torch.cat([prompt_ids, ids], dim=1), attention_mask=torch.cat([prompt_mask, real], dim=1),
-                   completion_mask=loss_mask, behaviour_logprobs=behaviour,
-                   scores=torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
-                   token_turns=token_turns, turn_rewards=turn_rewards, turn_mask=turn_mask, ages=ages,
-                   episodes=torch.tensor(episode_of_row, dtype=torch.long),
-                   groups=None if groups is None else torch.tensor(groups, dtype=torch.long)[episode_of_row])
+        return cls(
+            input_ids=torch.cat([prompt_ids, ids], dim=1),
+            attention_mask=torch.cat([prompt_mask, real], dim=1),
+            completion_mask=loss_mask,
+            behaviour_logprobs=behaviour,
+            scores=torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
+            token_turns=token_turns,
+            turn_rewards=turn_rewards,
+            turn_mask=turn_mask,
+            ages=ages,
+            episodes=torch.tensor(episode_of_row, dtype=torch.long),
+            groups=None if groups is None else torch.tensor(groups, dtype=torch.long)[episode_of_row],
+        )
 
     def move_to(self, device: torch.device) -> LMBatch:
         """Put every tensor of the batch on ``device``, in place (the learner's: where its model is); returns it."""
@@ -116,19 +127,31 @@ class LMBatch:
         micro-batch holding the same rows as a no-grad pass sees exactly the same tensors.
         """
         index = index.sort().values
-        fields = {name: (value[index] if isinstance(value, torch.Tensor) else value)
-                  for name, value in vars(self).items()}
+        fields = {
+            name: (value[index] if isinstance(value, torch.Tensor) else value) for name, value in vars(self).items()
+        }
         sub = LMBatch(**fields)
         first_real = int(sub.attention_mask.argmax(dim=1).min())  # leftmost prompt token of any row
         prompt_width = sub.input_ids.shape[1] - sub.completion_length
         real = sub.attention_mask[:, prompt_width:]  # (b, C) sampled and inserted tokens after the prompt
-        keep = max(int((real * torch.arange(1, real.shape[1] + 1, device=real.device)).max()), 1)  # last real column, 1-based
+        keep = max(
+            int((real * torch.arange(1, real.shape[1] + 1, device=real.device)).max()), 1
+        )  # last real column, 1-based
         drop = sub.completion_length - keep
         if first_real > 0 or drop > 0:
             end = sub.input_ids.shape[1] - drop
             sub.input_ids, sub.attention_mask = sub.input_ids[:, first_real:end], sub.attention_mask[:, first_real:end]
-            for name in ("completion_mask", "behaviour_logprobs", "reference_logprobs", "values", "advantages", "returns",
-                         "token_turns", "ages", "proximal_logprobs"):
+            for name in (
+                "completion_mask",
+                "behaviour_logprobs",
+                "reference_logprobs",
+                "values",
+                "advantages",
+                "returns",
+                "token_turns",
+                "ages",
+                "proximal_logprobs",
+            ):
                 value = getattr(sub, name)
                 if value is not None:
                     setattr(sub, name, value[:, :keep])
@@ -158,8 +181,9 @@ def token_budget_micro_batches(lengths: torch.Tensor, budget: int) -> list[torch
     return [torch.tensor(sorted(group), dtype=torch.long) for group in groups]
 
 
-def split_across_ranks(groups: list[torch.Tensor], lengths: torch.Tensor,
-                       world_size: int) -> list[list[torch.Tensor | None]]:
+def split_across_ranks(
+    groups: list[torch.Tensor], lengths: torch.Tensor, world_size: int
+) -> list[list[torch.Tensor | None]]:
     """Micro-batches (index tensors into ``lengths``) dealt to ``world_size`` ranks: at most ⌈n / world_size⌉
     each, the most tokens first to the rank with the fewest so far, so that ranks run their i-th micro-batches
     (which are collective for a sharded model) in step and on similar token counts. Every rank gets as many
@@ -207,8 +231,9 @@ def episode_ends(completion_mask: torch.Tensor) -> torch.Tensor:
     return dones.scatter_(1, last_sampled(completion_mask)[:, None], 1.0)
 
 
-def lm_advantages(batch: LMBatch, est: EstimatorConfig, *, group_size: int,
-                  kl_coef: float) -> tuple[torch.Tensor, torch.Tensor]:
+def lm_advantages(
+    batch: LMBatch, est: EstimatorConfig, *, group_size: int, kl_coef: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(advantages, returns), (B, C), from the configured estimator over groups of ``group_size`` completions
     of one prompt; 0 on padding and inserted tokens."""
     mask = batch.completion_mask
@@ -220,8 +245,9 @@ def lm_advantages(batch: LMBatch, est: EstimatorConfig, *, group_size: int,
     if family == "group":
         heads, order, row_episode = episode_layout(batch, group_size)
         per_episode = torch.empty_like(rewards[heads, 0])  # (N,) in episode order
-        per_episode[order] = ADVANTAGES.call(est.advantage, {"scores": rewards.sum(1)[heads[order]],
-                                                             "group_size": group_size}, est)
+        per_episode[order] = ADVANTAGES.call(
+            est.advantage, {"scores": rewards.sum(1)[heads[order]], "group_size": group_size}, est
+        )
         advantages = broadcast_to_tokens(per_episode[row_episode], mask)
         returns = broadcast_to_tokens(rewards.sum(1), mask)
     elif family == "turn":
@@ -230,8 +256,13 @@ def lm_advantages(batch: LMBatch, est: EstimatorConfig, *, group_size: int,
     else:  # step estimators see the sampled tokens as consecutive steps, inserted tokens removed
         packed_rewards, packed_mask = pack_masked(rewards, mask)
         values = pack_masked(batch.values * mask, mask)[0] if batch.values is not None else None
-        data = {"rewards": packed_rewards, "values": values, "dones": episode_ends(packed_mask), "mask": packed_mask,
-                "bootstrap_value": None}  # the episode ends on the last sampled token: nothing to bootstrap
+        data = {
+            "rewards": packed_rewards,
+            "values": values,
+            "dones": episode_ends(packed_mask),
+            "mask": packed_mask,
+            "bootstrap_value": None,
+        }  # the episode ends on the last sampled token: nothing to bootstrap
         advantages, returns = ADVANTAGES.call(est.advantage, data, est)
         advantages, returns = unpack_masked(advantages, mask), unpack_masked(returns, mask)
     if est.normalize_advantages:
@@ -263,19 +294,23 @@ def episode_layout(batch: LMBatch, group_size: int) -> tuple[torch.Tensor, torch
     _, row_episode = torch.unique(batch.episodes, return_inverse=True)  # episodes numbered 0..N-1
     count = int(row_episode.max()) + 1 if rows else 0
     heads = torch.full((count,), rows, dtype=torch.long, device=index.device).scatter_reduce(
-        0, row_episode, index, reduce="amin")
+        0, row_episode, index, reduce="amin"
+    )
     if batch.groups is None:
         return heads, torch.arange(count, device=index.device), row_episode
     group_of_episode = batch.groups[heads]
     sizes = torch.unique(group_of_episode, return_counts=True)[1]
     if bool((sizes != group_size).any()):
-        raise ValueError(f"a group holds {int(sizes[sizes != group_size][0])} episodes; a group-relative "
-                         f"advantage compares samples_per_prompt ({group_size}) episodes of one prompt")
+        raise ValueError(
+            f"a group holds {int(sizes[sizes != group_size][0])} episodes; a group-relative "
+            f"advantage compares samples_per_prompt ({group_size}) episodes of one prompt"
+        )
     return heads, torch.sort(group_of_episode, stable=True).indices, row_episode
 
 
-def lm_turn_level_advantages(batch: LMBatch, rewards: torch.Tensor, est: EstimatorConfig,
-                             group_size: int) -> torch.Tensor:
+def lm_turn_level_advantages(
+    batch: LMBatch, rewards: torch.Tensor, est: EstimatorConfig, group_size: int
+) -> torch.Tensor:
     """(B, C) advantages of a turn estimator (``turn_level``): per turn of each episode's first row, against the same turn of the
     other episodes of its group; the other rows of an episode (its side trajectories) get the episode's
     advantage at its first turn."""
@@ -284,8 +319,11 @@ def lm_turn_level_advantages(batch: LMBatch, rewards: torch.Tensor, est: Estimat
     turn_rewards, turn_mask = turn_table(batch, rewards)
     scored = heads[order]
     per_turn = torch.empty_like(turn_rewards[heads])  # (N, K)
-    per_turn[order] = ADVANTAGES.call(est.advantage, {"turn_rewards": turn_rewards[scored],
-                                                      "turn_mask": turn_mask[scored], "group_size": group_size}, est)
+    per_turn[order] = ADVANTAGES.call(
+        est.advantage,
+        {"turn_rewards": turn_rewards[scored], "turn_mask": turn_mask[scored], "group_size": group_size},
+        est,
+    )
     per_turn = per_turn[row_episode]  # (B, K) the turns of each row's episode
     if batch.token_turns is None:
         return broadcast_to_tokens(per_turn[:, 0], mask)

@@ -102,8 +102,14 @@ class ObjectiveOutput:
     metrics: dict[str, float] = field(default_factory=dict)  # name → value on this batch
 
 
-def unified_objective(batch: ObjectiveBatch, settings: EstimatorConfig, *, kl_coef: float = 0.0,
-                      report_importance_ess: bool = False, tis_cap: float | None = None) -> ObjectiveOutput:
+def unified_objective(
+    batch: ObjectiveBatch,
+    settings: EstimatorConfig,
+    *,
+    kl_coef: float = 0.0,
+    report_importance_ess: bool = False,
+    tis_cap: float | None = None,
+) -> ObjectiveOutput:
     """policy loss + kl_coef·KL + value_loss_coef·value loss − entropy_coef·entropy of ``batch``.
 
     ``settings`` is the ``estimator`` config section. ``kl_coef`` scales the KL to the reference in the loss
@@ -112,21 +118,22 @@ def unified_objective(batch: ObjectiveBatch, settings: EstimatorConfig, *, kl_co
     weights_* (off-policy weight statistics), importance_ess (when asked) and loss.
     """
     batch, engine_weights = engine_correction(batch, tis_cap)
-    weights = off_policy_weights(settings, batch.logprobs.detach(), batch.behaviour_logprobs, batch.mask,
-                                 age=batch.age)
+    weights = off_policy_weights(settings, batch.logprobs.detach(), batch.behaviour_logprobs, batch.mask, age=batch.age)
     combined = weights.weights if weights is not None else None
     if engine_weights is not None:
         combined = engine_weights if combined is None else combined * engine_weights
     loss, metrics = policy_term(batch, settings, combined)
     if batch.reference_logprobs is not None:
-        kl = KL_ESTIMATORS.call(settings.kl_estimator, {"logprobs": batch.logprobs,
-                                                        "ref_logprobs": batch.reference_logprobs})
+        kl = KL_ESTIMATORS.call(
+            settings.kl_estimator, {"logprobs": batch.logprobs, "ref_logprobs": batch.reference_logprobs}
+        )
         if kl_coef > 0:
             loss = loss + kl_coef * aggregate(kl, batch.mask, mode=settings.loss_agg_mode)
         metrics["kl_to_reference"] = float(masked_mean(kl.detach(), batch.mask))
     if batch.values is not None:
-        critic = value_loss(batch.values, batch.returns, batch.mask, old_values=batch.old_values,
-                            clip_range=settings.value_clip_range)
+        critic = value_loss(
+            batch.values, batch.returns, batch.mask, old_values=batch.old_values, clip_range=settings.value_clip_range
+        )
         loss = loss + settings.value_loss_coef * critic.loss
         metrics["value_loss"] = critic.loss.item()
     if batch.entropy is not None:
@@ -142,14 +149,20 @@ def unified_objective(batch: ObjectiveBatch, settings: EstimatorConfig, *, kl_co
     return ObjectiveOutput(loss, metrics)
 
 
-def policy_term(batch: ObjectiveBatch, settings: EstimatorConfig,
-                weights: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, float]]:
+def policy_term(
+    batch: ObjectiveBatch, settings: EstimatorConfig, weights: torch.Tensor | None
+) -> tuple[torch.Tensor, dict[str, float]]:
     """The configured policy loss weighted by ``weights`` (B, T) w (None: 1), its metrics, and approx_kl (k3 of
     KL(μ‖π)) where the loss does not report it."""
     proximal = batch.behaviour_logprobs if batch.proximal_logprobs is None else batch.proximal_logprobs
-    data = {"logprobs": batch.logprobs, "behaviour_logprobs": batch.behaviour_logprobs,
-            "proximal_logprobs": proximal, "advantages": batch.advantages, "mask": batch.mask,
-            "weights": weights}
+    data = {
+        "logprobs": batch.logprobs,
+        "behaviour_logprobs": batch.behaviour_logprobs,
+        "proximal_logprobs": proximal,
+        "advantages": batch.advantages,
+        "mask": batch.mask,
+        "weights": weights,
+    }
     out = POLICY_LOSSES.call(settings.policy_loss, data, settings)
     metrics = {"policy_loss": out.loss.item(), **{k: float(v) for k, v in out.metrics.items()}}
     if "approx_kl" not in metrics:
@@ -159,16 +172,25 @@ def policy_term(batch: ObjectiveBatch, settings: EstimatorConfig,
     return out.loss, metrics
 
 
-def off_policy_weights(settings: EstimatorConfig, logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor,
-                       mask: torch.Tensor, age: torch.Tensor | None = None) -> OffPolicyWeights | None:
+def off_policy_weights(
+    settings: EstimatorConfig,
+    logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    age: torch.Tensor | None = None,
+) -> OffPolicyWeights | None:
     """The configured off-policy weight w(ρ, age) (B, T) of the unified objective, or None for 'none'.
 
     ``age`` (B,) or (B, T) is the current policy version minus the behaviour version (0 when synchronous).
     """
     if settings.off_policy_weight == "none":
         return None
-    data = {"logprobs": logprobs, "behaviour_logprobs": behaviour_logprobs, "mask": mask,
-            "age": torch.zeros_like(mask) if age is None else age}
+    data = {
+        "logprobs": logprobs,
+        "behaviour_logprobs": behaviour_logprobs,
+        "mask": mask,
+        "age": torch.zeros_like(mask) if age is None else age,
+    }
     return OFF_POLICY_WEIGHTS.call(settings.off_policy_weight, data, settings)
 
 
@@ -198,8 +220,10 @@ def engine_correction(batch: ObjectiveBatch, tis_cap: float | None) -> tuple[Obj
     if tis_cap is None:
         return batch, None
     if batch.proximal_logprobs is None:
-        raise ValueError("correcting the engine gap needs the trainer's log-probs before the update "
-                         "(ObjectiveBatch.proximal_logprobs); compute them with the weights that sampled the batch")
+        raise ValueError(
+            "correcting the engine gap needs the trainer's log-probs before the update "
+            "(ObjectiveBatch.proximal_logprobs); compute them with the weights that sampled the batch"
+        )
     fresh = fresh_tokens(batch.mask, batch.age)
     tis = engine_mismatch_weights(batch.proximal_logprobs, batch.behaviour_logprobs, fresh, cap=tis_cap).weights
     weights = torch.where(fresh, tis, torch.ones_like(tis)) * batch.mask.to(tis.dtype)

@@ -40,8 +40,9 @@ class SFTBatch:
     def rows(self, indices: torch.Tensor) -> SFTBatch:
         """The selected rows, cut to the longest of them so that a batch carries no all-padding column."""
         length = int(self.attention_mask[indices].sum(dim=1).max())
-        return SFTBatch(self.input_ids[indices, :length], self.attention_mask[indices, :length],
-                        self.labels[indices, :length])
+        return SFTBatch(
+            self.input_ids[indices, :length], self.attention_mask[indices, :length], self.labels[indices, :length]
+        )
 
     def to(self, device: torch.device) -> SFTBatch:
         return SFTBatch(self.input_ids.to(device), self.attention_mask.to(device), self.labels.to(device))
@@ -50,8 +51,9 @@ class SFTBatch:
 Completion = str | list[tuple[str, bool]]  # a completion text, or (text, trained) segments of several turns
 
 
-def tokenize_pairs(tokenizer: PreTrainedTokenizerBase,
-                   pairs: list[tuple[str, Completion]]) -> list[tuple[list[int], list[int], list[bool]]]:
+def tokenize_pairs(
+    tokenizer: PreTrainedTokenizerBase, pairs: list[tuple[str, Completion]]
+) -> list[tuple[list[int], list[int], list[bool]]]:
     """Token ids of each (rendered prompt, completion), and which completion tokens are trained.
 
     A text completion gets the EOS suffix and is trained entirely. A multi-turn demonstration comes as
@@ -82,7 +84,7 @@ def fit_context(tokenized: list[tuple], context: int | None) -> list[tuple]:
         return tokenized
     fitted = []
     for prompt_ids, ids, trained in tokenized:
-        prompt_ids = prompt_ids[-(context - 1):]
+        prompt_ids = prompt_ids[-(context - 1) :]
         room = context - len(prompt_ids)
         fitted.append((prompt_ids, ids[:room], trained[:room]))
     return fitted
@@ -105,7 +107,7 @@ def build_sft_batch(examples: list[tuple], pad_token_id: int) -> SFTBatch:
         completion_labels = torch.tensor(completion, dtype=torch.long)
         if trained:
             completion_labels[~torch.tensor(trained[0], dtype=torch.bool)] = IGNORE_INDEX
-        labels[row, len(prompt):end] = completion_labels
+        labels[row, len(prompt) : end] = completion_labels
     return SFTBatch(input_ids, attention_mask, labels)
 
 
@@ -124,8 +126,9 @@ def completion_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.T
     return loss, token_accuracy
 
 
-def sft_learning_rate(step: int, *, peak: float, warmup_steps: int, total_steps: int,
-                      final_fraction: float = 0.1) -> float:
+def sft_learning_rate(
+    step: int, *, peak: float, warmup_steps: int, total_steps: int, final_fraction: float = 0.1
+) -> float:
     """Learning rate at 0-based `step`: linear warmup to `peak`, then cosine decay to `final_fraction · peak`.
 
     lr(s) = peak · (s+1)/W for s < W, else peak · (f + (1−f) · ½(1 + cos(π · (s−W)/(S−W−1)))).
@@ -165,7 +168,7 @@ def length_grouped_batches(lengths: list[int], batch_size: int, generator: torch
         order = order[: len(order) - len(order) % batch_size]
         batches = []
         for start in range(0, len(order), batch_size * group):
-            pool = order[start:start + batch_size * group]
+            pool = order[start : start + batch_size * group]
             pool = pool[torch.argsort(lengths_tensor[pool], stable=True)]
             batches.extend(pool.split(batch_size))
         for index in torch.randperm(len(batches), generator=generator):
@@ -174,8 +177,10 @@ def length_grouped_batches(lengths: list[int], batch_size: int, generator: torch
 
 def require_pad_token(tokenizer: PreTrainedTokenizerBase) -> int:
     if tokenizer.pad_token_id is None:
-        raise ValueError("the tokenizer has no pad token, so batches cannot be padded; "
-                         "call unipg.policy.chat.check_tokenizer(tokenizer, name) first")
+        raise ValueError(
+            "the tokenizer has no pad token, so batches cannot be padded; "
+            "call unipg.policy.chat.check_tokenizer(tokenizer, name) first"
+        )
     return tokenizer.pad_token_id
 
 
@@ -225,8 +230,10 @@ def sft_train(
     max_grad_norm: float = 1.0,
     seed: int = 0,
     group_by_length: bool = False,
-    log_every: int = 50, on_log: Callable[[int, dict], None] | None = None,
-    stop_every: int = 0, should_stop: Callable[[int], bool] | None = None,
+    log_every: int = 50,
+    on_log: Callable[[int, dict], None] | None = None,
+    stop_every: int = 0,
+    should_stop: Callable[[int], bool] | None = None,
 ) -> dict:
     """Fine-tune `model` in place on (rendered prompt, completion) pairs; return the final metrics.
 
@@ -242,27 +249,38 @@ def sft_train(
     if not pairs:
         raise ValueError("sft_train needs at least one (prompt, completion) pair")
     device = next(model.parameters()).device
-    dataset, batches, tokens_per_batch = sft_batches(model, tokenizer, pairs, batch_size=batch_size, seed=seed,
-                                                     group_by_length=group_by_length)
+    dataset, batches, tokens_per_batch = sft_batches(
+        model, tokenizer, pairs, batch_size=batch_size, seed=seed, group_by_length=group_by_length
+    )
     optimizer = make_optimizer(model, learning_rate, weight_decay)
     recent_losses, recent_accuracies = deque(maxlen=log_every), deque(maxlen=log_every)  # scalar tensors per step
 
     def window_metrics() -> dict:
-        return {"loss": torch.stack(list(recent_losses)).mean().item(),
-                "token_accuracy": torch.stack(list(recent_accuracies)).mean().item()}
+        return {
+            "loss": torch.stack(list(recent_losses)).mean().item(),
+            "token_accuracy": torch.stack(list(recent_accuracies)).mean().item(),
+        }
+
     model.train()
     clock = TrainingClock()
     for step in range(steps):
         for group in optimizer.param_groups:
             group["lr"] = sft_learning_rate(step, peak=learning_rate, warmup_steps=warmup_steps, total_steps=steps)
-        loss, token_accuracy = sft_step(model, optimizer, dataset.rows(next(batches)).to(device), max_grad_norm,
-                                        tokens_per_batch)
+        loss, token_accuracy = sft_step(
+            model, optimizer, dataset.rows(next(batches)).to(device), max_grad_norm, tokens_per_batch
+        )
         recent_losses.append(loss)
         recent_accuracies.append(token_accuracy)
         if on_log is not None and (step + 1) % log_every == 0:
             with clock.paused():
-                on_log(step + 1, {**window_metrics(), "learning_rate": optimizer.param_groups[0]["lr"],
-                                  "steps_per_second": log_every / clock.window()})
+                on_log(
+                    step + 1,
+                    {
+                        **window_metrics(),
+                        "learning_rate": optimizer.param_groups[0]["lr"],
+                        "steps_per_second": log_every / clock.window(),
+                    },
+                )
         if should_stop is not None and stop_every and (step + 1) % stop_every == 0 and step + 1 < steps:
             with clock.paused():
                 stopped = should_stop(step + 1)
@@ -274,8 +292,15 @@ def sft_train(
     return {**final, "steps": steps, "seconds": clock.total()}
 
 
-def sft_batches(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pairs: list[tuple[str, Completion]], *,
-                batch_size: int, seed: int, group_by_length: bool):
+def sft_batches(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    pairs: list[tuple[str, Completion]],
+    *,
+    batch_size: int,
+    seed: int,
+    group_by_length: bool,
+):
     """The tokenized pairs as one ``SFTBatch``, an endless iterator of mini-batch row indices drawn by a generator
     seeded with ``seed``, and the token count each loss is divided by (None: each batch's own, see ``sft_step``)."""
     tokenized = fit_context(tokenize_pairs(tokenizer, pairs), context_length(model))
@@ -283,16 +308,22 @@ def sft_batches(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pair
     generator = torch.Generator().manual_seed(seed)
     if not group_by_length:
         return dataset, shuffled_batches(len(pairs), batch_size, generator), None
-    batches = length_grouped_batches([len(prompt) + len(completion) for prompt, completion, _ in tokenized],
-                                     batch_size, generator)
+    batches = length_grouped_batches(
+        [len(prompt) + len(completion) for prompt, completion, _ in tokenized], batch_size, generator
+    )
     # A batch of short rows must not weigh as much as a batch of long ones: divide by the token count
     # of an average batch, not by this batch's own.
     tokens_per_batch = batch_size * float((dataset.labels[:, 1:] != IGNORE_INDEX).sum()) / len(pairs)
     return dataset, batches, tokens_per_batch
 
 
-def sft_step(model: PreTrainedModel, optimizer: torch.optim.Optimizer, batch: SFTBatch,
-             max_grad_norm: float, tokens_per_batch: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def sft_step(
+    model: PreTrainedModel,
+    optimizer: torch.optim.Optimizer,
+    batch: SFTBatch,
+    max_grad_norm: float,
+    tokens_per_batch: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One gradient step on the completion loss; returns the (detached) token-mean loss and token accuracy.
 
     With `tokens_per_batch` the step minimises the token sum divided by that constant instead of by the
@@ -311,8 +342,14 @@ def sft_step(model: PreTrainedModel, optimizer: torch.optim.Optimizer, batch: SF
 
 
 @torch.no_grad()
-def greedy_completions(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[str], *,
-                       batch_size: int = 128, max_new_tokens: int = 16) -> list[str]:
+def greedy_completions(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[str],
+    *,
+    batch_size: int = 128,
+    max_new_tokens: int = 16,
+) -> list[str]:
     """Greedy continuation of each rendered prompt, cut at the first EOS, special tokens dropped, stripped.
 
     Uses the project's sampler (``LMPolicy.sample`` at temperature 0), which left-pads from the ids, so the
@@ -324,15 +361,22 @@ def greedy_completions(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBas
     prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
     completions: list[str] = []
     for first in range(0, len(prompt_ids), batch_size):
-        generation = policy.sample(prompt_ids[first:first + batch_size], max_new_tokens=max_new_tokens,
-                                   temperature=0.0)
+        generation = policy.sample(
+            prompt_ids[first : first + batch_size], max_new_tokens=max_new_tokens, temperature=0.0
+        )
         completions += [text.strip() for text in generation.texts]
     model.train(was_training)
     return completions
 
 
-def sft_accuracy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pairs: list[tuple[str, str]], *,
-                 batch_size: int = 128, max_new_tokens: int = 16) -> float:
+def sft_accuracy(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    pairs: list[tuple[str, str]],
+    *,
+    batch_size: int = 128,
+    max_new_tokens: int = 16,
+) -> float:
     """Fraction of (rendered prompt, completion) pairs whose greedy completion equals the expected one.
 
     Both sides are compared stripped of surrounding whitespace. A quick exact-match check for tests and the
@@ -340,7 +384,8 @@ def sft_accuracy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pai
     """
     if not pairs:
         raise ValueError("sft_accuracy needs at least one (prompt, completion) pair")
-    completions = greedy_completions(model, tokenizer, [prompt for prompt, _ in pairs],
-                                     batch_size=batch_size, max_new_tokens=max_new_tokens)
+    completions = greedy_completions(
+        model, tokenizer, [prompt for prompt, _ in pairs], batch_size=batch_size, max_new_tokens=max_new_tokens
+    )
     matches = sum(completion == expected.strip() for completion, (_, expected) in zip(completions, pairs))
     return matches / len(pairs)

@@ -167,8 +167,13 @@ class LocalRanks:
         for rank in range(world_size):
             mine, theirs = context.Pipe()
             self._pipes.append(mine)
-            self._processes.append(context.Process(target=_serve, daemon=True, args=(
-                LearnerRank(rank, world_size, config, weights), "127.0.0.1", port, theirs)))
+            self._processes.append(
+                context.Process(
+                    target=_serve,
+                    daemon=True,
+                    args=(LearnerRank(rank, world_size, config, weights), "127.0.0.1", port, theirs),
+                )
+            )
         for process in self._processes:
             process.start()
         try:
@@ -263,8 +268,10 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
 def _gathered_optimizer_state(optimizer: torch.optim.Optimizer) -> dict:
     """``optimizer.state_dict()`` with every sharded state tensor gathered whole (collective: all ranks call)."""
     state_dict = optimizer.state_dict()
-    state = {index: {key: _full(value) if isinstance(value, torch.Tensor) else value for key, value in entry.items()}
-             for index, entry in sorted(state_dict["state"].items())}
+    state = {
+        index: {key: _full(value) if isinstance(value, torch.Tensor) else value for key, value in entry.items()}
+        for index, entry in sorted(state_dict["state"].items())
+    }
     return {"state": state, "param_groups": state_dict["param_groups"]}
 
 

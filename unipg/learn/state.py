@@ -42,10 +42,17 @@ def rng_state() -> dict:
     """The global Python, NumPy, torch CPU and (if present) CUDA generator states, as JSON-ready values."""
     version, internal, gauss_next = random.getstate()
     kind, keys, position, has_gauss, cached_gaussian = np.random.get_state()
-    state = {"python": {"version": version, "internal": list(internal), "gauss_next": gauss_next},
-             "numpy": {"kind": kind, "keys": keys.tolist(), "position": int(position), "has_gauss": int(has_gauss),
-                       "cached_gaussian": float(cached_gaussian)},
-             "torch": _encode_bytes(torch.get_rng_state())}
+    state = {
+        "python": {"version": version, "internal": list(internal), "gauss_next": gauss_next},
+        "numpy": {
+            "kind": kind,
+            "keys": keys.tolist(),
+            "position": int(position),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached_gaussian),
+        },
+        "torch": _encode_bytes(torch.get_rng_state()),
+    }
     if torch.cuda.is_available():
         state["cuda"] = [_encode_bytes(device_state) for device_state in torch.cuda.get_rng_state_all()]
     return state
@@ -56,14 +63,24 @@ def restore_rng(state: dict) -> None:
     python = state["python"]
     random.setstate((python["version"], tuple(python["internal"]), python["gauss_next"]))
     numpy = state["numpy"]
-    np.random.set_state((numpy["kind"], np.asarray(numpy["keys"], dtype=np.uint32), numpy["position"],
-                         numpy["has_gauss"], numpy["cached_gaussian"]))
+    np.random.set_state(
+        (
+            numpy["kind"],
+            np.asarray(numpy["keys"], dtype=np.uint32),
+            numpy["position"],
+            numpy["has_gauss"],
+            numpy["cached_gaussian"],
+        )
+    )
     torch.set_rng_state(_decode_bytes(state["torch"]))
     saved_cuda = state.get("cuda", [])
     available = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if len(saved_cuda) != available:
-        warnings.warn(f"the checkpoint holds RNG states of {len(saved_cuda)} CUDA devices and this machine has "
-                      f"{available}; restoring the first {min(len(saved_cuda), available)}", RuntimeWarning)
+        warnings.warn(
+            f"the checkpoint holds RNG states of {len(saved_cuda)} CUDA devices and this machine has "
+            f"{available}; restoring the first {min(len(saved_cuda), available)}",
+            RuntimeWarning,
+        )
     for device, device_state in enumerate(saved_cuda[:available]):
         torch.cuda.set_rng_state(_decode_bytes(device_state), device=device)
 
@@ -79,8 +96,10 @@ def _to_json(value, where: str):
         return {"__tuple__": [_to_json(item, where) for item in value]}
     if isinstance(value, list):
         return [_to_json(item, where) for item in value]
-    raise TypeError(f"optimizer value {where} is a {type(value).__name__}; a checkpoint stores only tensors, "
-                    "numbers, strings, None and lists or tuples of them")
+    raise TypeError(
+        f"optimizer value {where} is a {type(value).__name__}; a checkpoint stores only tensors, "
+        "numbers, strings, None and lists or tuples of them"
+    )
 
 
 def _from_json(value):
@@ -121,8 +140,9 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch
 
 def load_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict) -> None:
     """Restore ``optimizer`` from the output of ``optimizer_tensors`` (hyperparameters included)."""
-    state = {int(index): {key: _from_json(value) for key, value in values.items()}
-             for index, values in meta["state"].items()}
+    state = {
+        int(index): {key: _from_json(value) for key, value in values.items()} for index, values in meta["state"].items()
+    }
     groups = [{key: _from_json(value) for key, value in group.items()} for group in meta["param_groups"]]
     for name, tensor in tensors.items():
         section, index, key = name.split(".", 2)
@@ -131,6 +151,8 @@ def load_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Te
         elif section == "param_groups":
             groups[int(index)][key] = tensor
         else:
-            raise ValueError(f"optimizer tensor {name!r} is neither 'state.<param>.<key>' nor "
-                             "'param_groups.<group>.<key>'; was it written by optimizer_tensors()?")
+            raise ValueError(
+                f"optimizer tensor {name!r} is neither 'state.<param>.<key>' nor "
+                "'param_groups.<group>.<key>'; was it written by optimizer_tensors()?"
+            )
     optimizer.load_state_dict({"state": state, "param_groups": groups})

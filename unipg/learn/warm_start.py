@@ -42,8 +42,14 @@ def demonstration_spec(spec):
     return {key: value for key, value in spec.items() if key != "latency"}
 
 
-EVIDENCE_KEYS = ("evidence_stop", "evidence_every", "evidence_examples", "min_call_validity", "min_argument_accuracy",
-                 "min_answer_accuracy")
+EVIDENCE_KEYS = (
+    "evidence_stop",
+    "evidence_every",
+    "evidence_examples",
+    "min_call_validity",
+    "min_argument_accuracy",
+    "min_answer_accuracy",
+)
 
 
 def warm_start_key(config: Config) -> dict:
@@ -56,11 +62,22 @@ def warm_start_key(config: Config) -> dict:
         sft = {key: value for key, value in sft.items() if key not in EVIDENCE_KEYS}
     else:
         sft["evidence_max_new_tokens"] = config.sample.max_new_tokens
-    key = {"version": WARM_START_VERSION, "model": config.model.name, "embedded_builder": BUILDER_VERSION,
-           "task": config.task.name, "options": config.task.options, "system_prompt": config.task.system_prompt,
-           "tools": tools, "tool_prompt": config.agent.tool_prompt, "sft": sft,
-           **{key: getattr(config.model, key) for key in ("chat_template", "tool_parser")
-              if getattr(config.model, key) is not None}}  # set only: caches built before them keep their key
+    key = {
+        "version": WARM_START_VERSION,
+        "model": config.model.name,
+        "embedded_builder": BUILDER_VERSION,
+        "task": config.task.name,
+        "options": config.task.options,
+        "system_prompt": config.task.system_prompt,
+        "tools": tools,
+        "tool_prompt": config.agent.tool_prompt,
+        "sft": sft,
+        **{
+            key: getattr(config.model, key)
+            for key in ("chat_template", "tool_parser")
+            if getattr(config.model, key) is not None
+        },
+    }  # set only: caches built before them keep their key
     if config.model.dtype != "float32":  # trained in another precision; float32 keys stay as they were
         key["dtype"] = config.model.dtype
     prompts = {role: settings.system_prompt for role, settings in config.agent.roles.items() if settings.system_prompt}
@@ -84,10 +101,15 @@ def resolve_warm_start(config: Config, task: Task, *, root: Path | None = None, 
         steps = config.sft.steps + sum(stage.steps for stage in config.sft.stages)
         threads, count = "", warm_start_threads(config)
         if resolve_device(config.device).type == "cpu":
-            threads = (f" on {count} CPU threads; threads=1 while other work keeps the cores busy" if count > 1
-                       else " on 1 CPU thread")
-        log(f"warm start: fine-tuning {config.model.name} on {task.name} demonstrations "
-            f"({steps} steps{threads}); cached in {folder}")
+            threads = (
+                f" on {count} CPU threads; threads=1 while other work keeps the cores busy"
+                if count > 1
+                else " on 1 CPU thread"
+            )
+        log(
+            f"warm start: fine-tuning {config.model.name} on {task.name} demonstrations "
+            f"({steps} steps{threads}); cached in {folder}"
+        )
         build_warm_start(config, task, folder, log=log)
     model = config.model.model_copy(update={"name": str(folder), "warm_start": False})
     return config.model_copy(update={"model": model})
@@ -99,8 +121,9 @@ def build_warm_start(config: Config, task: Task, folder: Path, *, log=print) -> 
     tokenizer = load_tokenizer(config.model.name, chat_template=config.model.chat_template)
     model = load_causal_lm(config.model.name, dtype=config.model.dtype, device=resolve_device(config.device))
     with cpu_threads(warm_start_threads(config)):
-        metrics = fine_tune_on_demonstrations(model, tokenizer, task, config, seed=0, log_every=250,
-                                              log=lambda text: log(f"warm start: {text}"))
+        metrics = fine_tune_on_demonstrations(
+            model, tokenizer, task, config, seed=0, log_every=250, log=lambda text: log(f"warm start: {text}")
+        )
     scratch = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
     model.save_pretrained(scratch)
     tokenizer.save_pretrained(scratch)
@@ -122,15 +145,23 @@ def warm_start_threads(config: Config) -> int:
     return 1 if config.deterministic else STARTUP_THREADS
 
 
-def fine_tune_on_demonstrations(model, tokenizer, task: Task, config: Config, *, seed: int, log_every: int,
-                                log=print) -> dict:
+def fine_tune_on_demonstrations(
+    model, tokenizer, task: Task, config: Config, *, seed: int, log_every: int, log=print
+) -> dict:
     """Fine-tune on the task's demonstrations: each of ``sft.stages`` in order (the task rebuilt with the
     stage's options), then ``sft.steps`` on the task itself; returns the last stage's final metrics, with the
     ``evidence`` measured on the way (``unipg.learn.evidence``) when ``sft.evidence_stop`` is on."""
     sft = config.sft
-    stages = [(make_task(config.task.name, **{**config.task.options, **stage.options}), stage.steps,
-               stage.learning_rate or sft.learning_rate, stage.batch_size or sft.batch_size, f"stage {index + 1} ")
-              for index, stage in enumerate(sft.stages)]
+    stages = [
+        (
+            make_task(config.task.name, **{**config.task.options, **stage.options}),
+            stage.steps,
+            stage.learning_rate or sft.learning_rate,
+            stage.batch_size or sft.batch_size,
+            f"stage {index + 1} ",
+        )
+        for index, stage in enumerate(sft.stages)
+    ]
     stages.append((task, sft.steps, sft.learning_rate, sft.batch_size, "stage main " if stages else ""))
     metrics, evidence = {}, []
     for index, (stage_task, steps, learning_rate, batch_size, name) in enumerate(stages):
@@ -138,12 +169,20 @@ def fine_tune_on_demonstrations(model, tokenizer, task: Task, config: Config, *,
         check = None
         if sft.evidence_stop == "all" or (sft.evidence_stop == "stages" and index < len(sft.stages)):
             check = evidence_check(model, tokenizer, stage_task, config, stage=name, log=log)
-        metrics = sft_train(model, tokenizer, demonstration_pairs(tokenizer, stage_task, config, train),
-                            steps=steps, batch_size=batch_size, learning_rate=learning_rate,
-                            group_by_length=sft.group_by_length, seed=seed, log_every=log_every,
-                            on_log=lambda step, m, name=name, steps=steps:
-                            log(f"{name}step {step}/{steps} loss {m['loss']:.4f}"),
-                            stop_every=sft.evidence_every, should_stop=check)
+        metrics = sft_train(
+            model,
+            tokenizer,
+            demonstration_pairs(tokenizer, stage_task, config, train),
+            steps=steps,
+            batch_size=batch_size,
+            learning_rate=learning_rate,
+            group_by_length=sft.group_by_length,
+            seed=seed,
+            log_every=log_every,
+            on_log=lambda step, m, name=name, steps=steps: log(f"{name}step {step}/{steps} loss {m['loss']:.4f}"),
+            stop_every=sft.evidence_every,
+            should_stop=check,
+        )
         evidence += check.history if check is not None else []
     return {**metrics, "evidence": evidence} if evidence else metrics
 
@@ -154,14 +193,20 @@ def run_sft(config: Config, output: Path | None = None, *, log=print) -> dict:
     output = output or Path(config.log.output_dir) / f"sft-{task.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     if output.exists() and any(output.iterdir()):
         raise ValueError(f"output folder '{output}' is not empty; choose another --output")
-    tokenizer = load_tokenizer(config.model.name, trust_remote_code=config.model.trust_remote_code,
-                               chat_template=config.model.chat_template)
-    model = load_causal_lm(config.model.name, dtype=config.model.dtype,
-                           trust_remote_code=config.model.trust_remote_code, device=resolve_device(config.device))
+    tokenizer = load_tokenizer(
+        config.model.name, trust_remote_code=config.model.trust_remote_code, chat_template=config.model.chat_template
+    )
+    model = load_causal_lm(
+        config.model.name,
+        dtype=config.model.dtype,
+        trust_remote_code=config.model.trust_remote_code,
+        device=resolve_device(config.device),
+    )
     test = held_out(task, config)
     before = greedy_completion_rate(model, tokenizer, task, config, test)
-    metrics = fine_tune_on_demonstrations(model, tokenizer, task, config, seed=config.seed, log_every=50,
-                                          log=lambda text: log(f"[sft] {text}"))
+    metrics = fine_tune_on_demonstrations(
+        model, tokenizer, task, config, seed=config.seed, log_every=50, log=lambda text: log(f"[sft] {text}")
+    )
     after = greedy_completion_rate(model, tokenizer, task, config, test)
     model.save_pretrained(output)
     tokenizer.save_pretrained(output)

@@ -74,6 +74,7 @@ MEMORY_KEYWORDS = ("rss", "memory", "mem_mb", "allocated")
 
 # ---- reward: flat and oscillating ------------------------------------------------------------------------------
 
+
 def still_rising(view: RewardWindow) -> bool:
     """The reward's trend across the window rises by at least the flat threshold."""
     return view.rise >= FLAT_RISE_FRACTION * view.scale
@@ -83,29 +84,43 @@ def still_rising(view: RewardWindow) -> bool:
 def reward_flat(history: History) -> list[Finding]:
     """Reward shows no upward trend over the window while below its ceiling (and is not oscillating)."""
     view = reward_window(history)
-    if (view is None or view.saturated or still_rising(view)
-            or mean_swing(view.values) > OSCILLATION_SWING_FRACTION * view.scale):
+    if (
+        view is None
+        or view.saturated
+        or still_rising(view)
+        or mean_swing(view.values) > OSCILLATION_SWING_FRACTION * view.scale
+    ):
         return []
     a, b = span(view.steps)
     ceiling = f", ceiling {fmt(view.ceiling)}" if view.ceiling is not None else ""
-    evidence = (f"{view.name} trend moved {view.rise:+.4g} over steps {a}-{b} ({len(view.values)} points, mean "
-                f"{fmt(statistics.fmean(view.values))}{ceiling}); under {FLAT_RISE_FRACTION:.0%} of the reward scale")
-    uniform = history.finite("rollout/uniform_group_fraction")[1][-history.window:]
+    evidence = (
+        f"{view.name} trend moved {view.rise:+.4g} over steps {a}-{b} ({len(view.values)} points, mean "
+        f"{fmt(statistics.fmean(view.values))}{ceiling}); under {FLAT_RISE_FRACTION:.0%} of the reward scale"
+    )
+    uniform = history.finite("rollout/uniform_group_fraction")[1][-history.window :]
     if uniform:
-        evidence += (f"; {statistics.fmean(uniform):.0%} of prompt groups scored all samples alike "
-                     "(no learning signal from them)")
-    filtered = history.finite("async/filtered")[1][-history.window:]
+        evidence += (
+            f"; {statistics.fmean(uniform):.0%} of prompt groups scored all samples alike "
+            "(no learning signal from them)"
+        )
+    filtered = history.finite("async/filtered")[1][-history.window :]
     if filtered and statistics.fmean(filtered) > 0:  # measured after dynamic sampling replaced the alike groups
-        evidence += (f", after dynamic sampling dropped {statistics.fmean(filtered):.3g} trajectories of alike groups "
-                     "per update (async/filtered)")
+        evidence += (
+            f", after dynamic sampling dropped {statistics.fmean(filtered):.3g} trajectories of alike groups "
+            "per update (async/filtered)"
+        )
     alike = "if most groups score alike, the reward gives no signal - make it denser or the task easier."
     if history.setting("estimator.kl_coef") == 0 and history.setting("estimator.target_kl") is None:
-        remedy = ("The policy is hardly changing and no KL term holds it back: raise train.learning_rate, or average "
-                  "more samples per step (a larger train.batch_size) when a larger step only adds noise; " + alike)
+        remedy = (
+            "The policy is hardly changing and no KL term holds it back: raise train.learning_rate, or average "
+            "more samples per step (a larger train.batch_size) when a larger step only adds noise; " + alike
+        )
     else:
-        remedy = ("The policy is hardly changing: raise train.learning_rate or relax the KL constraint (smaller "
-                  "estimator.kl_coef, larger target_kl). train/grad_norm and the KL show which of the two holds it "
-                  "back; " + alike)
+        remedy = (
+            "The policy is hardly changing: raise train.learning_rate or relax the KL constraint (smaller "
+            "estimator.kl_coef, larger target_kl). train/grad_norm and the KL show which of the two holds it "
+            "back; " + alike
+        )
     return [Finding("reward_flat", "warning", evidence, remedy, view.name, (a, b))]
 
 
@@ -117,20 +132,27 @@ def reward_oscillating(history: History) -> list[Finding]:
         return []
     diffs = differences(view.values)
     swing, rise, alternation = mean_swing(view.values), view.rise, sign_alternation(diffs)
-    if (swing <= OSCILLATION_SWING_FRACTION * view.scale
-            or statistics.pstdev(diffs) <= OSCILLATION_SWING_TO_RISE * abs(rise)
-            or alternation < OSCILLATION_ALTERNATION):
+    if (
+        swing <= OSCILLATION_SWING_FRACTION * view.scale
+        or statistics.pstdev(diffs) <= OSCILLATION_SWING_TO_RISE * abs(rise)
+        or alternation < OSCILLATION_ALTERNATION
+    ):
         return []
     a, b = span(view.steps)
-    evidence = (f"{view.name} swings by {fmt(swing)} per step on average over steps {a}-{b} "
-                f"({swing / view.scale:.0%} of the reward scale {fmt(view.scale)}), direction flips "
-                f"{alternation:.0%} of the time, net trend {rise:+.4g}")
-    remedy = ("Updates overshoot: lower train.learning_rate and collect more samples per update (larger batch) "
-              "so the gradient estimate is less noisy; train/grad_norm shows how much it varies.")
+    evidence = (
+        f"{view.name} swings by {fmt(swing)} per step on average over steps {a}-{b} "
+        f"({swing / view.scale:.0%} of the reward scale {fmt(view.scale)}), direction flips "
+        f"{alternation:.0%} of the time, net trend {rise:+.4g}"
+    )
+    remedy = (
+        "Updates overshoot: lower train.learning_rate and collect more samples per update (larger batch) "
+        "so the gradient estimate is less noisy; train/grad_norm shows how much it varies."
+    )
     return [Finding("reward_oscillating", "warning", evidence, remedy, view.name, (a, b))]
 
 
 # ---- KL and gradient spikes ------------------------------------------------------------------------------------
+
 
 @CHECKS.register("kl_spike")
 def kl_spike(history: History) -> list[Finding]:
@@ -140,18 +162,28 @@ def kl_spike(history: History) -> list[Finding]:
     findings = []
     for name in KL_METRICS:
         steps, values = history.finite(name)
-        found = spikes(steps, values, multiple=KL_SPIKE_MEDIAN_MULTIPLE, window=history.window,
-                       floor=KL_NOISE_FLOOR, absolute=absolute)
+        found = spikes(
+            steps,
+            values,
+            multiple=KL_SPIKE_MEDIAN_MULTIPLE,
+            window=history.window,
+            floor=KL_NOISE_FLOOR,
+            absolute=absolute,
+        )
         if not found:
             continue
         step, peak, reference = max(found, key=lambda spike: spike[1])
         against = "no history yet" if math.isnan(reference) else f"running median {fmt(reference)}"
         target_text = f", target_kl {fmt(target)}" if absolute is not None else ""
-        evidence = (f"{name} spiked at {len(found)} step(s) between {found[0][0]} and {found[-1][0]}; peak "
-                    f"{fmt(peak)} at step {step} ({against}{target_text})")
-        remedy = ("The policy jumped away from where it was: raise estimator.kl_coef (or lower target_kl) and "
-                  "lower train.learning_rate; read recent samples too - a sudden KL jump is often the policy "
-                  "exploiting a flaw in the reward.")
+        evidence = (
+            f"{name} spiked at {len(found)} step(s) between {found[0][0]} and {found[-1][0]}; peak "
+            f"{fmt(peak)} at step {step} ({against}{target_text})"
+        )
+        remedy = (
+            "The policy jumped away from where it was: raise estimator.kl_coef (or lower target_kl) and "
+            "lower train.learning_rate; read recent samples too - a sudden KL jump is often the policy "
+            "exploiting a flaw in the reward."
+        )
         findings.append(Finding("kl_spike", "warning", evidence, remedy, name, (found[0][0], found[-1][0])))
     return findings
 
@@ -164,11 +196,15 @@ def grad_norm_exploding(history: History) -> list[Finding]:
     if not found:
         return []
     step, peak, reference = max(found, key=lambda spike: spike[1])
-    evidence = (f"train/grad_norm exceeded {GRAD_SPIKE_MEDIAN_MULTIPLE:g}x its running median at {len(found)} "
-                f"step(s) between {found[0][0]} and {found[-1][0]}; peak {fmt(peak)} at step {step} "
-                f"(median {fmt(reference)})")
-    remedy = ("Lower train.learning_rate, keep train.max_grad_norm set so clipping bounds each step, and "
-              "normalise advantages (estimator.normalize_advantages) and rewards so their scale stays bounded.")
+    evidence = (
+        f"train/grad_norm exceeded {GRAD_SPIKE_MEDIAN_MULTIPLE:g}x its running median at {len(found)} "
+        f"step(s) between {found[0][0]} and {found[-1][0]}; peak {fmt(peak)} at step {step} "
+        f"(median {fmt(reference)})"
+    )
+    remedy = (
+        "Lower train.learning_rate, keep train.max_grad_norm set so clipping bounds each step, and "
+        "normalise advantages (estimator.normalize_advantages) and rewards so their scale stays bounded."
+    )
     return [Finding("grad_norm_exploding", "error", evidence, remedy, "train/grad_norm", (found[0][0], found[-1][0]))]
 
 
@@ -187,26 +223,40 @@ def non_finite_values(history: History) -> list[Finding]:
     parts = [f"{name} at {len(found)} record(s), steps {found[0]}-{found[-1]}" for _, name, found in bad[:5]]
     more = f" and {len(bad) - 5} more metric(s)" if len(bad) > 5 else ""
     evidence = "non-finite (NaN/inf) values: " + "; ".join(parts) + more
-    remedy = ("Every update after the first NaN/inf is suspect: restart from a checkpoint before it with a lower "
-              "train.learning_rate and gradient clipping (train.max_grad_norm), and check that the reward "
-              "function never returns NaN or inf.")
+    remedy = (
+        "Every update after the first NaN/inf is suspect: restart from a checkpoint before it with a lower "
+        "train.learning_rate and gradient clipping (train.max_grad_norm), and check that the reward "
+        "function never returns NaN or inf."
+    )
     first = min(found[0] for _, _, found in bad)
     last = max(found[-1] for _, _, found in bad)
     skipped_steps, skipped = history.finite("train/skipped_steps")
     handled = {step for step, count in zip(skipped_steps, skipped) if count > 0}
     if all(name.startswith("train/") and set(found) <= handled for _, name, found in bad):
-        remedy = ("Rollback skipped those optimizer steps, so nothing non-finite reached the weights; if it keeps "
-                  "happening, lower train.learning_rate or train.max_grad_norm and check the rewards.")
-        return [Finding("non_finite_values", "warning", evidence + " (optimizer steps skipped)", remedy, bad[0][1],
-                        (first, last))]
+        remedy = (
+            "Rollback skipped those optimizer steps, so nothing non-finite reached the weights; if it keeps "
+            "happening, lower train.learning_rate or train.max_grad_norm and check the rewards."
+        )
+        return [
+            Finding(
+                "non_finite_values",
+                "warning",
+                evidence + " (optimizer steps skipped)",
+                remedy,
+                bad[0][1],
+                (first, last),
+            )
+        ]
     return [Finding("non_finite_values", "error", evidence, remedy, bad[0][1], (first, last))]
 
 
 # ---- entropy and diversity -------------------------------------------------------------------------------------
 
-COLLAPSE_REMEDY = ("The policy is turning deterministic and will repeat itself (mode collapse): raise "
-                   "estimator.kl_coef to keep it near the reference model, add an entropy bonus "
-                   "(estimator.entropy_coef > 0), and read samples for repetition.")
+COLLAPSE_REMEDY = (
+    "The policy is turning deterministic and will repeat itself (mode collapse): raise "
+    "estimator.kl_coef to keep it near the reference model, add an entropy bonus "
+    "(estimator.entropy_coef > 0), and read samples for repetition."
+)
 
 
 @CHECKS.register("entropy_collapse")
@@ -221,11 +271,14 @@ def entropy_collapse(history: History) -> list[Finding]:
     view = reward_window(history)
     if view is not None and (view.saturated or still_rising(view)):
         return []
-    evidence = (f"{change.describe('fell')} ({change.latest / change.start:.0%} of its start; collapse below "
-                f"{ENTROPY_COLLAPSE_FRACTION:.0%})")
+    evidence = (
+        f"{change.describe('fell')} ({change.latest / change.start:.0%} of its start; collapse below "
+        f"{ENTROPY_COLLAPSE_FRACTION:.0%})"
+    )
     if view is not None:
-        evidence += (f", while {view.name} stopped rising (trend {view.rise:+.4g} over its last "
-                     f"{len(view.values)} points)")
+        evidence += (
+            f", while {view.name} stopped rising (trend {view.rise:+.4g} over its last {len(view.values)} points)"
+        )
     return [Finding("entropy_collapse", "warning", evidence, COLLAPSE_REMEDY, change.name, change.steps)]
 
 
@@ -235,13 +288,27 @@ def low_diversity(history: History) -> list[Finding]:
     findings = []
     distinct = start_and_latest(history, "rollout/distinct_2")
     if distinct is not None and distinct.latest < DISTINCT_DROP_FRACTION * distinct.start:
-        findings.append(Finding("low_diversity", "warning", distinct.describe("fell"), COLLAPSE_REMEDY,
-                                distinct.name, distinct.steps))
+        findings.append(
+            Finding(
+                "low_diversity", "warning", distinct.describe("fell"), COLLAPSE_REMEDY, distinct.name, distinct.steps
+            )
+        )
     duplicates = start_and_latest(history, "rollout/duplicate_fraction")
-    if (duplicates is not None and duplicates.latest > DUPLICATE_FRACTION_MAX
-            and duplicates.latest - duplicates.start >= DUPLICATE_RISE_MIN):
-        findings.append(Finding("low_diversity", "warning", duplicates.describe("rose"), COLLAPSE_REMEDY,
-                                duplicates.name, duplicates.steps))
+    if (
+        duplicates is not None
+        and duplicates.latest > DUPLICATE_FRACTION_MAX
+        and duplicates.latest - duplicates.start >= DUPLICATE_RISE_MIN
+    ):
+        findings.append(
+            Finding(
+                "low_diversity",
+                "warning",
+                duplicates.describe("rose"),
+                COLLAPSE_REMEDY,
+                duplicates.name,
+                duplicates.steps,
+            )
+        )
     return findings
 
 
@@ -249,33 +316,47 @@ def low_diversity(history: History) -> list[Finding]:
 def clip_fraction_high(history: History) -> list[Finding]:
     """The recent mean clip fraction is above what a healthy PPO update clips."""
     steps, values = history.finite("train/clip_fraction")
-    steps, values = steps[-history.window:], values[-history.window:]
+    steps, values = steps[-history.window :], values[-history.window :]
     if len(values) < LEVEL_POINTS or statistics.fmean(values) <= CLIP_FRACTION_MAX:
         return []
-    evidence = (f"train/clip_fraction averaged {statistics.fmean(values):.2f} over steps {steps[0]}-{steps[-1]} "
-                f"(max {max(values):.2f}; healthy is under {CLIP_FRACTION_MAX:.2f})")
-    remedy = ("Most ratios hit the clip, so the policy that sampled the data and the one being updated are too far "
-              "apart - too much happens between sampling and updating: fewer epochs or samples per update "
-              "(train.num_epochs, train.batch_size), sample more often, or lower train.learning_rate.")
+    evidence = (
+        f"train/clip_fraction averaged {statistics.fmean(values):.2f} over steps {steps[0]}-{steps[-1]} "
+        f"(max {max(values):.2f}; healthy is under {CLIP_FRACTION_MAX:.2f})"
+    )
+    remedy = (
+        "Most ratios hit the clip, so the policy that sampled the data and the one being updated are too far "
+        "apart - too much happens between sampling and updating: fewer epochs or samples per update "
+        "(train.num_epochs, train.batch_size), sample more often, or lower train.learning_rate."
+    )
     stale_steps, staleness = history.finite("async/staleness_trajectory_mean")
-    if staleness and statistics.fmean(staleness[-history.window:]) > 0:
-        remedy += (f" The data is also {statistics.fmean(staleness[-history.window:]):.1f} versions old on average: "
-                   "lower runtime.max_staleness, or clip against the learner's own weights with "
-                   "estimator.policy_loss=decoupled_ppo.")
+    if staleness and statistics.fmean(staleness[-history.window :]) > 0:
+        remedy += (
+            f" The data is also {statistics.fmean(staleness[-history.window :]):.1f} versions old on average: "
+            "lower runtime.max_staleness, or clip against the learner's own weights with "
+            "estimator.policy_loss=decoupled_ppo."
+        )
     return [Finding("clip_fraction_high", "warning", evidence, remedy, "train/clip_fraction", span(steps))]
 
 
 def phase_seconds(record: dict) -> dict[str, float]:
     """Seconds per timed phase; rates, fractions, the whole step and evaluation are not phases of a step."""
-    phases = {key.removeprefix("timing/"): float(value) for key, value in record.items()
-              if key.startswith("timing/") and isinstance(value, (int, float))}
-    return {phase: seconds for phase, seconds in phases.items()
-            if phase not in ("step", "eval") and not phase.endswith(("_per_second", "_fraction"))}
+    phases = {
+        key.removeprefix("timing/"): float(value)
+        for key, value in record.items()
+        if key.startswith("timing/") and isinstance(value, (int, float))
+    }
+    return {
+        phase: seconds
+        for phase, seconds in phases.items()
+        if phase not in ("step", "eval") and not phase.endswith(("_per_second", "_fraction"))
+    }
 
 
-SLOW_REMEDY = ("The learner waits for data: sample asynchronously (with an off-policy weight for the stale "
-               "samples), run more environments or generation in parallel, and enlarge the replay buffer so a "
-               "batch is always ready.")
+SLOW_REMEDY = (
+    "The learner waits for data: sample asynchronously (with an off-policy weight for the stale "
+    "samples), run more environments or generation in parallel, and enlarge the replay buffer so a "
+    "batch is always ready."
+)
 
 
 @CHECKS.register("slow_training")
@@ -283,22 +364,27 @@ def slow_training(history: History) -> list[Finding]:
     """Data collection dominates the step, or the learner reports itself idle."""
     findings = []
     timed = [(int(record.get("step", 0)), phase_seconds(record)) for record in history.records]
-    timed = [(step, phases) for step, phases in timed if phases][-history.window:]
+    timed = [(step, phases) for step, phases in timed if phases][-history.window :]
     totals: Counter[str] = sum((Counter(phases) for _, phases in timed), Counter())
     data = {phase: seconds for phase, seconds in totals.items() if phase in DATA_PHASES}
     if len(timed) >= LEVEL_POINTS and data and sum(data.values()) > DATA_SHARE_MAX * sum(totals.values()):
         slowest, total = max(data, key=data.get), sum(totals.values())
-        evidence = (f"collecting data took {sum(data.values()) / total:.0%} of the timed step over steps "
-                    f"{timed[0][0]}-{timed[-1][0]}; timing/{slowest} alone {data[slowest] / total:.0%}")
-        findings.append(Finding("slow_training", "warning", evidence, SLOW_REMEDY, f"timing/{slowest}",
-                                (timed[0][0], timed[-1][0])))
+        evidence = (
+            f"collecting data took {sum(data.values()) / total:.0%} of the timed step over steps "
+            f"{timed[0][0]}-{timed[-1][0]}; timing/{slowest} alone {data[slowest] / total:.0%}"
+        )
+        findings.append(
+            Finding("slow_training", "warning", evidence, SLOW_REMEDY, f"timing/{slowest}", (timed[0][0], timed[-1][0]))
+        )
     steps, idle = history.finite("timing/learner_idle_fraction")
-    steps, idle = steps[-history.window:], idle[-history.window:]
+    steps, idle = steps[-history.window :], idle[-history.window :]
     if len(idle) >= LEVEL_POINTS and statistics.fmean(idle) > IDLE_FRACTION_MAX:
-        evidence = (f"timing/learner_idle_fraction averaged {statistics.fmean(idle):.0%} over steps "
-                    f"{steps[0]}-{steps[-1]}")
-        findings.append(Finding("slow_training", "warning", evidence, SLOW_REMEDY, "timing/learner_idle_fraction",
-                                span(steps)))
+        evidence = (
+            f"timing/learner_idle_fraction averaged {statistics.fmean(idle):.0%} over steps {steps[0]}-{steps[-1]}"
+        )
+        findings.append(
+            Finding("slow_training", "warning", evidence, SLOW_REMEDY, "timing/learner_idle_fraction", span(steps))
+        )
     return findings
 
 
@@ -317,11 +403,15 @@ def memory_growth(history: History) -> list[Finding]:
         rising = sum(diff > 0 for diff in differences(values)) / (len(values) - 1)
         growth = values[-1] / values[0] - 1
         if rising >= MEMORY_RISE_FRACTION and growth >= MEMORY_GROWTH_MIN:
-            evidence = (f"{name} rose from {fmt(values[0])} to {fmt(values[-1])} ({growth:+.0%}) over steps "
-                        f"{steps[0]}-{steps[-1]}, up at {rising:.0%} of the logged steps")
-            remedy = ("Memory climbs steadily and will run out: look for something that accumulates (tensors kept "
-                      "with their graph, an unbounded buffer or history); to lower the peak, use a smaller batch or "
-                      "shorter sequences and reach the batch size by gradient accumulation.")
+            evidence = (
+                f"{name} rose from {fmt(values[0])} to {fmt(values[-1])} ({growth:+.0%}) over steps "
+                f"{steps[0]}-{steps[-1]}, up at {rising:.0%} of the logged steps"
+            )
+            remedy = (
+                "Memory climbs steadily and will run out: look for something that accumulates (tensors kept "
+                "with their graph, an unbounded buffer or history); to lower the peak, use a smaller batch or "
+                "shorter sequences and reach the batch size by gradient accumulation."
+            )
             findings.append(Finding("memory_growth", "warning", evidence, remedy, name, span(steps)))
     return findings
 
@@ -342,12 +432,24 @@ def reward_never_applies(history: History) -> list[Finding]:
             continue
         function = metric.removeprefix(REWARD_NONE_PREFIX)
         always = len(unscored) == len(steps)
-        evidence = (f"reward function '{function}' returned None for every completion in {len(unscored)} of "
-                    f"{len(steps)} logged step(s) (steps {unscored[0]}-{unscored[-1]})"
-                    + ("; it has never scored a completion, so the run trains without it" if always else ""))
-        remedy = (f"Check what '{function}' reads: it returns None (not applicable) when the keyword argument it "
-                  "expects (a dataset column) is missing or its answer parser never matches the completions. Fix "
-                  "the function or its column name, or remove it from task.rewards.")
-        findings.append(Finding("reward_never_applies", "error" if always else "warning", evidence, remedy, metric,
-                                (unscored[0], unscored[-1])))
+        evidence = (
+            f"reward function '{function}' returned None for every completion in {len(unscored)} of "
+            f"{len(steps)} logged step(s) (steps {unscored[0]}-{unscored[-1]})"
+            + ("; it has never scored a completion, so the run trains without it" if always else "")
+        )
+        remedy = (
+            f"Check what '{function}' reads: it returns None (not applicable) when the keyword argument it "
+            "expects (a dataset column) is missing or its answer parser never matches the completions. Fix "
+            "the function or its column name, or remove it from task.rewards."
+        )
+        findings.append(
+            Finding(
+                "reward_never_applies",
+                "error" if always else "warning",
+                evidence,
+                remedy,
+                metric,
+                (unscored[0], unscored[-1]),
+            )
+        )
     return findings

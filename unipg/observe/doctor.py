@@ -27,8 +27,13 @@ MONITOR_WINDOW = 50
 REARM_AFTER = 5
 
 
-def diagnose(records: Iterable[dict], *, config: dict | None = None, window: int = DEFAULT_WINDOW,
-             checks: list[str] | None = None) -> list[Finding]:
+def diagnose(
+    records: Iterable[dict],
+    *,
+    config: dict | None = None,
+    window: int = DEFAULT_WINDOW,
+    checks: list[str] | None = None,
+) -> list[Finding]:
     """Run the named checks (all registered ones by default); errors first, then by check name."""
     history = History(list(records), window, config or {})
     findings = [finding for name in (checks or CHECKS.names()) for finding in CHECKS.get(name)(history)]
@@ -41,8 +46,9 @@ def diagnose_run(run_dir: Path, *, window: int = DEFAULT_WINDOW) -> list[Finding
     metrics_path = run_dir / "metrics.jsonl"
     if not metrics_path.is_file():
         where = "does not exist" if not run_dir.exists() else "holds no metrics.jsonl"
-        raise ValueError(f"'{run_dir}' {where}; pass the folder of a training run "
-                         "(e.g. runs/ppo-CartPole-v1-seed0-...)")
+        raise ValueError(
+            f"'{run_dir}' {where}; pass the folder of a training run (e.g. runs/ppo-CartPole-v1-seed0-...)"
+        )
     try:
         loaded = load_metrics(run_dir)
         config_path = run_dir / "config.yaml"
@@ -56,9 +62,17 @@ def diagnose_run(run_dir: Path, *, window: int = DEFAULT_WINDOW) -> list[Finding
         raise ValueError(f"'{metrics_path}' has no records yet; run the doctor once training has logged a step")
     findings = diagnose(loaded.records, config=config if isinstance(config, dict) else None, window=window)
     if damage:
-        findings.insert(0, Finding("metrics_file", "warning", damage, "the findings use only the readable records; "
-                                   "metrics.jsonl is written by training, so check what else wrote to it",
-                                   "metrics.jsonl"))
+        findings.insert(
+            0,
+            Finding(
+                "metrics_file",
+                "warning",
+                damage,
+                "the findings use only the readable records; "
+                "metrics.jsonl is written by training, so check what else wrote to it",
+                "metrics.jsonl",
+            ),
+        )
     return findings
 
 
@@ -69,8 +83,12 @@ def format_report(findings: list[Finding]) -> str:
     errors = sum(finding.severity == "error" for finding in findings)
     lines = [f"{len(findings)} finding(s): {errors} error(s), {len(findings) - errors} warning(s)"]
     for finding in findings:
-        lines += ["", f"[{finding.severity}] {finding.check}", f"  evidence: {finding.evidence}",
-                  f"  remedy:   {finding.remedy}"]
+        lines += [
+            "",
+            f"[{finding.severity}] {finding.check}",
+            f"  evidence: {finding.evidence}",
+            f"  remedy:   {finding.remedy}",
+        ]
     return "\n".join(lines)
 
 
@@ -87,16 +105,27 @@ class Monitor:
     updates to start rising is not flat); errors, such as a non-finite loss, are reported at once.
     """
 
-    def __init__(self, window: int = MONITOR_WINDOW, *, config: dict | None = None,
-                 rearm_after: int = REARM_AFTER, checks: list[str] | None = None, min_records: int = DEFAULT_WINDOW):
+    def __init__(
+        self,
+        window: int = MONITOR_WINDOW,
+        *,
+        config: dict | None = None,
+        rearm_after: int = REARM_AFTER,
+        checks: list[str] | None = None,
+        min_records: int = DEFAULT_WINDOW,
+    ):
         self.window, self.config, self.rearm_after, self.checks = window, config or {}, rearm_after, checks
         self.min_records, self.observed = min_records, 0
         self.records: deque[dict] = deque(maxlen=window)
         self._clear_for: dict[tuple[str, str], int] = {}  # active condition → observations it has been clear
 
     def observe(self, step: int, metrics: dict[str, float | None]) -> list[Finding]:
-        self.records.append({"step": int(step), **{key: None if value is None else finite_or_none(value)
-                                                  for key, value in metrics.items()}})
+        self.records.append(
+            {
+                "step": int(step),
+                **{key: None if value is None else finite_or_none(value) for key, value in metrics.items()},
+            }
+        )
         self.observed += 1
         current = diagnose(self.records, config=self.config, window=self.window, checks=self.checks)
         if self.observed < self.min_records:
@@ -109,4 +138,3 @@ class Monitor:
                 del self._clear_for[key]
         self._clear_for.update({key: 0 for key in fired})
         return new
-

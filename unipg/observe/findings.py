@@ -11,6 +11,7 @@ from unipg.registry import Registry
 # Points of a metric the trend checks (reward flat / oscillating) look back over.
 DEFAULT_WINDOW = 20
 
+
 @dataclass(frozen=True)
 class Finding:
     """One diagnosed condition of a run."""
@@ -45,8 +46,11 @@ class History:
 
     def series(self, name: str) -> tuple[list[int], list[float | None]]:
         """Steps and values of the records that hold ``name``; None marks a non-finite value."""
-        pairs = [(int(record.get("step", index)), record[name]) for index, record in enumerate(self.records)
-                 if name in record]
+        pairs = [
+            (int(record.get("step", index)), record[name])
+            for index, record in enumerate(self.records)
+            if name in record
+        ]
         return [step for step, _ in pairs], [value for _, value in pairs]
 
     def finite(self, name: str) -> tuple[list[int], list[float]]:

@@ -39,7 +39,7 @@ def mixed_group_chance(success_rate: float, group_size: int) -> float:
 
 
 def window_mean(history: History, name: str) -> float | None:
-    values = history.finite(name)[1][-history.window:]
+    values = history.finite(name)[1][-history.window :]
     return statistics.fmean(values) if values else None
 
 
@@ -48,7 +48,7 @@ def zero_variance_groups(history: History) -> list[Finding]:
     """Nearly every prompt group scored all its episodes alike, so group-relative advantages are all zero; or
     nearly every group had no success, so whatever differs within a group is process rewards, not the task."""
     steps, values = history.finite("rollout/uniform_group_fraction")
-    steps, values = steps[-history.window:], values[-history.window:]
+    steps, values = steps[-history.window :], values[-history.window :]
     if len(values) < MIN_SIGNAL_POINTS:
         return []
     uniform = statistics.fmean(values)
@@ -56,23 +56,30 @@ def zero_variance_groups(history: History) -> list[Finding]:
     solved = window_mean(history, "rollout/solved_group_fraction")
     first, last = span(steps)
     if uniform >= UNIFORM_GROUP_FRACTION_MAX:
-        evidence = (f"rollout/uniform_group_fraction averaged {uniform:.0%} over steps {first}-{last}: nearly every "
-                    "group scored all its episodes alike, so their advantages are zero and they teach nothing")
+        evidence = (
+            f"rollout/uniform_group_fraction averaged {uniform:.0%} over steps {first}-{last}: nearly every "
+            "group scored all its episodes alike, so their advantages are zero and they teach nothing"
+        )
         if unsolved is not None and solved is not None:
             evidence += f" ({unsolved:.0%} of groups: every episode failed; {solved:.0%}: every episode succeeded)"
     elif unsolved is not None and unsolved >= UNIFORM_GROUP_FRACTION_MAX:
-        evidence = (f"rollout/unsolved_group_fraction averaged {unsolved:.0%} over steps {first}-{last}: in nearly "
-                    "every group no episode completed the task, so what differs within a group is only process "
-                    f"rewards (rollout/uniform_group_fraction {uniform:.0%}); the task reward teaches nothing")
+        evidence = (
+            f"rollout/unsolved_group_fraction averaged {unsolved:.0%} over steps {first}-{last}: in nearly "
+            "every group no episode completed the task, so what differs within a group is only process "
+            f"rewards (rollout/uniform_group_fraction {uniform:.0%}); the task reward teaches nothing"
+        )
     else:
         return []
     if solved is not None and solved > (unsolved or 0.0):
-        remedy = ("The task is solved at this difficulty: nothing is left to learn from these prompts. Make it "
-                  "harder (task.options), or stop here.")
+        remedy = (
+            "The task is solved at this difficulty: nothing is left to learn from these prompts. Make it "
+            "harder (task.options), or stop here."
+        )
     else:
         remedy = all_fail_remedy(history)
-    return [Finding("zero_variance_groups", "warning", evidence, remedy, "rollout/uniform_group_fraction",
-                    (first, last))]
+    return [
+        Finding("zero_variance_groups", "warning", evidence, remedy, "rollout/uniform_group_fraction", (first, last))
+    ]
 
 
 def all_fail_remedy(history: History) -> str:
@@ -82,18 +89,25 @@ def all_fail_remedy(history: History) -> str:
     success = window_mean(history, "rollout/completion_rate")
     bigger = ""
     if isinstance(group, int) and success is not None and 0.0 < success < 1.0:
-        fits = [size for size in SUGGESTED_GROUP_SIZES
-                if size > group and mixed_group_chance(success, size) >= MIXED_GROUP_TARGET]
+        fits = [
+            size
+            for size in SUGGESTED_GROUP_SIZES
+            if size > group and mixed_group_chance(success, size) >= MIXED_GROUP_TARGET
+        ]
         if fits:
-            bigger = (f"; at the current success rate ({success:.1%}) a group of {fits[0]} has a success and a "
-                      f"failure {mixed_group_chance(success, fits[0]):.0%} of the time, against "
-                      f"{mixed_group_chance(success, group):.0%} now")
+            bigger = (
+                f"; at the current success rate ({success:.1%}) a group of {fits[0]} has a success and a "
+                f"failure {mixed_group_chance(success, fits[0]):.0%} of the time, against "
+                f"{mixed_group_chance(success, group):.0%} now"
+            )
     now = lambda value: f" (now {value})" if value is not None else ""  # noqa: E731
-    return ("Successes are too rare for the group to see one. In order of cost: (1) a stronger warm start "
-            "(more sft.steps or an sft.stages curriculum; `unipg eval --run RUN --show 4` shows what the policy "
-            "does, e.g. whether it calls the tool and copies the arguments); (2) a larger group, "
-            f"sample.samples_per_prompt{now(group)}{bigger}; (3) a higher sample.temperature{now(temperature)} "
-            "for more varied attempts; (4) denser rewards: process rewards for a valid call and a successful tool "
-            "result (agent.process_weight) or partial credit in task.rewards; (5) an easier curriculum "
-            "(task.options, e.g. fewer digits), raised as the policy improves. Where a few groups are mixed, "
-            "sample.dynamic_sampling=true trains on those and samples other prompts in place of the rest.")
+    return (
+        "Successes are too rare for the group to see one. In order of cost: (1) a stronger warm start "
+        "(more sft.steps or an sft.stages curriculum; `unipg eval --run RUN --show 4` shows what the policy "
+        "does, e.g. whether it calls the tool and copies the arguments); (2) a larger group, "
+        f"sample.samples_per_prompt{now(group)}{bigger}; (3) a higher sample.temperature{now(temperature)} "
+        "for more varied attempts; (4) denser rewards: process rewards for a valid call and a successful tool "
+        "result (agent.process_weight) or partial credit in task.rewards; (5) an easier curriculum "
+        "(task.options, e.g. fewer digits), raised as the policy improves. Where a few groups are mixed, "
+        "sample.dynamic_sampling=true trains on those and samples other prompts in place of the rest."
+    )

@@ -58,8 +58,12 @@ class MetricsLogger:
             self._wandb.log({key: value for key, value in clean.items() if value is not None}, step=int(step))
         if self._monitor is not None:
             for finding in self._monitor.observe(step, clean):
-                self.event(step, "diagnosis", warning=f"doctor {finding.severity}: {finding.check}: "
-                           f"{finding.evidence} — {finding.remedy}", **finding.to_dict())
+                self.event(
+                    step,
+                    "diagnosis",
+                    warning=f"doctor {finding.severity}: {finding.check}: {finding.evidence} — {finding.remedy}",
+                    **finding.to_dict(),
+                )
 
     def transcripts(self, step: int, records: list[dict], *, kind: str = "eval") -> Path:
         """Write episode transcripts (``unipg.sample.transcripts``) to ``run_dir/transcripts/<kind>_<step>.jsonl``,
@@ -122,16 +126,23 @@ def start_wandb(run_dir: Path, config: dict):
     try:
         import wandb
     except ImportError as error:
-        raise ValueError("log.wandb is set but wandb is not installed: pip install 'unipg[wandb]' "
-                         "(or set log.wandb=false)") from error
+        raise ValueError(
+            "log.wandb is set but wandb is not installed: pip install 'unipg[wandb]' (or set log.wandb=false)"
+        ) from error
     from unipg.config.secrets import redact_secrets
 
     log = config.get("log", {})
     # x_disable_meta: W&B's run metadata holds the command line, where a secret passed as an override
     # (ray.runtime_env.env_vars.HF_TOKEN=...) would be saved with the run and uploaded with it
-    return wandb.init(project=log.get("wandb_project") or "unipg", name=Path(run_dir).name, dir=str(run_dir),
-                      mode=log.get("wandb_mode", "offline"), config=redact_secrets(config), reinit="create_new",
-                      settings=wandb.Settings(x_disable_meta=True))
+    return wandb.init(
+        project=log.get("wandb_project") or "unipg",
+        name=Path(run_dir).name,
+        dir=str(run_dir),
+        mode=log.get("wandb_mode", "offline"),
+        config=redact_secrets(config),
+        reinit="create_new",
+        settings=wandb.Settings(x_disable_meta=True),
+    )
 
 
 class Timer:
@@ -172,9 +183,15 @@ class Progress:
             )
             from rich.progress import Progress as RichProgress
 
-            self._bar = RichProgress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                     TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
-                                     TextColumn("eta"), TimeRemainingColumn())
+            self._bar = RichProgress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[status]}"),
+                TimeElapsedColumn(),
+                TextColumn("eta"),
+                TimeRemainingColumn(),
+            )
             self._task = self._bar.add_task(description, total=total_steps, status="")
             self._bar.start()
 
@@ -251,5 +268,9 @@ def process_metrics() -> dict[str, float]:
         threads = len(os.listdir("/proc/self/task"))  # native threads too (torch, tokenizers), not only Python's
     except (OSError, ValueError, IndexError):
         return {}
-    return {"system/rss_mb": resident_pages * os.sysconf("SC_PAGE_SIZE") / 2**20, "system/open_files": open_files,
-            "system/threads": threads, "system/python_threads": threading.active_count()}
+    return {
+        "system/rss_mb": resident_pages * os.sysconf("SC_PAGE_SIZE") / 2**20,
+        "system/open_files": open_files,
+        "system/threads": threads,
+        "system/python_threads": threading.active_count(),
+    }

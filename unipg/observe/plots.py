@@ -97,14 +97,17 @@ def group_runs(run_dirs: list[Path]) -> list[RunGroup]:
     grouped: dict[tuple[str, str], list[Path]] = {}
     for run_dir in run_dirs:
         if not (run_dir / "metrics.jsonl").is_file():
-            raise ValueError(f"'{run_dir}' holds no metrics.jsonl; pass the folder of a training run "
-                             "(e.g. runs/ppo-CartPole-v1-seed0-...)")
+            raise ValueError(
+                f"'{run_dir}' holds no metrics.jsonl; pass the folder of a training run "
+                "(e.g. runs/ppo-CartPole-v1-seed0-...)"
+            )
         grouped.setdefault(experiment_key(run_dir), []).append(run_dir)
     groups = []
     for members in grouped.values():
         loaded = [load_metrics(run_dir) for run_dir in members]
-        damage = [note for run_dir, metrics in zip(members, loaded)
-                  if (note := metrics.damage(run_dir / "metrics.jsonl"))]
+        damage = [
+            note for run_dir, metrics in zip(members, loaded) if (note := metrics.damage(run_dir / "metrics.jsonl"))
+        ]
         groups.append(RunGroup(group_label(members), members, [metrics.records for metrics in loaded], damage))
     return groups
 
@@ -145,9 +148,16 @@ def group_label(members: list[Path]) -> str:
 
 def plot_plan(groups: list[RunGroup], requested: list[str] | None) -> dict[str, list[str]]:
     """File stem → metric names drawn in it (one subplot each)."""
-    available = list(dict.fromkeys(key for group in groups for records in group.records for record in records
-                                   for key, value in record.items()
-                                   if key not in ("step", "time") and value is not None))
+    available = list(
+        dict.fromkeys(
+            key
+            for group in groups
+            for records in group.records
+            for record in records
+            for key, value in record.items()
+            if key not in ("step", "time") and value is not None
+        )
+    )
     if requested is None:
         plan = {group: matching(available, patterns) for group, patterns in METRIC_GROUPS.items()}
         plan = {group: names for group, names in plan.items() if names}
@@ -156,11 +166,13 @@ def plot_plan(groups: list[RunGroup], requested: list[str] | None) -> dict[str, 
         return plan
     plan = {}
     for name in requested:
-        names = matching(available, METRIC_GROUPS[name]) if name in METRIC_GROUPS else \
-            [name] if name in available else []
+        names = (
+            matching(available, METRIC_GROUPS[name]) if name in METRIC_GROUPS else [name] if name in available else []
+        )
         if not names:
-            raise ValueError(f"no run logged '{name}'; metric groups: {', '.join(METRIC_GROUPS)}; "
-                             f"metrics: {', '.join(available)}")
+            raise ValueError(
+                f"no run logged '{name}'; metric groups: {', '.join(METRIC_GROUPS)}; metrics: {', '.join(available)}"
+            )
         plan[name if name in METRIC_GROUPS else re.sub(r"[^A-Za-z0-9_.-]+", "_", name)] = names
     return plan
 

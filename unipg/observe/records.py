@@ -36,9 +36,14 @@ class MetricsFile:
         """One sentence on what was ignored in ``path``, or None when nothing was."""
         if not self.skipped_lines and not self.ignored_values:
             return None
-        parts = [f"{count} {what}" for count, what in ((self.skipped_lines, "malformed line(s) skipped"),
-                                                      (self.ignored_values, "non-numeric value(s) ignored"))
-                 if count]
+        parts = [
+            f"{count} {what}"
+            for count, what in (
+                (self.skipped_lines, "malformed line(s) skipped"),
+                (self.ignored_values, "non-numeric value(s) ignored"),
+            )
+            if count
+        ]
         return f"'{path}': {' and '.join(parts)} (a line must be a JSON object with a whole-number \"step\")"
 
 
@@ -79,8 +84,7 @@ def _parse_line(line: str) -> dict | None:
     if not isinstance(record, dict):
         return None
     step = record.get("step")
-    if isinstance(step, bool) or not isinstance(step, (int, float)) or not math.isfinite(step) \
-            or step != int(step):
+    if isinstance(step, bool) or not isinstance(step, (int, float)) or not math.isfinite(step) or step != int(step):
         return None
     record["step"] = int(step)
     return record

@@ -12,8 +12,13 @@ from rich.table import Table
 from unipg.config.hyperparameters import default
 from unipg.config.presets import ALGORITHMS
 
-LM_COLUMN_NAMES = {"eval/pass@1": "completion", "eval/sampled_completion": "sampled", "eval/tool_calls": "tool calls",
-                     "eval/tool_success_rate": "tool success", "eval/turns": "turns"}
+LM_COLUMN_NAMES = {
+    "eval/pass@1": "completion",
+    "eval/sampled_completion": "sampled",
+    "eval/tool_calls": "tool calls",
+    "eval/tool_success_rate": "tool success",
+    "eval/turns": "turns",
+}
 
 
 def value_text(value: float | None) -> str:
@@ -22,8 +27,16 @@ def value_text(value: float | None) -> str:
 
 def lm_result_table(results) -> Table:
     """One row per run; what all runs share (algorithm, task, model, updates) goes into the title."""
-    described = [(config.algorithm, config.task.name, Path(config.model.name).name or config.model.name,
-                  str(result.updates), f"{result.samples:,}") for config, result in results]
+    described = [
+        (
+            config.algorithm,
+            config.task.name,
+            Path(config.model.name).name or config.model.name,
+            str(result.updates),
+            f"{result.samples:,}",
+        )
+        for config, result in results
+    ]
     shared = len(set(described)) == 1
     final = results[0][1].final_eval
     title = "unipg results: held-out, greedy, before → after training"
@@ -44,13 +57,17 @@ def lm_result_table(results) -> Table:
         table.add_column(column, justify="left" if column in ("algorithm", "task", "model") else "right")
     for (config, result), description in zip(results, described):
         row = [str(config.seed)] if shared else [*description[:3], str(config.seed), *description[3:]]
-        row += [f"{value_text(result.initial_eval.get(key))} → {value_text(result.final_eval.get(key))}" for key in keys]
+        row += [
+            f"{value_text(result.initial_eval.get(key))} → {value_text(result.final_eval.get(key))}" for key in keys
+        ]
         table.add_row(*row, f"{result.samples_per_second:.1f}")
     table.caption = f"runs in: {', '.join(str(result.run_dir) for _, result in results)}"
     if len(results) > 1:
         gains = [result.final_eval["eval/pass@1"] - result.initial_eval["eval/pass@1"] for _, result in results]
-        table.caption = (f"pass@1 gain over {len(gains)} seeds: {statistics.fmean(gains):+.3f} ± "
-                         f"{statistics.pstdev(gains):.3f}\n" + table.caption)
+        table.caption = (
+            f"pass@1 gain over {len(gains)} seeds: {statistics.fmean(gains):+.3f} ± "
+            f"{statistics.pstdev(gains):.3f}\n" + table.caption
+        )
     return table
 
 
@@ -62,16 +79,25 @@ def gym_result_table(results, threshold: Optional[float] = None) -> Table:
     for column in columns:
         table.add_column(column, justify="left" if column in ("algorithm", "env") else "right")
     for config, result in results:
-        row = [config.algorithm, config.env.id, str(config.seed), f"{result.env_steps:,}", str(result.episodes),
-               f"{result.final_train_return:.1f}" if result.final_train_return is not None else "-",
-               f"{result.final_eval_mean:.1f} ± {result.final_eval_std:.1f}", f"{result.steps_per_second:,.0f}"]
+        row = [
+            config.algorithm,
+            config.env.id,
+            str(config.seed),
+            f"{result.env_steps:,}",
+            str(result.episodes),
+            f"{result.final_train_return:.1f}" if result.final_train_return is not None else "-",
+            f"{result.final_eval_mean:.1f} ± {result.final_eval_std:.1f}",
+            f"{result.steps_per_second:,.0f}",
+        ]
         if threshold is not None:
             row.insert(7, f"{result.steps_to_eval_threshold:,}" if result.steps_to_eval_threshold else "not reached")
         table.add_row(*row)
     captions = [f"runs in: {', '.join(str(result.run_dir) for _, result in results)}"]
     if len(results) > 1:
         means = [result.final_eval_mean for _, result in results]
-        captions.insert(0, f"eval return over {len(means)} seeds: {statistics.fmean(means):.1f} ± {statistics.pstdev(means):.1f}")
+        captions.insert(
+            0, f"eval return over {len(means)} seeds: {statistics.fmean(means):.1f} ± {statistics.pstdev(means):.1f}"
+        )
     table.caption = "\n".join(captions)
     return table
 
@@ -84,8 +110,10 @@ def algorithm_table() -> Table:
     for name in sorted(ALGORITHMS):
         algorithm = ALGORITHMS[name]
         presets = [preset for preset in (algorithm.preset, algorithm.lm_preset) if preset is not None]
-        chosen = [(preset["estimator"].get("advantage", "gae"), preset["estimator"].get("policy_loss", "ppo"))
-                  for preset in presets]
+        chosen = [
+            (preset["estimator"].get("advantage", "gae"), preset["estimator"].get("policy_loss", "ppo"))
+            for preset in presets
+        ]
         advantages = " / ".join(dict.fromkeys(advantage for advantage, _ in chosen))
         losses = " / ".join(dict.fromkeys(loss for _, loss in chosen))
         table.add_row(name, advantages, losses, algorithm.summary)

@@ -83,7 +83,7 @@ def reward_window(history: History) -> RewardWindow | None:
         return None
     ceiling = reward_ceiling(name, values, history)
     scale = max(abs(ceiling) if ceiling is not None else 0.0, max(abs(v) for v in values)) or 1.0
-    recent_steps, recent = steps[-history.window:], values[-history.window:]
+    recent_steps, recent = steps[-history.window :], values[-history.window :]
     if ceiling is not None:
         saturated = statistics.fmean(recent) >= ceiling - SATURATION_MARGIN * scale
     else:  # exactly constant at the run's best after having been lower: a deterministic ceiling was reached

@@ -16,8 +16,16 @@ from unipg.learn.lm_batch import LMBatch
 from unipg.sample.agent import Trajectory
 
 
-def rollout_metrics(trajectories: list[Trajectory], batch: LMBatch, *, group_size: int, tools: bool,
-                    wait_seconds: float, batch_sizes: list[int], generate_seconds: float) -> dict[str, float]:
+def rollout_metrics(
+    trajectories: list[Trajectory],
+    batch: LMBatch,
+    *,
+    group_size: int,
+    tools: bool,
+    wait_seconds: float,
+    batch_sizes: list[int],
+    generate_seconds: float,
+) -> dict[str, float]:
     """The metrics of a step's fresh episodes ``trajectories`` (group after group, each ``group_size`` episodes per
     role), whose rows open ``batch``. ``wait_seconds``: the step's time spent waiting for rollout, of which
     ``generate_seconds`` went to generate calls of ``batch_sizes`` sequences each; ``tools``: the episodes may
@@ -25,18 +33,23 @@ def rollout_metrics(trajectories: list[Trajectory], batch: LMBatch, *, group_siz
     online = sum(len(t.rows) for t in trajectories)  # rows: an episode's side ones included
     scores = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)  # (episodes,)
     lengths = batch.completion_mask[:online].sum(1)
-    metrics = {"rollout/reward_mean": float(scores.mean()), "rollout/reward_std": float(scores.std()),
-               "rollout/response_length_max": float(lengths.max()), "rollout/generated_tokens": float(lengths.sum()),
-               "timing/generate": generate_seconds,
-               # generation and environment steps interleave: env is the rollout time not spent generating
-               "timing/env": max(wait_seconds - generate_seconds, 0.0)}
+    metrics = {
+        "rollout/reward_mean": float(scores.mean()),
+        "rollout/reward_std": float(scores.std()),
+        "rollout/response_length_max": float(lengths.max()),
+        "rollout/generated_tokens": float(lengths.sum()),
+        "timing/generate": generate_seconds,
+        # generation and environment steps interleave: env is the rollout time not spent generating
+        "timing/env": max(wait_seconds - generate_seconds, 0.0),
+    }
     if batch_sizes:
         metrics["rollout/generate_batch_mean"] = statistics.fmean(batch_sizes)
     metrics.update(episode_metrics(trajectories, "rollout", group_size=group_size, tools=tools))
     metrics.update(role_metrics(trajectories, "rollout", tools=tools))
     metrics.update(reward_term_metrics(trajectories, "rollout"))
-    metrics.update(group_signal_metrics([t.reward for t in trajectories], [t.correct for t in trajectories],
-                                        group_size))
+    metrics.update(
+        group_signal_metrics([t.reward for t in trajectories], [t.correct for t in trajectories], group_size)
+    )
     metrics.update(staleness_histogram(batch.ages[:online], batch.completion_mask[:online], "async/staleness_token"))
     return metrics
 
@@ -50,7 +63,7 @@ def uniform_groups(returns: list[float], group_size: int) -> list[bool]:
     >>> uniform_groups([1.0, 1.0, 0.0, 1.0], 2)
     [True, False]
     """
-    return [len(set(returns[start:start + group_size])) == 1 for start in range(0, len(returns), group_size)]
+    return [len(set(returns[start : start + group_size])) == 1 for start in range(0, len(returns), group_size)]
 
 
 def group_signal_metrics(returns: list[float], correct: list[bool], group_size: int) -> dict[str, float]:
@@ -64,9 +77,11 @@ def group_signal_metrics(returns: list[float], correct: list[bool], group_size: 
     """
     grouped = torch.tensor(correct, dtype=torch.bool).view(-1, group_size)
     uniform = torch.tensor(uniform_groups(returns, group_size) if group_size > 1 else [False])
-    return {"rollout/uniform_group_fraction": float(uniform.float().mean()),
-            "rollout/unsolved_group_fraction": float((~grouped.any(dim=1)).float().mean()),
-            "rollout/solved_group_fraction": float(grouped.all(dim=1).float().mean())}
+    return {
+        "rollout/uniform_group_fraction": float(uniform.float().mean()),
+        "rollout/unsolved_group_fraction": float((~grouped.any(dim=1)).float().mean()),
+        "rollout/solved_group_fraction": float(grouped.all(dim=1).float().mean()),
+    }
 
 
 def staleness_histogram(ages: torch.Tensor, mask: torch.Tensor, prefix: str, buckets: int = 8) -> dict[str, float]:
@@ -82,25 +97,29 @@ def staleness_histogram(ages: torch.Tensor, mask: torch.Tensor, prefix: str, buc
     return metrics
 
 
-def episode_metrics(trajectories: list[Trajectory], prefix: str, *, group_size: int = 1,
-                    tools: bool = False) -> dict[str, float]:
+def episode_metrics(
+    trajectories: list[Trajectory], prefix: str, *, group_size: int = 1, tools: bool = False
+) -> dict[str, float]:
     """Task completion, turns, tool use (with ``tools``, or whenever a tool was called), lengths and diversity
     of a list of episodes. The tool success rate is reported only when there were calls."""
     calls = sum(t.tool_calls for t in trajectories)
     sampled = [sum(t.loss_mask) for t in trajectories]
-    metrics = {f"{prefix}/completion_rate": statistics.fmean(t.correct for t in trajectories),
-               f"{prefix}/turns": statistics.fmean(t.turns for t in trajectories),
-               f"{prefix}/response_length": statistics.fmean(sampled),
-               f"{prefix}/truncated_fraction": statistics.fmean(t.finish != "done" for t in trajectories)}
+    metrics = {
+        f"{prefix}/completion_rate": statistics.fmean(t.correct for t in trajectories),
+        f"{prefix}/turns": statistics.fmean(t.turns for t in trajectories),
+        f"{prefix}/response_length": statistics.fmean(sampled),
+        f"{prefix}/truncated_fraction": statistics.fmean(t.finish != "done" for t in trajectories),
+    }
     if tools or calls:
         metrics[f"{prefix}/tool_calls"] = calls / len(trajectories)
         if calls:
             metrics[f"{prefix}/tool_success_rate"] = sum(t.tool_status_count("ok") for t in trajectories) / calls
-        metrics[f"{prefix}/malformed_call_rate"] = (sum(t.tool_status_count("malformed") for t in trajectories)
-                                                    / max(sum(t.turns for t in trajectories), 1))
+        metrics[f"{prefix}/malformed_call_rate"] = sum(t.tool_status_count("malformed") for t in trajectories) / max(
+            sum(t.turns for t in trajectories), 1
+        )
     finals = [t.turn_texts[-1] if t.turn_texts else "" for t in trajectories]
     if group_size > 1:
-        groups = [finals[i:i + group_size] for i in range(0, len(finals), group_size)]
+        groups = [finals[i : i + group_size] for i in range(0, len(finals), group_size)]
         metrics[f"{prefix}/distinct_1"] = statistics.fmean(distinct_n(g, 1) for g in groups)
         metrics[f"{prefix}/distinct_2"] = statistics.fmean(distinct_n(g, 2) for g in groups)
         metrics[f"{prefix}/duplicate_fraction"] = statistics.fmean(duplicate_fraction(g) for g in groups)
@@ -126,7 +145,7 @@ def distinct_n(texts: list[str], n: int) -> float:
     grams = []
     for text in texts:
         units = text.split() if len(text.split()) > 1 else list(text)
-        grams += [tuple(units[i:i + n]) for i in range(len(units) - n + 1)]
+        grams += [tuple(units[i : i + n]) for i in range(len(units) - n + 1)]
     return len(set(grams)) / len(grams) if grams else 0.0
 
 
@@ -142,8 +161,11 @@ REWARD_NONE_FRACTION = "reward_none_fraction"  # metric namespace of the fractio
 def reward_term_metrics(trajectories: list[Trajectory], prefix: str) -> dict[str, float]:
     """The mean of each final-reward function over the episodes it applied to, and the fraction of scored final
     answers it returned None for (``<prefix>/reward_none_fraction/<name>``; 1.0: it scored none of the batch)."""
-    scored = [trajectory.infos[-1] for trajectory in trajectories
-              if trajectory.infos and trajectory.infos[-1].reward_terms is not None]
+    scored = [
+        trajectory.infos[-1]
+        for trajectory in trajectories
+        if trajectory.infos and trajectory.infos[-1].reward_terms is not None
+    ]
     values: dict[str, list[float]] = {}
     for info in scored:
         for name, value in info.reward_terms.items():
@@ -152,6 +174,6 @@ def reward_term_metrics(trajectories: list[Trajectory], prefix: str) -> dict[str
     names = dict.fromkeys(name for info in scored for name in (*info.reward_terms, *info.reward_none))
     for name in names:
         metrics[f"{prefix}/{REWARD_NONE_FRACTION}/{name}"] = statistics.fmean(
-            name in info.reward_none for info in scored)
+            name in info.reward_none for info in scored
+        )
     return metrics
-

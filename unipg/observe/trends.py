@@ -76,15 +76,22 @@ def mean_swing(values: list[float]) -> float:
     return statistics.fmean(abs(diff) for diff in differences(values))
 
 
-def spikes(steps: list[int], values: list[float], *, multiple: float, window: int, floor: float = 0.0,
-           absolute: float | None = None) -> list[tuple[int, float, float]]:
+def spikes(
+    steps: list[int],
+    values: list[float],
+    *,
+    multiple: float,
+    window: int,
+    floor: float = 0.0,
+    absolute: float | None = None,
+) -> list[tuple[int, float, float]]:
     """(step, value, reference) where value > multiple × median of the preceding window, or > ``absolute``.
 
     A zero median (no gradient yet, e.g. every group scored alike) gives no scale, so nothing is a spike of it.
     """
     found = []
     for index, (step, value) in enumerate(zip(steps, values)):
-        prior = values[max(0, index - window):index]
+        prior = values[max(0, index - window) : index]
         reference = statistics.median(prior) if len(prior) >= SPIKE_MIN_PRIOR_POINTS else None
         relative = bool(reference) and value > multiple * reference and value > floor
         if relative or (absolute is not None and value > absolute):

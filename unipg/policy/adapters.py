@@ -46,8 +46,10 @@ def load_adapter_tensors(model: nn.Module, tensors: dict[str, torch.Tensor]) -> 
     expected = adapter_tensors(model)
     missing, unexpected = expected.keys() - tensors.keys(), tensors.keys() - expected.keys()
     if missing or unexpected:
-        raise ValueError(f"the adapter does not fit: {len(missing)} tensor(s) missing, e.g. "
-                         f"{next(iter(missing), None)}; {len(unexpected)} unexpected, e.g. {next(iter(unexpected), None)}")
+        raise ValueError(
+            f"the adapter does not fit: {len(missing)} tensor(s) missing, e.g. "
+            f"{next(iter(missing), None)}; {len(unexpected)} unexpected, e.g. {next(iter(unexpected), None)}"
+        )
     set_peft_model_state_dict(model, tensors)
 
 
@@ -82,8 +84,11 @@ def base_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     if not has_adapter(model):
         return dict(model.state_dict())
     prefix = "base_model.model."
-    return {name.removeprefix(prefix).replace(".base_layer.", "."): tensor
-            for name, tensor in model.state_dict().items() if "lora_" not in name}
+    return {
+        name.removeprefix(prefix).replace(".base_layer.", "."): tensor
+        for name, tensor in model.state_dict().items()
+        if "lora_" not in name
+    }
 
 
 def save_base_model(model: nn.Module, tokenizer, directory: str | Path) -> Path:

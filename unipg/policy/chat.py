@@ -19,14 +19,12 @@ def as_messages(prompt: str | Messages, system_prompt: str | None = None) -> Mes
         return messages
     if any(message.get("role") == "system" for message in messages):
         raise ValueError(
-            "the prompt already has a system message and a system_prompt was passed too; "
-            "keep only one of them"
+            "the prompt already has a system message and a system_prompt was passed too; keep only one of them"
         )
     return [{"role": "system", "content": system_prompt}, *messages]
 
 
-def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str | Messages,
-                  system_prompt: str | None = None) -> str:
+def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str | Messages, system_prompt: str | None = None) -> str:
     """The text a policy continues from: the chat-rendered prompt, ending where the assistant starts.
 
     With a chat template this is `apply_chat_template(messages, add_generation_prompt=True)`, so the text
@@ -58,7 +56,7 @@ def check_tokenizer(tokenizer: PreTrainedTokenizerBase, name: str) -> PreTrained
     if tokenizer.eos_token is None:
         raise ValueError(
             f"tokenizer of '{name}' has no pad token and no eos token; set tokenizer.pad_token (for a saved model: "
-            "\"pad_token\" in its tokenizer_config.json, naming a token of the vocabulary) or pass a tokenizer "
+            '"pad_token" in its tokenizer_config.json, naming a token of the vocabulary) or pass a tokenizer '
             "that defines one"
         )
     tokenizer.pad_token = tokenizer.eos_token
@@ -70,22 +68,25 @@ def render_tools(tools: list[dict]) -> str:
     lines = ['Tools (call one as <tool_call>{"name": ..., "arguments": {...}}</tool_call>):']
     for schema in tools:
         function = schema["function"]
-        arguments = ", ".join(f"{name}: {spec.get('type', 'any')}"
-                              for name, spec in function["parameters"].get("properties", {}).items())
+        arguments = ", ".join(
+            f"{name}: {spec.get('type', 'any')}" for name, spec in function["parameters"].get("properties", {}).items()
+        )
         lines.append(f"- {function['name']}({arguments}): {function['description']}")
     return "\n".join(lines)
 
 
-def render_agent_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, system_prompt: str | None,
-                        tools: list[dict] | None) -> str:
+def render_agent_prompt(
+    tokenizer: PreTrainedTokenizerBase, prompt: str, system_prompt: str | None, tools: list[dict] | None
+) -> str:
     """``render_prompt`` with tool descriptions: through the chat template's ``tools`` argument when the
     template uses it (Qwen, Llama 3.1, Hermes), else appended to the system message."""
     if not tools:
         return render_prompt(tokenizer, prompt, system_prompt)
     template = getattr(tokenizer, "chat_template", None) or ""
     if isinstance(template, str) and "tools" in template:
-        return tokenizer.apply_chat_template(as_messages(prompt, system_prompt), tools=tools, tokenize=False,
-                                             add_generation_prompt=True)
+        return tokenizer.apply_chat_template(
+            as_messages(prompt, system_prompt), tools=tools, tokenize=False, add_generation_prompt=True
+        )
     described = render_tools(tools) if system_prompt is None else f"{system_prompt}\n{render_tools(tools)}"
     return render_prompt(tokenizer, prompt, described)
 
@@ -114,19 +115,21 @@ class TurnTemplate:
         if getattr(tokenizer, "chat_template", None):
             problem = prefix_stability_problem(tokenizer) if multi_turn else None
             if problem:
-                raise ValueError(f"the chat template of this tokenizer cannot lay out multi-turn rollouts: {problem}; "
-                                 "set model.chat_template to a template that shows each assistant turn as written and "
-                                 "only appends (e.g. qwen3-training for Qwen3)")
+                raise ValueError(
+                    f"the chat template of this tokenizer cannot lay out multi-turn rollouts: {problem}; "
+                    "set model.chat_template to a template that shows each assistant turn as written and "
+                    "only appends (e.g. qwen3-training for Qwen3)"
+                )
             self._head = [{"role": "user", "content": "q"}, {"role": "assistant", "content": _CONTENT}]
             self._base = tokenizer.apply_chat_template(self._head, tokenize=False)
-            self.turn_suffix = self._base[self._base.rindex(_CONTENT) + len(_CONTENT):]
+            self.turn_suffix = self._base[self._base.rindex(_CONTENT) + len(_CONTENT) :]
         else:  # base models: a newline-separated transcript
             self.turn_suffix = "\n"
 
     def closing(self, ended_with_eos: bool) -> str:
         """What completes the policy's turn: the closing text minus the EOS the policy already wrote."""
         if ended_with_eos and self.eos_text and self.turn_suffix.startswith(self.eos_text):
-            return self.turn_suffix[len(self.eos_text):]
+            return self.turn_suffix[len(self.eos_text) :]
         return self.turn_suffix
 
     def observation(self, content: str, role: str = "tool") -> str:
@@ -138,11 +141,12 @@ class TurnTemplate:
             raise ValueError(f"observations can be 'tool' or 'user' messages, got '{role}'")
         if self._head is None:
             return content + "\n"
-        full = self.tokenizer.apply_chat_template(self._head + [{"role": role, "content": content}], tokenize=False,
-                                                  add_generation_prompt=True)
+        full = self.tokenizer.apply_chat_template(
+            self._head + [{"role": role, "content": content}], tokenize=False, add_generation_prompt=True
+        )
         if not full.startswith(self._base):
             raise ValueError(f"the chat template rewrote earlier turns when this {role} message followed: {content!r}")
-        return full[len(self._base):]
+        return full[len(self._base) :]
 
     def demonstration(self, messages: list[dict]) -> list[tuple[str, bool]]:
         """(text, trained) segments of a multi-turn demonstration, laid out exactly as rollouts lay out turns:

@@ -51,14 +51,14 @@ CHAT_TEMPLATE = (
 MAX_POSITIONS = 512
 CHARACTER_TOKENIZER_FLAG = "unipg_character_tokenizer"
 
-_TINY = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-             intermediate_size=512)
+_TINY = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, intermediate_size=512)
 EMBEDDED_SIZES: dict[str, dict] = {
     # ≈1.0M parameters: the default, fast enough to train on two CPU cores.
     "tiny": _TINY,
     # ≈5.9M parameters: for tasks the tiny model cannot fit.
-    "small": dict(hidden_size=256, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=4,
-                  intermediate_size=1024),
+    "small": dict(
+        hidden_size=256, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=4, intermediate_size=1024
+    ),
     # The tiny model with numbers read in groups of up to three digits and a key/value head per attention head
     # (≈1.2M parameters, the extra ones in the embedding table): an agent copies a number into a call or out of a
     # tool's result in two or three tokens instead of five or six, so the copy no longer depends on the number's
@@ -86,13 +86,26 @@ def build_tokenizer(numbers: str = "characters") -> PreTrainedTokenizerFast:
     """
     if numbers not in ("characters", "numbers"):
         raise ValueError(f"embedded tokenizer: numbers must be 'characters' or 'numbers', got {numbers!r}")
-    return character_tokenizer(SPECIAL_TOKENS, eos_token=END_TOKEN, pad_token=PAD_TOKEN, chat_template=CHAT_TEMPLATE,
-                               digit_groups=numbers == "numbers")
+    return character_tokenizer(
+        SPECIAL_TOKENS,
+        eos_token=END_TOKEN,
+        pad_token=PAD_TOKEN,
+        chat_template=CHAT_TEMPLATE,
+        digit_groups=numbers == "numbers",
+    )
 
 
-def character_tokenizer(special_tokens: tuple[str, ...], *, eos_token: str, pad_token: str, chat_template: str,
-                        bos_token: str | None = None, added_tokens: tuple[str, ...] = (),
-                        unk_token: str = UNKNOWN_TOKEN, digit_groups: bool = False) -> PreTrainedTokenizerFast:
+def character_tokenizer(
+    special_tokens: tuple[str, ...],
+    *,
+    eos_token: str,
+    pad_token: str,
+    chat_template: str,
+    bos_token: str | None = None,
+    added_tokens: tuple[str, ...] = (),
+    unk_token: str = UNKNOWN_TOKEN,
+    digit_groups: bool = False,
+) -> PreTrainedTokenizerFast:
     """A character-level tokenizer with the given special tokens (ids first, in order) and ``added_tokens``
     (matched whole like special tokens, but kept by ``decode(..., skip_special_tokens=True)``, as Qwen's
     ``<tool_call>`` and ``<think>`` are), then one token per character of ``CHARACTERS``, then (with
@@ -254,7 +267,7 @@ def resolve_model_name(name: str) -> str:
     if name == EMBEDDED_PREFIX:
         return str(embedded_model_path())
     if name.startswith(EMBEDDED_PREFIX + ":"):
-        size = name[len(EMBEDDED_PREFIX) + 1:]
+        size = name[len(EMBEDDED_PREFIX) + 1 :]
         if size not in EMBEDDED_SIZES:
             valid = ", ".join(f"'{EMBEDDED_PREFIX}:{known}'" for known in sorted(EMBEDDED_SIZES))
             raise ValueError(f"unknown embedded model {name!r}; valid names: '{EMBEDDED_PREFIX}', {valid}")

@@ -57,8 +57,16 @@ def recomputing(model: nn.Module):
     are recorded, only those layers' own ``training`` flags are set, not their submodules' (dropout stays off).
     Checkpointed layers drop a KV cache, so a caller must not share prompts through one in such a pass.
     """
-    layers = [module for module in model.modules() if getattr(module, "gradient_checkpointing", False) is True
-              and hasattr(module, "_gradient_checkpointing_func")] if torch.is_grad_enabled() else []
+    layers = (
+        [
+            module
+            for module in model.modules()
+            if getattr(module, "gradient_checkpointing", False) is True
+            and hasattr(module, "_gradient_checkpointing_func")
+        ]
+        if torch.is_grad_enabled()
+        else []
+    )
     modes = [layer.training for layer in layers]
     for layer in layers:
         layer.training = True
@@ -90,8 +98,8 @@ def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, tor
     mask = torch.zeros((len(sequences), width), dtype=torch.long)
     for row, tokens in enumerate(sequences):
         if tokens:
-            ids[row, width - len(tokens):] = torch.tensor(tokens, dtype=torch.long)
-            mask[row, width - len(tokens):] = 1
+            ids[row, width - len(tokens) :] = torch.tensor(tokens, dtype=torch.long)
+            mask[row, width - len(tokens) :] = 1
     return ids, mask
 
 
@@ -106,11 +114,20 @@ def plain_cache(cache) -> bool:
     from transformers.cache_utils import DynamicLayer
 
     layers = getattr(cache, "layers", None)
-    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers) and hasattr(cache, "batch_select_indices")
+    return (
+        bool(layers) and all(type(layer) is DynamicLayer for layer in layers) and hasattr(cache, "batch_select_indices")
+    )
 
 
-def completion_forward(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_length: int,
-                       *, hidden: bool = False, share_prompts: bool = True) -> CompletionForward:
+def completion_forward(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    completion_length: int,
+    *,
+    hidden: bool = False,
+    share_prompts: bool = True,
+) -> CompletionForward:
     """Forward pass over prompts + completions that runs each distinct prompt once.
 
     The samples of a GRPO group share their prompt, so the prompt's keys and values are computed once per
@@ -122,13 +139,26 @@ def completion_forward(model: nn.Module, input_ids: torch.Tensor, attention_mask
     width = input_ids.shape[1] - completion_length
     cache = new_cache(model) if share_prompts and width > 0 else None
     if cache is None or not plain_cache(cache) or not _repeats(input_ids[:, :width]):
-        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions(attention_mask),
-                    use_cache=False, logits_to_keep=completion_length + 1, output_hidden_states=hidden)
-        return CompletionForward(out.logits[:, :-1], out.hidden_states[-1][:, -(completion_length + 1):-1] if hidden else None)
+        out = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=positions(attention_mask),
+            use_cache=False,
+            logits_to_keep=completion_length + 1,
+            output_hidden_states=hidden,
+        )
+        return CompletionForward(
+            out.logits[:, :-1], out.hidden_states[-1][:, -(completion_length + 1) : -1] if hidden else None
+        )
     first_logits, first_hidden = prefill(model, input_ids[:, :width], attention_mask[:, :width], cache, hidden=hidden)
-    rest = model(input_ids=input_ids[:, width:], attention_mask=attention_mask,
-                 position_ids=positions(attention_mask)[:, width:], use_cache=True, output_hidden_states=hidden,
-                 **{cache_keyword(model): cache})
+    rest = model(
+        input_ids=input_ids[:, width:],
+        attention_mask=attention_mask,
+        position_ids=positions(attention_mask)[:, width:],
+        use_cache=True,
+        output_hidden_states=hidden,
+        **{cache_keyword(model): cache},
+    )
     logits = torch.cat([first_logits[:, None], rest.logits[:, :-1]], dim=1)
     states = torch.cat([first_hidden[:, None], rest.hidden_states[-1][:, :-1]], dim=1) if hidden else None
     return CompletionForward(logits, states)
@@ -138,8 +168,15 @@ def _repeats(prompt_ids: torch.Tensor) -> bool:
     return len(torch.unique(prompt_ids, dim=0)) < len(prompt_ids)
 
 
-def prefill(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, cache, *, share: bool = True,
-            hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def prefill(
+    model: nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    cache,
+    *,
+    share: bool = True,
+    hidden: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run left-padded prompts (B, P) into ``cache``; each distinct prompt once when ``share`` and the cache's
     rows can be gathered. Returns the last position's logits (B, V) and last hidden state (B, H) or None.
     """
@@ -151,8 +188,15 @@ def prefill(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
         prompt_ids, prompt_mask, rows = unique, prompt_mask[first], inverse
     else:
         rows = torch.arange(len(prompt_ids), device=prompt_ids.device)
-    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions(prompt_mask), use_cache=True,
-                logits_to_keep=1, output_hidden_states=hidden, **{keyword: cache})
+    out = model(
+        input_ids=prompt_ids,
+        attention_mask=prompt_mask,
+        position_ids=positions(prompt_mask),
+        use_cache=True,
+        logits_to_keep=1,
+        output_hidden_states=hidden,
+        **{keyword: cache},
+    )
     if len(rows) > len(prompt_ids):
         cache.batch_select_indices(rows)
     return out.logits[rows, -1], out.hidden_states[-1][rows, -1] if hidden else None
@@ -169,9 +213,14 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
 
 
-def chunked_token_statistics(logits: torch.Tensor, targets: torch.Tensor, *, chunk_tokens: int | None,
-                             with_entropy: bool = False, entropy_grad: bool = False
-                             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def chunked_token_statistics(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    chunk_tokens: int | None,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(log-probs of ``targets``, entropy or None), each shaped like ``targets``, from (..., V) ``logits``
     taken ``chunk_tokens`` positions at a time (None: all at once).
 
@@ -189,8 +238,14 @@ def chunked_token_statistics(logits: torch.Tensor, targets: torch.Tensor, *, chu
     for start in range(0, len(flat_targets), chunk_tokens):
         piece = slice(start, start + chunk_tokens)
         if torch.is_grad_enabled() and flat_logits.requires_grad:
-            logprob, entropy = checkpoint(_chunk_statistics, flat_logits[piece], flat_targets[piece], with_entropy,
-                                          entropy_grad, use_reentrant=False)
+            logprob, entropy = checkpoint(
+                _chunk_statistics,
+                flat_logits[piece],
+                flat_targets[piece],
+                with_entropy,
+                entropy_grad,
+                use_reentrant=False,
+            )
         else:
             logprob, entropy = _chunk_statistics(flat_logits[piece], flat_targets[piece], with_entropy, entropy_grad)
         logprobs.append(logprob)
@@ -199,8 +254,9 @@ def chunked_token_statistics(logits: torch.Tensor, targets: torch.Tensor, *, chu
     return torch.cat(logprobs).view_as(targets), entropy
 
 
-def _chunk_statistics(logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool,
-                      entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _chunk_statistics(
+    logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool, entropy_grad: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     logprob = token_logprobs(logits, targets)
     if not with_entropy:
         return logprob, logprob.new_zeros(())

@@ -71,8 +71,9 @@ def _filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None)
     return logits
 
 
-def draw_next(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
-              generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+def draw_next(
+    logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The next token of every row, drawn from softmax(logits / temperature) restricted to the top-k/top-p
     tokens (the argmax when ``temperature`` is 0), and the log-probs (B, V) of the unrestricted distribution:
     those of the behaviour policy, whose ratio to the learner's the estimators take."""
@@ -103,9 +104,18 @@ def cut_at_stop(text: str, stop: list[str] | None, keep: tuple[str, ...] = ()) -
 
 
 @torch.no_grad()
-def generate(policy: SamplingPolicy, prompt_ids: list[list[int]], *, max_new_tokens: int, temperature: float = 1.0,
-             top_p: float | None = None, top_k: int | None = None, stop: list[str] | None = None,
-             keep_stop: tuple[str, ...] = (), generator: torch.Generator | None = None) -> Generation:
+def generate(
+    policy: SamplingPolicy,
+    prompt_ids: list[list[int]],
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    stop: list[str] | None = None,
+    keep_stop: tuple[str, ...] = (),
+    generator: torch.Generator | None = None,
+) -> Generation:
     """Sample one completion per prompt (temperature 0 = greedy), with a KV cache.
 
     Generation of a row ends at an EOS token, at a stop string, after ``max_new_tokens``, or when its
@@ -154,12 +164,21 @@ def generate(policy: SamplingPolicy, prompt_ids: list[list[int]], *, max_new_tok
     behaviour = torch.stack(logprobs, 1) * completion_mask
     texts = _decode(policy, completion_ids, completion_mask, stop, keep_stop)
     reasons = ["stop" if finished[row] and not cut[row] else "length" for row in range(batch)]
-    return Generation(ids.cpu(), prompt_mask.cpu(), completion_ids.cpu(), completion_mask.cpu(), behaviour.cpu(),
-                      texts, reasons)
+    return Generation(
+        ids.cpu(), prompt_mask.cpu(), completion_ids.cpu(), completion_mask.cpu(), behaviour.cpu(), texts, reasons
+    )
 
 
-def _decode_step(policy: SamplingPolicy, cache, token: torch.Tensor, finished: torch.Tensor,
-                 running: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, compact: bool):
+def _decode_step(
+    policy: SamplingPolicy,
+    cache,
+    token: torch.Tensor,
+    finished: torch.Tensor,
+    running: torch.Tensor,
+    mask: torch.Tensor,
+    pos: torch.Tensor,
+    compact: bool,
+):
     """Feed the ``running`` rows (batch rows, in cache order) their new ``token``; the next logits, and the
     running rows, attention mask and positions after it. When most rows have finished (one runaway row would
     otherwise keep the whole batch decoding) and the cache allows it (``compact``), the finished rows are
@@ -173,8 +192,13 @@ def _decode_step(policy: SamplingPolicy, cache, token: torch.Tensor, finished: t
     pos = pos[:, -1:] + 1
     if policy.context_length is not None:  # finished rows are fed padding; keep their positions valid
         pos = pos.clamp(max=policy.context_length - 1)
-    logits = policy.model(input_ids=token[running][:, None], attention_mask=mask, position_ids=pos,
-                          use_cache=True, **{cache_keyword(policy.model): cache}).logits[:, -1]
+    logits = policy.model(
+        input_ids=token[running][:, None],
+        attention_mask=mask,
+        position_ids=pos,
+        use_cache=True,
+        **{cache_keyword(policy.model): cache},
+    ).logits[:, -1]
     return logits, running, mask, pos
 
 
@@ -188,12 +212,14 @@ def _room(policy: SamplingPolicy, prompt_ids: list[list[int]], max_new_tokens: i
         raise ValueError(
             f"a prompt of {longest} tokens leaves no room for a completion in the model's {policy.context_length}-"
             f"token context; lower sample.max_prompt_length below {policy.context_length} (longer prompts keep "
-            "their last max_prompt_length tokens) and, for multi-turn tasks, agent.max_total_tokens")
+            "their last max_prompt_length tokens) and, for multi-turn tasks, agent.max_total_tokens"
+        )
     return (policy.context_length - lengths).clamp(max=max_new_tokens)
 
 
-def _apply_stop_strings(tokenizer, completion_ids: torch.Tensor, finished: torch.Tensor, stop: list[str],
-                        stopped: list[bool]) -> torch.Tensor:
+def _apply_stop_strings(
+    tokenizer, completion_ids: torch.Tensor, finished: torch.Tensor, stop: list[str], stopped: list[bool]
+) -> torch.Tensor:
     longest = max(len(s) for s in stop) + 8  # a token spans at least one character
     for row in (~finished).nonzero().flatten().tolist():
         tail = tokenizer.decode(completion_ids[row, -longest:].tolist(), skip_special_tokens=True)
@@ -203,7 +229,14 @@ def _apply_stop_strings(tokenizer, completion_ids: torch.Tensor, finished: torch
     return finished
 
 
-def _decode(policy: SamplingPolicy, completion_ids: torch.Tensor, completion_mask: torch.Tensor,
-            stop: list[str] | None, keep_stop: tuple[str, ...] = ()) -> list[str]:
-    return [cut_at_stop(policy.decode(completion_ids[row, : int(completion_mask[row].sum())].tolist()), stop,
-                        keep_stop) for row in range(completion_ids.shape[0])]
+def _decode(
+    policy: SamplingPolicy,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    stop: list[str] | None,
+    keep_stop: tuple[str, ...] = (),
+) -> list[str]:
+    return [
+        cut_at_stop(policy.decode(completion_ids[row, : int(completion_mask[row].sum())].tolist()), stop, keep_stop)
+        for row in range(completion_ids.shape[0])
+    ]

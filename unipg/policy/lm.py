@@ -71,8 +71,15 @@ class ValueHead(nn.Module):
 class LMPolicy(nn.Module):
     """π_θ over a causal LM, with an optional value head or critic model and an optional reference."""
 
-    def __init__(self, model: nn.Module, tokenizer, *, value_head: bool = False, critic: nn.Module | None = None,
-                 reference: str = "none"):
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer,
+        *,
+        value_head: bool = False,
+        critic: nn.Module | None = None,
+        reference: str = "none",
+    ):
         super().__init__()
         if reference not in ("none", "copy", "adapter"):
             raise ValueError(f"reference must be 'none', 'copy' or 'adapter', got '{reference}'")
@@ -122,13 +129,31 @@ class LMPolicy(nn.Module):
     # ------------------------------------------------------------------------------------------------
     # Generation
 
-    def sample(self, prompt_ids: list[list[int]], *, max_new_tokens: int, temperature: float = 1.0,
-               top_p: float | None = None, top_k: int | None = None, stop: list[str] | None = None,
-               keep_stop: tuple[str, ...] = (), generator: torch.Generator | None = None) -> Generation:
+    def sample(
+        self,
+        prompt_ids: list[list[int]],
+        *,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        stop: list[str] | None = None,
+        keep_stop: tuple[str, ...] = (),
+        generator: torch.Generator | None = None,
+    ) -> Generation:
         """Sample one completion per prompt (temperature 0 = greedy), with a KV cache and the behaviour
         log-prob of every sampled token; ``unipg.policy.generation.generate`` says when a row ends."""
-        return generate(self, prompt_ids, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                        top_k=top_k, stop=stop, keep_stop=keep_stop, generator=generator)
+        return generate(
+            self,
+            prompt_ids,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            stop=stop,
+            keep_stop=keep_stop,
+            generator=generator,
+        )
 
     def decode(self, ids: list[int]) -> str:
         """The text of sampled token ids, special tokens (EOS, chat markers) removed."""
@@ -137,9 +162,17 @@ class LMPolicy(nn.Module):
     # ------------------------------------------------------------------------------------------------
     # Log-probs, entropy, values of given completions
 
-    def evaluate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_length: int, *,
-                 temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False,
-                 with_values: bool = False) -> Evaluation:
+    def evaluate(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        completion_length: int,
+        *,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+        entropy_grad: bool = False,
+        with_values: bool = False,
+    ) -> Evaluation:
         """Log π_θ of the last ``completion_length`` tokens of each row (and entropy, and values).
 
         ``input_ids`` / ``attention_mask`` (B, P + C) are left-padded prompts followed by right-padded
@@ -148,19 +181,35 @@ class LMPolicy(nn.Module):
         """
         self._check_context(attention_mask)
         needs_hidden = with_values and self.value_head is not None
-        logits, hidden, targets, layout = self._outputs(self.model, input_ids, attention_mask, completion_length,
-                                                        hidden=needs_hidden)
+        logits, hidden, targets, layout = self._outputs(
+            self.model, input_ids, attention_mask, completion_length, hidden=needs_hidden
+        )
         logits = scaled_logits(logits, temperature)
-        logprobs, entropy = chunked_token_statistics(logits, targets, chunk_tokens=self.logprob_chunk_tokens,
-                                                     with_entropy=with_entropy, entropy_grad=entropy_grad)
+        logprobs, entropy = chunked_token_statistics(
+            logits,
+            targets,
+            chunk_tokens=self.logprob_chunk_tokens,
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
+        )
         result = Evaluation(logprobs=layout(logprobs), entropy=None if entropy is None else layout(entropy))
         if with_values:
-            result.values = layout(self.value_head(hidden)) if needs_hidden else \
-                self.values(input_ids, attention_mask, completion_length)
+            result.values = (
+                layout(self.value_head(hidden))
+                if needs_hidden
+                else self.values(input_ids, attention_mask, completion_length)
+            )
         return result
 
-    def _outputs(self, model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                 completion_length: int, *, hidden: bool = False):
+    def _outputs(
+        self,
+        model: nn.Module,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        completion_length: int,
+        *,
+        hidden: bool = False,
+    ):
         """(logits, hidden or None, targets, layout) of the completion tokens, padded (B, C, ...) or packed
         (M, ...) per ``self.packed``; ``layout`` turns per-token values of either form into (B, C)."""
         with recomputing(model) as recomputed:
@@ -168,8 +217,14 @@ class LMPolicy(nn.Module):
                 packing = pack_rows(input_ids, attention_mask, completion_length)
                 out = packed_forward(model, packing, hidden=hidden)
                 return out.logits, out.hidden, packing.targets, packing.unpack
-            out = completion_forward(model, input_ids, attention_mask, completion_length, hidden=hidden,
-                                     share_prompts=self.share_prompts and not recomputed)
+            out = completion_forward(
+                model,
+                input_ids,
+                attention_mask,
+                completion_length,
+                hidden=hidden,
+                share_prompts=self.share_prompts and not recomputed,
+            )
         return out.logits, out.hidden, input_ids[:, -completion_length:], _same
 
     def _check_context(self, attention_mask: torch.Tensor) -> None:
@@ -178,12 +233,20 @@ class LMPolicy(nn.Module):
             return
         longest = int(attention_mask.sum(-1).max())
         if longest > self.context_length:
-            raise ValueError(f"a sequence of {longest} tokens (prompt + completion) exceeds the model's "
-                             f"{self.context_length}-token context; lower sample.max_prompt_length or "
-                             "sample.max_new_tokens so that the two fit")
+            raise ValueError(
+                f"a sequence of {longest} tokens (prompt + completion) exceeds the model's "
+                f"{self.context_length}-token context; lower sample.max_prompt_length or "
+                "sample.max_new_tokens so that the two fit"
+            )
 
-    def values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_length: int, *,
-               hidden: torch.Tensor | None = None) -> torch.Tensor:
+    def values(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        completion_length: int,
+        *,
+        hidden: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """V(s_t) for each completion token t, (B, C): the value before the token is chosen."""
         if self.critic is not None:
             return self.critic(input_ids, attention_mask, completion_length, packed=self.packed)
@@ -195,8 +258,9 @@ class LMPolicy(nn.Module):
         return layout(self.value_head(hidden))
 
     @torch.no_grad()
-    def reference_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_length: int,
-                           *, temperature: float = 1.0) -> torch.Tensor:
+    def reference_logprobs(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_length: int, *, temperature: float = 1.0
+    ) -> torch.Tensor:
         """log π_ref of the completion tokens, (B, C), under the frozen reference model."""
         self._check_context(attention_mask)
         if self.reference_mode == "copy":
@@ -223,8 +287,9 @@ class LMPolicy(nn.Module):
             torch.save(self.value_head.state_dict(), path / VALUE_HEAD_FILE)
         if self.critic is not None:
             self.critic.save(path / "critic")
-        (path / "unipg-policy.json").write_text(json.dumps({"value_head": self.value_head is not None,
-                                                            "critic": self.critic is not None}))
+        (path / "unipg-policy.json").write_text(
+            json.dumps({"value_head": self.value_head is not None, "critic": self.critic is not None})
+        )
         return path
 
 
@@ -237,14 +302,16 @@ class CriticModel(nn.Module):
         self.head = head or ValueHead(backbone.config.get_text_config().hidden_size)
         self.share_prompts = True  # run each distinct prompt once per padded pass (see completion_forward)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_length: int, *,
-                packed: bool = False) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_length: int, *, packed: bool = False
+    ) -> torch.Tensor:
         """(B, C) values; ``packed``: one padding-free pass (unipg.policy.packed)."""
         if packed:
             packing = pack_rows(input_ids, attention_mask, completion_length)
             return packing.unpack(self.head(packed_hidden(self.backbone, packing)))
-        out = completion_forward(self.backbone, input_ids, attention_mask, completion_length, hidden=True,
-                                 share_prompts=self.share_prompts)
+        out = completion_forward(
+            self.backbone, input_ids, attention_mask, completion_length, hidden=True, share_prompts=self.share_prompts
+        )
         return self.head(out.hidden)
 
     def save(self, path: Path) -> None:

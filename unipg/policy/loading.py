@@ -28,8 +28,10 @@ def _looks_like_path(name: str) -> bool:
 
 def _check_exists(name: str, resolved: str) -> None:
     if _looks_like_path(resolved) and not Path(resolved).expanduser().exists():
-        raise ValueError(f"model '{name}' not found: '{resolved}' is not a folder; pass an existing folder written "
-                         "by save_pretrained, a Hugging Face hub id, or 'embedded'")
+        raise ValueError(
+            f"model '{name}' not found: '{resolved}' is not a folder; pass an existing folder written "
+            "by save_pretrained, a Hugging Face hub id, or 'embedded'"
+        )
 
 
 def load_tokenizer(name: str, *, trust_remote_code: bool = False, chat_template: str | None = None):
@@ -47,8 +49,10 @@ def load_tokenizer(name: str, *, trust_remote_code: bool = False, chat_template:
         else:
             tokenizer = AutoTokenizer.from_pretrained(resolved, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, TypeError) as error:
-        raise ValueError(f"could not load a tokenizer for model '{name}' ({resolved}): {first_line(error)}. "
-                         "Check the hub id or that the folder holds tokenizer files") from None
+        raise ValueError(
+            f"could not load a tokenizer for model '{name}' ({resolved}): {first_line(error)}. "
+            "Check the hub id or that the folder holds tokenizer files"
+        ) from None
     return check_tokenizer(prepare_chat_template(tokenizer, chat_template, model=name), name)
 
 
@@ -63,18 +67,23 @@ def _is_character_tokenizer(resolved: str) -> bool:
         return False
 
 
-def load_causal_lm(name: str, *, dtype: str = "float32", trust_remote_code: bool = False,
-                   device: torch.device | str | None = None):
+def load_causal_lm(
+    name: str, *, dtype: str = "float32", trust_remote_code: bool = False, device: torch.device | str | None = None
+):
     """The causal LM ``name`` with parameters of ``dtype``, on ``device`` (None: where it loads, the CPU)."""
     from transformers import AutoModelForCausalLM
 
     resolved = resolve_model_name(name)
     _check_exists(name, resolved)
     try:
-        model = AutoModelForCausalLM.from_pretrained(resolved, dtype=torch_dtype(dtype), trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(
+            resolved, dtype=torch_dtype(dtype), trust_remote_code=trust_remote_code
+        )
     except (OSError, ValueError, TypeError, KeyError) as error:
-        raise ValueError(f"could not load a causal language model from '{name}' ({resolved}): {first_line(error)}. "
-                         "Pass a hub id or a folder written by save_pretrained") from None
+        raise ValueError(
+            f"could not load a causal language model from '{name}' ({resolved}): {first_line(error)}. "
+            "Pass a hub id or a folder written by save_pretrained"
+        ) from None
     return model if device is None else model.to(device)
 
 
@@ -88,8 +97,9 @@ def apply_lora(model, *, rank: int, alpha: float, target_modules):
         from peft import LoraConfig, get_peft_model
     except ImportError:
         raise ValueError("model.lora_rank > 0 needs the peft package: pip install 'unipg[peft]'") from None
-    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=target_modules, lora_dropout=0.0, bias="none",
-                        task_type="CAUSAL_LM")
+    config = LoraConfig(
+        r=rank, lora_alpha=alpha, target_modules=target_modules, lora_dropout=0.0, bias="none", task_type="CAUSAL_LM"
+    )
     return get_peft_model(model, config)
 
 
@@ -100,18 +110,31 @@ def reference_mode(requested: str, *, needs_reference: bool, lora: bool) -> str:
     return "adapter" if lora else "copy"
 
 
-def load_lm_policy(name: str, *, dtype: str = "float32", value_head: bool = False, critic: str | None = None,
-                   reference: str = "auto", needs_reference: bool = False, lora_rank: int = 0,
-                   lora_alpha: float = 16.0, lora_target_modules="all-linear", gradient_checkpointing: bool = False,
-                   trust_remote_code: bool = False, device: torch.device | str | None = None,
-                   chat_template: str | None = None) -> LMPolicy:
+def load_lm_policy(
+    name: str,
+    *,
+    dtype: str = "float32",
+    value_head: bool = False,
+    critic: str | None = None,
+    reference: str = "auto",
+    needs_reference: bool = False,
+    lora_rank: int = 0,
+    lora_alpha: float = 16.0,
+    lora_target_modules="all-linear",
+    gradient_checkpointing: bool = False,
+    trust_remote_code: bool = False,
+    device: torch.device | str | None = None,
+    chat_template: str | None = None,
+) -> LMPolicy:
     """Assemble an ``LMPolicy`` on ``device`` (None: the CPU): the LM, critic and reference in ``dtype``, a value
     head in float32; a value head saved beside the model (``LMPolicy.save``) is loaded back."""
     tokenizer = load_tokenizer(name, trust_remote_code=trust_remote_code, chat_template=chat_template)
     model = load_causal_lm(name, dtype=dtype, trust_remote_code=trust_remote_code)
     if model.config.vocab_size < len(tokenizer):
-        raise ValueError(f"tokenizer of '{name}' has {len(tokenizer)} tokens but the model only "
-                         f"{model.config.vocab_size} embeddings; load a matching tokenizer")
+        raise ValueError(
+            f"tokenizer of '{name}' has {len(tokenizer)} tokens but the model only "
+            f"{model.config.vocab_size} embeddings; load a matching tokenizer"
+        )
     if gradient_checkpointing:
         model.gradient_checkpointing_enable()
     if lora_rank > 0:
@@ -120,8 +143,13 @@ def load_lm_policy(name: str, *, dtype: str = "float32", value_head: bool = Fals
     if critic is not None:
         critic_model = CriticModel(load_causal_lm(critic, dtype=dtype, trust_remote_code=trust_remote_code))
         _load_head(critic_model.head, Path(resolve_model_name(critic)))
-    policy = LMPolicy(model.eval(), tokenizer, value_head=value_head, critic=critic_model,
-                      reference=reference_mode(reference, needs_reference=needs_reference, lora=lora_rank > 0))
+    policy = LMPolicy(
+        model.eval(),
+        tokenizer,
+        value_head=value_head,
+        critic=critic_model,
+        reference=reference_mode(reference, needs_reference=needs_reference, lora=lora_rank > 0),
+    )
     if policy.value_head is not None:
         _load_head(policy.value_head, Path(resolve_model_name(name)))
     return policy if device is None else policy.to(device)
@@ -137,12 +165,21 @@ def policy_from_config(config) -> LMPolicy:
     """The policy a text-task ``Config`` asks for (after any warm start has resolved ``model.name``)."""
     model, est = config.model, config.estimator
     needs_reference = est.kl_coef > 0 or est.kl_control == "adaptive"
-    policy = load_lm_policy(model.name, dtype=model.dtype, value_head=model.value_head, critic=model.critic,
-                            reference=model.reference, needs_reference=needs_reference, lora_rank=model.lora_rank,
-                            lora_alpha=model.lora_alpha, lora_target_modules=model.lora_target_modules,
-                            gradient_checkpointing=model.gradient_checkpointing,
-                            trust_remote_code=model.trust_remote_code, device=resolve_device(config.device),
-                            chat_template=model.chat_template)
+    policy = load_lm_policy(
+        model.name,
+        dtype=model.dtype,
+        value_head=model.value_head,
+        critic=model.critic,
+        reference=model.reference,
+        needs_reference=needs_reference,
+        lora_rank=model.lora_rank,
+        lora_alpha=model.lora_alpha,
+        lora_target_modules=model.lora_target_modules,
+        gradient_checkpointing=model.gradient_checkpointing,
+        trust_remote_code=model.trust_remote_code,
+        device=resolve_device(config.device),
+        chat_template=model.chat_template,
+    )
     check_policy_fits(policy, config)
     return policy
 
@@ -156,10 +193,14 @@ def check_policy_fits(policy: LMPolicy, config) -> None:
     """
     context, new_tokens, name = policy.context_length, config.sample.max_new_tokens, config.model.name
     if context is not None and new_tokens >= context:
-        raise ValueError(f"sample.max_new_tokens ({new_tokens}) leaves no room for a prompt in the {context}-token "
-                         f"context of model '{name}'; lower it below {context}, e.g. sample.max_new_tokens="
-                         f"{context // 4}")
+        raise ValueError(
+            f"sample.max_new_tokens ({new_tokens}) leaves no room for a prompt in the {context}-token "
+            f"context of model '{name}'; lower it below {context}, e.g. sample.max_new_tokens="
+            f"{context // 4}"
+        )
     if not policy.eos_ids and not config.sample.stop:
-        warnings.warn(f"the tokenizer of model '{name}' has no EOS token, so every completion runs to "
-                      "sample.max_new_tokens; set sample.stop (e.g. ['\\n']) or use a tokenizer with an eos_token",
-                      stacklevel=2)
+        warnings.warn(
+            f"the tokenizer of model '{name}' has no EOS token, so every completion runs to "
+            "sample.max_new_tokens; set sample.stop (e.g. ['\\n']) or use a tokenizer with an eos_token",
+            stacklevel=2,
+        )

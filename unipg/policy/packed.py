@@ -51,10 +51,15 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_
     prompt_width = input_ids.shape[1] - completion_length
     completion_real = real[:, prompt_width:] & (position[:, prompt_width:] > 0)  # (B, C) has a predecessor
     rows, columns = completion_real.nonzero(as_tuple=True)
-    return Packing(input_ids=input_ids[real][None], position_ids=position[real][None],
-                   predictors=flat_index[rows, prompt_width + columns] - 1,
-                   targets=input_ids[rows, prompt_width + columns], rows=rows, columns=columns,
-                   shape=(input_ids.shape[0], completion_length))
+    return Packing(
+        input_ids=input_ids[real][None],
+        position_ids=position[real][None],
+        predictors=flat_index[rows, prompt_width + columns] - 1,
+        targets=input_ids[rows, prompt_width + columns],
+        rows=rows,
+        columns=columns,
+        shape=(input_ids.shape[0], completion_length),
+    )
 
 
 @dataclass
@@ -65,8 +70,14 @@ class PackedForward:
 
 def packed_forward(model: nn.Module, packing: Packing, *, hidden: bool = False) -> PackedForward:
     """One forward pass over the packed row; the lm_head runs only at the predicting positions."""
-    out = model(input_ids=packing.input_ids, position_ids=packing.position_ids, attention_mask=None,
-                use_cache=False, logits_to_keep=packing.predictors, output_hidden_states=hidden)
+    out = model(
+        input_ids=packing.input_ids,
+        position_ids=packing.position_ids,
+        attention_mask=None,
+        use_cache=False,
+        logits_to_keep=packing.predictors,
+        output_hidden_states=hidden,
+    )
     states = out.hidden_states[-1][0, packing.predictors] if hidden else None
     return PackedForward(out.logits[0], states)
 

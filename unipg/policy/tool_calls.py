@@ -97,7 +97,7 @@ class Hermes:
             return value, first_close, problem
         body_start = len(text) - len(text[body_start:].lstrip())  # the first character after the spaces
         decoded, _ = _read_json(lambda: _DECODER.raw_decode(text, body_start))
-        if decoded is not None and text[decoded[1]:].lstrip().startswith(self.close_tag):
+        if decoded is not None and text[decoded[1] :].lstrip().startswith(self.close_tag):
             return decoded[0], text.index(self.close_tag, decoded[1]), None
         return None, 0, problem
 
@@ -117,7 +117,7 @@ class Llama3Json:
     def parse_tool_calls(self, text: str) -> list[ToolCall]:
         body = text.strip()
         tagged = body.startswith(self.python_tag)
-        body = body[len(self.python_tag):].lstrip() if tagged else body
+        body = body[len(self.python_tag) :].lstrip() if tagged else body
         if not body.startswith("{"):
             if tagged:
                 raise MalformedToolCall('after <|python_tag|> the call must be {"name": ..., "parameters": {...}}')
@@ -130,9 +130,15 @@ class Llama3Json:
                     return []  # an answer that happens to start with a brace
                 raise MalformedToolCall(problem)
             value, position = decoded
-            calls.append(_named_call(value, "parameters" if "parameters" in value else "arguments",
-                                     '{"name": "<tool>", "parameters": {...}}')
-                         if isinstance(value, dict) else _named_call(value, "parameters", "a JSON object"))
+            calls.append(
+                _named_call(
+                    value,
+                    "parameters" if "parameters" in value else "arguments",
+                    '{"name": "<tool>", "parameters": {...}}',
+                )
+                if isinstance(value, dict)
+                else _named_call(value, "parameters", "a JSON object")
+            )
             position = len(body) - len(body[position:].lstrip().lstrip(";").lstrip())
         return calls
 

@@ -60,8 +60,10 @@ class EpisodeAccount:
     in_flight: int = 0  # running now
 
     def metrics(self) -> dict[str, float]:
-        return {f"rollout/episodes_{name}": float(getattr(self, name))
-                for name in ("started", "finished", "failed", "requeued", "cancelled", "in_flight")}
+        return {
+            f"rollout/episodes_{name}": float(getattr(self, name))
+            for name in ("started", "finished", "failed", "requeued", "cancelled", "in_flight")
+        }
 
     def state(self) -> dict[str, int]:
         """The counts, for a checkpoint."""
@@ -153,8 +155,9 @@ class CountedEpisodes:
             self.account.resume(state)
 
 
-def serve_one_by_one(rollout: Rollout, gate: StalenessGate, buffer: ReplayBuffer, stop: threading.Event,
-                     group_size: int) -> None:
+def serve_one_by_one(
+    rollout: Rollout, gate: StalenessGate, buffer: ReplayBuffer, stop: threading.Event, group_size: int
+) -> None:
     """``serve`` for a rollout without inner concurrency: produce admitted groups one at a time."""
     while not stop.is_set():
         admitted = gate.admit(group_size, timeout=0.1)
@@ -219,13 +222,18 @@ class StepReport:
 
     def metrics(self) -> dict[str, float]:
         """The runtime's metrics of the period (``timing/*`` and ``async/*``; the rollout's are its report's)."""
-        return {"timing/learner_idle_fraction": self.learner_idle_fraction, "timing/learner_wait": self.learner_wait,
-                "timing/rollout_idle_fraction": self.rollout_idle_fraction,
-                "async/buffer_occupancy": self.buffer_occupancy, "async/buffer_trajectories": self.buffer_trajectories,
-                "async/evicted": self.buffer.evicted, "async/dropped_stale": self.buffer.dropped_stale,
-                "async/filtered": self.buffer.filtered,
-                "async/staleness_trajectory_mean": sum(self.ages) / len(self.ages),
-                "async/staleness_trajectory_max": max(self.ages)}
+        return {
+            "timing/learner_idle_fraction": self.learner_idle_fraction,
+            "timing/learner_wait": self.learner_wait,
+            "timing/rollout_idle_fraction": self.rollout_idle_fraction,
+            "async/buffer_occupancy": self.buffer_occupancy,
+            "async/buffer_trajectories": self.buffer_trajectories,
+            "async/evicted": self.buffer.evicted,
+            "async/dropped_stale": self.buffer.dropped_stale,
+            "async/filtered": self.buffer.filtered,
+            "async/staleness_trajectory_mean": sum(self.ages) / len(self.ages),
+            "async/staleness_trajectory_max": max(self.ages),
+        }
 
 
 def resolve_schedule(schedule: str, max_staleness: int, deterministic: bool) -> str:
@@ -237,11 +245,23 @@ def resolve_schedule(schedule: str, max_staleness: int, deterministic: bool) -> 
 class Runtime:
     """Admission gate + replay buffer + rollout, scheduled sequentially or concurrently (module docstring)."""
 
-    def __init__(self, rollout: Rollout, *, groups_per_step: int, group_size: int, max_staleness: int,
-                 capacity: int, schedule: str = "sequential", sampling: str = "fifo", eviction: str = "oldest",
-                 freshness_decay: float = 0.5, seed: int = 0,
-                 on_settled: Callable[[list[Group]], None] | None = None,
-                 keep: Callable[[Group], bool] | None = None, filter_budget: int = 0):
+    def __init__(
+        self,
+        rollout: Rollout,
+        *,
+        groups_per_step: int,
+        group_size: int,
+        max_staleness: int,
+        capacity: int,
+        schedule: str = "sequential",
+        sampling: str = "fifo",
+        eviction: str = "oldest",
+        freshness_decay: float = 0.5,
+        seed: int = 0,
+        on_settled: Callable[[list[Group]], None] | None = None,
+        keep: Callable[[Group], bool] | None = None,
+        filter_budget: int = 0,
+    ):
         """``on_settled`` is told of the groups that will not be trained on later: those each step takes, and
         those the buffer drops (the prompt sampler's bookkeeping for exact resumes). ``keep`` and
         ``filter_budget``: the buffer's test on written groups and its bound per step (dynamic sampling;
@@ -250,15 +270,25 @@ class Runtime:
             raise ValueError(f"runtime schedule '{schedule}' is not known; use sequential or concurrent")
         per_step = groups_per_step * group_size
         if capacity < per_step:
-            raise ValueError(f"sample.replay_buffer_size ({capacity}) cannot hold one learner step's batch of {per_step} "
-                             f"trajectories; set it to at least {(max_staleness + 1) * per_step} "
-                             "((runtime.max_staleness + 1) batches, so that nothing admitted is evicted)")
+            raise ValueError(
+                f"sample.replay_buffer_size ({capacity}) cannot hold one learner step's batch of {per_step} "
+                f"trajectories; set it to at least {(max_staleness + 1) * per_step} "
+                "((runtime.max_staleness + 1) batches, so that nothing admitted is evicted)"
+            )
         self.rollout, self.schedule = rollout, schedule
         self.groups_per_step, self.group_size, self.max_staleness = groups_per_step, group_size, max_staleness
         self.on_settled = on_settled or (lambda groups: None)
-        self.buffer = ReplayBuffer(capacity, max_staleness=max_staleness, sampling=sampling, eviction=eviction,
-                                   freshness_decay=freshness_decay, seed=seed, on_discard=self.on_settled,
-                                   keep=keep, filter_budget=filter_budget)
+        self.buffer = ReplayBuffer(
+            capacity,
+            max_staleness=max_staleness,
+            sampling=sampling,
+            eviction=eviction,
+            freshness_decay=freshness_decay,
+            seed=seed,
+            on_discard=self.on_settled,
+            keep=keep,
+            filter_budget=filter_budget,
+        )
         self.gate = StalenessGate(max_staleness, per_step, on_admit=self.buffer.expect)
         self.buffer.on_drop = self.gate.release
         self._stop = threading.Event()
@@ -317,10 +347,16 @@ class Runtime:
         stats, rollout = self.buffer.pop_stats(), self.rollout.report()
         # the sequential schedule's rollout runs only while the learner waits for it
         rollout_idle = rollout.idle_seconds if self.concurrent else period - produced
-        return groups, StepReport(learner_wait=waited, learner_idle_fraction=waited / period,
-                                  rollout_idle_fraction=min(max(rollout_idle / period, 0.0), 1.0),
-                                  buffer_trajectories=occupancy, buffer_occupancy=occupancy / self.buffer.capacity,
-                                  buffer=stats, ages=[group.age(version) for group in groups], rollout=rollout)
+        return groups, StepReport(
+            learner_wait=waited,
+            learner_idle_fraction=waited / period,
+            rollout_idle_fraction=min(max(rollout_idle / period, 0.0), 1.0),
+            buffer_trajectories=occupancy,
+            buffer_occupancy=occupancy / self.buffer.capacity,
+            buffer=stats,
+            ages=[group.age(version) for group in groups],
+            rollout=rollout,
+        )
 
     def publish(self, version: int) -> None:
         """The learner finished the step that produced ``version``: sync weights, admit new rollouts."""

@@ -47,27 +47,35 @@ def remote_code_notice(run_dir: Path, config: Config) -> str | None:
     saved = read_yaml(run_dir / "config.yaml").get("model")
     if config.model.trust_remote_code or not isinstance(saved, dict) or saved.get("trust_remote_code") is not True:
         return None
-    return (f"'{run_dir}' sets model.trust_remote_code=true; it is ignored, since a run folder must not run code "
-            "of its own when the model loads. Pass model.trust_remote_code=true if you trust who made the folder")
+    return (
+        f"'{run_dir}' sets model.trust_remote_code=true; it is ignored, since a run folder must not run code "
+        "of its own when the model loads. Pass model.trust_remote_code=true if you trust who made the folder"
+    )
 
 
 def run_config(run_dir: Path, overrides: list[str], notify: Callable[[str], None] = notify_stderr) -> Config:
     """The configuration of a finished run, pointed at the policy the run saved; the folder's
     ``model.trust_remote_code`` is not taken (``run_folder_overrides``), and ``notify`` says so if it was set."""
     if not (run_dir / "config.yaml").is_file() or not (run_dir / "policy").is_dir():
-        raise ValueError(f"'{run_dir}' is not a finished lm run (it needs config.yaml and policy/); pass the "
-                         "folder `unipg train` created, or evaluate a model with model.name=...")
+        raise ValueError(
+            f"'{run_dir}' is not a finished lm run (it needs config.yaml and policy/); pass the "
+            "folder `unipg train` created, or evaluate a model with model.name=..."
+        )
     unread = tuple(name for name in Config.model_fields if name not in EVALUATION_SECTIONS)
-    config = load_config(run_dir / "config.yaml", run_folder_overrides(
-        [f"model.name={run_dir / 'policy'}", "model.warm_start=false", *overrides]), unread=unread)
+    config = load_config(
+        run_dir / "config.yaml",
+        run_folder_overrides([f"model.name={run_dir / 'policy'}", "model.warm_start=false", *overrides]),
+        unread=unread,
+    )
     notice = remote_code_notice(run_dir, config)
     if notice is not None:
         notify(notice)
     return config
 
 
-def evaluate_episodes(runner: EpisodeRunner, examples: list[Example], *, pass_k: int,
-                      seed: int) -> tuple[dict[str, float], list[Trajectory]]:
+def evaluate_episodes(
+    runner: EpisodeRunner, examples: list[Example], *, pass_k: int, seed: int
+) -> tuple[dict[str, float], list[Trajectory]]:
     """Greedy episodes on held-out examples — pass@1 is the task completion rate (the final answer equals the
     reference), with turns and tool use — and, from ``pass_k`` sampled episodes per example (none if 0,
     ``eval.pass_k``), pass@k (solved by any of them) and the sampled completion rate (the share of them solved:
@@ -75,14 +83,19 @@ def evaluate_episodes(runner: EpisodeRunner, examples: list[Example], *, pass_k:
     greedy episodes in the order of ``examples``."""
     greedy = runner.run(examples, params=runner.sampling(greedy=True), generator=None).trajectories
     metrics = {"eval/pass@1": statistics.fmean(t.correct for t in greedy)}
-    metrics.update({key: value for key, value in episode_metrics(greedy, "eval", tools=runner.service is not None).items()
-                    if key != "eval/completion_rate"})
+    metrics.update(
+        {
+            key: value
+            for key, value in episode_metrics(greedy, "eval", tools=runner.service is not None).items()
+            if key != "eval/completion_rate"
+        }
+    )
     metrics.update(runner.pop_service_metrics("eval"))
     k = pass_k
     if k > 0:
         generator = torch.Generator().manual_seed(seed)
         sampled = runner.run([example for example in examples for _ in range(k)], generator=generator).trajectories
-        solved = [any(t.correct for t in sampled[i * k:(i + 1) * k]) for i in range(len(examples))]
+        solved = [any(t.correct for t in sampled[i * k : (i + 1) * k]) for i in range(len(examples))]
         metrics[f"eval/pass@{k}"] = statistics.fmean(solved)
         metrics["eval/sampled_completion"] = statistics.fmean(t.correct for t in sampled)
         runner.pop_service_metrics("eval")
@@ -106,13 +119,15 @@ def evaluate_model_episodes(config: Config, *, show: int) -> tuple[dict[str, flo
     from unipg.policy.loading import load_lm_policy
     from unipg.runtime.setup import seed_everything, set_threads
     from unipg.sample.episodes import EpisodeRunner, held_out
-    from unipg.tasks.rewards.rules import build_rewards, reward_defaults
     from unipg.sample.transcripts import transcript
     from unipg.tasks.base import make_task
+    from unipg.tasks.rewards.rules import build_rewards, reward_defaults
 
     if not config.is_lm:
-        raise ValueError("unipg eval evaluates language models on text tasks: set task.name (gymnasium runs are "
-                         "evaluated during training, see eval.episodes)")
+        raise ValueError(
+            "unipg eval evaluates language models on text tasks: set task.name (gymnasium runs are "
+            "evaluated during training, see eval.episodes)"
+        )
     seed_everything(config.seed, config.deterministic)
     set_threads(config)
     task = make_task(config.task.name, **config.task.options)
@@ -121,9 +136,13 @@ def evaluate_model_episodes(config: Config, *, show: int) -> tuple[dict[str, flo
 
         config = resolve_warm_start(config, task)
     device = resolve_device(config.device)
-    policy = load_lm_policy(config.model.name, dtype=config.model.dtype,
-                            trust_remote_code=config.model.trust_remote_code, device=device,
-                            chat_template=config.model.chat_template)
+    policy = load_lm_policy(
+        config.model.name,
+        dtype=config.model.dtype,
+        trust_remote_code=config.model.trust_remote_code,
+        device=device,
+        chat_template=config.model.chat_template,
+    )
     rewards = build_rewards(config.task.rewards or task.rewards, defaults=reward_defaults(config))
     runner = EpisodeRunner(policy, task, config, rewards)
     test = held_out(task, config)

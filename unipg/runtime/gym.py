@@ -76,8 +76,12 @@ class Progression:
         self.env_steps += batch.num_steps
         self.episodes += len(batch.episode_returns)
         self.recent_returns = (self.recent_returns + batch.episode_returns)[-100:]
-        if (self.threshold is not None and self.steps_to_train_threshold is None and len(self.recent_returns) == 100
-                and statistics.fmean(self.recent_returns) >= self.threshold):
+        if (
+            self.threshold is not None
+            and self.steps_to_train_threshold is None
+            and len(self.recent_returns) == 100
+            and statistics.fmean(self.recent_returns) >= self.threshold
+        ):
             self.steps_to_train_threshold = self.env_steps
 
     def add_eval(self, returns: list[float]) -> dict[str, float]:
@@ -89,10 +93,15 @@ class Progression:
         return {"eval/return_mean": mean, "eval/return_std": statistics.pstdev(returns)}
 
     def state(self) -> dict:
-        return {"env_steps": self.env_steps, "episodes": self.episodes, "recent_returns": self.recent_returns,
-                "eval_history": [list(entry) for entry in self.eval_history], "last_eval": self.last_eval,
-                "steps_to_eval_threshold": self.steps_to_eval_threshold,
-                "steps_to_train_threshold": self.steps_to_train_threshold}
+        return {
+            "env_steps": self.env_steps,
+            "episodes": self.episodes,
+            "recent_returns": self.recent_returns,
+            "eval_history": [list(entry) for entry in self.eval_history],
+            "last_eval": self.last_eval,
+            "steps_to_eval_threshold": self.steps_to_eval_threshold,
+            "steps_to_train_threshold": self.steps_to_train_threshold,
+        }
 
     @classmethod
     def from_state(cls, threshold: float | None, state: dict) -> Progression:
@@ -105,8 +114,13 @@ class Progression:
         return statistics.fmean(self.recent_returns) if self.recent_returns else None
 
 
-def train_gym(config: Config, *, return_threshold: float | None = None, resume: str | Path | None = None,
-              log: Callable[[str], None] = print) -> GymTrainResult:
+def train_gym(
+    config: Config,
+    *,
+    return_threshold: float | None = None,
+    resume: str | Path | None = None,
+    log: Callable[[str], None] = print,
+) -> GymTrainResult:
     """Train an MLP policy on ``config.env.id``; ``return_threshold`` marks when the return first reaches it.
 
     With ``resume`` (the folder of an earlier run), continue that run from its newest checkpoint, cutting its
@@ -116,8 +130,10 @@ def train_gym(config: Config, *, return_threshold: float | None = None, resume: 
         if checkpoint is not None:
             updates = config.env.total_steps // config.train.batch_transitions
             if checkpoint.step >= updates:
-                log(f"run {run_dir} already finished at update {checkpoint.step} of {updates}; raise "
-                    "env.total_steps to train further")
+                log(
+                    f"run {run_dir} already finished at update {checkpoint.step} of {updates}; raise "
+                    "env.total_steps to train further"
+                )
                 return finished_run(run_dir, checkpoint, return_threshold)
         return train_gym_in(run_dir, config, return_threshold, checkpoint, log)
 
@@ -125,9 +141,18 @@ def train_gym(config: Config, *, return_threshold: float | None = None, resume: 
 def finished_run(run_dir: Path, checkpoint: Checkpoint, threshold: float | None) -> GymTrainResult:
     """The result of a run that ``checkpoint`` shows finished, from its counters."""
     run = Progression.from_state(threshold, checkpoint.state["run"]["progression"])
-    return GymTrainResult(run_dir, run.env_steps, run.episodes, 0.0, statistics.fmean(run.last_eval),
-                          statistics.pstdev(run.last_eval), run.steps_to_eval_threshold,
-                          run.steps_to_train_threshold, run.eval_history, run.train_return)
+    return GymTrainResult(
+        run_dir,
+        run.env_steps,
+        run.episodes,
+        0.0,
+        statistics.fmean(run.last_eval),
+        statistics.pstdev(run.last_eval),
+        run.steps_to_eval_threshold,
+        run.steps_to_train_threshold,
+        run.eval_history,
+        run.train_return,
+    )
 
 
 @dataclass
@@ -158,24 +183,46 @@ class GymRun:
         return {"progression": self.run.state(), "next_eval": self.next_eval, "records": self.records}
 
 
-def open_gym_run(run_dir: Path, config: Config, threshold: float | None, checkpoint: Checkpoint | None,
-                 log: Callable[[str], None]) -> GymRun:
+def open_gym_run(
+    run_dir: Path, config: Config, threshold: float | None, checkpoint: Checkpoint | None, log: Callable[[str], None]
+) -> GymRun:
     """Seed and build a run's objects; continue ``checkpoint`` if given."""
     seed_everything(config.seed, config.deterministic)
     # MLPs this small run fastest on one thread: intra-op parallelism costs more than it saves.
     torch.set_num_threads(config.threads or 1)
-    rollout = GymRollout(config.env.id, config.env.num_envs, seed=config.seed, gamma=config.estimator.gamma,
-                         max_episode_steps=config.env.max_episode_steps,
-                         normalize_rewards=config.estimator.normalize_rewards)
-    policy = MLPActorCritic(rollout.observation_space, rollout.action_space, hidden_sizes=config.policy.hidden_sizes,
-                            activation=config.policy.activation, log_std_init=config.policy.log_std_init)
+    rollout = GymRollout(
+        config.env.id,
+        config.env.num_envs,
+        seed=config.seed,
+        gamma=config.estimator.gamma,
+        max_episode_steps=config.env.max_episode_steps,
+        normalize_rewards=config.estimator.normalize_rewards,
+    )
+    policy = MLPActorCritic(
+        rollout.observation_space,
+        rollout.action_space,
+        hidden_sizes=config.policy.hidden_sizes,
+        activation=config.policy.activation,
+        log_std_init=config.policy.log_std_init,
+    )
     learner = make_learner(policy, config)
     runtime = make_runtime(config, rollout, policy)
-    checkpointer = GymCheckpointer(run_dir, config.checkpoint, config.env.id, policy, learner, rollout,
-                                   replay_random=runtime.buffer.random)
+    checkpointer = GymCheckpointer(
+        run_dir, config.checkpoint, config.env.id, policy, learner, rollout, replay_random=runtime.buffer.random
+    )
     num_updates = config.env.total_steps // config.train.batch_transitions
-    run = GymRun(config, rollout, policy, learner, runtime, None, checkpointer, Progression(threshold), num_updates,
-                 config.eval.every_steps)
+    run = GymRun(
+        config,
+        rollout,
+        policy,
+        learner,
+        runtime,
+        None,
+        checkpointer,
+        Progression(threshold),
+        num_updates,
+        config.eval.every_steps,
+    )
     if checkpoint is not None:
         try:
             saved, pending = checkpointer.restore(checkpoint)
@@ -194,8 +241,13 @@ def open_gym_run(run_dir: Path, config: Config, threshold: float | None, checkpo
     return run
 
 
-def train_gym_in(run_dir: Path, config: Config, return_threshold: float | None, checkpoint: Checkpoint | None = None,
-                 log: Callable[[str], None] = print) -> GymTrainResult:
+def train_gym_in(
+    run_dir: Path,
+    config: Config,
+    return_threshold: float | None,
+    checkpoint: Checkpoint | None = None,
+    log: Callable[[str], None] = print,
+) -> GymTrainResult:
     """``train_gym`` in the locked folder ``run_dir``."""
     g = open_gym_run(run_dir, config, return_threshold, checkpoint, log)
     progress = Progress(config.env.total_steps, enabled=config.log.progress, description=config.algorithm)
@@ -212,9 +264,18 @@ def train_gym_in(run_dir: Path, config: Config, return_threshold: float | None, 
         g.logger.close()
         g.rollout.close()
     run = g.run
-    return GymTrainResult(run_dir, run.env_steps, run.episodes, time.time() - g.start, statistics.fmean(run.last_eval),
-                          statistics.pstdev(run.last_eval), run.steps_to_eval_threshold, run.steps_to_train_threshold,
-                          run.eval_history, run.train_return)
+    return GymTrainResult(
+        run_dir,
+        run.env_steps,
+        run.episodes,
+        time.time() - g.start,
+        statistics.fmean(run.last_eval),
+        statistics.pstdev(run.last_eval),
+        run.steps_to_eval_threshold,
+        run.steps_to_train_threshold,
+        run.eval_history,
+        run.train_return,
+    )
 
 
 def train_update(g: GymRun, update: int) -> None:
@@ -242,15 +303,23 @@ def train_update(g: GymRun, update: int) -> None:
     if log_due or is_last:
         log_train(g, update, metrics, segment, lr)
     if g.checkpointer.due(update, is_last):
-        save_checkpoint(g, update, before, evaluated, closing_eval=is_last and not eval_due,
-                        closing_log=is_last and not log_due)
+        save_checkpoint(
+            g, update, before, evaluated, closing_eval=is_last and not eval_due, closing_log=is_last and not log_due
+        )
     # Published after evaluating: a concurrent rollout then never draws random numbers while a
     # stochastic evaluation does, so at η = 0 both schedules give the same run.
     g.runtime.publish(update)
 
 
-def save_checkpoint(g: GymRun, update: int, before: tuple[dict, list], evaluated: dict[str, float], *,
-                    closing_eval: bool, closing_log: bool) -> None:
+def save_checkpoint(
+    g: GymRun,
+    update: int,
+    before: tuple[dict, list],
+    evaluated: dict[str, float],
+    *,
+    closing_eval: bool,
+    closing_log: bool,
+) -> None:
     """Save after ``update``. The closing evaluation and log line of a last update that were not due (a longer
     run does not have them) are left out: the run's figures from ``before`` them, their records listed in
     ``dropped`` for a resumed run to remove from metrics.jsonl."""
@@ -276,8 +345,14 @@ def evaluate_and_log(g: GymRun) -> dict[str, float]:
 def log_train(g: GymRun, update: int, metrics: dict[str, float], segment, lr: float) -> None:
     record = {f"train/{k}": v for k, v in metrics.items()}
     record.update(rollout_metrics(segment.batch, segment.advantages, segment.returns, g.run.recent_returns))
-    record.update({"train/learning_rate": lr, "train/update": update, "train/episodes": g.run.episodes,
-                   "timing/steps_per_second": g.run.env_steps / (time.time() - g.start)})
+    record.update(
+        {
+            "train/learning_rate": lr,
+            "train/update": update,
+            "train/episodes": g.run.episodes,
+            "timing/steps_per_second": g.run.env_steps / (time.time() - g.start),
+        }
+    )
     record.update(g.timer.pop())
     record.update(g.meter.pop())
     g.log(g.run.env_steps, record)
@@ -285,8 +360,14 @@ def log_train(g: GymRun, update: int, metrics: dict[str, float], segment, lr: fl
 
 def evaluate_gym(policy: MLPActorCritic, config: Config, *, seed: int) -> list[float]:
     """The returns of ``eval.episodes`` evaluation episodes on a fresh environment seeded with ``seed``."""
-    return evaluate_policy(policy, config.env.id, episodes=config.eval.episodes, seed=seed,
-                           deterministic=config.eval.deterministic, max_episode_steps=config.env.max_episode_steps)
+    return evaluate_policy(
+        policy,
+        config.env.id,
+        episodes=config.eval.episodes,
+        seed=seed,
+        deterministic=config.eval.deterministic,
+        max_episode_steps=config.env.max_episode_steps,
+    )
 
 
 def make_runtime(config: Config, rollout: GymRollout, policy: MLPActorCritic) -> Runtime:
@@ -294,11 +375,25 @@ def make_runtime(config: Config, rollout: GymRollout, policy: MLPActorCritic) ->
     of buffer, the schedule resolved from ``runtime.schedule`` (``auto``: sequential when η = 0)."""
     settings = config.runtime
     schedule = resolve_schedule(settings.schedule, settings.max_staleness, config.deterministic)
-    segments = GymSegments(rollout, policy, steps_per_env=config.steps_per_env, bootstrap=bootstraps(config.estimator),
-                           concurrent=schedule == "concurrent")
-    return Runtime(segments, groups_per_step=1, group_size=1, max_staleness=settings.max_staleness,
-                   capacity=config.sample.replay_buffer_size, schedule=schedule, sampling=settings.sampling,
-                   eviction=settings.eviction, freshness_decay=settings.freshness_decay, seed=config.seed)
+    segments = GymSegments(
+        rollout,
+        policy,
+        steps_per_env=config.steps_per_env,
+        bootstrap=bootstraps(config.estimator),
+        concurrent=schedule == "concurrent",
+    )
+    return Runtime(
+        segments,
+        groups_per_step=1,
+        group_size=1,
+        max_staleness=settings.max_staleness,
+        capacity=config.sample.replay_buffer_size,
+        schedule=schedule,
+        sampling=settings.sampling,
+        eviction=settings.eviction,
+        freshness_decay=settings.freshness_decay,
+        seed=config.seed,
+    )
 
 
 class RuntimeMeter:

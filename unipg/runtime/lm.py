@@ -49,9 +49,9 @@ from unipg.policy.lm import LMPolicy
 from unipg.policy.loading import policy_from_config
 from unipg.runtime.backends import BACKEND_INPUTS, BACKENDS, make_learner
 from unipg.runtime.driver import EpisodeAccount, Runtime, StepReport, resolve_schedule
+from unipg.runtime.evaluation import evaluate_episodes, evaluate_lm  # noqa: F401  (evaluate_lm: re-exported)
 from unipg.runtime.offline import OfflineData, load_offline, offline_metrics
 from unipg.runtime.prompts import PromptSampler
-from unipg.runtime.evaluation import evaluate_episodes, evaluate_lm  # noqa: F401  (evaluate_lm: re-exported)
 from unipg.runtime.replay import Group, ProducerFailed
 from unipg.runtime.setup import check_ray_address, lock_run_dir, run_dir_for, seed_everything, set_threads
 from unipg.runtime.stopping import (  # TrainingStopped: where callers catch it
@@ -62,9 +62,9 @@ from unipg.runtime.stopping import (  # TrainingStopped: where callers catch it
     rollout_failed,
 )
 from unipg.sample.episodes import EpisodeRunner, PromptEncoder, held_out  # noqa: F401  (PromptEncoder: re-exported)
-from unipg.tasks.rewards.rules import build_rewards, reward_defaults
-from unipg.tasks.base import Example, Task, make_task
 from unipg.sample.transcripts import transcript
+from unipg.tasks.base import Example, Task, make_task
+from unipg.tasks.rewards.rules import build_rewards, reward_defaults
 
 
 @dataclass
@@ -86,10 +86,15 @@ class LMTrainResult:
         return self.samples / max(self.train_seconds, 1e-9)
 
 
-
-
-def build_runtime(config: Config, runner: EpisodeRunner, sampler: PromptSampler, generator: torch.Generator,
-                  task: Task, reward_fn, log: Callable[[str], None] = print) -> Runtime:
+def build_runtime(
+    config: Config,
+    runner: EpisodeRunner,
+    sampler: PromptSampler,
+    generator: torch.Generator,
+    task: Task,
+    reward_fn,
+    log: Callable[[str], None] = print,
+) -> Runtime:
     """The runtime of an lm run: sequential on the learner's own weights, or concurrent on a synced copy
     with its own episode runner (tools and environment service included); with ``backend: ray``, on rollout
     workers and environment actors of a Ray cluster (``unipg.runtime.backends.ray_lm``)."""
@@ -98,12 +103,21 @@ def build_runtime(config: Config, runner: EpisodeRunner, sampler: PromptSampler,
     handed = (runner, sampler, generator, config, task, reward_fn, schedule, log)  # in BACKEND_INPUTS' order
     rollout = BACKENDS.call(config.backend, dict(zip(BACKEND_INPUTS, handed, strict=True)))
     try:
-        return Runtime(rollout, groups_per_step=config.prompts_per_step, group_size=config.sample.samples_per_prompt,
-                       max_staleness=settings.max_staleness, capacity=config.sample.replay_buffer_size,
-                       schedule=schedule, sampling=settings.sampling, eviction=settings.eviction,
-                       freshness_decay=settings.freshness_decay, seed=config.seed, on_settled=sampler.settle,
-                       keep=mixed_returns if config.sample.dynamic_sampling else None,
-                       filter_budget=math.ceil(config.sample.dynamic_sampling_budget * config.prompts_per_step))
+        return Runtime(
+            rollout,
+            groups_per_step=config.prompts_per_step,
+            group_size=config.sample.samples_per_prompt,
+            max_staleness=settings.max_staleness,
+            capacity=config.sample.replay_buffer_size,
+            schedule=schedule,
+            sampling=settings.sampling,
+            eviction=settings.eviction,
+            freshness_decay=settings.freshness_decay,
+            seed=config.seed,
+            on_settled=sampler.settle,
+            keep=mixed_returns if config.sample.dynamic_sampling else None,
+            filter_budget=math.ceil(config.sample.dynamic_sampling_budget * config.prompts_per_step),
+        )
     except ValueError:
         rollout.close()
         raise
@@ -126,20 +140,38 @@ def rollout_batch(groups: list[Group], version: int, *, pad_id: int, offline: li
     """The learner's batch of the step that starts from ``version``: the episodes of ``groups`` (group after group),
     then those of the ``offline`` groups, padded with ``pad_id``, each with its group (``group_index``)."""
     everything = [*groups, *offline]
-    return LMBatch.from_trajectories([t for g in everything for t in g.items], pad_id, version=version,
-                                     groups=group_index(everything))
+    return LMBatch.from_trajectories(
+        [t for g in everything for t in g.items], pad_id, version=version, groups=group_index(everything)
+    )
 
 
 def finished_run(run_dir: Path, checkpoint: Checkpoint) -> LMTrainResult:
     """The result of a run whose newest ``checkpoint`` is already at ``train.updates``: nothing more is trained."""
     history = [(at, evaluation) for at, evaluation in checkpoint.state["eval_history"]]
-    return LMTrainResult(run_dir, checkpoint.step, checkpoint.state["samples"], 0.0, history[0][1], history[-1][1],
-                           history, checkpoint.state["train_seconds"], resumed_from=checkpoint.step)
+    return LMTrainResult(
+        run_dir,
+        checkpoint.step,
+        checkpoint.state["samples"],
+        0.0,
+        history[0][1],
+        history[-1][1],
+        history,
+        checkpoint.state["train_seconds"],
+        resumed_from=checkpoint.step,
+    )
 
 
-def train_step(runtime: Runtime, learner: LMLearner, timer: Timer, update: int, *, group_size: int,
-               tools: bool, offline: OfflineData | None = None,
-               episodes: EpisodeLog | None = None) -> tuple[dict[str, float], int, StepReport]:
+def train_step(
+    runtime: Runtime,
+    learner: LMLearner,
+    timer: Timer,
+    update: int,
+    *,
+    group_size: int,
+    tools: bool,
+    offline: OfflineData | None = None,
+    episodes: EpisodeLog | None = None,
+) -> tuple[dict[str, float], int, StepReport]:
     """Update ``update``: the next groups (of ``group_size`` episodes, with tool calls if ``tools``) from the
     runtime, and from ``offline`` its share of them, their reference log-probs and values, the estimator's epochs
     of mini-batch steps, the new weights published; the fresh episodes are written to ``episodes``. Its record
@@ -151,17 +183,28 @@ def train_step(runtime: Runtime, learner: LMLearner, timer: Timer, update: int, 
     extra = offline.take(recorded, update - 1) if recorded else []
     batch = rollout_batch(groups, update - 1, pad_id=learner.policy.pad_id, offline=extra)
     fresh, report = [t for g in groups for t in g.items], step.rollout
-    record = {**step.metrics(), **rollout_metrics(fresh, batch, group_size=group_size, tools=tools,
-                                                  wait_seconds=step.learner_wait, batch_sizes=report.batch_sizes,
-                                                  generate_seconds=report.generate_seconds), **report.metrics()}
+    record = {
+        **step.metrics(),
+        **rollout_metrics(
+            fresh,
+            batch,
+            group_size=group_size,
+            tools=tools,
+            wait_seconds=step.learner_wait,
+            batch_sizes=report.batch_sizes,
+            generate_seconds=report.generate_seconds,
+        ),
+        **report.metrics(),
+    }
     if episodes is not None:
         episodes.write(fresh, update=update)
     with timer("logprob"):
         # keys with a namespace of their own (mismatch/...) are logged as they are
         record.update({k if "/" in k else f"train/{k}": v for k, v in learner.prepare(batch).items()})
         if offline is not None:
-            record.update(offline_metrics(batch, sum(len(t.rows) for g in extra for t in g.items), learner.policy,
-                                          learner.config))
+            record.update(
+                offline_metrics(batch, sum(len(t.rows) for g in extra for t in g.items), learner.policy, learner.config)
+            )
     with timer("update"):
         record.update({f"train/{k}": v for k, v in learner.update(batch).items()})
     runtime.publish(update)
@@ -169,8 +212,13 @@ def train_step(runtime: Runtime, learner: LMLearner, timer: Timer, update: int, 
     record.update(timer.pop())
     release_free_memory()  # freed heap pages go back to the system, so system/rss_mb follows what is in use
     record.update(process_metrics())
-    record.update({"timing/step": seconds, "timing/samples_per_second": len(batch.scores) / seconds,
-                   "timing/tokens_per_second": record["rollout/generated_tokens"] / seconds})
+    record.update(
+        {
+            "timing/step": seconds,
+            "timing/samples_per_second": len(batch.scores) / seconds,
+            "timing/tokens_per_second": record["rollout/generated_tokens"] / seconds,
+        }
+    )
     return record, len(batch.scores), step
 
 
@@ -216,8 +264,9 @@ class LMRun:
             self.lock.close()
 
 
-def open_run(config: Config, task: Task | None, run_dir: Path | None, checkpoint: Checkpoint | None,
-             log: Callable[[str], None]) -> LMRun:
+def open_run(
+    config: Config, task: Task | None, run_dir: Path | None, checkpoint: Checkpoint | None, log: Callable[[str], None]
+) -> LMRun:
     """Seed, build the policy, learner, checkpointer and logger of a run, continue ``checkpoint`` if given
     (``run_dir`` is then the run's folder), and start its runtime (``build_runtime``)."""
     from unipg.learn.warm_start import resolve_warm_start
@@ -237,21 +286,41 @@ def open_run(config: Config, task: Task | None, run_dir: Path | None, checkpoint
     run_dir = run_dir if run_dir is not None else run_dir_for(config)
     lock = lock_run_dir(run_dir)  # a second writer is refused before it touches the run's files
     try:
-        checkpointer = LMCheckpointer(run_dir, config.checkpoint, config.model.name, policy, learner, sampler,
-                                      generator)
+        checkpointer = LMCheckpointer(
+            run_dir, config.checkpoint, config.model.name, policy, learner, sampler, generator
+        )
         restored = None
         if checkpoint is not None:
-            restored = resume_run(checkpointer, checkpoint, run_dir=run_dir, updates=config.train.updates,
-                                  model_name=config.model.name, log=log)
+            restored = resume_run(
+                checkpointer,
+                checkpoint,
+                run_dir=run_dir,
+                updates=config.train.updates,
+                model_name=config.model.name,
+                log=log,
+            )
         logger = MetricsLogger(run_dir, tensorboard=config.log.tensorboard)
         logger.write_config(config.to_dict())
     except BaseException:
         lock.close()
         learner.close()
         raise
-    progress = Progress(config.train.updates, enabled=config.log.progress, description=f"{config.algorithm} {task.name}")
-    run = LMRun(config, run_dir, policy, runner, test, learner, checkpointer, logger, progress,
-                  TripCounter(logger, config.rollback, config.estimator.target_kl), lock=lock)
+    progress = Progress(
+        config.train.updates, enabled=config.log.progress, description=f"{config.algorithm} {task.name}"
+    )
+    run = LMRun(
+        config,
+        run_dir,
+        policy,
+        runner,
+        test,
+        learner,
+        checkpointer,
+        logger,
+        progress,
+        TripCounter(logger, config.rollback, config.estimator.target_kl),
+        lock=lock,
+    )
     if restored is not None:
         run.samples, run.train_seconds, run.history = restored
         run.first = checkpoint.step + 1
@@ -267,14 +336,23 @@ def open_run(config: Config, task: Task | None, run_dir: Path | None, checkpoint
     return run
 
 
-def resume_run(checkpointer: LMCheckpointer, checkpoint: Checkpoint, *, run_dir: Path, updates: int,
-               model_name: str, log: Callable[[str], None]) -> tuple[int, float, list]:
+def resume_run(
+    checkpointer: LMCheckpointer,
+    checkpoint: Checkpoint,
+    *,
+    run_dir: Path,
+    updates: int,
+    model_name: str,
+    log: Callable[[str], None],
+) -> tuple[int, float, list]:
     """Load ``checkpoint`` into the run's objects and drop the metrics ``run_dir`` logged after it; its samples,
     train seconds and evaluation history. Warns if the reference model (``model_name`` now) changed."""
     restored = checkpointer.restore(checkpoint)
     if checkpoint.state["reference_model"] != model_name:
-        log(f"warning: the checkpoint's reference model was {checkpoint.state['reference_model']}, the "
-            f"configuration now loads {model_name}; the KL term is measured against the latter")
+        log(
+            f"warning: the checkpoint's reference model was {checkpoint.state['reference_model']}, the "
+            f"configuration now loads {model_name}; the KL term is measured against the latter"
+        )
     drop_metrics_after(run_dir, checkpoint.step)
     log(f"resuming {run_dir} from update {checkpoint.step} of {updates}")
     return restored
@@ -292,8 +370,9 @@ def log_update(run: LMRun, update: int, record: dict[str, float]) -> dict[str, f
         record.update(evaluation)
     if update % config.log.log_every_updates == 0 or update == updates or "eval/pass@1" in record:
         run.logger.log(update, record)
-    run.progress.update(update, f"reward {record['rollout/reward_mean']:.3f} "
-                                f"pass@1 {run.history[-1][1]['eval/pass@1']:.3f}")
+    run.progress.update(
+        update, f"reward {record['rollout/reward_mean']:.3f} pass@1 {run.history[-1][1]['eval/pass@1']:.3f}"
+    )
     return evaluation
 
 
@@ -301,10 +380,11 @@ def run_evaluation(run: LMRun, update: int) -> dict[str, float]:
     """The held-out evaluation after ``update`` (0: before training); the transcripts of its first
     ``eval.transcripts`` greedy episodes go to the run folder (``transcripts/eval_<update>.jsonl``)."""
     config = run.config
-    evaluation, greedy = evaluate_episodes(run.runner, run.test, pass_k=config.eval.pass_k,
-                                           seed=config.seed + 10_000 + update)
+    evaluation, greedy = evaluate_episodes(
+        run.runner, run.test, pass_k=config.eval.pass_k, seed=config.seed + 10_000 + update
+    )
     if config.eval.transcripts:
-        run.logger.transcripts(update, [transcript(trajectory) for trajectory in greedy[:config.eval.transcripts]])
+        run.logger.transcripts(update, [transcript(trajectory) for trajectory in greedy[: config.eval.transcripts]])
     return evaluation
 
 
@@ -317,13 +397,29 @@ def train_updates(run: LMRun, stop: StopRequest) -> None:
         fraction = 1.0 - (update - 1) / updates if config.train.lr_schedule == "linear" else 1.0
         lr = run.learner.set_lr_fraction(fraction)
         try:
-            record, size, step = train_step(run.runtime, run.learner, run.timer, update,
-                                            group_size=config.sample.samples_per_prompt,
-                                            tools=run.runner.service is not None, offline=run.offline,
-                                            episodes=run.episodes)
+            record, size, step = train_step(
+                run.runtime,
+                run.learner,
+                run.timer,
+                update,
+                group_size=config.sample.samples_per_prompt,
+                tools=run.runner.service is not None,
+                offline=run.offline,
+                episodes=run.episodes,
+            )
         except ProducerFailed as failure:  # rollout cannot go on: keep what is trained, say how to go on
-            raise ValueError(rollout_failed(failure, run.checkpointer, update - 1, run.saved, run.samples,
-                                            run.train_seconds, run.history, run.episode_counts)) from failure
+            raise ValueError(
+                rollout_failed(
+                    failure,
+                    run.checkpointer,
+                    update - 1,
+                    run.saved,
+                    run.samples,
+                    run.train_seconds,
+                    run.history,
+                    run.episode_counts,
+                )
+            ) from failure
         run.episode_counts = step.rollout.episodes.state() if step.rollout.episodes is not None else None
         run.train_seconds += record["timing/step"]
         run.samples += size
@@ -335,16 +431,23 @@ def train_updates(run: LMRun, stop: StopRequest) -> None:
             continue
         stopping = stop.signal_number is not None and update < updates
         if stopping or update == updates or (every and update % every == 0):
-            run.checkpointer.save(update, samples=run.samples, train_seconds=run.train_seconds, history=run.history,
-                                  metrics=evaluation, episodes=run.episode_counts)
+            run.checkpointer.save(
+                update,
+                samples=run.samples,
+                train_seconds=run.train_seconds,
+                history=run.history,
+                metrics=evaluation,
+                episodes=run.episode_counts,
+            )
             run.saved = update
         if stopping:
             raise TrainingStopped(run.run_dir, update, stop.signal_number)
         update += 1
 
 
-def train_lm(config: Config, *, task: Task | None = None, resume: str | Path | None = None,
-               log: Callable[[str], None] = print) -> LMTrainResult:
+def train_lm(
+    config: Config, *, task: Task | None = None, resume: str | Path | None = None, log: Callable[[str], None] = print
+) -> LMTrainResult:
     """Train ``config.model.name`` on ``config.task.name`` with the configured estimator.
 
     With ``resume`` (the folder of an earlier run), continue that run from its newest checkpoint, appending to
@@ -353,8 +456,10 @@ def train_lm(config: Config, *, task: Task | None = None, resume: str | Path | N
     updates = config.train.updates
     checkpoint = latest_checkpoint(Path(resume)) if resume is not None else None
     if checkpoint is not None and checkpoint.step >= updates:
-        log(f"run {resume} already finished at update {checkpoint.step} of {updates}; raise train.updates "
-            "to train further")
+        log(
+            f"run {resume} already finished at update {checkpoint.step} of {updates}; raise train.updates "
+            "to train further"
+        )
         return finished_run(Path(resume), checkpoint)
     run = open_run(config, task, Path(resume) if resume is not None else None, checkpoint, log)
     config = run.config
@@ -365,13 +470,28 @@ def train_lm(config: Config, *, task: Task | None = None, resume: str | Path | N
                 run.history = [(0, initial)]
                 run.logger.log(0, initial)
                 if config.rollback.enabled:  # something to roll back to before the first periodic checkpoint
-                    run.checkpointer.save(0, samples=0, train_seconds=0.0, history=run.history, metrics={},
-                                          episodes=EpisodeAccount().state())  # no episode has run yet
+                    run.checkpointer.save(
+                        0,
+                        samples=0,
+                        train_seconds=0.0,
+                        history=run.history,
+                        metrics={},
+                        episodes=EpisodeAccount().state(),
+                    )  # no episode has run yet
             run.runtime.reset(run.first - 1)  # rollout starts from the weights (and prompt order) training starts from
             run.saved = run.first - 1 if checkpoint is not None or config.rollback.enabled else None
             train_updates(run, stop)
         run.policy.save(run.run_dir / "policy")
     finally:
         run.close()
-    return LMTrainResult(run.run_dir, updates, run.samples, time.time() - run.started, run.history[0][1],
-                           run.history[-1][1], run.history, run.train_seconds, resumed_from=run.first - 1)
+    return LMTrainResult(
+        run.run_dir,
+        updates,
+        run.samples,
+        time.time() - run.started,
+        run.history[0][1],
+        run.history[-1][1],
+        run.history,
+        run.train_seconds,
+        resumed_from=run.first - 1,
+    )

@@ -63,14 +63,23 @@ def mix_share(mix, update: int) -> float:
 class OfflineData:
     """The loaded episodes of ``data.offline``, by prompt and role, and how many groups each update takes."""
 
-    def __init__(self, settings: OfflineConfig, trajectories: list[Trajectory], *, group_size: int,
-                 groups_per_step: int, seed: int):
+    def __init__(
+        self,
+        settings: OfflineConfig,
+        trajectories: list[Trajectory],
+        *,
+        group_size: int,
+        groups_per_step: int,
+        seed: int,
+    ):
         self.settings, self.group_size, self.groups_per_step = settings, group_size, groups_per_step
         if settings.only_correct:
             trajectories = [t for t in trajectories if t.correct]
         if not trajectories:
-            raise ConfigError(f"data.offline.path '{settings.path}' holds no correct episode; drop only_correct "
-                              "or record a run that solves some prompts")
+            raise ConfigError(
+                f"data.offline.path '{settings.path}' holds no correct episode; drop only_correct "
+                "or record a run that solves some prompts"
+            )
         self.by_prompt: dict[str, dict[str | None, list[Trajectory]]] = {}
         for trajectory in trajectories:
             roles = self.by_prompt.setdefault(trajectory.example.prompt, {})
@@ -105,12 +114,13 @@ class OfflineData:
         unused = self._unused.setdefault((prompt, role), [])
         if len(unused) < self.group_size:
             unused[:] = self.random.sample(records, len(records))
-        drawn, unused[:] = unused[:self.group_size], unused[self.group_size:]
+        drawn, unused[:] = unused[: self.group_size], unused[self.group_size :]
         return drawn
 
 
-def load_offline(config: Config, runner: EpisodeRunner, policy: LMPolicy,
-                 log: Callable[[str], None] = print) -> OfflineData | None:
+def load_offline(
+    config: Config, runner: EpisodeRunner, policy: LMPolicy, log: Callable[[str], None] = print
+) -> OfflineData | None:
     """The run's ``OfflineData``, with behaviour log-probs computed once where the records have none; None
     without ``data.offline``."""
     settings = config.data.offline
@@ -123,37 +133,58 @@ def load_offline(config: Config, runner: EpisodeRunner, policy: LMPolicy,
     if len(kept) < len(records):
         shown = ", ".join(str(role) for role in roles)
         if not kept:
-            raise ConfigError(f"data.offline.path '{settings.path}': no episode is of a role of task "
-                              f"'{runner.task.name}' (roles: {shown}; a one-role task's records have role null)")
-        log(f"data.offline: {len(records) - len(kept)} of {len(records)} episodes are of roles this task does not "
-            f"have (its roles: {shown}) and are left out")
-    trajectories = [trajectory_from_record(record, encode=runner.encoder_for(record.get("role")),
-                                           template=runner.template, vocab_size=vocab_size) for record in kept]
+            raise ConfigError(
+                f"data.offline.path '{settings.path}': no episode is of a role of task "
+                f"'{runner.task.name}' (roles: {shown}; a one-role task's records have role null)"
+            )
+        log(
+            f"data.offline: {len(records) - len(kept)} of {len(records)} episodes are of roles this task does not "
+            f"have (its roles: {shown}) and are left out"
+        )
+    trajectories = [
+        trajectory_from_record(
+            record, encode=runner.encoder_for(record.get("role")), template=runner.template, vocab_size=vocab_size
+        )
+        for record in kept
+    ]
     missing = [t for episode in trajectories for t in episode.rows if len(t.behaviour_logprobs) != len(t.token_ids)]
     if missing:
-        behaviour_at_load(policy, missing, temperature=config.sample.temperature,
-                          micro_batch=config.train.micro_batch_size)
+        behaviour_at_load(
+            policy, missing, temperature=config.sample.temperature, micro_batch=config.train.micro_batch_size
+        )
     if config.estimator.off_policy_weight == "none":
-        log("offline data with estimator.off_policy_weight=none: offline samples weigh as fresh ones, bounded only "
-            "by the policy loss's clip; age_decay, kl_filter or truncated_is bound them by age or drift")
-    return OfflineData(settings, trajectories, group_size=config.sample.samples_per_prompt,
-                       groups_per_step=config.prompts_per_step, seed=config.seed + 20_000)
+        log(
+            "offline data with estimator.off_policy_weight=none: offline samples weigh as fresh ones, bounded only "
+            "by the policy loss's clip; age_decay, kl_filter or truncated_is bound them by age or drift"
+        )
+    return OfflineData(
+        settings,
+        trajectories,
+        group_size=config.sample.samples_per_prompt,
+        groups_per_step=config.prompts_per_step,
+        seed=config.seed + 20_000,
+    )
 
 
 @torch.no_grad()
-def behaviour_at_load(policy: LMPolicy, trajectories: list[Trajectory], *, temperature: float,
-                      micro_batch: int) -> None:
+def behaviour_at_load(
+    policy: LMPolicy, trajectories: list[Trajectory], *, temperature: float, micro_batch: int
+) -> None:
     """Set each trajectory's behaviour log-probs to those of ``policy`` now (0 on inserted tokens); a main
     trajectory's side ones only where they are in ``trajectories`` too."""
     for start in range(0, len(trajectories), micro_batch):
-        chunk = trajectories[start:start + micro_batch]
+        chunk = trajectories[start : start + micro_batch]
         for trajectory in chunk:  # placeholders of the right length, replaced below
             trajectory.behaviour_logprobs = [0.0] * len(trajectory.token_ids)
         batch = LMBatch.from_trajectories([dataclasses.replace(t, side=[]) for t in chunk], policy.pad_id)  # a row each
-        logprobs = policy.evaluate(batch.input_ids, batch.attention_mask, batch.completion_length,
-                                   temperature=temperature).logprobs * batch.completion_mask
+        logprobs = (
+            policy.evaluate(
+                batch.input_ids, batch.attention_mask, batch.completion_length, temperature=temperature
+            ).logprobs
+            * batch.completion_mask
+        )
         for row, trajectory in enumerate(chunk):
-            trajectory.behaviour_logprobs = logprobs[row, :len(trajectory.token_ids)].tolist()
+            trajectory.behaviour_logprobs = logprobs[row, : len(trajectory.token_ids)].tolist()
 
 
 def current_logprobs(policy: LMPolicy, batch: LMBatch, *, temperature: float, micro_batch: int) -> torch.Tensor:
@@ -162,8 +193,9 @@ def current_logprobs(policy: LMPolicy, batch: LMBatch, *, temperature: float, mi
     parts = []
     for index in torch.arange(len(batch.scores)).split(micro_batch):
         part = batch.rows(index)
-        logprobs = policy.evaluate(part.input_ids, part.attention_mask, part.completion_length,
-                                   temperature=temperature).logprobs
+        logprobs = policy.evaluate(
+            part.input_ids, part.attention_mask, part.completion_length, temperature=temperature
+        ).logprobs
         parts.append(torch.nn.functional.pad(logprobs, (0, width - logprobs.shape[1])))
     return torch.cat(parts)
 
@@ -182,10 +214,10 @@ def offline_metrics(batch: LMBatch, offline_rows: int, policy: LMPolicy, config:
     if config.estimator.off_policy_weight != "none":  # (none: every weight is 1, no pass needed)
         logprobs = rows.proximal_logprobs  # the learner's pass at the update's start, when it made one
         if logprobs is None:
-            logprobs = current_logprobs(policy, rows, temperature=config.sample.temperature,
-                                        micro_batch=config.train.micro_batch_size)
-        weights = objective.off_policy_weights(config.estimator, logprobs, rows.behaviour_logprobs, mask,
-                                               age=rows.ages)
+            logprobs = current_logprobs(
+                policy, rows, temperature=config.sample.temperature, micro_batch=config.train.micro_batch_size
+            )
+        weights = objective.off_policy_weights(config.estimator, logprobs, rows.behaviour_logprobs, mask, age=rows.ages)
     metrics["offline/mean_weight"] = 1.0 if weights is None else float(masked_mean(weights.weights, mask))
     metrics["offline/reward_mean"] = statistics.fmean(rows.scores.tolist())
     if rows.ages is not None:

@@ -47,8 +47,11 @@ class PromptSampler:
     def state(self) -> dict:
         """The position in the current pass, the shuffling generator and the pending prompts, as JSON."""
         with self._lock:
-            return {"order": list(self._order), "generator": generator_state(self.generator),
-                    "pending": self._pending + self._replay}
+            return {
+                "order": list(self._order),
+                "generator": generator_state(self.generator),
+                "pending": self._pending + self._replay,
+            }
 
     def load_state(self, state: dict) -> None:
         """Continue from a position given by ``state``: its pending prompts are drawn first."""

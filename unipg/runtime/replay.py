@@ -164,11 +164,20 @@ class BufferStats:
 class ReplayBuffer:
     """Bounded, thread-safe store of ``Group``s; see the module docstring for sampling and eviction."""
 
-    def __init__(self, capacity: int, *, max_staleness: int | None = None, sampling: str = "fifo",
-                 eviction: str = "oldest", freshness_decay: float = 0.5, seed: int = 0,
-                 on_drop: Callable[[int], None] | None = None,
-                 on_discard: Callable[[list[Group]], None] | None = None,
-                 keep: Callable[[Group], bool] | None = None, filter_budget: int = 0):
+    def __init__(
+        self,
+        capacity: int,
+        *,
+        max_staleness: int | None = None,
+        sampling: str = "fifo",
+        eviction: str = "oldest",
+        freshness_decay: float = 0.5,
+        seed: int = 0,
+        on_drop: Callable[[int], None] | None = None,
+        on_discard: Callable[[list[Group]], None] | None = None,
+        keep: Callable[[Group], bool] | None = None,
+        filter_budget: int = 0,
+    ):
         if capacity < 1:
             raise ValueError(f"replay buffer capacity ({capacity}) must be ≥ 1 trajectory")
         if sampling not in SAMPLING:
@@ -218,8 +227,10 @@ class ReplayBuffer:
 
     def put(self, group: Group) -> None:
         if group.size > self.capacity:
-            raise ValueError(f"a group of {group.size} trajectories cannot fit a replay buffer of {self.capacity}; "
-                             "raise sample.replay_buffer_size")
+            raise ValueError(
+                f"a group of {group.size} trajectories cannot fit a replay buffer of {self.capacity}; "
+                "raise sample.replay_buffer_size"
+            )
         victims = []
         with self._condition:
             self._unexpect(group.version)
@@ -317,9 +328,9 @@ class ReplayBuffer:
         oldest_first = sorted(self.groups, key=lambda g: (g.version, g.created))
         chosen, pool = oldest_first[:required], oldest_first[required:]
         if self.sampling == "fifo":
-            return chosen + pool[:count - len(chosen)]
+            return chosen + pool[: count - len(chosen)]
         if self.sampling == "fresh":
-            newest = sorted(pool, key=lambda g: (-g.version, -g.created))[:count - len(chosen)]
+            newest = sorted(pool, key=lambda g: (-g.version, -g.created))[: count - len(chosen)]
             return chosen + sorted(newest, key=lambda g: (g.version, g.created))
         for _ in range(count - len(chosen)):
             weights = [self.freshness_decay ** g.age(version) for g in pool]

@@ -33,8 +33,9 @@ def run_dir_for(config: Config) -> Path:
     if config.log.run_name:
         run_dir = root / config.log.run_name
         if any((run_dir / name).exists() for name in ("metrics.jsonl", "config.yaml", "checkpoints")):
-            raise ValueError(f"run directory '{run_dir}' already holds a run; choose another log.run_name "
-                             "or move that run away")
+            raise ValueError(
+                f"run directory '{run_dir}' already holds a run; choose another log.run_name or move that run away"
+            )
         return run_dir
     subject = config.task.name if config.is_lm else config.env.id
     stem = f"{config.algorithm}-{subject}-seed{config.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -70,14 +71,15 @@ def lock_run_dir(run_dir: Path) -> IO[str]:
         lock.seek(0)
         holder = lock.read().strip() or "unknown"
         lock.close()
-        raise ValueError(f"run folder {run_dir} is in use by process {holder}; wait until that run ends or stop "
-                         "it, or train into another folder (log.run_name)") from None
+        raise ValueError(
+            f"run folder {run_dir} is in use by process {holder}; wait until that run ends or stop "
+            "it, or train into another folder (log.run_name)"
+        ) from None
     lock.seek(0)
     lock.truncate()
     lock.write(f"{os.getpid()}\n")
     lock.flush()
     return lock
-
 
 
 @contextmanager
@@ -120,6 +122,8 @@ def check_ray_address(address: str | None) -> None:
     except OSError as error:
         reason = "timed out" if isinstance(error, TimeoutError) else (error.strerror or str(error))
         setting = "ray.address" if address is not None else "RAY_ADDRESS"
-        raise ValueError(f"cannot connect to Ray at {setting}={text!r}: nothing answers there ({reason}); start "
-                         f"the cluster there (`ray start --head --port {port}`), fix the address, or leave "
-                         "ray.address unset for a local instance") from None
+        raise ValueError(
+            f"cannot connect to Ray at {setting}={text!r}: nothing answers there ({reason}); start "
+            f"the cluster there (`ray start --head --port {port}`), fix the address, or leave "
+            "ray.address unset for a local instance"
+        ) from None

@@ -18,9 +18,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from unipg.policy.chat import TurnTemplate
 from unipg.envs.base import Env, TurnInfo
 from unipg.inference import HFService
+from unipg.policy.chat import TurnTemplate
 from unipg.tasks.base import Example
 
 T = TypeVar("T")
@@ -124,8 +124,9 @@ class AgentLoop:
                 if budget <= 0:
                     trajectory.finish = "max_tokens"
                     break
-                out = await self.engine.generate(trajectory.prompt_ids + trajectory.token_ids,
-                                                 max_new_tokens=budget, order=order)
+                out = await self.engine.generate(
+                    trajectory.prompt_ids + trajectory.token_ids, max_new_tokens=budget, order=order
+                )
                 trajectory.add_sampled(out.token_ids, out.behaviour_logprobs, turn)
                 trajectory.turn_texts.append(out.text)
                 trajectory.policy_versions.append(out.policy_version)
@@ -138,8 +139,10 @@ class AgentLoop:
                 if turn == self.max_turns - 1:
                     trajectory.finish = "max_turns"
                     break
-                inserted = self.tokenize(self.template.closing(out.ended_with_eos)
-                                         + self.template.observation(observation, env.observation_role))
+                inserted = self.tokenize(
+                    self.template.closing(out.ended_with_eos)
+                    + self.template.observation(observation, env.observation_role)
+                )
                 if len(inserted) >= self.room(trajectory):
                     trajectory.finish = "max_tokens"  # no room left to answer after this observation
                     break
@@ -147,12 +150,14 @@ class AgentLoop:
                 trajectory.messages.append({"role": env.observation_role, "content": observation})
         return trajectory
 
-    async def run_episodes(self, envs: list[Env], examples: list[Example], *,
-                           concurrency: int | None = None) -> list[Trajectory]:
+    async def run_episodes(
+        self, envs: list[Env], examples: list[Example], *, concurrency: int | None = None
+    ) -> list[Trajectory]:
         """Run one episode per (env, example) concurrently; results in input order."""
         async with self.running():
-            return await run_concurrently(lambda i: self.run_episode(envs[i], examples[i], order=i), len(examples),
-                                          concurrency)
+            return await run_concurrently(
+                lambda i: self.run_episode(envs[i], examples[i], order=i), len(examples), concurrency
+            )
 
 
 async def run_concurrently(run_one: Callable[[int], Awaitable[T]], count: int, concurrency: int | None) -> list[T]:

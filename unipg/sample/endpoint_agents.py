@@ -33,12 +33,12 @@ from pathlib import Path
 
 from unipg.config import ConfigError
 from unipg.config.plugins import import_plugin
-from unipg.sample.agent import Trajectory, run_concurrently
+from unipg.envs.base import TurnInfo, final_answer_reward
+from unipg.inference import HFService
 from unipg.inference.endpoint.protocol import Completions, Limits
 from unipg.inference.endpoint.server import EndpointServer
 from unipg.inference.endpoint.sessions import Sessions, SessionTrajectory
-from unipg.envs.base import TurnInfo, final_answer_reward
-from unipg.inference import HFService
+from unipg.sample.agent import Trajectory, run_concurrently
 from unipg.tasks.base import Example
 
 
@@ -66,8 +66,10 @@ def load_agent(spec: str):
         raise ConfigError(f"task.agent: cannot import {where!r}: {type(error).__name__}: {error}") from error
     run = getattr(module, name, None)
     if not asyncio.iscoroutinefunction(run):
-        raise ConfigError(f"task.agent: {where!r} has no async function {name!r} "
-                          "(async def run(base_url, api_key, example) -> float | str | dict)")
+        raise ConfigError(
+            f"task.agent: {where!r} has no async function {name!r} "
+            "(async def run(base_url, api_key, example) -> float | str | dict)"
+        )
     return run
 
 
@@ -106,8 +108,12 @@ class AgentStats:
             setattr(self, counter.name, getattr(self, counter.name) + getattr(other, counter.name))
 
     def metrics(self, prefix: str) -> dict[str, float]:
-        return {f"{prefix}/agent_failures": self.failures, f"{prefix}/agent_timeouts": self.timeouts,
-                f"{prefix}/agent_retries": self.retries, f"{prefix}/agent_extra_trajectories": self.extra_trajectories}
+        return {
+            f"{prefix}/agent_failures": self.failures,
+            f"{prefix}/agent_timeouts": self.timeouts,
+            f"{prefix}/agent_retries": self.retries,
+            f"{prefix}/agent_extra_trajectories": self.extra_trajectories,
+        }
 
 
 def reported(result) -> tuple[float | None, str | None]:
@@ -118,8 +124,9 @@ def reported(result) -> tuple[float | None, str | None]:
         return None, result
     if isinstance(result, dict) and ("reward" in result or "answer" in result):
         reward, answer = result.get("reward"), result.get("answer")
-        if (reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float)))) or \
-                (answer is not None and not isinstance(answer, str)):
+        if (reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float)))) or (
+            answer is not None and not isinstance(answer, str)
+        ):
             raise AgentFailed("a returned dict holds reward: number and/or answer: string")
         return (None if reward is None else _finite(reward)), answer
     raise AgentFailed(f"the agent returned a {type(result).__name__}; expected a number, a string or a dict")
@@ -134,19 +141,35 @@ def _finite(value) -> float:
 class ExternalAgentLoop:
     """Runs episodes of external agents against the endpoint on ``engine`` (same interface as ``AgentLoop``)."""
 
-    def __init__(self, engine: HFService, tokenizer, *, eos_ids: list[int], endpoint, max_tokens: int,
-                 context_length: int | None, describe_tools: bool, stats: AgentStats | None = None,
-                 tool_parser: str | None = None):
+    def __init__(
+        self,
+        engine: HFService,
+        tokenizer,
+        *,
+        eos_ids: list[int],
+        endpoint,
+        max_tokens: int,
+        context_length: int | None,
+        describe_tools: bool,
+        stats: AgentStats | None = None,
+        tool_parser: str | None = None,
+    ):
         """``endpoint``: the ``EndpointConfig`` section; ``max_tokens``: generated tokens per call at most;
         ``tool_parser``: the run's tool-call format (None: the chat template's)."""
         self.engine, self.tokenizer, self.endpoint = engine, tokenizer, endpoint
         self.stats = stats if stats is not None else AgentStats()
         self.sessions = Sessions(tokenizer, eos_ids=eos_ids)
         limits = Limits(max_tokens=max_tokens, max_n=endpoint.max_n, context_length=context_length)
-        self.completions = Completions(engine, tokenizer, limits, describe_tools=describe_tools,
-                                       tool_parser=tool_parser)
-        self.server = EndpointServer(self.completions, self.sessions, host=endpoint.host, port=endpoint.port,
-                                     max_body_bytes=endpoint.max_body_bytes)
+        self.completions = Completions(
+            engine, tokenizer, limits, describe_tools=describe_tools, tool_parser=tool_parser
+        )
+        self.server = EndpointServer(
+            self.completions,
+            self.sessions,
+            host=endpoint.host,
+            port=endpoint.port,
+            max_body_bytes=endpoint.max_body_bytes,
+        )
 
     @contextlib.asynccontextmanager
     async def running(self):
@@ -179,14 +202,16 @@ class ExternalAgentLoop:
         if session.last is None:
             raise AgentFailed("the agent made no call to the model")
         last = session.last
-        scored, info = await final_answer_reward(agent.reward_fn, example,
-                                                 answer if answer is not None else last.turn_texts[-1])
+        scored, info = await final_answer_reward(
+            agent.reward_fn, example, answer if answer is not None else last.turn_texts[-1]
+        )
         if reward is not None:  # the agent's own reward is the episode's
             info = dataclasses.replace(info, final_reward=reward)
         reward = scored if reward is None else reward
         episode = episode_trajectory(example, last, reward, info)
-        episode.side = [episode_trajectory(example, other, reward, TurnInfo()) for other in trajectories
-                        if other is not last]
+        episode.side = [
+            episode_trajectory(example, other, reward, TurnInfo()) for other in trajectories if other is not last
+        ]
         self.stats.extra_trajectories += len(episode.side)
         return episode
 
@@ -211,19 +236,29 @@ class ExternalAgentLoop:
             raise AgentFailed(f"the agent raised {type(error).__name__}: {str(error)[:200]}")
         return task.result()
 
-    async def run_episodes(self, agents: list[ExternalAgent], examples: list[Example], *,
-                           concurrency: int | None = None) -> list[Trajectory]:
+    async def run_episodes(
+        self, agents: list[ExternalAgent], examples: list[Example], *, concurrency: int | None = None
+    ) -> list[Trajectory]:
         """One episode per (agent, example) concurrently; results in input order."""
         async with self.running():
-            return await run_concurrently(lambda i: self.run_episode(agents[i], examples[i], order=i), len(examples),
-                                          concurrency)
+            return await run_concurrently(
+                lambda i: self.run_episode(agents[i], examples[i], order=i), len(examples), concurrency
+            )
 
 
 def episode_trajectory(example: Example, recorded: SessionTrajectory, reward: float, info: TurnInfo) -> Trajectory:
     """The learner's ``Trajectory`` of a session trajectory: one policy turn per call, the reward on the last."""
     turns = recorded.turns
-    return Trajectory(example, list(recorded.prompt_ids), token_ids=list(recorded.token_ids),
-                      loss_mask=list(recorded.loss_mask), behaviour_logprobs=list(recorded.behaviour_logprobs),
-                      turn_of_token=list(recorded.turn_of_token), step_rewards=[0.0] * (turns - 1) + [reward],
-                      policy_versions=list(recorded.policy_versions), turn_texts=list(recorded.turn_texts),
-                      infos=[TurnInfo() for _ in range(turns - 1)] + [info], finish="done")
+    return Trajectory(
+        example,
+        list(recorded.prompt_ids),
+        token_ids=list(recorded.token_ids),
+        loss_mask=list(recorded.loss_mask),
+        behaviour_logprobs=list(recorded.behaviour_logprobs),
+        turn_of_token=list(recorded.turn_of_token),
+        step_rewards=[0.0] * (turns - 1) + [reward],
+        policy_versions=list(recorded.policy_versions),
+        turn_texts=list(recorded.turn_texts),
+        infos=[TurnInfo() for _ in range(turns - 1)] + [info],
+        finish="done",
+    )

@@ -44,13 +44,24 @@ def episode_record(trajectory: Trajectory, *, update: int) -> dict:
     messages = list(trajectory.messages[:1]) or [{"role": "user", "content": trajectory.example.prompt}]
     for turn, text in enumerate(trajectory.turn_texts):
         messages.append({"role": "assistant", "content": text})
-        messages += trajectory.messages[turn + 1:turn + 2]
-    record = {"prompt": trajectory.example.prompt, "answer": trajectory.example.answer, "role": trajectory.role,
-              "messages": messages, "reward": trajectory.reward, "step_rewards": list(trajectory.step_rewards),
-              "correct": trajectory.correct, "finish": trajectory.finish, "update": update,
-              "prompt_ids": list(trajectory.prompt_ids), "token_ids": list(trajectory.token_ids),
-              "loss_mask": list(trajectory.loss_mask), "behaviour_logprobs": list(trajectory.behaviour_logprobs),
-              "turn_of_token": list(trajectory.turn_of_token), "policy_versions": list(trajectory.policy_versions)}
+        messages += trajectory.messages[turn + 1 : turn + 2]
+    record = {
+        "prompt": trajectory.example.prompt,
+        "answer": trajectory.example.answer,
+        "role": trajectory.role,
+        "messages": messages,
+        "reward": trajectory.reward,
+        "step_rewards": list(trajectory.step_rewards),
+        "correct": trajectory.correct,
+        "finish": trajectory.finish,
+        "update": update,
+        "prompt_ids": list(trajectory.prompt_ids),
+        "token_ids": list(trajectory.token_ids),
+        "loss_mask": list(trajectory.loss_mask),
+        "behaviour_logprobs": list(trajectory.behaviour_logprobs),
+        "turn_of_token": list(trajectory.turn_of_token),
+        "policy_versions": list(trajectory.policy_versions),
+    }
     if trajectory.side:  # the trajectories an external agent's rewritten history left beside this one
         record["side"] = [episode_record(side, update=update) for side in trajectory.side]
     return record
@@ -60,8 +71,10 @@ def read_episode_records(path: str | Path) -> list[dict]:
     """The records of a JSONL file of episodes, each checked (``check_record``); blank lines are skipped."""
     path = Path(path).expanduser()
     if not path.is_file():
-        raise ConfigError(f"data.offline.path '{path}' is not a file; point it at a .jsonl of episodes, such as the "
-                          "episodes.jsonl a run with log.episodes=true writes")
+        raise ConfigError(
+            f"data.offline.path '{path}' is not a file; point it at a .jsonl of episodes, such as the "
+            "episodes.jsonl a run with log.episodes=true writes"
+        )
     records = []
     with path.open(encoding="utf-8") as lines:
         for number, line in enumerate(lines, 1):
@@ -85,15 +98,19 @@ def check_record(record) -> str | None:
     if not isinstance(record, dict):
         return "an episode must be a JSON object"
     messages = record.get("messages")
-    if not isinstance(messages, list) or not all(isinstance(m, dict) and isinstance(m.get("content"), str)
-                                                 and isinstance(m.get("role"), str) for m in messages):
-        return "'messages' must be a list of {\"role\": ..., \"content\": \"...\"} objects"
+    if not isinstance(messages, list) or not all(
+        isinstance(m, dict) and isinstance(m.get("content"), str) and isinstance(m.get("role"), str) for m in messages
+    ):
+        return '\'messages\' must be a list of {"role": ..., "content": "..."} objects'
     messages = [m for m in messages if m["role"] != "system"]
     if not messages or messages[0]["role"] == "assistant" or len(assistant_turns(messages)) == 0:
         return "'messages' must start with the first observation (a user message) and hold an assistant turn"
     rewards = record.get("step_rewards", [record.get("reward")])
-    if not isinstance(rewards, list) or not rewards or not all(
-            isinstance(r, (int, float)) and not isinstance(r, bool) and math.isfinite(r) for r in rewards):
+    if (
+        not isinstance(rewards, list)
+        or not rewards
+        or not all(isinstance(r, (int, float)) and not isinstance(r, bool) and math.isfinite(r) for r in rewards)
+    ):
         return "give the episode's 'reward' (a finite number) or its 'step_rewards' (a list of them)"
     present = [name for name in TOKEN_FIELDS if name in record]
     if present and len(present) < len(TOKEN_FIELDS):
@@ -109,8 +126,11 @@ def check_record(record) -> str | None:
     if not isinstance(side, list):
         return "'side' must be a list of episode records (the trajectories trained beside the main one)"
     for number, other in enumerate(side, 1):
-        problem = "a side trajectory has no 'side' of its own" if isinstance(other, dict) and "side" in other \
+        problem = (
+            "a side trajectory has no 'side' of its own"
+            if isinstance(other, dict) and "side" in other
             else check_record(other)
+        )
         if problem:
             return f"side trajectory {number}: {problem}"
     return None
@@ -120,8 +140,9 @@ def assistant_turns(messages: list[dict]) -> list[str]:
     return [m["content"] for m in messages if m["role"] == "assistant"]
 
 
-def trajectory_from_record(record: dict, *, encode: Callable[[str], list[int]], template: TurnTemplate,
-                           vocab_size: int) -> Trajectory:
+def trajectory_from_record(
+    record: dict, *, encode: Callable[[str], list[int]], template: TurnTemplate, vocab_size: int
+) -> Trajectory:
     """The trajectory of a checked record (``check_record``), marked ``offline``, sampled by version −1 (one
     version before this run's first weights; a record's own versions count another run's updates). ``encode``
     renders and tokenises a first observation as rollouts do."""
@@ -129,18 +150,26 @@ def trajectory_from_record(record: dict, *, encode: Callable[[str], list[int]], 
     turns = assistant_turns(messages)
     first = messages[0]["content"]
     example = Example(str(record.get("prompt", first)), str(record.get("answer", "")), "", {})
-    trajectory = Trajectory(example, [], messages=[messages[0]] + [m for m in messages[1:] if m["role"] != "assistant"],
-                            role=record.get("role"), offline=True, turn_texts=turns,
-                            finish=record.get("finish", "done"))
+    trajectory = Trajectory(
+        example,
+        [],
+        messages=[messages[0]] + [m for m in messages[1:] if m["role"] != "assistant"],
+        role=record.get("role"),
+        offline=True,
+        turn_texts=turns,
+        finish=record.get("finish", "done"),
+    )
     if "token_ids" in record:
         trajectory.prompt_ids, trajectory.token_ids = list(record["prompt_ids"]), list(record["token_ids"])
         trajectory.loss_mask = [int(bool(m)) for m in record["loss_mask"]]
         trajectory.behaviour_logprobs = [float(v) for v in record.get("behaviour_logprobs", [])]
         trajectory.turn_of_token = list(record.get("turn_of_token") or turn_of_tokens(trajectory.loss_mask))
         if any(not 0 <= token < vocab_size for token in trajectory.prompt_ids + trajectory.token_ids):
-            raise ConfigError(f"episode of prompt {example.prompt!r}: token ids outside the model's vocabulary "
-                              f"(0 … {vocab_size - 1}); it was recorded with another tokenizer: drop its token "
-                              "fields so that its messages are tokenised again")
+            raise ConfigError(
+                f"episode of prompt {example.prompt!r}: token ids outside the model's vocabulary "
+                f"(0 … {vocab_size - 1}); it was recorded with another tokenizer: drop its token "
+                "fields so that its messages are tokenised again"
+            )
     else:
         trajectory.prompt_ids = encode(first)
         tokenize = lambda text: template.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -161,8 +190,10 @@ def trajectory_from_record(record: dict, *, encode: Callable[[str], list[int]], 
     trajectory.step_rewards = [float(r) for r in rewards]
     trajectory.policy_versions = [-1] * turn_count  # recorded versions belong to another run's count
     trajectory.infos = [TurnInfo() for _ in range(turn_count - 1)] + [TurnInfo(correct=bool(record.get("correct")))]
-    trajectory.side = [trajectory_from_record(side, encode=encode, template=template, vocab_size=vocab_size)
-                       for side in record.get("side", ())]
+    trajectory.side = [
+        trajectory_from_record(side, encode=encode, template=template, vocab_size=vocab_size)
+        for side in record.get("side", ())
+    ]
     return trajectory
 
 

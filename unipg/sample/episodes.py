@@ -18,17 +18,16 @@ from dataclasses import dataclass
 import torch
 
 from unipg.config import Config, ConfigError
+from unipg.envs import ENVS, EnvironmentService
+from unipg.envs.service import build_tools, close_tools
+from unipg.inference import ENGINES, Engine, HFService, SamplingParams
 from unipg.policy.chat import TurnTemplate, render_agent_prompt
 from unipg.policy.lm import LMPolicy
+from unipg.policy.tool_calls import TOOL_PARSERS, parser_for_template, rewrite_calls
 from unipg.sample.agent import AgentLoop, Trajectory
 from unipg.sample.endpoint_agents import AgentStats, ExternalAgent, ExternalAgentLoop, load_agent
-from unipg.envs import ENVS, EnvironmentService
-from unipg.inference import ENGINES, Engine, SamplingParams
-from unipg.envs.service import build_tools, close_tools
-from unipg.inference import HFService
 from unipg.sample.roles import RoleLoop
 from unipg.tasks.base import Example, Task
-from unipg.policy.tool_calls import TOOL_PARSERS, parser_for_template, rewrite_calls
 
 
 class PromptEncoder:
@@ -46,7 +45,7 @@ class PromptEncoder:
         key = prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)  # a conversation, hashable
         if key not in self._cache:
             ids = self.tokenizer(self.render(prompt), add_special_tokens=False)["input_ids"]
-            self._cache[key] = ids[-self.max_length:]
+            self._cache[key] = ids[-self.max_length :]
         return self._cache[key]
 
 
@@ -71,11 +70,14 @@ def check_roles(config: Config, task: Task) -> None:
     unknown = sorted(set(config.agent.roles) - set(task.roles))
     if unknown:
         valid = ", ".join(task.roles) or "none: it is a one-role task"
-        raise ConfigError(f"agent.roles names {', '.join(unknown)}, not a role of task '{task.name}' "
-                          f"(its roles: {valid})")
+        raise ConfigError(
+            f"agent.roles names {', '.join(unknown)}, not a role of task '{task.name}' (its roles: {valid})"
+        )
     if task.roles and config.backend != "inprocess":
-        raise ConfigError(f"task '{task.name}' has roles ({', '.join(task.roles)}); multi-role episodes run on "
-                          f"backend=inprocess only in this version, not '{config.backend}'")
+        raise ConfigError(
+            f"task '{task.name}' has roles ({', '.join(task.roles)}); multi-role episodes run on "
+            f"backend=inprocess only in this version, not '{config.backend}'"
+        )
 
 
 def demonstration_pairs(tokenizer, task: Task, config: Config, examples: list[Example]) -> list[tuple]:
@@ -88,10 +90,21 @@ def demonstration_pairs(tokenizer, task: Task, config: Config, examples: list[Ex
         tools = build_tools(specs)
         close_tools(tools)  # only their descriptions are needed here (an MCP server need not keep running)
         schemas = [tool.schema() for tool in tools.values()]
-    encoders = {role: PromptEncoder(tokenizer, system_prompt=role_system_prompt(config, task, role),
-                                    max_length=config.sample.max_prompt_length, tools=schemas) for role in task.roles}
-    encoders[None] = PromptEncoder(tokenizer, system_prompt=config.task.system_prompt or task.system_prompt,
-                                   max_length=config.sample.max_prompt_length, tools=schemas)
+    encoders = {
+        role: PromptEncoder(
+            tokenizer,
+            system_prompt=role_system_prompt(config, task, role),
+            max_length=config.sample.max_prompt_length,
+            tools=schemas,
+        )
+        for role in task.roles
+    }
+    encoders[None] = PromptEncoder(
+        tokenizer,
+        system_prompt=config.task.system_prompt or task.system_prompt,
+        max_length=config.sample.max_prompt_length,
+        tools=schemas,
+    )
     template = TurnTemplate(tokenizer, multi_turn=any(not isinstance(example.solution, str) for example in examples))
     parser = config.model.tool_parser or parser_for_template(tokenizer.chat_template)
 
@@ -100,11 +113,20 @@ def demonstration_pairs(tokenizer, task: Task, config: Config, examples: list[Ex
             return message
         return {**message, "content": rewrite_calls(message["content"], parser)}
 
-    shown = ([demo for example in examples for demo in task.role_demonstrations(example)] if task.roles
-             else [(None, example.prompt, example.solution) for example in examples])
-    return [(encoders[role].render(observation), solution if isinstance(solution, str)
-             else template.demonstration([in_format(message) for message in solution]))
-            for role, observation, solution in shown]
+    shown = (
+        [demo for example in examples for demo in task.role_demonstrations(example)]
+        if task.roles
+        else [(None, example.prompt, example.solution) for example in examples]
+    )
+    return [
+        (
+            encoders[role].render(observation),
+            solution
+            if isinstance(solution, str)
+            else template.demonstration([in_format(message) for message in solution]),
+        )
+        for role, observation, solution in shown
+    ]
 
 
 @dataclass
@@ -119,8 +141,9 @@ class Episodes:
 class EpisodeRunner:
     """Runs batches of episodes of one task with one policy."""
 
-    def __init__(self, policy: LMPolicy, task: Task, config: Config, reward_fn, *, tools: dict | None = None,
-                 remote_tools=None):
+    def __init__(
+        self, policy: LMPolicy, task: Task, config: Config, reward_fn, *, tools: dict | None = None, remote_tools=None
+    ):
         """``tools``: built tools by name (default: built from the config's or the task's specs);
         ``remote_tools``: where tool calls run, if not in this process (``EnvironmentService``'s ``remote``)."""
         self.policy, self.task, self.config, self.reward_fn = policy, task, config, reward_fn
@@ -132,23 +155,43 @@ class EpisodeRunner:
         self.service = None
         if specs:
             self.service = EnvironmentService(
-                tools if tools is not None else build_tools(specs), timeout=agent.tool_timeout,
-                retries=agent.tool_retries, backoff=agent.retry_backoff, default_observation=agent.default_observation,
-                failure_penalty=agent.failure_penalty, seed=config.seed, remote=remote_tools)
+                tools if tools is not None else build_tools(specs),
+                timeout=agent.tool_timeout,
+                retries=agent.tool_retries,
+                backoff=agent.retry_backoff,
+                default_observation=agent.default_observation,
+                failure_penalty=agent.failure_penalty,
+                seed=config.seed,
+                remote=remote_tools,
+            )
             if self.max_turns < 2:
-                raise ValueError(f"task '{task.name}' has tools but max_turns is {self.max_turns}; an agent needs at "
-                                 "least 2 turns (call a tool, then answer): raise agent.max_turns")
-        schemas = [tool.schema() for tool in self.service.tools.values()] if self.service and agent.tool_prompt else None
+                raise ValueError(
+                    f"task '{task.name}' has tools but max_turns is {self.max_turns}; an agent needs at "
+                    "least 2 turns (call a tool, then answer): raise agent.max_turns"
+                )
+        schemas = (
+            [tool.schema() for tool in self.service.tools.values()] if self.service and agent.tool_prompt else None
+        )
         max_prompt = config.sample.max_prompt_length
         if policy.context_length is not None:  # leave the model room to answer
             max_prompt = min(max_prompt, policy.context_length - 1)
-        self.encode = PromptEncoder(policy.tokenizer, system_prompt=config.task.system_prompt or task.system_prompt,
-                                    max_length=max_prompt, tools=schemas)
+        self.encode = PromptEncoder(
+            policy.tokenizer,
+            system_prompt=config.task.system_prompt or task.system_prompt,
+            max_length=max_prompt,
+            tools=schemas,
+        )
         check_roles(config, task)
         self.roles = list(task.roles)  # empty for a one-role task
-        self.role_encoders = {role: PromptEncoder(policy.tokenizer, max_length=max_prompt, tools=schemas,
-                                                  system_prompt=role_system_prompt(config, task, role))
-                              for role in self.roles}
+        self.role_encoders = {
+            role: PromptEncoder(
+                policy.tokenizer,
+                max_length=max_prompt,
+                tools=schemas,
+                system_prompt=role_system_prompt(config, task, role),
+            )
+            for role in self.roles
+        }
         self.template = TurnTemplate(policy.tokenizer, multi_turn=self.max_turns > 1)
         self.tool_parser = config.model.tool_parser or parser_for_template(policy.tokenizer.chat_template)
         self.engine_name = config.sample.engine
@@ -205,49 +248,89 @@ class EpisodeRunner:
             stop += [tag for tag in TOOL_PARSERS.get(self.tool_parser).stop if tag not in stop]
         return stop or None
 
-    def inference_service(self, generator: torch.Generator | None, *, params: SamplingParams | None = None,
-                          sync: Callable[[], int | None] | None = None) -> HFService:
+    def inference_service(
+        self,
+        generator: torch.Generator | None,
+        *,
+        params: SamplingParams | None = None,
+        sync: Callable[[], int | None] | None = None,
+    ) -> HFService:
         """The inference service for a batch of episodes on this runner's engine, sampling with ``params`` (None:
         the run's, ``sampling()``); ``sync``: pull newer weights between generate calls."""
         wait = None if self.config.deterministic else self.config.agent.batch_wait_ms / 1000
-        return self.engine.service(params or self.sampling(), generator, batch_wait=wait,
-                                   max_batch=self.config.agent.concurrency, sync=sync)
+        return self.engine.service(
+            params or self.sampling(), generator, batch_wait=wait, max_batch=self.config.agent.concurrency, sync=sync
+        )
 
     def agent_loop(self, engine: HFService) -> AgentLoop | ExternalAgentLoop | RoleLoop:
         """The loop of this task's episodes: an ``ExternalAgentLoop`` for an external agent (``task.agent``), a
         ``RoleLoop`` for a multi-role task (episodes → one trajectory per role), else an ``AgentLoop``."""
         if self.external is not None:
-            return ExternalAgentLoop(engine, self.policy.tokenizer, eos_ids=self.policy.eos_ids,
-                                     endpoint=self.config.endpoint, max_tokens=self.config.sample.max_new_tokens,
-                                     context_length=self.policy.context_length,
-                                     describe_tools=self.config.agent.tool_prompt, stats=self.agent_stats,
-                                     tool_parser=self.tool_parser)
+            return ExternalAgentLoop(
+                engine,
+                self.policy.tokenizer,
+                eos_ids=self.policy.eos_ids,
+                endpoint=self.config.endpoint,
+                max_tokens=self.config.sample.max_new_tokens,
+                context_length=self.policy.context_length,
+                describe_tools=self.config.agent.tool_prompt,
+                stats=self.agent_stats,
+                tool_parser=self.tool_parser,
+            )
         if self.roles:
-            return RoleLoop(engine, self.template, self.role_encoders, max_turns=self.max_turns,
-                            max_new_tokens=self.config.sample.max_new_tokens,
-                            max_total_tokens=self.config.agent.max_total_tokens,
-                            context_length=self.policy.context_length)
-        return AgentLoop(engine, self.template, self.encode, max_turns=self.max_turns,
-                         max_new_tokens=self.config.sample.max_new_tokens,
-                         max_total_tokens=self.config.agent.max_total_tokens if self.max_turns > 1
-                         else self.config.sample.max_new_tokens, context_length=self.policy.context_length)
+            return RoleLoop(
+                engine,
+                self.template,
+                self.role_encoders,
+                max_turns=self.max_turns,
+                max_new_tokens=self.config.sample.max_new_tokens,
+                max_total_tokens=self.config.agent.max_total_tokens,
+                context_length=self.policy.context_length,
+            )
+        return AgentLoop(
+            engine,
+            self.template,
+            self.encode,
+            max_turns=self.max_turns,
+            max_new_tokens=self.config.sample.max_new_tokens,
+            max_total_tokens=self.config.agent.max_total_tokens
+            if self.max_turns > 1
+            else self.config.sample.max_new_tokens,
+            context_length=self.policy.context_length,
+        )
 
-    def run(self, examples: list[Example], *, generator: torch.Generator | None, params: SamplingParams | None = None,
-            policy_version: int = 0, all_roles: bool = False) -> Episodes:
+    def run(
+        self,
+        examples: list[Example],
+        *,
+        generator: torch.Generator | None,
+        params: SamplingParams | None = None,
+        policy_version: int = 0,
+        all_roles: bool = False,
+    ) -> Episodes:
         """One episode per example (repeat examples for groups), sampled with ``params`` (None: the run's);
         trajectories in input order. A multi-role episode gives its first role's trajectory (which carries the
         team's outcome), or with ``all_roles`` every role's, one after the other."""
-        return asyncio.run(self.arun(examples, generator=generator, params=params, policy_version=policy_version,
-                                     all_roles=all_roles))
+        return asyncio.run(
+            self.arun(examples, generator=generator, params=params, policy_version=policy_version, all_roles=all_roles)
+        )
 
-    async def arun(self, examples: list[Example], *, generator: torch.Generator | None,
-                   params: SamplingParams | None = None, policy_version: int = 0, all_roles: bool = False) -> Episodes:
+    async def arun(
+        self,
+        examples: list[Example],
+        *,
+        generator: torch.Generator | None,
+        params: SamplingParams | None = None,
+        policy_version: int = 0,
+        all_roles: bool = False,
+    ) -> Episodes:
         """``run`` on the running event loop."""
         service = self.inference_service(generator, params=params)
         service.policy_version = policy_version
         envs = [self.make_env() for _ in examples]
-        trajectories = await self.agent_loop(service).run_episodes(envs, examples,
-                                                                   concurrency=self.config.agent.concurrency)
+        trajectories = await self.agent_loop(service).run_episodes(
+            envs, examples, concurrency=self.config.agent.concurrency
+        )
         if self.roles:
             trajectories = [t for episode in trajectories for t in (episode if all_roles else episode[:1])]
         return Episodes(trajectories, *service.pop_batches())
@@ -283,4 +366,3 @@ def greedy_completion_rate(model, tokenizer, task: Task, config: Config, example
         return statistics.fmean(t.correct for t in episodes.trajectories)
     finally:
         runner.close()
-

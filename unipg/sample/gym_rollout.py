@@ -120,8 +120,16 @@ class RewardScaler:
 class GymRollout:
     """Steps a vector of environments with the current policy and returns RolloutBatch-es."""
 
-    def __init__(self, env_id: str, num_envs: int, *, seed: int, gamma: float,
-                 max_episode_steps: int | None = None, normalize_rewards: bool = False):
+    def __init__(
+        self,
+        env_id: str,
+        num_envs: int,
+        *,
+        seed: int,
+        gamma: float,
+        max_episode_steps: int | None = None,
+        normalize_rewards: bool = False,
+    ):
         self.envs = make_vector_env(env_id, num_envs, max_episode_steps)
         self.num_envs, self.gamma = num_envs, gamma
         self.reward_scaler = RewardScaler(num_envs, gamma) if normalize_rewards else None
@@ -179,13 +187,25 @@ class GymRollout:
         mask = torch.ones_like(done_steps) if bootstrap else complete_episode_mask(done_steps)
         critic_inputs = {}  # for re-evaluating the critic's values later (RolloutBatch.with_values)
         if bootstrap:
-            critic_inputs = {"final_observations": self.observations, "truncated": torch.stack(cuts, dim=1),
-                             "truncation_observations": torch.stack(cut_observations, dim=1),
-                             "truncation_values": torch.stack(cut_values, dim=1)}
-        return RolloutBatch(torch.stack(observations, dim=1), torch.stack(actions, dim=1),
-                            torch.stack(logprobs, dim=1), torch.stack(values, dim=1), torch.stack(rewards, dim=1),
-                            done_steps, mask, bootstrap_value, episode_returns, episode_lengths,
-                            **critic_inputs)
+            critic_inputs = {
+                "final_observations": self.observations,
+                "truncated": torch.stack(cuts, dim=1),
+                "truncation_observations": torch.stack(cut_observations, dim=1),
+                "truncation_values": torch.stack(cut_values, dim=1),
+            }
+        return RolloutBatch(
+            torch.stack(observations, dim=1),
+            torch.stack(actions, dim=1),
+            torch.stack(logprobs, dim=1),
+            torch.stack(values, dim=1),
+            torch.stack(rewards, dim=1),
+            done_steps,
+            mask,
+            bootstrap_value,
+            episode_returns,
+            episode_lengths,
+            **critic_inputs,
+        )
 
     def _env_actions(self, actions: torch.Tensor) -> np.ndarray:
         """Actions as the environments take them: Gaussian samples are clipped to the action bounds."""
@@ -202,8 +222,9 @@ class GymRollout:
         final_values = torch.zeros(self.num_envs)
         if cut.any():
             index = torch.as_tensor(np.flatnonzero(cut))
-            final_obs[index] = torch.as_tensor(np.stack([info["final_obs"][i] for i in index.tolist()]),
-                                               dtype=torch.float32)
+            final_obs[index] = torch.as_tensor(
+                np.stack([info["final_obs"][i] for i in index.tolist()]), dtype=torch.float32
+            )
             with torch.no_grad():
                 final_values[index] = policy.value(final_obs[index])
         return cut, final_obs, final_values
@@ -211,10 +232,14 @@ class GymRollout:
     def state_dict(self) -> dict:
         """JSON-ready state of the rollout between two segments: the environments (``env_state``), the latest
         observations, the running returns and lengths of unfinished episodes, and the reward scaler."""
-        return {"envs": [env_state(env) for env in self.envs.envs], "vector": plain_attributes(self.envs),
-                "observations": self.observations.tolist(), "running_returns": self.running_returns.tolist(),
-                "running_lengths": self.running_lengths.tolist(),
-                "reward_scaler": self.reward_scaler.state_dict() if self.reward_scaler is not None else None}
+        return {
+            "envs": [env_state(env) for env in self.envs.envs],
+            "vector": plain_attributes(self.envs),
+            "observations": self.observations.tolist(),
+            "running_returns": self.running_returns.tolist(),
+            "running_lengths": self.running_lengths.tolist(),
+            "reward_scaler": self.reward_scaler.state_dict() if self.reward_scaler is not None else None,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from a ``state_dict``, in a rollout made with the same environment id and count."""
@@ -306,11 +331,19 @@ def complete_episode_mask(dones: torch.Tensor) -> torch.Tensor:
     return (steps.unsqueeze(0) <= last_done.unsqueeze(1)).float()
 
 
-def evaluate_policy(policy: MLPActorCritic, env_id: str, *, episodes: int, seed: int,
-                    deterministic: bool = True, max_episode_steps: int | None = None) -> list[float]:
+def evaluate_policy(
+    policy: MLPActorCritic,
+    env_id: str,
+    *,
+    episodes: int,
+    seed: int,
+    deterministic: bool = True,
+    max_episode_steps: int | None = None,
+) -> list[float]:
     """Undiscounted returns of ``episodes`` fresh episodes, one per environment, run side by side."""
-    envs = SyncVectorEnv([lambda: make_env(env_id, max_episode_steps) for _ in range(episodes)],
-                         autoreset_mode=AutoresetMode.SAME_STEP)
+    envs = SyncVectorEnv(
+        [lambda: make_env(env_id, max_episode_steps) for _ in range(episodes)], autoreset_mode=AutoresetMode.SAME_STEP
+    )
     observations, _ = envs.reset(seed=seed)
     returns = np.zeros(episodes)
     running = np.ones(episodes, dtype=bool)

@@ -19,10 +19,10 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from unipg.policy.chat import TurnTemplate
-from unipg.sample.agent import AgentLoop, Trajectory, run_concurrently
 from unipg.envs.base import RoleEnv, TurnInfo
 from unipg.inference import HFService
+from unipg.policy.chat import TurnTemplate
+from unipg.sample.agent import AgentLoop, Trajectory, run_concurrently
 from unipg.tasks.base import Example
 
 
@@ -39,13 +39,20 @@ class RoleLoop:
     context_length: int | None = None
 
     def __post_init__(self):
-        self.budget = AgentLoop(self.engine, self.template, lambda text: [], max_turns=self.max_turns,
-                                max_new_tokens=self.max_new_tokens, max_total_tokens=self.max_total_tokens,
-                                context_length=self.context_length)  # its room and tokenize, per trajectory
+        self.budget = AgentLoop(
+            self.engine,
+            self.template,
+            lambda text: [],
+            max_turns=self.max_turns,
+            max_new_tokens=self.max_new_tokens,
+            max_total_tokens=self.max_total_tokens,
+            context_length=self.context_length,
+        )  # its room and tokenize, per trajectory
 
     def _start(self, example: Example, role: str, observation: str) -> Trajectory:
-        return Trajectory(example, self.encoders[role](observation), role=role,
-                          messages=[{"role": "user", "content": observation}])
+        return Trajectory(
+            example, self.encoders[role](observation), role=role, messages=[{"role": "user", "content": observation}]
+        )
 
     async def run_episode(self, env: RoleEnv, example: Example, order: int) -> list[Trajectory]:
         """One episode; its trajectories in ``env.roles`` order."""
@@ -83,8 +90,10 @@ class RoleLoop:
                     break
                 trajectories[role].add_inserted(inserted)
                 trajectories[role].messages.append({"role": kind, "content": observation})
-        return [self._settle(trajectories.get(name) or self._start(example, name, example.prompt), finish, outcome)
-                for name in env.roles]
+        return [
+            self._settle(trajectories.get(name) or self._start(example, name, example.prompt), finish, outcome)
+            for name in env.roles
+        ]
 
     @staticmethod
     def _settle(trajectory: Trajectory, finish: str, outcome: TurnInfo) -> Trajectory:
@@ -95,12 +104,14 @@ class RoleLoop:
             trajectory.infos[-1] = dataclasses.replace(trajectory.infos[-1], correct=bool(outcome.correct))
         return trajectory
 
-    async def run_episodes(self, envs: list[RoleEnv], examples: list[Example], *,
-                           concurrency: int | None = None) -> list[list[Trajectory]]:
+    async def run_episodes(
+        self, envs: list[RoleEnv], examples: list[Example], *, concurrency: int | None = None
+    ) -> list[list[Trajectory]]:
         """One episode per (env, example) concurrently; each episode's trajectories, in input order."""
         async with self.engine.running():
-            return await run_concurrently(lambda i: self.run_episode(envs[i], examples[i], order=i), len(examples),
-                                          concurrency)
+            return await run_concurrently(
+                lambda i: self.run_episode(envs[i], examples[i], order=i), len(examples), concurrency
+            )
 
 
 def role_major(episodes: list[list[Trajectory]]) -> list[Trajectory]:

@@ -35,9 +35,15 @@ def transcript(trajectory: Trajectory) -> dict:
             turn.update({"call": call, "status": info.tool_status, "result": info.observation})
         turns.append(turn)
     final = trajectory.infos[-1].final if trajectory.infos else False
-    record = {"prompt": trajectory.example.prompt, "reference": trajectory.example.answer, "turns": turns,
-              "answer": trajectory.turn_texts[-1] if final else None,
-              "reward": trajectory.reward, "correct": trajectory.correct, "finish": trajectory.finish}
+    record = {
+        "prompt": trajectory.example.prompt,
+        "reference": trajectory.example.answer,
+        "turns": turns,
+        "answer": trajectory.turn_texts[-1] if final else None,
+        "reward": trajectory.reward,
+        "correct": trajectory.correct,
+        "finish": trajectory.finish,
+    }
     if trajectory.side:  # an external agent's rewritten history, trained beside the main trajectory
         record["side"] = [transcript(side) for side in trajectory.side]
     return record

@@ -12,19 +12,17 @@ from __future__ import annotations
 
 from typing import Any
 
-import unipg.tasks.rewards  # registers every reward
 import unipg.tasks  # registers every task
+import unipg.tasks.rewards  # registers every reward
 import unipg.tools  # noqa: F401  (registers every tool)
 from unipg.config import Config, ConfigError
 from unipg.config.loading import invalid_configuration
 from unipg.config.specs import reward_spec
-from unipg.registry import FactoryRegistry, RegistryError, unknown_name_message
-from unipg.tasks.rewards.rules import REWARDS
-from unipg.registry import check_option_types, validate_options
-from unipg.tasks.base import TASKS, make_task
-from unipg.tools.base import TOOL_SPEC_KEYS, TOOLS, offered_names
 from unipg.policy.tool_calls import TOOL_PARSERS, Hermes, MalformedToolCall
-
+from unipg.registry import FactoryRegistry, RegistryError, check_option_types, unknown_name_message, validate_options
+from unipg.tasks.base import TASKS, make_task
+from unipg.tasks.rewards.rules import REWARDS
+from unipg.tools.base import TOOL_SPEC_KEYS, TOOLS, offered_names
 
 
 def check_sample_options(config: Config) -> None:
@@ -47,8 +45,10 @@ def check_sample_options(config: Config) -> None:
         where = f"task.tools[{index}]"
         extra = [key for key in spec if key not in TOOL_SPEC_KEYS] if isinstance(spec, dict) else []
         if extra:
-            problems.append(f"{where}: a tool takes only {', '.join(TOOL_SPEC_KEYS)}, not {', '.join(extra)}; put the "
-                            f"tool's settings under options, e.g. {{name: python, options: {{timeout: 5}}}}")
+            problems.append(
+                f"{where}: a tool takes only {', '.join(TOOL_SPEC_KEYS)}, not {', '.join(extra)}; put the "
+                f"tool's settings under options, e.g. {{name: python, options: {{timeout: 5}}}}"
+            )
         options = (spec.get("options") or {}) if isinstance(spec, dict) else {}
         if not isinstance(options, dict):
             problems.append(f"{where}.options must be a mapping of option names to values, got {options!r}")
@@ -57,8 +57,10 @@ def check_sample_options(config: Config) -> None:
             options = {**options, "server": spec["server"]}
         problems += spec_problems(TOOLS, spec, options, where, "{name: calculator}")
     if config.model.tool_parser is not None and config.model.tool_parser not in TOOL_PARSERS:
-        problems.append("model.tool_parser: " + unknown_name_message(TOOL_PARSERS.kind, config.model.tool_parser,
-                                                                     TOOL_PARSERS.names()))
+        problems.append(
+            "model.tool_parser: "
+            + unknown_name_message(TOOL_PARSERS.kind, config.model.tool_parser, TOOL_PARSERS.names())
+        )
     problems += environment_problems(config) + engine_problems(config)
     if not problems:  # the task and tool entries are valid: their names can be compared
         problems += demonstrated_tool_problems(config)
@@ -74,8 +76,12 @@ def environment_problems(config: Config) -> list[str]:
     task = config.task
     if task.env is None:
         if task.env_options:
-            return [(f"task.env_options are set but task.env is not; name the environment they are for, e.g. "
-                     f"task.env=tool (environments: {', '.join(ENVS.names())})")]
+            return [
+                (
+                    f"task.env_options are set but task.env is not; name the environment they are for, e.g. "
+                    f"task.env=tool (environments: {', '.join(ENVS.names())})"
+                )
+            ]
         return []
     if task.env not in ENVS:
         return [f"task.env: {unknown_name_message(ENVS.kind, task.env, ENVS.names())}"]
@@ -100,8 +106,9 @@ def reward_problems(entry: Any, where: str) -> list[str]:
         return [str(error)]
     options = spec.get("options", {}) if isinstance(spec, dict) else {}
     if not isinstance(options, dict):
-        return [f"{where}.options must be a mapping of option names to values, e.g. {{max_length: 200}}; got "
-                f"{options!r}"]
+        return [
+            f"{where}.options must be a mapping of option names to values, e.g. {{max_length: 200}}; got {options!r}"
+        ]
     return spec_problems(REWARDS, spec, options, where, "{name: math, weight: 1.0}")
 
 
@@ -128,10 +135,14 @@ def demonstrated_tool_problems(config: Config) -> list[str]:
         return []
     calls = f"the demonstrations of task '{task.name}' call {', '.join(missing)}, which task.tools "
     if unknown:
-        return [calls + f"does not name: {', '.join(unknown)} offers what its server lists; name the tools in its "
-                f"include option (e.g. include: [{', '.join(missing)}]), or offer them under these names"]
-    return [calls + f"does not offer (it offers {', '.join(sorted(offered)) or 'none'}); a policy trained on the "
-            "demonstrations would call a tool that is not there: offer them under these names"]
+        return [
+            calls + f"does not name: {', '.join(unknown)} offers what its server lists; name the tools in its "
+            f"include option (e.g. include: [{', '.join(missing)}]), or offer them under these names"
+        ]
+    return [
+        calls + f"does not offer (it offers {', '.join(sorted(offered)) or 'none'}); a policy trained on the "
+        "demonstrations would call a tool that is not there: offer them under these names"
+    ]
 
 
 def demonstrated_tool_names(task) -> set[str]:

@@ -8,5 +8,15 @@ from unipg.tasks import calculator, dataset, gsm8k, multihop, procedural, solver
 from unipg.tasks.base import TASKS, Example, Task, make_task
 from unipg.tasks.rewards import REWARDS, CombinedReward, RewardFunction, RewardFunctionError, build_rewards, text_of
 
-__all__ = ["REWARDS", "TASKS", "CombinedReward", "Example", "RewardFunction", "RewardFunctionError", "Task",
-           "build_rewards", "make_task", "text_of"]
+__all__ = [
+    "REWARDS",
+    "TASKS",
+    "CombinedReward",
+    "Example",
+    "RewardFunction",
+    "RewardFunctionError",
+    "Task",
+    "build_rewards",
+    "make_task",
+    "text_of",
+]

@@ -69,4 +69,4 @@ def last_tagged(text: str, tag: str = "answer") -> str | None:
     time on any text)."""
     end = text.rfind(f"</{tag}>")
     start = text.rfind(f"<{tag}>", 0, end) if end >= 0 else -1
-    return text[start + len(tag) + 2:end] if start >= 0 else None
+    return text[start + len(tag) + 2 : end] if start >= 0 else None

@@ -84,9 +84,16 @@ def arithmetic_task(
     """
     check_operation_task("arithmetic", digits, operations)
     operand_count = 10**digits
-    train_ids, test_ids = operation_problem_split("arithmetic", digits, operations, operand_count,
-                                                  num_train=num_train, num_test=num_test, data_seed=data_seed,
-                                                  default_train=20000)
+    train_ids, test_ids = operation_problem_split(
+        "arithmetic",
+        digits,
+        operations,
+        operand_count,
+        num_train=num_train,
+        num_test=num_test,
+        data_seed=data_seed,
+        default_train=20000,
+    )
 
     def example(problem_id: int) -> Example:
         operation_index, operand_pair = divmod(problem_id, operand_count**2)
@@ -112,16 +119,29 @@ def check_operation_task(task: str, digits: int, operations: str) -> None:
         raise ValueError(f"{task}: operations must be distinct characters from '+-*', got {operations!r}")
 
 
-def operation_problem_split(task: str, digits: int, operations: str, operand_count: int, *,
-                            num_train: int | None, num_test: int, data_seed: int,
-                            default_train: int) -> tuple[list[int], list[int]]:
+def operation_problem_split(
+    task: str,
+    digits: int,
+    operations: str,
+    operand_count: int,
+    *,
+    num_train: int | None,
+    num_test: int,
+    data_seed: int,
+    default_train: int,
+) -> tuple[list[int], list[int]]:
     """(train ids, test ids) of distinct problems ``left op right``, each operand one of ``operand_count``
     values, id = operation index · operand_count² + left · operand_count + right; the test split is drawn first
     and the train split never repeats it (``check_operation_task`` first)."""
     _check_sizes(task, num_train=num_train, num_test=num_test)
     space = len(operations) * operand_count**2
-    num_train = split_sizes(f"{task}: digits={digits} with operations={operations!r}", space,
-                            num_train=num_train, num_test=num_test, default_train=default_train)
+    num_train = split_sizes(
+        f"{task}: digits={digits} with operations={operations!r}",
+        space,
+        num_train=num_train,
+        num_test=num_test,
+        default_train=default_train,
+    )
     rng = random.Random(data_seed)
     test_ids = rng.sample(range(space), num_test)
     return _sample_excluding(rng, space, num_train, set(test_ids)), test_ids
@@ -133,8 +153,15 @@ def _check_sizes(task: str, **sizes: int | None) -> None:
             raise ValueError(f"{task}: {option} must be a non-negative integer, got {value!r}")
 
 
-def split_sizes(what: str, space: int, *, num_train: int | None, num_test: int, default_train: int,
-                fix: str = "lower num_test / num_train or raise digits") -> int:
+def split_sizes(
+    what: str,
+    space: int,
+    *,
+    num_train: int | None,
+    num_test: int,
+    default_train: int,
+    fix: str = "lower num_test / num_train or raise digits",
+) -> int:
     """The train size of a task with ``space`` distinct problems (``num_train`` None: ``default_train`` or all
     that the test set leaves); a ValueError naming ``what`` limits the space when the sizes do not fit in it."""
     if num_test > space:
@@ -142,11 +169,15 @@ def split_sizes(what: str, space: int, *, num_train: int | None, num_test: int, 
     if num_train is None:
         num_train = min(default_train, space - num_test)
         if num_train == 0:
-            raise ValueError(f"{what} gives only {space} distinct problems and num_test = {num_test} takes them "
-                             f"all, leaving none to train on; {fix}")
+            raise ValueError(
+                f"{what} gives only {space} distinct problems and num_test = {num_test} takes them "
+                f"all, leaving none to train on; {fix}"
+            )
     if num_train + num_test > space:
-        raise ValueError(f"{what} gives only {space} distinct problems, fewer than num_train + num_test = "
-                         f"{num_train + num_test}; {fix}")
+        raise ValueError(
+            f"{what} gives only {space} distinct problems, fewer than num_train + num_test = "
+            f"{num_train + num_test}; {fix}"
+        )
     return num_train
 
 

@@ -27,9 +27,15 @@ from unipg.tools.base import format_tool_call
 
 
 @TASKS.register("calculator")
-def calculator_task(digits: int = 3, operations: str = "*", num_train: int | None = None, num_test: int = 200,
-                    tool_demonstrations: float = 0.3, data_seed: int = 1234) -> Task:
-    """"What is a<op>b?" with ``digits``-digit operands; solved with the ``calculator`` tool in two turns.
+def calculator_task(
+    digits: int = 3,
+    operations: str = "*",
+    num_train: int | None = None,
+    num_test: int = 200,
+    tool_demonstrations: float = 0.3,
+    data_seed: int = 1234,
+) -> Task:
+    """ "What is a<op>b?" with ``digits``-digit operands; solved with the ``calculator`` tool in two turns.
 
     ``tool_demonstrations`` is the fraction of training demonstrations that call the tool (chosen per
     example, deterministically from ``data_seed``); the others answer at once. ``num_train`` None means
@@ -40,8 +46,16 @@ def calculator_task(digits: int = 3, operations: str = "*", num_train: int | Non
         raise ValueError(f"calculator: tool_demonstrations must be a fraction in [0, 1], got {tool_demonstrations}")
     low, high = 10 ** (digits - 1) if digits > 1 else 0, 10**digits
     span = high - low
-    train_ids, test_ids = operation_problem_split("calculator", digits, operations, span, num_train=num_train,
-                                                  num_test=num_test, data_seed=data_seed, default_train=5000)
+    train_ids, test_ids = operation_problem_split(
+        "calculator",
+        digits,
+        operations,
+        span,
+        num_train=num_train,
+        num_test=num_test,
+        data_seed=data_seed,
+        default_train=5000,
+    )
     uses_tool = random.Random(data_seed + 1)
 
     def example(problem_id: int, with_tool: bool) -> Example:
@@ -51,8 +65,11 @@ def calculator_task(digits: int = 3, operations: str = "*", num_train: int | Non
         expression = f"{left}{operation}{right}"
         result = str({"+": left + right, "-": left - right, "*": left * right}[operation])
         if with_tool:
-            solution = [{"role": "assistant", "content": format_tool_call("calculator", {"expression": expression})},
-                        {"role": "tool", "content": result}, {"role": "assistant", "content": result}]
+            solution = [
+                {"role": "assistant", "content": format_tool_call("calculator", {"expression": expression})},
+                {"role": "tool", "content": result},
+                {"role": "assistant", "content": result},
+            ]
         else:
             solution = [{"role": "assistant", "content": result}]
         return Example(f"What is {expression}?", result, solution, {"answer": result})

@@ -33,14 +33,23 @@ _ROLES = ("prompt", "answer", "solution")  # the columns a task reads itself; th
 
 
 @TASKS.register("dataset")
-def dataset_task(path: str, split: str = "train", test_split: str | None = None,
-                 test_size: float | int | None = None, columns: dict | None = None, subset: str | None = None,
-                 num_train: int | None = None, num_test: int | None = None, data_seed: int = 1234) -> Task:
+def dataset_task(
+    path: str,
+    split: str = "train",
+    test_split: str | None = None,
+    test_size: float | int | None = None,
+    columns: dict | None = None,
+    subset: str | None = None,
+    num_train: int | None = None,
+    num_test: int | None = None,
+    data_seed: int = 1234,
+) -> Task:
     """Examples from the table at ``path`` (module docstring); ``num_train`` and ``num_test`` cap the splits."""
     _check_sizes("dataset", num_train=num_train, num_test=num_test)
     renames = _column_map(columns)
-    train_rows, test_rows = load_splits(path, split=split, test_split=test_split, test_size=test_size,
-                                        subset=subset, data_seed=data_seed)
+    train_rows, test_rows = load_splits(
+        path, split=split, test_split=test_split, test_size=test_size, subset=subset, data_seed=data_seed
+    )
     train = rows_to_examples(train_rows[:num_train], renames, f"dataset '{path}' split '{split}'")
     test = rows_to_examples(test_rows[:num_test], renames, f"dataset '{path}' test split")
     return Task(name="dataset", train=train, test=test, system_prompt=None, rewards=[{"name": "math", "weight": 1.0}])
@@ -51,13 +60,16 @@ def _column_map(columns: Any) -> dict[str, str]:
     if columns is None:
         return {}
     if not isinstance(columns, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in columns.items()):
-        raise ValueError(f"dataset: columns must map names to the dataset's column names, e.g. {{prompt: question, "
-                         f"answer: solution}}; got {columns!r}")
+        raise ValueError(
+            f"dataset: columns must map names to the dataset's column names, e.g. {{prompt: question, "
+            f"answer: solution}}; got {columns!r}"
+        )
     return dict(columns)
 
 
-def load_splits(path: str, *, split: str, test_split: str | None, test_size: float | int | None,
-                subset: str | None, data_seed: int) -> tuple[list[dict], list[dict]]:
+def load_splits(
+    path: str, *, split: str, test_split: str | None, test_size: float | int | None, subset: str | None, data_seed: int
+) -> tuple[list[dict], list[dict]]:
     """(train rows, test rows) as lists of dicts (module docstring: which split is which)."""
     import datasets
 
@@ -71,8 +83,9 @@ def load_splits(path: str, *, split: str, test_split: str | None, test_size: flo
             raise ValueError(f"dataset '{path}' has no split '{split}'; its splits: {', '.join(loaded)}")
         if test_split is not None:
             if test_split not in loaded:
-                raise ValueError(f"dataset '{path}' has no split '{test_split}' (test_split); its splits: "
-                                 f"{', '.join(loaded)}")
+                raise ValueError(
+                    f"dataset '{path}' has no split '{test_split}' (test_split); its splits: {', '.join(loaded)}"
+                )
             return loaded[split].to_list(), loaded[test_split].to_list()
         if test_size is None and "test" in loaded and split != "test":
             return loaded[split].to_list(), loaded["test"].to_list()
@@ -86,8 +99,10 @@ def _load(datasets, local: Path, path: str, subset: str | None, cache: str):
         if local.is_file():
             builder = _BUILDERS.get(local.suffix.lower())
             if builder is None:
-                raise ValueError(f"dataset: cannot read '{local}'; expected one of {', '.join(_BUILDERS)} files, a "
-                                 "folder of them, a save_to_disk folder or a hub id")
+                raise ValueError(
+                    f"dataset: cannot read '{local}'; expected one of {', '.join(_BUILDERS)} files, a "
+                    "folder of them, a save_to_disk folder or a hub id"
+                )
             return datasets.load_dataset(builder, data_files=str(local), cache_dir=cache)
         if local.is_dir():
             return datasets.load_dataset(str(local), cache_dir=cache)
@@ -105,8 +120,10 @@ def _split_off(table, test_size: float | int, data_seed: int, path: str) -> tupl
     """A seeded random split of ``table`` into (train, test), ``test_size`` a fraction in (0, 1) or a count."""
     fraction = isinstance(test_size, float)
     if (fraction and not 0.0 < test_size < 1.0) or (not fraction and not 0 < test_size < len(table)):
-        raise ValueError(f"dataset '{path}': test_size must be a fraction in (0, 1) or a count in 1..{len(table) - 1} "
-                         f"(the split has {len(table)} rows), got {test_size!r}")
+        raise ValueError(
+            f"dataset '{path}': test_size must be a fraction in (0, 1) or a count in 1..{len(table) - 1} "
+            f"(the split has {len(table)} rows), got {test_size!r}"
+        )
     parts = table.train_test_split(test_size=test_size, seed=data_seed)
     return parts["train"].to_list(), parts["test"].to_list()
 
@@ -118,11 +135,16 @@ def rows_to_examples(rows: list[dict], renames: dict[str, str], where: str) -> l
         return []
     present = list(rows[0])
     wanted = {"prompt": "prompt", "answer": "answer", **renames}  # name seen by the task and rewards -> column
-    missing = [f"'{source}'" + (f" (columns.{name})" if source != name else "")
-               for name, source in wanted.items() if source not in present]
+    missing = [
+        f"'{source}'" + (f" (columns.{name})" if source != name else "")
+        for name, source in wanted.items()
+        if source not in present
+    ]
     if missing:
-        raise ValueError(f"{where} lacks the column(s) {', '.join(missing)}; its columns: {', '.join(present)}. "
-                         "Name the right ones with task.options.columns, e.g. {prompt: question, answer: solution}")
+        raise ValueError(
+            f"{where} lacks the column(s) {', '.join(missing)}; its columns: {', '.join(present)}. "
+            "Name the right ones with task.options.columns, e.g. {prompt: question, answer: solution}"
+        )
     taken = set(renames.values())
     examples = []
     for index, row in enumerate(rows):
@@ -140,8 +162,9 @@ def rows_to_examples(rows: list[dict], renames: dict[str, str], where: str) -> l
 def _prompt(value: Any, index: int, where: str) -> str | list[dict]:
     if isinstance(value, str):
         return value
-    if isinstance(value, list) and value and all(isinstance(m, dict) and "role" in m and "content" in m
-                                                 for m in value):
+    if isinstance(value, list) and value and all(isinstance(m, dict) and "role" in m and "content" in m for m in value):
         return [{"role": m["role"], "content": m["content"]} for m in value]
-    raise ValueError(f"{where}, row {index}: the prompt must be text or a list of chat messages ({{role, content}}), "
-                     f"got {type(value).__name__} {str(value)[:60]!r}")
+    raise ValueError(
+        f"{where}, row {index}: the prompt must be text or a list of chat messages ({{role, content}}), "
+        f"got {type(value).__name__} {str(value)[:60]!r}"
+    )

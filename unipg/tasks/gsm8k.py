@@ -55,8 +55,10 @@ def gsm8k_example(question: str, answer_text: str) -> Example:
     if final is None:
         raise ValueError("the answer has no final line '#### <number>'")
     if not _NUMERIC_ANSWER.fullmatch(final):
-        raise ValueError(f"the final answer '#### {final[:40]}' is not a number; end the answer with '#### <number>' "
-                         "(an integer, decimal or fraction, e.g. '#### 42')")
+        raise ValueError(
+            f"the final answer '#### {final[:40]}' is not a number; end the answer with '#### <number>' "
+            "(an integer, decimal or fraction, e.g. '#### 42')"
+        )
     return Example(question.strip(), final, answer_text.strip(), {"answer": final})
 
 
@@ -83,8 +85,10 @@ def load_gsm8k(path: str | Path, *, data_seed: int = 1234, test_fraction: float 
         raise ValueError(f"gsm8k: test_fraction must lie strictly between 0 and 1, got {test_fraction}")
     examples = _read_file(path)
     if len(examples) < 2:
-        raise ValueError(f"gsm8k: {path} holds a single example; a single file is split into train and test, so "
-                         "it needs at least 2 (or pass a directory with train and test files)")
+        raise ValueError(
+            f"gsm8k: {path} holds a single example; a single file is split into train and test, so "
+            "it needs at least 2 (or pass a directory with train and test files)"
+        )
     random.Random(data_seed).shuffle(examples)
     test_count = max(1, round(len(examples) * test_fraction))
     return examples[test_count:], examples[:test_count]
@@ -101,9 +105,7 @@ def _read_split_files(directory: Path, split: str) -> list[Example]:
                 f"gsm8k: found {split} files in several folders ({', '.join(folders)}); point path at one of them"
             )
         return [example for file in files for example in _read_file(file)]
-    raise ValueError(
-        f"gsm8k: no {split} file in directory '{directory}'; expected {split}.jsonl or {split}*.parquet"
-    )
+    raise ValueError(f"gsm8k: no {split} file in directory '{directory}'; expected {split}.jsonl or {split}*.parquet")
 
 
 def _read_file(path: Path) -> list[Example]:
@@ -122,8 +124,10 @@ def _read_jsonl(path: Path) -> list[Example]:
             try:
                 line = raw.decode("utf-8-sig" if line_number == 1 else "utf-8")
             except UnicodeDecodeError as err:
-                raise ValueError(f"gsm8k: {path}, line {line_number}: not UTF-8 text (byte {raw[err.start]:#04x} at "
-                                 f"column {err.start + 1}); save the file as UTF-8") from None
+                raise ValueError(
+                    f"gsm8k: {path}, line {line_number}: not UTF-8 text (byte {raw[err.start]:#04x} at "
+                    f"column {err.start + 1}); save the file as UTF-8"
+                ) from None
             if not line.strip():
                 continue
             try:
@@ -144,8 +148,10 @@ def _read_parquet(path: Path) -> list[Example]:
     try:
         table = parquet.read_table(path)
     except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
-        raise ValueError(f"gsm8k: cannot read {path} as a parquet file ({str(err).strip().splitlines()[0]}); "
-                         "check that it is a complete .parquet file, or convert it to .jsonl") from None
+        raise ValueError(
+            f"gsm8k: cannot read {path} as a parquet file ({str(err).strip().splitlines()[0]}); "
+            "check that it is a complete .parquet file, or convert it to .jsonl"
+        ) from None
     if table.num_rows == 0:
         raise ValueError(f"gsm8k: {path} holds no rows; expected 'question' and 'answer' columns with examples")
     missing = {"question", "answer"} - set(table.column_names)
@@ -173,8 +179,10 @@ def _record_to_example(record: object) -> Example:
             found = ", ".join(f"'{name}'" for name in record) or "none"
             raise ValueError(f"missing or non-text field '{key}': the record has no '{key}' (fields found: {found})")
         if not isinstance(record[key], str):
-            raise ValueError(f"missing or non-text field '{key}': it holds {type(record[key]).__name__} "
-                             f"{repr(record[key])[:40]}, not text")
+            raise ValueError(
+                f"missing or non-text field '{key}': it holds {type(record[key]).__name__} "
+                f"{repr(record[key])[:40]}, not text"
+            )
         if not record[key].strip():
             raise ValueError(f"field '{key}' is empty; every example needs a question and an answer")
     return gsm8k_example(record["question"], record["answer"])
@@ -184,8 +192,32 @@ def _record_to_example(record: object) -> Example:
 # Each template draws its numbers from ``rng`` and returns (question, worked steps, final answer). Steps use
 # GSM8K's calculator annotations "<<expression=value>>" so generated data reads like the real set.
 
-NAMES = ["Ava", "Ben", "Carla", "Deepak", "Elena", "Farid", "Grace", "Hiro", "Ines", "Jamal", "Kofi", "Lena",
-         "Mateo", "Nadia", "Omar", "Priya", "Quinn", "Rosa", "Sven", "Tara", "Uma", "Victor", "Wen", "Yusuf"]
+NAMES = [
+    "Ava",
+    "Ben",
+    "Carla",
+    "Deepak",
+    "Elena",
+    "Farid",
+    "Grace",
+    "Hiro",
+    "Ines",
+    "Jamal",
+    "Kofi",
+    "Lena",
+    "Mateo",
+    "Nadia",
+    "Omar",
+    "Priya",
+    "Quinn",
+    "Rosa",
+    "Sven",
+    "Tara",
+    "Uma",
+    "Victor",
+    "Wen",
+    "Yusuf",
+]
 ITEMS = ["apples", "notebooks", "pencils", "cupcakes", "stickers", "marbles", "oranges", "candles", "erasers"]
 _Problem = tuple[str, list[str], int]
 
@@ -202,8 +234,10 @@ def _shopping(rng: random.Random) -> _Problem:
     cost, step1 = _calc(count, "*", price)
     bill = rng.choice([b for b in (20, 50, 100, 200) if b > cost])
     change, step2 = _calc(bill, "-", cost)
-    question = (f"{name} buys {count} {item} at ${price} each and pays with a ${bill} bill. "
-                f"How much change, in dollars, does {name} get back?")
+    question = (
+        f"{name} buys {count} {item} at ${price} each and pays with a ${bill} bill. "
+        f"How much change, in dollars, does {name} get back?"
+    )
     return question, [f"The {item} cost {step1} dollars.", f"The change is {step2} dollars."], change
 
 
@@ -212,8 +246,10 @@ def _ages(rng: random.Random) -> _Problem:
     age, times, years = rng.randint(3, 15), rng.randint(2, 4), rng.randint(2, 12)
     now, step1 = _calc(age, "*", times)
     later, step2 = _calc(now, "+", years)
-    question = (f"{older} is {times} times as old as {younger}. {younger} is {age} years old. "
-                f"How old will {older} be in {years} years?")
+    question = (
+        f"{older} is {times} times as old as {younger}. {younger} is {age} years old. "
+        f"How old will {older} be in {years} years?"
+    )
     return question, [f"{older} is {step1} years old now.", f"In {years} years {older} will be {step2}."], later
 
 
@@ -223,8 +259,10 @@ def _distance(rng: random.Random) -> _Problem:
     first, step1 = _calc(speed1, "*", hours1)
     second, step2 = _calc(speed2, "*", hours2)
     total, step3 = _calc(first, "+", second)
-    question = (f"A train travels at {speed1} miles per hour for {hours1} hours, then at {speed2} miles per "
-                f"hour for {hours2} hours. How many miles does it travel in total?")
+    question = (
+        f"A train travels at {speed1} miles per hour for {hours1} hours, then at {speed2} miles per "
+        f"hour for {hours2} hours. How many miles does it travel in total?"
+    )
     steps = [f"First it covers {step1} miles.", f"Then it covers {step2} miles.", f"In total {step3} miles."]
     return question, steps, total
 
@@ -235,8 +273,10 @@ def _sharing(rng: random.Random) -> _Problem:
     given_away = rng.randint(1, each - 1)
     share, step1 = _calc(friends * each, "/", friends)
     left, step2 = _calc(share, "-", given_away)
-    question = (f"{name} has {friends * each} {item} and shares them equally among {friends} friends. "
-                f"Each friend then gives away {given_away} of them. How many {item} does each friend have left?")
+    question = (
+        f"{name} has {friends * each} {item} and shares them equally among {friends} friends. "
+        f"Each friend then gives away {given_away} of them. How many {item} does each friend have left?"
+    )
     return question, [f"Each friend gets {step1} {item}.", f"Each friend has {step2} left."], left
 
 
@@ -256,8 +296,10 @@ def _savings(rng: random.Random) -> _Problem:
     spent = rng.randint(1, saved - 1)
     left, step2 = _calc(saved, "-", spent)
     thing = rng.choice(["a video game", "a pair of shoes", "a concert ticket", "a board game"])
-    question = (f"{name} saves ${weekly} every week. After {weeks} weeks, {name} spends ${spent} on {thing}. "
-                f"How many dollars does {name} have left?")
+    question = (
+        f"{name} saves ${weekly} every week. After {weeks} weeks, {name} spends ${spent} on {thing}. "
+        f"How many dollars does {name} have left?"
+    )
     return question, [f"{name} saves {step1} dollars.", f"{name} has {step2} dollars left."], left
 
 
@@ -266,8 +308,10 @@ def _boxes(rng: random.Random) -> _Problem:
     per_tray = box_size * rng.randint(1, 4) // math.gcd(trays, box_size)  # makes trays · per_tray divisible
     muffins, step1 = _calc(trays, "*", per_tray)
     boxes, step2 = _calc(muffins, "/", box_size)
-    question = (f"A baker bakes {trays} trays of {per_tray} muffins and packs them in boxes of {box_size}. "
-                "How many boxes does the baker fill?")
+    question = (
+        f"A baker bakes {trays} trays of {per_tray} muffins and packs them in boxes of {box_size}. "
+        "How many boxes does the baker fill?"
+    )
     return question, [f"The baker bakes {step1} muffins.", f"That fills {step2} boxes."], boxes
 
 
@@ -276,10 +320,15 @@ def _fence(rng: random.Random) -> _Problem:
     half, step1 = _calc(length, "+", width)
     perimeter, step2 = _calc(half, "*", 2)
     total, step3 = _calc(perimeter, "*", cost)
-    question = (f"A rectangular garden is {length} meters long and {width} meters wide. Fencing costs ${cost} "
-                "per meter. How many dollars does it cost to fence the whole garden?")
-    steps = [f"Length plus width is {step1} meters.", f"The perimeter is {step2} meters.",
-             f"The fence costs {step3} dollars."]
+    question = (
+        f"A rectangular garden is {length} meters long and {width} meters wide. Fencing costs ${cost} "
+        "per meter. How many dollars does it cost to fence the whole garden?"
+    )
+    steps = [
+        f"Length plus width is {step1} meters.",
+        f"The perimeter is {step2} meters.",
+        f"The fence costs {step3} dollars.",
+    ]
     return question, steps, total
 
 
@@ -288,8 +337,10 @@ def _reading(rng: random.Random) -> _Problem:
     pages = per_day * days + rng.randint(10, 200)
     read, step1 = _calc(per_day, "*", days)
     left, step2 = _calc(pages, "-", read)
-    question = (f"{name}'s book has {pages} pages. {name} reads {per_day} pages every day for {days} days. "
-                "How many pages are left to read?")
+    question = (
+        f"{name}'s book has {pages} pages. {name} reads {per_day} pages every day for {days} days. "
+        "How many pages are left to read?"
+    )
     return question, [f"{name} reads {step1} pages.", f"There are {step2} pages left."], left
 
 
@@ -302,7 +353,16 @@ def _collection(rng: random.Random) -> _Problem:
 
 
 WORD_PROBLEM_TEMPLATES: list[Callable[[random.Random], _Problem]] = [
-    _shopping, _ages, _distance, _sharing, _discount, _savings, _boxes, _fence, _reading, _collection,
+    _shopping,
+    _ages,
+    _distance,
+    _sharing,
+    _discount,
+    _savings,
+    _boxes,
+    _fence,
+    _reading,
+    _collection,
 ]
 
 
@@ -327,4 +387,3 @@ def _draw_problems(rng: random.Random, count: int, seen: set[str]) -> list[Examp
     if len(examples) == count:
         return examples
     raise ValueError(f"gsm8k: could not generate {count} distinct word problems; request fewer")
-

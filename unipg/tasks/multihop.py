@@ -33,8 +33,7 @@ from unipg.tools.retrieval import BUNDLED_DIR, STOPWORDS, search_tool
 MULTIHOP_TOOLS = [{"name": "search", "options": {"collection": "multihop", "k": 1}}]
 MULTIHOP_MAX_TURNS = 4
 MULTIHOP_SYSTEM_PROMPT = (
-    'Search with <tool_call>{"name": "search", "arguments": {"query": "..."}}</tool_call>. '
-    "End with #### <answer>."
+    'Search with <tool_call>{"name": "search", "arguments": {"query": "..."}}</tool_call>. End with #### <answer>.'
 )
 
 WORLD_SEED = 20240917
@@ -76,16 +75,19 @@ def _coin_word(rng: random.Random, syllables: int, used: set[str]) -> str:
             return word.capitalize()
 
 
-def generate_world(seed: int = WORLD_SEED, num_people: int = NUM_PEOPLE, num_towns: int = NUM_TOWNS,
-                   num_regions: int = NUM_REGIONS) -> World:
+def generate_world(
+    seed: int = WORLD_SEED, num_people: int = NUM_PEOPLE, num_towns: int = NUM_TOWNS, num_regions: int = NUM_REGIONS
+) -> World:
     """The fictional world drawn from ``seed``; every region has towns and every name is unique.
 
     First names and surnames come from separate pools, so people may share either but never both, as in a
     real population; the pools are disjoint from town and region names.
     """
     if not 1 <= num_regions <= min(num_towns, len(_REGION_KINDS)) or num_people < 1:
-        raise ValueError(f"need 1 <= num_regions <= min(num_towns, {len(_REGION_KINDS)}) and num_people >= 1; "
-                         f"got {num_people} people, {num_towns} towns, {num_regions} regions")
+        raise ValueError(
+            f"need 1 <= num_regions <= min(num_towns, {len(_REGION_KINDS)}) and num_people >= 1; "
+            f"got {num_people} people, {num_towns} towns, {num_regions} regions"
+        )
     rng = random.Random(seed)
     used: set[str] = set()
     regions = [_coin_word(rng, 2, used) for _ in range(num_regions)]
@@ -107,12 +109,18 @@ def generate_world(seed: int = WORLD_SEED, num_people: int = NUM_PEOPLE, num_tow
 
 def world_documents(world: World) -> list[dict]:
     """One ``{"id", "title", "text"}`` record per region, town and person, in that order."""
-    records = [{"id": f"region-{i}", "title": region, "text": f"{region} is a {kind} region."}
-               for i, (region, kind) in enumerate(world.region_kind.items())]
-    records += [{"id": f"town-{i}", "title": town, "text": f"{town} is a town in the region of {region}."}
-                for i, (town, region) in enumerate(world.town_region.items())]
-    records += [{"id": person.id, "title": person.name, "text": f"{person.name} was born in {person.town}."}
-                for person in world.people]
+    records = [
+        {"id": f"region-{i}", "title": region, "text": f"{region} is a {kind} region."}
+        for i, (region, kind) in enumerate(world.region_kind.items())
+    ]
+    records += [
+        {"id": f"town-{i}", "title": town, "text": f"{town} is a town in the region of {region}."}
+        for i, (town, region) in enumerate(world.town_region.items())
+    ]
+    records += [
+        {"id": person.id, "title": person.name, "text": f"{person.name} was born in {person.town}."}
+        for person in world.people
+    ]
     return records
 
 
@@ -142,7 +150,7 @@ def demonstration(person: Person, region: str, search) -> list[dict]:
 
 @TASKS.register("multihop")
 def multihop_task(num_train: int | None = None, num_test: int = 80, data_seed: int = 1234) -> Task:
-    """"In which region was <person> born?" over the bundled fictional world; the answer is the region name.
+    """ "In which region was <person> born?" over the bundled fictional world; the answer is the region name.
 
     Each person is asked about once, so ``num_train + num_test`` is at most ``NUM_PEOPLE``; train and test
     hold different people. The test set is drawn first, so it does not change when ``num_train`` does;
@@ -150,12 +158,17 @@ def multihop_task(num_train: int | None = None, num_test: int = 80, data_seed: i
     """
     _check_sizes("multihop", num_train=num_train, num_test=num_test)
     world = generate_world()
-    num_train = split_sizes("multihop: the bundled world (one question per person)", len(world.people),
-                            num_train=num_train, num_test=num_test, default_train=len(world.people),
-                            fix="lower num_test / num_train (each person is asked about once)")
+    num_train = split_sizes(
+        "multihop: the bundled world (one question per person)",
+        len(world.people),
+        num_train=num_train,
+        num_test=num_test,
+        default_train=len(world.people),
+        fix="lower num_test / num_train (each person is asked about once)",
+    )
     rng = random.Random(data_seed)
     order = rng.sample(world.people, len(world.people))
-    test_people, train_people = order[:num_test], order[num_test:num_test + num_train]
+    test_people, train_people = order[:num_test], order[num_test : num_test + num_train]
     search = search_tool(**MULTIHOP_TOOLS[0]["options"]).function
 
     def example(person: Person) -> Example:

@@ -27,6 +27,7 @@ def checker_observation(example: Example, proposal: str) -> str:
     """What the checker is asked: the problem and the solver's proposal."""
     return f"{example.prompt} Proposed: {proposal.strip()}"
 
+
 ROLE_PROMPTS = {SOLVER: "solve", CHECKER: "check"}  # short: the embedded model reads one character per token
 
 
@@ -36,7 +37,7 @@ def wrong_answer(answer: str, rng: random.Random) -> str:
     index = rng.choice(digits)
     leading = index == digits[0] and len(digits) > 1  # a leading digit never becomes 0
     replacement = rng.choice([d for d in "0123456789" if d != answer[index] and not (leading and d == "0")])
-    return answer[:index] + replacement + answer[index + 1:]
+    return answer[:index] + replacement + answer[index + 1 :]
 
 
 def role_demonstrations(example: Example, *, critique_demonstrations: float, seed: int) -> list[tuple]:
@@ -47,23 +48,44 @@ def role_demonstrations(example: Example, *, critique_demonstrations: float, see
     wrong = wrong_answer(example.answer, rng)
 
     def check(proposal: str, verdict: str) -> list[dict]:
-        return [{"role": "assistant", "content": call}, {"role": "tool", "content": example.answer},
-                {"role": "assistant", "content": verdict}]
+        return [
+            {"role": "assistant", "content": call},
+            {"role": "tool", "content": example.answer},
+            {"role": "assistant", "content": verdict},
+        ]
 
-    demonstrations = [(SOLVER, example.prompt, example.solution),
-                      (CHECKER, checker_observation(example, example.answer), check(example.answer, "ACCEPT")),
-                      (CHECKER, checker_observation(example, wrong), check(wrong, f"REJECT: {example.answer}"))]
+    demonstrations = [
+        (SOLVER, example.prompt, example.solution),
+        (CHECKER, checker_observation(example, example.answer), check(example.answer, "ACCEPT")),
+        (CHECKER, checker_observation(example, wrong), check(wrong, f"REJECT: {example.answer}")),
+    ]
     if rng.random() < critique_demonstrations:
-        demonstrations.append((SOLVER, example.prompt, [
-            {"role": "assistant", "content": wrong}, {"role": "user", "content": f"REJECT: {example.answer}"},
-            {"role": "assistant", "content": example.answer}]))
+        demonstrations.append(
+            (
+                SOLVER,
+                example.prompt,
+                [
+                    {"role": "assistant", "content": wrong},
+                    {"role": "user", "content": f"REJECT: {example.answer}"},
+                    {"role": "assistant", "content": example.answer},
+                ],
+            )
+        )
     return demonstrations
 
 
 @TASKS.register("solver_checker")
-def solver_checker_task(digits: int = 3, operations: str = "*", num_train: int | None = None, num_test: int = 200,
-                        tool_demonstrations: float = 0.3, critique_demonstrations: float = 0.3, max_rounds: int = 2,
-                        wrong_accept_penalty: float = 0.1, data_seed: int = 1234) -> Task:
+def solver_checker_task(
+    digits: int = 3,
+    operations: str = "*",
+    num_train: int | None = None,
+    num_test: int = 200,
+    tool_demonstrations: float = 0.3,
+    critique_demonstrations: float = 0.3,
+    max_rounds: int = 2,
+    wrong_accept_penalty: float = 0.1,
+    data_seed: int = 1234,
+) -> Task:
     """The calculator problems of ``calculator`` (same options and splits) for a solver and a checker.
 
     ``tool_demonstrations``: share of solver demonstrations that call the calculator (the rest answer at once);
@@ -72,13 +94,29 @@ def solver_checker_task(digits: int = 3, operations: str = "*", num_train: int |
     wrong answer.
     """
     if not 0.0 <= critique_demonstrations <= 1.0:
-        raise ValueError(f"solver_checker: critique_demonstrations must be a fraction in [0, 1], got "
-                         f"{critique_demonstrations}")
-    base = calculator_task(digits=digits, operations=operations, num_train=num_train, num_test=num_test,
-                           tool_demonstrations=tool_demonstrations, data_seed=data_seed)
+        raise ValueError(
+            f"solver_checker: critique_demonstrations must be a fraction in [0, 1], got {critique_demonstrations}"
+        )
+    base = calculator_task(
+        digits=digits,
+        operations=operations,
+        num_train=num_train,
+        num_test=num_test,
+        tool_demonstrations=tool_demonstrations,
+        data_seed=data_seed,
+    )
     return Task(
-        name="solver_checker", train=base.train, test=base.test, system_prompt=None, rewards=base.rewards,
-        tools=base.tools, max_turns=2 * max_rounds + 1, roles=dict(ROLE_PROMPTS), env="solver_checker",
+        name="solver_checker",
+        train=base.train,
+        test=base.test,
+        system_prompt=None,
+        rewards=base.rewards,
+        tools=base.tools,
+        max_turns=2 * max_rounds + 1,
+        roles=dict(ROLE_PROMPTS),
+        env="solver_checker",
         env_options={"max_rounds": max_rounds, "wrong_accept_penalty": wrong_accept_penalty},
         role_demonstrations=lambda example: role_demonstrations(
-            example, critique_demonstrations=critique_demonstrations, seed=data_seed))
+            example, critique_demonstrations=critique_demonstrations, seed=data_seed
+        ),
+    )

@@ -22,8 +22,12 @@ from unipg.tasks.base import TASKS, Example, Task, split_sizes
 from unipg.tools.base import format_tool_call
 from unipg.tools.units import UNITS
 
-PHRASINGS = ("Convert {value} {source} to {target}.", "How many {target} are in {value} {source}?",
-             "What is {value} {source} in {target}?", "{value} {source} = ? {target}")
+PHRASINGS = (
+    "Convert {value} {source} to {target}.",
+    "How many {target} are in {value} {source}?",
+    "What is {value} {source} in {target}?",
+    "{value} {source} = ? {target}",
+)
 """The ways a question is asked; each problem gets one, drawn from ``data_seed`` and the problem."""
 
 
@@ -39,8 +43,14 @@ def conversion_pairs() -> list[tuple[str, str]]:
 
 
 @TASKS.register("units")
-def units_task(digits: int = 3, num_train: int | None = None, num_test: int = 200, tool_demonstrations: float = 0.3,
-               process_reward: float = 0.1, data_seed: int = 1234) -> Task:
+def units_task(
+    digits: int = 3,
+    num_train: int | None = None,
+    num_test: int = 200,
+    tool_demonstrations: float = 0.3,
+    process_reward: float = 0.1,
+    data_seed: int = 1234,
+) -> Task:
     """Convert a ``digits``-digit whole number of one unit to a smaller unit of the same kind, with ``convert``.
 
     ``tool_demonstrations``: the fraction of training demonstrations that call the tool (the others answer at
@@ -50,14 +60,23 @@ def units_task(digits: int = 3, num_train: int | None = None, num_test: int = 20
     """
     if not isinstance(digits, int) or not 1 <= digits <= 6:
         raise ValueError(f"units: digits must be an integer in 1..6, got {digits!r}")
-    for name, value, high in (("tool_demonstrations", tool_demonstrations, 1.0), ("process_reward", process_reward, 0.5)):
+    for name, value, high in (
+        ("tool_demonstrations", tool_demonstrations, 1.0),
+        ("process_reward", process_reward, 0.5),
+    ):
         if not 0.0 <= value <= high:
             raise ValueError(f"units: {name} must be in [0, {high}], got {value}")
     pairs, low = conversion_pairs(), 10 ** (digits - 1) if digits > 1 else 1
     values = 10**digits - low
     space = len(pairs) * values
-    num_train = split_sizes(f"units: digits={digits}", space, num_train=num_train, num_test=num_test,
-                            default_train=5000, fix="lower num_test / num_train or raise digits")
+    num_train = split_sizes(
+        f"units: digits={digits}",
+        space,
+        num_train=num_train,
+        num_test=num_test,
+        default_train=5000,
+        fix="lower num_test / num_train or raise digits",
+    )
     rng = random.Random(data_seed)
     test_ids = rng.sample(range(space), num_test)
     taken = set(test_ids)
@@ -71,13 +90,25 @@ def units_task(digits: int = 3, num_train: int | None = None, num_test: int = 20
         phrasing = random.Random(f"{data_seed}-{problem_id}").choice(PHRASINGS)  # the same in any split size
         prompt = phrasing.format(value=value, source=source, target=target)
         call = format_tool_call("convert", {"value": value, "from_unit": source, "to_unit": target})
-        solution = ([{"role": "assistant", "content": call}, {"role": "tool", "content": answer},
-                     {"role": "assistant", "content": answer}] if with_tool
-                    else [{"role": "assistant", "content": answer}])
+        solution = (
+            [
+                {"role": "assistant", "content": call},
+                {"role": "tool", "content": answer},
+                {"role": "assistant", "content": answer},
+            ]
+            if with_tool
+            else [{"role": "assistant", "content": answer}]
+        )
         return Example(prompt, answer, solution, {"answer": answer})
 
     test = [example(i, True) for i in test_ids]
-    return Task(name="units", train=[example(i, uses_tool.random() < tool_demonstrations) for i in train_ids],
-                test=test, system_prompt=None,
-                rewards=[{"name": "math", "weight": 1.0}], tools=[{"name": "convert"}], max_turns=3,
-                process_weight=process_reward)
+    return Task(
+        name="units",
+        train=[example(i, uses_tool.random() < tool_demonstrations) for i in train_ids],
+        test=test,
+        system_prompt=None,
+        rewards=[{"name": "math", "weight": 1.0}],
+        tools=[{"name": "convert"}],
+        max_turns=3,
+        process_weight=process_reward,
+    )

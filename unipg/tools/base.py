@@ -37,8 +37,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
-from unipg.registry import FactoryRegistry
 from unipg.policy.tool_calls import Hermes
+from unipg.registry import FactoryRegistry
 
 TOOLS = FactoryRegistry("tool")
 F = TypeVar("F", bound=Callable)
@@ -48,6 +48,7 @@ class ToolError(Exception):
     """A call the tool understood and refused (bad expression, no result): shown to the agent as an error
     observation and not retried. Any other exception counts as the tool failing (retried, then the default
     observation and the failure penalty)."""
+
 
 # The keys of a tool spec: its registered name, its factory's options, a simulated delay per call, and the
 # process that serves the tools (an MCP server: ``{name: mcp, server: {command: ..., args: [...]}}``).
@@ -105,8 +106,10 @@ class Tool:
 
     def schema(self) -> dict:
         """The OpenAI-style function description used in system prompts and chat templates."""
-        return {"type": "function",
-                "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
 
     @property
     def is_async(self) -> bool:
@@ -130,8 +133,14 @@ class Tool:
         return None
 
 
-_JSON_NAMES = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"), ((list, tuple), "array"),
-               (dict, "object"))  # bool before int: True is an int to Python, not to JSON
+_JSON_NAMES = (
+    (bool, "boolean"),
+    (int, "integer"),
+    (float, "number"),
+    (str, "string"),
+    ((list, tuple), "array"),
+    (dict, "object"),
+)  # bool before int: True is an int to Python, not to JSON
 
 
 def json_type_name(value: object) -> str:
@@ -170,16 +179,23 @@ def _json_type_matches(value: object, expected: str) -> bool:
     return python is None or isinstance(value, python)
 
 
-def tool(function: Callable | None = None, *, name: str | None = None,
-         latency: LatencyModel | None = None) -> Tool | Callable[[Callable], Tool]:
+def tool(
+    function: Callable | None = None, *, name: str | None = None, latency: LatencyModel | None = None
+) -> Tool | Callable[[Callable], Tool]:
     """Make a ``Tool`` from a typed function; usable as ``@tool`` or ``@tool(name=..., latency=...)``."""
 
     def build(fn: Callable) -> Tool:
         described = function_schema(fn)["function"]
         parameters = described["parameters"]
         parameters.setdefault("required", [])
-        return Tool(name or fn.__name__, described.get("description") or "", parameters, fn, latency,
-                    list(parameters["required"]))
+        return Tool(
+            name or fn.__name__,
+            described.get("description") or "",
+            parameters,
+            fn,
+            latency,
+            list(parameters["required"]),
+        )
 
     return build(function) if function is not None else build
 
@@ -234,8 +250,10 @@ def function_schema(fn: Callable) -> dict:
         except DocstringParsingException:
             return _schema_with_undocumented_arguments(fn)
     except TypeHintParsingException as error:
-        raise TypeError(f"tool parameters must be annotated with str, int, float, bool, list, dict, Optional or "
-                        f"Literal; {fn.__name__}: {error}") from None
+        raise TypeError(
+            f"tool parameters must be annotated with str, int, float, bool, list, dict, Optional or "
+            f"Literal; {fn.__name__}: {error}"
+        ) from None
 
 
 def _schema_with_undocumented_arguments(fn: Callable) -> dict:
@@ -247,15 +265,19 @@ def _schema_with_undocumented_arguments(fn: Callable) -> dict:
     from transformers.utils.chat_template_utils import parse_google_format_docstring
 
     description, documented, _ = parse_google_format_docstring(inspect.getdoc(fn) or "")
-    arguments = [parameter.name for parameter in inspect.signature(fn).parameters.values()
-                 if parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD)]
+    arguments = [
+        parameter.name
+        for parameter in inspect.signature(fn).parameters.values()
+        if parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD)
+    ]
 
     @functools.wraps(fn)
     def documented_copy(*args, **kwargs):
         return fn(*args, **kwargs)
 
     documented_copy.__doc__ = f"{description or fn.__name__}\n\nArgs:\n" + "\n".join(
-        f"    {argument}: {(documented or {}).get(argument, _UNDOCUMENTED)}" for argument in arguments)
+        f"    {argument}: {(documented or {}).get(argument, _UNDOCUMENTED)}" for argument in arguments
+    )
     schema = get_json_schema(documented_copy)
     schema["function"]["description"] = description or ""
     for spec in schema["function"]["parameters"]["properties"].values():

@@ -95,7 +95,7 @@ def symbolic_refusal(text: str) -> str | None:
         return f"a number with more than {MAX_NUMBER_DIGITS} digits"
     for power in _POWER.finditer(text):
         end = _operand_end(text, power.end())
-        exponent = text[power.end():end]
+        exponent = text[power.end() : end]
         if _POWER.search(exponent) or _POWER.match(text[end:].lstrip()):
             return "a power tower"
         for literal in _NUMBER_LITERAL.findall(exponent):
@@ -130,8 +130,9 @@ class IsolatedFunction:
             return json.loads(self._read_line(self.timeout))
 
     def _start(self) -> subprocess.Popen:
-        self._child = subprocess.Popen([sys.executable, "-c", _CHILD, self.target], text=True,
-                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self._child = subprocess.Popen(
+            [sys.executable, "-c", _CHILD, self.target], text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
         self._read_line(self.start_timeout)  # the child says "ready" once its imports are done
         return self._child
 
@@ -142,8 +143,9 @@ class IsolatedFunction:
         if not line:
             self.close()
             self.kills += 1
-            raise TimeoutError(f"{self.target} gave no answer within {timeout:g} s (it ran too long or failed); "
-                               "its process was killed")
+            raise TimeoutError(
+                f"{self.target} gave no answer within {timeout:g} s (it ran too long or failed); its process was killed"
+            )
         return line
 
     def close(self) -> None:
@@ -166,4 +168,3 @@ def serve(target: str) -> None:
     print("ready", flush=True)
     for line in sys.stdin:
         print(json.dumps(function(*json.loads(line))), flush=True)
-

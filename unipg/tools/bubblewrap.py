@@ -17,8 +17,10 @@ import sys
 import sysconfig
 import tempfile
 
-MISSING = ("the python tool needs bubblewrap (apt-get install bubblewrap) for a kernel-enforced sandbox; or set "
-           "options {isolation: process} to run with the in-process audit hook only (not a security boundary)")
+MISSING = (
+    "the python tool needs bubblewrap (apt-get install bubblewrap) for a kernel-enforced sandbox; or set "
+    "options {isolation: process} to run with the in-process audit hook only (not a security boundary)"
+)
 _SHARED_LIBRARIES = ("/usr/lib", "/usr/lib64", "/lib", "/lib64", "/usr/local/lib")
 
 
@@ -32,23 +34,39 @@ def read_only_paths() -> tuple[str, ...]:
     paths = set()
     for prefix in {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}:
         paths.update(os.path.join(prefix, name) for name in ("bin", "lib", "lib64", "pyvenv.cfg"))
-    for scheme_paths in (sysconfig.get_paths(), sysconfig.get_paths(vars={"base": sys.base_prefix,
-                                                                           "platbase": sys.base_exec_prefix})):
+    for scheme_paths in (
+        sysconfig.get_paths(),
+        sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix}),
+    ):
         paths.update(scheme_paths[name] for name in ("stdlib", "platstdlib", "purelib", "platlib"))
     paths.update((sys.executable, os.path.realpath(sys.executable)))
     paths.update(_SHARED_LIBRARIES)
     existing = {path for path in paths if os.path.lexists(path)}
     # a path inside another bound path is already visible
-    kept = [path for path in existing
-            if not any(path != other and path.startswith(other + os.sep) for other in existing)]
+    kept = [
+        path for path in existing if not any(path != other and path.startswith(other + os.sep) for other in existing)
+    ]
     return tuple(sorted(kept, key=lambda path: (path.count(os.sep), path)))
 
 
 def bwrap_command(workdir: str, environment: dict, info_fd: int | None = None) -> list[str]:
     """The ``bwrap`` arguments up to the child's own command line, for a child working in ``workdir``."""
-    command = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--as-pid-1", "--cap-drop", "ALL",
-               # the fresh /tmp comes before the binds: an interpreter installed under /tmp stays visible
-               "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    command = [
+        "bwrap",
+        "--unshare-all",
+        "--die-with-parent",
+        "--new-session",
+        "--as-pid-1",
+        "--cap-drop",
+        "ALL",
+        # the fresh /tmp comes before the binds: an interpreter installed under /tmp stays visible
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--tmpfs",
+        "/tmp",
+    ]
     for path in read_only_paths():
         if os.path.islink(path):  # /lib -> usr/lib on merged-/usr systems: recreate the link, bind its target
             command += ["--symlink", os.readlink(path), path]

@@ -13,16 +13,23 @@ import ast
 import operator
 from fractions import Fraction
 
-from unipg.tools.bounded import power_bits
 from unipg.tools.base import TOOLS, Tool, ToolError, tool
+from unipg.tools.bounded import power_bits
 
 MAX_EXPRESSION_CHARS = 200
 MAX_EXPONENT = 64  # |b| in a**b; large enough for any task, small enough to stay instant
 MAX_RESULT_DIGITS = 100  # of a result's numerator and of its denominator
 _MAX_POWER_BITS = 4 * MAX_RESULT_DIGITS  # above log2(10) bits per digit: a power past it has too many digits
 
-_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_BINARY = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
 _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 
 

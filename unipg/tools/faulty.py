@@ -78,14 +78,29 @@ def garbage_output(rng: random.Random):
 
 @TOOLS.register("faulty")
 @names_its_tools(lambda options: [options["tool"]] if isinstance(options.get("tool"), str) else None)
-def faulty_tool(tool: str, options: dict | None = None, raise_rate: float = 0.0, hang_rate: float = 0.0,
-                garbage_rate: float = 0.0, huge_rate: float = 0.0, hang_sync_rate: float = 0.0,
-                hang_uncancellable_rate: float = 0.0, hang_seconds: float = 3600.0, huge_chars: int = 10_000_000,
-                seed: int = 0) -> list[Tool]:
+def faulty_tool(
+    tool: str,
+    options: dict | None = None,
+    raise_rate: float = 0.0,
+    hang_rate: float = 0.0,
+    garbage_rate: float = 0.0,
+    huge_rate: float = 0.0,
+    hang_sync_rate: float = 0.0,
+    hang_uncancellable_rate: float = 0.0,
+    hang_seconds: float = 3600.0,
+    huge_chars: int = 10_000_000,
+    seed: int = 0,
+) -> list[Tool]:
     """Tool ``tool`` (built with ``options``) whose calls fail at the given rates (module docstring); a list of
     that one tool, offered under the wrapped tool's name, not ``faulty``."""
-    rates = {"raise": raise_rate, "hang": hang_rate, "garbage": garbage_rate, "huge": huge_rate,
-             "hang_sync": hang_sync_rate, "hang_uncancellable": hang_uncancellable_rate}
+    rates = {
+        "raise": raise_rate,
+        "hang": hang_rate,
+        "garbage": garbage_rate,
+        "huge": huge_rate,
+        "hang_sync": hang_sync_rate,
+        "hang_uncancellable": hang_uncancellable_rate,
+    }
     _check_rates(tool, rates)
     built = build_entry(tool, options or {})
     if len(built) != 1:
@@ -135,11 +150,14 @@ def _check_rates(tool: str, rates: dict[str, float]) -> None:
         if not 0.0 <= rate <= 1.0:
             raise ValueError(f"faulty tool: {kind}_rate must be in [0, 1], got {rate}")
     if sum(rates.values()) > 1.0:
-        raise ValueError(f"faulty tool: the fault rates add up to {sum(rates.values()):g}; "
-                         "they must add up to at most 1")
+        raise ValueError(
+            f"faulty tool: the fault rates add up to {sum(rates.values()):g}; they must add up to at most 1"
+        )
     if rates["hang_sync"] and rates["hang_uncancellable"]:
-        raise ValueError("faulty tool: hang_sync (a synchronous call) and hang_uncancellable (an async call) "
-                         "cannot be combined in one tool; wrap the tool twice")
+        raise ValueError(
+            "faulty tool: hang_sync (a synchronous call) and hang_uncancellable (an async call) "
+            "cannot be combined in one tool; wrap the tool twice"
+        )
     if tool == "faulty":
         raise ValueError("faulty tool: wrap a real tool (tool: calculator, python, search, ...), not faulty itself")
 

@@ -29,16 +29,26 @@ SERVER_KEYS = ("command", "args", "env", "cwd")
 class McpServer:
     """One MCP server process and the client session to it, on a private event loop."""
 
-    def __init__(self, command: str, args: list[str] | None = None, env: dict[str, str] | None = None,
-                 cwd: str | None = None, *, startup_timeout: float = 30.0):
+    def __init__(
+        self,
+        command: str,
+        args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        *,
+        startup_timeout: float = 30.0,
+    ):
         try:
             from mcp.client.stdio import StdioServerParameters
         except ImportError:
             raise ValueError("mcp tools need the MCP SDK: pip install 'unipg[mcp]'") from None
 
-        self.parameters = StdioServerParameters(command=command, args=[str(a) for a in args or []],
-                                                env={str(k): str(v) for k, v in (env or {}).items()} or None,
-                                                cwd=cwd)
+        self.parameters = StdioServerParameters(
+            command=command,
+            args=[str(a) for a in args or []],
+            env={str(k): str(v) for k, v in (env or {}).items()} or None,
+            cwd=cwd,
+        )
         self.startup_timeout = startup_timeout
         self.tools: list[Any] = []  # the server's tool descriptions (mcp.types.Tool)
         self._loop = asyncio.new_event_loop()
@@ -158,8 +168,14 @@ def mcp_tool(server: McpServer, description: Any) -> Tool:
         return await server.call(name, arguments)
 
     call.__name__ = name
-    return Tool(name, description.description or name, parameters, call, required=list(parameters.get("required", [])),
-                close=server.close)
+    return Tool(
+        name,
+        description.description or name,
+        parameters,
+        call,
+        required=list(parameters.get("required", [])),
+        close=server.close,
+    )
 
 
 @TOOLS.register("mcp")
@@ -172,8 +188,10 @@ def mcp_tools(server: dict, include: list[str] | None = None, startup_timeout: f
     server to start and list its tools.
     """
     if not isinstance(server, dict) or not isinstance(server.get("command"), str):
-        raise ValueError("an mcp tool needs server: {command: ..., args: [...]}, e.g. "
-                         "{name: mcp, server: {command: python, args: [my_server.py]}}")
+        raise ValueError(
+            "an mcp tool needs server: {command: ..., args: [...]}, e.g. "
+            "{name: mcp, server: {command: python, args: [my_server.py]}}"
+        )
     unknown = sorted(set(server) - set(SERVER_KEYS))
     if unknown:
         raise ValueError(f"mcp server settings are {', '.join(SERVER_KEYS)}; not {', '.join(unknown)}")
@@ -182,7 +200,8 @@ def mcp_tools(server: dict, include: list[str] | None = None, startup_timeout: f
     missing = sorted(set(include or []) - set(offered))
     if missing:
         running.close()
-        raise ValueError(f"MCP server '{running.describe()}' has no tool {', '.join(missing)}; it offers "
-                         f"{', '.join(sorted(offered)) or 'none'}")
+        raise ValueError(
+            f"MCP server '{running.describe()}' has no tool {', '.join(missing)}; it offers "
+            f"{', '.join(sorted(offered)) or 'none'}"
+        )
     return [mcp_tool(running, offered[name]) for name in (include or offered)]
-

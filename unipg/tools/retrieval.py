@@ -51,8 +51,9 @@ def tokenize(text: str, stopwords: frozenset[str] = STOPWORDS) -> list[str]:
 class BM25Index:
     """An in-memory Okapi BM25 index over ``documents`` (title and text together), built with ``bm25s``."""
 
-    def __init__(self, documents: list[Document], *, k1: float = 1.5, b: float = 0.75,
-                 stopwords: frozenset[str] = STOPWORDS):
+    def __init__(
+        self, documents: list[Document], *, k1: float = 1.5, b: float = 0.75, stopwords: frozenset[str] = STOPWORDS
+    ):
         import bm25s
         from bm25s.tokenization import Tokenized
 
@@ -61,8 +62,13 @@ class BM25Index:
         self.documents = list(documents)
         self.k1, self.b, self.stopwords = k1, b, stopwords
         self.vocabulary: dict[str, int] = {}
-        token_ids = [[self.vocabulary.setdefault(token, len(self.vocabulary))
-                      for token in tokenize(f"{doc.title} {doc.text}", stopwords)] for doc in self.documents]
+        token_ids = [
+            [
+                self.vocabulary.setdefault(token, len(self.vocabulary))
+                for token in tokenize(f"{doc.title} {doc.text}", stopwords)
+            ]
+            for doc in self.documents
+        ]
         self.retriever = bm25s.BM25(k1=k1, b=b, method="lucene", dtype="float64")
         if self.documents:
             self.retriever.index(Tokenized(ids=token_ids, vocab=dict(self.vocabulary)), show_progress=False)
@@ -99,8 +105,10 @@ def load_documents(path: str | Path) -> list[Document]:
                 if missing:
                     raise ValueError(f"missing or non-text field(s) {', '.join(missing)}")
             except ValueError as err:  # json.JSONDecodeError is a ValueError
-                raise ValueError(f"{path}, line {line_number}: {err}; expected one JSON object "
-                                 '{"id": ..., "title": ..., "text": ...} per line') from None
+                raise ValueError(
+                    f"{path}, line {line_number}: {err}; expected one JSON object "
+                    '{"id": ..., "title": ..., "text": ...} per line'
+                ) from None
             if record["id"] in seen:
                 raise ValueError(f"{path}, line {line_number}: duplicate document id '{record['id']}'")
             seen.add(record["id"])
@@ -120,8 +128,10 @@ def resolve_collection(collection: str) -> Path:
     if not path.is_file():
         bundled = ", ".join(bundled_collections()) or "none"
         what = f"file '{path}' does not exist" if looks_like_path else f"there is no bundled collection '{collection}'"
-        raise ValueError(f"search: {what}; pass the name of a bundled collection ({bundled}) "
-                         'or the path of a .jsonl file with one {"id", "title", "text"} object per line')
+        raise ValueError(
+            f"search: {what}; pass the name of a bundled collection ({bundled}) "
+            'or the path of a .jsonl file with one {"id", "title", "text"} object per line'
+        )
     return path.resolve()
 
 

@@ -69,8 +69,8 @@ import time
 from dataclasses import dataclass
 
 from unipg.tools import sandbox_child
-from unipg.tools.bubblewrap import bwrap_command, require_kernel_isolation
 from unipg.tools.base import TOOLS, Tool, tool
+from unipg.tools.bubblewrap import bwrap_command, require_kernel_isolation
 
 MAX_FILE_BYTES = 10 << 20  # RLIMIT_FSIZE: the largest file the code may write
 ISOLATIONS = ("kernel", "process")  # bubblewrap namespaces around the layers below, or the layers alone
@@ -93,18 +93,23 @@ class SandboxError(RuntimeError):
     """The sandbox itself could not start (not an error of the code it was given)."""
 
 
-def run_python(code: str, *, timeout: float = 5.0, memory_mb: int = 256, max_output_chars: int = 2000,
-               isolation: str = "kernel") -> SandboxResult:
+def run_python(
+    code: str, *, timeout: float = 5.0, memory_mb: int = 256, max_output_chars: int = 2000, isolation: str = "kernel"
+) -> SandboxResult:
     """Run ``code`` in a fresh sandboxed interpreter; synchronous wrapper of ``run_python_async``.
 
     Uses ``asyncio.run``, so call it from plain code; inside an event loop ``await run_python_async``.
     """
-    return asyncio.run(run_python_async(code, timeout=timeout, memory_mb=memory_mb,
-                                        max_output_chars=max_output_chars, isolation=isolation))
+    return asyncio.run(
+        run_python_async(
+            code, timeout=timeout, memory_mb=memory_mb, max_output_chars=max_output_chars, isolation=isolation
+        )
+    )
 
 
-async def run_python_async(code: str, *, timeout: float = 5.0, memory_mb: int = 256, max_output_chars: int = 2000,
-                           isolation: str = "kernel") -> SandboxResult:
+async def run_python_async(
+    code: str, *, timeout: float = 5.0, memory_mb: int = 256, max_output_chars: int = 2000, isolation: str = "kernel"
+) -> SandboxResult:
     """Run ``code`` in a fresh sandboxed interpreter (see the module docstring for the layers).
 
     Errors of the code (exceptions, limits, timeouts) are reported in the result; ``SandboxError`` is
@@ -121,9 +126,13 @@ async def run_python_async(code: str, *, timeout: float = 5.0, memory_mb: int = 
         # bubblewrap writes the host pid of the namespace's init (the child) here
         info_read, info_write = os.pipe() if isolation == "kernel" else (-1, -1)
         try:
-            config = {"workdir": os.path.realpath(workdir), "report_fd": report_write,
-                      "memory_bytes": memory_mb << 20, "cpu_seconds": math.ceil(timeout) + 1,
-                      "file_bytes": MAX_FILE_BYTES}
+            config = {
+                "workdir": os.path.realpath(workdir),
+                "report_fd": report_write,
+                "memory_bytes": memory_mb << 20,
+                "cpu_seconds": math.ceil(timeout) + 1,
+                "file_bytes": MAX_FILE_BYTES,
+            }
             process = await _spawn(config, info_write)
             for fd in (report_write, info_write):
                 if fd >= 0:
@@ -131,8 +140,7 @@ async def run_python_async(code: str, *, timeout: float = 5.0, memory_mb: int = 
             report_write = info_write = -1
             # UTF-8 takes at most 4 bytes a character, so this head always holds max_output_chars + 1
             capture = _Capture(limit=4 * max_output_chars + 4)
-            timed_out = await _wait_with_timeout(process, code.encode("utf-8", "replace"), capture, timeout,
-                                                 info_read)
+            timed_out = await _wait_with_timeout(process, code.encode("utf-8", "replace"), capture, timeout, info_read)
             report = _read_available(report_read)
         finally:
             for fd in (report_read, report_write, info_read, info_write):
@@ -140,8 +148,10 @@ async def run_python_async(code: str, *, timeout: float = 5.0, memory_mb: int = 
                     os.close(fd)
     output = _truncate(capture.head.decode("utf-8", "replace"), capture.dropped, max_output_chars)
     if not report.startswith("ready\n") and not timed_out:
-        raise SandboxError(f"the sandbox interpreter failed before running the code "
-                           f"(exit status {process.returncode}): {output[-1000:]}")
+        raise SandboxError(
+            f"the sandbox interpreter failed before running the code "
+            f"(exit status {process.returncode}): {output[-1000:]}"
+        )
     error = _error_of(process.returncode, report.removeprefix("ready\n").strip(), timed_out, timeout)
     return SandboxResult(output, error is None, timed_out, error, time.monotonic() - start)
 
@@ -151,8 +161,9 @@ def check_limits(*, timeout: float, memory_mb: int, max_output_chars: int) -> No
     if not timeout > 0:
         raise ValueError(f"sandbox timeout must be > 0 seconds, got {timeout}")
     if memory_mb < MIN_MEMORY_MB:
-        raise ValueError(f"sandbox memory_mb must be >= {MIN_MEMORY_MB} (the interpreter itself needs it), "
-                         f"got {memory_mb}")
+        raise ValueError(
+            f"sandbox memory_mb must be >= {MIN_MEMORY_MB} (the interpreter itself needs it), got {memory_mb}"
+        )
     if max_output_chars < 1:
         raise ValueError(f"sandbox max_output_chars must be >= 1, got {max_output_chars}")
 
@@ -171,11 +182,18 @@ async def _spawn(config: dict, info_fd: int) -> asyncio.subprocess.Process:
     With an ``info_fd`` (kernel isolation) the child runs under bubblewrap, which reports on that descriptor.
     """
     workdir = config["workdir"]
-    environment = {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
-                   "LC_ALL": "C.UTF-8",
-                   # one thread per BLAS library: many sandboxes share the machine, and each thread's
-                   # arena would count against RLIMIT_AS
-                   "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    environment = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": workdir,
+        "TMPDIR": workdir,
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        # one thread per BLAS library: many sandboxes share the machine, and each thread's
+        # arena would count against RLIMIT_AS
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+    }
     command = [sys.executable, "-I", "-B", "-c", _bootstrap_source(), json.dumps(config)]
     pass_fds = (config["report_fd"],)
     if info_fd >= 0:
@@ -183,9 +201,15 @@ async def _spawn(config: dict, info_fd: int) -> asyncio.subprocess.Process:
         pass_fds += (info_fd,)
     try:
         return await asyncio.create_subprocess_exec(
-            *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, cwd=workdir, env=environment, start_new_session=True,
-            pass_fds=pass_fds)
+            *command,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            cwd=workdir,
+            env=environment,
+            start_new_session=True,
+            pass_fds=pass_fds,
+        )
     except OSError as error:
         raise SandboxError(f"could not start the sandbox interpreter {sys.executable}: {error}") from error
 
@@ -206,8 +230,9 @@ class _Capture:
             self.dropped += max(0, len(chunk) - room)
 
 
-async def _wait_with_timeout(process: asyncio.subprocess.Process, code: bytes, capture: _Capture,
-                             timeout: float, info_fd: int = -1) -> bool:
+async def _wait_with_timeout(
+    process: asyncio.subprocess.Process, code: bytes, capture: _Capture, timeout: float, info_fd: int = -1
+) -> bool:
     """Feed the code, collect output until exit or ``timeout``; always kill the group. True if timed out.
 
     Under bubblewrap (``info_fd``) the namespace's init is killed first and bubblewrap waited for: the
@@ -307,8 +332,9 @@ def format_observation(result: SandboxResult) -> str:
 
 
 @TOOLS.register("python")
-def python_tool(timeout: float = 5.0, memory_mb: int = 256, max_output_chars: int = 2000,
-                isolation: str = "kernel") -> Tool:
+def python_tool(
+    timeout: float = 5.0, memory_mb: int = 256, max_output_chars: int = 2000, isolation: str = "kernel"
+) -> Tool:
     """The ``python`` tool: run code in a sandbox (``run_python_async``) and return its printed output.
 
     ``isolation="kernel"`` needs bubblewrap and fails here, when the tool is built, if it cannot run;
@@ -318,8 +344,9 @@ def python_tool(timeout: float = 5.0, memory_mb: int = 256, max_output_chars: in
     check_isolation(isolation)
 
     async def python(code: str) -> str:
-        result = await run_python_async(code, timeout=timeout, memory_mb=memory_mb,
-                                        max_output_chars=max_output_chars, isolation=isolation)
+        result = await run_python_async(
+            code, timeout=timeout, memory_mb=memory_mb, max_output_chars=max_output_chars, isolation=isolation
+        )
         return format_observation(result)
 
     # the first paragraph becomes the description the model sees, so the limits go there
@@ -337,8 +364,16 @@ def python_tool(timeout: float = 5.0, memory_mb: int = 256, max_output_chars: in
 # The child runs the functions of ``unipg.tools.sandbox_child``, shipped as source with ``-c``: it
 # cannot import unipg, which would pull in torch.
 
-_CHILD_FUNCTIONS = ("_set_limits", "_isolate_network", "_disable_raw_spawning", "_remove_unaudited_calls",
-                    "_read_roots", "_path_checks", "_install_guard", "_child_main")
+_CHILD_FUNCTIONS = (
+    "_set_limits",
+    "_isolate_network",
+    "_disable_raw_spawning",
+    "_remove_unaudited_calls",
+    "_read_roots",
+    "_path_checks",
+    "_install_guard",
+    "_child_main",
+)
 
 
 @functools.lru_cache(maxsize=1)

@@ -55,8 +55,12 @@ def _set_limits(config: dict) -> None:
     """Soft = hard limits on memory, CPU time, file size and core dumps (child side)."""
     import resource
 
-    limits = {resource.RLIMIT_AS: config["memory_bytes"], resource.RLIMIT_CPU: config["cpu_seconds"],
-              resource.RLIMIT_FSIZE: config["file_bytes"], resource.RLIMIT_CORE: 0}
+    limits = {
+        resource.RLIMIT_AS: config["memory_bytes"],
+        resource.RLIMIT_CPU: config["cpu_seconds"],
+        resource.RLIMIT_FSIZE: config["file_bytes"],
+        resource.RLIMIT_CORE: 0,
+    }
     for limit, value in limits.items():
         _, hard = resource.getrlimit(limit)
         if hard != resource.RLIM_INFINITY:
@@ -111,9 +115,18 @@ def _remove_unaudited_calls() -> None:
     import posix
     import signal
 
-    unaudited = {(os, posix): ("mknod", "mkfifo", "pidfd_open", "setpriority", "sched_setaffinity",
-                               "sched_setscheduler", "sched_setparam"),
-                 (signal, _signal): ("pidfd_send_signal",)}
+    unaudited = {
+        (os, posix): (
+            "mknod",
+            "mkfifo",
+            "pidfd_open",
+            "setpriority",
+            "sched_setaffinity",
+            "sched_setscheduler",
+            "sched_setparam",
+        ),
+        (signal, _signal): ("pidfd_send_signal",),
+    }
     for modules, names in unaudited.items():
         for module in modules:
             for name in names:
@@ -133,8 +146,11 @@ def _read_roots(workdir: str) -> tuple:
     import sysconfig
 
     paths = sysconfig.get_paths()
-    roots = [workdir, *(paths[name] for name in ("stdlib", "platstdlib", "purelib", "platlib")),
-             *site.getsitepackages()]
+    roots = [
+        workdir,
+        *(paths[name] for name in ("stdlib", "platstdlib", "purelib", "platlib")),
+        *site.getsitepackages(),
+    ]
     # sys.path entries below the interpreter's prefixes: lib-dynload, a zipped stdlib, Debian's dist-packages
     # (not every entry: an editable install puts a source checkout, and its run folders, on sys.path)
     prefixes = {os.path.realpath(prefix) + os.sep for prefix in (sys.prefix, sys.base_prefix)}
@@ -173,14 +189,15 @@ def _path_checks(workdir: str, read_roots: tuple) -> tuple:
     def refuse_write(path, dir_fd=None) -> None:
         resolved = resolve(path, dir_fd)
         if not below(resolved, writable):
-            raise PermissionError(f"writing outside the working directory is not allowed in the sandbox: "
-                                  f"{resolved}")
+            raise PermissionError(f"writing outside the working directory is not allowed in the sandbox: {resolved}")
 
     def refuse_read(path) -> None:
         resolved = resolve(path)
         if not below(resolved, read_roots):
-            raise PermissionError(f"reading {resolved} is not allowed in the sandbox: only the working directory "
-                                  f"and the Python libraries can be read")
+            raise PermissionError(
+                f"reading {resolved} is not allowed in the sandbox: only the working directory "
+                f"and the Python libraries can be read"
+            )
 
     def check_open(path, mode, flags) -> None:
         if isinstance(path, int):
@@ -192,8 +209,10 @@ def _path_checks(workdir: str, read_roots: tuple) -> tuple:
         resolved = resolve(path)
         if mode is None and not below(resolved, (workdir,)) and isdir(resolved):
             # os.open(dir) would give a dir_fd for os.open(name, dir_fd=...), whose event omits it
-            raise PermissionError(f"opening directories outside the working directory as descriptors "
-                                  f"is not allowed in the sandbox: {path}")
+            raise PermissionError(
+                f"opening directories outside the working directory as descriptors "
+                f"is not allowed in the sandbox: {path}"
+            )
 
     return resolve, refuse_write, refuse_read, check_open
 
@@ -208,26 +227,57 @@ def _install_guard(workdir: str, read_roots: tuple) -> None:
 
     resolve, refuse_write, refuse_read, check_open = _path_checks(workdir, read_roots)
     join, dirname, fsdecode = os.path.join, os.path.dirname, os.fsdecode
-    refused = {"socket.": "network access", "ctypes.": "ctypes", "subprocess.": "starting processes",
-               "os.exec": "starting processes", "os.posix_spawn": "starting processes",
-               "os.fork": "starting processes", "os.system": "starting processes",
-               "os.kill": "signalling processes", "resource.": "changing resource limits",
-               # SQL's ATTACH opens any file, out of the hook's sight
-               "sqlite3.": "opening sqlite3 databases",
-               # a new interpreter does not inherit this hook
-               "cpython.PyInterpreterState_New": "starting interpreters"}
+    refused = {
+        "socket.": "network access",
+        "ctypes.": "ctypes",
+        "subprocess.": "starting processes",
+        "os.exec": "starting processes",
+        "os.posix_spawn": "starting processes",
+        "os.fork": "starting processes",
+        "os.system": "starting processes",
+        "os.kill": "signalling processes",
+        "resource.": "changing resource limits",
+        # SQL's ATTACH opens any file, out of the hook's sight
+        "sqlite3.": "opening sqlite3 databases",
+        # a new interpreter does not inherit this hook
+        "cpython.PyInterpreterState_New": "starting interpreters",
+    }
     refused_prefixes = tuple(refused)
     # event -> (path argument, dir_fd argument or None) of every path the event modifies
-    path_events = {"os.rename": ((0, 2), (1, 3)), "os.link": ((0, 2), (1, 3)), "os.remove": ((0, 1),),
-                   "os.rmdir": ((0, 1),), "os.mkdir": ((0, 2),), "os.chmod": ((0, 2),), "os.chown": ((0, 3),),
-                   "os.utime": ((0, 3),), "os.truncate": ((0, None),), "os.setxattr": ((0, None),),
-                   "os.removexattr": ((0, None),), "os.chflags": ((0, None),)}
+    path_events = {
+        "os.rename": ((0, 2), (1, 3)),
+        "os.link": ((0, 2), (1, 3)),
+        "os.remove": ((0, 1),),
+        "os.rmdir": ((0, 1),),
+        "os.mkdir": ((0, 2),),
+        "os.chmod": ((0, 2),),
+        "os.chown": ((0, 3),),
+        "os.utime": ((0, 3),),
+        "os.truncate": ((0, None),),
+        "os.setxattr": ((0, None),),
+        "os.removexattr": ((0, None),),
+        "os.chflags": ((0, None),),
+    }
     # directory listings (glob, os.walk and pathlib go through these) and extended attributes
     read_events = ("os.listdir", "os.scandir", "os.listxattr", "os.getxattr")
     # modules that run code or touch files or processes with no audit event: Tcl runs programs, a
     # subinterpreter has no hook, readline/OpenSSL/pwd read files, _posixshmem and syslog write outside
-    blocked_imports = {"ctypes", "_ctypes", "_posixsubprocess", "posix", "_signal", "_tkinter", "readline", "_ssl",
-                       "_posixshmem", "syslog", "pwd", "grp", "spwd", "nis"}
+    blocked_imports = {
+        "ctypes",
+        "_ctypes",
+        "_posixsubprocess",
+        "posix",
+        "_signal",
+        "_tkinter",
+        "readline",
+        "_ssl",
+        "_posixshmem",
+        "syslog",
+        "pwd",
+        "grp",
+        "spwd",
+        "nis",
+    }
     blocked_prefixes = ("ctypes.", "_xxsubinterpreters", "_xxinterpchannels", "_test")
 
     def hook(event: str, args: tuple) -> None:

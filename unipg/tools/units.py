@@ -17,17 +17,29 @@ from unipg.tools.calculator import format_number
 
 UNITS: dict[str, tuple[str, Fraction]] = {
     # unit: (quantity, size in the quantity's base unit: mm, mg, s, ml)
-    "km": ("length", Fraction(1_000_000)), "m": ("length", Fraction(1000)), "cm": ("length", Fraction(10)),
-    "mm": ("length", Fraction(1)), "yd": ("length", Fraction("914.4")), "ft": ("length", Fraction("304.8")),
+    "km": ("length", Fraction(1_000_000)),
+    "m": ("length", Fraction(1000)),
+    "cm": ("length", Fraction(10)),
+    "mm": ("length", Fraction(1)),
+    "yd": ("length", Fraction("914.4")),
+    "ft": ("length", Fraction("304.8")),
     "in": ("length", Fraction("25.4")),
-    "kg": ("mass", Fraction(1_000_000)), "g": ("mass", Fraction(1000)), "mg": ("mass", Fraction(1)),
-    "lb": ("mass", Fraction("453592.37")), "oz": ("mass", Fraction("28349.523125")),
-    "week": ("time", Fraction(604_800)), "day": ("time", Fraction(86_400)), "h": ("time", Fraction(3600)),
-    "min": ("time", Fraction(60)), "s": ("time", Fraction(1)),
-    "l": ("volume", Fraction(1000)), "ml": ("volume", Fraction(1)),
+    "kg": ("mass", Fraction(1_000_000)),
+    "g": ("mass", Fraction(1000)),
+    "mg": ("mass", Fraction(1)),
+    "lb": ("mass", Fraction("453592.37")),
+    "oz": ("mass", Fraction("28349.523125")),
+    "week": ("time", Fraction(604_800)),
+    "day": ("time", Fraction(86_400)),
+    "h": ("time", Fraction(3600)),
+    "min": ("time", Fraction(60)),
+    "s": ("time", Fraction(1)),
+    "l": ("volume", Fraction(1000)),
+    "ml": ("volume", Fraction(1)),
 }
-Unit = Literal["km", "m", "cm", "mm", "yd", "ft", "in", "kg", "g", "mg", "lb", "oz", "week", "day", "h", "min", "s",
-               "l", "ml"]
+Unit = Literal[
+    "km", "m", "cm", "mm", "yd", "ft", "in", "kg", "g", "mg", "lb", "oz", "week", "day", "h", "min", "s", "l", "ml"
+]
 MAX_VALUE = 10**12  # a larger magnitude is no unit conversion a task asks for
 
 

@@ -36,6 +36,7 @@ async def reports_its_log_probs(base_url, api_key, example):
     so a trained episode whose rows hold exactly what the engine sent it has that sum as its reward."""
     total = 0.0
     async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
+
         async def ask(messages):
             nonlocal total
             reply = await client.chat.completions.create(model="unipg", messages=messages, max_tokens=6, logprobs=True)
@@ -82,9 +83,13 @@ def calculator(expression: str) -> str:
 async def sdk_agent(base_url, api_key, example):
     """An OpenAI Agents SDK agent with a function tool."""
     async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
-        agent = Agent(name="calc", instructions="Use the calculator.", tools=[calculator],
-                      model=OpenAIChatCompletionsModel(model="unipg", openai_client=client),
-                      model_settings=ModelSettings(temperature=0.8, max_tokens=10))
+        agent = Agent(
+            name="calc",
+            instructions="Use the calculator.",
+            tools=[calculator],
+            model=OpenAIChatCompletionsModel(model="unipg", openai_client=client),
+            model_settings=ModelSettings(temperature=0.8, max_tokens=10),
+        )
         result = await Runner.run(agent, example.prompt, max_turns=3)
     return str(result.final_output)
 
@@ -92,9 +97,12 @@ async def sdk_agent(base_url, api_key, example):
 async def sdk_streamed_agent(base_url, api_key, example):
     """The Agents SDK agent, run with streaming."""
     async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
-        agent = Agent(name="calc", tools=[calculator],
-                      model=OpenAIChatCompletionsModel(model="unipg", openai_client=client),
-                      model_settings=ModelSettings(max_tokens=10))
+        agent = Agent(
+            name="calc",
+            tools=[calculator],
+            model=OpenAIChatCompletionsModel(model="unipg", openai_client=client),
+            model_settings=ModelSettings(max_tokens=10),
+        )
         result = Runner.run_streamed(agent, example.prompt, max_turns=3)
         async for _ in result.stream_events():
             pass

@@ -5,16 +5,16 @@ import asyncio
 import pytest
 import torch
 
+from tests.helpers.endpoint import make_loop
+from tests.inference.endpoint import agents_for_tests as agents
 from unipg.config import ConfigError, load_config
 from unipg.estimate import ADVANTAGES
 from unipg.learn.lm import LMBatch, lm_advantages
 from unipg.runtime.lm import group_index
 from unipg.runtime.replay import Group
 from unipg.sample.endpoint_agents import AgentStats, ExternalAgent, load_agent
-from unipg.tasks.rewards.rules import build_rewards
 from unipg.tasks.base import Example
-from tests.inference.endpoint import agents_for_tests as agents
-from tests.helpers.endpoint import make_loop
+from unipg.tasks.rewards.rules import build_rewards
 
 EXAMPLE = Example("What is 2*3?", "6", "6", {"answer": "6"})
 REWARDS = build_rewards([{"name": "math"}])
@@ -29,13 +29,13 @@ def test_the_learner_trains_exactly_the_tokens_and_log_probs_the_engine_sampled(
     loop = make_loop(policy)
     [trajectory] = play(loop, [agents.two_turns])
     [(first_context, first), (second_context, second)] = loop.engine.sampled
-    assert second_context[:len(first_context) + len(first.token_ids)] == first_context + first.token_ids
+    assert second_context[: len(first_context) + len(first.token_ids)] == first_context + first.token_ids
     batch = LMBatch.from_trajectories([trajectory], policy.pad_id)
-    row = batch.input_ids[0, -batch.completion_length:][batch.completion_mask[0] == 1].tolist()
+    row = batch.input_ids[0, -batch.completion_length :][batch.completion_mask[0] == 1].tolist()
     assert row == first.token_ids + second.token_ids
     sampled_logprobs = batch.behaviour_logprobs[0][batch.completion_mask[0] == 1].tolist()
     assert sampled_logprobs == pytest.approx(first.behaviour_logprobs + second.behaviour_logprobs, abs=0)
-    prompt = batch.input_ids[0, batch.attention_mask[0].argmax():].tolist()
+    prompt = batch.input_ids[0, batch.attention_mask[0].argmax() :].tolist()
     assert prompt == second_context + second.token_ids  # every token the model saw, in order
     assert trajectory.turns == 2 and trajectory.infos[-1].final and trajectory.finish == "done"
 
@@ -45,8 +45,9 @@ def test_an_agent_that_rewrites_history_trains_both_trajectories_on_one_advantag
     rewriting, other = play(loop, [agents.rewrites_history, agents.rewards_itself])
     assert loop.stats.extra_trajectories == 1 and len(rewriting.side) == 1 and not other.side
     rows = [rewriting, rewriting.side[0], other]
-    batch = LMBatch.from_trajectories([rewriting, other], policy.pad_id,
-                                      groups=group_index([Group([rewriting, other], 0, 2)]))
+    batch = LMBatch.from_trajectories(
+        [rewriting, other], policy.pad_id, groups=group_index([Group([rewriting, other], 0, 2)])
+    )
     assert len(batch.scores) == 3 and batch.episodes.tolist() == [0, 0, 1] and batch.scores.tolist() == [1, 1, 0.25]
     sampled = [(context, output.token_ids, output.behaviour_logprobs) for context, output in loop.engine.sampled]
     for row, trajectory in enumerate(rows):  # each turn of each row: ids and log-probs the engine sampled there
@@ -56,9 +57,12 @@ def test_an_agent_that_rewrites_history_trains_both_trajectories_on_one_advantag
         completion_start = prompt_width - first
         for turn in range(trajectory.turns):
             where = (batch.token_turns[row] == turn).nonzero().flatten()
-            context = ids[:completion_start + int(where[0])]
-            assert (context, ids[completion_start + int(where[0]):completion_start + int(where[-1]) + 1],
-                    batch.behaviour_logprobs[row, where].tolist()) in sampled
+            context = ids[: completion_start + int(where[0])]
+            assert (
+                context,
+                ids[completion_start + int(where[0]) : completion_start + int(where[-1]) + 1],
+                batch.behaviour_logprobs[row, where].tolist(),
+            ) in sampled
     assert sum(len(t.turn_texts) for t in rows) == len(sampled) == 4  # every call is in a row
     assert rewriting.turns == 2 and rewriting.side[0].turns == 1  # the summary and its follow-up; the first call
     assert policy.tokenizer.decode(rewriting.prompt_ids).count("Earlier you said")
@@ -72,7 +76,8 @@ def test_an_agent_that_rewrites_history_trains_both_trajectories_on_one_advantag
 def test_failed_agents_are_counted_episodes_never_a_crashed_run(policy):
     loop = make_loop(policy, agent_retries=1)
     good, own, failed_raise, failed_garbage = play(
-        loop, [agents.two_turns, agents.rewards_itself, agents.raises, agents.garbage])
+        loop, [agents.two_turns, agents.rewards_itself, agents.raises, agents.garbage]
+    )
     assert good.finish == own.finish == "done" and own.reward == 0.25
     for failed, why in ((failed_raise, "agent bug"), (failed_garbage, "list")):
         assert failed.finish == "failed" and sum(failed.loss_mask) == 0 and why in failed.infos[-1].agent_error
@@ -101,9 +106,12 @@ def test_agent_specs_name_a_module_or_a_file_and_bad_ones_are_config_errors(tmp_
     path = tmp_path / "mine.py"
     path.write_text("async def run(base_url, api_key, example):\n    return 1.0\n")
     assert load_agent(f"{path}:run").__name__ == "run"
-    for spec, message in (("nocolon", "package.module"), (f"{tmp_path}/missing.py:run", "no file"),
-                          ("tests.inference.endpoint.agents_for_tests:nothing", "no async function"),
-                          ("no_such_package_here:run", "cannot import")):
+    for spec, message in (
+        ("nocolon", "package.module"),
+        (f"{tmp_path}/missing.py:run", "no file"),
+        ("tests.inference.endpoint.agents_for_tests:nothing", "no async function"),
+        ("no_such_package_here:run", "cannot import"),
+    ):
         with pytest.raises(ConfigError, match=message):
             load_agent(spec)
 
@@ -133,5 +141,9 @@ def test_agent_counts_are_zeroed_where_the_loop_counts_them_and_add_up_over_work
     assert popped == AgentStats(episodes=4, failures=1, retries=2, extra_trajectories=3) and counting == AgentStats()
     counting.extra_trajectories += 1  # a loop holding ``counting`` goes on counting into it
     popped.merge(counting.pop())
-    assert popped.metrics("rollout") == {"rollout/agent_failures": 1, "rollout/agent_timeouts": 0,
-                                         "rollout/agent_retries": 2, "rollout/agent_extra_trajectories": 4}
+    assert popped.metrics("rollout") == {
+        "rollout/agent_failures": 1,
+        "rollout/agent_timeouts": 0,
+        "rollout/agent_retries": 2,
+        "rollout/agent_extra_trajectories": 4,
+    }

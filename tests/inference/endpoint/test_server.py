@@ -6,9 +6,16 @@ import pytest
 from openai import AsyncOpenAI, OpenAI
 
 MESSAGES = [{"role": "user", "content": "What is 2*3?"}]
-TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "Evaluate an expression.",
-                                           "parameters": {"type": "object",
-                                                          "properties": {"expression": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate an expression.",
+            "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+        },
+    }
+]
 
 
 def session_client(served, session=None):
@@ -30,8 +37,10 @@ def test_connections_send_small_writes_at_once(served):
     client.models.list()
 
     async def nodelay():
-        return [connection.transport.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
-                for connection in served.loop.server.http.server_state.connections]
+        return [
+            connection.transport.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+            for connection in served.loop.server.http.server_state.connections
+        ]
 
     flags = served.call(nodelay())
     assert flags and all(flags)
@@ -39,8 +48,9 @@ def test_connections_send_small_writes_at_once(served):
 
 def test_sync_client_chat_with_tools_logprobs_and_n_is_recorded_in_the_session(served):
     session, client = session_client(served)
-    reply = client.chat.completions.create(model="unipg", messages=MESSAGES, tools=TOOLS, logprobs=True, n=2,
-                                           temperature=0.7, top_p=0.9, max_tokens=5)
+    reply = client.chat.completions.create(
+        model="unipg", messages=MESSAGES, tools=TOOLS, logprobs=True, n=2, temperature=0.7, top_p=0.9, max_tokens=5
+    )
     assert len(reply.choices) == 2 and len(session.trajectories) == 2
     for choice, trajectory in zip(reply.choices, session.trajectories):
         assert [entry.logprob for entry in choice.logprobs.content] == trajectory.behaviour_logprobs
@@ -54,8 +64,10 @@ def test_async_client_continuing_a_reply_extends_one_trajectory(served):
 
     async def two_turns():
         first = await client.chat.completions.create(model="unipg", messages=MESSAGES, max_completion_tokens=6)
-        history = MESSAGES + [first.choices[0].message.model_dump(exclude_none=True),
-                              {"role": "user", "content": "sure?"}]
+        history = MESSAGES + [
+            first.choices[0].message.model_dump(exclude_none=True),
+            {"role": "user", "content": "sure?"},
+        ]
         return await client.chat.completions.create(model="unipg", messages=history, max_tokens=6)
 
     served.call(two_turns())
@@ -82,8 +94,8 @@ def test_a_text_completion_continuing_a_reply_that_ended_on_eos_extends_its_traj
     client.completions.create(model="unipg", prompt="ai" + first.choices[0].text + " 7", max_tokens=2)
     assert session.trajectories == [trajectory] and trajectory.turns == 2
     inserted = served.loop.tokenizer(" 7", add_special_tokens=False)["input_ids"]
-    assert trajectory.token_ids[:len(sampled) + len(inserted)] == sampled + inserted  # the EOS kept, as sampled
-    assert trajectory.loss_mask[:len(sampled) + len(inserted)] == [1] * len(sampled) + [0] * len(inserted)
+    assert trajectory.token_ids[: len(sampled) + len(inserted)] == sampled + inserted  # the EOS kept, as sampled
+    assert trajectory.loss_mask[: len(sampled) + len(inserted)] == [1] * len(sampled) + [0] * len(inserted)
 
 
 def test_unsupported_fields_are_refused_naming_the_field(served):
@@ -97,8 +109,11 @@ def test_unsupported_fields_are_refused_naming_the_field(served):
 
 def test_a_streamed_chat_reply_is_the_recorded_reply_in_chunks(served):
     session, client = session_client(served)
-    chunks = list(client.chat.completions.create(model="unipg", messages=MESSAGES, max_tokens=6, stream=True,
-                                                 stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="unipg", messages=MESSAGES, max_tokens=6, stream=True, stream_options={"include_usage": True}
+        )
+    )
     text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
     [trajectory] = session.trajectories
     assert text == trajectory.turn_texts[0] and chunks[-1].usage.completion_tokens == len(trajectory.token_ids)
@@ -122,8 +137,9 @@ def test_one_session_cannot_write_to_another(served):
         intruder.chat.completions.create(model="unipg", messages=MESSAGES, max_tokens=2)
     assert theirs.trajectories == [] and theirs.calls == 0
     with pytest.raises(openai.AuthenticationError):  # nor read, nor write, with the run's token
-        OpenAI(base_url=served.loop.server.session_url(theirs.id), api_key=served.loop.server.token,
-               max_retries=0).models.list()
+        OpenAI(
+            base_url=served.loop.server.session_url(theirs.id), api_key=served.loop.server.token, max_retries=0
+        ).models.list()
 
 
 def test_bodies_and_generated_lengths_are_bounded(served):

@@ -4,10 +4,10 @@ import pytest
 from tokenizers import AddedToken, Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast
 
-from unipg.policy.embedded import CHAT_TEMPLATE
+from unipg.inference import TurnOutput
 from unipg.inference.endpoint.render import ToolCallFormat, plain_messages, render_conversation, reply_key
 from unipg.inference.endpoint.sessions import Session
-from unipg.inference import TurnOutput
+from unipg.policy.embedded import CHAT_TEMPLATE
 
 SPECIALS = ["<|end|>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>"]
 
@@ -69,10 +69,11 @@ def test_a_reply_cut_before_eos_gets_the_end_of_turn_as_an_observation_token(bpe
     first = follow_up(session, bpe, history)
     session.record(first, [TurnOutput([a, b], [-1.0, -1.0], "ab", "length", False, 0)])
     session.remember_reply(reply_key("ab", []), [a, b])
-    second = follow_up(session, bpe, history + [{"role": "assistant", "content": "ab"},
-                                                {"role": "user", "content": "d"}])
+    second = follow_up(
+        session, bpe, history + [{"role": "assistant", "content": "ab"}, {"role": "user", "content": "d"}]
+    )
     assert second.trajectory is session.trajectories[0]
-    assert second.inserted[0] == end and second.ids[:len(first.ids) + 2] == first.ids + [a, b]
+    assert second.inserted[0] == end and second.ids[: len(first.ids) + 2] == first.ids + [a, b]
 
 
 def test_a_call_that_rewrites_history_starts_a_new_trajectory_of_the_session(bpe):
@@ -90,8 +91,9 @@ def test_hermes_calls_are_parsed_and_written_back_the_same_way():
     calls_format = ToolCallFormat()
     text = 'let me see <tool_call>{"name": "calculator", "arguments": {"expression": "2*3"}}</tool_call>'
     content, [call] = calls_format.parse(text)
-    assert content == "let me see" and call.name == "calculator" and call.key() == ("calculator",
-                                                                                    '{"expression": "2*3"}')
+    assert (
+        content == "let me see" and call.name == "calculator" and call.key() == ("calculator", '{"expression": "2*3"}')
+    )
     assert calls_format.parse(calls_format.format([call]))[1] == [call]
     assert calls_format.parse("<tool_call>{not json</tool_call>") == ("<tool_call>{not json</tool_call>", [])
 
@@ -116,8 +118,11 @@ def test_a_tool_call_sent_back_as_openai_tool_calls_continues_the_trajectory(bpe
     content, calls = ToolCallFormat().parse(sampled_text)
     session.record(first, [turn(sampled + [end], sampled_text)])
     session.remember_reply(reply_key(content, calls), sampled + [end])
-    returned = {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"x":"ab"}'}}]}
+    returned = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"x":"ab"}'}}],
+    }
     second = follow_up(session, bpe, history + [returned, {"role": "tool", "tool_call_id": "call_1", "content": "7"}])
     assert second.trajectory is session.trajectories[0] and raw == "ab"  # the sampled text stands in for the call
     assert session.raw_replies[reply_key(content, calls)] == raw

@@ -16,18 +16,18 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from unipg.inference import HFService, SamplingParams, TurnOutput
 from unipg.inference.endpoint.render import (
     RequestError,
+    ToolCallFormat,
     check_tools,
     openai_tool_calls,
     plain_messages,
     render_conversation,
     reply_key,
-    ToolCallFormat,
     tool_call_format,
 )
 from unipg.inference.endpoint.sessions import Context, Session
-from unipg.inference import HFService, SamplingParams, TurnOutput
 
 
 class _Request(BaseModel):
@@ -78,8 +78,16 @@ class Limits:
 class Completions:
     """Answers chat and text completion requests with ``engine``, recording them in their session."""
 
-    def __init__(self, engine: HFService, tokenizer, limits: Limits, *, model_name: str = "unipg",
-                 describe_tools: bool = True, tool_parser: str | None = None):
+    def __init__(
+        self,
+        engine: HFService,
+        tokenizer,
+        limits: Limits,
+        *,
+        model_name: str = "unipg",
+        describe_tools: bool = True,
+        tool_parser: str | None = None,
+    ):
         """``describe_tools``: render the request's ``tools`` into the prompt (else they only enable parsing);
         ``tool_parser``: the run's tool-call format (None: the one of the tokenizer's chat template)."""
         self.engine, self.tokenizer, self.limits = engine, tokenizer, limits
@@ -97,8 +105,13 @@ class Completions:
         if tools and close is not None:  # a format whose call is the whole turn ends at the end-of-turn token
             keep = (close,)
             stop = stop if close in stop else [*stop, close]
-        return replace(base, temperature=base.temperature if request.temperature is None else request.temperature,
-                       top_p=base.top_p if request.top_p is None else request.top_p, stop=stop or None, keep_stop=keep)
+        return replace(
+            base,
+            temperature=base.temperature if request.temperature is None else request.temperature,
+            top_p=base.top_p if request.top_p is None else request.top_p,
+            stop=stop or None,
+            keep_stop=keep,
+        )
 
     def budget(self, request: _Request, context_ids: list[int], asked: int | None) -> int:
         if request.n > self.limits.max_n:
@@ -107,16 +120,24 @@ class Completions:
         if self.limits.context_length is not None:
             room = self.limits.context_length - len(context_ids)
             if room <= 0:
-                raise RequestError(f"the prompt ({len(context_ids)} tokens) fills the model's context of "
-                                   f"{self.limits.context_length} tokens", "messages")
+                raise RequestError(
+                    f"the prompt ({len(context_ids)} tokens) fills the model's context of "
+                    f"{self.limits.context_length} tokens",
+                    "messages",
+                )
             budget = min(budget, room)
         return budget
 
-    async def sample(self, context: Context, request: _Request, params: SamplingParams, budget: int,
-                     session: Session | None) -> list[TurnOutput]:
+    async def sample(
+        self, context: Context, request: _Request, params: SamplingParams, budget: int, session: Session | None
+    ) -> list[TurnOutput]:
         order = session.order if session is not None else 0
-        outputs = await asyncio.gather(*(self.engine.generate(context.ids, max_new_tokens=budget, order=order,
-                                                              params=params) for _ in range(request.n)))
+        outputs = await asyncio.gather(
+            *(
+                self.engine.generate(context.ids, max_new_tokens=budget, order=order, params=params)
+                for _ in range(request.n)
+            )
+        )
         if session is not None:
             session.record(context, list(outputs))
         return list(outputs)
@@ -126,8 +147,11 @@ class Completions:
         raw = session.raw_replies if session is not None else {}
         messages = plain_messages(request.messages, raw, self.calls_format)
         text = render_conversation(self.tokenizer, messages, tools if self.describe_tools else None)
-        context = session.context(text) if session is not None else Context(_tokenize(self.tokenizer, text), text,
-                                                                                None, [], 0)
+        context = (
+            session.context(text)
+            if session is not None
+            else Context(_tokenize(self.tokenizer, text), text, None, [], 0)
+        )
         budget = self.budget(request, context.ids, request.max_completion_tokens or request.max_tokens)
         outputs = await self.sample(context, request, self.params(request, tools=bool(tools)), budget, session)
         choices = []
@@ -139,8 +163,14 @@ class Completions:
             if calls:
                 message["tool_calls"] = openai_tool_calls(calls)
             logprobs = {"content": self.token_logprobs(output)} if request.logprobs else None
-            choices.append({"index": index, "message": message, "logprobs": logprobs,
-                            "finish_reason": "tool_calls" if calls else output.finish_reason})
+            choices.append(
+                {
+                    "index": index,
+                    "message": message,
+                    "logprobs": logprobs,
+                    "finish_reason": "tool_calls" if calls else output.finish_reason,
+                }
+            )
         return self.response("chat.completion", choices, context, outputs)
 
     async def complete(self, request: CompletionRequest, session: Session | None) -> dict:
@@ -154,18 +184,32 @@ class Completions:
             context = Context(ids if ids is not None else _tokenize(self.tokenizer, text), text, None, [], 0)
         budget = self.budget(request, context.ids, request.max_tokens)
         outputs = await self.sample(context, request, self.params(request, tools=False), budget, session)
-        choices = [{"index": index, "text": output.text, "finish_reason": output.finish_reason,
-                    "logprobs": self.text_logprobs(output) if request.logprobs is not None else None}
-                   for index, output in enumerate(outputs)]
+        choices = [
+            {
+                "index": index,
+                "text": output.text,
+                "finish_reason": output.finish_reason,
+                "logprobs": self.text_logprobs(output) if request.logprobs is not None else None,
+            }
+            for index, output in enumerate(outputs)
+        ]
         return self.response("text_completion", choices, context, outputs)
 
     def response(self, kind: str, choices: list[dict], context: Context, outputs: list[TurnOutput]) -> dict:
         prefix = "chatcmpl" if kind == "chat.completion" else "cmpl"
         generated = sum(len(output.token_ids) for output in outputs)
-        return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": kind, "created": int(time.time()),
-                "model": self.model_name, "choices": choices,
-                "usage": {"prompt_tokens": len(context.ids), "completion_tokens": generated,
-                          "total_tokens": len(context.ids) + generated}}
+        return {
+            "id": f"{prefix}-{uuid.uuid4().hex}",
+            "object": kind,
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": len(context.ids),
+                "completion_tokens": generated,
+                "total_tokens": len(context.ids) + generated,
+            },
+        }
 
     def token_logprobs(self, output: TurnOutput) -> list[dict]:
         entries = []
@@ -180,21 +224,31 @@ class Completions:
         for token in tokens:
             offsets.append(position)
             position += len(token)
-        return {"tokens": tokens, "token_logprobs": list(output.behaviour_logprobs),
-                "top_logprobs": None, "text_offset": offsets}
+        return {
+            "tokens": tokens,
+            "token_logprobs": list(output.behaviour_logprobs),
+            "top_logprobs": None,
+            "text_offset": offsets,
+        }
 
 
 def stream_chunks(response: dict, *, include_usage: bool = False):
     """A chat completion as the server-sent events of a stream: per choice, its content, its tool calls and its
     finish reason, then the usage if asked for, then ``[DONE]``. Generation is not incremental: the reply is
     complete before the first chunk, which clients that ask for a stream accept all the same."""
-    head = {"id": response["id"], "object": "chat.completion.chunk", "created": response["created"],
-            "model": response["model"]}
+    head = {
+        "id": response["id"],
+        "object": "chat.completion.chunk",
+        "created": response["created"],
+        "model": response["model"],
+    }
     for choice in response["choices"]:
         message, index = choice["message"], choice["index"]
         first = {"role": "assistant", "content": message["content"] or ""}
-        yield {**head, "choices": [{"index": index, "delta": first, "logprobs": choice["logprobs"],
-                                    "finish_reason": None}]}
+        yield {
+            **head,
+            "choices": [{"index": index, "delta": first, "logprobs": choice["logprobs"], "finish_reason": None}],
+        }
         if message.get("tool_calls"):
             calls = [{"index": position, **call} for position, call in enumerate(message["tool_calls"])]
             yield {**head, "choices": [{"index": index, "delta": {"tool_calls": calls}, "finish_reason": None}]}

@@ -59,8 +59,9 @@ class ToolCallFormat:
         return text[:start].strip(), [ToolCall(call.name, json.dumps(call.arguments)) for call in calls]
 
     def format(self, calls: list[ToolCall]) -> str:
-        return self.parser.separator.join(self.parser.format_tool_call(call.name, json.loads(call.arguments))
-                                          for call in calls)
+        return self.parser.separator.join(
+            self.parser.format_tool_call(call.name, json.loads(call.arguments)) for call in calls
+        )
 
 
 def tool_call_format(tokenizer) -> ToolCallFormat:
@@ -108,8 +109,13 @@ def plain_messages(messages: list, raw_replies: dict[tuple, str], calls_format: 
     plain = []
     for index, message in enumerate(messages):
         where = f"messages[{index}]"
-        if not isinstance(message, dict) or message.get("role") not in ("system", "developer", "user", "assistant",
-                                                                         "tool"):
+        if not isinstance(message, dict) or message.get("role") not in (
+            "system",
+            "developer",
+            "user",
+            "assistant",
+            "tool",
+        ):
             raise RequestError(f"{where}: role must be system, developer, user, assistant or tool", where)
         role, content = message["role"], content_text(message.get("content"), where)
         if role == "assistant":
@@ -145,15 +151,25 @@ def check_tools(tools) -> list[dict] | None:
         raise RequestError("tools must be a list of {type: function, function: {...}}", "tools")
     for index, spec in enumerate(tools):
         function = spec.get("function") if isinstance(spec, dict) else None
-        if spec.get("type") != "function" or not isinstance(function, dict) or not isinstance(function.get("name"),
-                                                                                                str):
-            raise RequestError(f"tools[{index}] must be {{type: function, function: {{name, description, "
-                               "parameters}}}}", "tools")
+        if (
+            spec.get("type") != "function"
+            or not isinstance(function, dict)
+            or not isinstance(function.get("name"), str)
+        ):
+            raise RequestError(
+                f"tools[{index}] must be {{type: function, function: {{name, description, parameters}}}}}}}}", "tools"
+            )
         function.setdefault("description", "")
         function.setdefault("parameters", {"type": "object", "properties": {}})
     return tools
 
 
 def openai_tool_calls(calls: list[ToolCall]) -> list[dict]:
-    return [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-             "function": {"name": call.name, "arguments": call.arguments}} for call in calls]
+    return [
+        {
+            "id": f"call_{uuid.uuid4().hex[:24]}",
+            "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments},
+        }
+        for call in calls
+    ]

@@ -96,13 +96,17 @@ def build_app(completions: Completions, sessions: Sessions, token: str, *, max_b
         return JSONResponse(response)
 
     async def models(body, session):
-        return {"object": "list", "data": [{"id": completions.model_name, "object": "model", "created": 0,
-                                            "owned_by": "unipg"}]}
+        return {
+            "object": "list",
+            "data": [{"id": completions.model_name, "object": "model", "created": 0, "owned_by": "unipg"}],
+        }
 
     for prefix in ("/v1", "/sessions/{session_id}/v1"):
-        for path, method, model, verb in (("chat/completions", completions.chat, ChatRequest, "POST"),
-                                          ("completions", completions.complete, CompletionRequest, "POST"),
-                                          ("models", models, None, "GET")):
+        for path, method, model, verb in (
+            ("chat/completions", completions.chat, ChatRequest, "POST"),
+            ("completions", completions.complete, CompletionRequest, "POST"),
+            ("models", models, None, "GET"),
+        ):
             app.add_route(f"{prefix}/{path}", _route(answer, method, model), methods=[verb])
     return BodyLimit(app, max_body_bytes)
 
@@ -140,8 +144,15 @@ class EndpointServer:
     """The endpoint on the running event loop: ``async with server.serving(): ...``; ``base_url`` and
     ``token`` are set while it serves."""
 
-    def __init__(self, completions: Completions, sessions: Sessions, *, host: str = "127.0.0.1", port: int = 0,
-                 max_body_bytes: int = 1 << 20):
+    def __init__(
+        self,
+        completions: Completions,
+        sessions: Sessions,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_body_bytes: int = 1 << 20,
+    ):
         self.completions, self.sessions = completions, sessions
         self.host, self.port, self.max_body_bytes = host, port, max_body_bytes
         self.token = secrets.token_urlsafe(24)
@@ -207,4 +218,3 @@ def _server_class():
 
 def _Server(config, started):  # noqa: N802 — a class built on first use: uvicorn is imported lazily
     return _server_class()(config, started)
-

@@ -111,10 +111,10 @@ class Session:
             ended = self._ended_on_eos(trajectory)
             if ids is not None:
                 held = trajectory.ids
-                if ids[:len(held)] == held and (len(ids) > len(held) or ended):
-                    return Context(ids, text, trajectory, ids[len(held):], len(trajectory.token_ids))
-                if ended and ids[:len(held) - 1] == held[:-1]:
-                    inserted = ids[len(held) - 1:]
+                if ids[: len(held)] == held and (len(ids) > len(held) or ended):
+                    return Context(ids, text, trajectory, ids[len(held) :], len(trajectory.token_ids))
+                if ended and ids[: len(held) - 1] == held[:-1]:
+                    inserted = ids[len(held) - 1 :]
                     return Context(held + inserted, text, trajectory, inserted, len(trajectory.token_ids))
                 continue
             if text.startswith(trajectory.text) and (len(text) > len(trajectory.text) or ended):

@@ -37,13 +37,25 @@ class Family:
 
 
 _QWEN = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-_LLAMA = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
-          "<|eom_id|>", "<|python_tag|>", "<|finetune_right_pad_id|>")
+_LLAMA = (
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|python_tag|>",
+    "<|finetune_right_pad_id|>",
+)
 _LLAMA_FAMILY = Family(_LLAMA, "<|eot_id|>", "<|finetune_right_pad_id|>", "<|begin_of_text|>")
 FAMILIES = {
     "qwen2.5": Family(_QWEN, "<|im_end|>", "<|endoftext|>", added_tokens=("<tool_call>", "</tool_call>")),
-    "qwen3": Family(_QWEN, "<|im_end|>", "<|endoftext|>", added_tokens=(
-        "<tool_call>", "</tool_call>", "<think>", "</think>", "<tool_response>", "</tool_response>")),
+    "qwen3": Family(
+        _QWEN,
+        "<|im_end|>",
+        "<|endoftext|>",
+        added_tokens=("<tool_call>", "</tool_call>", "<think>", "</think>", "<tool_response>", "</tool_response>"),
+    ),
     "llama3.1": _LLAMA_FAMILY,
     "llama3.2": _LLAMA_FAMILY,
 }
@@ -65,8 +77,10 @@ def resolve_chat_template(spec: str) -> str:
     path = Path(spec).expanduser()
     if path.is_file():
         return path.read_text(encoding="utf-8")
-    raise ValueError(f"model.chat_template '{spec}' is neither a known template ({', '.join(NAMES)}), nor a file, "
-                     "nor Jinja text; name one of these, give the path of a .jinja file, or write the template inline")
+    raise ValueError(
+        f"model.chat_template '{spec}' is neither a known template ({', '.join(NAMES)}), nor a file, "
+        "nor Jinja text; name one of these, give the path of a .jinja file, or write the template inline"
+    )
 
 
 def family_tokenizer(family: str, chat_template: str | None = None):
@@ -78,9 +92,14 @@ def family_tokenizer(family: str, chat_template: str | None = None):
     if family not in FAMILIES:
         raise ValueError(f"unknown model family '{family}'; known: {', '.join(FAMILIES)}")
     tokens = FAMILIES[family]
-    return character_tokenizer(tokens.special_tokens, eos_token=tokens.eos_token, pad_token=tokens.pad_token,
-                               bos_token=tokens.bos_token, added_tokens=tokens.added_tokens,
-                               chat_template=chat_template or read_template(family))
+    return character_tokenizer(
+        tokens.special_tokens,
+        eos_token=tokens.eos_token,
+        pad_token=tokens.pad_token,
+        bos_token=tokens.bos_token,
+        added_tokens=tokens.added_tokens,
+        chat_template=chat_template or read_template(family),
+    )
 
 
 # Training variants, each with the markers of the templates it replaces: a template the check refuses is matched
@@ -104,11 +123,13 @@ def prefix_stability_problem(tokenizer) -> str | None:
         head = question + [{"role": "assistant", "content": content}]
         base = tokenizer.apply_chat_template(head, tokenize=False)
         if not base.startswith(prompt + content):
-            return "it does not show an assistant turn as written" + (" (with reasoning)" if "<think>" in content
-                                                                      else "")
+            return "it does not show an assistant turn as written" + (
+                " (with reasoning)" if "<think>" in content else ""
+            )
         for role in ("tool", "user"):
-            longer = tokenizer.apply_chat_template(head + [{"role": role, "content": "observation"}], tokenize=False,
-                                                   add_generation_prompt=True)
+            longer = tokenizer.apply_chat_template(
+                head + [{"role": role, "content": "observation"}], tokenize=False, add_generation_prompt=True
+            )
             if not longer.startswith(base):
                 return f"it rewrites earlier turns when a '{role}' message follows"
     return None
@@ -131,8 +152,11 @@ def prepare_chat_template(tokenizer, override: str | None = None, *, model: str 
     variant = training_variant(template) if problem else None
     if variant is not None:
         tokenizer.chat_template = read_template(variant)
-        warnings.warn(f"the chat template of '{model}' does not suit multi-turn training: {problem}. Using the "
-                      f"training variant '{variant}', which renders every assistant turn as written (past reasoning "
-                      "kept) and the first prompt as the stock template does; set model.chat_template to choose "
-                      "another", stacklevel=2)
+        warnings.warn(
+            f"the chat template of '{model}' does not suit multi-turn training: {problem}. Using the "
+            f"training variant '{variant}', which renders every assistant turn as written (past reasoning "
+            "kept) and the first prompt as the stock template does; set model.chat_template to choose "
+            "another",
+            stacklevel=2,
+        )
     return tokenizer

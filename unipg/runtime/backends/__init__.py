@@ -15,10 +15,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from unipg.config import Config
-from unipg.registry import Registry
 from unipg.learn.lm import LMLearner
 from unipg.learn.sharded import ShardedLMLearner
 from unipg.policy.lm import LMPolicy
+from unipg.registry import Registry
 
 if TYPE_CHECKING:  # the classes the factories return, imported when built (Ray is optional)
     from unipg.runtime.backends.local_lm import LMRollout
@@ -45,8 +45,14 @@ def inprocess_rollout(runner, sampler, generator, config, task, reward_fn, sched
     if schedule != "concurrent":
         return LMRollout(runner, sampler, generator, **shape)
     copy = inference_copy(runner.policy)
-    return LMRollout(EpisodeRunner(copy, task, config, reward_fn), sampler, generator,
-                     WeightSync(runner.policy.model, copy.model), owns_runner=True, **shape)
+    return LMRollout(
+        EpisodeRunner(copy, task, config, reward_fn),
+        sampler,
+        generator,
+        WeightSync(runner.policy.model, copy.model),
+        owns_runner=True,
+        **shape,
+    )
 
 
 @BACKENDS.register("ray", inputs=BACKEND_INPUTS)

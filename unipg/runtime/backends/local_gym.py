@@ -28,8 +28,9 @@ from unipg.sample.gym_rollout import GymRollout
 class GymSegments:
     """Collects ``GymRollout`` segments and stamps each with the learner version that started it."""
 
-    def __init__(self, rollout: GymRollout, policy: MLPActorCritic, *, steps_per_env: int, bootstrap: bool,
-                 concurrent: bool):
+    def __init__(
+        self, rollout: GymRollout, policy: MLPActorCritic, *, steps_per_env: int, bootstrap: bool, concurrent: bool
+    ):
         self.rollout, self.steps_per_env, self.bootstrap = rollout, steps_per_env, bootstrap
         self.policy = copy.deepcopy(policy) if concurrent else policy
         self.sync = WeightSync(policy, self.policy) if concurrent else None

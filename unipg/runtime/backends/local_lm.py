@@ -47,9 +47,16 @@ def split_groups(trajectories: list, version: int, size: int, roles: int = 1) ->
     """Consecutive runs of ``size`` episodes (``roles`` trajectories each, one after the other) as groups
     started at ``version``; a group of a multi-role task holds its trajectories role after role (``role_major``)."""
     width = size * roles
-    return [Group(role_major([trajectories[start + i * roles:start + (i + 1) * roles] for i in range(size)])
-                  if roles > 1 else trajectories[start:start + width], version, size)
-            for start in range(0, len(trajectories), width)]
+    return [
+        Group(
+            role_major([trajectories[start + i * roles : start + (i + 1) * roles] for i in range(size)])
+            if roles > 1
+            else trajectories[start : start + width],
+            version,
+            size,
+        )
+        for start in range(0, len(trajectories), width)
+    ]
 
 
 class RunningGroups:
@@ -105,14 +112,25 @@ class RunningGroups:
         error = None if task.cancelled() else task.exception()
         with self.lock:
             self.account.in_flight -= self.group_size
-            outcome = ("requeued" if rerun else "failed" if cancelled or error is not None else
-                       "cancelled" if task.cancelled() else "finished")
+            outcome = (
+                "requeued"
+                if rerun
+                else "failed"
+                if cancelled or error is not None
+                else "cancelled"
+                if task.cancelled()
+                else "finished"
+            )
             setattr(self.account, outcome, getattr(self.account, outcome) + self.group_size)
         if rerun:
             self.start(example, version, order, cancellations)
         elif cancelled:
-            self.failure.append(RuntimeError(f"a group of episodes was cancelled {cancellations} times from inside "
-                                             "its episodes (something there cancels its task); rollout cannot go on"))
+            self.failure.append(
+                RuntimeError(
+                    f"a group of episodes was cancelled {cancellations} times from inside "
+                    "its episodes (something there cancels its task); rollout cannot go on"
+                )
+            )
         elif error is not None:
             self.failure.append(error)
         if not self.tasks:
@@ -123,8 +141,17 @@ class RunningGroups:
 class LMRollout(CountedEpisodes):
     """Runs groups of episodes for the runtime (module docstring)."""
 
-    def __init__(self, runner: EpisodeRunner, sampler, generator: torch.Generator, weights: WeightSync | None = None,
-                 *, group_size: int, concurrency: int, owns_runner: bool = False):
+    def __init__(
+        self,
+        runner: EpisodeRunner,
+        sampler,
+        generator: torch.Generator,
+        weights: WeightSync | None = None,
+        *,
+        group_size: int,
+        concurrency: int,
+        owns_runner: bool = False,
+    ):
         """``group_size``: episodes per prompt (``sample.samples_per_prompt``); ``concurrency``: episodes the
         concurrent schedule runs at once (``agent.concurrency``); ``owns_runner``: the runner (and its
         environment service) is this rollout's own, closed with it."""
@@ -178,8 +205,9 @@ class LMRollout(CountedEpisodes):
         asyncio.run(serve())
 
     async def _serve(self, gate: StalenessGate, buffer: ReplayBuffer, stop: threading.Event) -> None:
-        service = self.runner.inference_service(self.generator,
-                                                sync=self.weights.pull if self.weights is not None else None)
+        service = self.runner.inference_service(
+            self.generator, sync=self.weights.pull if self.weights is not None else None
+        )
         self._service = service
         loop = self.runner.agent_loop(service)
 
@@ -247,8 +275,14 @@ class LMRollout(CountedEpisodes):
         with self._lock:
             idle, self.idle_seconds = self.idle_seconds, 0.0
         counters = {**self.runner.pop_service_metrics("rollout"), **self.runner.pop_engine_metrics()}
-        return RolloutReport(sizes, seconds, idle, self.weights.pop_seconds() if self.weights is not None else None,
-                             counters, self.counted_episodes())
+        return RolloutReport(
+            sizes,
+            seconds,
+            idle,
+            self.weights.pop_seconds() if self.weights is not None else None,
+            counters,
+            self.counted_episodes(),
+        )
 
     def close(self) -> None:
         """Close the runner if it is this rollout's own (concurrent schedule); the driver closes its own."""

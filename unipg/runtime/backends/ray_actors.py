@@ -15,9 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from unipg.envs.service import run_tool
 from unipg.learn.state import generator_state, restore_generator
 from unipg.policy.adapters import load_synced_state
-from unipg.envs.service import run_tool
 from unipg.sample.episodes import EpisodeRunner
 from unipg.tools.base import Tool, ToolError, current_attempt, set_attempt
 
@@ -130,8 +130,9 @@ class EnvPool:
     async def _abandon(self, index: int, call_id) -> None:
         actor, grace = self.actors[index], min(1.0, self.health_timeout / 2)
         try:
-            restarting = await asyncio.wait_for(asyncio.wrap_future(actor.abandon.remote(call_id, grace).future()),
-                                                self.health_timeout)
+            restarting = await asyncio.wait_for(
+                asyncio.wrap_future(actor.abandon.remote(call_id, grace).future()), self.health_timeout
+            )
         except LOST:
             return  # restarting already
         except (asyncio.TimeoutError, TimeoutError):  # its event loop does not answer: kill it (once a while)
@@ -194,9 +195,13 @@ class RolloutWorker:
 
     def _report(self, sizes: list[int], seconds: float) -> dict:
         service = self.runner.service
-        return {"sizes": sizes, "seconds": seconds, "service": service.pop_stats() if service is not None else None,
-                "agent": self.runner.agent_stats.pop() if self.runner.external is not None else None,
-                "env_restarts": self.pool.pop_restarts() if self.pool is not None else 0}
+        return {
+            "sizes": sizes,
+            "seconds": seconds,
+            "service": service.pop_stats() if service is not None else None,
+            "agent": self.runner.agent_stats.pop() if self.runner.external is not None else None,
+            "env_restarts": self.pool.pop_restarts() if self.pool is not None else 0,
+        }
 
     async def run_batch(self, examples: list, version: int, weights, state: str) -> tuple[list, str, dict]:
         """The sequential schedule: run ``examples`` (one episode each) with the generator in ``state``, as
@@ -221,8 +226,10 @@ class RolloutWorker:
                 running = loop.running()
                 await running.__aenter__()
                 self.engine, self.loop, self._running = engine, loop, running
-        episodes = [self.loop.run_episode(self.runner.make_env(), example, order=order * self.group_size + i)
-                    for i in range(self.group_size)]
+        episodes = [
+            self.loop.run_episode(self.runner.make_env(), example, order=order * self.group_size + i)
+            for i in range(self.group_size)
+        ]
         trajectories = list(await asyncio.gather(*episodes))
         return trajectories, self._report(*self.engine.pop_batches())
 

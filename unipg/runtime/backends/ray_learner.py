@@ -73,15 +73,24 @@ class RayRanks:
             run_id, inputs = uuid.uuid4().hex[:8], (ray.put(config), ray.put(weights))
             gpus = bundles[0].get("GPU", 0)
             for rank in range(world_size):
-                options = {"num_cpus": bundles[rank]["CPU"], "num_gpus": gpus, "max_restarts": 0,
-                           "name": f"unipg-learner-{run_id}-{rank}", **in_bundle(self.placement, rank)}
+                options = {
+                    "num_cpus": bundles[rank]["CPU"],
+                    "num_gpus": gpus,
+                    "max_restarts": 0,
+                    "name": f"unipg-learner-{run_id}-{rank}",
+                    **in_bundle(self.placement, rank),
+                }
                 self.actors.append(ray.remote(LearnerActor).options(**options).remote(rank, world_size, *inputs))
             wait_ready(self.actors, "learner rank", settings.start_timeout)
             host, port = ray.get(self.actors[0].rendezvous.remote(), timeout=settings.start_timeout)
-            self._wait([actor.start.remote(host, port) for actor in self.actors], "start", settings.start_timeout,
-                       hint=f"the ranks could not all join the process group at {host}:{port}; on a cluster, let the "
-                            "machines reach each other on it (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME pick the "
-                            "network interface)")
+            self._wait(
+                [actor.start.remote(host, port) for actor in self.actors],
+                "start",
+                settings.start_timeout,
+                hint=f"the ranks could not all join the process group at {host}:{port}; on a cluster, let the "
+                "machines reach each other on it (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME pick the "
+                "network interface)",
+            )
         except BaseException:
             self.close()
             raise
@@ -97,14 +106,17 @@ class RayRanks:
         while pending:
             done, pending = ray.wait(pending, num_returns=1, timeout=timeout)
             if not done:
-                raise ValueError(f"the learner ranks did not finish '{name}' within ray.start_timeout={timeout:g} s: "
-                                 f"{hint}")
+                raise ValueError(
+                    f"the learner ranks did not finish '{name}' within ray.start_timeout={timeout:g} s: {hint}"
+                )
             try:
                 ray.get(done)
             except Exception as error:  # noqa: BLE001 — a RayTaskError or a lost actor, said in one line
                 first = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
-                raise RuntimeError(f"the sharded learner failed in '{name}' on a Ray actor: {first} (its "
-                                   "traceback is in the Ray logs, /tmp/ray/session_latest/logs)") from None
+                raise RuntimeError(
+                    f"the sharded learner failed in '{name}' on a Ray actor: {first} (its "
+                    "traceback is in the Ray logs, /tmp/ray/session_latest/logs)"
+                ) from None
         return ray.get(refs[0])
 
     def close(self) -> None:

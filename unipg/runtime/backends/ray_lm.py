@@ -50,6 +50,7 @@ from ray.exceptions import GetTimeoutError, RayTaskError, TaskCancelledError
 
 from unipg.config import Config
 from unipg.config.plugins import imported_first
+from unipg.envs.service import ServiceStats
 from unipg.learn.state import generator_state, restore_generator
 from unipg.policy.adapters import synced_state
 from unipg.runtime.backends.local_lm import inference_copy, split_groups
@@ -71,7 +72,6 @@ from unipg.runtime.backends.ray_setup import (  # connect: here, where tests rep
 from unipg.runtime.driver import CountedEpisodes, EpisodeAccount, RolloutReport
 from unipg.runtime.replay import Group, ProducerFailed, ReplayBuffer, StalenessGate
 from unipg.sample.endpoint_agents import AgentStats
-from unipg.envs.service import ServiceStats
 from unipg.sample.episodes import EpisodeRunner
 
 
@@ -95,8 +95,7 @@ class _Job:
 class RayRollout(CountedEpisodes):
     """The ``Rollout`` of ``unipg.runtime.driver`` on Ray actors (module docstring)."""
 
-    def __init__(self, runner: EpisodeRunner, sampler, config: Config, generator: torch.Generator, task,
-                 log=print):
+    def __init__(self, runner: EpisodeRunner, sampler, config: Config, generator: torch.Generator, task, log=print):
         self.config, self.sampler, self.generator, self.log = config, sampler, generator, log
         self.settings = settings = config.ray
         self.source = runner.policy.model
@@ -118,8 +117,13 @@ class RayRollout(CountedEpisodes):
         self.local = self.connected and settings.address is None
         try:
             ranks = config.train.learner_processes  # a sharded learner's ranks hold their share already
-            check_resources(settings, tools=bool(runner.service), local=self.local, log=log,
-                            learner=learner_bundles(config, ranks) if ranks > 1 else [])
+            check_resources(
+                settings,
+                tools=bool(runner.service),
+                local=self.local,
+                log=log,
+                learner=learner_bundles(config, ranks) if ranks > 1 else [],
+            )
             tools = runner.service.tools if runner.service is not None else None
             if runner.service is not None and settings.env_workers:
                 start_env_actors(settings, imported_first(config.plugins, tools), self.run_id, self.env_actors)
@@ -128,8 +132,11 @@ class RayRollout(CountedEpisodes):
             # built here, so tasks, tools and rewards registered in the caller's own script work on workers too
             # (and those of config.plugins, which workers and environment actors import before they unpickle them);
             # the policy copy travels on the CPU, and a worker moves it to its GPU when given one (rollout_num_gpus)
-            self._setup = ray.put(imported_first(config.plugins, (inference_copy(runner.policy, "cpu"), task, config,
-                                                                  tools, runner.reward_fn)))
+            self._setup = ray.put(
+                imported_first(
+                    config.plugins, (inference_copy(runner.policy, "cpu"), task, config, tools, runner.reward_fn)
+                )
+            )
             for i in range(settings.rollout_workers):
                 self.workers.append(self._start_worker(i))
             wait_ready(self.workers, "rollout worker", settings.start_timeout)
@@ -138,8 +145,14 @@ class RayRollout(CountedEpisodes):
             raise
 
     def _start_worker(self, index: int):
-        return start_worker(self.settings, self._setup, index, self.env_actors, self.placement,
-                            name=f"unipg-rollout-{self.run_id}-{index}.{self.worker_restarts}")
+        return start_worker(
+            self.settings,
+            self._setup,
+            index,
+            self.env_actors,
+            self.placement,
+            name=f"unipg-rollout-{self.run_id}-{index}.{self.worker_restarts}",
+        )
 
     @property
     def groups_per_worker(self) -> int:
@@ -168,8 +181,10 @@ class RayRollout(CountedEpisodes):
         else:
             seeds = torch.randint(2**62, (shards,), generator=self.generator).tolist()
             states = [generator_state(torch.Generator().manual_seed(seed)) for seed in seeds]
-        jobs = [_Job(examples[cuts[i]:cuts[i + 1]], version, cuts[i + 1] - cuts[i], order=i, state=states[i])
-                for i in range(shards)]
+        jobs = [
+            _Job(examples[cuts[i] : cuts[i + 1]], version, cuts[i + 1] - cuts[i], order=i, state=states[i])
+            for i in range(shards)
+        ]
         inflight = {self._submit(job, job.order): job for job in jobs}
         results: dict[int, list] = {}
         try:
@@ -276,8 +291,10 @@ class RayRollout(CountedEpisodes):
             cause = error.cause
             if not isinstance(cause, (TimeoutError, *LOST)):  # the episode code itself raised
                 self._count_failed(job)
-                raise RolloutFailed(f"an episode raised on rollout worker {job.worker}: {type(cause).__name__}: "
-                                    f"{str(cause).splitlines()[0] if str(cause) else ''}") from error
+                raise RolloutFailed(
+                    f"an episode raised on rollout worker {job.worker}: {type(cause).__name__}: "
+                    f"{str(cause).splitlines()[0] if str(cause) else ''}"
+                ) from error
             lost = cause  # the worker could not fetch its weights or inputs in time: replace it
         try:
             self._replace(job.worker, job.handle, lost)
@@ -300,11 +317,15 @@ class RayRollout(CountedEpisodes):
                 return True
             self.account.failed += job.size
         if sequential:
-            raise RolloutFailed(f"a rollout shard of {job.size} episodes was lost {job.attempts} times "
-                                "(ray.max_attempts); "
-                                "the workers running it keep dying — see the Ray logs (/tmp/ray/session_latest/logs)")
-        self.log(f"warning: a group of {job.size} episodes was lost {job.attempts} times (ray.max_attempts); "
-                 "counted as failed (rollout/episodes_failed)")
+            raise RolloutFailed(
+                f"a rollout shard of {job.size} episodes was lost {job.attempts} times "
+                "(ray.max_attempts); "
+                "the workers running it keep dying — see the Ray logs (/tmp/ray/session_latest/logs)"
+            )
+        self.log(
+            f"warning: a group of {job.size} episodes was lost {job.attempts} times (ray.max_attempts); "
+            "counted as failed (rollout/episodes_failed)"
+        )
         return False
 
     def _replace(self, index: int, handle, error: BaseException) -> None:
@@ -312,11 +333,15 @@ class RayRollout(CountedEpisodes):
             return  # replaced already, for another of its requests
         self.worker_restarts += 1
         if self.worker_restarts > self.settings.max_restarts:
-            raise RolloutFailed(f"rollout workers died or hung {self.worker_restarts} times, more than ray.max_restarts="
-                                f"{self.settings.max_restarts}; last: {type(error).__name__}: {str(error).splitlines()[0]}")
+            raise RolloutFailed(
+                f"rollout workers died or hung {self.worker_restarts} times, more than ray.max_restarts="
+                f"{self.settings.max_restarts}; last: {type(error).__name__}: {str(error).splitlines()[0]}"
+            )
         ray.kill(handle, no_restart=True)
-        self.log(f"warning: rollout worker {index} lost ({type(error).__name__}); started a new one "
-                 f"({self.worker_restarts} of ray.max_restarts={self.settings.max_restarts}); its episodes run again")
+        self.log(
+            f"warning: rollout worker {index} lost ({type(error).__name__}); started a new one "
+            f"({self.worker_restarts} of ray.max_restarts={self.settings.max_restarts}); its episodes run again"
+        )
         self.workers[index] = self._start_worker(index)
 
     def _time_out(self, inflight: dict) -> None:
@@ -325,8 +350,10 @@ class RayRollout(CountedEpisodes):
         for job in inflight.values():
             waves = -(-job.size // (self.groups_per_worker * self.group_size))  # a shard of many groups runs in waves
             if now - job.since > self.settings.episode_timeout * waves and self.workers[job.worker] is job.handle:
-                self.log(f"warning: rollout worker {job.worker} held a request for {now - job.since:.0f} s, past "
-                         f"ray.episode_timeout={self.settings.episode_timeout:g} s; killing it")
+                self.log(
+                    f"warning: rollout worker {job.worker} held a request for {now - job.since:.0f} s, past "
+                    f"ray.episode_timeout={self.settings.episode_timeout:g} s; killing it"
+                )
                 ray.kill(job.handle, no_restart=True)
                 job.since = now  # reported once; the kill makes the request finish as lost
 

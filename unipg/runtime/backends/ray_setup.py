@@ -19,7 +19,6 @@ from unipg.runtime.backends.ray_actors import (  # says how to install Ray if it
 )
 from unipg.runtime.setup import check_ray_address
 
-
 _holders = 0  # roles of this process's run holding the connection the run made (the last one disconnects)
 
 
@@ -33,11 +32,14 @@ def connect(settings) -> bool:
             _holders += 1
         return bool(_holders)
     check_ray_address(settings.address)  # ray.init would retry an address where nothing listens for minutes
-    options = {"runtime_env": settings.runtime_env, "logging_level": logging.WARNING,
-               "configure_logging": True, "log_to_driver": True}
+    options = {
+        "runtime_env": settings.runtime_env,
+        "logging_level": logging.WARNING,
+        "configure_logging": True,
+        "log_to_driver": True,
+    }
     if settings.address is None:
-        options.update(num_cpus=settings.num_cpus, include_dashboard=settings.dashboard,
-                       dashboard_host="127.0.0.1")
+        options.update(num_cpus=settings.num_cpus, include_dashboard=settings.dashboard, dashboard_host="127.0.0.1")
     else:
         options["address"] = settings.address
     # Ray replaces a loopback node address by the machine's own, so the servers of a local instance (GCS, raylet,
@@ -56,8 +58,10 @@ def connect(settings) -> bool:
     try:
         ray.init(**options)
     except (ConnectionError, RuntimeError, ValueError) as error:
-        raise ValueError(f"cannot connect to Ray at ray.address={settings.address!r}: {error}; start the cluster "
-                         "(`ray start --head`) or leave ray.address unset for a local instance") from None
+        raise ValueError(
+            f"cannot connect to Ray at ray.address={settings.address!r}: {error}; start the cluster "
+            "(`ray start --head`) or leave ray.address unset for a local instance"
+        ) from None
     finally:
         if clusters is not None:
             ray_constants.ENABLE_RAY_CLUSTER = clusters
@@ -92,17 +96,24 @@ def check_resources(settings, *, tools: bool, local: bool, log, learner: list[di
     """Whether the cluster has the CPUs and GPUs the configured actors ask for (``learner``: the bundles of a
     sharded learner's ranks, ``ray_learner.learner_bundles``): a ``ValueError`` if not on a ``local`` instance
     (it cannot grow); a warning on a cluster, which may still grow within ``ray.start_timeout``."""
-    need = (settings.rollout_workers * settings.rollout_num_cpus
-            + tools * settings.env_workers * settings.env_num_cpus + sum(bundle["CPU"] for bundle in learner))
+    need = (
+        settings.rollout_workers * settings.rollout_num_cpus
+        + tools * settings.env_workers * settings.env_num_cpus
+        + sum(bundle["CPU"] for bundle in learner)
+    )
     gpus = settings.rollout_workers * settings.rollout_num_gpus + sum(bundle.get("GPU", 0) for bundle in learner)
     have = ray.cluster_resources()
-    short = [f"{need:g} CPUs, the cluster has {have.get('CPU', 0):g}" if need > have.get("CPU", 0) else "",
-             f"{gpus:g} GPUs, the cluster has {have.get('GPU', 0):g}" if gpus > have.get("GPU", 0) else ""]
+    short = [
+        f"{need:g} CPUs, the cluster has {have.get('CPU', 0):g}" if need > have.get("CPU", 0) else "",
+        f"{gpus:g} GPUs, the cluster has {have.get('GPU', 0):g}" if gpus > have.get("GPU", 0) else "",
+    ]
     short = [text for text in short if text]
     if short:
         ranks = " + train.learner_processes × ray.learner_num_cpus (a GPU each on a GPU device)" if learner else ""
-        message = (f"the Ray backend needs {' and '.join(short)} (ray.rollout_workers × ray.rollout_num_cpus/gpus "
-                   f"+ ray.env_workers × ray.env_num_cpus{ranks}); lower them, or raise ray.num_cpus")
+        message = (
+            f"the Ray backend needs {' and '.join(short)} (ray.rollout_workers × ray.rollout_num_cpus/gpus "
+            f"+ ray.env_workers × ray.env_num_cpus{ranks}); lower them, or raise ray.num_cpus"
+        )
         if local:
             raise ValueError(message)
         log(f"warning: {message} — waiting up to ray.start_timeout for the cluster to grow")
@@ -110,10 +121,10 @@ def check_resources(settings, *, tools: bool, local: bool, log, learner: list[di
 
 def place(settings):
     """A ready placement group of one bundle per rollout worker (``ray.placement``: pack or spread)."""
-    bundle = {"CPU": settings.rollout_num_cpus} | ({"GPU": settings.rollout_num_gpus}
-                                                   if settings.rollout_num_gpus else {})
-    return reserve([bundle] * settings.rollout_workers, settings.placement, "rollout workers",
-                   settings.start_timeout)
+    bundle = {"CPU": settings.rollout_num_cpus} | (
+        {"GPU": settings.rollout_num_gpus} if settings.rollout_num_gpus else {}
+    )
+    return reserve([bundle] * settings.rollout_workers, settings.placement, "rollout workers", settings.start_timeout)
 
 
 def reserve(bundles: list[dict], strategy: str, role: str, start_timeout: float):
@@ -126,8 +137,10 @@ def reserve(bundles: list[dict], strategy: str, role: str, start_timeout: float)
         ray.get(placement.ready(), timeout=start_timeout)
     except GetTimeoutError:
         remove_placement_group(placement)
-        raise ValueError(f"the placement group of {len(bundles)} {role} ({bundles[0]} each) was not ready within "
-                         f"ray.start_timeout={start_timeout:g} s: the cluster lacks the resources") from None
+        raise ValueError(
+            f"the placement group of {len(bundles)} {role} ({bundles[0]} each) was not ready within "
+            f"ray.start_timeout={start_timeout:g} s: the cluster lacks the resources"
+        ) from None
     return placement
 
 
@@ -143,20 +156,31 @@ def start_env_actors(settings, tools, run_id: str, actors: list) -> None:
     caller can kill those created if one fails), and wait until they answer."""
     actor = ray.remote(EnvActor)
     for i in range(settings.env_workers):
-        actors.append(actor.options(num_cpus=settings.env_num_cpus, max_restarts=-1, max_concurrency=1000,
-                                    name=f"unipg-env-{run_id}-{i}").remote(tools))
+        actors.append(
+            actor.options(
+                num_cpus=settings.env_num_cpus, max_restarts=-1, max_concurrency=1000, name=f"unipg-env-{run_id}-{i}"
+            ).remote(tools)
+        )
     wait_ready(actors, "environment actor", settings.start_timeout)
 
 
 def start_worker(settings, setup, index: int, env_actors: list, placement, name: str):
     """Start rollout worker ``index`` (named ``name``) from the object reference ``setup``, in its bundle of
     ``placement`` if there is one; it answers ``ready`` once it has built its policy and engine."""
-    options = {"num_cpus": settings.rollout_num_cpus, "num_gpus": settings.rollout_num_gpus,
-               "max_restarts": 0, "max_concurrency": 1000, "name": name}
+    options = {
+        "num_cpus": settings.rollout_num_cpus,
+        "num_gpus": settings.rollout_num_gpus,
+        "max_restarts": 0,
+        "max_concurrency": 1000,
+        "name": name,
+    }
     if placement is not None:
         options |= in_bundle(placement, index)
-    return ray.remote(RolloutWorker).options(**options).remote(setup, index, env_actors, settings.health_timeout,
-                                                               settings.start_timeout)
+    return (
+        ray.remote(RolloutWorker)
+        .options(**options)
+        .remote(setup, index, env_actors, settings.health_timeout, settings.start_timeout)
+    )
 
 
 def wait_ready(actors: list, role: str, start_timeout: float) -> None:
@@ -165,10 +189,12 @@ def wait_ready(actors: list, role: str, start_timeout: float) -> None:
     try:
         ray.get([actor.ready.remote() for actor in actors], timeout=start_timeout)
     except GetTimeoutError:
-        raise ValueError(f"a {role} did not start within ray.start_timeout={start_timeout:g} s; "
-                         "the cluster may lack the resources it asks for (ray.*_num_cpus, ray.*_num_gpus)"
-                         ) from None
+        raise ValueError(
+            f"a {role} did not start within ray.start_timeout={start_timeout:g} s; "
+            "the cluster may lack the resources it asks for (ray.*_num_cpus, ray.*_num_gpus)"
+        ) from None
     except RayActorError as error:
         first = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
-        raise ValueError(f"a {role} failed to start: {first} (its traceback is in the Ray logs, "
-                         "/tmp/ray/session_latest/logs)") from None
+        raise ValueError(
+            f"a {role} failed to start: {first} (its traceback is in the Ray logs, /tmp/ray/session_latest/logs)"
+        ) from None

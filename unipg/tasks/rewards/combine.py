@@ -27,8 +27,6 @@ class RewardFunctionError(ValueError, RuntimeError):
     """
 
 
-
-
 @dataclass
 class RewardResult:
     """The combined reward of a batch of completions and what each reward function said."""
@@ -95,8 +93,10 @@ class CombinedReward:
 
     def _start(self, prompts: list, completions: list, columns: dict) -> list:
         """Each function's output: its rewards, or for an async function the coroutine producing them."""
-        calls = [(name, function, columns_taken(name, parameters, columns))
-                 for (name, function, _), parameters in zip(self.functions, self._signatures)]
+        calls = [
+            (name, function, columns_taken(name, parameters, columns))
+            for (name, function, _), parameters in zip(self.functions, self._signatures)
+        ]
         started = []
         for name, function, taken in calls:
             try:
@@ -125,9 +125,7 @@ class CombinedReward:
             raise
 
     def _combine(self, outputs: list, num_samples: int) -> RewardResult:
-        per_function = {
-            name: _checked_rewards(name, out, num_samples) for name, out in zip(self.names, outputs)
-        }
+        per_function = {name: _checked_rewards(name, out, num_samples) for name, out in zip(self.names, outputs)}
         total, not_applicable = [], 0
         for sample in range(num_samples):
             applicable = [
@@ -150,8 +148,10 @@ def columns_taken(name: str, parameters: list[inspect.Parameter] | None, columns
     named = [p for p in parameters[2:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     missing = [p.name for p in named if p.default is p.empty and p.name not in columns]
     if missing:
-        raise RewardFunctionError(f"reward function '{name}' needs the column(s) {', '.join(missing)}, which the task "
-                                  f"does not have; its columns: {', '.join(sorted(columns)) or 'none'}")
+        raise RewardFunctionError(
+            f"reward function '{name}' needs the column(s) {', '.join(missing)}, which the task "
+            f"does not have; its columns: {', '.join(sorted(columns)) or 'none'}"
+        )
     return {p.name: columns[p.name] for p in named if p.name in columns}
 
 
@@ -166,8 +166,10 @@ def _failed(name: str, error: Exception) -> RewardFunctionError:
     """The error for a reward function that raised ``error``: its name and the first line of the message."""
     lines = str(error).strip().splitlines()
     reason = lines[0] if lines else "no message"
-    return RewardFunctionError(f"reward function '{name}' failed: {reason} ({type(error).__name__}); fix the "
-                               "function, or leave it out of the rewards (its traceback is this error's cause)")
+    return RewardFunctionError(
+        f"reward function '{name}' failed: {reason} ({type(error).__name__}); fix the "
+        "function, or leave it out of the rewards (its traceback is this error's cause)"
+    )
 
 
 def _checked_rewards(name: str, output: Any, num_samples: int) -> list[float | None]:
@@ -176,16 +178,19 @@ def _checked_rewards(name: str, output: Any, num_samples: int) -> list[float | N
     expected = "a list with one float (or None) per completion"
     if isinstance(output, (str, bytes, dict, set, frozenset)) or getattr(output, "ndim", 1) != 1:
         shape = f" of shape {tuple(output.shape)}" if hasattr(output, "shape") else ""
-        raise RewardFunctionError(f"reward function '{name}' returned a {type(output).__name__}{shape} for "
-                                  f"{num_samples} completions; it must return {expected}")
+        raise RewardFunctionError(
+            f"reward function '{name}' returned a {type(output).__name__}{shape} for "
+            f"{num_samples} completions; it must return {expected}"
+        )
     try:
         length = len(output)
     except TypeError:
         length = None
     if length != num_samples:
         got = f"{length} values" if length is not None else f"a {type(output).__name__}"
-        raise RewardFunctionError(f"reward function '{name}' returned {got} for {num_samples} completions; "
-                                  f"it must return {expected}")
+        raise RewardFunctionError(
+            f"reward function '{name}' returned {got} for {num_samples} completions; it must return {expected}"
+        )
     return [_checked_value(name, index, value) for index, value in enumerate(output)]
 
 
@@ -194,15 +199,15 @@ def _checked_value(name: str, index: int, value: Any) -> float | None:
         return None
     where = f"reward function '{name}' returned {_shown(value)} for completion {index}"
     if getattr(value, "ndim", 0) != 0 or not _is_real(value):
-        raise RewardFunctionError(f"{where}; each value must be a real number, or None where the reward does "
-                                  "not apply")
+        raise RewardFunctionError(f"{where}; each value must be a real number, or None where the reward does not apply")
     try:
         number = float(value.detach() if hasattr(value, "detach") else value)  # a tensor may require grad
     except (ValueError, OverflowError):  # a signalling NaN Decimal, an integer beyond float range
         number = math.nan
     if not math.isfinite(number):
-        raise RewardFunctionError(f"{where}; rewards must be finite: return None where the reward does not "
-                                  "apply, or clip the value")
+        raise RewardFunctionError(
+            f"{where}; rewards must be finite: return None where the reward does not apply, or clip the value"
+        )
     return number
 
 

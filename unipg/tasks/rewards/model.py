@@ -16,8 +16,15 @@ class RewardModel:
     when it has one (the format reward models are trained on), else their message texts are concatenated.
     """
 
-    def __init__(self, name_or_path: str, *, batch_size: int = 16, device: str = "cpu", max_length: int = 1024,
-                 dtype: str = "float32"):
+    def __init__(
+        self,
+        name_or_path: str,
+        *,
+        batch_size: int = 16,
+        device: str = "cpu",
+        max_length: int = 1024,
+        dtype: str = "float32",
+    ):
         from unipg.config.devices import resolve_device
 
         self.name_or_path = name_or_path
@@ -95,8 +102,9 @@ def _load_sequence_classifier(name_or_path: str, dtype: str = "float32") -> tupl
 
 
 @REWARDS.register("reward_model")
-def reward_model(path: str, batch_size: int = 16, device: str = "cpu", max_length: int = 1024,
-                 dtype: str = "float32") -> RewardModel:
+def reward_model(
+    path: str, batch_size: int = 16, device: str = "cpu", max_length: int = 1024, dtype: str = "float32"
+) -> RewardModel:
     """A ``RewardModel`` loaded from ``path`` (a local folder or a Hugging Face hub id), in ``dtype`` on ``device``;
     in a run both default to the run's ``device`` and ``model.dtype`` (``reward_defaults``)."""
     return RewardModel(path, batch_size=batch_size, device=device, max_length=max_length, dtype=dtype)

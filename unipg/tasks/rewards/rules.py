@@ -28,16 +28,15 @@ from typing import Any, Callable
 
 from unipg._moved import UnipgDeprecationWarning
 from unipg.config.specs import reward_spec
-from unipg.registry import FactoryRegistry
+from unipg.registry import FactoryRegistry, validate_options
 from unipg.tasks.answers import extract_final_answer, normalize_answer
-from unipg.tools.bounded import IsolatedFunction, parse_number, symbolic_refusal
 from unipg.tasks.rewards.combine import (  # noqa: F401  (the combination, importable from here)
     CombinedReward,
     RewardFunction,
     RewardFunctionError,
     RewardResult,
 )
-from unipg.registry import validate_options
+from unipg.tools.bounded import IsolatedFunction, parse_number, symbolic_refusal
 
 REWARDS = FactoryRegistry("reward")  # a factory's keyword parameters are the reward's options
 
@@ -177,8 +176,9 @@ def _sympy_equal(predicted: str, reference: str, *, tolerance: float) -> bool:
 # Rule-based rewards
 
 
-def _score_final_answers(name: str, completions: list, columns: dict,
-                         matches: Callable[[str, str], bool | float]) -> list[float | None]:
+def _score_final_answers(
+    name: str, completions: list, columns: dict, matches: Callable[[str, str], bool | float]
+) -> list[float | None]:
     """1.0 where the completion's final answer matches the reference, 0.0 where not (or none is given),
     None where the reference answer is None; a ``matches`` that returns a number gives partial credit."""
     scores: list[float | None] = []
@@ -196,8 +196,9 @@ def exact_match() -> RewardFunction:
     """1.0 when the completion's final answer (``extract_final_answer``) equals the reference, else 0.0."""
 
     def exact_match_reward(prompts: list, completions: list, **columns) -> list[float | None]:
-        return _score_final_answers("exact_match", completions, columns,
-                                    lambda predicted, reference: predicted == normalize_answer(reference))
+        return _score_final_answers(
+            "exact_match", completions, columns, lambda predicted, reference: predicted == normalize_answer(reference)
+        )
 
     return exact_match_reward
 
@@ -212,8 +213,11 @@ def math_reward(tolerance: float = 1e-6) -> RewardFunction:
 
     def math_equivalence_reward(prompts: list, completions: list, **columns) -> list[float | None]:
         return _score_final_answers(
-            "math", completions, columns,
-            lambda predicted, reference: answers_equivalent(predicted, reference, tolerance=tolerance))
+            "math",
+            completions,
+            columns,
+            lambda predicted, reference: answers_equivalent(predicted, reference, tolerance=tolerance),
+        )
 
     return math_equivalence_reward
 
@@ -313,12 +317,13 @@ def build_rewards(spec: list[dict], *, defaults: dict[str, Any] | None = None) -
             raise ValueError(f"each reward must be a dict with a 'name', e.g. {example}; got {item!r}")
         name, weight, options = item["name"], item.get("weight", 1.0), item.get("options", {})
         if not isinstance(options, dict):
-            raise ValueError(f"reward '{name}': options must be a mapping of option names to values, e.g. "
-                             f"{{'max_length': 200}}; got {options!r}")
+            raise ValueError(
+                f"reward '{name}': options must be a mapping of option names to values, e.g. "
+                f"{{'max_length': 200}}; got {options!r}"
+            )
         validate_options(REWARDS, name, options)
         factory = REWARDS.get(name)
         accepted = inspect.signature(factory).parameters
         options = {**{key: value for key, value in (defaults or {}).items() if key in accepted}, **options}
         functions.append((name, factory(**options), weight))
     return CombinedReward(functions)
-
