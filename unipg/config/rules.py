@@ -163,9 +163,11 @@ def learner_rank_problems(config: Config) -> list[str]:
     return problems
 
 
-def lm_problems(config: Config) -> list[str]:
+def lm_batch_problems(config: Config) -> list[str]:
+    """How a language-model run's batch divides: into mini- and micro-batches, prompt groups, learner ranks, and
+    the replay buffer that must hold it."""
     problems = []
-    train, est, sample, model = config.train, config.estimator, config.sample, config.model
+    train, sample = config.train, config.sample
     if train.batch_size % train.mini_batch_size:
         problems.append(
             f"train.mini_batch_size ({train.mini_batch_size}) must divide train.batch_size ({train.batch_size})"
@@ -189,6 +191,12 @@ def lm_problems(config: Config) -> list[str]:
             f"{per_step} trajectories; set it to at least {(config.runtime.max_staleness + 1) * per_step} "
             "((runtime.max_staleness + 1) batches, so that nothing admitted is evicted)"
         )
+    return problems
+
+
+def lm_problems(config: Config) -> list[str]:
+    problems = lm_batch_problems(config)
+    est, sample, model = config.estimator, config.sample, config.model
     if est.advantage not in ADVANTAGES:
         problems.append(
             "estimator.advantage: " + unknown_name_message("advantage estimator", est.advantage, ADVANTAGES.names())

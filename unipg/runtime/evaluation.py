@@ -42,7 +42,7 @@ def run_folder_overrides(overrides: list[str]) -> list[str]:
 def remote_code_notice(run_dir: Path, config: Config) -> str | None:
     """The notice to give when ``run_dir``'s config.yaml sets ``model.trust_remote_code`` and ``config`` (read
     from it with ``run_folder_overrides``) does not; None otherwise."""
-    from unipg.config.loading import read_yaml
+    from unipg.config.yaml_file import read_yaml
 
     saved = read_yaml(run_dir / "config.yaml").get("model")
     if config.model.trust_remote_code or not isinstance(saved, dict) or saved.get("trust_remote_code") is not True:
