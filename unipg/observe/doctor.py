@@ -1,7 +1,8 @@
 """Run diagnosis: the troubleshooting table of seed 000 (sections 5.1 and 5.3) as checks over a metrics stream.
 
-Each check (the built-in ones are in ``unipg.observe.checks``) is a small pure function of a run's ``History`` that returns ``Finding``s: which condition was seen,
-the evidence (metric, steps, numbers) and what to try. Checks live in the ``CHECKS`` registry, so a project adds
+Each check (the built-in ones are in ``unipg.observe.checks`` and ``unipg.observe.resource_checks``) is a small
+pure function of a run's ``History`` that returns ``Finding``s: which condition was seen, the evidence (metric,
+steps, numbers) and what to try. Checks live in the ``CHECKS`` registry, so a project adds
 its own with ``@CHECKS.register("my_check")``. ``diagnose`` runs them over a run's ``metrics.jsonl`` records;
 ``Monitor`` runs them over a sliding window during training and reports each condition once, when it starts.
 
@@ -17,8 +18,9 @@ from typing import Iterable
 
 import yaml
 
-from unipg.observe import checks as _checks  # noqa: F401  (registers the built-in checks)
+from unipg.observe import checks as _checks  # noqa: F401  (registers the checks of what the policy learns)
 from unipg.observe import learning_signal as _learning_signal  # noqa: F401  (registers zero_variance_groups)
+from unipg.observe import resource_checks as _resource_checks  # noqa: F401  (registers the time and memory checks)
 from unipg.observe.findings import CHECKS, DEFAULT_WINDOW, Finding, History
 from unipg.observe.records import finite_or_none, load_metrics
 
