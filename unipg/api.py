@@ -126,6 +126,37 @@ def run(config: Config, *, resume: str | Path | None = None, return_threshold: f
     return train_gym(config, return_threshold=return_threshold, resume=resume)
 
 
+def run_in_parallel(configs: list[Config], threshold: float | None, jobs: int) -> list:
+    """``run`` each config in a process of its own, ``jobs`` at a time; in the order of ``configs``, each one's
+    result, or the message of the error (a ValueError or RegistryError) that stopped it.
+
+    A shared warm start is built once, here, before the processes start, so they all find it cached (a
+    ValueError when it cannot be built).
+    """
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    if configs[0].is_lm and configs[0].model.warm_start:
+        from unipg.learn.warm_start import resolve_warm_start
+        from unipg.tasks.base import make_task
+
+        resolve_warm_start(configs[0], make_task(configs[0].task.name, **configs[0].task.options))
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(pool.map(_train_in_child, configs, [threshold] * len(configs)))
+
+
+def _train_in_child(config: Config, threshold: float | None):
+    """One seed of ``run_in_parallel``: the result, or the message of the error that stopped it."""
+    from unipg.observe.metrics import quiet_libraries
+    from unipg.registry import RegistryError
+
+    quiet_libraries()
+    try:
+        return run(config, return_threshold=threshold)
+    except (ValueError, RegistryError) as error:
+        return str(error)
+
+
 def evaluate(source: str | Path | Config, *, overrides: list[str] | None = None, **settings: Any) -> dict[str, float]:
     """Held-out metrics (greedy, the task's test split) of the policy a language-model run saved in the folder
     ``source``, or of ``source.model.name`` when ``source`` is a ``Config``."""

@@ -14,18 +14,16 @@ import typer
 import yaml
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from unipg import api
 from unipg.config import Config, ConfigError
 from unipg.observe.report import (
-    LM_COLUMN_NAMES,
     algorithm_table,
     choice_table,
+    evaluation_table,
     gym_result_table,
     hyperparameter_list,
     lm_result_table,
-    value_text,
 )
 from unipg.registry import RegistryError
 
@@ -122,11 +120,31 @@ def train(
                 "(key=value overrides still apply)"
             )
             raise typer.Exit(2)
-        config = resolve_resumed(resume, list(overrides or []))
-        result = [(config, run_guarded(config, threshold, resume=resume))]
-        console.print(lm_result_table(result) if config.is_lm else gym_result_table(result, threshold))
+        train_resumed(resume, overrides, threshold)
         return
-    seed_list = parse_seeds(seeds)
+    configs = seed_configs(config_path, overrides, parse_seeds(seeds))
+    if jobs > 1 and len(configs) > 1:
+        results = list(zip(configs, run_in_parallel(configs, threshold, jobs)))
+    else:
+        results = [(config, run_guarded(config, threshold)) for config in configs]
+    table = lm_result_table(results) if results[0][0].is_lm else gym_result_table(results, threshold)
+    if len(results) > 1:
+        from unipg.observe.seeds import write_results_summary
+
+        table.caption += f"\nmean ± std of every final metric: {write_results_summary(results)} (and .md)"
+    console.print(table)
+
+
+def train_resumed(run_dir: Path, overrides: List[str], threshold: Optional[float]) -> None:
+    """``unipg train --resume``: continue the run in ``run_dir`` and print its result table."""
+    config = resolve_resumed(run_dir, list(overrides or []))
+    result = [(config, run_guarded(config, threshold, resume=run_dir))]
+    console.print(lm_result_table(result) if config.is_lm else gym_result_table(result, threshold))
+
+
+def seed_configs(config_path: Optional[Path], overrides: List[str], seed_list: list[int]) -> list[Config]:
+    """One configuration per seed of ``--seeds`` (the one configuration when none is listed); with
+    ``log.run_name`` set, each seed's run is named after it."""
     if seed_list and any(override.partition("=")[0].strip() == "seed" for override in overrides):
         print_error("the seed is set twice, by --seeds and by a seed= override; keep one of them")
         raise typer.Exit(2)
@@ -140,60 +158,23 @@ def train(
             resolve(config_path, list(overrides or []) + [f"seed={seed}", f"log.run_name={name}-seed{seed}"])
             for seed in seed_list
         ]
-    if jobs > 1 and len(configs) > 1:
-        results = list(zip(configs, run_in_parallel(configs, threshold, jobs)))
-    else:
-        results = [(config, run_guarded(config, threshold)) for config in configs]
-    table = lm_result_table(results) if results[0][0].is_lm else gym_result_table(results, threshold)
-    if len(results) > 1:
-        from unipg.observe.seeds import write_seed_summary
-
-        first = results[0][0]
-        name = f"{first.algorithm}-{first.task.name if first.is_lm else first.env.id}"
-        summary = write_seed_summary(
-            Path(first.log.output_dir),
-            name,
-            [config.seed for config, _ in results],
-            [result.run_dir for _, result in results],
-        )
-        table.caption += f"\nmean ± std of every final metric: {summary} (and .md)"
-    console.print(table)
+    return configs
 
 
 def run_in_parallel(configs: list[Config], threshold: Optional[float], jobs: int) -> list:
-    """Train each config in a process of its own, ``jobs`` at a time; results in the order of ``configs``.
-
-    A shared warm start is built once, here, before the processes start, so they all find it cached.
-    """
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    if configs[0].is_lm and configs[0].model.warm_start:
-        from unipg.learn.warm_start import resolve_warm_start
-        from unipg.tasks.base import make_task
-
-        try:
-            resolve_warm_start(configs[0], make_task(configs[0].task.name, **configs[0].task.options))
-        except ValueError as error:
-            print_error(str(error))
-            raise typer.Exit(2) from None
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        outcomes = list(pool.map(train_in_child, configs, [threshold] * len(configs)))
+    """``unipg.api.run_in_parallel``; a warm start that cannot be built, or a seed that fails, ends the command
+    with its message."""
+    try:
+        outcomes = api.run_in_parallel(configs, threshold, jobs)
+    except ValueError as error:
+        print_error(str(error))
+        raise typer.Exit(2) from None
     failed = [(config.seed, outcome) for config, outcome in zip(configs, outcomes) if isinstance(outcome, str)]
     for seed, message in failed:
         print_error(f"seed {seed}: {message}")
     if failed:
         raise typer.Exit(2)
     return outcomes
-
-
-def train_in_child(config: Config, threshold: Optional[float]):
-    """One seed of ``run_in_parallel``: the result, or the message of the error that stopped it."""
-    quiet_libraries()
-    try:
-        return api.run(config, return_threshold=threshold)
-    except (ValueError, RegistryError) as error:
-        return str(error)
 
 
 def resolve_resumed(run_dir: Path, overrides: List[str]) -> Config:
@@ -341,12 +322,7 @@ def evaluate(
         print_error(str(error))
         raise typer.Exit(2) from None
     print_transcripts(transcripts)
-    table = Table(title=f"held-out evaluation on {config.task.name}", caption=f"model: {escape(config.model.name)}")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for key, value in metrics.items():
-        table.add_row(LM_COLUMN_NAMES.get(key, key), value_text(value))
-    console.print(table)
+    console.print(evaluation_table(config, metrics))
     if output is not None:
         output.write_text(json.dumps(metrics, indent=2), encoding="utf-8")
 
@@ -402,24 +378,11 @@ def plot(
 
 
 def main() -> None:
-    from unipg.observe.metrics import limit_malloc_arenas
+    from unipg.observe.metrics import limit_malloc_arenas, quiet_libraries
 
     limit_malloc_arenas()  # before any thread starts: resident memory stays flat in long runs
     quiet_libraries()
     app()
-
-
-def quiet_libraries() -> None:
-    """Keep transformers' per-file progress bars and advisory warnings out of the run's output."""
-    import os
-
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    try:
-        from transformers.utils import logging as hf_logging
-    except ImportError:
-        return
-    hf_logging.disable_progress_bar()
 
 
 if __name__ == "__main__":

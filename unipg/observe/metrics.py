@@ -255,6 +255,19 @@ def limit_malloc_arenas(arenas: int = 2) -> bool:
     return True
 
 
+def quiet_libraries() -> None:
+    """Keep transformers' per-file progress bars and advisory warnings out of the run's output."""
+    import os
+
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        return
+    hf_logging.disable_progress_bar()
+
+
 def process_metrics() -> dict[str, float]:
     """This process's resident memory (MB), open file descriptors and threads, for spotting leaks in long runs
     (``doctor`` flags a memory metric that keeps rising). Linux ``/proc``; empty elsewhere."""

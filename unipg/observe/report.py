@@ -1,5 +1,5 @@
-"""The tables a finished command prints: results of gym and lm runs, and the algorithms with the estimator
-settings each accepts (``unipg algorithms``)."""
+"""The tables a finished command prints: results of gym and lm runs, a held-out evaluation (``unipg eval``), and
+the algorithms with the estimator settings each accepts (``unipg algorithms``)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import statistics
 from pathlib import Path
 from typing import Optional
 
+from rich.markup import escape
 from rich.table import Table
 
 from unipg.config.hyperparameters import default
@@ -99,6 +100,16 @@ def gym_result_table(results, threshold: Optional[float] = None) -> Table:
             0, f"eval return over {len(means)} seeds: {statistics.fmean(means):.1f} ± {statistics.pstdev(means):.1f}"
         )
     table.caption = "\n".join(captions)
+    return table
+
+
+def evaluation_table(config, metrics: dict[str, float | None]) -> Table:
+    """One row per held-out metric of ``config``'s model on its task."""
+    table = Table(title=f"held-out evaluation on {config.task.name}", caption=f"model: {escape(config.model.name)}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in metrics.items():
+        table.add_row(LM_COLUMN_NAMES.get(key, key), value_text(value))
     return table
 
 

@@ -66,3 +66,16 @@ def write_seed_summary(output_dir: Path, name: str, seeds: list[int], run_dirs: 
     ]
     path.with_suffix(".md").write_text("\n".join(table) + "\n", encoding="utf-8")
     return path
+
+
+def write_results_summary(results) -> Path:
+    """``write_seed_summary`` of the ``(config, result)`` pairs of one configuration's seeds, in the first
+    config's ``log.output_dir`` and named ``<algorithm>-<task or env>``; returns the JSON path."""
+    first = results[0][0]
+    name = f"{first.algorithm}-{first.task.name if first.is_lm else first.env.id}"
+    return write_seed_summary(
+        Path(first.log.output_dir),
+        name,
+        [config.seed for config, _ in results],
+        [result.run_dir for _, result in results],
+    )
