@@ -131,7 +131,7 @@ def weight_sync(name: str, engine, policy) -> float:
 
 def vllm_alone(policy, config, args) -> dict[str, float]:
     """The single-turn requests sent straight to a vLLM ``LLM`` with the same engine settings."""
-    from unipg.inference.vllm import engine_args, import_vllm
+    from unipg.inference.vllm_setup import engine_args, import_vllm
 
     vllm = import_vllm()
     from unipg.policy.embedded import resolve_model_name

