@@ -159,11 +159,28 @@ def generate(
         if bool(finished.all()) or step == max_new_tokens - 1:
             break
         logits, running, mask, pos = _decode_step(policy, cache, token, finished, running, mask, pos, compact)
+    return _generation(policy, ids, prompt_mask, tokens, logprobs, alive, finished, cut, stop, keep_stop)
+
+
+def _generation(
+    policy: SamplingPolicy,
+    ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    tokens: list[torch.Tensor],
+    logprobs: list[torch.Tensor],
+    alive: list[torch.Tensor],
+    finished: torch.Tensor,
+    cut: torch.Tensor,
+    stop: list[str] | None,
+    keep_stop: tuple[str, ...],
+) -> Generation:
+    """The ``Generation`` of the decoding loop's per-step (B,) tokens, log-probs and alive flags; a row's finish
+    reason is "stop" if it ``finished`` other than by a full context (``cut``), else "length"."""
     completion_ids = torch.stack(tokens, 1)
     completion_mask = torch.stack(alive, 1).long()
     behaviour = torch.stack(logprobs, 1) * completion_mask
     texts = _decode(policy, completion_ids, completion_mask, stop, keep_stop)
-    reasons = ["stop" if finished[row] and not cut[row] else "length" for row in range(batch)]
+    reasons = ["stop" if finished[row] and not cut[row] else "length" for row in range(ids.shape[0])]
     return Generation(
         ids.cpu(), prompt_mask.cpu(), completion_ids.cpu(), completion_mask.cpu(), behaviour.cpu(), texts, reasons
     )
