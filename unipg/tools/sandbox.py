@@ -371,6 +371,7 @@ _CHILD_FUNCTIONS = (
     "_remove_unaudited_calls",
     "_read_roots",
     "_path_checks",
+    "_guard_rules",
     "_install_guard",
     "_child_main",
 )

@@ -217,16 +217,9 @@ def _path_checks(workdir: str, read_roots: tuple) -> tuple:
     return resolve, refuse_write, refuse_read, check_open
 
 
-def _install_guard(workdir: str, read_roots: tuple) -> None:
-    """Install the audit hook that refuses network, processes, ctypes, and file access outside the rules.
-
-    Everything the hook uses is bound when it is installed, so patching module globals cannot change it.
-    """
-    import os
-    import sys
-
-    resolve, refuse_write, refuse_read, check_open = _path_checks(workdir, read_roots)
-    join, dirname, fsdecode = os.path.join, os.path.dirname, os.fsdecode
+def _guard_rules() -> tuple:
+    """``(refused, path_events, read_events, blocked_imports, blocked_prefixes)``: the audit hook's rules, built
+    fresh for ``_install_guard``, which binds them before it installs the hook (child side)."""
     refused = {
         "socket.": "network access",
         "ctypes.": "ctypes",
@@ -242,7 +235,6 @@ def _install_guard(workdir: str, read_roots: tuple) -> None:
         # a new interpreter does not inherit this hook
         "cpython.PyInterpreterState_New": "starting interpreters",
     }
-    refused_prefixes = tuple(refused)
     # event -> (path argument, dir_fd argument or None) of every path the event modifies
     path_events = {
         "os.rename": ((0, 2), (1, 3)),
@@ -279,6 +271,21 @@ def _install_guard(workdir: str, read_roots: tuple) -> None:
         "nis",
     }
     blocked_prefixes = ("ctypes.", "_xxsubinterpreters", "_xxinterpchannels", "_test")
+    return refused, path_events, read_events, blocked_imports, blocked_prefixes
+
+
+def _install_guard(workdir: str, read_roots: tuple) -> None:
+    """Install the audit hook that refuses network, processes, ctypes, and file access outside the rules.
+
+    Everything the hook uses is bound when it is installed, so patching module globals cannot change it.
+    """
+    import os
+    import sys
+
+    resolve, refuse_write, refuse_read, check_open = _path_checks(workdir, read_roots)
+    join, dirname, fsdecode = os.path.join, os.path.dirname, os.fsdecode
+    refused, path_events, read_events, blocked_imports, blocked_prefixes = _guard_rules()
+    refused_prefixes = tuple(refused)
 
     def hook(event: str, args: tuple) -> None:
         if event == "open":
