@@ -102,15 +102,27 @@ def faulty_tool(
         "hang_uncancellable": hang_uncancellable_rate,
     }
     _check_rates(tool, rates)
-    built = build_entry(tool, options or {})
+    inner = _build_one(tool, options or {})
+    if hang_sync_rate and inner.is_async:
+        raise ValueError(f"faulty tool: hang_sync needs a synchronous tool, and '{tool}' is async")
+    return [_wrap(inner, rates, seed=seed, hang_seconds=hang_seconds, huge_chars=huge_chars)]
+
+
+def _build_one(tool: str, options: dict) -> Tool:
+    """The one tool that entry ``tool`` builds with ``options``; an error (its tools closed) if it builds none
+    or several."""
+    built = build_entry(tool, options)
     if len(built) != 1:
         for one in built:
             if one.close is not None:
                 one.close()
         raise ValueError(f"faulty tool: '{tool}' builds {len(built)} tools; wrap a tool entry that builds one")
-    inner = built[0]
-    if hang_sync_rate and inner.is_async:
-        raise ValueError(f"faulty tool: hang_sync needs a synchronous tool, and '{tool}' is async")
+    return built[0]
+
+
+def _wrap(inner: Tool, rates: dict[str, float], *, seed: int, hang_seconds: float, huge_chars: int) -> Tool:
+    """``inner`` with calls that draw their fault first (synchronous calls when ``hang_sync`` has a rate), and an
+    ``injected`` counter of the faults by kind."""
     injected = Counter()
 
     def draw(arguments: dict) -> tuple[str | None, random.Random]:
@@ -140,9 +152,9 @@ def faulty_tool(
             return await inner.function(**arguments)
         return await asyncio.to_thread(inner.function, **arguments)
 
-    wrapped = dataclasses.replace(inner, function=call_sync if hang_sync_rate else call)
+    wrapped = dataclasses.replace(inner, function=call_sync if rates["hang_sync"] else call)
     wrapped.injected = injected  # a plain attribute: the dataclass has no field for it
-    return [wrapped]
+    return wrapped
 
 
 def _check_rates(tool: str, rates: dict[str, float]) -> None:
