@@ -42,6 +42,40 @@ def conversion_pairs() -> list[tuple[str, str]]:
     return pairs
 
 
+def _example(
+    problem_id: int, with_tool: bool, *, pairs: list[tuple[str, str]], values: int, low: int, data_seed: int
+) -> Example:
+    """Problem ``problem_id`` (a unit pair of ``pairs`` and one of ``values`` whole numbers from ``low``) as an
+    example: its phrasing drawn from ``data_seed`` and the problem, its demonstration calling the tool or not."""
+    pair_index, offset = divmod(problem_id, values)
+    (source, target), value = pairs[pair_index], low + offset
+    answer = str(value * int(UNITS[source][1] / UNITS[target][1]))
+    phrasing = random.Random(f"{data_seed}-{problem_id}").choice(PHRASINGS)  # the same in any split size
+    prompt = phrasing.format(value=value, source=source, target=target)
+    call = format_tool_call("convert", {"value": value, "from_unit": source, "to_unit": target})
+    solution = (
+        [
+            {"role": "assistant", "content": call},
+            {"role": "tool", "content": answer},
+            {"role": "assistant", "content": answer},
+        ]
+        if with_tool
+        else [{"role": "assistant", "content": answer}]
+    )
+    return Example(prompt, answer, solution, {"answer": answer})
+
+
+def _check_options(digits: int, tool_demonstrations: float, process_reward: float) -> None:
+    if not isinstance(digits, int) or not 1 <= digits <= 6:
+        raise ValueError(f"units: digits must be an integer in 1..6, got {digits!r}")
+    for name, value, high in (
+        ("tool_demonstrations", tool_demonstrations, 1.0),
+        ("process_reward", process_reward, 0.5),
+    ):
+        if not 0.0 <= value <= high:
+            raise ValueError(f"units: {name} must be in [0, {high}], got {value}")
+
+
 @TASKS.register("units")
 def units_task(
     digits: int = 3,
@@ -58,14 +92,7 @@ def units_task(
     answers (paid once per episode; a malformed call costs as much; 0 turns process rewards off; 0.1–0.2 helps
     a weak policy find the call without outweighing the answer). ``num_train`` None means 5000.
     """
-    if not isinstance(digits, int) or not 1 <= digits <= 6:
-        raise ValueError(f"units: digits must be an integer in 1..6, got {digits!r}")
-    for name, value, high in (
-        ("tool_demonstrations", tool_demonstrations, 1.0),
-        ("process_reward", process_reward, 0.5),
-    ):
-        if not 0.0 <= value <= high:
-            raise ValueError(f"units: {name} must be in [0, {high}], got {value}")
+    _check_options(digits, tool_demonstrations, process_reward)
     pairs, low = conversion_pairs(), 10 ** (digits - 1) if digits > 1 else 1
     values = 10**digits - low
     space = len(pairs) * values
@@ -84,22 +111,7 @@ def units_task(
     uses_tool = random.Random(data_seed + 1)
 
     def example(problem_id: int, with_tool: bool) -> Example:
-        pair_index, offset = divmod(problem_id, values)
-        (source, target), value = pairs[pair_index], low + offset
-        answer = str(value * int(UNITS[source][1] / UNITS[target][1]))
-        phrasing = random.Random(f"{data_seed}-{problem_id}").choice(PHRASINGS)  # the same in any split size
-        prompt = phrasing.format(value=value, source=source, target=target)
-        call = format_tool_call("convert", {"value": value, "from_unit": source, "to_unit": target})
-        solution = (
-            [
-                {"role": "assistant", "content": call},
-                {"role": "tool", "content": answer},
-                {"role": "assistant", "content": answer},
-            ]
-            if with_tool
-            else [{"role": "assistant", "content": answer}]
-        )
-        return Example(prompt, answer, solution, {"answer": answer})
+        return _example(problem_id, with_tool, pairs=pairs, values=values, low=low, data_seed=data_seed)
 
     test = [example(i, True) for i in test_ids]
     return Task(
