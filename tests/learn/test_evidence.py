@@ -6,7 +6,7 @@ from unipg.config import load_config
 from unipg.envs.service import EnvironmentService
 from unipg.learn import evidence as evidence_module
 from unipg.learn.evidence import answer_evidence, answer_turns, call_evidence, call_scores
-from unipg.learn.sft import greedy_completions
+from unipg.learn.sft_eval import greedy_completions
 from unipg.learn.warm_start import fine_tune_on_demonstrations, warm_start_key
 from unipg.policy.loading import load_lm_policy
 from unipg.tasks.base import make_task

@@ -10,15 +10,14 @@ from unipg.learn.sft import (
     build_sft_batch,
     completion_loss,
     fit_context,
-    greedy_completions,
     length_grouped_batches,
-    sft_accuracy,
     sft_learning_rate,
     sft_step,
     sft_train,
     shuffled_batches,
     tokenize_pairs,
 )
+from unipg.learn.sft_eval import greedy_completions, sft_accuracy
 from unipg.policy.chat import render_prompt
 from unipg.policy.embedded import build_model, build_tokenizer
 

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from unipg.config import Config
 from unipg.envs.service import EnvironmentService
 from unipg.envs.tool_env import parse_turn
-from unipg.learn.sft import greedy_completions
+from unipg.learn.sft_eval import greedy_completions
 from unipg.sample.episodes import demonstration_pairs, tool_specs
 from unipg.tasks.base import Example, Task
 

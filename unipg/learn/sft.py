@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from unipg.policy.chat import completion_suffix
-from unipg.policy.lm import LMPolicy, context_length
+from unipg.policy.lm import context_length
 
 IGNORE_INDEX = -100  # label of positions that do not enter the loss (prompt and padding)
 
@@ -214,6 +214,24 @@ class TrainingClock:
         return self.seconds + time.perf_counter() - self._since
 
 
+class _RecentMetrics:
+    """The loss and token accuracy of the last ``size`` steps, kept as scalar tensors and read only when asked."""
+
+    def __init__(self, size: int):
+        self.losses, self.accuracies = deque(maxlen=size), deque(maxlen=size)
+
+    def add(self, loss: torch.Tensor, token_accuracy: torch.Tensor) -> None:
+        self.losses.append(loss)
+        self.accuracies.append(token_accuracy)
+
+    def metrics(self) -> dict:
+        """Their means: ``loss`` and ``token_accuracy``."""
+        return {
+            "loss": torch.stack(list(self.losses)).mean().item(),
+            "token_accuracy": torch.stack(list(self.accuracies)).mean().item(),
+        }
+
+
 # The default learning rate suits the embedded tiny model: on two-digit addition at batch 64 over 600 steps
 # it reached 90% held-out greedy accuracy after 300 and 550 steps (two seeds), where 3e-3 took 500 steps
 # and never got there; in longer schedules 3e-3 also oscillated.
@@ -253,34 +271,17 @@ def sft_train(
         model, tokenizer, pairs, batch_size=batch_size, seed=seed, group_by_length=group_by_length
     )
     optimizer = make_optimizer(model, learning_rate, weight_decay)
-    recent_losses, recent_accuracies = deque(maxlen=log_every), deque(maxlen=log_every)  # scalar tensors per step
-
-    def window_metrics() -> dict:
-        return {
-            "loss": torch.stack(list(recent_losses)).mean().item(),
-            "token_accuracy": torch.stack(list(recent_accuracies)).mean().item(),
-        }
-
+    recent = _RecentMetrics(log_every)
     model.train()
     clock = TrainingClock()
     for step in range(steps):
         for group in optimizer.param_groups:
             group["lr"] = sft_learning_rate(step, peak=learning_rate, warmup_steps=warmup_steps, total_steps=steps)
-        loss, token_accuracy = sft_step(
-            model, optimizer, dataset.rows(next(batches)).to(device), max_grad_norm, tokens_per_batch
-        )
-        recent_losses.append(loss)
-        recent_accuracies.append(token_accuracy)
+        recent.add(*sft_step(model, optimizer, dataset.rows(next(batches)).to(device), max_grad_norm, tokens_per_batch))
         if on_log is not None and (step + 1) % log_every == 0:
             with clock.paused():
-                on_log(
-                    step + 1,
-                    {
-                        **window_metrics(),
-                        "learning_rate": optimizer.param_groups[0]["lr"],
-                        "steps_per_second": log_every / clock.window(),
-                    },
-                )
+                metrics = {**recent.metrics(), "learning_rate": optimizer.param_groups[0]["lr"]}
+                on_log(step + 1, {**metrics, "steps_per_second": log_every / clock.window()})
         if should_stop is not None and stop_every and (step + 1) % stop_every == 0 and step + 1 < steps:
             with clock.paused():
                 stopped = should_stop(step + 1)
@@ -288,7 +289,7 @@ def sft_train(
                 steps = step + 1
                 break
     model.eval()
-    final = window_metrics() if steps > 0 else {"loss": float("nan"), "token_accuracy": float("nan")}
+    final = recent.metrics() if steps > 0 else {"loss": float("nan"), "token_accuracy": float("nan")}
     return {**final, "steps": steps, "seconds": clock.total()}
 
 
@@ -339,53 +340,3 @@ def sft_step(
     torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     optimizer.step()
     return loss.detach(), token_accuracy.detach()
-
-
-@torch.no_grad()
-def greedy_completions(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    prompts: list[str],
-    *,
-    batch_size: int = 128,
-    max_new_tokens: int = 16,
-) -> list[str]:
-    """Greedy continuation of each rendered prompt, cut at the first EOS, special tokens dropped, stripped.
-
-    Uses the project's sampler (``LMPolicy.sample`` at temperature 0), which left-pads from the ids, so the
-    tokenizer's own ``padding_side`` is never changed.
-    """
-    require_pad_token(tokenizer)
-    was_training = model.training
-    policy = LMPolicy(model.eval(), tokenizer)
-    prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
-    completions: list[str] = []
-    for first in range(0, len(prompt_ids), batch_size):
-        generation = policy.sample(
-            prompt_ids[first : first + batch_size], max_new_tokens=max_new_tokens, temperature=0.0
-        )
-        completions += [text.strip() for text in generation.texts]
-    model.train(was_training)
-    return completions
-
-
-def sft_accuracy(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    pairs: list[tuple[str, str]],
-    *,
-    batch_size: int = 128,
-    max_new_tokens: int = 16,
-) -> float:
-    """Fraction of (rendered prompt, completion) pairs whose greedy completion equals the expected one.
-
-    Both sides are compared stripped of surrounding whitespace. A quick exact-match check for tests and the
-    warm start, not a sampler.
-    """
-    if not pairs:
-        raise ValueError("sft_accuracy needs at least one (prompt, completion) pair")
-    completions = greedy_completions(
-        model, tokenizer, [prompt for prompt, _ in pairs], batch_size=batch_size, max_new_tokens=max_new_tokens
-    )
-    matches = sum(completion == expected.strip() for completion, (_, expected) in zip(completions, pairs))
-    return matches / len(pairs)
