@@ -21,7 +21,7 @@ the learner's longest wait for data is reported against the limit after which a 
 turns × (retries + 1) × tool timeout (tool calls are the only thing that can hang), on Ray
 ``ray.episode_timeout`` (a worker holding a request that long is killed and its episodes run again).
 ``train_lm`` is the unmodified driver; the benchmark reaches its runtime and policy by wrapping
-``build_runtime`` and ``policy_from_config`` in ``unipg.runtime.lm``.
+``build_runtime`` and ``policy_from_config`` in ``unipg.runtime.lm_run``.
 
     python benchmarks/chaos.py                   # in-process and sigkill phases
     python benchmarks/chaos.py --ray --updates 20
@@ -46,6 +46,7 @@ from pathlib import Path
 import torch
 
 import unipg.runtime.lm as text
+import unipg.runtime.lm_run as run_parts
 from unipg.checkpoint.files import load_checkpoint
 from unipg.checkpoint.store import CheckpointStore
 from unipg.config import load_config
@@ -105,7 +106,7 @@ class Chaos:
         self.runtimes, self.injected, self.nan_updates = [], Counter(), set(args.nan_updates)
         self._stop = threading.Event()
         self._rng = random.Random(args.seed)
-        self._original_build, self._original_policy = text.build_runtime, text.policy_from_config
+        self._original_build, self._original_policy = run_parts.build_runtime, run_parts.policy_from_config
 
     def __enter__(self) -> Chaos:
         def build_runtime(*a, **k):
@@ -128,7 +129,7 @@ class Chaos:
             next(policy.model.parameters()).register_hook(poison)
             return policy
 
-        text.build_runtime, text.policy_from_config = build_runtime, policy_from_config
+        run_parts.build_runtime, run_parts.policy_from_config = build_runtime, policy_from_config
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         return self
@@ -154,7 +155,7 @@ class Chaos:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
-        text.build_runtime, text.policy_from_config = self._original_build, self._original_policy
+        run_parts.build_runtime, run_parts.policy_from_config = self._original_build, self._original_policy
 
 
 def tool_faults(runtime) -> Counter:

@@ -31,7 +31,9 @@ import torch
 from unipg.config import load_config
 from unipg.learn.warm_start import resolve_warm_start
 from unipg.policy.loading import policy_from_config
-from unipg.runtime.lm import PromptSampler, build_runtime, set_threads
+from unipg.runtime.lm_run import build_runtime
+from unipg.runtime.prompts import PromptSampler
+from unipg.runtime.setup import set_threads
 from unipg.sample.episodes import EpisodeRunner
 from unipg.tasks.base import make_task
 from unipg.tasks.rewards.rules import build_rewards

@@ -4,7 +4,7 @@ test agree, also where a float mean is inexact and in multi-role groups."""
 from types import SimpleNamespace
 
 from unipg.observe.rollout_metrics import group_signal_metrics, uniform_groups
-from unipg.runtime.lm import mixed_returns
+from unipg.runtime.lm_run import mixed_returns
 from unipg.runtime.replay import Group
 
 

@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-import unipg.runtime.lm as text
+import unipg.runtime.lm_run as text
 from unipg.checkpoint.store import CheckpointStore, load_checkpoint
 from unipg.config import load_config
 from unipg.envs.service import EnvironmentService, build_tools

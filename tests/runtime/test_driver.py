@@ -14,8 +14,10 @@ from unipg.observe.metrics import read_metrics
 from unipg.policy.loading import load_lm_policy, policy_from_config
 from unipg.runtime.driver import RolloutReport, Runtime, serve_one_by_one
 from unipg.runtime.gym import seed_everything
-from unipg.runtime.lm import PromptSampler, set_threads, train_lm
+from unipg.runtime.lm import train_lm
+from unipg.runtime.prompts import PromptSampler
 from unipg.runtime.replay import Group, ProducerFailed
+from unipg.runtime.setup import set_threads
 from unipg.sample.episodes import EpisodeRunner
 from unipg.tasks.base import make_task
 from unipg.tasks.rewards.rules import build_rewards
@@ -199,7 +201,7 @@ class ScriptedRollout:
 
 @pytest.mark.parametrize("schedule", ["sequential", "concurrent"])
 def test_dynamic_sampling_replaces_groups_that_scored_alike_with_fresh_ones(schedule):
-    from unipg.runtime.lm import mixed_returns
+    from unipg.runtime.lm_run import mixed_returns
 
     alike, mixed = [1.0, 1.0], [0.0, 1.0]
     rollout = ScriptedRollout([alike, mixed, [0.0, 0.0], mixed] + [mixed] * 20)
@@ -222,7 +224,7 @@ def test_dynamic_sampling_replaces_groups_that_scored_alike_with_fresh_ones(sche
 
 
 def test_dynamic_sampling_trains_on_alike_groups_once_its_budget_is_spent():
-    from unipg.runtime.lm import mixed_returns
+    from unipg.runtime.lm_run import mixed_returns
 
     rollout = ScriptedRollout([[0.0, 0.0]] * 20)
     runtime = Runtime(

@@ -58,7 +58,7 @@ def uniform_groups(returns: list[float], group_size: int) -> list[bool]:
     """Whether the returns of each group (each run of ``group_size`` consecutive ``returns``: a group's episodes
     of one role) are all equal. A group-relative advantage (GRPO, RLOO) is then zero for every one of its
     episodes, so the group teaches nothing: ``rollout/uniform_group_fraction`` counts such groups, and dynamic
-    sampling replaces them (``unipg.runtime.lm.mixed_returns``).
+    sampling replaces them (``unipg.runtime.lm_run.mixed_returns``).
 
     >>> uniform_groups([1.0, 1.0, 0.0, 1.0], 2)
     [True, False]

@@ -49,25 +49,22 @@ import torch
 from ray.exceptions import GetTimeoutError, RayTaskError, TaskCancelledError
 
 from unipg.config import Config
-from unipg.config.plugins import imported_first
 from unipg.envs.service import ServiceStats
 from unipg.learn.state import generator_state, restore_generator
 from unipg.policy.adapters import synced_state
-from unipg.runtime.backends.local_lm import inference_copy, split_groups
-from unipg.runtime.backends.ray_actors import (  # says how to install Ray if it is missing
-    LOST,
-    ray,
-)
-from unipg.runtime.backends.ray_learner import learner_bundles
-from unipg.runtime.backends.ray_setup import (  # connect: here, where tests replace it
-    check_resources,
+from unipg.runtime.backends.local_lm import split_groups
+
+# ray_actors says how to install Ray if it is missing; connect is imported here, where tests replace it
+from unipg.runtime.backends.ray_actors import LOST, ray
+from unipg.runtime.backends.ray_setup import (
     connect,
     disconnect,
     place,
     release,
-    start_env_actors,
+    start_env_side,
     start_worker,
     wait_ready,
+    worker_setup,
 )
 from unipg.runtime.driver import CountedEpisodes, EpisodeAccount, RolloutReport
 from unipg.runtime.replay import Group, ProducerFailed, ReplayBuffer, StalenessGate
@@ -116,27 +113,10 @@ class RayRollout(CountedEpisodes):
         self.connected = connect(settings)  # this run connected, and disconnects (stopping a local instance)
         self.local = self.connected and settings.address is None
         try:
-            ranks = config.train.learner_processes  # a sharded learner's ranks hold their share already
-            check_resources(
-                settings,
-                tools=bool(runner.service),
-                local=self.local,
-                log=log,
-                learner=learner_bundles(config, ranks) if ranks > 1 else [],
-            )
-            tools = runner.service.tools if runner.service is not None else None
-            if runner.service is not None and settings.env_workers:
-                start_env_actors(settings, imported_first(config.plugins, tools), self.run_id, self.env_actors)
+            start_env_side(config, runner, self.run_id, self.env_actors, local=self.local, log=log)
             if settings.placement != "none":
                 self.placement = place(settings)
-            # built here, so tasks, tools and rewards registered in the caller's own script work on workers too
-            # (and those of config.plugins, which workers and environment actors import before they unpickle them);
-            # the policy copy travels on the CPU, and a worker moves it to its GPU when given one (rollout_num_gpus)
-            self._setup = ray.put(
-                imported_first(
-                    config.plugins, (inference_copy(runner.policy, "cpu"), task, config, tools, runner.reward_fn)
-                )
-            )
+            self._setup = ray.put(worker_setup(config, runner, task))
             for i in range(settings.rollout_workers):
                 self.workers.append(self._start_worker(i))
             wait_ready(self.workers, "rollout worker", settings.start_timeout)

@@ -198,3 +198,28 @@ def wait_ready(actors: list, role: str, start_timeout: float) -> None:
         raise ValueError(
             f"a {role} failed to start: {first} (its traceback is in the Ray logs, /tmp/ray/session_latest/logs)"
         ) from None
+
+
+def start_env_side(config, runner, run_id: str, env_actors: list, *, local: bool, log) -> None:
+    """Check that the cluster can host the run (a sharded learner's ranks hold their share already), then start the
+    environment actors of a run with tools and ``ray.env_workers`` (appended to ``env_actors`` as they start)."""
+    from unipg.config.plugins import imported_first
+    from unipg.runtime.backends.ray_learner import learner_bundles  # it imports this module
+
+    settings, ranks = config.ray, config.train.learner_processes
+    learner = learner_bundles(config, ranks) if ranks > 1 else []
+    check_resources(settings, tools=bool(runner.service), local=local, log=log, learner=learner)
+    if runner.service is not None and settings.env_workers:
+        start_env_actors(settings, imported_first(config.plugins, runner.service.tools), run_id, env_actors)
+
+
+def worker_setup(config, runner, task):
+    """What every rollout worker is built from: a CPU copy of the policy (a worker moves it to its GPU when given
+    one, ``rollout_num_gpus``), the task, config, tools and reward. Built here, so tasks, tools and rewards registered
+    in the caller's own script work on workers too (and those of ``plugins``, which workers and environment actors
+    import before they unpickle them)."""
+    from unipg.config.plugins import imported_first
+    from unipg.runtime.backends.local_lm import inference_copy
+
+    tools = runner.service.tools if runner.service is not None else None
+    return imported_first(config.plugins, (inference_copy(runner.policy, "cpu"), task, config, tools, runner.reward_fn))
