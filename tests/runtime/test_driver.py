@@ -13,11 +13,10 @@ from unipg.learn.lm import LMBatch, LMLearner
 from unipg.observe.metrics import read_metrics
 from unipg.policy.loading import load_lm_policy, policy_from_config
 from unipg.runtime.driver import RolloutReport, Runtime, serve_one_by_one
-from unipg.runtime.gym import seed_everything
 from unipg.runtime.lm import train_lm
 from unipg.runtime.prompts import PromptSampler
 from unipg.runtime.replay import Group, ProducerFailed
-from unipg.runtime.setup import set_threads
+from unipg.runtime.setup import seed_everything, set_threads
 from unipg.sample.episodes import EpisodeRunner
 from unipg.tasks.base import make_task
 from unipg.tasks.rewards.rules import build_rewards
