@@ -25,8 +25,8 @@ workers and waits for them; with one worker the run's own generator state travel
 back, so the samples equal the in-process backend's bit for bit. ``concurrent`` keeps every worker busy
 with groups the staleness gate admits.
 
-Faults. A worker that dies (a crash, ``ray.kill``, a lost machine) or holds a group past
-``ray.episode_timeout`` is killed and replaced; its groups are run again (``re-queued``) on any worker,
+Faults (``unipg.runtime.backends.ray_faults``). A worker that dies (a crash, ``ray.kill``, a lost machine) or holds
+a group past ``ray.episode_timeout`` is killed and replaced; its groups are run again (``re-queued``) on any worker,
 with their admission version kept, up to ``ray.max_attempts`` runs, after which a group is counted as
 failed and its admission slot given back. An environment actor on which a call timed out is asked to
 abandon the call; if the call's thread cannot be stopped (a hung synchronous tool) or the actor does not
@@ -46,7 +46,6 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import torch
-from ray.exceptions import GetTimeoutError, RayTaskError, TaskCancelledError
 
 from unipg.config import Config
 from unipg.envs.service import ServiceStats
@@ -55,7 +54,8 @@ from unipg.policy.adapters import synced_state
 from unipg.runtime.backends.local_lm import split_groups
 
 # ray_actors says how to install Ray if it is missing; connect is imported here, where tests replace it
-from unipg.runtime.backends.ray_actors import LOST, ray
+from unipg.runtime.backends.ray_actors import ray
+from unipg.runtime.backends.ray_faults import WorkerFaults
 from unipg.runtime.backends.ray_setup import (
     connect,
     disconnect,
@@ -67,13 +67,9 @@ from unipg.runtime.backends.ray_setup import (
     worker_setup,
 )
 from unipg.runtime.driver import CountedEpisodes, EpisodeAccount, RolloutReport
-from unipg.runtime.replay import Group, ProducerFailed, ReplayBuffer, StalenessGate
+from unipg.runtime.replay import Group, ReplayBuffer, StalenessGate
 from unipg.sample.endpoint_agents import AgentStats
 from unipg.sample.episodes import EpisodeRunner
-
-
-class RolloutFailed(ProducerFailed):
-    """Rollout on Ray cannot go on: workers keep dying, or a step's episodes keep being lost."""
 
 
 @dataclass
@@ -89,7 +85,7 @@ class _Job:
     since: float = field(default_factory=time.monotonic)
 
 
-class RayRollout(CountedEpisodes):
+class RayRollout(WorkerFaults, CountedEpisodes):
     """The ``Rollout`` of ``unipg.runtime.driver`` on Ray actors (module docstring)."""
 
     def __init__(self, runner: EpisodeRunner, sampler, config: Config, generator: torch.Generator, task, log=print):
@@ -249,7 +245,7 @@ class RayRollout(CountedEpisodes):
             self.account.cancelled += lost
             self.account.in_flight -= lost
 
-    # -- faults ------------------------------------------------------------------------------------------
+    # -- requests (a lost one: WorkerFaults, ray_faults.py) ----------------------------------------------
 
     def _submit(self, job: _Job, worker: int):
         job.worker, job.handle, job.since = worker, self.workers[worker], time.monotonic()
@@ -260,82 +256,6 @@ class RayRollout(CountedEpisodes):
         if job.state is not None:
             return job.handle.run_batch.remote(job.examples, job.version, self.weights, job.state)
         return job.handle.run_group.remote(job.examples[0], job.order, self.weights)
-
-    def _collect(self, ref, job: _Job):
-        """The result of a finished request, or None if it was lost with its worker (which is replaced)."""
-        try:
-            return ray.get(ref, timeout=self.settings.start_timeout)
-        except (*LOST, TaskCancelledError, GetTimeoutError) as error:
-            lost = error
-        except RayTaskError as error:
-            cause = error.cause
-            if not isinstance(cause, (TimeoutError, *LOST)):  # the episode code itself raised
-                self._count_failed(job)
-                raise RolloutFailed(
-                    f"an episode raised on rollout worker {job.worker}: {type(cause).__name__}: "
-                    f"{str(cause).splitlines()[0] if str(cause) else ''}"
-                ) from error
-            lost = cause  # the worker could not fetch its weights or inputs in time: replace it
-        try:
-            self._replace(job.worker, job.handle, lost)
-        except RolloutFailed:
-            self._count_failed(job)
-            raise
-        return None
-
-    def _count_failed(self, job: _Job) -> None:
-        with self._lock:
-            self.account.in_flight -= job.size
-            self.account.failed += job.size
-
-    def _give_up_or_keep(self, job: _Job, *, sequential: bool) -> bool:
-        """Count a lost run; whether the job runs again (False: given up and counted as failed)."""
-        with self._lock:
-            self.account.in_flight -= job.size
-            if job.attempts < self.settings.max_attempts:
-                self.account.requeued += job.size
-                return True
-            self.account.failed += job.size
-        if sequential:
-            raise RolloutFailed(
-                f"a rollout shard of {job.size} episodes was lost {job.attempts} times "
-                "(ray.max_attempts); "
-                "the workers running it keep dying — see the Ray logs (/tmp/ray/session_latest/logs)"
-            )
-        self.log(
-            f"warning: a group of {job.size} episodes was lost {job.attempts} times (ray.max_attempts); "
-            "counted as failed (rollout/episodes_failed)"
-        )
-        return False
-
-    def _replace(self, index: int, handle, error: BaseException) -> None:
-        if self.workers[index] is not handle:
-            return  # replaced already, for another of its requests
-        self.worker_restarts += 1
-        if self.worker_restarts > self.settings.max_restarts:
-            raise RolloutFailed(
-                f"rollout workers died or hung {self.worker_restarts} times, more than ray.max_restarts="
-                f"{self.settings.max_restarts}; last: {type(error).__name__}: {str(error).splitlines()[0]}"
-            )
-        ray.kill(handle, no_restart=True)
-        self.log(
-            f"warning: rollout worker {index} lost ({type(error).__name__}); started a new one "
-            f"({self.worker_restarts} of ray.max_restarts={self.settings.max_restarts}); its episodes run again"
-        )
-        self.workers[index] = self._start_worker(index)
-
-    def _time_out(self, inflight: dict) -> None:
-        """Kill the workers of requests past ``ray.episode_timeout``; their requests come back as lost."""
-        now = time.monotonic()
-        for job in inflight.values():
-            waves = -(-job.size // (self.groups_per_worker * self.group_size))  # a shard of many groups runs in waves
-            if now - job.since > self.settings.episode_timeout * waves and self.workers[job.worker] is job.handle:
-                self.log(
-                    f"warning: rollout worker {job.worker} held a request for {now - job.since:.0f} s, past "
-                    f"ray.episode_timeout={self.settings.episode_timeout:g} s; killing it"
-                )
-                ray.kill(job.handle, no_restart=True)
-                job.since = now  # reported once; the kill makes the request finish as lost
 
     # -- reporting ---------------------------------------------------------------------------------------
 

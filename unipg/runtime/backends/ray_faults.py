@@ -1,0 +1,115 @@
+"""What the Ray rollout (``unipg.runtime.backends.ray_lm``) does when a request is lost: a rollout worker that died or
+held a request past ``ray.episode_timeout`` is killed and replaced, up to ``ray.max_restarts``; a lost request runs
+again up to ``ray.max_attempts`` times, and is then counted as failed (``RolloutFailed`` when rollout cannot go on)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from ray.exceptions import GetTimeoutError, RayTaskError, TaskCancelledError
+
+from unipg.runtime.backends.ray_actors import LOST, ray
+from unipg.runtime.driver import EpisodeAccount
+from unipg.runtime.replay import ProducerFailed
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from unipg.config.run import RayConfig
+    from unipg.runtime.backends.ray_lm import _Job
+
+
+class RolloutFailed(ProducerFailed):
+    """Rollout on Ray cannot go on: workers keep dying, or a step's episodes keep being lost."""
+
+
+class WorkerFaults:
+    """The fault handling of ``RayRollout``: it counts episodes in ``account`` under ``_lock``, keeps its workers in
+    ``workers`` and starts a worker with ``_start_worker``."""
+
+    settings: RayConfig
+    workers: list
+    account: EpisodeAccount
+    worker_restarts: int
+    groups_per_worker: int
+    group_size: int
+    _lock: threading.Lock
+    log: Callable[[str], None]
+
+    def _collect(self, ref, job: _Job):
+        """The result of a finished request, or None if it was lost with its worker (which is replaced)."""
+        try:
+            return ray.get(ref, timeout=self.settings.start_timeout)
+        except (*LOST, TaskCancelledError, GetTimeoutError) as error:
+            lost = error
+        except RayTaskError as error:
+            cause = error.cause
+            if not isinstance(cause, (TimeoutError, *LOST)):  # the episode code itself raised
+                self._count_failed(job)
+                raise RolloutFailed(
+                    f"an episode raised on rollout worker {job.worker}: {type(cause).__name__}: "
+                    f"{str(cause).splitlines()[0] if str(cause) else ''}"
+                ) from error
+            lost = cause  # the worker could not fetch its weights or inputs in time: replace it
+        try:
+            self._replace(job.worker, job.handle, lost)
+        except RolloutFailed:
+            self._count_failed(job)
+            raise
+        return None
+
+    def _count_failed(self, job: _Job) -> None:
+        with self._lock:
+            self.account.in_flight -= job.size
+            self.account.failed += job.size
+
+    def _give_up_or_keep(self, job: _Job, *, sequential: bool) -> bool:
+        """Count a lost run; whether the job runs again (False: given up and counted as failed)."""
+        with self._lock:
+            self.account.in_flight -= job.size
+            if job.attempts < self.settings.max_attempts:
+                self.account.requeued += job.size
+                return True
+            self.account.failed += job.size
+        if sequential:
+            raise RolloutFailed(
+                f"a rollout shard of {job.size} episodes was lost {job.attempts} times "
+                "(ray.max_attempts); "
+                "the workers running it keep dying — see the Ray logs (/tmp/ray/session_latest/logs)"
+            )
+        self.log(
+            f"warning: a group of {job.size} episodes was lost {job.attempts} times (ray.max_attempts); "
+            "counted as failed (rollout/episodes_failed)"
+        )
+        return False
+
+    def _replace(self, index: int, handle, error: BaseException) -> None:
+        if self.workers[index] is not handle:
+            return  # replaced already, for another of its requests
+        self.worker_restarts += 1
+        if self.worker_restarts > self.settings.max_restarts:
+            raise RolloutFailed(
+                f"rollout workers died or hung {self.worker_restarts} times, more than ray.max_restarts="
+                f"{self.settings.max_restarts}; last: {type(error).__name__}: {str(error).splitlines()[0]}"
+            )
+        ray.kill(handle, no_restart=True)
+        self.log(
+            f"warning: rollout worker {index} lost ({type(error).__name__}); started a new one "
+            f"({self.worker_restarts} of ray.max_restarts={self.settings.max_restarts}); its episodes run again"
+        )
+        self.workers[index] = self._start_worker(index)
+
+    def _time_out(self, inflight: dict) -> None:
+        """Kill the workers of requests past ``ray.episode_timeout``; their requests come back as lost."""
+        now = time.monotonic()
+        for job in inflight.values():
+            waves = -(-job.size // (self.groups_per_worker * self.group_size))  # a shard of many groups runs in waves
+            if now - job.since > self.settings.episode_timeout * waves and self.workers[job.worker] is job.handle:
+                self.log(
+                    f"warning: rollout worker {job.worker} held a request for {now - job.since:.0f} s, past "
+                    f"ray.episode_timeout={self.settings.episode_timeout:g} s; killing it"
+                )
+                ray.kill(job.handle, no_restart=True)
+                job.since = now  # reported once; the kill makes the request finish as lost
