@@ -7,7 +7,8 @@ import unipg.runtime.lm as text
 from tests.helpers.configs import resumable_config
 from unipg.checkpoint.files import load_checkpoint
 from unipg.checkpoint.store import CheckpointStore
-from unipg.runtime.lm import PromptSampler, train_lm
+from unipg.runtime.lm import train_lm
+from unipg.runtime.prompts import PromptSampler
 from unipg.tasks.base import make_task
 
 GROUPS_PER_STEP = 2  # train.batch_size 8 / sample.samples_per_prompt 4

@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # the classes the factories return, imported when built (Ray 
 BACKENDS = Registry("backend")
 LEARNER_RANKS = Registry("backend")
 
-# What the lm driver hands every backend factory, by keyword (``unipg.runtime.lm.build_runtime``): the episode
+# What the lm driver hands every backend factory, by keyword (``unipg.runtime.lm_run.build_runtime``): the episode
 # runner, the prompt sampler, the sampling generator, the config, the task, the reward function, the schedule
 # (sequential or concurrent) and where to log.
 BACKEND_INPUTS = ("runner", "sampler", "generator", "config", "task", "reward_fn", "schedule", "log")
