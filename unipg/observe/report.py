@@ -14,8 +14,8 @@ from unipg.config.hyperparameters import default
 from unipg.config.presets import ALGORITHMS
 
 LM_COLUMN_NAMES = {
-    "eval/pass@1": "completion",
     "eval/sampled_completion": "sampled",
+    "eval/pass@1": "greedy",
     "eval/tool_calls": "tool calls",
     "eval/tool_success_rate": "tool success",
     "eval/turns": "turns",
@@ -39,17 +39,15 @@ def lm_result_table(results) -> Table:
         for config, result in results
     ]
     shared = len(set(described)) == 1
-    final = results[0][1].final_eval
-    title = "unipg results: held-out, greedy, before → after training"
-    if any(key.startswith("eval/pass@") and key != "eval/pass@1" for key in final):
-        title = "unipg results: held-out, before → after training (completion greedy; sampled and pass@k sampled)"
+    temperature, final = results[0][0].sample.temperature, results[0][1].final_eval
+    sampled = "eval/sampled_completion" in final
+    title = "unipg results: held-out (test split), before → after training"
     if shared:
         algorithm, task, model, updates, samples = described[0]
         title = f"{algorithm} on {task} with {model}: {updates} updates, {samples} samples\n{title}"
     table = Table(title=title)
-    keys = [key for key in final if key.startswith("eval/pass@")]
-    if "eval/sampled_completion" in final:
-        keys.insert(1, "eval/sampled_completion")
+    passes = [key for key in final if key.startswith("eval/pass@") and key != "eval/pass@1"]
+    keys = ["eval/sampled_completion", "eval/pass@1", *passes] if sampled else ["eval/pass@1"]
     if "eval/tool_calls" in final:
         keys += ["eval/tool_calls", "eval/tool_success_rate", "eval/turns"]
     columns = ["seed"] if shared else ["algorithm", "task", "model", "seed", "updates", "samples"]
@@ -62,14 +60,34 @@ def lm_result_table(results) -> Table:
             f"{value_text(result.initial_eval.get(key))} → {value_text(result.final_eval.get(key))}" for key in keys
         ]
         table.add_row(*row, f"{result.samples_per_second:.1f}")
-    table.caption = f"runs in: {', '.join(str(result.run_dir) for _, result in results)}"
+    runs = ", ".join(str(result.run_dir) for _, result in results)
+    table.caption = f"{result_legend(keys, temperature)}\nruns in: {runs}"
     if len(results) > 1:
-        gains = [result.final_eval["eval/pass@1"] - result.initial_eval["eval/pass@1"] for _, result in results]
-        table.caption = (
-            f"pass@1 gain over {len(gains)} seeds: {statistics.fmean(gains):+.3f} ± "
-            f"{statistics.pstdev(gains):.3f}\n" + table.caption
+        completions = [key for key in keys if key in ("eval/sampled_completion", "eval/pass@1")]
+        gains = " and ".join(
+            f"{LM_COLUMN_NAMES[key]} {gain_text([r.final_eval[key] - r.initial_eval[key] for _, r in results])}"
+            for key in completions
         )
+        table.caption = f"gain over {len(results)} seeds: {gains}\n" + table.caption
     return table
+
+
+def gain_text(gains: list[float]) -> str:
+    return f"{statistics.fmean(gains):+.3f} ± {statistics.pstdev(gains):.3f}"
+
+
+def result_legend(keys: list[str], temperature: float) -> str:
+    """One line saying what each column of ``lm_result_table`` measures."""
+    meaning = {
+        "eval/sampled_completion": f"sampled: share of episodes solved at the training temperature {temperature:g} "
+        "(the policy as trained)",
+        "eval/pass@1": "greedy: the most likely token at every step",
+        "eval/tool_calls": "tool calls, tool success, turns: of the greedy episodes",
+    }
+    for key in keys:
+        if key.startswith("eval/pass@") and key != "eval/pass@1":
+            meaning[key] = f"{key[5:]}: any of {key.split('@')[1]} sampled episodes solved"
+    return "; ".join(meaning[key] for key in keys if key in meaning)
 
 
 def gym_result_table(results, threshold: Optional[float] = None) -> Table:
