@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from unipg.cli import app
 from unipg.observe.doctor import CHECKS, Finding, Monitor, diagnose, format_report
+from unipg.observe.trends import fitted_rise_error
 from unipg.registry import RegistryError
 
 runner = CliRunner()
@@ -150,14 +151,77 @@ def test_a_gradient_appearing_after_zero_gradients_is_not_an_explosion():
     assert diagnose(records) == []
 
 
+DIVERSITY_FALLS = lambda i, old: 0.6 * math.exp(-i / 20)
+DUPLICATES_RISE = lambda i, old: min(0.9, 0.1 + i / 50)
+
+
 def test_learner_idle_fraction_and_diversity_metrics_are_used_when_present():
     idle = with_series(healthy(), "timing/learner_idle_fraction", lambda i, old: 0.7)
     assert [(f.check, f.metric) for f in diagnose(idle)] == [("slow_training", "timing/learner_idle_fraction")]
-    distinct = with_series(healthy(), "rollout/distinct_2", lambda i, old: 0.6 * math.exp(-i / 20))
-    duplicates = with_series(healthy(), "rollout/duplicate_fraction", lambda i, old: min(0.9, 0.1 + i / 50))
-    assert [f.metric for f in diagnose(distinct)] == ["rollout/distinct_2"]
-    assert [f.metric for f in diagnose(duplicates)] == ["rollout/duplicate_fraction"]
-    assert fired(diagnose(distinct)) == {"low_diversity"}
+    stalled = with_series(healthy(), "rollout/reward_mean", CONDITIONS["reward_flat"][1])
+    distinct = with_series(stalled, "rollout/distinct_2", DIVERSITY_FALLS)
+    duplicates = with_series(stalled, "rollout/duplicate_fraction", DUPLICATES_RISE)
+    assert [f.metric for f in diagnose(distinct, checks=["low_diversity"])] == ["rollout/distinct_2"]
+    assert [f.metric for f in diagnose(duplicates, checks=["low_diversity"])] == ["rollout/duplicate_fraction"]
+    assert fired(diagnose(distinct)) == {"low_diversity", "reward_flat"}
+
+
+def narrowing(records: list[dict]) -> list[dict]:
+    """``records`` whose samples grow repetitive: distinct-2 falls to a tenth, duplicates take over the groups."""
+    return with_series(
+        with_series(records, "rollout/distinct_2", DIVERSITY_FALLS), "rollout/duplicate_fraction", DUPLICATES_RISE
+    )
+
+
+def groups_with_a_success(records: list[dict], share_at) -> list[dict]:
+    return with_series(records, "rollout/unsolved_group_fraction", lambda i, old: 1.0 - share_at(i))
+
+
+def test_repetition_with_a_flat_or_falling_reward_is_mode_collapse():
+    flat = narrowing(with_series(healthy(), "rollout/reward_mean", CONDITIONS["reward_flat"][1]))
+    findings = [f for f in diagnose(flat) if f.check == "low_diversity"]
+    assert [f.metric for f in findings] == ["rollout/distinct_2", "rollout/duplicate_fraction"]
+    assert all("rollout/reward_mean stopped rising" in f.evidence and "mode collapse" in f.remedy for f in findings)
+    falling = narrowing(with_series(healthy(), "rollout/reward_mean", lambda i, old: 0.6 - 0.004 * i))
+    assert fired(diagnose(falling)) == {"low_diversity", "reward_flat"}
+    # a flat reward whose noise happens to trend up by 5% (over the 3% flat threshold, but within twice its
+    # standard error of 0.04) does not pass for convergence
+    rng = random.Random(2)
+    noisy = narrowing(with_series(healthy(), "rollout/reward_mean", lambda i, old: 0.4 + rng.gauss(0, 0.06)))
+    assert fired(diagnose(noisy)) == {"low_diversity"}
+
+
+def test_repetition_while_the_reward_rises_and_groups_succeed_is_convergence():
+    # the policy agrees on the right answer: every sample of a group alike, more groups solved each update
+    converging = groups_with_a_success(narrowing(healthy()), lambda i: 0.3 + 0.6 * i / STEPS)
+    assert diagnose(converging) == [], format_report(diagnose(converging))
+    assert replay(Monitor(window=20), converging) == []  # nor live, over the monitor's window
+    assert diagnose(groups_with_a_success(narrowing(healthy()), lambda i: 0.8)) == []  # steady share: no fall
+    assert diagnose(collapsing(converging)) == []  # the entropy check reads the same rule
+    solved = with_series(narrowing(healthy()), "rollout/reward_mean", lambda i, old: min(1.0, 0.2 + 0.02 * i))
+    assert diagnose(solved) == []  # at the task's best
+
+
+def test_repetition_while_groups_stop_succeeding_is_collapse_even_if_the_reward_rises():
+    # a format or process term keeps the reward rising while, from step 70 on, ever fewer groups solve the task
+    stops_succeeding = lambda i: 0.9 - 0.025 * max(0, i - 70)  # 0.9 to 0.175 over the last 30 updates
+    failing = groups_with_a_success(narrowing(healthy()), stops_succeeding)
+    findings = diagnose(failing)
+    assert fired(findings) == {"low_diversity"}, format_report(findings)
+    assert all("share of prompt groups with a success fell" in f.evidence for f in findings)
+    entropy = [f for f in diagnose(collapsing(failing)) if f.check == "entropy_collapse"]
+    assert len(entropy) == 1 and "rollout/unsolved_group_fraction" in entropy[0].evidence
+    # without group metrics the episodes' completion rate tells the same
+    completion = with_series(narrowing(healthy()), "rollout/completion_rate", lambda i, old: stops_succeeding(i))
+    assert fired(diagnose(completion)) == {"low_diversity"}
+
+
+def test_the_rise_of_a_trend_has_the_standard_error_of_least_squares():
+    assert fitted_rise_error([0.0, 1.0, 2.0, 3.0]) == 0.0  # on a line
+    assert fitted_rise_error([1.0, 2.0]) == 0.0  # two points: no scatter to measure
+    # 0, 1, 0, 1: the line 0.2 + 0.2 i leaves residuals -0.2, 0.6, -0.6, 0.2, so s² = 0.8 / 2; Σ(i − ī)² = 5,
+    # and the rise spans 3 steps
+    assert fitted_rise_error([0.0, 1.0, 0.0, 1.0]) == pytest.approx((0.4 / 5) ** 0.5 * 3)
 
 
 def test_reward_at_its_ceiling_is_not_flat():

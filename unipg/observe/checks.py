@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import dataclass
 
 from unipg.observe.findings import CHECKS, Finding, History
 from unipg.observe.reward_window import RewardWindow, reward_window
 from unipg.observe.trends import (
     LEVEL_POINTS,
+    MIN_TREND_POINTS,
     differences,
+    fitted_rise,
+    fitted_rise_error,
     fmt,
     mean_swing,
     sign_alternation,
@@ -46,13 +50,22 @@ KL_NOISE_FLOOR = 5e-3
 # ~8x when the critic meets a new return scale; exploding gradients grow by orders of magnitude. (Clipping
 # hides an explosion from the update, not from this metric: it is the norm before clipping.)
 GRAD_SPIKE_MEDIAN_MULTIPLE = 20.0
-# Entropy collapse: the latest entropy is below 10% of where the run started, and the reward no longer rises.
+# Entropy collapse: the latest entropy is below 10% of where the run started (and the policy is not converging).
 ENTROPY_COLLAPSE_FRACTION = 0.1
 # Diversity: distinct-2 fell below half its starting value ...
 DISTINCT_DROP_FRACTION = 0.5
 # ... or more than half of the samples are duplicates, up by at least 0.25 from the start.
 DUPLICATE_FRACTION_MAX = 0.5
 DUPLICATE_RISE_MIN = 0.25
+# Converging, not collapsing (``progress``): the reward's rise over the window clears the flat threshold and twice
+# its standard error (the scatter of the window's rewards about their trend line), so noise on a flat reward
+# passes for progress in about one window in thirty; the 3% rise alone would, at the ~6% per-update noise of the
+# mean of 64 binary rewards, in about one in four.
+RISE_STANDARD_ERRORS = 2.0
+# ... and the share of prompt groups with at least one success does not fall by 0.2 or more across the window.
+# A batch of 16 groups measures that share to within ±0.125 (binomial, at worst p = 0.5) and its trend line over
+# 20 updates to about ±0.09, so a fall of 0.2 is beyond noise.
+SUCCESS_FALL = 0.2
 # Clip fraction: PPO usually clips 5-20% of tokens; beyond 30% most updates are cut off by the clip.
 CLIP_FRACTION_MAX = 0.3
 
@@ -237,7 +250,7 @@ def non_finite_values(history: History) -> list[Finding]:
     return [Finding("non_finite_values", "error", evidence, remedy, bad[0][1], (first, last))]
 
 
-# ---- entropy and diversity -------------------------------------------------------------------------------------
+# ---- entropy and diversity: collapse, or convergence -----------------------------------------------------------
 
 COLLAPSE_REMEDY = (
     "The policy is turning deterministic and will repeat itself (mode collapse): raise "
@@ -246,57 +259,116 @@ COLLAPSE_REMEDY = (
 )
 
 
+@dataclass(frozen=True)
+class Progress:
+    """What the reward and the prompt groups' successes did over the window, which tells a policy that narrows
+    (falling entropy, repeated completions) because it converges on what pays from one that collapses."""
+
+    converging: bool
+    """the reward is at the task's best or clearly rising, and the groups keep succeeding."""
+    evidence: str
+    """when not converging, why: a clause the collapse checks append to their evidence ("" without a reward)."""
+
+    def qualify(self, evidence: str) -> str:
+        return f"{evidence}, {self.evidence}" if self.evidence else evidence
+
+
+def success_share(history: History) -> tuple[str, list[float]] | None:
+    """The share of prompt groups with at least one success per update over the window (1 −
+    ``rollout/unsolved_group_fraction``), or the episodes' ``rollout/completion_rate`` where groups are not
+    logged; with the metric it comes from. None when neither is logged."""
+    for name, share in (("rollout/unsolved_group_fraction", lambda v: 1.0 - v), ("rollout/completion_rate", None)):
+        values = history.finite(name)[1][-history.window :]
+        if values:
+            return name, [share(value) for value in values] if share else values
+    return None
+
+
+def progress(history: History) -> Progress:
+    """Convergence or collapse, the one rule of the collapse checks (``entropy_collapse``, ``low_diversity``).
+
+    A policy converging on the right answer narrows as surely as a collapsing one: an agent's task with one right
+    call per prompt ends with every sample of a group alike. What differs is what it earns: a converging policy's
+    reward rises (by more than the flat threshold and twice its standard error) or sits at the task's best over
+    the window, and its groups keep succeeding (the share of groups with a success does not fall by
+    ``SUCCESS_FALL``). A collapsing one narrows while the reward is flat or falling, or while its groups stop
+    succeeding (a reward that still rises on a format or process term while the task is solved less often).
+    """
+    view = reward_window(history)
+    if view is None:
+        return Progress(False, "")  # nothing shows the policy converging
+    rise_error = fitted_rise_error(view.values)
+    if not view.saturated and (not still_rising(view) or view.rise < RISE_STANDARD_ERRORS * rise_error):
+        return Progress(
+            False,
+            f"while {view.name} stopped rising (trend {view.rise:+.4g} ± {rise_error:.2g} over its last "
+            f"{len(view.values)} points)",
+        )
+    success = success_share(history)
+    if success is not None and len(success[1]) >= MIN_TREND_POINTS:
+        name, shares = success
+        fall = -fitted_rise(shares)
+        if fall >= SUCCESS_FALL:
+            what = "the share of prompt groups with a success" if name.endswith("group_fraction") else name
+            return Progress(
+                False,
+                f"while {what} fell (trend {-fall:+.3g} over its last {len(shares)} points, from {name}) "
+                f"though {view.name} rose",
+            )
+    return Progress(True, "")
+
+
 @CHECKS.register("entropy_collapse")
 def entropy_collapse(history: History) -> list[Finding]:
-    """Policy entropy fell to a small fraction of its starting value, and the reward stopped rising."""
+    """Policy entropy fell to a small fraction of its starting value, and the policy is not converging
+    (``progress``): a policy that settles on what pays while its reward rises (an agent's call template is
+    nearly deterministic) or sits at the task's best is learning, not collapsing."""
     # A continuous (Gaussian) policy's differential entropy can be negative and has no floor at 0.
     change = start_and_latest(history, "train/entropy")
     if change is None or change.lowest < 0 or change.latest >= ENTROPY_COLLAPSE_FRACTION * change.start:
         return []
-    # A policy that settles on what pays while its reward still rises (an agent's call template is nearly
-    # deterministic) or sits at the task's best is learning, not collapsing: the check speaks once the reward stalls.
-    view = reward_window(history)
-    if view is not None and (view.saturated or still_rising(view)):
+    run = progress(history)
+    if run.converging:
         return []
     evidence = (
         f"{change.describe('fell')} ({change.latest / change.start:.0%} of its start; collapse below "
         f"{ENTROPY_COLLAPSE_FRACTION:.0%})"
     )
-    if view is not None:
-        evidence += (
-            f", while {view.name} stopped rising (trend {view.rise:+.4g} over its last {len(view.values)} points)"
-        )
-    return [Finding("entropy_collapse", "warning", evidence, COLLAPSE_REMEDY, change.name, change.steps)]
+    return [Finding("entropy_collapse", "warning", run.qualify(evidence), COLLAPSE_REMEDY, change.name, change.steps)]
 
 
 @CHECKS.register("low_diversity")
 def low_diversity(history: History) -> list[Finding]:
-    """Samples become repetitive: distinct-2 halves, or duplicates take over the batch."""
-    findings = []
+    """Samples become repetitive (distinct-2 halves, or duplicates take over the batch) and the policy is not
+    converging (``progress``): the reward is flat or falling over the window, or the groups stop succeeding.
+    Repetition while the reward rises and the groups succeed is the policy agreeing on the right answer."""
     distinct = start_and_latest(history, "rollout/distinct_2")
-    if distinct is not None and distinct.latest < DISTINCT_DROP_FRACTION * distinct.start:
-        findings.append(
-            Finding(
-                "low_diversity", "warning", distinct.describe("fell"), COLLAPSE_REMEDY, distinct.name, distinct.steps
-            )
-        )
     duplicates = start_and_latest(history, "rollout/duplicate_fraction")
+    narrowed = []
+    if distinct is not None and distinct.latest < DISTINCT_DROP_FRACTION * distinct.start:
+        narrowed.append((distinct, "fell"))
     if (
         duplicates is not None
         and duplicates.latest > DUPLICATE_FRACTION_MAX
         and duplicates.latest - duplicates.start >= DUPLICATE_RISE_MIN
     ):
-        findings.append(
-            Finding(
-                "low_diversity",
-                "warning",
-                duplicates.describe("rose"),
-                COLLAPSE_REMEDY,
-                duplicates.name,
-                duplicates.steps,
-            )
+        narrowed.append((duplicates, "rose"))
+    if not narrowed:
+        return []
+    run = progress(history)
+    if run.converging:
+        return []
+    return [
+        Finding(
+            "low_diversity",
+            "warning",
+            run.qualify(change.describe(verb)),
+            COLLAPSE_REMEDY,
+            change.name,
+            change.steps,
         )
-    return findings
+        for change, verb in narrowed
+    ]
 
 
 @CHECKS.register("clip_fraction_high")

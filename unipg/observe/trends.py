@@ -27,6 +27,20 @@ def fitted_rise(values: list[float]) -> float:
     return covariance / variance * (count - 1)
 
 
+def fitted_rise_error(values: list[float]) -> float:
+    """Standard error of ``fitted_rise``, from the scatter of the values about the trend line (ordinary least
+    squares: s / √Σ(i − ī)², times the span); 0 for fewer than three points or values exactly on a line."""
+    count = len(values)
+    if count < 3:
+        return 0.0
+    rise, mean_index, mean_value = fitted_rise(values), (count - 1) / 2, statistics.fmean(values)
+    slope = rise / (count - 1)
+    residuals = [value - mean_value - slope * (index - mean_index) for index, value in enumerate(values)]
+    variance = sum((index - mean_index) ** 2 for index in range(count))
+    scatter = (sum(residual**2 for residual in residuals) / (count - 2)) ** 0.5
+    return scatter / variance**0.5 * (count - 1)
+
+
 def differences(values: list[float]) -> list[float]:
     return [after - before for before, after in zip(values, values[1:])]
 
