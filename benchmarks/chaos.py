@@ -11,8 +11,9 @@ garbage or 10 MB of text at the given rates. Three phases, each checked for what
 2. ``ray`` (``--ray``): the same on the Ray backend (2 rollout workers, 1 environment actor); the chaos
    thread kills a rollout worker (``ray.kill``) every ``--kill-every`` seconds instead.
 3. ``sigkill``: the deterministic sequential schedule (still with tool faults) run in a subprocess that is
-   SIGKILLed at random moments and resumed with ``unipg train --resume`` until it finishes; its final weights
-   are compared, bit for bit, with an uninterrupted run of the same configuration.
+   SIGKILLed at random moments (with ``--kill-at-checkpoint N``: as soon as it has saved checkpoint N, which
+   the smoke run uses) and resumed with ``unipg train --resume`` until it finishes; its final weights are
+   compared, bit for bit, with an uninterrupted run of the same configuration.
 
 For 1–2 the run must finish every update; every episode must be accounted for (started = finished + failed +
 requeued + cancelled + in flight, and the finished ones = trained on + dropped as stale + evicted + left in
@@ -237,6 +238,22 @@ def run_phase(args, backend: str, output_dir: str) -> dict:
 
 
 KILLED_RUN = "import sys\nfrom unipg.cli import main\nsys.argv = ['unipg', 'train', *sys.argv[1:]]\nmain()\n"
+# KILLED_RUN whose first argument is a checkpoint step N: once checkpoint N is saved the run prints SAVED and
+# waits, so that the SIGKILL lands at a known point, whatever the machine's speed
+SAVED = "checkpoint saved, waiting for the SIGKILL"
+PAUSED_RUN = f"""import sys, threading
+from unipg.checkpoint.store import CheckpointStore
+save, pause_at = CheckpointStore.save, int(sys.argv.pop(1))
+
+def save_then_wait(self, step, *args, **kwargs):
+    path = save(self, step, *args, **kwargs)
+    if step == pause_at:
+        print({SAVED!r}, flush=True)
+        threading.Event().wait()
+    return path
+
+CheckpointStore.save = save_then_wait
+{KILLED_RUN}"""
 
 
 def sigkill_phase(args, output_dir: str) -> dict:
@@ -250,23 +267,33 @@ def sigkill_phase(args, output_dir: str) -> dict:
         started = (run_dir / "checkpoints").is_dir() and CheckpointStore(run_dir / "checkpoints").latest() is not None
         if not started:  # killed before its first checkpoint: start again (a resumed run needs one)
             shutil.rmtree(run_dir, ignore_errors=True)
+        pause = args.kill_at_checkpoint is not None and kills < args.kills
         command = [
             sys.executable,
             "-c",
-            KILLED_RUN,
+            *([PAUSED_RUN, str(args.kill_at_checkpoint)] if pause else [KILLED_RUN]),
             *(["--resume", str(run_dir)] if started else ["--config", str(CONFIG), *named]),
         ]
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        stderr_path = Path(output_dir) / f"killed-run-{runs}.stderr"  # a file: a full pipe would stall the run
+        with open(stderr_path, "wb") as stderr:
+            process = subprocess.Popen(
+                command, stdout=subprocess.PIPE if pause else subprocess.DEVNULL, stderr=stderr, text=True
+            )
         runs += 1
         if kills < args.kills:
-            time.sleep(rng.uniform(*args.kill_after))
+            if pause:
+                for line in process.stdout:  # until the run has saved the checkpoint (or ended: no kill)
+                    if line.strip() == SAVED:
+                        break
+            else:
+                time.sleep(rng.uniform(*args.kill_after))
             if process.poll() is None:
                 os.kill(process.pid, signal.SIGKILL)
                 kills += 1
         if process.wait() == 0:
             break
         if process.returncode != -signal.SIGKILL:
-            raise RuntimeError(f"the run failed: {process.stderr.read().decode()[-2000:]}")
+            raise RuntimeError(f"the run failed: {stderr_path.read_text()[-2000:]}")
     full = load_checkpoint(CheckpointStore(reference / "checkpoints").latest()).tensors["policy"]
     resumed = load_checkpoint(CheckpointStore(run_dir / "checkpoints").latest()).tensors["policy"]
     equal = full.keys() == resumed.keys() and all(torch.equal(full[k], resumed[k]) for k in full)
@@ -339,6 +366,11 @@ def main() -> None:
         default=[20.0, 60.0],
         help="a SIGKILL comes uniformly between these seconds after a (re)start",
     )
+    parser.add_argument(
+        "--kill-at-checkpoint",
+        type=int,
+        help="instead: a SIGKILL comes as soon as the run has saved checkpoint N (1 ≤ N < --updates)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--smoke",
@@ -346,9 +378,11 @@ def main() -> None:
         help="tiny sizes, a few seconds: checks that the script still runs, measures nothing",
     )
     args = parser.parse_args()
-    if args.smoke:  # the SIGKILL phase restarts a run several times: too long for a smoke run
-        args.updates, args.nan_updates, args.interrupt_every, args.skip_sigkill = 3, [2], 0.5, True
-        print("smoke run: the sigkill phase is skipped")
+    if args.smoke:  # one SIGKILL, right after the first update's checkpoint: the run resumes once
+        args.updates, args.nan_updates, args.interrupt_every = 3, [2], 0.5
+        args.kills, args.kill_at_checkpoint = 1, 1
+    if args.kill_at_checkpoint is not None and not 1 <= args.kill_at_checkpoint < args.updates:
+        parser.error(f"--kill-at-checkpoint must be between 1 and --updates - 1 ({args.updates - 1})")
     results = []
     with tempfile.TemporaryDirectory() as output_dir:
         phases = ([] if args.skip_inprocess else ["inprocess"]) + (["ray"] if args.ray else [])

@@ -6,7 +6,7 @@ Both libraries train CartPole-v1 for the same number of steps with unipg's `ppo`
 kept, as its result table needs it), TensorBoard is off for both. The runs alternate so that machine noise
 hits both alike; the ratio of wall times is the figure to quote.
 
-    pip install stable-baselines3
+    pip install -e '.[test]'         # or '.[bench]': stable-baselines3
     python benchmarks/peer_ppo.py --steps 100000 --repeats 2
 """
 
@@ -80,16 +80,15 @@ def main() -> None:
     parser.add_argument(
         "--smoke",
         action="store_true",
-        help="tiny sizes, a few seconds: checks that the script still runs, measures nothing",
+        help="tiny sizes, a few seconds: checks that the script still runs, both libraries, measures nothing",
     )
     args = parser.parse_args()
+    if importlib.util.find_spec("stable_baselines3") is None:
+        raise SystemExit("stable-baselines3 is not installed: pip install -e '.[test]' (or '.[bench]') brings it")
     torch.set_num_threads(1)
     peers = ["unipg", "sb3"]
     if args.smoke:
         args.steps, args.repeats = 2_048, 1
-        if importlib.util.find_spec("stable_baselines3") is None:
-            print("stable-baselines3 is not installed: its side is skipped")
-            peers.remove("sb3")
     times: dict[str, list[float]] = {name: [] for name in peers}
     with tempfile.TemporaryDirectory() as output_dir:
         for repeat in range(args.repeats):
@@ -103,11 +102,7 @@ def main() -> None:
                     f"train return (last 100 episodes) {final_return:.1f}",
                     flush=True,
                 )
-    unipg = statistics.fmean(times["unipg"])
-    if "sb3" not in times:
-        print(f"mean wall time: unipg {unipg:.1f} s, sb3 skipped")
-        return
-    sb3 = statistics.fmean(times["sb3"])
+    unipg, sb3 = statistics.fmean(times["unipg"]), statistics.fmean(times["sb3"])
     print(f"mean wall time: unipg {unipg:.1f} s, sb3 {sb3:.1f} s; unipg/sb3 = {unipg / sb3:.2f}")
 
 
