@@ -7,6 +7,8 @@ import os
 import pytest
 
 import unipg  # noqa: F401  (first: hides torch companions built for another torch before transformers looks)
+from tests.helpers.main_job import MARKER as MAIN_JOB_MARKER
+from tests.helpers.main_job import MainJobRun
 from unipg.tools import sandbox
 from unipg.tools.bubblewrap import kernel_isolation_available
 
@@ -68,3 +70,34 @@ def _in_process_layers_without_bubblewrap(monkeypatch):
             monkeypatch.setitem(function.__kwdefaults__, "isolation", "process")
         # the tool factory's last positional default
         monkeypatch.setattr(sandbox.python_tool, "__defaults__", (*sandbox.python_tool.__defaults__[:-1], "process"))
+
+
+# The README's main job runs in a background process from the end of collection (tests/helpers/main_job.py); its
+# acceptance test, marked ``main_job``, moves to the end of the session and waits for it.
+_main_job = None
+
+
+def pytest_collection_modifyitems(config, items):
+    waiting = [item for item in items if item.get_closest_marker(MAIN_JOB_MARKER)]
+    items[:] = [item for item in items if not item.get_closest_marker(MAIN_JOB_MARKER)] + waiting
+
+
+def pytest_collection_finish(session):
+    global _main_job
+    if not session.config.option.collectonly and any(
+        item.get_closest_marker(MAIN_JOB_MARKER) for item in session.items
+    ):
+        _main_job = MainJobRun.start()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _main_job is not None:
+        _main_job.stop()
+
+
+@pytest.fixture(scope="session")
+def main_job_run() -> MainJobRun:
+    """The background run of the main job, started when collection selected a test marked ``main_job``."""
+    if _main_job is None:
+        pytest.fail("the main job was not started: a test that uses main_job_run must be marked main_job")
+    return _main_job
