@@ -40,7 +40,7 @@ COLUMNS = {"prompt": "question", "answer": "result"}
 
 def test_a_jsonl_with_its_own_column_names_gives_a_seeded_disjoint_split(problems):
     task = make_task("dataset", path=str(problems), columns=COLUMNS, test_size=0.1, data_seed=7)
-    assert (len(task.train), len(task.test)) == (180, 20)
+    assert (len(task.train), len(task.validation), len(task.test)) == (162, 18, 20)  # validation carved from train
     first = task.train[0]
     assert first.prompt.endswith("=") and first.answer == str(eval(first.prompt[:-1]))
     assert first.columns == {"answer": first.answer, "carry": int(int(first.answer) > 9)}
@@ -49,11 +49,12 @@ def test_a_jsonl_with_its_own_column_names_gives_a_seeded_disjoint_split(problem
     other = make_task("dataset", path=str(problems), columns=COLUMNS, test_size=20, data_seed=8)
     assert len(other.test) == 20 and other.test != task.test
     ids = lambda examples: {id(e) for e in examples}  # noqa: E731
-    assert not ids(task.train) & ids(task.test)
+    assert not ids(task.train) & ids(task.test) and not ids(task.validation) & ids(task.train + task.test)
     worked = make_task("dataset", path=str(problems), columns={**COLUMNS, "solution": "question"}, test_size=0.1)
     assert worked.train[0].solution == worked.train[0].prompt  # the demonstration SFT trains on
     capped = make_task("dataset", path=str(problems), columns=COLUMNS, num_train=16, num_test=4)
-    assert (len(capped.train), len(capped.test)) == (16, 4)  # no test split in the file: 10 % held out, then capped
+    # no test split in the file: 10 % held out, then capped; a validation example carved out of the 16
+    assert (len(capped.train), len(capped.validation), len(capped.test)) == (15, 1, 4)
 
 
 def test_named_splits_parquet_csv_and_save_to_disk_folders(tmp_path):
@@ -63,17 +64,18 @@ def test_named_splits_parquet_csv_and_save_to_disk_folders(tmp_path):
     datasets.Dataset.from_list(rows[:30]).to_json(tmp_path / "split" / "train.jsonl")
     datasets.Dataset.from_list(rows[30:]).to_json(tmp_path / "split" / "test.jsonl")
     folder = make_task("dataset", path=str(tmp_path / "split"))
-    assert (len(folder.train), len(folder.test)) == (30, 10) and folder.test[0].prompt == rows[30]["prompt"]
+    assert (len(folder.train) + len(folder.validation), len(folder.test)) == (30, 10)
+    assert folder.test[0].prompt == rows[30]["prompt"]
     table.to_parquet(tmp_path / "data.parquet")
     table.to_csv(tmp_path / "data.csv", index=False)
     for name in ("data.parquet", "data.csv"):
         task = make_task("dataset", path=str(tmp_path / name), test_size=10)
-        assert (len(task.train), len(task.test)) == (30, 10)
+        assert (len(task.train) + len(task.validation), len(task.test)) == (30, 10)
     datasets.DatasetDict({"train": table.select(range(35)), "validation": table.select(range(35, 40))}).save_to_disk(
         tmp_path / "saved"
     )
     saved = make_task("dataset", path=str(tmp_path / "saved"), test_split="validation")
-    assert (len(saved.train), len(saved.test)) == (35, 5)
+    assert (len(saved.train) + len(saved.validation), len(saved.test)) == (35, 5)  # a split tests, not both
 
 
 def test_a_prompt_column_of_chat_messages_is_kept_as_a_conversation(tmp_path):

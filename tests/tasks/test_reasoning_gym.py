@@ -19,7 +19,7 @@ ONE_DIGIT_SUMS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits":
 def test_a_generator_gives_reproducible_splits_that_share_no_question():
     task = make_task("reasoning_gym", dataset="chain_sum", size=40, num_test=8, seed=3, config=ONE_DIGIT_SUMS)
     again = make_task("reasoning_gym", dataset="chain_sum", size=40, num_test=8, seed=3, config=ONE_DIGIT_SUMS)
-    assert len(task.train) == 40 and 0 < len(task.test) <= 8
+    assert len(task.train) + len(task.validation) == 40 and 0 < len(task.test) <= 8
     assert [e.prompt for e in task.train] == [e.prompt for e in again.train]
     assert not {e.prompt for e in task.train} & {e.prompt for e in task.test}
     assert all(e.prompt.count("+") + e.prompt.count("-") == 1 for e in task.train)  # the config reached it

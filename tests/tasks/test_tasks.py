@@ -27,7 +27,7 @@ def test_arithmetic_answers_are_the_value_of_the_expression():
 
 def test_arithmetic_splits_are_disjoint_distinct_and_reproducible():
     task = make_task("arithmetic", digits=2, num_train=3000, num_test=200, data_seed=7)
-    train_prompts = [example.prompt for example in task.train]
+    train_prompts = [example.prompt for example in task.train + task.validation]  # the validation split is carved
     test_prompts = [example.prompt for example in task.test]
     assert len(set(train_prompts)) == 3000 and len(set(test_prompts)) == 200
     assert not set(train_prompts) & set(test_prompts)
@@ -41,14 +41,15 @@ def test_arithmetic_splits_are_disjoint_distinct_and_reproducible():
 
 def test_arithmetic_can_use_the_whole_problem_space_and_no_more():
     task = make_task("arithmetic", digits=1, operations="+", num_train=90, num_test=10)
-    assert len({example.prompt for example in task.train + task.test}) == 100
+    assert len({example.prompt for example in task.train + task.validation + task.test}) == 100
     with pytest.raises(ValueError, match="only 100 distinct problems"):
         make_task("arithmetic", digits=1, operations="+", num_train=91, num_test=10)
-    # by default the train set takes 20000 problems, or all that the test set leaves
-    assert len(make_task("arithmetic", digits=1, operations="+", num_test=30).train) == 70
+    # by default the train set takes 20000 problems, or all that the test set leaves (the validation split included)
+    kept = lambda task: len(task.train) + len(task.validation)  # noqa: E731
+    assert kept(make_task("arithmetic", digits=1, operations="+", num_test=30)) == 70
     default = make_task("arithmetic")
-    assert (len(default.train), len(default.test)) == (19800, 200)
-    assert len(make_task("arithmetic", digits=3, num_test=10).train) == 20000
+    assert (kept(default), len(default.validation), len(default.test)) == (19800, 128, 200)
+    assert kept(make_task("arithmetic", digits=3, num_test=10)) == 20000
 
 
 def test_unknown_task_and_option_names_are_reported():
@@ -84,7 +85,7 @@ def test_extract_final_answer(text, expected):
 
 
 def test_generated_word_problems_read_like_gsm8k_and_answer_themselves():
-    task = make_task("gsm8k", num_train=300, num_test=50, data_seed=3)
+    task = make_task("gsm8k", num_train=300, num_test=50, data_seed=3, validation_examples=0)
     assert len(task.train) == 300 and len(task.test) == 50
     assert not {e.prompt for e in task.train} & {e.prompt for e in task.test}
     openings = set()
@@ -96,7 +97,7 @@ def test_generated_word_problems_read_like_gsm8k_and_answer_themselves():
             assert eval(expression) == int(value)  # every calculator annotation is right
         openings.add(" ".join(example.prompt.split()[1:3]))
     assert len(openings) >= 8  # many different templates appear
-    assert make_task("gsm8k", num_train=300, num_test=50, data_seed=3).train == task.train
+    assert make_task("gsm8k", num_train=300, num_test=50, data_seed=3, validation_examples=0).train == task.train
     assert task.rewards == [{"name": "math", "weight": 1.0}, {"name": "format", "weight": 0.1}]
     assert task.system_prompt is None
 
@@ -118,7 +119,7 @@ def _write_jsonl(path, records) -> None:
 def test_loader_reads_jsonl_splits_it_and_removes_thousands_separators(tmp_path):
     file = tmp_path / "gsm8k.jsonl"
     _write_jsonl(file, _records(20))
-    task = make_task("gsm8k", path=str(file), test_fraction=0.25, data_seed=0)
+    task = make_task("gsm8k", path=str(file), test_fraction=0.25, data_seed=0, validation_examples=0)  # the loader's
     assert len(task.train) == 15 and len(task.test) == 5
     assert not {e.prompt for e in task.train} & {e.prompt for e in task.test}
     by_prompt = {e.prompt: e for e in task.train + task.test}
@@ -127,7 +128,9 @@ def test_loader_reads_jsonl_splits_it_and_removes_thousands_separators(tmp_path)
     assert example.solution.endswith("#### 1,234")
     again = make_task("gsm8k", path=str(file), test_fraction=0.25, data_seed=0)
     assert again.test == task.test
-    capped = make_task("gsm8k", path=str(file), test_fraction=0.25, data_seed=0, num_train=4, num_test=2)
+    capped = make_task(
+        "gsm8k", path=str(file), test_fraction=0.25, data_seed=0, num_train=4, num_test=2, validation_examples=0
+    )
     assert capped.train == task.train[:4] and capped.test == task.test[:2]
 
 
@@ -139,17 +142,17 @@ def test_loader_reads_parquet_and_the_hugging_face_directory_layout(tmp_path):
     records = _records(12)
     parquet.write_table(pyarrow.Table.from_pylist(records[:8]), folder / "train-00000-of-00001.parquet")
     parquet.write_table(pyarrow.Table.from_pylist(records[8:]), folder / "test-00000-of-00001.parquet")
-    task = make_task("gsm8k", path=str(tmp_path / "gsm8k"))
+    task = make_task("gsm8k", path=str(tmp_path / "gsm8k"), validation_examples=0)  # the files' own splits
     assert [e.prompt for e in task.train] == [r["question"] for r in records[:8]]
     assert [e.answer for e in task.test] == [str(i * 1000 + 234) for i in range(9, 13)]
     single = make_task("gsm8k", path=str(folder / "train-00000-of-00001.parquet"), test_fraction=0.5)
-    assert len(single.train) == len(single.test) == 4
+    assert len(single.train) + len(single.validation) == len(single.test) == 4
 
 
 def test_loader_reads_a_jsonl_directory(tmp_path):
     _write_jsonl(tmp_path / "train.jsonl", _records(3))
     _write_jsonl(tmp_path / "test.jsonl", _records(5)[3:])
-    task = make_task("gsm8k", path=str(tmp_path))
+    task = make_task("gsm8k", path=str(tmp_path), validation_examples=0)  # the files' own splits
     assert [e.answer for e in task.train] == ["1234", "2234", "3234"]
     assert [e.answer for e in task.test] == ["4234", "5234"]
 
@@ -196,5 +199,5 @@ def test_sizes_a_task_cannot_hold_name_the_options_to_change(name, options, expe
 
 def test_a_task_that_fits_its_problem_space_exactly_is_built():
     task = make_task("calculator", digits=1, num_test=40)
-    assert (len(task.train), len(task.test)) == (60, 40)
-    assert len({example.prompt for example in task.train + task.test}) == 100
+    assert (len(task.train) + len(task.validation), len(task.test)) == (60, 40)
+    assert len({example.prompt for example in task.train + task.validation + task.test}) == 100

@@ -23,7 +23,7 @@ SMALL = {"digits": 2, "num_train": 300, "num_test": 40}
 
 def test_examples_are_whole_number_conversions_in_several_phrasings_with_a_disjoint_test_split():
     task = make_task("units", **SMALL, tool_demonstrations=0.5)
-    assert (len(task.train), len(task.test)) == (300, 40) and task.tools == [{"name": "convert"}]
+    assert (len(task.train) + len(task.validation), len(task.test)) == (300, 40) and task.tools == [{"name": "convert"}]
     assert not {e.prompt for e in task.train} & {e.prompt for e in task.test}
     patterns = [
         re.escape(p)

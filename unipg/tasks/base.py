@@ -1,4 +1,5 @@
-"""Single-turn text tasks: a question, a reference answer and a demonstration, split into train and test.
+"""Single-turn text tasks: a question, a reference answer and a demonstration, split into train, validation and
+test.
 
 A task is built by name from the ``TASKS`` registry with ``make_task(name, **options)``. Every example
 carries ``columns`` (at least ``{"answer": answer}``) that are handed to reward functions as keyword
@@ -10,12 +11,19 @@ arguments, the way TRL hands dataset columns to ``GRPOTrainer`` reward functions
 - ``dataset`` (module ``dataset``): any table of prompts and answers loaded with Hugging Face ``datasets``.
 
 Train and test never share a prompt, and every split is a deterministic function of ``data_seed``.
+
+The three splits have three uses. Train is what the policy learns from. Validation is what every decision
+taken during training reads: the warm start's evidence stop and the choice of the best checkpoint. Test is read
+only to report: a run's ``eval/…`` metrics and ``unipg eval``. A task may bring its own validation split; one
+that does not (``Task.validation`` None, as a plugin's task usually is) gets one carved out of its train split by
+``make_task`` (``with_validation``), so no task trains on the examples that judge it.
 """
 
 from __future__ import annotations
 
+import inspect
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from unipg.registry import FactoryRegistry, check_option_types, validate_options
@@ -35,7 +43,7 @@ class Example:
 
 @dataclass
 class Task:
-    """A named set of train and test examples with the rewards that grade them by default."""
+    """A named set of train, validation and test examples with the rewards that grade them by default."""
 
     name: str
     train: list[Example]
@@ -50,17 +58,66 @@ class Task:
     env: str | None = None  # the environment (an ``ENVS`` name); None: ``tool`` with tools, else ``single_turn``
     env_options: dict = field(default_factory=dict)  # options of ``env``
     role_demonstrations: Callable | None = None  # example → [(role, first observation, solution)] for SFT
+    # Examples that training-time decisions read (module docstring), disjoint from train and test; None: the task
+    # brings none, and ``make_task`` carves one out of train (``with_validation``).
+    validation: list[Example] | None = None
 
 
 TASKS = FactoryRegistry("task")  # a factory's keyword parameters are the task's options
 
+VALIDATION_EXAMPLES = 128
+"""The most validation examples a task keeps when no size is asked for: the split is evaluated at every evaluation
+during training, so it is kept small."""
 
-def make_task(name: str, **options) -> Task:
-    """Build the task registered as ``name``; unknown option names raise a ValueError listing the valid ones."""
+
+def make_task(name: str, *, validation_examples: int | None = None, **options) -> Task:
+    """Build the task registered as ``name``, with a validation split (``with_validation``: ``validation_examples``
+    of them, carved with the task's ``data_seed`` when the task brings none); unknown option names raise a
+    ValueError listing the valid ones."""
     factory = TASKS.get(name)
     validate_options(TASKS, name, options)
     check_option_types("task", name, factory, options)
-    return factory(**options)
+    return with_validation(factory(**options), size=validation_examples, seed=_data_seed(factory, options))
+
+
+def _data_seed(factory: Callable, options: dict) -> int:
+    """The ``data_seed`` a task is built with (its option, else the factory's default); 0 for a task without one."""
+    if "data_seed" in options:
+        return options["data_seed"]
+    parameter = inspect.signature(factory).parameters.get("data_seed")
+    default = parameter.default if parameter is not None else 0
+    return default if isinstance(default, int) else 0
+
+
+def validation_size(train_count: int, size: int | None) -> int:
+    """How many of ``train_count`` training examples a task without a validation split of its own gives up to one:
+    ``size`` when given, else a tenth of them, at most ``VALIDATION_EXAMPLES`` and at least 1 when there are two or
+    more (so that one is left to train on)."""
+    if size is not None:
+        return size
+    return min(VALIDATION_EXAMPLES, max(1, train_count // 10)) if train_count >= 2 else 0
+
+
+def with_validation(task: Task, *, size: int | None = None, seed: int = 0) -> Task:
+    """``task`` with a validation split. A task that brings one keeps its first ``size`` examples (None:
+    ``VALIDATION_EXAMPLES``); any other gives up ``validation_size`` training examples to one, chosen with
+    ``seed``. Train keeps the order of the examples it keeps and test is not read, so the carve changes neither
+    which examples are in test nor anything of train but the carved examples' absence; it draws only indices, so
+    it costs one copy of the train list."""
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
+        raise ValueError(f"task '{task.name}': validation_examples must be a non-negative integer, got {size!r}")
+    if task.validation is not None:
+        own = task.validation[: VALIDATION_EXAMPLES if size is None else size]
+        return task if len(own) == len(task.validation) else replace(task, validation=own)
+    count = validation_size(len(task.train), size)
+    if count and count >= len(task.train):
+        raise ValueError(
+            f"task '{task.name}': validation_examples ({count}) would take every one of its {len(task.train)} "
+            "training examples; ask for fewer (eval.validation_examples), or for 0 to carve no validation split"
+        )
+    chosen = set(random.Random(f"validation-{seed}").sample(range(len(task.train)), count))
+    train = [example for index, example in enumerate(task.train) if index not in chosen]
+    return replace(task, train=train, validation=[task.train[index] for index in sorted(chosen)])
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -17,7 +17,10 @@ as TRL's ``GRPOTrainer`` hands dataset columns to its reward functions: a reward
 completions, level, **columns)`` reads the ``level`` column.
 
 The test split is ``test_split`` when given, else ``test_size`` rows (a fraction or a count) drawn from ``split``
-with ``data_seed``, else the dataset's own ``test`` split when it has one, else 10 % of ``split``.
+with ``data_seed``, else the dataset's own ``test`` split when it has one, else 10 % of ``split``. The validation
+split, which training decisions read (``unipg.tasks.base``), is ``validation_split`` when given, else the
+dataset's own ``validation`` split when it has one (and it is neither ``split`` nor the test split), else it is
+carved out of the train rows by ``make_task``.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ def dataset_task(
     path: str,
     split: str = "train",
     test_split: str | None = None,
+    validation_split: str | None = None,
     test_size: float | int | None = None,
     columns: dict | None = None,
     subset: str | None = None,
@@ -47,12 +51,28 @@ def dataset_task(
     """Examples from the table at ``path`` (module docstring); ``num_train`` and ``num_test`` cap the splits."""
     _check_sizes("dataset", num_train=num_train, num_test=num_test)
     renames = _column_map(columns)
-    train_rows, test_rows = load_splits(
-        path, split=split, test_split=test_split, test_size=test_size, subset=subset, data_seed=data_seed
+    train_rows, validation_rows, test_rows = load_splits(
+        path,
+        split=split,
+        test_split=test_split,
+        validation_split=validation_split,
+        test_size=test_size,
+        subset=subset,
+        data_seed=data_seed,
     )
     train = rows_to_examples(train_rows[:num_train], renames, f"dataset '{path}' split '{split}'")
     test = rows_to_examples(test_rows[:num_test], renames, f"dataset '{path}' test split")
-    return Task(name="dataset", train=train, test=test, system_prompt=None, rewards=[{"name": "math", "weight": 1.0}])
+    validation = None
+    if validation_rows is not None:
+        validation = rows_to_examples(validation_rows, renames, f"dataset '{path}' validation split")
+    return Task(
+        name="dataset",
+        train=train,
+        test=test,
+        system_prompt=None,
+        rewards=[{"name": "math", "weight": 1.0}],
+        validation=validation,
+    )
 
 
 def _column_map(columns: Any) -> dict[str, str]:
@@ -68,9 +88,17 @@ def _column_map(columns: Any) -> dict[str, str]:
 
 
 def load_splits(
-    path: str, *, split: str, test_split: str | None, test_size: float | int | None, subset: str | None, data_seed: int
-) -> tuple[list[dict], list[dict]]:
-    """(train rows, test rows) as lists of dicts (module docstring: which split is which)."""
+    path: str,
+    *,
+    split: str,
+    test_split: str | None,
+    test_size: float | int | None,
+    subset: str | None,
+    data_seed: int,
+    validation_split: str | None = None,
+) -> tuple[list[dict], list[dict] | None, list[dict]]:
+    """(train rows, validation rows or None when the dataset has none, test rows) as lists of dicts (module
+    docstring: which split is which)."""
     import datasets
 
     datasets.disable_progress_bars()
@@ -86,10 +114,31 @@ def load_splits(
                 raise ValueError(
                     f"dataset '{path}' has no split '{test_split}' (test_split); its splits: {', '.join(loaded)}"
                 )
-            return loaded[split].to_list(), loaded[test_split].to_list()
-        if test_size is None and "test" in loaded and split != "test":
-            return loaded[split].to_list(), loaded["test"].to_list()
-        return _split_off(loaded[split], 0.1 if test_size is None else test_size, data_seed, path)
+            train, test = loaded[split].to_list(), loaded[test_split].to_list()
+        elif test_size is None and "test" in loaded and split != "test":
+            train, test = loaded[split].to_list(), loaded["test"].to_list()
+            test_split = "test"
+        else:
+            train, test = _split_off(loaded[split], 0.1 if test_size is None else test_size, data_seed, path)
+        validation = _validation_rows(loaded, path, validation_split, taken=(split, test_split))
+        return train, validation, test
+
+
+def _validation_rows(loaded, path: str, validation_split: str | None, *, taken: tuple) -> list[dict] | None:
+    """The rows of ``validation_split``, else of the dataset's own ``validation`` split unless a split of ``taken``
+    (train's, test's) is it; None when there is none."""
+    if validation_split is None:
+        return loaded["validation"].to_list() if "validation" in loaded and "validation" not in taken else None
+    if validation_split not in loaded:
+        raise ValueError(
+            f"dataset '{path}' has no split '{validation_split}' (validation_split); its splits: {', '.join(loaded)}"
+        )
+    if validation_split in taken:
+        raise ValueError(
+            f"dataset '{path}': validation_split '{validation_split}' is also the train or the test split; "
+            "name a split of its own, or leave validation_split out to carve one out of train"
+        )
+    return loaded[validation_split].to_list()
 
 
 def _load(datasets, local: Path, path: str, subset: str | None, cache: str):
