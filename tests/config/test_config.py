@@ -185,3 +185,13 @@ def test_a_gym_run_reads_the_old_batch_keys_as_transitions_with_a_deprecation_wa
         "'train.mini_batch_size' counts completions in language-model runs; a gymnasium run counts its batch in "
         "environment transitions: read as 'train.mini_batch_transitions' (32); rename the key",
     ]
+
+
+def test_an_lm_run_that_would_choose_its_best_checkpoint_on_the_test_split_is_warned():
+    assert load_config(None, ["task.name=arithmetic"]).checkpoint.best_metric == "val/pass@1"
+    assert load_config(None, ["task.name=arithmetic"]).warnings == []
+    warned = load_config(None, ["task.name=arithmetic", "checkpoint.best_metric=eval/pass@1"]).warnings
+    assert any("test split" in w and "checkpoint.best_metric=val/pass@1" in w for w in warned)
+    off = ["task.name=arithmetic", "checkpoint.best_metric=eval/pass@1", "checkpoint.keep_best=false"]
+    assert load_config(None, off).warnings == []
+    assert load_config(None, ["env.id=CartPole-v1", "checkpoint.best_metric=eval/return_mean"]).warnings == []

@@ -184,7 +184,7 @@ class SFTConfig(Section):
     then alternate between kinds of demonstration (short answers, long tool calls), which can swing a choice
     the mixture decides, such as how often to call a tool; keep it off for such mixtures."""
     evidence_stop: Literal["off", "stages", "all"] = "off"
-    """agent tasks: end a stage early once greedy turns on held-out demonstrations make valid calls with the
+    """agent tasks: end a stage early once greedy turns on validation demonstrations make valid calls with the
     demonstrated arguments and, given the tools' results, give the demonstrated answer (min_call_validity,
     min_argument_accuracy, min_answer_accuracy; unipg.learn.evidence), the stage's steps
     being a cap. stages: only the stages of sft.stages (the main stage, often a mixture meant to change how often
@@ -192,7 +192,8 @@ class SFTConfig(Section):
     evidence_every: int = Field(100, ge=1)
     """with evidence_stop on: measure the evidence every this many steps of a stage (and log it)."""
     evidence_examples: int = Field(32, ge=1)
-    """held-out demonstrations (the task's first test examples) the evidence is measured on."""
+    """demonstrations the evidence is measured on: the first this many of the task's validation split that call a
+    tool (see eval.validation_examples; never the test split)."""
     min_call_validity: float = Field(0.9, ge=0.0, le=1.0)
     """fraction of greedy first turns that must be calls the environment accepts."""
     min_argument_accuracy: float = Field(0.9, ge=0.0, le=1.0)
@@ -268,9 +269,10 @@ class CheckpointConfig(Section):
     """keep this many newest checkpoints; older ones are deleted (the best one is kept too, see keep_best)."""
     keep_best: bool = True
     """also keep the checkpoint with the best best_metric, however old."""
-    best_metric: str = "eval/pass@1"
+    best_metric: str = "val/pass@1"
     """metric, higher is better, that ranks checkpoints for keep_best; only checkpoints saved at an update
-    with an evaluation carry it (gym runs: set eval/return_mean)."""
+    with an evaluation carry it. lm runs: a val/… metric, measured on the validation split (eval/… is the test
+    split's, for reporting only); gym runs: set eval/return_mean."""
 
 
 class RollbackConfig(Section):

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ValidationError
 from unipg.config.hyperparameters import accepted_phrase, chosen_estimators
 from unipg.config.plugins import import_plugins, resolve_plugins
 from unipg.config.presets import ALGORITHMS, algorithm_names, ignored_keys
-from unipg.config.rules import cross_field_problems
+from unipg.config.rules import cross_field_problems, decisions_on_test_split
 from unipg.config.schema import Config
 from unipg.config.secrets import drop_redacted
 from unipg.config.section import ConfigError, is_text_field
@@ -177,7 +177,7 @@ def build_config(raw: dict[str, Any]) -> Config:
     problems = cross_field_problems(config)
     if problems:
         raise ConfigError(invalid_configuration(problems))
-    config.warnings = reshaped + renamed + ignored_keys(config, user_keys)
+    config.warnings = reshaped + renamed + ignored_keys(config, user_keys) + decisions_on_test_split(config)
     return config
 
 

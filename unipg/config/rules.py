@@ -70,6 +70,19 @@ def cross_field_problems(config: Config) -> list[str]:
     return problems
 
 
+def decisions_on_test_split(config: Config) -> list[str]:
+    """Warnings, each with its fix, for a decision of an lm run that would read the test split, which only reports
+    (``unipg.tasks.base``): the best checkpoint chosen by an ``eval/…`` metric."""
+    checkpoint = config.checkpoint
+    if config.is_lm and checkpoint.keep_best and checkpoint.best_metric.startswith("eval/"):
+        return [
+            f"checkpoint.best_metric '{checkpoint.best_metric}' is measured on the test split, which should only "
+            "report: choosing the best checkpoint by it lets the test split decide. Rank on the validation split "
+            "instead, e.g. checkpoint.best_metric=val/pass@1"
+        ]
+    return []
+
+
 def reads_episode_ends(advantage: str) -> bool:
     """Whether step estimator ``advantage`` reads episode ends (``dones``): a gymnasium segment holds several
     episodes per row, and a return must not flow from one into the one before."""

@@ -20,14 +20,21 @@ class EvalConfig(Section):
     deterministic: bool = Field(True, json_schema_extra=read_in("gym"))
     """act greedily (mode of the policy) during evaluation."""
     every_updates: int = Field(10, ge=1, json_schema_extra=read_in("lm"))
-    """lm runs: evaluate on the held-out split every this many learner updates (and before and after)."""
+    """lm runs: evaluate every this many learner updates (and before and after): on the test split, reported as
+    eval/… and read by no decision, and (not before training) greedily on the validation split as val/…, which
+    checkpoint.best_metric ranks."""
     pass_k: int = Field(4, ge=0, json_schema_extra=read_in("lm"))
-    """lm runs: also report sampled pass@k with this k (0 = greedy pass@1 only)."""
+    """lm runs: also report sampled pass@k on the test split with this k (0 = greedy pass@1 only)."""
     max_examples: int | None = Field(None, ge=1, json_schema_extra=read_in("lm"))
-    """lm runs: evaluate on the first this many held-out examples (None = all)."""
+    """lm runs: evaluate on the first this many test examples (None = all)."""
+    validation_examples: int | None = Field(None, ge=0, json_schema_extra=read_in("lm"))
+    """lm runs: size of the validation split that decisions during training read (val/… for checkpoint.keep_best,
+    sft.evidence_stop): a task without one of its own gives up this many train examples, chosen with its data_seed,
+    and one with its own keeps its first this many. None = a tenth of train, at most 128 (at least 1 when train has
+    two examples or more); 0 = none."""
     transcripts: int = Field(4, ge=0)
-    """lm runs: at each evaluation, write the transcripts of the first this many held-out greedy episodes to
-    <run>/transcripts/eval_<update>.jsonl and to TensorBoard as text (0 = none)."""
+    """lm runs: at each evaluation, write the transcripts of the first this many greedy episodes on the test split
+    to <run>/transcripts/eval_<update>.jsonl and to TensorBoard as text (0 = none)."""
 
 
 class RuntimeConfig(Section):
