@@ -138,9 +138,9 @@ def run_in_parallel(configs: list[Config], threshold: float | None, jobs: int) -
 
     if configs[0].is_lm and configs[0].model.warm_start:
         from unipg.learn.warm_start import resolve_warm_start
-        from unipg.tasks.base import make_task
+        from unipg.sample.episodes import build_task
 
-        resolve_warm_start(configs[0], make_task(configs[0].task.name, **configs[0].task.options))
+        resolve_warm_start(configs[0], build_task(configs[0]))
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         return list(pool.map(_train_in_child, configs, [threshold] * len(configs)))
 

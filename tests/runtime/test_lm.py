@@ -35,7 +35,12 @@ def test_training_run_logs_the_step_metrics_and_saves_the_policy(embedded_path, 
         "eval/response_length",
         "eval/turns",
         "eval/truncated_fraction",
+        "val/pass@1",  # greedy on the validation split, which ranks checkpoints
+        "val/response_length",
+        "val/turns",
+        "val/truncated_fraction",
     }
+    assert not any(key.startswith("val/") for key in result.initial_eval)  # before training nothing is decided
     assert result.final_eval["eval/sampled_completion"] <= result.final_eval["eval/pass@2"]
     records = read_metrics(result.run_dir)
     train_record = next(r for r in records if "rollout/reward_mean" in r)

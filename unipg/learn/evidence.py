@@ -2,7 +2,8 @@
 
 A warm start for an agent task has to teach the skills RL then relies on: writing a call the environment
 accepts, copying the problem's arguments into it, and reporting what the tool returned. All are measured on
-held-out demonstrations (the task's test examples, whose references all call the tool), greedily:
+held-out demonstrations that call a tool, greedily. They come from the task's validation split, never from its
+test split: stopping a stage is a decision, and the test split only reports (``unipg.tasks.base``).
 
 - ``call_validity``: the first turn is a call the environment would run (closing tag, JSON, a known tool,
   arguments that fit its schema: ``unipg.envs.tool_env.parse_turn``);
@@ -96,14 +97,28 @@ def call_scores(turns: list[str], demonstrated: list[str], service: EnvironmentS
     return scores
 
 
+def evidence_examples(task: Task, count: int) -> list[Example]:
+    """The demonstrations the evidence is measured on: the first ``count`` of ``task``'s validation split that start
+    with a call (in a mixture of demonstrations, those that answer at once have no call to measure). A ValueError
+    when the split is empty, so that no stage runs to its cap while seeming to wait for evidence."""
+    if not task.validation:
+        raise ValueError(
+            f"sft.evidence_stop measures the evidence on the validation split of task '{task.name}', which is empty; "
+            "give it examples (eval.validation_examples, at least 1 with two training examples or more) or set "
+            "sft.evidence_stop=off"
+        )
+    return [example for example in task.validation if first_call(example) is not None][:count]
+
+
 def evidence_check(
     model, tokenizer, task: Task, config: Config, *, stage: str, log: Callable[[str], None]
 ) -> Callable[[int], bool]:
-    """``check(step) -> stop``: measures ``call_evidence`` and ``answer_evidence`` on the first
-    ``sft.evidence_examples`` held-out demonstrations of ``task``, logs them, records them in ``check.history``, and
-    says whether every threshold passes (the answer's only where the demonstrations go on after the call)."""
+    """``check(step) -> stop``: measures ``call_evidence`` and ``answer_evidence`` on ``evidence_examples`` (the
+    first ``sft.evidence_examples`` validation demonstrations of ``task`` that call a tool), logs them, records them
+    in ``check.history``, and says whether every threshold passes (the answer's only where the demonstrations go on
+    after the call)."""
     sft = config.sft
-    examples = task.test[: sft.evidence_examples]
+    examples = evidence_examples(task, sft.evidence_examples)
 
     def check(step: int) -> bool:
         evidence = call_evidence(model, tokenizer, task, config, examples)

@@ -23,10 +23,10 @@ from unipg.learn.evidence import evidence_check
 from unipg.learn.sft import sft_train
 from unipg.policy.embedded import BUILDER_VERSION, cache_dir
 from unipg.policy.loading import load_causal_lm, load_tokenizer
-from unipg.sample.episodes import demonstration_pairs, greedy_completion_rate, held_out
-from unipg.tasks.base import Task, make_task
+from unipg.sample.episodes import build_task, demonstration_pairs, greedy_completion_rate, held_out
+from unipg.tasks.base import Task
 
-WARM_START_VERSION = 2
+WARM_START_VERSION = 4  # 4: trained without the validation split, which the evidence stop reads instead of test
 MARKER = "unipg-warm-start.json"
 
 
@@ -80,6 +80,8 @@ def warm_start_key(config: Config) -> dict:
     }  # set only: caches built before them keep their key
     if config.model.dtype != "float32":  # trained in another precision; float32 keys stay as they were
         key["dtype"] = config.model.dtype
+    if config.eval.validation_examples is not None:  # how much of train the validation split takes
+        key["validation_examples"] = config.eval.validation_examples
     prompts = {role: settings.system_prompt for role, settings in config.agent.roles.items() if settings.system_prompt}
     if prompts:  # role prompts are rendered into multi-role demonstrations
         key["role_prompts"] = prompts
@@ -150,11 +152,12 @@ def fine_tune_on_demonstrations(
 ) -> dict:
     """Fine-tune on the task's demonstrations: each of ``sft.stages`` in order (the task rebuilt with the
     stage's options), then ``sft.steps`` on the task itself; returns the last stage's final metrics, with the
-    ``evidence`` measured on the way (``unipg.learn.evidence``) when ``sft.evidence_stop`` is on."""
-    sft = config.sft
+    ``evidence`` measured on the way (``unipg.learn.evidence``) when ``sft.evidence_stop`` is on. Every stage
+    trains on its task's train split, without the validation split the evidence reads (``build_task``)."""
+    sft, task = config.sft, build_task(config, task)
     stages = [
         (
-            make_task(config.task.name, **{**config.task.options, **stage.options}),
+            build_task(config, **stage.options),
             stage.steps,
             stage.learning_rate or sft.learning_rate,
             stage.batch_size or sft.batch_size,
@@ -188,8 +191,9 @@ def fine_tune_on_demonstrations(
 
 
 def run_sft(config: Config, output: Path | None = None, *, log=print) -> dict:
-    """Returns {"before", "after": held-out greedy accuracy, "output": folder, "metrics": final SFT metrics}."""
-    task = make_task(config.task.name, **config.task.options)
+    """Returns {"before", "after": greedy accuracy on the test split (reported; the evidence stop reads the
+    validation split), "output": folder, "metrics": final SFT metrics}."""
+    task = build_task(config)
     output = output or Path(config.log.output_dir) / f"sft-{task.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     if output.exists() and any(output.iterdir()):
         raise ValueError(f"output folder '{output}' is not empty; choose another --output")

@@ -2,6 +2,8 @@
 
 Greedy episodes on the task's test split give pass@1 (the task completion rate), turns, tool calls, tool
 success and the tool service's counters; with ``eval.pass_k`` > 0, k sampled episodes per example give pass@k.
+These are the ``eval/…`` metrics, which report and decide nothing. During training the same greedy metrics on the
+validation split are the ``val/…`` ones, which decisions read (``checkpoint.best_metric``).
 """
 
 from __future__ import annotations
@@ -74,31 +76,32 @@ def run_config(run_dir: Path, overrides: list[str], notify: Callable[[str], None
 
 
 def evaluate_episodes(
-    runner: EpisodeRunner, examples: list[Example], *, pass_k: int, seed: int
+    runner: EpisodeRunner, examples: list[Example], *, pass_k: int, seed: int, prefix: str = "eval"
 ) -> tuple[dict[str, float], list[Trajectory]]:
     """Greedy episodes on held-out examples — pass@1 is the task completion rate (the final answer equals the
     reference), with turns and tool use — and, from ``pass_k`` sampled episodes per example (none if 0,
     ``eval.pass_k``), pass@k (solved by any of them) and the sampled completion rate (the share of them solved:
-    the policy as it samples, which RL trains, where greedy decoding shows only its mode). The metrics, and the
-    greedy episodes in the order of ``examples``."""
+    the policy as it samples, which RL trains, where greedy decoding shows only its mode). The metrics, named
+    ``<prefix>/…`` (``eval`` for the test split, ``val`` for the validation split), and the greedy episodes in the
+    order of ``examples``."""
     greedy = runner.run(examples, params=runner.sampling(greedy=True), generator=None).trajectories
-    metrics = {"eval/pass@1": statistics.fmean(t.correct for t in greedy)}
+    metrics = {f"{prefix}/pass@1": statistics.fmean(t.correct for t in greedy)}
     metrics.update(
         {
             key: value
-            for key, value in episode_metrics(greedy, "eval", tools=runner.service is not None).items()
-            if key != "eval/completion_rate"
+            for key, value in episode_metrics(greedy, prefix, tools=runner.service is not None).items()
+            if key != f"{prefix}/completion_rate"
         }
     )
-    metrics.update(runner.pop_service_metrics("eval"))
+    metrics.update(runner.pop_service_metrics(prefix))
     k = pass_k
     if k > 0:
         generator = torch.Generator().manual_seed(seed)
         sampled = runner.run([example for example in examples for _ in range(k)], generator=generator).trajectories
         solved = [any(t.correct for t in sampled[i * k : (i + 1) * k]) for i in range(len(examples))]
-        metrics[f"eval/pass@{k}"] = statistics.fmean(solved)
-        metrics["eval/sampled_completion"] = statistics.fmean(t.correct for t in sampled)
-        runner.pop_service_metrics("eval")
+        metrics[f"{prefix}/pass@{k}"] = statistics.fmean(solved)
+        metrics[f"{prefix}/sampled_completion"] = statistics.fmean(t.correct for t in sampled)
+        runner.pop_service_metrics(prefix)
     return metrics, greedy
 
 
@@ -108,7 +111,8 @@ def evaluate_lm(runner: EpisodeRunner, examples: list[Example], *, pass_k: int, 
 
 
 def evaluate_model(config: Config) -> dict[str, float]:
-    """Held-out metrics of ``config.model.name`` on ``config.task.name`` (``eval.max_examples`` of its test split)."""
+    """Held-out metrics of ``config.model.name`` on ``config.task.name`` (``eval.max_examples`` of its test split,
+    ``eval/…``)."""
     return evaluate_model_episodes(config, show=0)[0]
 
 
@@ -118,9 +122,8 @@ def evaluate_model_episodes(config: Config, *, show: int) -> tuple[dict[str, flo
     from unipg.config.devices import resolve_device
     from unipg.policy.loading import load_lm_policy
     from unipg.runtime.setup import seed_everything, set_threads
-    from unipg.sample.episodes import EpisodeRunner, held_out
+    from unipg.sample.episodes import EpisodeRunner, build_task, held_out
     from unipg.sample.transcripts import transcript
-    from unipg.tasks.base import make_task
     from unipg.tasks.rewards.rules import build_rewards, reward_defaults
 
     if not config.is_lm:
@@ -130,7 +133,7 @@ def evaluate_model_episodes(config: Config, *, show: int) -> tuple[dict[str, flo
         )
     seed_everything(config.seed, config.deterministic)
     set_threads(config)
-    task = make_task(config.task.name, **config.task.options)
+    task = build_task(config)  # with the validation split a warm start of the run reads, carved as the run carves it
     if config.model.warm_start:
         from unipg.learn.warm_start import resolve_warm_start
 

@@ -3,8 +3,10 @@
 One learner update reads top to bottom: take the groups of ``batch_size / samples_per_prompt`` prompts from
 the runtime (each group ``samples_per_prompt`` episodes of one prompt, with their behaviour log-probs and the
 weights version of every turn; ``unipg.runtime.backends.local_lm``), compute reference log-probs and values, estimate
-advantages, take ``num_epochs`` passes of mini-batch steps, publish the new weights. Held-out greedy pass@1
-and sampled pass@k are measured before training, every ``eval.every_updates`` updates and at the end.
+advantages, take ``num_epochs`` passes of mini-batch steps, publish the new weights. Greedy pass@1 and sampled
+pass@k on the test split (``eval/…``) are measured before training, every ``eval.every_updates`` updates and at
+the end, to report; at the same updates after the first, greedy pass@1 on the validation split (``val/…``) is what
+decisions read: ``checkpoint.best_metric`` ranks the checkpoints by it. No decision reads the test split.
 
 With ``runtime.max_staleness`` = 0 (the default) every sample's behaviour policy μ is the policy the update
 starts from, so ρ = 1 at the first mini-batch step: synchronous training. With η > 0 samples may be up to η
@@ -151,8 +153,19 @@ def log_update(run: LMRun, update: int, record: dict[str, float]) -> dict[str, f
 
 
 def run_evaluation(run: LMRun, update: int) -> dict[str, float]:
-    """The held-out evaluation after ``update`` (0: before training); the transcripts of its first
-    ``eval.transcripts`` greedy episodes go to the run folder (``transcripts/eval_<update>.jsonl``)."""
+    """The evaluation after ``update`` (0: before training): ``report_evaluation`` on the test split, and after an
+    update ``validation_evaluation``, whose ``val/…`` metrics rank the checkpoint saved with it. Before training no
+    decision needs the validation split."""
+    evaluation = report_evaluation(run, update)
+    if update > 0 and run.validation:
+        evaluation.update(validation_evaluation(run))
+    return evaluation
+
+
+def report_evaluation(run: LMRun, update: int) -> dict[str, float]:
+    """The test split's metrics after ``update`` (``eval/…``: greedy pass@1 and sampled pass@k), which report and
+    decide nothing; the transcripts of its first ``eval.transcripts`` greedy episodes go to the run folder
+    (``transcripts/eval_<update>.jsonl``). The only reader of the test split during a run."""
     config = run.config
     evaluation, greedy = evaluate_episodes(
         run.runner, run.test, pass_k=config.eval.pass_k, seed=config.seed + 10_000 + update
@@ -160,6 +173,13 @@ def run_evaluation(run: LMRun, update: int) -> dict[str, float]:
     if config.eval.transcripts:
         run.logger.transcripts(update, [transcript(trajectory) for trajectory in greedy[: config.eval.transcripts]])
     return evaluation
+
+
+def validation_evaluation(run: LMRun) -> dict[str, float]:
+    """The validation split's greedy metrics (``val/pass@1``, turns, tool use, lengths), which decisions read
+    (``checkpoint.best_metric``). Greedy only, on a split kept small (``eval.validation_examples``), so that it costs
+    little beside the test split's sampled episodes."""
+    return evaluate_episodes(run.runner, run.validation, pass_k=0, seed=0, prefix="val")[0]
 
 
 def train_updates(run: LMRun, stop: StopRequest) -> None:

@@ -28,8 +28,8 @@ from unipg.runtime.prompts import PromptSampler
 from unipg.runtime.replay import Group
 from unipg.runtime.setup import check_ray_address, lock_run_dir, run_dir_for, seed_everything, set_threads
 from unipg.runtime.stopping import TripCounter
-from unipg.sample.episodes import EpisodeRunner, held_out
-from unipg.tasks.base import Example, Task, make_task
+from unipg.sample.episodes import EpisodeRunner, build_task, held_out
+from unipg.tasks.base import Example, Task
 from unipg.tasks.rewards.rules import build_rewards, reward_defaults
 
 
@@ -119,7 +119,7 @@ class LMRun:
     run_dir: Path
     policy: LMPolicy
     runner: EpisodeRunner  # the learner's; evaluation runs on it, and sequential rollout too
-    test: list[Example]  # the held-out examples of evaluation
+    test: list[Example]  # the test examples evaluation reports on (eval/…); no decision reads them
     learner: LMLearner
     checkpointer: LMCheckpointer
     logger: MetricsLogger
@@ -137,6 +137,7 @@ class LMRun:
     offline: OfflineData | None = None  # ``data.offline``'s episodes, mixed into every batch
     episodes: EpisodeLog | None = None  # where ``log.episodes`` writes the trained episodes
     episode_counts: dict[str, int] | None = None  # the rollout's episode counts at the last update (checkpointed)
+    validation: list[Example] = field(default_factory=list)  # what decisions read (val/…: checkpoint.best_metric)
 
     def close(self) -> None:
         """Stop rollout, then close what the run opened (the rollout's own runner and actors first)."""
@@ -164,7 +165,7 @@ def open_run(
         check_ray_address(config.ray.address)  # Ray would retry an absent cluster for minutes, after writing the run
     seed_everything(config.seed, config.deterministic)
     set_threads(config)
-    task = task or make_task(config.task.name, **config.task.options)
+    task = build_task(config, task)
     config = resolve_warm_start(config, task)
     reward_fn = build_rewards(config.task.rewards or task.rewards, defaults=reward_defaults(config))
     policy = policy_from_config(config)
@@ -174,7 +175,7 @@ def open_run(
     sampler, generator = PromptSampler(task.train, config.seed), torch.Generator().manual_seed(config.seed)
     run_dir = run_dir if run_dir is not None else run_dir_for(config)
     run = start_run(config, task, run_dir, checkpoint, log, policy, runner, learner, (sampler, generator))
-    run.test = test
+    run.test, run.validation = test, task.validation
     try:
         run.offline = load_offline(config, runner, policy, log)
         run.episodes = EpisodeLog(run_dir) if config.log.episodes else None

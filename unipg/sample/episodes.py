@@ -27,7 +27,7 @@ from unipg.policy.tool_calls import TOOL_PARSERS, parser_for_template, rewrite_c
 from unipg.sample.agent import AgentLoop, Trajectory
 from unipg.sample.endpoint_agents import AgentStats, ExternalAgent, ExternalAgentLoop, load_agent
 from unipg.sample.roles import RoleLoop
-from unipg.tasks.base import Example, Task
+from unipg.tasks.base import Example, Task, make_task, with_validation
 
 
 class PromptEncoder:
@@ -54,8 +54,20 @@ def tool_specs(config: Config, task: Task) -> list[dict]:
     return config.task.tools if config.task.tools is not None else task.tools
 
 
+def build_task(config: Config, task: Task | None = None, **options) -> Task:
+    """The task of an lm run with its validation split of ``eval.validation_examples`` (``with_validation``):
+    ``task`` when the caller built it, else ``task.name`` built with ``task.options``, ``options`` replacing some of
+    them (as an SFT stage's do). Every part of a run builds its task here, so all of them carve the same
+    validation split out of train."""
+    if task is not None:
+        return with_validation(task, size=config.eval.validation_examples)
+    settings = {**config.task.options, **options}
+    return make_task(config.task.name, validation_examples=config.eval.validation_examples, **settings)
+
+
 def held_out(task: Task, config: Config) -> list[Example]:
-    """The examples evaluation runs on: the task's test split, cut to ``eval.max_examples``."""
+    """The examples reported on: the task's test split, cut to ``eval.max_examples``. Only reports read it (a run's
+    ``eval/…`` metrics, ``unipg eval``, ``unipg sft``'s before and after); decisions read ``task.validation``."""
     return task.test[: config.eval.max_examples] if config.eval.max_examples else task.test
 
 

@@ -147,7 +147,7 @@ def demonstrated_tool_problems(config: Config) -> list[str]:
 
 def demonstrated_tool_names(task) -> set[str]:
     """The names of the tools the task's demonstrations call (in the hermes format tasks write them in)."""
-    examples = [*task.train, *task.test]
+    examples = [*task.train, *(task.validation or []), *task.test]
     solutions = [example.solution for example in examples]
     if task.role_demonstrations is not None:
         solutions += [solution for example in examples for _, _, solution in task.role_demonstrations(example)]
