@@ -57,14 +57,14 @@ DISTINCT_DROP_FRACTION = 0.5
 # ... or more than half of the samples are duplicates, up by at least 0.25 from the start.
 DUPLICATE_FRACTION_MAX = 0.5
 DUPLICATE_RISE_MIN = 0.25
-# Converging, not collapsing (``progress``): the reward's rise over the window clears the flat threshold and twice
-# its standard error (the scatter of the window's rewards about their trend line), so noise on a flat reward
-# passes for progress in about one window in thirty; the 3% rise alone would, at the ~6% per-update noise of the
-# mean of 64 binary rewards, in about one in four.
+# Converging, not collapsing (``progress``), judged over the steps the policy narrowed: the reward's least-squares
+# rise over them clears the flat threshold and twice its standard error (the scatter of the rewards about their
+# trend line), so noise on a flat reward passes for progress about one time in thirty; the 3% rise alone would,
+# over 20 updates at the ~6% per-update noise of the mean of 64 binary rewards, about one time in four.
 RISE_STANDARD_ERRORS = 2.0
-# ... and the share of prompt groups with at least one success does not fall by 0.2 or more across the window.
-# A batch of 16 groups measures that share to within ±0.125 (binomial, at worst p = 0.5) and its trend line over
-# 20 updates to about ±0.09, so a fall of 0.2 is beyond noise.
+# ... and the share of prompt groups with at least one success does not fall by 0.2 or more across them. A batch
+# of 16 groups measures that share to within ±0.125 (binomial, at worst p = 0.5) and its trend line over 20
+# updates to about ±0.09 (±0.08 over the main job's 30), so a fall of 0.2 is beyond noise.
 SUCCESS_FALL = 0.2
 # Clip fraction: PPO usually clips 5-20% of tokens; beyond 30% most updates are cut off by the clip.
 CLIP_FRACTION_MAX = 0.3
@@ -261,11 +261,11 @@ COLLAPSE_REMEDY = (
 
 @dataclass(frozen=True)
 class Progress:
-    """What the reward and the prompt groups' successes did over the window, which tells a policy that narrows
-    (falling entropy, repeated completions) because it converges on what pays from one that collapses."""
+    """What the reward and the prompt groups' successes did over the steps a policy narrowed (falling entropy,
+    repeated completions), which tells one that converges on what pays from one that collapses."""
 
     converging: bool
-    """the reward is at the task's best or clearly rising, and the groups keep succeeding."""
+    """the reward rose or ends at the task's best, and the groups kept succeeding."""
     evidence: str
     """when not converging, why: a clause the collapse checks append to their evidence ("" without a reward)."""
 
@@ -273,47 +273,55 @@ class Progress:
         return f"{evidence}, {self.evidence}" if self.evidence else evidence
 
 
-def success_share(history: History) -> tuple[str, list[float]] | None:
-    """The share of prompt groups with at least one success per update over the window (1 −
+def within(history: History, name: str, steps: tuple[int, int]) -> list[float]:
+    """The finite values of ``name`` logged from step ``steps[0]`` to ``steps[1]``."""
+    return [value for step, value in zip(*history.finite(name)) if steps[0] <= step <= steps[1]]
+
+
+def success_share(history: History, steps: tuple[int, int]) -> tuple[str, list[float]] | None:
+    """The share of prompt groups with at least one success at each update of ``steps`` (1 −
     ``rollout/unsolved_group_fraction``), or the episodes' ``rollout/completion_rate`` where groups are not
     logged; with the metric it comes from. None when neither is logged."""
-    for name, share in (("rollout/unsolved_group_fraction", lambda v: 1.0 - v), ("rollout/completion_rate", None)):
-        values = history.finite(name)[1][-history.window :]
-        if values:
-            return name, [share(value) for value in values] if share else values
+    if values := within(history, "rollout/unsolved_group_fraction", steps):
+        return "rollout/unsolved_group_fraction", [1.0 - value for value in values]
+    if values := within(history, "rollout/completion_rate", steps):
+        return "rollout/completion_rate", values
     return None
 
 
-def progress(history: History) -> Progress:
-    """Convergence or collapse, the one rule of the collapse checks (``entropy_collapse``, ``low_diversity``).
+def progress(history: History, steps: tuple[int, int]) -> Progress:
+    """Convergence or collapse over ``steps``, the steps a collapse check saw the policy narrow: the one rule of
+    ``entropy_collapse`` and ``low_diversity``.
 
     A policy converging on the right answer narrows as surely as a collapsing one: an agent's task with one right
-    call per prompt ends with every sample of a group alike. What differs is what it earns: a converging policy's
-    reward rises (by more than the flat threshold and twice its standard error) or sits at the task's best over
-    the window, and its groups keep succeeding (the share of groups with a success does not fall by
-    ``SUCCESS_FALL``). A collapsing one narrows while the reward is flat or falling, or while its groups stop
-    succeeding (a reward that still rises on a format or process term while the task is solved less often).
+    call per prompt ends with every sample of a group alike. What differs is what it earns over the same steps: a
+    converging policy's reward rises (its least-squares trend by more than the flat threshold and twice its
+    standard error) or ends at the task's best, and its groups keep succeeding (the trend of the share of groups
+    with a success does not fall by ``SUCCESS_FALL``). A collapsing one narrows while the reward is flat or
+    falling, or while its groups stop succeeding (a reward that rises on a format or process term while the task
+    is solved less often). A reward that rose and then stalls below the task's best is ``reward_flat``'s to report.
     """
-    view = reward_window(history)
+    view = reward_window(history)  # its metric, scale and whether the run ends at the task's best
     if view is None:
         return Progress(False, "")  # nothing shows the policy converging
-    rise_error = fitted_rise_error(view.values)
-    if not view.saturated and (not still_rising(view) or view.rise < RISE_STANDARD_ERRORS * rise_error):
+    first, last = steps
+    rewards = within(history, view.name, steps)
+    rise, rise_error = fitted_rise(rewards), fitted_rise_error(rewards)
+    if not view.saturated and (rise < FLAT_RISE_FRACTION * view.scale or rise < RISE_STANDARD_ERRORS * rise_error):
         return Progress(
             False,
-            f"while {view.name} stopped rising (trend {view.rise:+.4g} ± {rise_error:.2g} over its last "
-            f"{len(view.values)} points)",
+            f"while {view.name} did not rise (trend {rise:+.3g} ± {rise_error:.2g} over steps {first}-{last}, "
+            f"{len(rewards)} points)",
         )
-    success = success_share(history)
+    success = success_share(history, steps)
     if success is not None and len(success[1]) >= MIN_TREND_POINTS:
         name, shares = success
-        fall = -fitted_rise(shares)
-        if fall >= SUCCESS_FALL:
+        if (change := fitted_rise(shares)) <= -SUCCESS_FALL:
             what = "the share of prompt groups with a success" if name.endswith("group_fraction") else name
             return Progress(
                 False,
-                f"while {what} fell (trend {-fall:+.3g} over its last {len(shares)} points, from {name}) "
-                f"though {view.name} rose",
+                f"while {what} fell (trend {change:+.3g} over steps {first}-{last}, from {name}) though {view.name} "
+                "rose",
             )
     return Progress(True, "")
 
@@ -321,13 +329,13 @@ def progress(history: History) -> Progress:
 @CHECKS.register("entropy_collapse")
 def entropy_collapse(history: History) -> list[Finding]:
     """Policy entropy fell to a small fraction of its starting value, and the policy is not converging
-    (``progress``): a policy that settles on what pays while its reward rises (an agent's call template is
-    nearly deterministic) or sits at the task's best is learning, not collapsing."""
+    (``progress``, over the same steps): a policy that settles on what pays while its reward rises (an agent's
+    call template is nearly deterministic) or sits at the task's best is learning, not collapsing."""
     # A continuous (Gaussian) policy's differential entropy can be negative and has no floor at 0.
     change = start_and_latest(history, "train/entropy")
     if change is None or change.lowest < 0 or change.latest >= ENTROPY_COLLAPSE_FRACTION * change.start:
         return []
-    run = progress(history)
+    run = progress(history, change.steps)
     if run.converging:
         return []
     evidence = (
@@ -340,8 +348,9 @@ def entropy_collapse(history: History) -> list[Finding]:
 @CHECKS.register("low_diversity")
 def low_diversity(history: History) -> list[Finding]:
     """Samples become repetitive (distinct-2 halves, or duplicates take over the batch) and the policy is not
-    converging (``progress``): the reward is flat or falling over the window, or the groups stop succeeding.
-    Repetition while the reward rises and the groups succeed is the policy agreeing on the right answer."""
+    converging (``progress``): over the steps the diversity fell, the reward was flat or falling, or the groups
+    stopped succeeding. Repetition while the reward rises and the groups succeed is the policy agreeing on the
+    right answer (an agent's task with one right call per prompt), not mode collapse."""
     distinct = start_and_latest(history, "rollout/distinct_2")
     duplicates = start_and_latest(history, "rollout/duplicate_fraction")
     narrowed = []
@@ -353,22 +362,21 @@ def low_diversity(history: History) -> list[Finding]:
         and duplicates.latest - duplicates.start >= DUPLICATE_RISE_MIN
     ):
         narrowed.append((duplicates, "rose"))
-    if not narrowed:
-        return []
-    run = progress(history)
-    if run.converging:
-        return []
-    return [
-        Finding(
-            "low_diversity",
-            "warning",
-            run.qualify(change.describe(verb)),
-            COLLAPSE_REMEDY,
-            change.name,
-            change.steps,
-        )
-        for change, verb in narrowed
-    ]
+    findings = []
+    for change, verb in narrowed:
+        run = progress(history, change.steps)
+        if not run.converging:
+            findings.append(
+                Finding(
+                    "low_diversity",
+                    "warning",
+                    run.qualify(change.describe(verb)),
+                    COLLAPSE_REMEDY,
+                    change.name,
+                    change.steps,
+                )
+            )
+    return findings
 
 
 @CHECKS.register("clip_fraction_high")
