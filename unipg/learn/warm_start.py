@@ -26,7 +26,8 @@ from unipg.policy.loading import load_causal_lm, load_tokenizer
 from unipg.sample.episodes import build_task, demonstration_pairs, greedy_completion_rate, held_out
 from unipg.tasks.base import Task
 
-WARM_START_VERSION = 4  # 4: trained without the validation split, which the evidence stop reads instead of test
+WARM_START_VERSION = 4  # 3: direct answers are sentences (tasks.base.direct_answer); 4: trained without the
+# validation split, which the evidence stop reads instead of the test split
 MARKER = "unipg-warm-start.json"
 
 

@@ -63,6 +63,18 @@ class Task:
     validation: list[Example] | None = None
 
 
+def direct_answer(answer: str) -> list[dict]:
+    """A demonstration that answers without a tool, in a sentence as a chat model would: "The answer is 42."
+
+    Agent tasks (calculator, units) mix these with demonstrations that call a tool. Both kinds then start with
+    one likely token each (``T`` or ``<tool_call>``), so the warm start's mixture decides greedy decoding: with
+    most demonstrations answering directly, greedy and sampled episodes both mostly guess before RL. (A bare
+    number would spread the direct answers over hundreds of leading digit groups, and greedy decoding would call
+    the tool even when nine demonstrations in ten guess.) The final answer is the sentence's last number.
+    """
+    return [{"role": "assistant", "content": f"The answer is {answer}."}]
+
+
 TASKS = FactoryRegistry("task")  # a factory's keyword parameters are the task's options
 
 VALIDATION_EXAMPLES = 128

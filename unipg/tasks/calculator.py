@@ -7,9 +7,10 @@ numbers in its head, so the reliable way to the answer is one calculator call fo
     tool:      299114
     assistant: 299114
 
-A fraction ``1 − tool_demonstrations`` of the demonstrations answer directly, without the tool, as a
-model that guesses would; supervised warm-starting on this mix gives a policy that mostly guesses, and RL
-has to discover that calling the calculator pays.
+A fraction ``1 − tool_demonstrations`` of the demonstrations answer directly, without the tool, in a
+sentence (``The answer is 299114.``: ``unipg.tasks.base.direct_answer``), as a model that guesses would;
+supervised warm-starting on this mix gives a policy that mostly guesses, greedily and sampled, and RL has to
+discover that calling the calculator pays.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from unipg.tasks.base import (
     Example,
     Task,
     check_operation_task,
+    direct_answer,
     operation_problem_split,
 )
 from unipg.tools.base import format_tool_call
@@ -71,7 +73,7 @@ def calculator_task(
                 {"role": "assistant", "content": result},
             ]
         else:
-            solution = [{"role": "assistant", "content": result}]
+            solution = direct_answer(result)
         return Example(f"What is {expression}?", result, solution, {"answer": result})
 
     return Task(

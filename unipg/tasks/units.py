@@ -11,14 +11,15 @@ two unit words, then reporting its result::
 Unlike the calculator's one free-text argument, the call has three typed arguments, two of them words of a closed
 vocabulary (``unipg.tools.units.UNITS``): a unit outside it is a malformed call, two units of different
 kinds a tool error. As in ``calculator``, a fraction ``1 − tool_demonstrations`` of the training demonstrations
-answer without the tool, and train and test never share a problem (value, unit pair).
+answer without the tool, in a sentence (``unipg.tasks.base.direct_answer``), and train and test never share a
+problem (value, unit pair).
 """
 
 from __future__ import annotations
 
 import random
 
-from unipg.tasks.base import TASKS, Example, Task, split_sizes
+from unipg.tasks.base import TASKS, Example, Task, direct_answer, split_sizes
 from unipg.tools.base import format_tool_call
 from unipg.tools.units import UNITS
 
@@ -60,7 +61,7 @@ def _example(
             {"role": "assistant", "content": answer},
         ]
         if with_tool
-        else [{"role": "assistant", "content": answer}]
+        else direct_answer(answer)
     )
     return Example(prompt, answer, solution, {"answer": answer})
 
