@@ -16,11 +16,12 @@ garbage or 10 MB of text at the given rates. Three phases, each checked for what
    compared, bit for bit, with an uninterrupted run of the same configuration.
 
 For 1–2 the run must finish every update; every episode must be accounted for (started = finished + failed +
-requeued + cancelled + in flight, and the finished ones = trained on + dropped as stale + evicted + left in
-the buffer: nothing lost); the metrics must hold each update exactly once; the final checkpoint must load; and
-the learner's longest wait for data is reported against the limit after which a hung group is cut: in-process
-turns × (retries + 1) × tool timeout (tool calls are the only thing that can hang), on Ray
-``ray.episode_timeout`` (a worker holding a request that long is killed and its episodes run again).
+requeued + cancelled + in flight, and the finished ones = trained on + dropped as stale + evicted + rejected
+by dynamic sampling + left in the buffer: nothing lost); the metrics must hold each update exactly once; the
+final checkpoint must load; and the learner's longest wait for data is reported against the limit after which
+a hung group is cut: in-process turns × (retries + 1) × tool timeout (tool calls are the only thing that can
+hang), on Ray ``ray.episode_timeout`` (a worker holding a request that long is killed and its episodes run
+again).
 ``train_lm`` is the unmodified driver; the benchmark reaches its runtime and policy by wrapping
 ``build_runtime`` and ``policy_from_config`` in ``unipg.runtime.lm_run``.
 
@@ -194,8 +195,13 @@ def run_phase(args, backend: str, output_dir: str) -> dict:
     # the rollout's final counts, after it stopped (episodes in flight then count as cancelled)
     account = vars(runtime.rollout.account) if runtime is not None else {}
     trained = int(last.get("train/samples", 0))
-    dropped = int(sum(r.get("async/dropped_stale", 0) + r.get("async/evicted", 0) for r in records))
+    dropped = int(  # dropped as stale, evicted, or rejected by dynamic sampling (``sample.dynamic_sampling``)
+        sum(r.get("async/dropped_stale", 0) + r.get("async/evicted", 0) + r.get("async/filtered", 0) for r in records)
+    )
     left = len(runtime.buffer) if runtime is not None else 0
+    if runtime is not None:  # groups dropped or rejected after the last update's metrics were written
+        unlogged = runtime.buffer.stats
+        dropped += unlogged.dropped_stale + unlogged.evicted + unlogged.filtered
     balance = account["started"] - sum(account[p] for p in ("finished", "failed", "requeued", "cancelled", "in_flight"))
     unconsumed = account["finished"] - trained - dropped - left
     events = (
@@ -316,7 +322,7 @@ def report(results: list[dict], args) -> None:
         "| phase | survived | faults injected | episodes started / finished / requeued / failed / cancelled | "
         "lost | metrics steps | final checkpoint | longest learner wait |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for r in results:
         if r["phase"] == "sigkill":
             continue
@@ -331,8 +337,9 @@ def report(results: list[dict], args) -> None:
     for r in results:
         if r["phase"] != "sigkill":
             print(
-                f"{r['phase']}: {r['seconds']:.0f} s; trained on {r['trained']}, dropped/evicted {r['dropped']}, "
-                f"left in buffer {r['left_in_buffer']}; tool failures {r['tool_failures']:.0f}, timeouts "
+                f"{r['phase']}: {r['seconds']:.0f} s; trained on {r['trained']}, "
+                f"dropped/evicted/filtered {r['dropped']}, left in buffer {r['left_in_buffer']}; "
+                f"tool failures {r['tool_failures']:.0f}, timeouts "
                 f"{r['tool_timeouts']:.0f}; skipped updates {r['skipped_updates']}, rollbacks {r['rollbacks']}"
                 + (f"; worker restarts {r['worker_restarts']:.0f}" if r["worker_restarts"] is not None else "")
                 + (f"; ERROR {r['error']}" if r["error"] else "")
