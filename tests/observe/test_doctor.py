@@ -10,7 +10,7 @@ import yaml
 from typer.testing import CliRunner
 
 from unipg.cli import app
-from unipg.observe.checks import progress
+from unipg.observe.convergence import progress
 from unipg.observe.doctor import CHECKS, Finding, Monitor, diagnose, diagnose_run, format_report
 from unipg.observe.findings import History
 from unipg.observe.trends import fitted_rise_error, start_and_latest

@@ -190,7 +190,7 @@ def test_cli_trains_a_text_task_and_reports_before_and_after(embedded_path, tmp_
         ],
     )
     assert result.exit_code == 0, result.output
-    assert "completion" in result.output and "→" in result.output
+    assert "greedy" in result.output and "→" in result.output
 
 
 def test_cli_bad_model_path_is_a_clear_error(tmp_path):
