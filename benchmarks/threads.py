@@ -6,7 +6,7 @@ that step (``unipg.learn.sft.sft_step``: forward, completion loss, backward, Ada
 tool demonstrations, at the batch sizes of ``configs/calculator_agent.yaml``'s two stages, on one thread and on
 torch's default count, alternating the two in rounds so that a busy machine slows both alike.
 
-    python benchmarks/threads.py                 # the figures in docs/benchmarks.md
+    python benchmarks/threads.py                 # one thread against torch's default count
     python benchmarks/threads.py --threads 4     # another count against one
 """
 

@@ -63,7 +63,7 @@ EMBEDDED_SIZES: dict[str, dict] = {
     # (≈1.2M parameters, the extra ones in the embedding table): an agent copies a number into a call or out of a
     # tool's result in two or three tokens instead of five or six, so the copy no longer depends on the number's
     # length (a character model copies by position and fails the lengths it sees less often). A key/value head per
-    # attention head learns the copy in more data orders than shared ones (docs/benchmarks.md).
+    # attention head learns the copy in more data orders than shared ones (measured when the model was chosen).
     # Keep "tiny" for arithmetic done in the model's head, which wants one token per digit.
     "tiny-numbers": dict(_TINY, num_key_value_heads=4, tokenizer="numbers"),
 }
@@ -177,8 +177,7 @@ def compose_number_embeddings(model: Qwen2ForCausalLM, tokenizer: PreTrainedToke
     so "this is a number" is learned token by token, and an agent that must find "the first number of the
     question" to copy it into a call learns it far later than anything else. Made mostly of shared parts
     (numbers too alike), it finds numbers at once but can no longer match one number against another, which
-    copying a multi-token number needs. Half and half gives both (docs/benchmarks.md, "Why the digit-group
-    model"). The input and output embeddings are one table, so the same holds for writing numbers.
+    copying a multi-token number needs. Half and half gives both (measured when the model was chosen). The input and output embeddings are one table, so the same holds for writing numbers.
     """
     table = model.get_input_embeddings().weight
     generator = torch.Generator().manual_seed(seed + 1)
