@@ -118,7 +118,7 @@ def test_eval_scores_the_policy_a_run_saved(embedded_path, tmp_path):
     run_dir = next(path for path in tmp_path.iterdir() if path.is_dir())
     result = runner.invoke(app, ["eval", "--run", str(run_dir), "eval.pass_k=0", "-o", str(tmp_path / "eval.json")])
     assert result.exit_code == 0, result.output
-    assert "completion" in result.output
+    assert "greedy" in result.output
     metrics = json.loads((tmp_path / "eval.json").read_text())
     assert 0.0 <= metrics["eval/pass@1"] <= 1.0 and metrics["eval/turns"] == 1.0
 
