@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ray.exceptions import GetTimeoutError, RayTaskError, TaskCancelledError
@@ -18,7 +19,22 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from unipg.config.run import RayConfig
-    from unipg.runtime.backends.ray_lm import _Job
+
+
+@dataclass
+class _Job:
+    """One request of the Ray rollout: a group (concurrent schedule) or a shard of a step (sequential), with what
+    its retries need."""
+
+    examples: list  # the group's example (concurrent) or a shard of a step's episodes (sequential)
+    version: int  # the learner version that admitted it
+    size: int  # episodes
+    order: int = 0
+    state: str | None = None  # sequential: the generator state the shard samples with
+    attempts: int = 0
+    worker: int = -1
+    handle: object = None
+    since: float = field(default_factory=time.monotonic)
 
 
 class RolloutFailed(ProducerFailed):

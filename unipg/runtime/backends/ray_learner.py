@@ -30,6 +30,7 @@ from unipg.runtime.backends.ray_setup import (
     connect,
     disconnect,
     in_bundle,
+    learner_bundles,
     release,
     reserve,
     wait_ready,
@@ -46,14 +47,6 @@ class LearnerActor(LearnerRank):
         """This node's IP address (as Ray knows it) and a port free on it."""
         host = ray.util.get_node_ip_address()
         return host, free_port(host)
-
-
-def learner_bundles(config: Config, world_size: int) -> list[dict]:
-    """The placement group's bundles: one per rank, with a GPU each on a GPU device."""
-    bundle = {"CPU": config.ray.learner_num_cpus}
-    if resolve_device(config.device).type == "cuda":
-        bundle["GPU"] = 1
-    return [dict(bundle) for _ in range(world_size)]
 
 
 class RayRanks:

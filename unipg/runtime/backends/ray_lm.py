@@ -43,7 +43,6 @@ import threading
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
 
 import torch
 
@@ -55,7 +54,7 @@ from unipg.runtime.backends.local_lm import split_groups
 
 # ray_actors says how to install Ray if it is missing; connect is imported here, where tests replace it
 from unipg.runtime.backends.ray_actors import ray
-from unipg.runtime.backends.ray_faults import WorkerFaults
+from unipg.runtime.backends.ray_faults import WorkerFaults, _Job
 from unipg.runtime.backends.ray_setup import (
     connect,
     disconnect,
@@ -70,19 +69,6 @@ from unipg.runtime.driver import CountedEpisodes, EpisodeAccount, RolloutReport
 from unipg.runtime.replay import Group, ReplayBuffer, StalenessGate
 from unipg.sample.endpoint_agents import AgentStats
 from unipg.sample.episodes import EpisodeRunner
-
-
-@dataclass
-class _Job:
-    examples: list  # the group's example (concurrent) or a shard of a step's episodes (sequential)
-    version: int  # the learner version that admitted it
-    size: int  # episodes
-    order: int = 0
-    state: str | None = None  # sequential: the generator state the shard samples with
-    attempts: int = 0
-    worker: int = -1
-    handle: object = None
-    since: float = field(default_factory=time.monotonic)
 
 
 class RayRollout(WorkerFaults, CountedEpisodes):

@@ -12,6 +12,8 @@ import os
 
 from ray.exceptions import GetTimeoutError, RayActorError
 
+from unipg.config import Config
+from unipg.config.devices import resolve_device
 from unipg.runtime.backends.ray_actors import (  # says how to install Ray if it is missing
     EnvActor,
     RolloutWorker,
@@ -94,7 +96,7 @@ def release(actors: list, placement) -> None:
 
 def check_resources(settings, *, tools: bool, local: bool, log, learner: list[dict] = ()) -> None:
     """Whether the cluster has the CPUs and GPUs the configured actors ask for (``learner``: the bundles of a
-    sharded learner's ranks, ``ray_learner.learner_bundles``): a ``ValueError`` if not on a ``local`` instance
+    sharded learner's ranks, ``learner_bundles``): a ``ValueError`` if not on a ``local`` instance
     (it cannot grow); a warning on a cluster, which may still grow within ``ray.start_timeout``."""
     need = (
         settings.rollout_workers * settings.rollout_num_cpus
@@ -204,7 +206,6 @@ def start_env_side(config, runner, run_id: str, env_actors: list, *, local: bool
     """Check that the cluster can host the run (a sharded learner's ranks hold their share already), then start the
     environment actors of a run with tools and ``ray.env_workers`` (appended to ``env_actors`` as they start)."""
     from unipg.config.plugins import imported_first
-    from unipg.runtime.backends.ray_learner import learner_bundles  # it imports this module
 
     settings, ranks = config.ray, config.train.learner_processes
     learner = learner_bundles(config, ranks) if ranks > 1 else []
@@ -223,3 +224,11 @@ def worker_setup(config, runner, task):
 
     tools = runner.service.tools if runner.service is not None else None
     return imported_first(config.plugins, (inference_copy(runner.policy, "cpu"), task, config, tools, runner.reward_fn))
+
+
+def learner_bundles(config: Config, world_size: int) -> list[dict]:
+    """The placement group's bundles: one per rank, with a GPU each on a GPU device."""
+    bundle = {"CPU": config.ray.learner_num_cpus}
+    if resolve_device(config.device).type == "cuda":
+        bundle["GPU"] = 1
+    return [dict(bundle) for _ in range(world_size)]
