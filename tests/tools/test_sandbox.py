@@ -455,3 +455,5 @@ def test_limits_the_sandbox_cannot_honour_are_rejected():
         TOOLS.get("python")(timeout=0)
     with pytest.raises(ValueError, match="memory_mb"):
         run_python("print(1)", memory_mb=8)
+    with pytest.raises(ValueError, match="disk_mb"):
+        run_python("print(1)", disk_mb=0)

@@ -174,7 +174,49 @@ def test_kernel_isolation_without_bubblewrap_fails_when_the_tool_is_built(monkey
 
 
 def test_the_fresh_tmp_is_mounted_before_the_interpreter_so_a_venv_under_tmp_stays_visible():
-    command = bwrap_command("/tmp/work", {})
+    command = bwrap_command("/tmp/work", {}, disk_bytes=3 << 20)
     first_bind = command.index("--ro-bind")
-    assert command.index("--tmpfs") < first_bind and command[command.index("--tmpfs") + 1] == "/tmp"
-    assert command.index("--bind") > first_bind  # the working directory comes last, writable
+    tmp = command.index("/tmp")
+    assert tmp < first_bind and command[tmp - 3 : tmp] == ["--size", str(3 << 20), "--tmpfs"]
+    assert "--bind" not in command and command.index("--dir") > first_bind  # the working directory, on that /tmp
+    with pytest.raises(ValueError, match="/tmp"):
+        bwrap_command("/var/work", {}, disk_bytes=1 << 20)
+
+
+@needs_bwrap
+def test_everything_the_code_writes_anywhere_is_bounded_by_disk_mb():
+    # with the audit hook off, only the kernel bounds it: 1 MB files (under RLIMIT_FSIZE) until 8 MB or an error
+    code = (
+        DISABLE_HOOK
+        + """
+import os
+for place in (".", "/tmp", "/dev/shm", "/", "/dev", "/usr"):
+    written = 0
+    try:
+        for index in range(8):
+            with open(os.path.join(place, f"{os.path.basename(place) or 'root'}-{index}"), "wb") as file:
+                file.write(bytes(1 << 20))
+            written += 1
+        print(place, "wrote", written, "MB")
+    except OSError as error:
+        print(place, "stopped after", written, "MB:", error.strerror)
+"""
+    )
+    result = run_python(code, timeout=20, disk_mb=4)
+    lines = result.output.splitlines()
+    assert result.ok, result.output + str(result.error)
+    stopped = [(line.split()[0], int(line.split()[3]), line.split(":")[1].strip()) for line in lines]
+    # the working directory and /tmp share one 4 MB tmpfs: the first fills it, the second finds it full;
+    # /dev/shm holds 1 MB; the root, /dev, and folders made for mount points are read-only
+    assert stopped == [
+        (".", 4, "No space left on device"),
+        ("/tmp", 0, "No space left on device"),
+        ("/dev/shm", 1, "No space left on device"),
+        ("/", 0, "Read-only file system"),
+        ("/dev", 0, "Read-only file system"),
+        ("/usr", 0, "Read-only file system"),
+    ], lines
+    # unhandled, the failed write is the run's clear error, not a timeout
+    full = run_python("open('big.bin', 'wb').write(bytes(8 << 20))", timeout=20, disk_mb=4)
+    assert not full.ok and not full.timed_out
+    assert full.error == "OSError: [Errno 28] No space left on device"

@@ -1,10 +1,12 @@
 """Kernel isolation for the Python sandbox: the ``bwrap`` (bubblewrap) command line the child runs under.
 
 The child interpreter gets its own user, mount, PID, network, IPC, UTS and cgroup namespaces, no
-capabilities, and a root file system holding only: the working directory (read-write), the interpreter and
-the libraries it imports (read-only), ``/usr/lib`` and ``/lib`` for shared libraries (read-only), a private
-``/proc``, a minimal ``/dev`` and an empty ``/tmp``. The child is the PID namespace's init, so when it ends
-or is killed every process it started dies with it.
+capabilities, and a read-only root file system holding only: the interpreter and the libraries it imports,
+``/usr/lib`` and ``/lib`` for shared libraries, a private ``/proc``, a minimal read-only ``/dev`` with a 1 MB
+``/dev/shm`` for semaphores, and a private ``/tmp`` holding the working directory. That ``/tmp`` is a tmpfs of
+``disk_bytes``; with ``/dev/shm`` the only writable places, so everything the code writes, in memory pages, is
+bounded by ``disk_bytes + SHM_BYTES``: past it a write fails with ``ENOSPC`` ("No space left on device"). The child is the PID namespace's init, so when it ends or is killed every process it started
+dies with it.
 """
 
 from __future__ import annotations
@@ -15,13 +17,13 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import tempfile
 
 MISSING = (
     "the python tool needs bubblewrap (apt-get install bubblewrap) for a kernel-enforced sandbox; or set "
     "options {isolation: process} to run with the in-process audit hook only (not a security boundary)"
 )
 _SHARED_LIBRARIES = ("/usr/lib", "/usr/lib64", "/lib", "/lib64", "/usr/local/lib")
+SHM_BYTES = 1 << 20  # /dev/shm, for multiprocessing's semaphores (one page each); added to disk_bytes
 
 
 @functools.lru_cache(maxsize=1)
@@ -49,8 +51,18 @@ def read_only_paths() -> tuple[str, ...]:
     return tuple(sorted(kept, key=lambda path: (path.count(os.sep), path)))
 
 
-def bwrap_command(workdir: str, environment: dict, info_fd: int | None = None) -> list[str]:
-    """The ``bwrap`` arguments up to the child's own command line, for a child working in ``workdir``."""
+def sandbox_workdir(host_workdir: str) -> str:
+    """The child's working directory inside the sandbox: a folder of the same name on its private ``/tmp``."""
+    return os.path.join("/tmp", os.path.basename(host_workdir))
+
+
+def bwrap_command(workdir: str, environment: dict, info_fd: int | None = None, *, disk_bytes: int) -> list[str]:
+    """The ``bwrap`` arguments up to the child's own command line, for a child working in ``workdir``.
+
+    ``workdir`` is a path below ``/tmp`` (``sandbox_workdir``); ``disk_bytes`` bounds everything written there.
+    """
+    if os.path.dirname(workdir) != "/tmp":
+        raise ValueError(f"the sandbox's working directory must be a folder of its /tmp, got {workdir}")
     command = [
         "bwrap",
         "--unshare-all",
@@ -64,6 +76,12 @@ def bwrap_command(workdir: str, environment: dict, info_fd: int | None = None) -
         "/proc",
         "--dev",
         "/dev",
+        "--size",
+        str(SHM_BYTES),
+        "--tmpfs",
+        "/dev/shm",
+        "--size",
+        str(disk_bytes),
         "--tmpfs",
         "/tmp",
     ]
@@ -72,7 +90,9 @@ def bwrap_command(workdir: str, environment: dict, info_fd: int | None = None) -
             command += ["--symlink", os.readlink(path), path]
         else:
             command += ["--ro-bind", path, path]
-    command += ["--bind", workdir, workdir, "--chdir", workdir, "--clearenv"]
+    # the working directory shares the sized /tmp; the root tmpfs and /dev's tmpfs (not their device nodes,
+    # which are mounts of their own) become read-only, so no other place takes writes
+    command += ["--dir", workdir, "--chdir", workdir, "--remount-ro", "/dev", "--remount-ro", "/", "--clearenv"]
     for key, value in environment.items():
         command += ["--setenv", key, value]
     if info_fd is not None:
@@ -85,13 +105,12 @@ def kernel_isolation_available() -> bool:
     """True if ``bwrap`` is on PATH and can start the interpreter in new namespaces (probed once)."""
     if shutil.which("bwrap") is None:
         return False
-    with tempfile.TemporaryDirectory(prefix="unipg-sandbox-probe-") as workdir:
-        workdir = os.path.realpath(workdir)
-        command = bwrap_command(workdir, {"PATH": "/usr/bin:/bin"}) + [sys.executable, "-I", "-B", "-c", "pass"]
-        try:
-            return subprocess.run(command, capture_output=True, timeout=60, check=False).returncode == 0
-        except (OSError, subprocess.SubprocessError):
-            return False
+    command = bwrap_command("/tmp/probe", {"PATH": "/usr/bin:/bin"}, disk_bytes=1 << 20)
+    command += [sys.executable, "-I", "-B", "-c", "pass"]
+    try:
+        return subprocess.run(command, capture_output=True, timeout=60, check=False).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
 
 
 def require_kernel_isolation() -> None:

@@ -7,9 +7,10 @@ that is deleted afterwards. The code travels over stdin, never through a shell. 
 1. **Kernel isolation** (``isolation="kernel"``, the default; ``unipg.tools.bubblewrap``). The child
    runs under ``bwrap`` in new user, mount, PID, network, IPC, UTS and cgroup namespaces, with no
    capabilities, ``--die-with-parent`` and ``--new-session`` (no terminal to inject input into). Its root file
-   system holds the working directory (read-write, the only writable path besides an empty private ``/tmp``),
-   read-only: the interpreter, its standard library and site-packages, ``/usr/lib`` and ``/lib``; a private
-   ``/proc`` showing only its own namespace, and a minimal ``/dev``. There is no ``/etc``, home folder, run
+   system is read-only and holds: the interpreter, its standard library and site-packages, ``/usr/lib`` and
+   ``/lib``; a private ``/proc`` showing only its own namespace; a minimal read-only ``/dev`` with a 1 MB
+   ``/dev/shm`` for semaphores; and a private ``/tmp``, a tmpfs of ``disk_mb`` holding the working directory,
+   the only other writable place. There is no ``/etc``, home folder, run
    folder, repository or ``/usr/bin``, so no shell or other program to run, and only a downed loopback. The
    child is the PID namespace's init: when it ends or is killed, the kernel kills every process it started,
    detached with ``setsid`` or not. This layer is the security boundary, enforced by the kernel whatever the
@@ -39,12 +40,17 @@ that is deleted afterwards. The code travels over stdin, never through a shell. 
 What holds under kernel isolation: no file outside the working directory can be written; nothing but the
 read-only paths above can be read (not ``/etc/passwd``, not the trainer's ``/proc/<pid>/environ``, not its
 run folder); no network; no process survives the call; CPU time, memory and file size are bounded by the
-rlimits and the wall clock. What does not: the code can read everything bound read-only (the standard
+rlimits and the wall clock; everything written, all files together, is bounded by ``disk_mb`` (+ 1 MB in
+``/dev/shm``; the tmpfs holds it in memory pages, which ``memory_mb`` does not count; past it a write fails with ``OSError: [Errno 28]
+No space left on device``). What does not: the code can read everything bound read-only (the standard
 library, every package in the environment's site-packages, and ``/usr/lib``), and learn the kernel version,
 CPU count and load; once it switches the audit hook off it can fork more interpreters (inside the same
 namespaces, dying with it) and use ``ctypes``; timing side channels on shared CPUs and caches remain; the
-kernel itself is the attack surface (no seccomp filter is installed); disk use in the working directory and
-``/tmp`` is bounded only by ``RLIMIT_FSIZE`` per file, not in total. ``bwrap`` needs unprivileged user
+kernel itself is the attack surface (no seccomp filter is installed); kernel objects that hold memory
+outside any file system (``memfd_create`` files, System V shared memory in the private IPC namespace, pipe
+buffers) are bounded only per object (``RLIMIT_FSIZE``, ``memory_mb`` while mapped) and in time (they go with
+the namespace at the end of the call), not in total; with ``isolation="process"`` the working directory is a
+host folder whose total size is not bounded. ``bwrap`` needs unprivileged user
 namespaces enabled (``kernel.unprivileged_userns_clone``, AppArmor's ``restrict_unprivileged_userns`` on
 recent Ubuntu) or root; a container that forbids them (Docker's default seccomp profile) needs
 ``isolation="process"`` or a different outer sandbox such as gVisor.
@@ -57,8 +63,6 @@ The code that runs inside the child, applying layers 3 and 4, is in ``unipg.tool
 from __future__ import annotations
 
 import asyncio
-import functools
-import inspect
 import json
 import math
 import os
@@ -70,7 +74,7 @@ from dataclasses import dataclass
 
 from unipg.tools import sandbox_child
 from unipg.tools.base import TOOLS, Tool, tool
-from unipg.tools.bubblewrap import bwrap_command, require_kernel_isolation
+from unipg.tools.bubblewrap import bwrap_command, require_kernel_isolation, sandbox_workdir
 
 MAX_FILE_BYTES = 10 << 20  # RLIMIT_FSIZE: the largest file the code may write
 ISOLATIONS = ("kernel", "process")  # bubblewrap namespaces around the layers below, or the layers alone
@@ -94,21 +98,30 @@ class SandboxError(RuntimeError):
 
 
 def run_python(
-    code: str, *, timeout: float = 5.0, memory_mb: int = 256, max_output_chars: int = 2000, isolation: str = "kernel"
+    code: str,
+    *,
+    timeout: float = 5.0,
+    memory_mb: int = 256,
+    max_output_chars: int = 2000,
+    disk_mb: int = 64,
+    isolation: str = "kernel",
 ) -> SandboxResult:
     """Run ``code`` in a fresh sandboxed interpreter; synchronous wrapper of ``run_python_async``.
 
     Uses ``asyncio.run``, so call it from plain code; inside an event loop ``await run_python_async``.
     """
-    return asyncio.run(
-        run_python_async(
-            code, timeout=timeout, memory_mb=memory_mb, max_output_chars=max_output_chars, isolation=isolation
-        )
-    )
+    limits = {"timeout": timeout, "memory_mb": memory_mb, "max_output_chars": max_output_chars, "disk_mb": disk_mb}
+    return asyncio.run(run_python_async(code, **limits, isolation=isolation))
 
 
 async def run_python_async(
-    code: str, *, timeout: float = 5.0, memory_mb: int = 256, max_output_chars: int = 2000, isolation: str = "kernel"
+    code: str,
+    *,
+    timeout: float = 5.0,
+    memory_mb: int = 256,
+    max_output_chars: int = 2000,
+    disk_mb: int = 64,
+    isolation: str = "kernel",
 ) -> SandboxResult:
     """Run ``code`` in a fresh sandboxed interpreter (see the module docstring for the layers).
 
@@ -116,7 +129,7 @@ async def run_python_async(
     raised only when the interpreter could not be started or set up. ``isolation="kernel"`` (the default)
     runs the child under bubblewrap and raises ``RuntimeError`` when bubblewrap cannot be used here.
     """
-    check_limits(timeout=timeout, memory_mb=memory_mb, max_output_chars=max_output_chars)
+    check_limits(timeout=timeout, memory_mb=memory_mb, max_output_chars=max_output_chars, disk_mb=disk_mb)
     check_isolation(isolation)
     start = time.monotonic()
     # ignore_cleanup_errors: the code may leave read-only files behind; TemporaryDirectory still
@@ -127,13 +140,13 @@ async def run_python_async(
         info_read, info_write = os.pipe() if isolation == "kernel" else (-1, -1)
         try:
             config = {
-                "workdir": os.path.realpath(workdir),
+                "workdir": os.path.realpath(workdir) if isolation == "process" else sandbox_workdir(workdir),
                 "report_fd": report_write,
                 "memory_bytes": memory_mb << 20,
                 "cpu_seconds": math.ceil(timeout) + 1,
                 "file_bytes": MAX_FILE_BYTES,
             }
-            process = await _spawn(config, info_write)
+            process = await _spawn(config, info_write, disk_mb << 20)
             for fd in (report_write, info_write):
                 if fd >= 0:
                     os.close(fd)
@@ -156,7 +169,7 @@ async def run_python_async(
     return SandboxResult(output, error is None, timed_out, error, time.monotonic() - start)
 
 
-def check_limits(*, timeout: float, memory_mb: int, max_output_chars: int) -> None:
+def check_limits(*, timeout: float, memory_mb: int, max_output_chars: int, disk_mb: int) -> None:
     """Reject limits the sandbox cannot honour, with the reason."""
     if not timeout > 0:
         raise ValueError(f"sandbox timeout must be > 0 seconds, got {timeout}")
@@ -166,6 +179,8 @@ def check_limits(*, timeout: float, memory_mb: int, max_output_chars: int) -> No
         )
     if max_output_chars < 1:
         raise ValueError(f"sandbox max_output_chars must be >= 1, got {max_output_chars}")
+    if disk_mb < 1:
+        raise ValueError(f"sandbox disk_mb (what the code may write, in MB) must be >= 1, got {disk_mb}")
 
 
 def check_isolation(isolation: str) -> None:
@@ -176,10 +191,11 @@ def check_isolation(isolation: str) -> None:
         require_kernel_isolation()
 
 
-async def _spawn(config: dict, info_fd: int) -> asyncio.subprocess.Process:
+async def _spawn(config: dict, info_fd: int, disk_bytes: int) -> asyncio.subprocess.Process:
     """Start the child interpreter on the bootstrap, in its own session so its whole group can be killed.
 
-    With an ``info_fd`` (kernel isolation) the child runs under bubblewrap, which reports on that descriptor.
+    With an ``info_fd`` (kernel isolation) the child runs under bubblewrap, which reports on that descriptor,
+    with ``disk_bytes`` for everything the code writes.
     """
     workdir = config["workdir"]
     environment = {
@@ -194,10 +210,10 @@ async def _spawn(config: dict, info_fd: int) -> asyncio.subprocess.Process:
         "OPENBLAS_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",
     }
-    command = [sys.executable, "-I", "-B", "-c", _bootstrap_source(), json.dumps(config)]
+    command = [sys.executable, "-I", "-B", "-c", sandbox_child.bootstrap_source(), json.dumps(config)]
     pass_fds = (config["report_fd"],)
     if info_fd >= 0:
-        command = bwrap_command(workdir, environment, info_fd) + command
+        command = bwrap_command(workdir, environment, info_fd, disk_bytes=disk_bytes) + command
         pass_fds += (info_fd,)
     try:
         return await asyncio.create_subprocess_exec(
@@ -205,7 +221,7 @@ async def _spawn(config: dict, info_fd: int) -> asyncio.subprocess.Process:
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
-            cwd=workdir,
+            cwd=workdir if info_fd < 0 else None,  # under bubblewrap the path exists only inside
             env=environment,
             start_new_session=True,
             pass_fds=pass_fds,
@@ -333,52 +349,31 @@ def format_observation(result: SandboxResult) -> str:
 
 @TOOLS.register("python")
 def python_tool(
-    timeout: float = 5.0, memory_mb: int = 256, max_output_chars: int = 2000, isolation: str = "kernel"
+    timeout: float = 5.0,
+    memory_mb: int = 256,
+    max_output_chars: int = 2000,
+    disk_mb: int = 64,
+    isolation: str = "kernel",
 ) -> Tool:
     """The ``python`` tool: run code in a sandbox (``run_python_async``) and return its printed output.
 
     ``isolation="kernel"`` needs bubblewrap and fails here, when the tool is built, if it cannot run;
     ``"process"`` keeps only the in-process layers, which are not a security boundary.
     """
-    check_limits(timeout=timeout, memory_mb=memory_mb, max_output_chars=max_output_chars)
+    limits = {"timeout": timeout, "memory_mb": memory_mb, "max_output_chars": max_output_chars, "disk_mb": disk_mb}
+    check_limits(**limits)
     check_isolation(isolation)
 
     async def python(code: str) -> str:
-        result = await run_python_async(
-            code, timeout=timeout, memory_mb=memory_mb, max_output_chars=max_output_chars, isolation=isolation
-        )
+        result = await run_python_async(code, **limits, isolation=isolation)
         return format_observation(result)
 
     # the first paragraph becomes the description the model sees, so the limits go there
     python.__doc__ = f"""Run Python code in a fresh interpreter and return what it prints; print the result.
         Nothing persists between calls; no network or subprocesses; files only in the current directory;
-        stopped after {timeout:g} s or {memory_mb} MB; output beyond {max_output_chars} characters is cut.
+        stopped after {timeout:g} s or {memory_mb} MB; at most {disk_mb} MB of files; output beyond {max_output_chars} characters is cut.
 
         Args:
             code: Python source to execute, e.g. "print(sum(range(10)))". Only printed output is returned.
         """
     return tool(python)
-
-
-# ---- the child's program -------------------------------------------------------------------------------
-# The child runs the functions of ``unipg.tools.sandbox_child``, shipped as source with ``-c``: it
-# cannot import unipg, which would pull in torch.
-
-_CHILD_FUNCTIONS = (
-    "_set_limits",
-    "_isolate_network",
-    "_disable_raw_spawning",
-    "_remove_unaudited_calls",
-    "_read_roots",
-    "_path_checks",
-    "_guard_rules",
-    "_install_guard",
-    "_child_main",
-)
-
-
-@functools.lru_cache(maxsize=1)
-def _bootstrap_source() -> str:
-    """The program the child runs: the functions of ``sandbox_child``, then ``_child_main()``."""
-    sources = [inspect.getsource(getattr(sandbox_child, name)) for name in _CHILD_FUNCTIONS]
-    return "from __future__ import annotations\n\n" + "\n\n".join(sources) + "\n_child_main()\n"

@@ -1,14 +1,36 @@
 """The child side of the Python sandbox (``unipg.tools.sandbox``): these functions run inside the
 sandboxed interpreter, not in the trainer.
 
-The parent ships their source with ``-c`` (``sandbox._bootstrap_source``), because the child cannot import
-unipg, which would pull in torch. So they use the standard library only, import it inside themselves, and
-refer to nothing of this module but each other. ``_child_main`` reads the code from stdin, applies the layers
+The parent ships their source with ``-c`` (``bootstrap_source``, the one function here that the parent runs),
+because the child cannot import unipg, which would pull in torch. So they use the standard library only, import
+it inside themselves, and refer to nothing of this module but each other. ``_child_main`` reads the code from stdin, applies the layers
 described in ``unipg.tools.sandbox`` (``_set_limits``, ``_isolate_network``, ``_disable_raw_spawning``,
 ``_remove_unaudited_calls``, ``_install_guard``), runs the code and reports how it ended.
 """
 
 from __future__ import annotations
+
+import functools
+import inspect
+
+_CHILD_FUNCTIONS = (
+    "_set_limits",
+    "_isolate_network",
+    "_disable_raw_spawning",
+    "_remove_unaudited_calls",
+    "_read_roots",
+    "_path_checks",
+    "_guard_rules",
+    "_install_guard",
+    "_child_main",
+)
+
+
+@functools.lru_cache(maxsize=1)
+def bootstrap_source() -> str:
+    """The program the child runs: the functions below, then ``_child_main()`` (parent side)."""
+    sources = [inspect.getsource(globals()[name]) for name in _CHILD_FUNCTIONS]
+    return "from __future__ import annotations\n\n" + "\n\n".join(sources) + "\n_child_main()\n"
 
 
 def _child_main() -> None:
