@@ -67,6 +67,7 @@ def train(
     resume: str | Path | None = None,
     return_threshold: float | None = None,
     plugins: list[str] | None = None,
+    trust_code: bool = False,
     **settings: Any,
 ) -> RunResult:
     """Train the policy ``config`` describes and return its ``RunResult``.
@@ -74,14 +75,15 @@ def train(
     ``config`` is a YAML path, a ``Config`` or None (the defaults); ``settings`` override it
     (``train__updates=2``); ``plugins`` are imported and added to its ``plugins`` (``load_config``).
     ``resume`` continues a run from its folder's newest checkpoint, with that folder's config.yaml
-    (``config`` must then be None).
+    (``config`` must then be None); the code that folder names runs only if named again or with ``trust_code``
+    (``resumed_config``).
     """
     from unipg.observe.seeds import final_metrics
 
     if resume is not None:
         if config is not None:
             raise ConfigError("resume continues a run with its own config.yaml; pass config=None")
-        loaded = resumed_config(resume, overrides=overrides, plugins=plugins, **settings)
+        loaded = resumed_config(resume, overrides=overrides, plugins=plugins, trust_code=trust_code, **settings)
     else:
         loaded = load_config(config, overrides=overrides, plugins=plugins, **settings)
     details = run(loaded, resume=resume, return_threshold=return_threshold)
@@ -94,22 +96,25 @@ def resumed_config(
     overrides: list[str] | None = None,
     notify: Callable[[str], None] | None = None,
     plugins: list[str] | None = None,
+    trust_code: bool = False,
     **settings: Any,
 ) -> Config:
     """The configuration of the run in ``run_dir`` (its config.yaml) with ``overrides`` and ``settings`` applied,
-    as ``load_config`` checks it. The folder's ``model.trust_remote_code`` is not taken: it is false unless the
-    overrides set it, and ``notify`` (default: standard error) says so when the folder had it set."""
-    from unipg.runtime.evaluation import notify_stderr, remote_code_notice, run_folder_overrides
+    as ``load_config`` checks it. A run folder is data: the code it names (plugins, ``task.agent``, tool servers,
+    ``model.trust_remote_code``, ...) is not run unless the overrides or ``plugins`` name it again or
+    ``trust_code`` is set (``unipg.config.run_folder``); ``notify`` (default: standard error) says what was left
+    out."""
+    from unipg.config.run_folder import read_run_folder
+    from unipg.runtime.evaluation import notify_stderr
 
-    config = load_config(
-        Path(run_dir) / "config.yaml",
-        overrides=run_folder_overrides(_override_pairs(overrides, settings)),
+    return read_run_folder(
+        Path(run_dir),
+        _override_pairs(overrides, settings),
         plugins=plugins,
+        trust_code=trust_code,
+        notify=notify or notify_stderr,
+        check=check_sample_options,
     )
-    notice = remote_code_notice(Path(run_dir), config)
-    if notice is not None:
-        (notify or notify_stderr)(notice)
-    return config
 
 
 def run(config: Config, *, resume: str | Path | None = None, return_threshold: float | None = None):
@@ -182,16 +187,17 @@ def evaluation_config(
     *,
     overrides: list[str] | None = None,
     notify: Callable[[str], None] | None = None,
+    trust_code: bool = False,
     **settings: Any,
 ) -> Config:
-    """The configuration of the finished run in ``run_dir``, pointed at the policy it saved; the folder's
-    ``model.trust_remote_code`` is not taken unless the overrides set it (``notify`` says so, as in
-    ``resumed_config``)."""
+    """The configuration of the finished run in ``run_dir``, pointed at the policy it saved; the code the folder
+    names is not run unless the overrides name it again or ``trust_code`` is set (``notify`` says what was left
+    out, as in ``resumed_config``)."""
     from unipg.runtime.evaluation import notify_stderr, run_config
 
-    config = run_config(Path(run_dir), _override_pairs(overrides, settings), notify or notify_stderr)
-    check_sample_options(config)
-    return config
+    return run_config(
+        Path(run_dir), _override_pairs(overrides, settings), notify or notify_stderr, trust_code=trust_code
+    )
 
 
 def _check_backend(config: Config) -> None:

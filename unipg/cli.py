@@ -45,6 +45,13 @@ def print_notice(message: str) -> None:
     errors.print(f"[yellow]notice:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
+TRUST_OPTION = typer.Option(
+    False,
+    "--trust-folder-code",
+    help="with --run/--resume: run the code the run folder's config names (plugins, task.agent, tool servers, "
+    "ray.runtime_env, model.trust_remote_code); only for a folder you made or trust",
+)
+
 IMPORTED: list[str] = []  # the plugins of --import, added to every config this command loads
 
 
@@ -110,6 +117,7 @@ def train(
         help="inprocess, or ray: rollout workers and environment "
         "actors on a local Ray instance, or on a cluster with ray.address=auto",
     ),
+    trust_folder_code: bool = TRUST_OPTION,
 ) -> None:
     """Train a policy; prints a result table at the end."""
     overrides = list(overrides or []) + ([f"backend={backend}"] if backend is not None else [])
@@ -120,7 +128,7 @@ def train(
                 "(key=value overrides still apply)"
             )
             raise typer.Exit(2)
-        train_resumed(resume, overrides, threshold)
+        train_resumed(resume, overrides, threshold, trust_folder_code)
         return
     configs = seed_configs(config_path, overrides, parse_seeds(seeds))
     if jobs > 1 and len(configs) > 1:
@@ -135,9 +143,9 @@ def train(
     console.print(table)
 
 
-def train_resumed(run_dir: Path, overrides: List[str], threshold: Optional[float]) -> None:
+def train_resumed(run_dir: Path, overrides: List[str], threshold: Optional[float], trust_code: bool) -> None:
     """``unipg train --resume``: continue the run in ``run_dir`` and print its result table."""
-    config = resolve_resumed(run_dir, list(overrides or []))
+    config = resolve_resumed(run_dir, list(overrides or []), trust_code)
     result = [(config, run_guarded(config, threshold, resume=run_dir))]
     console.print(lm_result_table(result) if config.is_lm else gym_result_table(result, threshold))
 
@@ -177,7 +185,7 @@ def run_in_parallel(configs: list[Config], threshold: Optional[float], jobs: int
     return outcomes
 
 
-def resolve_resumed(run_dir: Path, overrides: List[str]) -> Config:
+def resolve_resumed(run_dir: Path, overrides: List[str], trust_code: bool = False) -> Config:
     """The configuration of the run in ``run_dir`` (its config.yaml) with ``overrides`` applied."""
     config_file = run_dir / "config.yaml"
     if not config_file.is_file():
@@ -187,7 +195,9 @@ def resolve_resumed(run_dir: Path, overrides: List[str]) -> Config:
         )
         raise typer.Exit(2)
     try:
-        config = api.resumed_config(run_dir, overrides=overrides, notify=print_notice, plugins=IMPORTED)
+        config = api.resumed_config(
+            run_dir, overrides=overrides, notify=print_notice, plugins=IMPORTED, trust_code=trust_code
+        )
     except ConfigError as error:
         print_error(str(error))
         raise typer.Exit(2) from None
@@ -306,6 +316,7 @@ def evaluate(
     show: int = typer.Option(
         0, "--show", min=0, help="print this many held-out episodes: prompt, tool calls and results, answer, reward"
     ),
+    trust_folder_code: bool = TRUST_OPTION,
 ) -> None:
     """Evaluate a model on a text task's held-out split: completion (pass@1), pass@k, turns, tool use."""
     import json
@@ -314,7 +325,9 @@ def evaluate(
         if run is not None:
             if config_path is not None:
                 raise ValueError("--run evaluates with the run's own config.yaml; drop --config")
-            config = api.evaluation_config(run, overrides=list(overrides or []), notify=print_notice)
+            config = api.evaluation_config(
+                run, overrides=list(overrides or []), notify=print_notice, trust_code=trust_folder_code
+            )
         else:
             config = resolve(config_path, list(overrides or []))
         metrics, transcripts = api.evaluate_episodes(config, show=show)

@@ -93,3 +93,77 @@ def test_train_resume_in_python_reads_the_folder_without_remote_code(tmp_path, m
     with pytest.raises(ValueError, match="stopped here"):
         unipg.api.train(resume=run, model__trust_remote_code=True)
     assert [config.model.trust_remote_code for config in seen] == [False, True]
+
+
+def planted_run(tmp_path: Path, **planted) -> tuple[Path, Path]:
+    """A saved run whose config.yaml was edited to name code; each piece of code, if run, touches ``marker``."""
+    run, marker = saved_run(tmp_path, SMALL[:-1]), tmp_path / "code-ran"
+    (run / "planted.py").write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).touch()\n\nasync def run(*a):\n    return 0.0\n"
+    )
+    tree = yaml.safe_load((run / "config.yaml").read_text())
+    if planted.get("plugin"):
+        tree["plugins"] = ["./planted.py"]  # relative: resolved inside the folder
+    if planted.get("agent"):
+        tree["task"]["agent"] = f"{run / 'planted.py'}:run"
+    if planted.get("server"):
+        server = {"command": "python", "args": [str(run / "planted.py")]}
+        tree["task"]["tools"] = [{"name": "mcp", "server": server}]
+    if planted.get("runtime_env"):
+        tree.setdefault("ray", {})["runtime_env"] = {"pip": ["evil-package"], "env_vars": {"A": "1"}}
+    (run / "config.yaml").write_text(yaml.safe_dump(tree))
+    return run, marker
+
+
+@pytest.mark.parametrize("command", ["eval", "resume"])
+@pytest.mark.parametrize("planted", ["agent", "server", "runtime_env"])
+def test_a_run_folder_that_names_an_agent_a_server_or_ray_code_is_refused_and_runs_nothing(
+    tmp_path, monkeypatch, command, planted
+):
+    if command == "eval" and planted == "runtime_env":
+        pytest.skip("evaluation reads no ray section")
+    run, marker = planted_run(tmp_path, plugin=True, **{planted: True})
+    monkeypatch.setattr(unipg.api, "evaluate_episodes", lambda config, show: pytest.fail("evaluated"))
+    monkeypatch.setattr(unipg.api, "run", lambda config, **options: pytest.fail("trained"))
+    args = ["eval", "--run", str(run)] if command == "eval" else ["train", "--resume", str(run)]
+
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert not marker.exists()
+    key = {"agent": "task.agent", "server": "task.tools[0].server", "runtime_env": "ray.runtime_env.pip"}[planted]
+    assert key in result.output and "--trust-folder-code" in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("read", ["evaluation", "resume"])
+def test_a_run_folders_plugins_are_skipped_with_a_notice_unless_the_user_names_them(tmp_path, read):
+    run, marker = planted_run(tmp_path, plugin=True)
+    load = unipg.api.evaluation_config if read == "evaluation" else unipg.api.resumed_config
+    notices = []
+
+    config = load(run, notify=notices.append)
+    assert not marker.exists() and config.plugins == []
+    assert len(notices) == 1 and str(run / "planted.py") in notices[0] and "--import" in notices[0]
+
+    if read == "resume":  # named again with --import: imported
+        config = unipg.api.resumed_config(run, notify=notices.append, plugins=[str(run / "planted.py")])
+    else:
+        config = load(run, notify=notices.append, trust_code=True)
+    assert marker.exists() and config.plugins == [str(run / "planted.py")]
+
+
+def test_an_override_of_the_agent_replaces_the_folders_and_trust_takes_it(tmp_path):
+    run, marker = planted_run(tmp_path, agent=True)
+    config = unipg.api.resumed_config(run, overrides=["task.agent=null"], notify=pytest.fail)
+    assert config.task.agent is None and not marker.exists()
+    assert unipg.api.resumed_config(run, trust_code=True, notify=pytest.fail).task.agent.endswith("planted.py:run")
+
+
+def test_a_plugin_the_run_needs_is_named_in_the_error(tmp_path):
+    run, marker = planted_run(tmp_path, plugin=True)
+    tree = yaml.safe_load((run / "config.yaml").read_text())
+    tree["task"]["name"] = "planted_task"
+    (run / "config.yaml").write_text(yaml.safe_dump(tree))
+    result = CliRunner().invoke(app, ["train", "--resume", str(run)])
+    assert result.exit_code == 2 and not marker.exists()
+    assert "planted_task" in result.output and "--import" in result.output and "Traceback" not in result.output

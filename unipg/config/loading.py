@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,15 +60,19 @@ def load_config(
     overrides: list[str] | None = None,
     unread: tuple[str, ...] = (),
     plugins: list[str] | None = None,
+    edit: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> Config:
     """Build a validated Config from an optional YAML file and ``key=value`` overrides. Secrets the file holds
     redacted (a run's config.yaml) are read again from overrides or the environment, except in the top-level
     sections named in ``unread``, which the caller never reads: there they are left out. ``plugins`` are added
     to the config's own (``unipg --import``); file plugins of the YAML file are relative to its folder, those of
-    overrides to the working directory."""
+    overrides to the working directory. ``edit`` changes the file's tree before the overrides apply (a run folder's
+    code is left out: ``unipg.config.run_folder``)."""
     raw: dict[str, Any] = {}
     if path is not None:
         raw = read_yaml(Path(path))
+        if edit is not None:
+            raw = edit(raw)
         for section in unread:
             if section in raw:
                 raw[section] = drop_redacted(raw[section])

@@ -15,10 +15,12 @@ from pathlib import Path
 
 import torch
 
-from unipg.config import Config, load_config
+from unipg.config import Config
+from unipg.config.run_folder import read_run_folder
 from unipg.observe.rollout_metrics import episode_metrics
 from unipg.sample.agent import Trajectory
 from unipg.sample.episodes import EpisodeRunner
+from unipg.sample.validate import check_sample_options
 from unipg.tasks.base import Example
 
 EVALUATION_SECTIONS = ("task", "model", "agent", "sample", "eval", "sft")
@@ -27,52 +29,29 @@ Secrets a run saved redacted in the others (a W&B key in ``ray.runtime_env``) ne
 evaluate it."""
 
 
-RUN_FOLDER_OVERRIDES = ("model.trust_remote_code=false",)
-"""Set before the user's overrides whenever a configuration is read from a run folder: a run folder is data,
-possibly someone else's, and must not run Python code of its choosing when its model loads."""
-
-
 def notify_stderr(message: str) -> None:
     print(f"notice: {message}", file=sys.stderr)
 
 
-def run_folder_overrides(overrides: list[str]) -> list[str]:
-    """``overrides`` after ``RUN_FOLDER_OVERRIDES``: what the user passes (``model.trust_remote_code=true``) wins."""
-    return [*RUN_FOLDER_OVERRIDES, *overrides]
-
-
-def remote_code_notice(run_dir: Path, config: Config) -> str | None:
-    """The notice to give when ``run_dir``'s config.yaml sets ``model.trust_remote_code`` and ``config`` (read
-    from it with ``run_folder_overrides``) does not; None otherwise."""
-    from unipg.config.yaml_file import read_yaml
-
-    saved = read_yaml(run_dir / "config.yaml").get("model")
-    if config.model.trust_remote_code or not isinstance(saved, dict) or saved.get("trust_remote_code") is not True:
-        return None
-    return (
-        f"'{run_dir}' sets model.trust_remote_code=true; it is ignored, since a run folder must not run code "
-        "of its own when the model loads. Pass model.trust_remote_code=true if you trust who made the folder"
-    )
-
-
-def run_config(run_dir: Path, overrides: list[str], notify: Callable[[str], None] = notify_stderr) -> Config:
-    """The configuration of a finished run, pointed at the policy the run saved; the folder's
-    ``model.trust_remote_code`` is not taken (``run_folder_overrides``), and ``notify`` says so if it was set."""
+def run_config(
+    run_dir: Path, overrides: list[str], notify: Callable[[str], None] = notify_stderr, *, trust_code: bool = False
+) -> Config:
+    """The configuration of a finished run, pointed at the policy the run saved; the code the folder names is not
+    run unless the user names it again or passes ``trust_code`` (``unipg.config.run_folder``)."""
     if not (run_dir / "config.yaml").is_file() or not (run_dir / "policy").is_dir():
         raise ValueError(
             f"'{run_dir}' is not a finished lm run (it needs config.yaml and policy/); pass the "
             "folder `unipg train` created, or evaluate a model with model.name=..."
         )
     unread = tuple(name for name in Config.model_fields if name not in EVALUATION_SECTIONS)
-    config = load_config(
-        run_dir / "config.yaml",
-        run_folder_overrides([f"model.name={run_dir / 'policy'}", "model.warm_start=false", *overrides]),
+    return read_run_folder(
+        run_dir,
+        [f"model.name={run_dir / 'policy'}", "model.warm_start=false", *overrides],
         unread=unread,
+        trust_code=trust_code,
+        notify=notify,
+        check=check_sample_options,
     )
-    notice = remote_code_notice(run_dir, config)
-    if notice is not None:
-        notify(notice)
-    return config
 
 
 def evaluate_episodes(
