@@ -124,3 +124,16 @@ def test_resume_from_a_bad_folder_is_a_clear_error(embedded_path, tmp_path):
     output = " ".join(result.output.split())
     assert result.exit_code == 2 and str(run.run_dir) in output and "intact" in output
     assert "Traceback" not in output
+
+
+@pytest.mark.parametrize("change", ["task.name=calculator", "task.options={digits: 1, num_train: 6, num_test: 8}"])
+def test_resuming_with_another_training_split_is_a_clear_error_before_anything_is_drawn(
+    embedded_path, tmp_path, change
+):
+    run = train_lm(resumable_config(embedded_path, tmp_path, "split-changed", 1))
+    result = CliRunner().invoke(app, ["train", "--resume", str(run.run_dir), "train.updates=2", change])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 2, output
+    assert "another training split" in output and "task.name, task.options" in output
+    assert "Traceback" not in output and "IndexError" not in output
+    assert [record["step"] for record in read_metrics(run.run_dir)] == [0, 1]  # nothing written was lost

@@ -32,6 +32,8 @@ class Resumable(Protocol):
 
     def state(self) -> dict: ...
 
+    def check_state(self, state: dict) -> None: ...
+
     def load_state(self, state: dict) -> None: ...
 
 
@@ -115,6 +117,8 @@ class LMCheckpointer:
         A checkpoint of another model (other parameter names or shapes, a value head or critic added or
         removed) raises a ValueError naming both models and the first differing tensor."""
         state = checkpoint.state
+        if isinstance(state.get("sampler"), dict):
+            self.sampler.check_state(state["sampler"])
         try:
             lora = has_adapter(self.policy.model)
             if lora != (ADAPTER_WEIGHTS in checkpoint.tensors):

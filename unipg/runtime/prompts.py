@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import threading
 
 import torch
@@ -51,7 +52,35 @@ class PromptSampler:
                 "order": list(self._order),
                 "generator": generator_state(self.generator),
                 "pending": self._pending + self._replay,
+                "split": self.split_fingerprint(),
             }
+
+    def split_fingerprint(self) -> str:
+        """A digest of the training split's prompts and answers, in order: the positions a state holds are indices
+        into this very list."""
+        digest = hashlib.sha1()
+        for example in self.examples:
+            digest.update(repr((example.prompt, example.answer)).encode())
+        return f"{len(self.examples)}:{digest.hexdigest()[:16]}"
+
+    def check_state(self, state: dict) -> None:
+        """A ValueError, saying what changed and what to do, when ``state`` was saved over another training split
+        (the task's name, options or data changed since): its indices would pick other prompts, or none."""
+        saved = state.get("split") if isinstance(state, dict) else None
+        indices = [*state.get("order", []), *state.get("pending", [])] if isinstance(state, dict) else []
+        if saved is None:  # a checkpoint written before the digest was kept: the indices must at least fit
+            fits = all(isinstance(index, int) and 0 <= index < len(self.examples) for index in indices)
+            saved = None if fits else f"more than {len(self.examples)}"
+        elif saved == self.split_fingerprint():
+            saved = None
+        if saved is not None:
+            raise ValueError(
+                f"the checkpoint was saved over another training split ({saved.partition(':')[0]} examples) than "
+                f"the configured task's ({len(self.examples)} examples): task.name, task.options or the task's data "
+                "changed since. Resume with the run's own task settings (drop the task.* overrides), or train on "
+                "the other task in a new run (unipg train task.name=... model.name=<run>/policy once the run has "
+                "finished)"
+            )
 
     def load_state(self, state: dict) -> None:
         """Continue from a position given by ``state``: its pending prompts are drawn first."""
