@@ -135,6 +135,28 @@ def test_bad_model_path_says_what_to_fix(tmp_path):
         load_lm_policy(str(tmp_path / "empty"))
 
 
+@pytest.mark.parametrize(
+    ("damaged", "message"),
+    [
+        ("model.safetensors", "causal language model.*SafetensorError"),
+        ("tokenizer.json", "tokenizer.*intact"),
+        ("value_head.pt", "value head.*damaged"),
+    ],
+)
+def test_a_truncated_model_file_is_a_clear_error_naming_it(embedded_path, tmp_path, damaged, message):
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(embedded_path, folder)
+    if damaged == "value_head.pt":
+        torch.save({"weight": torch.zeros(1)}, folder / damaged)
+    path = folder / damaged
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(ValueError, match=message) as raised:
+        load_lm_policy(str(folder), value_head=True)
+    assert "\n" not in str(raised.value)
+
+
 def test_tokenizer_without_pad_or_eos_is_rejected_with_a_fix(embedded_path, tmp_path):
     tokenizer = load_tokenizer(embedded_path)
     tokenizer.pad_token = None

@@ -167,3 +167,16 @@ def test_a_plugin_the_run_needs_is_named_in_the_error(tmp_path):
     result = CliRunner().invoke(app, ["train", "--resume", str(run)])
     assert result.exit_code == 2 and not marker.exists()
     assert "planted_task" in result.output and "--import" in result.output and "Traceback" not in result.output
+
+
+def test_eval_of_a_folder_whose_weights_are_truncated_says_so_in_one_line(tmp_path, embedded_path):
+    import shutil
+
+    run = saved_run(tmp_path, SMALL[:-1])
+    shutil.rmtree(run / "policy")
+    shutil.copytree(embedded_path, run / "policy")
+    weights = run / "policy" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    result = CliRunner().invoke(app, ["eval", "--run", str(run)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "model.safetensors" in result.output or "SafetensorError" in result.output

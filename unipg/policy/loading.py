@@ -48,10 +48,10 @@ def load_tokenizer(name: str, *, trust_remote_code: bool = False, chat_template:
             tokenizer = PreTrainedTokenizerFast.from_pretrained(resolved)
         else:
             tokenizer = AutoTokenizer.from_pretrained(resolved, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError, TypeError) as error:
+    except Exception as error:  # noqa: BLE001  a damaged file fails in the words of json, tokenizers, ...
         raise ValueError(
             f"could not load a tokenizer for model '{name}' ({resolved}): {first_line(error)}. "
-            "Check the hub id or that the folder holds tokenizer files"
+            "Check the hub id or that the folder holds intact tokenizer files"
         ) from None
     return check_tokenizer(prepare_chat_template(tokenizer, chat_template, model=name), name)
 
@@ -79,17 +79,19 @@ def load_causal_lm(
         model = AutoModelForCausalLM.from_pretrained(
             resolved, dtype=torch_dtype(dtype), trust_remote_code=trust_remote_code
         )
-    except (OSError, ValueError, TypeError, KeyError) as error:
+    except Exception as error:  # noqa: BLE001  a truncated weights file fails in safetensors' or torch's words
         raise ValueError(
             f"could not load a causal language model from '{name}' ({resolved}): {first_line(error)}. "
-            "Pass a hub id or a folder written by save_pretrained"
+            "Pass a hub id or a folder written by save_pretrained whose files are whole (a truncated or damaged "
+            "weights file is copied again from where it came from)"
         ) from None
     return model if device is None else model.to(device)
 
 
 def first_line(error: Exception) -> str:
+    """The error's type and the first line of its message."""
     text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
+    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
 
 
 def apply_lora(model, *, rank: int, alpha: float, target_modules):
@@ -158,7 +160,13 @@ def load_lm_policy(
 def _load_head(head: torch.nn.Module, folder: Path) -> None:
     path = folder / VALUE_HEAD_FILE
     if path.is_file():
-        head.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        try:
+            head.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        except Exception as error:  # noqa: BLE001  truncated, or another model's head
+            raise ValueError(
+                f"could not load the value head {path}: {first_line(error)}. The file is damaged or belongs to "
+                "another model; copy it again, or remove it to start the value head afresh"
+            ) from None
 
 
 def policy_from_config(config) -> LMPolicy:
