@@ -115,6 +115,18 @@ def test_a_plugin_that_fails_to_import_names_itself_and_its_error(registries, tm
     assert result.exit_code == 2 and "failed to import: RuntimeError: cannot reach the data server" in result.output
 
 
+@pytest.mark.parametrize("code", ["0", "None", "'done'"])
+def test_a_plugin_that_calls_sys_exit_at_import_is_a_failed_import_not_a_silent_success(registries, tmp_path, code):
+    exiting = tmp_path / f"exiting_{len(code)}.py"
+    exiting.write_text(f"import sys\nsys.exit({code})\n")
+    with pytest.raises(ConfigError, match=r"called sys\.exit\(.*\) while it was imported.*__main__"):
+        load_config(None, [f"plugins=[{exiting}]"])
+    result = CliRunner().invoke(app, ["train", f"plugins=[{exiting}]", "task.name=arithmetic"])
+    assert result.exit_code == 2 and "sys.exit" in result.output
+    result = CliRunner().invoke(app, ["--import", str(exiting), "algorithms"])
+    assert result.exit_code == 2 and "sys.exit" in result.output
+
+
 def test_a_file_plugin_is_imported_once_whoever_asks(registries, tmp_path):
     """Loading two configs that name one file does not register its task twice (which the registry refuses)."""
     path = write_plugin(tmp_path, "once")

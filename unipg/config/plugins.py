@@ -17,8 +17,8 @@ Each plugin is imported once per process, whoever asks (the config loader, ``uni
 before it unpacks the task and tools it was sent). A file plugin is imported as the module
 ``unipg_plugin_<stem>_<hash of its path>``, the same name in every process, so that objects defined in it
 pickle by reference; on a cluster of several machines a file plugin must therefore sit at the same path on each
-of them (an installed package is the portable form). A plugin that fails to import is a ``ConfigError`` naming
-it and its exception.
+of them (an installed package is the portable form). A plugin that fails to import (an exception, or
+``sys.exit()``) is a ``ConfigError`` naming it and its exception.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def load_entry_point_plugins() -> tuple[str, ...]:
             loaded = entry.load()
             if callable(loaded) and not isinstance(loaded, ModuleType):
                 loaded()
-        except Exception as error:
+        except (Exception, SystemExit) as error:  # sys.exit() at import is a failed import too
             raise plugin_error(
                 f"entry point '{entry.name} = {entry.value}' (group {ENTRY_POINT_GROUP})", error
             ) from error
@@ -106,7 +106,7 @@ def import_plugin(plugin: str) -> ModuleType:
             return sys.modules[plugin]
         try:
             return importlib.import_module(plugin)
-        except Exception as error:
+        except (Exception, SystemExit) as error:  # sys.exit() at import is a failed import too
             missing = getattr(error, "name", None) if isinstance(error, ModuleNotFoundError) else None
             hint = "; is it installed, or on PYTHONPATH?" if missing and plugin.startswith(missing) else ""
             raise plugin_error(f"'{plugin}'", error, hint) from error
@@ -123,7 +123,7 @@ def import_plugin(plugin: str) -> ModuleType:
     sys.modules[name] = module  # before running it: dataclasses and pickling look the module up by name
     try:
         spec.loader.exec_module(module)
-    except Exception as error:
+    except (Exception, SystemExit) as error:
         del sys.modules[name]
         raise plugin_error(f"file '{path}'", error) from error
     return module
@@ -135,7 +135,12 @@ def file_module_name(path: Path) -> str:
     return f"unipg_plugin_{stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
 
 
-def plugin_error(what: str, error: Exception, hint: str = "") -> ConfigError:
+def plugin_error(what: str, error: BaseException, hint: str = "") -> ConfigError:
+    if isinstance(error, SystemExit):
+        return ConfigError(
+            f"plugin {what} called sys.exit({error.code!r}) while it was imported; a plugin only defines and "
+            'registers things: move its script part under `if __name__ == "__main__":`'
+        )
     lines = str(error).strip().splitlines()
     reason = f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
     return ConfigError(f"plugin {what} failed to import: {reason}{hint}")
