@@ -139,12 +139,48 @@ def test_ray_addresses_are_checked_in_every_form(monkeypatch):
     with pytest.raises(ValueError, match="RAY_ADDRESS="):
         check_ray_address(None)
     monkeypatch.delenv("RAY_ADDRESS")
-    for address in (None, "auto", "local"):
-        check_ray_address(address)  # left to Ray: a local instance, or the cluster this machine belongs to
+    for address in (None, "local"):
+        check_ray_address(address)  # left to Ray: a local instance
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen()
         check_ray_address(f"127.0.0.1:{server.getsockname()[1]}")
+
+
+@pytest.fixture
+def no_ray_cluster_here(monkeypatch):
+    """Ray's lookup of ``auto`` finds no cluster on this machine, whatever other Ray instances run beside the
+    tests; yields a function that makes it find one at a given address."""
+    services = pytest.importorskip("ray._private.services")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    found = []
+    monkeypatch.setattr(services, "find_gcs_addresses", lambda: set(found))
+    monkeypatch.setattr(services, "find_bootstrap_address", lambda temp_dir: found[0] if found else None)
+    return found.append
+
+
+def test_ray_address_auto_without_a_cluster_is_refused_before_a_run_folder_is_made(
+    embedded_path, tmp_path, no_ray_cluster_here
+):
+    with pytest.raises(ValueError, match=r"ray.address=auto .* none is running here.*ray start"):
+        check_ray_address("auto")
+    result = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "backend=ray",
+            "ray.address=auto",
+            f"model.name={embedded_path}",
+            f"log.output_dir={tmp_path}",
+            *SMALL,
+        ],
+    )
+    assert result.exit_code == 2 and "none is running here" in result.output, result.output
+    assert list(tmp_path.iterdir()) == []
+
+    no_ray_cluster_here(f"127.0.0.1:{free_port()}")  # a cluster was here and is gone: its address is checked
+    with pytest.raises(ValueError, match="cannot connect to Ray"):
+        check_ray_address("auto")
 
 
 def test_connecting_the_ray_backend_to_an_address_with_nothing_listening_fails_at_once():

@@ -107,11 +107,14 @@ RAY_CONNECT_TIMEOUT = 5.0
 def check_ray_address(address: str | None) -> None:
     """A ``ValueError`` naming the address and what to do when nothing accepts a TCP connection at the Ray
     cluster ``address`` (``host:port`` or ``ray://host:port``; None reads ``RAY_ADDRESS``, as ``ray.init`` does).
-    ``auto``, ``local`` and addresses without a port are left to Ray. Ray itself retries an absent cluster for
+    ``auto`` is looked up as Ray looks it up (the cluster this machine last started or joined) and refused when there
+    is none; ``local`` and addresses without a port are left to Ray. Ray itself retries an absent cluster for
     minutes; this fails within ``RAY_CONNECT_TIMEOUT`` seconds, before the run writes anything."""
     import socket
 
     text = address if address is not None else os.environ.get("RAY_ADDRESS")
+    if text == "auto":
+        text = _auto_ray_address(address is not None)
     if not text or text in ("auto", "local"):
         return
     host, _, port = text.removeprefix("ray://").rstrip("/").rpartition(":")
@@ -126,4 +129,21 @@ def check_ray_address(address: str | None) -> None:
             f"cannot connect to Ray at {setting}={text!r}: nothing answers there ({reason}); start "
             f"the cluster there (`ray start --head --port {port}`), fix the address, or leave "
             "ray.address unset for a local instance"
+        ) from None
+
+
+def _auto_ray_address(from_config: bool) -> str:
+    """The address ``auto`` stands for on this machine; a ``ValueError`` saying what to do when it has none."""
+    try:
+        from ray._private.services import get_ray_address_from_environment
+    except ImportError:  # without Ray the backend says how to install it
+        return "auto"
+    try:
+        return get_ray_address_from_environment("auto", None) or "auto"
+    except ConnectionError:
+        setting = "ray.address" if from_config else "RAY_ADDRESS"
+        raise ValueError(
+            f"{setting}=auto joins the Ray cluster this machine belongs to, and none is running here; start one "
+            "(`ray start --head`, or `ray start --address=HEAD:6379` to join a head node), give its address "
+            "(ray.address=HOST:6379), or leave ray.address unset for a local instance"
         ) from None
