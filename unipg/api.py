@@ -11,7 +11,8 @@ accepted as they are through ``overrides=[...]``. The command line (``unipg.cli`
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -122,13 +123,32 @@ def run(config: Config, *, resume: str | Path | None = None, return_threshold: f
     or an MLP on a gymnasium environment (``return_threshold`` marks when the evaluation return first reaches
     it), continuing the run in ``resume`` if given."""
     import_plugins(config.plugins)  # this process may not have loaded the config (a child of `train --jobs`)
-    if config.is_lm:
-        from unipg.runtime.lm import train_lm
+    with _no_exit("the run's folder keeps what was written"):
+        if config.is_lm:
+            from unipg.runtime.lm import train_lm
 
-        return train_lm(config, resume=resume)
-    from unipg.runtime.gym import train_gym
+            return train_lm(config, resume=resume)
+        from unipg.runtime.gym import train_gym
 
-    return train_gym(config, return_threshold=return_threshold, resume=resume)
+        return train_gym(config, return_threshold=return_threshold, resume=resume)
+
+
+@contextlib.contextmanager
+def _no_exit(kept: str) -> Iterator[None]:
+    """Within ``with``: a ``SystemExit`` raised by code a run calls (a plugin's tool, reward or agent) becomes a
+    ``ValueError`` naming the file and line that exited. Nothing in unipg exits from inside a run, and an exit
+    there would end the caller's process (a notebook, or ``unipg train`` with status 0 and nothing said)."""
+    try:
+        yield
+    except SystemExit as exit:
+        frame = exit.__traceback__
+        while frame is not None and frame.tb_next is not None:
+            frame = frame.tb_next
+        where = f" at {frame.tb_frame.f_code.co_filename}:{frame.tb_lineno}" if frame is not None else ""
+        raise ValueError(
+            f"code the run called ended it with sys.exit({exit.code!r}){where}; a tool, reward or agent must "
+            f"return or raise, not exit the process; {kept}"
+        ) from None
 
 
 def run_in_parallel(configs: list[Config], threshold: float | None, jobs: int) -> list:
@@ -168,7 +188,8 @@ def evaluate(source: str | Path | Config, *, overrides: list[str] | None = None,
     from unipg.runtime.evaluation import evaluate_model
 
     config = source if isinstance(source, Config) else evaluation_config(source, overrides=overrides, **settings)
-    return evaluate_model(config)
+    with _no_exit("nothing was evaluated"):
+        return evaluate_model(config)
 
 
 def evaluate_episodes(
@@ -179,7 +200,8 @@ def evaluate_episodes(
     from unipg.runtime.evaluation import evaluate_model_episodes
 
     config = source if isinstance(source, Config) else evaluation_config(source, overrides=overrides, **settings)
-    return evaluate_model_episodes(config, show=show)
+    with _no_exit("nothing was evaluated"):
+        return evaluate_model_episodes(config, show=show)
 
 
 def evaluation_config(

@@ -127,6 +127,32 @@ def test_a_plugin_that_calls_sys_exit_at_import_is_a_failed_import_not_a_silent_
     assert result.exit_code == 2 and "sys.exit" in result.output
 
 
+def test_a_plugin_reward_that_calls_sys_exit_during_the_run_is_an_error_naming_its_line(
+    registries, embedded_path, tmp_path
+):
+    exiting = tmp_path / "exiting_reward.py"
+    exiting.write_text(
+        "import sys\nfrom unipg.tasks.rewards.rules import REWARDS\n\n\n@REWARDS.register('exiting_reward')\n"
+        "def exiting_reward():\n    def reward(prompts, completions, **columns):\n        sys.exit(0)\n"
+        "    return reward\n"
+    )
+    result = CliRunner().invoke(
+        app,
+        [
+            "--import",
+            str(exiting),
+            "train",
+            "task.name=arithmetic",
+            "task.rewards=[{name: exiting_reward}]",
+            *FAST,
+            f"model.name={embedded_path}",
+            f"log.output_dir={tmp_path / 'runs'}",
+        ],
+    )
+    assert result.exit_code == 2, result.output
+    assert f"sys.exit(0) at {exiting}:8" in " ".join(result.output.split())
+
+
 def test_a_file_plugin_is_imported_once_whoever_asks(registries, tmp_path):
     """Loading two configs that name one file does not register its task twice (which the registry refuses)."""
     path = write_plugin(tmp_path, "once")
