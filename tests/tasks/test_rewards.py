@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from unipg.registry import RegistryError
-from unipg.tasks.rewards import rules as rewards_module
+from unipg.tasks.rewards import symbolic as symbolic_module
 from unipg.tasks.rewards.model import RewardModel
 from unipg.tasks.rewards.rules import (
     REWARDS,
@@ -78,11 +78,11 @@ def test_math_reward_reads_boxed_latex_answers_with_math_verify(completion, answ
 
 
 def test_sympy_decides_where_math_verify_cannot_parse(monkeypatch):
-    assert rewards_module.math_verify_equal("@", "2") is None
-    monkeypatch.setattr(rewards_module, "math_verify_equal", lambda predicted, reference: None)
-    assert rewards_module.symbolic_equal("sqrt(4)", "2", 1e-6)
-    assert not rewards_module.symbolic_equal("sqrt(5)", "2", 1e-6)
-    assert not rewards_module.symbolic_equal("__import__('os')", "0", 1e-6)  # never handed to sympy's evaluator
+    assert symbolic_module.math_verify_equal("@", "2") is None
+    monkeypatch.setattr(symbolic_module, "math_verify_equal", lambda predicted, reference: None)
+    assert symbolic_module.symbolic_equal("sqrt(4)", "2", 1e-6)
+    assert not symbolic_module.symbolic_equal("sqrt(5)", "2", 1e-6)
+    assert not symbolic_module.symbolic_equal("__import__('os')", "0", 1e-6)  # never handed to sympy's evaluator
 
 
 def test_expressions_and_refusals():

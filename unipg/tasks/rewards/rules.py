@@ -19,10 +19,8 @@ stops on it: a broken reward would otherwise train the policy on wrong signals w
 
 from __future__ import annotations
 
-import functools
 import inspect
 import re
-import threading
 import warnings
 from typing import Any, Callable
 
@@ -36,7 +34,8 @@ from unipg.tasks.rewards.combine import (  # noqa: F401  (the combination, impor
     RewardFunctionError,
     RewardResult,
 )
-from unipg.tools.bounded import IsolatedFunction, parse_number, symbolic_refusal
+from unipg.tasks.rewards.symbolic import BATCH_TIMEOUT, SYMBOLIC_TIMEOUT, symbolic_pool
+from unipg.tools.bounded import parse_number, symbolic_refusal
 
 REWARDS = FactoryRegistry("reward")  # a factory's keyword parameters are the reward's options
 
@@ -90,11 +89,33 @@ def answers_equivalent(predicted: str, reference: str, *, tolerance: float = 1e-
     Fast path, deciding most calls in microseconds: when both strings are integers they must be equal; when
     both are numbers (decimals or fractions ``p/q``), |predicted − reference| ≤ tolerance. Only otherwise
     (LaTeX such as ``\frac{3}{4}`` or ``\sqrt{2}/2``, expressions) ``math_verify`` compares them, and sympy where
-    math_verify cannot parse one of them — in a child process killed after ``SYMBOLIC_TIMEOUT`` seconds, and only
-    for answers ``symbolic_refusal`` lets through (no power towers, huge exponents or factorials): a policy's
-    ``9^9^9^9`` scores 0.0 at once.
+    math_verify cannot parse one of them — in a child process killed after ``SYMBOLIC_TIMEOUT`` seconds
+    (``unipg.tasks.rewards.symbolic``), and only for answers ``symbolic_refusal`` lets through (no power towers,
+    huge exponents or factorials): a policy's ``9^9^9^9`` scores 0.0 at once.
     """
-    predicted, reference = normalize_answer(predicted), normalize_answer(reference)
+    return answers_equivalent_all([(predicted, reference)], tolerance=tolerance)[0]
+
+
+def answers_equivalent_all(
+    pairs: list[tuple[str, str]],
+    *,
+    tolerance: float = 1e-6,
+    timeout: float = SYMBOLIC_TIMEOUT,
+    batch_timeout: float = BATCH_TIMEOUT,
+) -> list[bool]:
+    """``answers_equivalent`` of each ``(predicted, reference)`` pair; the pairs that need a symbolic library are
+    compared in parallel, each within ``timeout`` seconds and all within ``batch_timeout`` (``SymbolicPool``)."""
+    pairs = [(normalize_answer(predicted), normalize_answer(reference)) for predicted, reference in pairs]
+    quick = [_quick_verdict(predicted, reference, tolerance) for predicted, reference in pairs]
+    symbolic = [pair for pair, verdict in zip(pairs, quick) if verdict is None]
+    if not symbolic:
+        return quick
+    shown = iter(symbolic_pool().compare(symbolic, tolerance=tolerance, timeout=timeout, batch_timeout=batch_timeout))
+    return [next(shown) if verdict is None else verdict for verdict in quick]
+
+
+def _quick_verdict(predicted: str, reference: str, tolerance: float) -> bool | None:
+    """The verdict on two normalized answers without a symbolic library; None when one must decide."""
     if predicted == reference:
         return True
     predicted_number, reference_number = parse_number(predicted), parse_number(reference)
@@ -107,69 +128,7 @@ def answers_equivalent(predicted: str, reference: str, *, tolerance: float = 1e-
             return False
     if symbolic_refusal(predicted) is not None or symbolic_refusal(reference) is not None:
         return False
-    try:
-        return bool(_isolated_symbolic_equal()(predicted, reference, tolerance))
-    except (TimeoutError, OSError, ValueError):  # ran too long, or its process failed: not shown equal
-        return False
-
-
-SYMBOLIC_TIMEOUT = 5.0  # seconds one symbolic comparison may take
-
-
-@functools.lru_cache(maxsize=1)
-def _isolated_symbolic_equal() -> IsolatedFunction:
-    return IsolatedFunction(f"{__name__}:symbolic_equal", timeout=SYMBOLIC_TIMEOUT)
-
-
-def symbolic_equal(predicted: str, reference: str, tolerance: float) -> bool:
-    """``math_verify``'s verdict when it parses both answers, else sympy's; runs in the child process of
-    ``answers_equivalent``."""
-    verdict = math_verify_equal(predicted, reference)
-    return verdict if verdict is not None else _sympy_equal(predicted, reference, tolerance=tolerance)
-
-
-def math_verify_equal(predicted: str, reference: str) -> bool | None:
-    """Whether ``math_verify`` shows the two answers equal; None when it cannot parse one of them. Each is read
-    as LaTeX math first (``$...$``: plain "1/\\sqrt{2}" would be read as 1), then as plain text."""
-    from math_verify import parse, verify
-
-    # math_verify enforces its timeouts with SIGALRM, which only the main thread may install.
-    timeout = 5 if threading.current_thread() is threading.main_thread() else None
-
-    def parsed(text: str) -> list:
-        """math_verify's reading of ``text``; empty unless it found an expression (not only the text itself)."""
-        for candidate in (f"${text}$", text):
-            found = parse(candidate, parsing_timeout=timeout)
-            if any(not isinstance(item, str) for item in found):
-                return found
-        return []
-
-    try:
-        gold, target = parsed(reference), parsed(predicted)
-        if not gold or not target:
-            return None
-        return bool(verify(gold, target, timeout_seconds=timeout))
-    except Exception:  # any failure to compare means "not shown equal"
-        return False
-
-
-# sympy parses by evaluating Python, so only plain arithmetic is let through: digits, operators, brackets,
-# sqrt and pi. Powers are left out because "9**9**9**9" would hang the comparison.
-_SAFE_EXPRESSION = re.compile(r"[\d\s.+\-*/()]+")
-
-
-def _sympy_equal(predicted: str, reference: str, *, tolerance: float) -> bool:
-    """|predicted − reference| ≤ tolerance after sympy evaluates both plain arithmetic expressions."""
-    import sympy
-
-    for text in (predicted, reference):
-        if len(text) > 100 or "**" in text or not _SAFE_EXPRESSION.fullmatch(re.sub(r"sqrt|pi", "", text)):
-            return False
-    try:
-        difference = sympy.sympify(predicted, rational=True) - sympy.sympify(reference, rational=True)
-        return abs(complex(sympy.N(difference))) <= tolerance
-    except Exception:  # SympifyError, TypeError, SyntaxError, ZeroDivisionError, ...: not shown equal
-        return False
+    return None
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -204,20 +163,27 @@ def exact_match() -> RewardFunction:
 
 
 @REWARDS.register("math")
-def math_reward(tolerance: float = 1e-6) -> RewardFunction:
+def math_reward(
+    tolerance: float = 1e-6, timeout: float = SYMBOLIC_TIMEOUT, batch_timeout: float = BATCH_TIMEOUT
+) -> RewardFunction:
     """1.0 when the completion's final answer is numerically or symbolically equal to the reference, else 0.0.
 
-    See ``answers_equivalent``; a completion without a final answer scores 0.0, a sample whose reference
-    answer is None gets None.
+    See ``answers_equivalent_all``: a symbolic comparison is cut after ``timeout`` seconds, and a call's
+    comparisons together after ``batch_timeout`` (an answer cut there scores 0.0). A completion without a
+    final answer scores 0.0, a sample whose reference answer is None gets None.
     """
+    if not (timeout > 0 and batch_timeout > 0):
+        raise ValueError(
+            f"reward 'math': timeout and batch_timeout must be > 0 seconds, got {timeout}, {batch_timeout}"
+        )
 
     def math_equivalence_reward(prompts: list, completions: list, **columns) -> list[float | None]:
-        return _score_final_answers(
-            "math",
-            completions,
-            columns,
-            lambda predicted, reference: answers_equivalent(predicted, reference, tolerance=tolerance),
-        )
+        references = _reference_answers("math", completions, columns)
+        predicted = [extract_final_answer(text_of(completion, "assistant")) for completion in completions]
+        pairs = [(p, str(r)) for p, r in zip(predicted, references) if p is not None and r is not None]
+        verdicts = answers_equivalent_all(pairs, tolerance=tolerance, timeout=timeout, batch_timeout=batch_timeout)
+        shown = dict(zip(pairs, verdicts))
+        return _score_final_answers("math", completions, columns, lambda p, r: shown[(p, r)])
 
     return math_equivalence_reward
 
