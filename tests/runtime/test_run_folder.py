@@ -109,6 +109,8 @@ def planted_run(tmp_path: Path, **planted) -> tuple[Path, Path]:
     if planted.get("server"):
         server = {"command": "python", "args": [str(run / "planted.py")]}
         tree["task"]["tools"] = [{"name": "mcp", "server": server}]
+    if planted.get("isolation"):
+        tree["task"]["tools"] = [{"name": "python", "options": {"isolation": "process"}}]
     if planted.get("runtime_env"):
         tree.setdefault("ray", {})["runtime_env"] = {"pip": ["evil-package"], "env_vars": {"A": "1"}}
     (run / "config.yaml").write_text(yaml.safe_dump(tree))
@@ -116,7 +118,7 @@ def planted_run(tmp_path: Path, **planted) -> tuple[Path, Path]:
 
 
 @pytest.mark.parametrize("command", ["eval", "resume"])
-@pytest.mark.parametrize("planted", ["agent", "server", "runtime_env"])
+@pytest.mark.parametrize("planted", ["agent", "server", "runtime_env", "isolation"])
 def test_a_run_folder_that_names_an_agent_a_server_or_ray_code_is_refused_and_runs_nothing(
     tmp_path, monkeypatch, command, planted
 ):
@@ -130,7 +132,12 @@ def test_a_run_folder_that_names_an_agent_a_server_or_ray_code_is_refused_and_ru
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2, result.output
     assert not marker.exists()
-    key = {"agent": "task.agent", "server": "task.tools[0].server", "runtime_env": "ray.runtime_env.pip"}[planted]
+    key = {
+        "agent": "task.agent",
+        "server": "task.tools[0].server",
+        "runtime_env": "ray.runtime_env.pip",
+        "isolation": "task.tools[0].options.isolation",
+    }[planted]
     assert key in result.output and "--trust-folder-code" in result.output
     assert "Traceback" not in result.output
 

@@ -9,6 +9,10 @@ A folder may come from someone else (a colleague, a download), and a configurati
   packages installed and code shipped to every worker;
 - ``model.trust_remote_code``: Python files of the model folder run when the model loads.
 
+A sixth setting weakens where code runs: a tool's ``isolation`` other than ``kernel`` (the Python sandbox without
+its namespaces), which would let the policy's code, itself part of what was received, read and write this
+machine's files. It is treated as code.
+
 ``read_run_folder`` takes each of them only when the user names it again (an override of the same key, or of a
 section above it; ``--import`` for a plugin), or passes ``trust_code`` (``--trust-folder-code``) for a folder they
 made or trust. Otherwise the plugins and the remote code are left out, and a notice says which: the run may not
@@ -79,13 +83,17 @@ def _plugin_shown(plugin: Any, run_dir: Path) -> str:
 
 
 def _tool_servers(node: Any, path: list[str]) -> list[FolderCode]:
-    """The tool servers (a ``server`` mapping holding a ``command``) anywhere under ``node``."""
+    """The tool servers (a ``server`` mapping holding a ``command``) and the sandboxes without kernel isolation
+    (an ``isolation`` other than ``kernel``) anywhere under ``node``."""
     found = []
     if isinstance(node, dict):
         server = node.get("server")
         if isinstance(server, dict) and "command" in server:
             command = " ".join(str(part) for part in [server["command"], *(server.get("args") or [])])
             found.append(FolderCode(_dotted([*path, "server"]), command[:120], defines_run=True))
+        if "isolation" in node and node["isolation"] != "kernel":
+            shown = f"{node['isolation']!r}: the sandbox without its namespaces"
+            found.append(FolderCode(_dotted([*path, "isolation"]), shown, defines_run=True))
         for key, value in node.items():
             if key != "server":
                 found.extend(_tool_servers(value, [*path, str(key)]))
