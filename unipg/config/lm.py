@@ -3,11 +3,13 @@ warm start, sampling, checkpoints and rollbacks."""
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from unipg.config.sampling import SAMPLING_CHECKS
 from unipg.config.section import Section, read_in
 
 
@@ -138,7 +140,11 @@ class EndpointConfig(Section):
     """The OpenAI-compatible endpoint that external agents (``task.agent``) call, and their failure policy."""
 
     host: str = "127.0.0.1"
-    """address the endpoint binds; the default keeps it on this machine (loopback)."""
+    """address the endpoint binds; the default keeps it on this machine (loopback). Any other address (0.0.0.0, a
+    network interface's) needs endpoint.allow_remote."""
+    allow_remote: bool = False
+    """let endpoint.host be an address other machines can reach. Requests still need a bearer key (the run's token
+    or a session's key, random per run), but the traffic is plain HTTP; the endpoint says so when it starts."""
     port: int = Field(0, ge=0, le=65535)
     """TCP port; 0 = a free one (the only choice with backend=ray: every rollout worker serves its own)."""
     agent_timeout: float = Field(300.0, gt=0.0)
@@ -149,6 +155,27 @@ class EndpointConfig(Section):
     """largest request body accepted (larger: HTTP 413)."""
     max_n: int = Field(16, ge=1)
     """most choices (``n``) one request may ask for."""
+
+    @model_validator(mode="after")
+    def _loopback_unless_allowed(self) -> EndpointConfig:
+        if not self.allow_remote and not is_loopback(self.host):
+            raise ValueError(
+                f"endpoint.host ({self.host!r}) is not a loopback address, so other machines could call the "
+                "endpoint; set endpoint.allow_remote=true to serve them (requests need the run's or a session's "
+                "random key; traffic is plain HTTP), or leave endpoint.host at 127.0.0.1"
+            )
+        return self
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` keeps a server on this machine: ``localhost`` or a loopback address (127.0.0.0/8,
+    ::1). An empty host binds every interface; a name other than localhost may resolve to anything."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 class SFTStage(Section):
@@ -211,7 +238,8 @@ class SampleConfig(Section):
     max_new_tokens: int = Field(64, ge=1, json_schema_extra=read_in("lm"))
     """longest completion in tokens; must be below the model's context length (checked when the model loads)."""
     temperature: float = Field(1.0, ge=0.0, json_schema_extra=read_in("lm"))
-    """sampling temperature (0 = greedy); log-probs are those of softmax(logits / temperature)."""
+    """sampling temperature: 0 = greedy, else at least 0.01 (smaller ones overflow the scaled logits); log-probs are
+    those of softmax(logits / temperature)."""
     top_p: float = Field(1.0, gt=0.0, le=1.0, json_schema_extra=read_in("lm"))
     """nucleus sampling: keep the smallest token set with probability ≥ top_p."""
     top_k: int | None = Field(None, ge=1, json_schema_extra=read_in("lm"))
@@ -247,16 +275,12 @@ class SampleConfig(Section):
     cpu_kv_cache_gb: float = Field(0.5, gt=0.0)
     """vllm on CPU: GiB of memory for the KV cache."""
 
-    @field_validator("stop")
+    @field_validator(*SAMPLING_CHECKS)
     @classmethod
-    def _no_empty_stop_strings(cls, stop: list[str]) -> list[str]:
-        # "" occurs at every position, so it would end every completion after its first token
-        if any(text == "" for text in stop):
-            raise ValueError(
-                "stop strings must not be empty: an empty string matches everywhere and ends every "
-                "completion after one token; remove it (e.g. sample.stop=[] or sample.stop=['\\n\\n'])"
-            )
-        return stop
+    def _samplable(cls, value, info: ValidationInfo):
+        """The one check of sampling parameters (unipg.config.sampling): the endpoint and the engines refuse the
+        same values."""
+        return SAMPLING_CHECKS[info.field_name](value)
 
 
 class CheckpointConfig(Section):

@@ -24,6 +24,7 @@ from typing import Protocol
 
 import torch
 
+from unipg.config.sampling import SAMPLING_CHECKS
 from unipg.registry import Registry
 
 
@@ -47,6 +48,11 @@ class SamplingParams:
     top_k: int | None = None
     stop: list[str] | None = None
     keep_stop: tuple[str, ...] = ()  # stop strings that belong to the turn's text (a call's closing tag)
+
+    def __post_init__(self):
+        # the values the config and the endpoint refuse never reach a sampler (unipg.config.sampling)
+        for name, check in SAMPLING_CHECKS.items():
+            check(getattr(self, name))
 
 
 class Engine(Protocol):

@@ -12,6 +12,9 @@ a function of the episodes alone, not of tool timing, which makes seeded runs re
 With ``sync`` (asynchronous training: ``WeightSync.pull``), the engine loads newer weights between generate
 calls, so an episode's turns may come from different versions; each turn records the version that sampled it.
 
+A request the sampler cannot serve (its context, its parameters) fails alone: a batched call that raises is
+retried in halves down to the requests that fail, and only those get the error.
+
 The sampler is the trainer's own model code (``LMPolicy.sample``), so its behaviour log-probs are the trainer's.
 """
 
@@ -115,13 +118,14 @@ class HFService:
             try:
                 outputs = await asyncio.to_thread(self._sample_by_params, batch)
             except Exception as error:  # noqa: BLE001 — hand the failure to the waiting episodes
-                for request in batch:
-                    if not request[3].done():
-                        request[3].set_exception(error)
-            else:
-                for request, output in zip(batch, outputs):
-                    if not request[3].done():  # its episode may have been cancelled meanwhile
-                        request[3].set_result(output)
+                outputs = [error] * len(batch)
+            for request, output in zip(batch, outputs):
+                if request[3].done():  # its episode may have been cancelled meanwhile
+                    continue
+                if isinstance(output, Exception):
+                    request[3].set_exception(output)
+                else:
+                    request[3].set_result(output)
             if self._pending:
                 self._wakeup.set()
 
@@ -130,13 +134,14 @@ class HFService:
             self._wakeup.clear()
             await self._wakeup.wait()
 
-    def _sample_by_params(self, batch: list[tuple]) -> list[TurnOutput]:
-        """One sampling call per distinct set of parameters in ``batch`` (one call when no request overrides)."""
+    def _sample_by_params(self, batch: list[tuple]) -> list[TurnOutput | Exception]:
+        """One sampling call per distinct set of parameters in ``batch`` (one call when no request overrides); a
+        request whose sampling fails gets its error in place of its turn, and the others their turns."""
         if self.sync is not None:  # between generate calls: take the learner's newest weights (once per batch)
             version = self.sync()
             if version is not None:
                 self.policy_version = version
-        outputs: list[TurnOutput | None] = [None] * len(batch)
+        outputs: list[TurnOutput | Exception | None] = [None] * len(batch)
         chosen = [request[4] or self.params for request in batch]
         kinds: list[SamplingParams] = []
         for params in chosen:
@@ -144,17 +149,30 @@ class HFService:
                 kinds.append(params)
         for params in kinds:
             rows = [row for row, own in enumerate(chosen) if own == params]
-            sampled = self._sample([batch[row][1] for row in rows], [batch[row][2] for row in rows], params)
+            sampled = self._sample_apart([batch[row][1] for row in rows], [batch[row][2] for row in rows], params)
             for row, output in zip(rows, sampled):
                 outputs[row] = output
         return outputs
 
+    def _sample_apart(
+        self, contexts: list[list[int]], budgets: list[int], params: SamplingParams
+    ) -> list[TurnOutput | Exception]:
+        """``_sample``, and where that fails, each half of the requests apart (down to single requests): a request
+        the sampler cannot serve fails alone, whoever it is batched with, and a failure of the engine itself
+        reaches every request (after about two calls per request)."""
+        try:
+            return self._sample(contexts, budgets, params)
+        except Exception as error:  # noqa: BLE001 — handed to the request it belongs to
+            if len(contexts) == 1:
+                return [error]
+        half = len(contexts) // 2
+        return self._sample_apart(contexts[:half], budgets[:half], params) + self._sample_apart(
+            contexts[half:], budgets[half:], params
+        )
+
     def _sample(
         self, contexts: list[list[int]], budgets: list[int], params: SamplingParams | None = None
     ) -> list[TurnOutput]:
-        self.batches.append(len(contexts))
-        self.turns += len(contexts)
-        self.prefill_tokens += sum(len(context) for context in contexts)
         start = time.perf_counter()
         params = params or self.params
         generation = self.policy.sample(
@@ -167,6 +185,9 @@ class HFService:
             keep_stop=params.keep_stop,
             generator=self.generator,
         )
+        self.batches.append(len(contexts))
+        self.turns += len(contexts)
+        self.prefill_tokens += sum(len(context) for context in contexts)
         eos = set(self.policy.eos_ids)
         outputs = []
         for row, budget in enumerate(budgets):

@@ -67,6 +67,7 @@ def _filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None)
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
         cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
         remove = cumulative - torch.softmax(sorted_logits, dim=-1) >= top_p  # keep the token crossing top_p
+        remove[:, 0] = False  # and the likeliest, always: a top_p below float32's smallest number is 0 here
         logits = logits.masked_fill(torch.zeros_like(remove).scatter(-1, order, remove), float("-inf"))
     return logits
 

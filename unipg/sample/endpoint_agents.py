@@ -169,6 +169,7 @@ class ExternalAgentLoop:
             host=endpoint.host,
             port=endpoint.port,
             max_body_bytes=endpoint.max_body_bytes,
+            allow_remote=endpoint.allow_remote,
         )
 
     @contextlib.asynccontextmanager

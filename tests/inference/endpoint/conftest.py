@@ -1,6 +1,7 @@
 """An endpoint on the embedded model, served from an event loop on a background thread."""
 
 import asyncio
+import contextlib
 import threading
 from types import SimpleNamespace
 
@@ -14,10 +15,10 @@ def policy(tiny_policy):
     return tiny_policy()
 
 
-@pytest.fixture(scope="module")
-def served(policy):
-    """A running endpoint: ``loop`` (ExternalAgentLoop), ``call(coroutine)`` runs on its event loop."""
-    loop = make_loop(policy, max_body_bytes=4096, max_n=4)
+@contextlib.contextmanager
+def serving(loop):
+    """``loop`` (an ExternalAgentLoop) serving on a background thread: ``loop``, and ``call(coroutine)`` that runs
+    on its event loop."""
     event_loop = asyncio.new_event_loop()
     ready, stop = threading.Event(), None
 
@@ -35,6 +36,22 @@ def served(policy):
     def call(coroutine):
         return asyncio.run_coroutine_threadsafe(coroutine, event_loop).result(60)
 
-    yield SimpleNamespace(loop=loop, call=call)
-    event_loop.call_soon_threadsafe(stop.set)
-    thread.join(30)
+    try:
+        yield SimpleNamespace(loop=loop, call=call)
+    finally:
+        event_loop.call_soon_threadsafe(stop.set)
+        thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def served(policy):
+    """A running endpoint with small bounds (4 KiB bodies, 4 choices)."""
+    with serving(make_loop(policy, max_body_bytes=4096, max_n=4)) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def served_roomy(policy):
+    """A running endpoint that takes bodies of up to 64 KiB (room for hostile histories)."""
+    with serving(make_loop(policy, max_body_bytes=1 << 16, max_n=4)) as running:
+        yield running

@@ -14,8 +14,9 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from unipg.config.sampling import SAMPLING_CHECKS, check_stop
 from unipg.inference import HFService, SamplingParams, TurnOutput
 from unipg.inference.endpoint.render import (
     RequestError,
@@ -29,9 +30,13 @@ from unipg.inference.endpoint.render import (
 )
 from unipg.inference.endpoint.sessions import Context, Session
 
+MAX_STOP_STRINGS = 16  # OpenAI takes 4; each is searched for at every sampled token of the whole batch
+MAX_STOP_LENGTH = 1000  # characters of one stop string
+
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # allow_inf_nan=False: NaN and Infinity (which Python's JSON reads) are no sampling parameter
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     model: str | None = None
     n: int = Field(1, ge=1)
@@ -45,6 +50,24 @@ class _Request(BaseModel):
     store: bool | None = None
     frequency_penalty: Literal[0, 0.0] | None = None  # accepted only when it changes nothing
     presence_penalty: Literal[0, 0.0] | None = None
+
+    @field_validator("temperature", "top_p")
+    @classmethod
+    def _samplable(cls, value, info: ValidationInfo):
+        """The check the run's ``sample`` settings pass too (unipg.config.sampling)."""
+        return value if value is None else SAMPLING_CHECKS[info.field_name](value)
+
+    @field_validator("stop")
+    @classmethod
+    def _bounded_stop(cls, stop):
+        strings = [stop] if isinstance(stop, str) else stop
+        if strings is not None:
+            check_stop(strings)
+            if len(strings) > MAX_STOP_STRINGS or any(len(text) > MAX_STOP_LENGTH for text in strings):
+                raise ValueError(
+                    f"at most {MAX_STOP_STRINGS} stop strings of at most {MAX_STOP_LENGTH} characters each"
+                )
+        return stop
 
 
 class ChatRequest(_Request):

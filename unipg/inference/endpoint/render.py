@@ -85,16 +85,52 @@ def content_text(content, where: str) -> str:
     raise RequestError(f"{where}: content must be text or a list of text parts", where)
 
 
+MAX_ARGUMENTS_DEPTH = 64  # nesting of a call's arguments sent back; deeper JSON would exhaust the stack
+
+
 def message_calls(message: dict, where: str) -> list[ToolCall]:
-    """The tool calls an assistant message carries (OpenAI ``tool_calls``)."""
+    """The tool calls an assistant message carries (OpenAI ``tool_calls``), each with a JSON object as arguments."""
+    listed = message.get("tool_calls") or []
+    if not isinstance(listed, list):
+        raise RequestError(f"{where}.tool_calls must be a list of calls", f"{where}.tool_calls")
     calls = []
-    for index, call in enumerate(message.get("tool_calls") or []):
+    for index, call in enumerate(listed):
+        at = f"{where}.tool_calls[{index}]"
         function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise RequestError(f"{where}.tool_calls[{index}] needs function.name and function.arguments", where)
-        arguments = function.get("arguments") or "{}"
-        calls.append(ToolCall(function["name"], arguments if isinstance(arguments, str) else json.dumps(arguments)))
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+            raise RequestError(f"{at} needs function.name and function.arguments", at)
+        calls.append(ToolCall(function["name"], call_arguments(function.get("arguments"), at)))
     return calls
+
+
+def call_arguments(arguments, where: str) -> str:
+    """A call's arguments as JSON text of an object: the text as sent, or the JSON of an object sent as one.
+    Text that is no JSON, holds an integer past Python's int-string limit, nests deeper than
+    ``MAX_ARGUMENTS_DEPTH`` or is no object is a ``RequestError`` naming the call."""
+    if arguments is None or arguments == "":
+        return "{}"
+    try:
+        parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+        text = arguments if isinstance(arguments, str) else json.dumps(parsed)
+    except (ValueError, TypeError, RecursionError) as error:
+        reason = "it nests too deeply" if isinstance(error, RecursionError) else str(error)[:200]
+        raise RequestError(f"{where}: function.arguments must be the JSON text of an object ({reason})", where)
+    if not isinstance(parsed, dict):
+        raise RequestError(f"{where}: function.arguments must be a JSON object, not {type(parsed).__name__}", where)
+    if _depth(parsed) > MAX_ARGUMENTS_DEPTH:
+        raise RequestError(f"{where}: function.arguments nests deeper than {MAX_ARGUMENTS_DEPTH} levels", where)
+    return text
+
+
+def _depth(value) -> int:
+    """How deeply lists and objects nest in ``value`` (without recursion: the depth is what is being bounded)."""
+    deepest, pending = 0, [(value, 1)]
+    while pending:
+        item, level = pending.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, level)
+            pending += [(child, level + 1) for child in (item.values() if isinstance(item, dict) else item)]
+    return deepest
 
 
 def reply_key(content: str, calls: list[ToolCall]) -> tuple:
@@ -139,7 +175,12 @@ def render_conversation(tokenizer, messages: list[dict], tools: list[dict] | Non
         tools = None
     if template:
         options = {"tools": tools} if tools else {}
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **options)
+        try:
+            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **options)
+        except Exception as error:  # noqa: BLE001 — templates refuse conversations they cannot write (raise_exception)
+            raise RequestError(
+                f"messages: the model's chat template cannot render this conversation: {str(error)[:300]}", "messages"
+            ) from None
     return "\n".join(message["content"] for message in messages)
 
 
@@ -150,18 +191,31 @@ def check_tools(tools) -> list[dict] | None:
     if not isinstance(tools, list):
         raise RequestError("tools must be a list of {type: function, function: {...}}", "tools")
     for index, spec in enumerate(tools):
+        where = f"tools[{index}]"
         function = spec.get("function") if isinstance(spec, dict) else None
-        if (
-            spec.get("type") != "function"
-            or not isinstance(function, dict)
-            or not isinstance(function.get("name"), str)
-        ):
+        if spec_problem := _function_problem(spec, function):
             raise RequestError(
-                f"tools[{index}] must be {{type: function, function: {{name, description, parameters}}}}}}}}", "tools"
+                f"{where}: {spec_problem}; a tool is {{type: function, function: {{name, description, parameters}}}}",
+                where,
             )
         function.setdefault("description", "")
         function.setdefault("parameters", {"type": "object", "properties": {}})
     return tools
+
+
+def _function_problem(spec, function) -> str | None:
+    """What is wrong with one entry of ``tools`` (None: nothing), checking what the prompt renders of it."""
+    if not isinstance(spec, dict) or spec.get("type") != "function" or not isinstance(function, dict):
+        return "not a function tool"
+    if not isinstance(function.get("name"), str) or not function["name"]:
+        return "function.name must be a non-empty string"
+    if not isinstance(function.get("description", ""), str):
+        return "function.description must be a string"
+    parameters = function.get("parameters", {})
+    properties = parameters.get("properties", {}) if isinstance(parameters, dict) else None
+    if not isinstance(properties, dict) or not all(isinstance(schema, dict) for schema in properties.values()):
+        return "function.parameters must be a JSON schema object whose properties are schemas"
+    return None
 
 
 def openai_tool_calls(calls: list[ToolCall]) -> list[dict]:

@@ -5,18 +5,26 @@ run's token), and the same under ``/sessions/<id>/v1`` (one episode's calls, rec
 own key: a session's key opens no other session). The server runs as a task on the event loop of the
 episodes, so its generation requests go to the same ``HFService`` and batch with everything else.
 
-It binds 127.0.0.1 on a free port unless told otherwise; bodies larger than ``max_body_bytes`` are refused
-(413) before they are parsed.
+It binds 127.0.0.1 on a free port unless told otherwise; an address other machines can reach needs
+``allow_remote`` (``endpoint.allow_remote``), and the server then says on stderr what it exposes. Bodies larger than
+``max_body_bytes`` are refused (413) before they are parsed. A request's bad body or history is a 4xx error object
+naming the field; a failure of the server itself is a 500 error object for that request alone (logged), never a
+closed connection.
 """
 
 import asyncio
 import contextlib
+import logging
 import secrets
 import socket
+import sys
 
+from unipg.config.lm import is_loopback
 from unipg.inference.endpoint.protocol import ChatRequest, CompletionRequest, Completions, stream_chunks
 from unipg.inference.endpoint.render import RequestError
 from unipg.inference.endpoint.sessions import Sessions
+
+logger = logging.getLogger(__name__)
 
 
 def _error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
@@ -91,6 +99,9 @@ def build_app(completions: Completions, sessions: Sessions, token: str, *, max_b
             return _invalid(error)
         except RequestError as error:
             return _error(400, str(error), error.param)
+        except Exception:  # noqa: BLE001 — a failure of the server or the engine: this request fails, not the connection
+            logger.exception("the endpoint failed to answer %s", request.url.path)
+            return _error(500, "the server failed to answer this request; its log has the error", kind="server_error")
         if getattr(body, "stream", None):
             return _event_stream(response, include_usage=bool((body.stream_options or {}).get("include_usage")))
         return JSONResponse(response)
@@ -121,10 +132,11 @@ def _route(answer, method, model):
 def _invalid(error):
     """The 400 answer to a body its model refused, naming the first offending field."""
     first = error.errors()[0]
-    field = ".".join(str(part) for part in first["loc"]) or "body"
+    field = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in first["loc"]).lstrip(".")
+    field = field or "body"
     if first["type"] == "extra_forbidden":
         return _error(400, f"unsupported field '{field}'", field)
-    return _error(400, f"{field}: {first['msg']}", field)
+    return _error(400, f"{field}: {first['msg'].removeprefix('Value error, ')}", field)
 
 
 def _event_stream(response: dict, *, include_usage: bool):
@@ -152,7 +164,11 @@ class EndpointServer:
         host: str = "127.0.0.1",
         port: int = 0,
         max_body_bytes: int = 1 << 20,
+        allow_remote: bool = False,
     ):
+        """``allow_remote``: bind ``host`` even if it is not a loopback address (other machines can then call)."""
+        if not allow_remote and not is_loopback(host):
+            raise ValueError(f"host {host!r} is not a loopback address; pass allow_remote=True to serve other machines")
         self.completions, self.sessions = completions, sessions
         self.host, self.port, self.max_body_bytes = host, port, max_body_bytes
         self.token = secrets.token_urlsafe(24)
@@ -186,6 +202,8 @@ class EndpointServer:
                 raise RuntimeError("the endpoint stopped before it started")
             host = f"[{self.host}]" if family == socket.AF_INET6 else self.host
             self.base_url, self.http = f"http://{host}:{port}", server
+            if not is_loopback(self.host):
+                print(f"notice: {exposure(self.base_url)}", file=sys.stderr, flush=True)
             yield self
         finally:
             server.should_exit = True
@@ -193,6 +211,18 @@ class EndpointServer:
                 await task
             sock.close()
             self.base_url = self.http = None
+
+
+def exposure(base_url: str) -> str:
+    """What an endpoint bound beyond loopback exposes, and how it is protected."""
+    return (
+        f"the endpoint at {base_url} accepts connections from other machines (endpoint.allow_remote): "
+        "/v1/chat/completions, /v1/completions and /v1/models, each also under /sessions/<id>/v1. Every request "
+        "needs a bearer key: the run's token for /v1 or a session's own key for its URL, both random per run and "
+        "session (there is no API key setting, so none is set or reused). Traffic is plain HTTP, not encrypted: "
+        "anyone on the network path can read the keys and the conversations; serve it on a private network or "
+        "behind a TLS proxy"
+    )
 
 
 def _server_class():
