@@ -46,10 +46,7 @@ def print_notice(message: str) -> None:
 
 
 TRUST_OPTION = typer.Option(
-    False,
-    "--trust-folder-code",
-    help="with --run/--resume: run the code the run folder's config names (plugins, task.agent, tool servers, "
-    "ray.runtime_env, model.trust_remote_code); only for a folder you made or trust",
+    False, "--trust-folder-code", help="with --run/--resume: run the code the folder's config names (you trust it)"
 )
 
 IMPORTED: list[str] = []  # the plugins of --import, added to every config this command loads

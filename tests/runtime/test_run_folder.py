@@ -111,6 +111,8 @@ def planted_run(tmp_path: Path, **planted) -> tuple[Path, Path]:
         tree["task"]["tools"] = [{"name": "mcp", "server": server}]
     if planted.get("isolation"):
         tree["task"]["tools"] = [{"name": "python", "options": {"isolation": "process"}}]
+    if planted.get("remote"):
+        tree["endpoint"] = {"host": "0.0.0.0", "allow_remote": True}
     if planted.get("runtime_env"):
         tree.setdefault("ray", {})["runtime_env"] = {"pip": ["evil-package"], "env_vars": {"A": "1"}}
     (run / "config.yaml").write_text(yaml.safe_dump(tree))
@@ -118,7 +120,7 @@ def planted_run(tmp_path: Path, **planted) -> tuple[Path, Path]:
 
 
 @pytest.mark.parametrize("command", ["eval", "resume"])
-@pytest.mark.parametrize("planted", ["agent", "server", "runtime_env", "isolation"])
+@pytest.mark.parametrize("planted", ["agent", "server", "runtime_env", "isolation", "remote"])
 def test_a_run_folder_that_names_an_agent_a_server_or_ray_code_is_refused_and_runs_nothing(
     tmp_path, monkeypatch, command, planted
 ):
@@ -137,6 +139,7 @@ def test_a_run_folder_that_names_an_agent_a_server_or_ray_code_is_refused_and_ru
         "server": "task.tools[0].server",
         "runtime_env": "ray.runtime_env.pip",
         "isolation": "task.tools[0].options.isolation",
+        "remote": "endpoint.allow_remote",
     }[planted]
     assert key in result.output and "--trust-folder-code" in result.output
     assert "Traceback" not in result.output

@@ -11,7 +11,8 @@ A folder may come from someone else (a colleague, a download), and a configurati
 
 A sixth setting weakens where code runs: a tool's ``isolation`` other than ``kernel`` (the Python sandbox without
 its namespaces), which would let the policy's code, itself part of what was received, read and write this
-machine's files. It is treated as code.
+machine's files; and ``endpoint.allow_remote``, which serves the run's endpoint to other machines. Both are treated
+as code.
 
 ``read_run_folder`` takes each of them only when the user names it again (an override of the same key, or of a
 section above it; ``--import`` for a plugin), or passes ``trust_code`` (``--trust-folder-code``) for a folder they
@@ -69,6 +70,10 @@ def folder_code(tree: dict[str, Any], run_dir: Path) -> list[FolderCode]:
         for key in runtime_env:
             if key not in RUNTIME_ENV_DATA:
                 found.append(FolderCode(f"ray.runtime_env.{key}", str(runtime_env[key])[:80], defines_run=True))
+    endpoint = tree.get("endpoint")
+    if isinstance(endpoint, dict) and endpoint.get("allow_remote") is True:
+        shown = f"serves the endpoint at {endpoint.get('host')!r} to other machines"
+        found.append(FolderCode("endpoint.allow_remote", shown, defines_run=True))
     model = tree.get("model")
     if isinstance(model, dict) and model.get("trust_remote_code") is True:
         found.append(FolderCode("model.trust_remote_code", "true", defines_run=False))
@@ -117,8 +122,10 @@ def _named_by(entry: FolderCode, override_keys: list[str], imported: list[str]) 
 
 
 def _in_unread(entry: FolderCode, unread: tuple[str, ...]) -> bool:
-    """Whether ``entry`` lies in a section the caller never uses (plugins are imported whoever reads the config)."""
-    return entry.key != "plugins" and entry.key.split(".")[0].split("[")[0] in unread
+    """Whether ``entry`` lies in a section the caller never uses. Plugins are imported whoever reads the config, and
+    the endpoint serves an external agent's evaluation as it serves its training."""
+    section = entry.key.split(".")[0].split("[")[0]
+    return section not in ("plugins", "endpoint") and section in unread
 
 
 def _without(tree: dict[str, Any], skipped: list[FolderCode], run_dir: Path) -> dict[str, Any]:
