@@ -1,7 +1,9 @@
 """A small MCP server for the tests, written with the MCP SDK and served over stdio.
 
 Run as ``python mcp_server.py [pid_file]``: it appends its process id to ``pid_file`` (so a test can check that
-every server started is gone after the run) and serves ``add``, ``lookup``, ``slow`` and ``fail``.
+every server started is gone after the run) and serves ``add``, ``lookup``, ``slow`` and ``fail``. With
+``--garbage N`` it first writes N lines that are not protocol messages to stdout (a server that prints its logs
+there); with ``--mute`` as well, it then never answers.
 """
 
 import asyncio
@@ -48,7 +50,16 @@ def fail() -> str:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1:
-        with open(sys.argv[1], "a") as pid_file:
+    arguments = sys.argv[1:]
+    if "--garbage" in arguments:
+        lines = int(arguments.pop(arguments.index("--garbage") + 1))
+        arguments.remove("--garbage")
+        for index in range(lines):
+            print(f"starting up, step {index}", flush=index == lines - 1)
+    if "--mute" in arguments:
+        sys.stdin.read()  # until the client ends the session
+        sys.exit(0)
+    if arguments:
+        with open(arguments[0], "a") as pid_file:
             pid_file.write(f"{os.getpid()}\n")
     server.run()

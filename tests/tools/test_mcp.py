@@ -2,11 +2,12 @@
 
 import asyncio
 import json
+import subprocess
 import sys
 
 import pytest
 
-from tests.helpers.mcp import server_pids, server_spec
+from tests.helpers.mcp import SERVER, server_pids, server_spec
 from tests.helpers.processes import is_running
 from tests.helpers.scripted import ScriptedEngine
 from unipg.config import ConfigError, load_config
@@ -156,3 +157,38 @@ def test_a_copy_in_another_process_starts_its_own_server_on_its_first_call(tools
         assert asyncio.run(EnvironmentService(tools, timeout=20).call("add", {"a": 2, "b": 2})).observation == "4"
     finally:
         close_tools(copies)
+
+
+NOISY = r"""
+import asyncio, sys
+from tests.helpers.mcp import SERVER
+from unipg.envs import EnvironmentService
+from unipg.envs.service import build_tools, close_tools
+
+def spec(*flags):
+    server = {"command": sys.executable, "args": [str(SERVER), "--garbage", "500", *flags]}
+    return {"name": "mcp", "server": server, "options": {"startup_timeout": 20}}
+
+tools = build_tools([spec()])  # it prints 500 lines to stdout, then serves
+print("add:", asyncio.run(EnvironmentService(tools, timeout=20).call("add", {"a": 2, "b": 3})).observation)
+close_tools(tools)
+try:
+    build_tools([spec("--mute")])  # it prints 500 lines to stdout, then never answers
+except ValueError as error:
+    print(error, file=sys.stderr)
+"""
+
+
+def test_a_server_writing_other_lines_to_stdout_logs_the_first_and_counts_the_rest():
+    # in a fresh interpreter: the SDK logs through Python's default handler to stderr, as in a plain run
+    child = subprocess.run(
+        [sys.executable, "-c", NOISY], cwd=SERVER.parents[2], capture_output=True, text=True, timeout=300
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    assert child.stdout == "add: 5\n"
+    lines = child.stderr.splitlines()
+    first = "wrote a line to stdout that is not a JSON-RPC message: 'starting up, step 0'"
+    counted = "it wrote 500 lines to stdout that are not JSON-RPC messages (the first is logged above)"
+    assert len(lines) == 4, lines  # not a traceback per line
+    assert first in lines[0] and lines[1].endswith(f"--garbage 500' ended; {counted}")
+    assert first in lines[2] and lines[3].endswith(f"--mute' did not answer within 20 s; {counted}")

@@ -11,6 +11,10 @@ The MCP session is bound to one event loop, but episodes run on several (one per
 worker thread), so the session lives on a loop of its own, on a daemon thread; calls from any loop are handed
 to it and awaited there. ``close()`` (the environment service calls it when the run ends, and an ``atexit``
 hook when a process forgets) ends the session, and the SDK stops the server's whole process tree.
+
+A server that writes anything but protocol messages to stdout (its logs, a stray ``print``) would make the SDK
+log a traceback for every such line; ``StdoutNoise`` keeps the first of them, as one line naming the server and
+the line, and counts the rest, which the server's start-up error or its ``close()`` then reports in one line.
 """
 
 from __future__ import annotations
@@ -18,12 +22,51 @@ from __future__ import annotations
 import asyncio
 import atexit
 import json
+import logging
 import threading
 from typing import Any
 
 from unipg.tools.base import TOOLS, Tool, ToolError, names_its_tools
 
 SERVER_KEYS = ("command", "args", "env", "cwd")
+_SDK_LOGGER = "mcp.client.stdio"  # logs "Failed to parse JSONRPC message from server" for every bad stdout line
+_log = logging.getLogger(__name__)
+
+
+class StdoutNoise(logging.Filter):
+    """On the SDK's stdio logger: of the lines a server wrote to stdout that are not JSON-RPC messages, lets the
+    first through as one line (no traceback) and counts the rest on the server (``McpServer.noise_lines``).
+
+    A record is the server's whose private event loop thread logged it (``McpServer`` registers its thread).
+    """
+
+    servers: dict[int, McpServer] = {}  # thread ident -> the server whose session runs on that thread
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        server = self.servers.get(record.thread)
+        if server is None or not str(record.msg).startswith("Failed to parse JSONRPC message"):
+            return True
+        server.noise_lines += 1
+        if server.noise_lines > 1:
+            return False
+        line = _offending_line(record.exc_info[1] if record.exc_info else None)
+        record.msg = (
+            "MCP server '%s' wrote a line to stdout that is not a JSON-RPC message: %r (an MCP server must write "
+            "only protocol messages to stdout, and its logs to stderr); further such lines are counted, not shown"
+        )
+        record.args, record.exc_info, record.exc_text = (server.describe(), line), None, None
+        return True
+
+
+def _offending_line(error: BaseException | None) -> str:
+    """The line the SDK could not parse, from its pydantic error (cut to 200 characters)."""
+    try:
+        return str(error.errors()[0]["input"])[:200]
+    except (AttributeError, IndexError, KeyError, TypeError):
+        return str(error).splitlines()[0][:200] if error is not None and str(error) else "?"
+
+
+logging.getLogger(_SDK_LOGGER).addFilter(StdoutNoise())
 
 
 class McpServer:
@@ -51,6 +94,7 @@ class McpServer:
         )
         self.startup_timeout = startup_timeout
         self.tools: list[Any] = []  # the server's tool descriptions (mcp.types.Tool)
+        self.noise_lines = 0  # lines the server wrote to stdout that are not JSON-RPC messages (StdoutNoise)
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._failure: BaseException | None = None
@@ -67,14 +111,26 @@ class McpServer:
     def start(self) -> McpServer:
         """Start the server, initialise the session and list the tools; raises ``ValueError`` with the cause."""
         self._thread.start()
+        StdoutNoise.servers[self._thread.ident] = self
+        failure = None
         if not self._ready.wait(self.startup_timeout):
+            failure = f"did not answer within {self.startup_timeout:g} s"
+        elif self._failure is not None:
+            failure = f"could not be started: {_reason(self._failure)}"
+        if failure is not None:
+            noise, self.noise_lines = self._noise(), 0  # reported here, not again by close()
             self.close()
-            raise ValueError(f"MCP server '{self.describe()}' did not answer within {self.startup_timeout:g} s")
-        if self._failure is not None:
-            self.close()
-            raise ValueError(f"MCP server '{self.describe()}' could not be started: {_reason(self._failure)}")
+            raise ValueError(f"MCP server '{self.describe()}' {failure}{noise}")
         atexit.register(self.close)
         return self
+
+    def _noise(self) -> str:
+        """What the server wrote to stdout besides protocol messages, for a message ending in it ("" if nothing)."""
+        if not self.noise_lines:
+            return ""
+        return (
+            f"; it wrote {self.noise_lines} lines to stdout that are not JSON-RPC messages (the first is logged above)"
+        )
 
     def _run(self) -> None:
         self._serving = self._loop.create_task(self._serve())
@@ -126,6 +182,8 @@ class McpServer:
             self._thread.join(timeout=15)
         if not self._thread.is_alive() and not self._loop.is_closed():
             self._loop.close()
+        if StdoutNoise.servers.pop(self._thread.ident, None) is not None and self.noise_lines > 1:
+            _log.warning("MCP server '%s' ended%s", self.describe(), self._noise())
 
     def describe(self) -> str:
         return " ".join([self.parameters.command, *self.parameters.args])
