@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+import yaml
 
 from unipg.config import ConfigError, load_config
 from unipg.config.secrets import CLEAR_ENV_VARS, REDACTED, looks_like_secret, redact_secrets
@@ -163,3 +166,43 @@ def test_a_resumed_run_reads_redacted_environment_variables_again(tmp_path, monk
     )
     assert config.ray.runtime_env["env_vars"] == {"MY_KEY": "k-2", "SOME_SETTING": "s-2", "OMP_NUM_THREADS": "2"}
     assert config.task.options["source_url"] == "https://u:pw2@example.com/x"
+
+
+MCP_SECRET = "plain-value-7f3a9c"  # looks like nothing: only its place says it is an environment variable's
+
+
+def test_every_environment_mapping_is_redacted_in_config_yaml_and_tensorboard(tmp_path):
+    pytest.importorskip("tensorboard")
+    server = {"command": "python", "args": ["server.py"], "env": {"SEARCH_BACKEND": MCP_SECRET, "LANG": "C.UTF-8"}}
+    overrides = [
+        "task.name=arithmetic",
+        "log.monitor=false",
+        f"task.tools=[{{name: mcp, server: {json.dumps(server)}}}]",
+    ]
+    logger = MetricsLogger(tmp_path / "run", tensorboard=True)
+    logger.write_config(load_config(None, overrides).to_dict())
+    logger.close()
+    files = [path for path in (tmp_path / "run").rglob("*") if path.is_file()]
+    assert any("tensorboard" in path.parts for path in files)
+    for path in files:
+        assert MCP_SECRET.encode() not in path.read_bytes(), path
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text(encoding="utf-8"))
+    assert saved["task"]["tools"][0]["server"]["env"] == {"SEARCH_BACKEND": REDACTED, "LANG": "C.UTF-8"}
+    assert saved["task"]["tools"][0]["server"]["command"] == "python" and saved["env"]["id"] == "CartPole-v1"
+
+
+def test_environment_variables_are_redacted_at_any_depth_in_mappings_and_lists():
+    tree = {
+        "my_plugin": {"backends": [{"environment": {"REGION_NAME": "eu-1", "HF_HOME": "/cache"}}]},
+        "task": {
+            "env": "tool",  # a setting, not a mapping of variables
+            "env_options": {"sandbox": {"env": ["ENDPOINT_ID=abc123", "TZ=UTC", "plain entry"]}},
+            "rewards": [{"name": "judge", "options": {"env_vars": {"JUDGE_ROUTE": "internal-7"}}}],
+        },
+        "env": {"id": "CartPole-v1"},  # the gymnasium section
+    }
+    saved = redact_secrets(tree)
+    assert saved["my_plugin"]["backends"][0]["environment"] == {"REGION_NAME": REDACTED, "HF_HOME": "/cache"}
+    assert saved["task"]["env"] == "tool" and saved["env"] == {"id": "CartPole-v1"}
+    assert saved["task"]["env_options"]["sandbox"]["env"] == [REDACTED, "TZ=UTC", REDACTED]
+    assert saved["task"]["rewards"][0]["options"]["env_vars"] == {"JUDGE_ROUTE": REDACTED}

@@ -72,7 +72,9 @@ class RayConfig(Section):
     W&B), except those of a few settings (``unipg.config.secrets.CLEAR_ENV_VARS``) and of
     ``env_vars_in_clear``; a resumed run reads the others again from overrides or the environment."""
     env_vars_in_clear: list[str] = Field(default_factory=list)
-    """names of ``runtime_env.env_vars`` that hold no secret, whose values are saved in clear with the run."""
+    """names of environment variables that hold no secret, whose values are saved in clear with the run: in
+    ``runtime_env.env_vars`` and in every other ``env``, ``env_vars`` or ``environment`` mapping of the config
+    (an MCP tool server's ``env``, a plugin's), which are otherwise saved redacted."""
     rollout_workers: int = Field(2, ge=1)
     """rollout worker actors; each runs episodes on its own copy of the policy."""
     rollout_num_cpus: float = Field(1.0, ge=0.0)

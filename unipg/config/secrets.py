@@ -3,9 +3,10 @@
 ``redact_secrets`` replaces every secret value with ``REDACTED`` before the configuration is written to
 config.yaml, TensorBoard or W&B; ``restore_secrets`` (called by ``Config.model_validate``) puts them back from
 environment variables when such a config.yaml is loaded again. A value is a secret when its key is named like
-one (``is_secret_name``), when it is an environment variable's (under an ``env_vars`` key, such as
-``ray.runtime_env.env_vars``) whose name is not in ``CLEAR_ENV_VARS`` or ``ray.env_vars_in_clear``, or when the
-text looks like a credential (``looks_like_secret``: a bearer token, an API key, a URL with a password, a JWT).
+one (``is_secret_name``), when it is an environment variable's (in a mapping or list under an ``env``,
+``env_vars`` or ``environment`` key at any depth below the top level, such as ``ray.runtime_env.env_vars`` or an MCP
+tool's ``task.tools[i].server.env``) whose name is not in ``CLEAR_ENV_VARS`` or ``ray.env_vars_in_clear``, or when
+the text looks like a credential (``looks_like_secret``: a bearer token, an API key, a URL with a password, a JWT).
 """
 
 from __future__ import annotations
@@ -64,9 +65,10 @@ TOKEN_WORDS = (
     "video",
 )
 """Words before ``token`` that make it a vocabulary item or a count (``pad_token``), not a credential."""
-ENV_VARS_KEYS = ("env_vars",)
-"""Keys whose values map environment variable names to values (Ray's ``runtime_env.env_vars``): every value
-under them is a secret unless its name is kept in clear."""
+ENV_VARS_KEYS = ("env", "env_vars", "environment")
+"""Keys whose mapping (or list) values are environment variables (Ray's ``runtime_env.env_vars``, an MCP server's
+``env``, a plugin's): every value under them is a secret unless its name is kept in clear. Not at the top level,
+where ``env`` is the gymnasium section; a text value (``task.env: tool``) is a setting, not a mapping."""
 CLEAR_ENV_VARS = frozenset(
     {
         "PYTHONPATH",
@@ -158,10 +160,15 @@ def redact_secrets(tree: Any) -> Any:
     ray = tree.get("ray") if isinstance(tree, dict) else None
     own = ray.get("env_vars_in_clear") if isinstance(ray, dict) else None
     clear = CLEAR_ENV_VARS | {str(name) for name in own or ()}
-    return _redact(tree, secret=False, clear=clear)
+    if not isinstance(tree, dict):
+        return _redact(tree, secret=False, clear=clear)
+    # the top level's keys are sections, not environment variables: env there is the gymnasium section
+    return {key: _redact(value, secret=is_secret_name(key), clear=clear) for key, value in tree.items()}
 
 
 def _redact(tree: Any, *, secret: bool, clear: frozenset[str] | set[str], env: bool = False) -> Any:
+    """``tree`` with its secrets redacted; ``secret``: everything below is one; ``env``: ``tree`` holds environment
+    variables, by name (a mapping) or as ``NAME=value`` entries (a list)."""
     if isinstance(tree, dict):
         return {
             key: _redact(
@@ -173,10 +180,17 @@ def _redact(tree: Any, *, secret: bool, clear: frozenset[str] | set[str], env: b
             for key, value in tree.items()
         }
     if isinstance(tree, list):
-        return [_redact(value, secret=secret, clear=clear) for value in tree]
+        return [
+            _redact(value, secret=secret or (env and not _kept_in_clear(value, clear)), clear=clear) for value in tree
+        ]
     if isinstance(tree, str) and tree != "" and (secret or looks_like_secret(tree)):
         return REDACTED
     return tree
+
+
+def _kept_in_clear(entry: Any, clear: frozenset[str] | set[str]) -> bool:
+    """Whether an entry of an environment list is a ``NAME=value`` text whose name is kept in clear."""
+    return isinstance(entry, str) and entry.partition("=")[0] in clear
 
 
 def drop_redacted(tree: Any) -> Any:
