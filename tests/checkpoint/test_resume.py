@@ -2,17 +2,20 @@
 
 import os
 import signal
+import threading
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
 import unipg.runtime.lm as text
+import unipg.runtime.stopping as stopping
 from tests.helpers.configs import resumable_config
 from unipg.checkpoint.files import load_checkpoint
 from unipg.checkpoint.store import CheckpointStore
 from unipg.cli import app
 from unipg.observe.metrics import read_metrics
+from unipg.runtime.driver import Runtime
 from unipg.runtime.lm import TrainingStopped, train_lm
 
 pytestmark = pytest.mark.e2e
@@ -79,6 +82,33 @@ def test_sigterm_saves_a_checkpoint_after_the_current_update_and_the_run_resumes
     run_dir = stopped.value.run_dir
     assert [path.name for path in CheckpointStore(run_dir / "checkpoints").list()] == ["step-00000002"]
     monkeypatch.setattr(text, "rollout_batch", original)
+    assert_continues_like(full_run, train_lm(config, resume=run_dir))
+
+
+def test_sigterm_during_a_rollout_that_never_ends_stops_with_the_last_finished_update_and_resumes_exactly(
+    embedded_path, tmp_path, full_run, monkeypatch
+):
+    """Update 3's rollout draws its prompts and samples, then never returns: past the grace after the SIGTERM it
+    is given up, and the checkpoint of update 2 is saved as if update 3 had never begun."""
+    original, calls = Runtime.next_groups, []
+
+    def rollout_that_never_ends(self, *args, **kwargs):
+        calls.append(1)
+        groups = original(self, *args, **kwargs)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+            threading.Event().wait()
+        return groups
+
+    monkeypatch.setattr(Runtime, "next_groups", rollout_that_never_ends)
+    monkeypatch.setattr(stopping, "STOP_GRACE_SECONDS", 0.05)
+    config = resumable_config(embedded_path, tmp_path, "abandoned", 4, "checkpoint.every_updates=0")
+    with pytest.raises(TrainingStopped) as stopped:
+        train_lm(config)
+    assert stopped.value.update == 2 and stopped.value.signal_number == signal.SIGTERM
+    run_dir = stopped.value.run_dir
+    assert [path.name for path in CheckpointStore(run_dir / "checkpoints").list()] == ["step-00000002"]
+    monkeypatch.setattr(Runtime, "next_groups", original)
     assert_continues_like(full_run, train_lm(config, resume=run_dir))
 
 

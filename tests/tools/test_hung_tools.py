@@ -1,5 +1,6 @@
 """Hung tools cost their episode the timeout and nothing more: a synchronous tool that never returns, and an
-async tool that swallows its cancellation, both time out on time; later calls still run; the process exits."""
+async tool that swallows its cancellation, both time out on time; later calls still run; the episodes' event
+loop ends without waiting for them; the process exits."""
 
 from __future__ import annotations
 
@@ -96,3 +97,57 @@ def test_hang_kinds_are_checked():
         )
     with pytest.raises(ValueError, match="hang_sync_rate must be in"):
         build_tools([{"name": "faulty", "options": {"tool": "calculator", "hang_sync_rate": 1.5}}])
+
+
+RUNNER_SCRIPT = """
+import sys
+from tests.helpers.scripted import ScriptedEngine
+from unipg.config import load_config
+from unipg.policy.loading import load_lm_policy
+from unipg.policy.tool_calls import tool_parser
+from unipg.sample.episodes import EpisodeRunner
+from unipg.tasks.base import make_task
+from unipg.tasks.rewards.rules import build_rewards
+
+config = load_config(None, [
+    "algorithm=grpo", "log.progress=false", "task.name=calculator",
+    "task.options={digits: 1, num_train: 4, num_test: 2}",
+    "task.tools=[{name: faulty, options: {tool: calculator, hang_uncancellable_rate: 1.0}}]",
+    "agent.tool_timeout=0.2", "agent.tool_retries=1", "agent.retry_backoff=0.01",
+])
+task = make_task(config.task.name, **config.task.options)
+runner = EpisodeRunner(load_lm_policy(sys.argv[1]), task, config, build_rewards(task.rewards))
+
+class Service(ScriptedEngine):  # the inference service's interface, answering from a script
+    policy_version = 0
+
+    def pop_batches(self):
+        return [], 0.0
+
+parser = tool_parser(runner.tool_parser)
+call = parser.format_tool_call("calculator", {"expression": "1+1"})
+runner.inference_service = lambda *a, **k: Service(runner.policy.tokenizer, [call, "2"], keep_stop=parser.stop)
+[episode] = runner.run(task.train[:1], generator=None).trajectories
+metrics = runner.pop_service_metrics("rollout")
+print(episode.infos[0].tool_status, metrics["rollout/tool_timeouts"], metrics["rollout/tasks_left_running"])
+"""
+
+
+def test_episodes_end_while_a_tool_that_swallows_every_cancellation_runs_on(embedded_path):
+    """The faulty tool sleeps an hour through every cancellation: each attempt is given up at its timeout, and
+    the episodes' event loop ends without waiting for them, counting them (``asyncio.run`` would wait the hour)."""
+    root = Path(__file__).resolve().parents[2]
+    child = subprocess.Popen(
+        [sys.executable, "-c", RUNNER_SCRIPT, embedded_path],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        output, errors = child.communicate(timeout=GUARD_SECONDS + 30)
+    finally:
+        child.kill()
+    assert child.returncode == 0, errors
+    assert output.split() == ["failed", "2", "2"]  # the default observation; both attempts timed out, left running
+    assert "Task was destroyed" not in errors and "never awaited" not in errors

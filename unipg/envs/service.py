@@ -14,8 +14,8 @@ observation the episode can continue from:
 A tool that hangs costs its episode no more than the timeout. Each attempt of a synchronous tool runs on a
 daemon thread of its own, so a call that never returns keeps only that thread (Python cannot kill a thread),
 later calls still find threads, and the process can exit with it still stuck. An ``async`` tool that swallows
-its cancellation is abandoned rather than awaited. ``abandoned`` counts the attempts left running either
-way. Tools that may hang for good are still better ``async`` or run in a subprocess, as the Python sandbox
+its cancellation is abandoned rather than awaited, here and when the episodes' event loop ends
+(``unipg.sample.event_loop``). ``abandoned`` counts the attempts left running either way. Tools that may hang for good are still better ``async`` or run in a subprocess, as the Python sandbox
 does — or in other processes altogether: with ``remote`` (an object
 with ``async call(name, arguments, delay) -> str``, e.g. the Ray backend's pool of environment actors) every
 attempt runs there, and the service keeps its policy here (timeouts, retries, latency draws, default

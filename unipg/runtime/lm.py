@@ -13,9 +13,11 @@ starts from, so ρ = 1 at the first mini-batch step: synchronous training. With 
 versions old and the configured objective corrects for it (``unipg.runtime.driver``, docs/runtime.md).
 
 Checkpoints (``run/checkpoints/step-<update>``) are saved every ``checkpoint.every_updates`` updates, at the
-end, and when Ctrl-C or SIGTERM stops the run after its current update. ``train_lm(config, resume=RUN_DIR)``
-continues from the newest one exactly as the uninterrupted run would have: weights, optimizer, KL coefficient,
-learning-rate fraction, the prompt order and every random generator are restored (``unipg.checkpoint.lm``).
+end, and when Ctrl-C or SIGTERM stops the run after its current update (or, when that update's rollout or evaluation
+has not ended ``STOP_GRACE_SECONDS`` after the signal, with the last finished update; ``unipg.runtime.stopping``).
+``train_lm(config, resume=RUN_DIR)`` continues from the newest one exactly as the uninterrupted run would have:
+weights, optimizer, KL coefficient, learning-rate fraction, the prompt order and every random generator are restored
+(``unipg.checkpoint.lm``).
 
 With ``rollback.enabled``, an update that trips (an optimizer step skipped for a non-finite loss or gradient, or
 the whole update reverted for a KL spike, see ``unipg.learn.lm``) is logged as a ``skipped_update``
@@ -31,6 +33,7 @@ parts (``LMRun``) are built by ``open_run`` (``unipg.runtime.lm_run``); here ``t
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -47,10 +50,13 @@ from unipg.runtime.lm_run import LMRun, LMTrainResult, finished_run, open_run
 from unipg.runtime.offline import OfflineData, offline_metrics
 from unipg.runtime.replay import Group, ProducerFailed
 from unipg.runtime.stopping import (  # TrainingStopped: where callers catch it
+    RolloutPosition,
     StopRequest,
     TrainingStopped,
+    UpdateAbandoned,
     roll_back,
     rollout_failed,
+    update_abandoned,
 )
 from unipg.sample.episodes import EpisodeRunner, PromptEncoder, held_out  # noqa: F401  (PromptEncoder: re-exported)
 from unipg.sample.transcripts import transcript
@@ -83,15 +89,16 @@ def train_step(
     tools: bool,
     offline: OfflineData | None = None,
     episodes: EpisodeLog | None = None,
+    stop: StopRequest | None = None,
 ) -> tuple[dict[str, float], int, StepReport]:
-    """Update ``update``: the next groups (of ``group_size`` episodes, with tool calls if ``tools``) from the
-    runtime, and from ``offline`` its share of them, their reference log-probs and values, the estimator's epochs
-    of mini-batch steps, the new weights published; the fresh episodes are written to ``episodes``. Its record
-    (rollout, train, timing and system metrics), its number of samples and the runtime's report of its rollout;
-    ``ProducerFailed`` when rollout cannot go on (from ``next_groups``, before anything of the update is done)."""
+    """Update ``update``: the next groups (``group_size`` episodes each, with tool calls if ``tools``) from the runtime
+    and their share from ``offline``, their reference log-probs and values, the estimator's epochs of mini-batch steps,
+    the new weights published; fresh episodes go to ``episodes``. Its metrics record, samples and the runtime's report.
+    ``ProducerFailed`` (rollout cannot go on) or ``UpdateAbandoned`` (``stop`` gave it up) come before any learning."""
     start = time.time()
     recorded = offline.count(update) if offline is not None else 0
-    groups, step = runtime.next_groups(update - 1, runtime.groups_per_step - recorded)
+    with stop.abandonable() if stop is not None else contextlib.nullcontext():
+        groups, step = runtime.next_groups(update - 1, runtime.groups_per_step - recorded)
     extra = offline.take(recorded, update - 1) if recorded else []
     batch = rollout_batch(groups, update - 1, pad_id=learner.policy.pad_id, offline=extra)
     fresh, report = [t for g in groups for t in g.items], step.rollout
@@ -134,14 +141,20 @@ def train_step(
     return record, len(batch.scores), step
 
 
-def log_update(run: LMRun, update: int, record: dict[str, float]) -> dict[str, float]:
+def log_update(run: LMRun, update: int, record: dict[str, float], stop: StopRequest | None = None) -> dict[str, float]:
     """Evaluate after ``update`` if it is due (every ``eval.every_updates`` and the last), log ``record`` if due,
-    advance the progress bar; the evaluation (empty if none)."""
+    advance the progress bar; the evaluation (empty if none). An evaluation that ``stop`` gives up (``UpdateAbandoned``)
+    leaves ``record`` logged without it."""
     config, updates = run.config, run.config.train.updates
     evaluation = {}
     if update % config.eval.every_updates == 0 or update == updates:
         with run.timer("eval"):
-            evaluation = run_evaluation(run, update)
+            try:
+                with stop.abandonable() if stop is not None else contextlib.nullcontext():
+                    evaluation = run_evaluation(run, update)
+            except UpdateAbandoned:
+                run.logger.log(update, record)
+                raise
         run.history.append((update, evaluation))
         record.update(evaluation)
     if update % config.log.log_every_updates == 0 or update == updates or "eval/pass@1" in record:
@@ -190,6 +203,7 @@ def train_updates(run: LMRun, stop: StopRequest) -> None:
     while update <= updates:
         fraction = 1.0 - (update - 1) / updates if config.train.lr_schedule == "linear" else 1.0
         lr = run.learner.set_lr_fraction(fraction)
+        position = RolloutPosition.of(run.checkpointer)  # saved instead, if this update is given up
         try:
             record, size, step = train_step(
                 run.runtime,
@@ -200,25 +214,20 @@ def train_updates(run: LMRun, stop: StopRequest) -> None:
                 tools=run.runner.service is not None,
                 offline=run.offline,
                 episodes=run.episodes,
+                stop=stop,
             )
+        except UpdateAbandoned:  # a stop was asked for and rollout did not end within its grace
+            raise update_abandoned(run, update - 1, stop.signal_number, position=position) from None
         except ProducerFailed as failure:  # rollout cannot go on: keep what is trained, say how to go on
-            raise ValueError(
-                rollout_failed(
-                    failure,
-                    run.checkpointer,
-                    update - 1,
-                    run.saved,
-                    run.samples,
-                    run.train_seconds,
-                    run.history,
-                    run.episode_counts,
-                )
-            ) from failure
+            raise ValueError(rollout_failed(failure, run, update - 1)) from failure
         run.episode_counts = step.rollout.episodes.state() if step.rollout.episodes is not None else None
         run.train_seconds += record["timing/step"]
         run.samples += size
         record.update({"train/learning_rate": lr, "train/samples": run.samples})
-        evaluation = log_update(run, update, record)
+        try:
+            evaluation = log_update(run, update, record, stop)
+        except UpdateAbandoned:  # the update is trained; its evaluation was given up
+            raise update_abandoned(run, update, stop.signal_number, position=None) from None
         if run.trips.observe(update, record):
             good, run.samples, run.history = roll_back(update, run.checkpointer, run.runtime, run.trips)
             update = good + 1
@@ -257,10 +266,11 @@ def train_lm(
         return finished_run(Path(resume), checkpoint)
     run = open_run(config, task, Path(resume) if resume is not None else None, checkpoint, log)
     config = run.config
-    try:
-        with StopRequest() as stop:
+    with StopRequest() as stop:
+        try:
             if checkpoint is None:
-                initial = run_evaluation(run, 0)
+                with stop.abandonable():  # given up, it stops the run with nothing to save (KeyboardInterrupt)
+                    initial = run_evaluation(run, 0)
                 run.history = [(0, initial)]
                 run.logger.log(0, initial)
                 if config.rollback.enabled:  # something to roll back to before the first periodic checkpoint
@@ -275,9 +285,9 @@ def train_lm(
             run.runtime.reset(run.first - 1)  # rollout starts from the weights (and prompt order) training starts from
             run.saved = run.first - 1 if checkpoint is not None or config.rollback.enabled else None
             train_updates(run, stop)
-        run.policy.save(run.run_dir / "policy")
-    finally:
-        run.close()
+            run.policy.save(run.run_dir / "policy")
+        finally:
+            run.close()  # within the stop's bound: a run that hangs while closing still ends on a signal
     return LMTrainResult(
         run.run_dir,
         updates,

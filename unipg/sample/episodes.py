@@ -9,7 +9,6 @@ of examples into trajectories.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import statistics
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from unipg.policy.lm import LMPolicy
 from unipg.policy.tool_calls import TOOL_PARSERS, parser_for_template, rewrite_calls
 from unipg.sample.agent import AgentLoop, Trajectory
 from unipg.sample.endpoint_agents import AgentStats, ExternalAgent, ExternalAgentLoop, load_agent
+from unipg.sample.event_loop import run_abandoning
 from unipg.sample.roles import RoleLoop
 from unipg.tasks.base import Example, Task, make_task, with_validation
 
@@ -162,6 +162,7 @@ class EpisodeRunner:
         agent = config.agent
         self.external = load_agent(config.task.agent) if config.task.agent else None  # the user's own agent
         self.agent_stats = AgentStats()
+        self.tasks_left_running = 0  # tasks ``run`` left running when its episodes ended, since the last pop
         specs = tool_specs(config, task) if self.external is None else None  # an external agent has its own tools
         self.max_turns = agent.max_turns or task.max_turns
         self.service = None
@@ -322,10 +323,18 @@ class EpisodeRunner:
     ) -> Episodes:
         """One episode per example (repeat examples for groups), sampled with ``params`` (None: the run's);
         trajectories in input order. A multi-role episode gives its first role's trajectory (which carries the
-        team's outcome), or with ``all_roles`` every role's, one after the other."""
-        return asyncio.run(
-            self.arun(examples, generator=generator, params=params, policy_version=policy_version, all_roles=all_roles)
+        team's outcome), or with ``all_roles`` every role's, one after the other.
+
+        The episodes run on an event loop of their own that ends without waiting for tasks that ignore their
+        cancellation (``run_abandoning``); such tasks are counted in ``tasks_left_running``."""
+        return run_abandoning(
+            self.arun(examples, generator=generator, params=params, policy_version=policy_version, all_roles=all_roles),
+            on_left=self.count_left_running,
         )
+
+    def count_left_running(self, tasks: int) -> None:
+        """Count ``tasks`` left running by an event loop of this runner's episodes (``run_abandoning``)."""
+        self.tasks_left_running += tasks
 
     async def arun(
         self,
@@ -348,11 +357,16 @@ class EpisodeRunner:
         return Episodes(trajectories, *service.pop_batches())
 
     def pop_service_metrics(self, prefix: str) -> dict[str, float]:
+        """The environment service's (or the external agent's) counts since the last call, and
+        ``<prefix>/tasks_left_running`` when an event loop of episodes was closed with tasks that ignored their
+        cancellation still running (a tool or an agent that swallows ``CancelledError``)."""
+        left, self.tasks_left_running = self.tasks_left_running, 0
+        metrics = {f"{prefix}/tasks_left_running": left} if left else {}
         if self.external is not None:  # zeroed in place: the concurrent schedule's loop keeps counting into it
-            return self.agent_stats.pop().metrics(prefix)
+            return {**self.agent_stats.pop().metrics(prefix), **metrics}
         if self.service is None:
-            return {}
-        return self.service.pop_stats().metrics(prefix)
+            return metrics
+        return {**self.service.pop_stats().metrics(prefix), **metrics}
 
     def pop_engine_metrics(self) -> dict[str, float]:
         """The engine's counters since the last call (none before it started)."""

@@ -22,7 +22,7 @@ succeed (its draw differs). What each fault does:
   ``hang_sync_rate`` the wrapped tool is synchronous, and its ``hang`` blocks too) — a stuck thread must cost
   no more than the timeout, and must not keep the process from exiting;
 - ``hang_uncancellable``: sleeps ``hang_seconds`` catching every cancellation — the service must give up on
-  the call at its timeout rather than wait for it;
+  the call at its timeout rather than wait for it, and the episodes' event loop must end without it;
 - ``garbage``: returns ``None``, an object that is not JSON-serializable, or text of random bytes (lone
   surrogates and control characters included), drawn like the fault — the first two are failures, the last
   must reach the tokenizer as valid text;

@@ -27,6 +27,7 @@ from unipg.policy.lm import LMPolicy
 from unipg.runtime.driver import CountedEpisodes, EpisodeAccount, RolloutReport, WeightSync
 from unipg.runtime.replay import Group, ReplayBuffer, StalenessGate
 from unipg.sample.episodes import EpisodeRunner
+from unipg.sample.event_loop import LEFTOVER_GRACE_SECONDS, run_abandoning
 from unipg.sample.roles import role_major
 
 MAX_CANCELLATIONS = 5  # a group cancelled this often from inside its episodes has a bug, not bad luck
@@ -97,10 +98,13 @@ class RunningGroups:
         await self._ended.wait()
 
     async def close(self) -> None:
+        """Cancel the running groups and wait for them at most ``LEFTOVER_GRACE_SECONDS``: a group whose episode
+        ignores its cancellation is left to the loop's end (``run_abandoning``), which does not wait for it."""
         self.closing = True
         for task in list(self.tasks):
             task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.tasks:
+            await asyncio.wait(list(self.tasks), timeout=LEFTOVER_GRACE_SECONDS)
 
     def _ended_callback(self, task: asyncio.Task) -> None:
         example, version, order, cancellations = self.tasks.pop(task)
@@ -193,7 +197,8 @@ class LMRollout(CountedEpisodes):
             self.weights.publish(version)
 
     def serve(self, gate: StalenessGate, buffer: ReplayBuffer, stop: threading.Event) -> None:
-        """Run admitted groups on an asyncio loop of this thread until ``stop`` is set (module docstring)."""
+        """Run admitted groups on an asyncio loop of this thread until ``stop`` is set (module docstring); the
+        loop ends without waiting for tasks that ignore their cancellation (``run_abandoning``)."""
 
         async def serve() -> None:
             self._loop = asyncio.get_running_loop()
@@ -202,7 +207,7 @@ class LMRollout(CountedEpisodes):
             finally:
                 self._loop = None
 
-        asyncio.run(serve())
+        run_abandoning(serve(), on_left=self.runner.count_left_running)
 
     async def _serve(self, gate: StalenessGate, buffer: ReplayBuffer, stop: threading.Event) -> None:
         service = self.runner.inference_service(

@@ -1,0 +1,96 @@
+"""The event loop episodes run on, which ends even when some of its tasks never do.
+
+``asyncio.run`` cancels the tasks still pending when its coroutine returns, then waits for every one of them to
+end, and waits for its default executor's threads too. One task that catches its ``CancelledError`` and carries
+on (a tool call or an external agent's ``run`` given up at its timeout) or one thread that never returns keeps
+it waiting for ever: the update never ends and a stop request never gets its turn. ``run_abandoning`` runs a
+coroutine as ``asyncio.run`` does, except that after the coroutine ends (returned, raised, or was interrupted)
+the tasks left over are cancelled and given ``grace`` seconds to end, then left as they are: the loop is closed
+with them still pending. A task left behind is kept referenced and marked not to be reported, so it prints
+nothing later; the loop's default executor (``asyncio.to_thread``) runs each call on a daemon thread, so a call
+that never returns does not keep the process from exiting either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from unipg.envs.service import DaemonThreads
+
+T = TypeVar("T")
+
+LEFTOVER_GRACE_SECONDS = 1.0  # how long tasks still running when episodes end get to honour their cancellation
+
+_left_behind: list[asyncio.Task] = []  # tasks of closed loops; never collected, so their coroutines never close
+
+
+class _LoopThreads(concurrent.futures.ThreadPoolExecutor):
+    """The loop's default executor: each call on a daemon thread of its own (``DaemonThreads``), and a record of
+    the calls still running. A ``ThreadPoolExecutor`` only because asyncio accepts no other kind as default; it
+    starts none of that class's threads, which the interpreter would wait for at exit."""
+
+    def __init__(self):
+        super().__init__(max_workers=1)
+        self._threads = DaemonThreads("unipg-loop")
+        self.running: set[concurrent.futures.Future] = set()
+
+    def submit(self, fn, /, *args, **kwargs) -> concurrent.futures.Future:
+        future = self._threads.submit(fn, *args, **kwargs)
+        self.running.add(future)
+        future.add_done_callback(self.running.discard)
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Nothing to stop: a call still running keeps its daemon thread until it returns."""
+
+
+def run_abandoning(
+    main: Coroutine[Any, Any, T],
+    *,
+    grace: float = LEFTOVER_GRACE_SECONDS,
+    on_left: Callable[[int], None] | None = None,
+) -> T:
+    """``main``'s result on a new event loop, as ``asyncio.run`` gives it, but never waiting longer than ``grace``
+    for what is left running once ``main`` has ended (module docstring); ``on_left(n)`` is told how many tasks
+    were left running, when there are any."""
+    loop = asyncio.new_event_loop()
+    threads = _LoopThreads()
+    loop.set_default_executor(threads)
+    asyncio.set_event_loop(loop)  # as asyncio.run does, for code that asks for the current loop
+    try:
+        return loop.run_until_complete(main)
+    finally:
+        try:
+            left = _end_leftovers(loop, threads, grace)
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+        if left and on_left is not None:
+            on_left(left)
+
+
+def _end_leftovers(loop: asyncio.AbstractEventLoop, threads: _LoopThreads, grace: float) -> int:
+    """Cancel the loop's pending tasks, wait up to ``grace`` seconds for them (and for the executor's running
+    calls, which may still use what the next update changes), close async generators within what is left of
+    it; leave what is still running (``_left_behind``) and return how many tasks that is."""
+    deadline = time.monotonic() + grace
+    pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
+    for task in pending:
+        task.cancel()
+    if pending:
+        loop.run_until_complete(asyncio.wait(pending, timeout=grace))
+    generators = loop.create_task(loop.shutdown_asyncgens())
+    loop.run_until_complete(asyncio.wait({generators}, timeout=max(deadline - time.monotonic(), 0.01)))
+    concurrent.futures.wait(list(threads.running), timeout=max(deadline - time.monotonic(), 0.0))
+    left = [task for task in asyncio.all_tasks(loop) if not task.done()]
+    for task in left:
+        task._log_destroy_pending = False  # a task given up on purpose is no error to report when collected
+        _left_behind.append(task)
+    for task in pending:
+        if task.done() and not task.cancelled():
+            task.exception()  # retrieved: an error of a task given up on is expected, not to be logged
+    return len([task for task in left if task is not generators])
