@@ -87,6 +87,37 @@ def test_a_reward_call_given_up_on_does_not_keep_the_process_or_its_children_ali
     assert alive == []  # killed when the process exited, not left computing
 
 
+EPISODE = r"""
+import asyncio, json, sys
+from unipg.tasks.rewards.rules import CombinedReward, REWARDS
+completions = json.loads(sys.argv[1])
+combined = CombinedReward([("math", REWARDS.get("math")(timeout=3600, batch_timeout=3600), 1.0)])
+
+async def episode():
+    scoring = asyncio.ensure_future(combined.acall([""] * 4, completions, answer=["7"] * 4))
+    for _ in range(3):
+        await asyncio.sleep(0)  # the reward's task runs in between: were it to block, this would not return
+    print("the loop turned while the answers were compared", flush=True)
+    scoring.cancel()  # the episode is given up
+    await asyncio.gather(scoring, return_exceptions=True)
+
+asyncio.run(episode())
+print("given up", flush=True)
+"""
+
+
+def test_a_reward_awaited_on_an_event_loop_leaves_the_loop_running_and_can_be_given_up():
+    child = subprocess.run(
+        [sys.executable, "-c", EPISODE, json.dumps(SLOW)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=GUARD_SECONDS,
+    )
+    assert child.returncode == 0, child.stderr
+    assert child.stdout == "the loop turned while the answers were compared\ngiven up\n"
+
+
 def test_limits_must_be_positive():
     with pytest.raises(ValueError, match="batch_timeout"):
         REWARDS.get("math")(batch_timeout=0)

@@ -135,12 +135,12 @@ async def final_answer_reward(reward_fn, example: Example, completion: str) -> t
     extracted final answer equals the example's reference answer (the task-completion criterion of evaluation),
     each reward function's value, and the functions that returned None for it (not applicable)."""
     from unipg.tasks.answers import extract_final_answer
-    from unipg.tasks.rewards.rules import answers_equivalent
+    from unipg.tasks.rewards.rules import answers_equivalent_async
 
     columns = {name: [value] for name, value in example.columns.items()}
     scored = await reward_fn.acall([example.prompt], [completion], **columns)
     predicted = extract_final_answer(completion)
-    correct = predicted is not None and answers_equivalent(predicted, example.answer)
+    correct = predicted is not None and await answers_equivalent_async(predicted, example.answer)
     reward = float(scored.total[0])
     terms = {name: values[0] for name, values in scored.per_function.items() if values[0] is not None}
     unscored = [name for name in scored.per_function if name not in terms]

@@ -4,6 +4,10 @@ What a reward function may return: a list, tuple, 1-D NumPy array or 1-D tensor 
 each a finite real number (bools, NumPy and 0-d tensor scalars included) or None. Anything else — the wrong
 length, NaN or ±inf, strings, nested lists — raises ``RewardFunctionError`` naming the function and the first
 bad entry, as does an exception raised by the function (kept as the error's ``__cause__``).
+
+A sync function may carry an async twin as its ``acall`` attribute (the ``math`` reward's waits for its child
+processes on a worker thread): ``CombinedReward.acall`` awaits the twin, so that waiting does not hold the event
+loop the episodes run on.
 """
 
 from __future__ import annotations
@@ -88,19 +92,21 @@ class CombinedReward:
 
     async def acall(self, prompts: list, completions: list, **columns) -> RewardResult:
         """Like calling the combined reward, from inside a running event loop."""
-        started = self._start(prompts, completions, columns)
+        started = self._start(prompts, completions, columns, twins=True)
         return self._combine(await self._settle(started), len(completions))
 
-    def _start(self, prompts: list, completions: list, columns: dict) -> list:
-        """Each function's output: its rewards, or for an async function the coroutine producing them."""
+    def _start(self, prompts: list, completions: list, columns: dict, *, twins: bool = False) -> list:
+        """Each function's output: its rewards, or for an async function the coroutine producing them; with
+        ``twins``, a function's async twin (its ``acall``) is called in its place."""
         calls = [
             (name, function, columns_taken(name, parameters, columns))
             for (name, function, _), parameters in zip(self.functions, self._signatures)
         ]
         started = []
         for name, function, taken in calls:
+            call = getattr(function, "acall", None) if twins else None
             try:
-                started.append(function(prompts, completions, **taken))
+                started.append((call or function)(prompts, completions, **taken))
             except Exception as err:
                 _close_coroutines(started)
                 raise _failed(name, err) from err

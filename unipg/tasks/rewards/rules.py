@@ -34,7 +34,7 @@ from unipg.tasks.rewards.combine import (  # noqa: F401  (the combination, impor
     RewardFunctionError,
     RewardResult,
 )
-from unipg.tasks.rewards.symbolic import BATCH_TIMEOUT, SYMBOLIC_TIMEOUT, symbolic_pool
+from unipg.tasks.rewards.symbolic import BATCH_TIMEOUT, SYMBOLIC_TIMEOUT, in_daemon_thread, symbolic_pool
 from unipg.tools.bounded import parse_number, symbolic_refusal
 
 REWARDS = FactoryRegistry("reward")  # a factory's keyword parameters are the reward's options
@@ -114,6 +114,14 @@ def answers_equivalent_all(
     return [next(shown) if verdict is None else verdict for verdict in quick]
 
 
+async def answers_equivalent_async(predicted: str, reference: str, *, tolerance: float = 1e-6) -> bool:
+    """``answers_equivalent`` for a coroutine: a pair that needs a symbolic library waits on a worker thread,
+    not on the event loop."""
+    if (verdict := _quick_verdict(normalize_answer(predicted), normalize_answer(reference), tolerance)) is not None:
+        return verdict
+    return await in_daemon_thread(answers_equivalent, predicted, reference, tolerance=tolerance)
+
+
 def _quick_verdict(predicted: str, reference: str, tolerance: float) -> bool | None:
     """The verdict on two normalized answers without a symbolic library; None when one must decide."""
     if predicted == reference:
@@ -185,6 +193,11 @@ def math_reward(
         shown = dict(zip(pairs, verdicts))
         return _score_final_answers("math", completions, columns, lambda p, r: shown[(p, r)])
 
+    async def acall(prompts: list, completions: list, **columns) -> list[float | None]:
+        """The same scores for ``CombinedReward.acall``, waited for on a worker thread: the event loop runs on."""
+        return await in_daemon_thread(math_equivalence_reward, prompts, completions, **columns)
+
+    math_equivalence_reward.acall = acall
     return math_equivalence_reward
 
 

@@ -12,7 +12,8 @@ in child interpreters (``IsolatedFunction``), and ``SymbolicPool.compare`` gives
   ``SymbolicPool.undecided`` (with comparisons whose child failed);
 - the calling thread only waits: the children are driven by daemon threads, so a caller that gives up (an
   exception, Ctrl-C, an abandoned episode) leaves nothing the process waits for at exit, and children still
-  running are killed at exit (``shut_down``).
+  running are killed at exit (``shut_down``); a coroutine waits through ``in_daemon_thread``, so the event loop
+  runs on meanwhile and neither it nor the process waits for a call its caller gave up.
 
 Verdicts are remembered (the last ``CACHE_SIZE``), so a comparison asked twice (the ``math`` reward, then the
 episode's ``correct`` flag) is computed once.
@@ -20,7 +21,9 @@ episode's ``correct`` flag) is computed once.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
+import concurrent.futures
 import os
 import queue
 import re
@@ -123,6 +126,24 @@ def symbolic_pool() -> SymbolicPool:
         if _POOL is None:
             _POOL = SymbolicPool()
         return _POOL
+
+
+async def in_daemon_thread(function, /, *args, **kwargs):
+    """``function(*args, **kwargs)`` on a daemon thread of its own, awaited. Unlike ``asyncio.to_thread``, whose
+    threads ``asyncio.run`` joins when it ends, a call given up (its caller cancelled) holds neither the loop's
+    end nor the process's exit; it runs on until its own bound."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def run() -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(function(*args, **kwargs))
+        except BaseException as error:  # noqa: BLE001 — handed to the waiting coroutine
+            future.set_exception(error)
+
+    threading.Thread(target=run, name="unipg-symbolic", daemon=True).start()
+    return await asyncio.wrap_future(future)
 
 
 def symbolic_equal(predicted: str, reference: str, tolerance: float) -> bool:
