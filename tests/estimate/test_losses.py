@@ -224,9 +224,20 @@ def test_decoupled_ppo_clips_against_proximal_and_weights_by_proximal_over_behav
 
 
 def test_registered_policy_losses():
-    assert set(POLICY_LOSSES.names()) == {"vanilla", "ppo", "decoupled_ppo"}
+    assert set(POLICY_LOSSES.names()) == {
+        "vanilla",
+        "ppo",
+        "decoupled_ppo",
+        "gspo",
+        "gspo_token",
+        "gmpo",
+        "cispo",
+        "sapo",
+        "clip_cov",
+        "kl_cov",
+    }
     assert POLICY_LOSSES.get("ppo") is ppo_clip_loss
-    with pytest.raises(RegistryError, match="decoupled_ppo, ppo, vanilla"):
+    with pytest.raises(RegistryError, match="decoupled_ppo, gmpo, gspo, gspo_token, kl_cov, ppo, sapo, vanilla"):
         POLICY_LOSSES.get("ppo2")
     with pytest.raises(RegistryError, match="already registered"):
         POLICY_LOSSES.register("ppo")(lambda: None)

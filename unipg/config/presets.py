@@ -14,6 +14,7 @@ from typing import Any
 
 from unipg.config.hyperparameters import unread_hyperparameters
 from unipg.config.modes import unread_keys
+from unipg.config.policy_loss_presets import POLICY_LOSS_PRESETS
 
 # Keys that one mode never reads, declared on the fields (``read_in`` in ``unipg.config.section``): a gymnasium
 # run has no language model, task, agent or reference model, and its one-step samples give every loss aggregation
@@ -335,6 +336,16 @@ _define(
     ),
     _CRITIC_FREE,
 )
+
+for _name, (_summary, _estimator, _train) in POLICY_LOSS_PRESETS.items():
+    _define(
+        _name,
+        _summary,
+        None,
+        frozenset(),
+        _lm_preset({"advantage": "grpo", "kl_coef": 0.0, **_estimator}, _train),
+        _CRITIC_FREE,
+    )
 
 
 def ignored_keys(config, user_keys: set[str]) -> list[str]:

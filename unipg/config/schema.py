@@ -72,7 +72,7 @@ class EstimatorConfig(Section):
     advantage: str = "gae"
     """advantage estimator, a name from unipg.estimate.ADVANTAGES (gae, td, reward_to_go, ...)."""
     policy_loss: str = "ppo"
-    """policy loss, a name from unipg.estimate.POLICY_LOSSES (vanilla, ppo, decoupled_ppo) or 'trpo'."""
+    """policy loss, a name from unipg.estimate.POLICY_LOSSES (vanilla, ppo, gspo, cispo, sapo, ...) or 'trpo'."""
     gamma: float = Field(0.99, ge=0.0, le=1.0)
     """discount factor γ."""
     lambda_gae: float = Field(0.95, ge=0.0, le=1.0)
@@ -112,6 +112,24 @@ class EstimatorConfig(Section):
     """weight w(ρ, age) of the unified objective, a name from unipg.estimate.OFF_POLICY_WEIGHTS."""
     behaviour_weight_cap: float | None = Field(None, gt=0.0)
     """decoupled_ppo: truncate the behaviour weight π_prox/μ at this value (None: no cap; AReaL uses 5)."""
+    weight_clip_low: float | None = Field(None, ge=0.0, le=1.0)
+    """cispo: the importance weight is clipped below at 1 − weight_clip_low (None: no lower bound, as MiniMax-M1)."""
+    weight_clip_high: float | None = Field(0.2, ge=0.0)
+    """cispo: the importance weight is clipped above at 1 + weight_clip_high (None: no upper bound)."""
+    sapo_tau_pos: float = Field(1.0, gt=0.0)
+    """sapo: gate temperature τ for tokens with a positive advantage (larger: the gate closes sooner)."""
+    sapo_tau_neg: float = Field(1.05, gt=0.0)
+    """sapo: gate temperature τ for tokens with a non-positive advantage (the paper: slightly above sapo_tau_pos)."""
+    clip_cov_ratio: float = Field(2e-4, gt=0.0, le=1.0)
+    """clip_cov: share of the valid tokens whose gradient is dropped, drawn among those with covariance in (lb, ub)."""
+    clip_cov_lb: float = 1.0
+    """clip_cov: lower bound of the token covariance (A − mean A)(log π − mean log π) of a droppable token."""
+    clip_cov_ub: float = 5.0
+    """clip_cov: upper bound of the token covariance of a droppable token."""
+    kl_cov_ratio: float = Field(2e-3, gt=0.0, le=1.0)
+    """kl_cov: share of the valid tokens, those of largest covariance, that pay the |log ρ| penalty."""
+    kl_cov_coef: float = Field(1.0, ge=0.0)
+    """kl_cov: weight β of the |log ρ| penalty on the selected tokens."""
     sample_age_decay: float = Field(0.99, gt=0.0, le=1.0)
     """γ_age of the age-decay weight w = γ_age^age (seed 000: 0.99)."""
     is_truncation: float = Field(2.0, gt=0.0)

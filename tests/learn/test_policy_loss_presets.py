@@ -1,0 +1,41 @@
+"""The presets that pair group advantages with another policy loss (GSPO, CISPO, SAPO, GMPO, Clip-Cov, KL-Cov): one
+update of the embedded model through the learner, two optimizer steps so that the second one is off-policy."""
+
+import math
+
+import pytest
+import torch
+
+from tests.helpers.batches import make_batch, make_config
+from unipg.config.policy_loss_presets import POLICY_LOSS_PRESETS
+from unipg.learn.lm import LMLearner
+
+# what each loss reports beside policy_loss and approx_kl
+OWN_METRIC = {
+    "gspo": "clip_fraction",
+    "cispo": "clip_fraction",
+    "sapo": "gate_slope_mean",
+    "gmpo": "clip_fraction",
+    "clip_cov": "cov_clip_fraction",
+    "kl_cov": "kl_cov_fraction",
+}
+
+
+def test_every_policy_loss_preset_is_checked_here():
+    assert set(OWN_METRIC) == set(POLICY_LOSS_PRESETS)
+
+
+@pytest.mark.parametrize("algorithm", sorted(OWN_METRIC))
+def test_a_preset_update_moves_the_policy_through_its_loss(tiny_policy, one_torch_thread, algorithm):
+    config = make_config(algorithm, "train.mini_batch_size=8", "train.micro_batch_size=8")
+    assert config.estimator.policy_loss == algorithm and config.estimator.kl_coef == 0.0
+    policy = tiny_policy()
+    learner = LMLearner(policy, config)
+    batch = make_batch(policy)
+    learner.prepare(batch)
+    before = [parameter.detach().clone() for parameter in policy.model.parameters()]
+    metrics = learner.update(batch)
+    assert {"policy_loss", "approx_kl", "grad_norm", OWN_METRIC[algorithm]} <= set(metrics)
+    assert all(math.isfinite(value) for value in metrics.values())
+    assert metrics["grad_norm"] > 0
+    assert any(not torch.equal(old, new) for old, new in zip(before, policy.model.parameters()))
