@@ -99,8 +99,8 @@ class SymbolicPool:
             try:
                 child.timeout, child.start_timeout = min(timeout, left), min(START_TIMEOUT, left)
                 verdict = bool(child(*key))
-            except (TimeoutError, OSError, ValueError):
-                continue  # killed at a limit, or its process failed: undecided, scored as not equal
+            except Exception:  # noqa: BLE001 — killed at a limit (TimeoutError) or its process failed: undecided
+                continue
             finally:
                 self._free.put(child)
             with self._lock:
