@@ -2,8 +2,9 @@
 
 Workload: the calculator agent of ``configs/calculator_agent.yaml`` started from its warm start trained on
 tool demonstrations only (``tool_demonstrations=1.0``), so nearly every episode calls the tool. The tool is
-wrapped by the ``faulty`` tool (``unipg.tools.faulty``): calls raise, hang past the timeout, return
-garbage or 10 MB of text at the given rates. Three phases, each checked for what a long run needs:
+wrapped by the ``faulty`` tool (``unipg.tools.faulty``): calls raise, hang past the timeout (some catching
+every cancellation, as a badly written async tool does, so that they never end), return garbage or 10 MB of
+text at the given rates. Three phases, each checked for what a long run needs:
 
 1. ``inprocess``: concurrent schedule (staleness 1) in one process; a chaos thread cancels a running group
    of episodes every ``--interrupt-every`` seconds (``LMRollout.interrupt``); NaN gradients are injected at
@@ -57,25 +58,34 @@ from unipg.observe.metrics import read_metrics
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "calculator_agent.yaml"
 
 
-# --smoke: a tiny run of the same code path, to check that the script still runs (its figures mean nothing)
+# --smoke: a tiny run of the same code path, to check that the script still runs (its figures mean nothing); a warm
+# start on tool demonstrations short enough for a test, after which nearly every episode calls the tool, so that the
+# smoke run meets the tool's faults (those that never end included) and still finishes
 SMOKE = [
     "task.options={digits: 1, num_train: 16, num_test: 4, tool_demonstrations: 1.0}",
-    "model.warm_start=false",
+    "model.warm_start=true",
+    "sft.stages=[]",
+    "sft.evidence_stop=off",
+    "sft.steps=50",
+    "sft.batch_size=16",
+    "sft.learning_rate=1e-2",
     "train.batch_size=8",
     "train.mini_batch_size=8",
     "train.micro_batch_size=8",
     "sample.samples_per_prompt=4",
-    "sample.max_new_tokens=8",
-    "agent.max_total_tokens=40",
+    "sample.max_new_tokens=96",
+    "agent.max_total_tokens=160",
     "eval.max_examples=4",
     "eval.pass_k=0",
+    "agent.tool_timeout=0.3",
 ]
 
 
 def configuration(args, output_dir: str, name: str, *extra: str):
     faulty = (
         f"task.tools=[{{name: faulty, options: {{tool: calculator, raise_rate: {args.raise_rate}, "
-        f"hang_rate: {args.hang_rate}, garbage_rate: {args.garbage_rate}, huge_rate: {args.huge_rate}}}}}]"
+        f"hang_rate: {args.hang_rate}, garbage_rate: {args.garbage_rate}, huge_rate: {args.huge_rate}, "
+        f"hang_uncancellable_rate: {args.hang_uncancellable_rate}}}}}]"
     )
     overrides = [
         "task.options={digits: 3, operations: '*', tool_demonstrations: 1.0}",
@@ -316,7 +326,8 @@ def sigkill_phase(args, output_dir: str) -> dict:
 def report(results: list[dict], args) -> None:
     print(
         f"\nfault rates: raise {args.raise_rate}, hang {args.hang_rate}, garbage {args.garbage_rate}, "
-        f"huge {args.huge_rate}; {args.updates} updates of 64 episodes"
+        f"huge {args.huge_rate}, hang through cancellation {args.hang_uncancellable_rate}; "
+        f"{args.updates} updates of 64 episodes"
     )
     print(
         "| phase | survived | faults injected | episodes started / finished / requeued / failed / cancelled | "
@@ -334,6 +345,11 @@ def report(results: list[dict], args) -> None:
             f"{'loads' if r['final_checkpoint_loads'] else 'NO'} | {r['learner_wait_max']:.1f} s "
             f"(a hung group is cut after {r['group_bound']:.0f} s) |"
         )
+    for r in results:  # a call that never ends must cost its episode the timeout, not the run its end
+        if r["phase"] != "sigkill":
+            met = r["injected"].get("hang_uncancellable", 0)
+            finished = r["error"] is None and r["updates"] == args.updates
+            print(f"{r['phase']} met calls that never end ({met}) and finished: {'yes' if met and finished else 'NO'}")
     for r in results:
         if r["phase"] != "sigkill":
             print(
@@ -362,6 +378,12 @@ def main() -> None:
     parser.add_argument("--hang-rate", type=float, default=0.05)
     parser.add_argument("--garbage-rate", type=float, default=0.05)
     parser.add_argument("--huge-rate", type=float, default=0.05)
+    parser.add_argument(
+        "--hang-uncancellable-rate",
+        type=float,
+        default=0.05,
+        help="calls that hang catching every cancellation (they never end; the run must not wait for them)",
+    )
     parser.add_argument("--interrupt-every", type=float, default=5.0, help="seconds between cancelled groups")
     parser.add_argument("--kill-every", type=float, default=30.0, help="seconds between killed Ray workers")
     parser.add_argument("--nan-updates", type=int, nargs="*", default=[3, 9])
@@ -386,8 +408,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.smoke:  # one SIGKILL, right after the first update's checkpoint: the run resumes once
-        args.updates, args.nan_updates, args.interrupt_every = 3, [2], 0.5
+        args.updates, args.nan_updates, args.interrupt_every = 3, [2], 2.0
         args.kills, args.kill_at_checkpoint = 1, 1
+        args.hang_uncancellable_rate = 0.3  # a few tool calls in each update, some never end
     if args.kill_at_checkpoint is not None and not 1 <= args.kill_at_checkpoint < args.updates:
         parser.error(f"--kill-at-checkpoint must be between 1 and --updates - 1 ({args.updates - 1})")
     results = []

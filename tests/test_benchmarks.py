@@ -17,6 +17,8 @@ REPORTS = {
     "chaos.py": (
         "| phase | survived | faults injected |",
         "| inprocess | yes |",
+        "inprocess met calls that never end",
+        "and finished: yes",
         "sigkill: 1 SIGKILLs over 2 runs; final weights equal to the uninterrupted run bit for bit: yes",
     ),
     "copying.py": ("| result length | problems | result copied |",),
