@@ -112,6 +112,35 @@ def test_sigterm_during_a_rollout_that_never_ends_stops_with_the_last_finished_u
     assert_continues_like(full_run, train_lm(config, resume=run_dir))
 
 
+def test_sigterm_during_an_evaluation_that_never_ends_stops_with_the_update_it_evaluates(
+    embedded_path, tmp_path, monkeypatch
+):
+    """Update 2 is trained, its evaluation never returns: past the grace it is given up, update 2's record is
+    logged without it and its checkpoint saved; the run resumes from there."""
+    original = text.run_evaluation
+
+    def evaluation_that_never_ends(run, update):
+        if update == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+            threading.Event().wait()
+        return original(run, update)
+
+    monkeypatch.setattr(text, "run_evaluation", evaluation_that_never_ends)
+    monkeypatch.setattr(stopping, "STOP_GRACE_SECONDS", 0.05)
+    config = resumable_config(embedded_path, tmp_path, "abandoned-eval", 3, "checkpoint.every_updates=0")
+    with pytest.raises(TrainingStopped) as stopped:
+        train_lm(config)
+    assert stopped.value.update == 2
+    run_dir = stopped.value.run_dir
+    assert [path.name for path in CheckpointStore(run_dir / "checkpoints").list()] == ["step-00000002"]
+    records = read_metrics(run_dir)
+    assert [r["step"] for r in records] == [0, 1, 2] and "eval/pass@1" not in records[-1]
+    assert "train/loss" in records[-1]
+    monkeypatch.setattr(text, "run_evaluation", original)
+    resumed = train_lm(config, resume=run_dir)
+    assert resumed.resumed_from == 2 and [r["step"] for r in read_metrics(run_dir)] == [0, 1, 2, 3]
+
+
 def test_resuming_a_finished_run_trains_nothing_and_says_so_until_updates_is_raised(embedded_path, tmp_path):
     run = train_lm(resumable_config(embedded_path, tmp_path, "done", 2))
     before = (run.run_dir / "metrics.jsonl").read_text()
