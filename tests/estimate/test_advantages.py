@@ -197,9 +197,25 @@ def test_grpo_hand_example_with_and_without_std():
     z = 0.5 * 3**0.5
     got = group_normalized_advantages(scores, group_size=4)
     assert torch.allclose(got, t([z, -z, -z, z, 0, 0, 0, 0]), atol=1e-5)
-    unscaled = group_normalized_advantages(scores, group_size=4, scale_by_std=False)
+    unscaled = group_normalized_advantages(scores, group_size=4, scale="none")
     assert torch.allclose(unscaled, t([0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0]))
     assert torch.allclose(dr_grpo_advantages(scores, group_size=4), unscaled)
+
+
+def test_grpo_batch_scale_divides_by_the_std_of_every_score():
+    scores = t([1, 0, 0, 1, 1, 1, 1, 1])
+    # centred within groups as before; σ = unbiased std of all 8 scores: mean 0.75, Σ(r − 0.75)² = 1.5 → sqrt(1.5/7)
+    sigma = (1.5 / 7) ** 0.5
+    got = group_normalized_advantages(scores, group_size=4, scale="batch", eps=0.0)
+    assert torch.allclose(got, t([0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0]) / sigma)
+
+
+def test_grpo_eps_and_unknown_scale():
+    scores = t([1, 0, 1, 0])  # group std sqrt(1/3)
+    got = group_normalized_advantages(scores, group_size=4, eps=1.0)
+    assert torch.allclose(got, t([0.5, -0.5, 0.5, -0.5]) / (3**-0.5 + 1.0))
+    with pytest.raises(ValueError, match="valid: group, batch, none"):
+        group_normalized_advantages(scores, group_size=4, scale="prompt")
 
 
 def test_rloo_hand_example():

@@ -83,6 +83,10 @@ class EstimatorConfig(Section):
     """upper clip ε_high for asymmetric clipping (DAPO 'clip-higher'); None = clip_range."""
     dual_clip: float | None = Field(None, gt=1.0)
     """dual-clip constant c > 1 bounding the loss of negative-advantage samples (Ye et al. 2020)."""
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    """grpo: divide the group-centred score by the group's std, the whole batch's std, or nothing (Dr.GRPO)."""
+    advantage_eps: float = Field(1e-6, gt=0.0)
+    """grpo: ε added to the std before dividing, so that a group whose samples agree gets 0, not NaN."""
     normalize_advantages: bool = True
     """whiten advantages per mini-batch (mean 0, std 1)."""
     normalize_rewards: bool = False
@@ -105,6 +109,11 @@ class EstimatorConfig(Section):
     """target KL for adaptive KL control."""
     kl_horizon: int = Field(10_000, ge=1, json_schema_extra=read_in("lm"))
     """horizon (in samples) of the adaptive KL controller."""
+    mask_truncated_completions: bool = Field(False, json_schema_extra=read_in("lm"))
+    """lm runs: leave cut completions out of the loss (they still count in their group's baseline), as TRL's
+    mask_truncated_completions and DAPO's overlong filtering: a cut answer is not a wrong one. Cut: an agent episode
+    that ran out of room for its next turn (finish "max_tokens"); a last turn that stopped at sample.max_new_tokens
+    but was then graded counts as finished."""
     kl_in_reward: bool = Field(False, json_schema_extra=read_in("lm"))
     """lm runs: subtract kl_coef·KL_t from each token's reward (classic RLHF PPO, REINFORCE++) instead of
     adding the KL as a loss term (GRPO)."""

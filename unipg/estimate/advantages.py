@@ -205,29 +205,40 @@ def _grouped(scores: torch.Tensor, group_size: int) -> torch.Tensor:
     return scores.reshape(-1, group_size)
 
 
-@ADVANTAGES.register("grpo", inputs=("scores", "group_size"))
+GROUP_SCALES = ("group", "batch", "none")
+
+
+@ADVANTAGES.register(
+    "grpo", inputs=("scores", "group_size"), options={"scale_rewards": "scale", "advantage_eps": "eps"}
+)
 def group_normalized_advantages(
-    scores: torch.Tensor, *, group_size: int, scale_by_std: bool = True, eps: float = 1e-6
+    scores: torch.Tensor, *, group_size: int, scale: str = "group", eps: float = 1e-6
 ) -> torch.Tensor:
     """Group-relative advantage (Shao et al. 2024, GRPO, outcome supervision):
 
-        A_i = (r_i − mean_g(r)) / (std_g(r) + ε)     over the group g of sample i,
+        A_i = (r_i − mean_g(r)) / (σ + ε)     over the group g of sample i,
 
-    with the unbiased (Bessel-corrected) group std. ``scale_by_std=False`` drops the division, as
-    Dr.GRPO (Liu et al. 2025) recommends, since it up-weights prompts that are too easy or too hard.
+    with σ by ``scale``: "group", the unbiased (Bessel-corrected) std of the group (GRPO as published);
+    "batch", the std of every score of the call, which keeps the scale of a group whose samples nearly agree
+    (Liu et al. 2025, "Tricks or Traps", group mean with batch std; TRL scale_rewards="batch"); "none", no
+    division (Dr.GRPO, Liu et al. 2025: the group std up-weights prompts that are too easy or too hard).
     ``scores`` (N,) holds ``group_size`` consecutive samples per prompt; returns (N,).
     """
+    if scale not in GROUP_SCALES:
+        raise ValueError(f"unknown scale_rewards '{scale}'; valid: {', '.join(GROUP_SCALES)}")
     grouped = _grouped(scores, group_size)  # (N / G, G)
     centred = grouped - grouped.mean(dim=-1, keepdim=True)
-    if scale_by_std:
+    if scale == "group":
         centred = centred / (grouped.std(dim=-1, keepdim=True) + eps)
+    elif scale == "batch":
+        centred = centred / (grouped.std() + eps)
     return centred.reshape(-1)
 
 
 @ADVANTAGES.register("dr_grpo", inputs=("scores", "group_size"))
 def dr_grpo_advantages(scores: torch.Tensor, *, group_size: int) -> torch.Tensor:
     """Dr.GRPO (Liu et al. 2025): A_i = r_i − mean_g(r), GRPO without the std division. (N,) → (N,)."""
-    return group_normalized_advantages(scores, group_size=group_size, scale_by_std=False)
+    return group_normalized_advantages(scores, group_size=group_size, scale="none")
 
 
 @ADVANTAGES.register("rloo", inputs=("scores", "group_size"))

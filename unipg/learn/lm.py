@@ -242,7 +242,7 @@ class LMLearner:
     def accumulate_gradients(self, batch: LMBatch, mini_rows: torch.Tensor) -> dict[str, float]:
         """Back-propagate a mini-batch's loss over its micro-batches, each weighted by its share, so the
         accumulated gradient is that of the whole mini-batch's loss; returns the mini-batch's metrics."""
-        mini_mask = batch.completion_mask[mini_rows]
+        mini_mask = batch.loss_mask(self.config.estimator.mask_truncated_completions)[mini_rows]
         totals: dict[str, float] = {}
         groups = self.micro_batches(batch, mini_rows)
         if self.world_size > 1:
@@ -252,7 +252,7 @@ class LMLearner:
             micro = batch.rows(micro_rows if micro_rows is not None else shortest)
             share = (
                 micro_batch_share(
-                    micro.completion_mask,
+                    micro.loss_mask(self.config.estimator.mask_truncated_completions),
                     mini_mask,
                     mode=self.config.estimator.loss_agg_mode,
                     norm_length=self.config.sample.max_new_tokens,
@@ -297,7 +297,7 @@ class LMLearner:
             logprobs=out.logprobs,
             behaviour_logprobs=micro.behaviour_logprobs,
             advantages=micro.advantages,
-            mask=micro.completion_mask,
+            mask=micro.loss_mask(est.mask_truncated_completions),
             proximal_logprobs=micro.proximal_logprobs,
             age=micro.ages,
             entropy=out.entropy,

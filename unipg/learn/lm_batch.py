@@ -50,6 +50,8 @@ class LMBatch:
     # Episodes and groups (None: each row is an episode, in consecutive groups of ``samples_per_prompt``).
     episodes: torch.Tensor | None = None  # (B,) long, the episode of each row; its first row scores it
     groups: torch.Tensor | None = None  # (B,) long, the group (of one prompt, one role) of each row's episode
+    truncated: torch.Tensor | None = None  # (B,) bool, the row was cut by a token limit rather than ended: a
+    # generation's finish reason "length", an episode's finish "max_tokens"; None: unknown, none taken as cut
 
     @classmethod
     def from_generation(cls, generation: Generation, scores: list[float]) -> LMBatch:
@@ -59,6 +61,7 @@ class LMBatch:
             completion_mask=generation.completion_mask.float(),
             behaviour_logprobs=generation.behaviour_logprobs,
             scores=torch.tensor(scores, dtype=torch.float32),
+            truncated=torch.tensor([reason == "length" for reason in generation.finish_reasons]),
         )
 
     @classmethod
@@ -107,6 +110,7 @@ class LMBatch:
             ages=ages,
             episodes=torch.tensor(episode_of_row, dtype=torch.long),
             groups=None if groups is None else torch.tensor(groups, dtype=torch.long)[episode_of_row],
+            truncated=torch.tensor([episodes[index].finish == "max_tokens" for index in episode_of_row]),
         )
 
     def move_to(self, device: torch.device) -> LMBatch:
@@ -115,6 +119,13 @@ class LMBatch:
             if isinstance(value, torch.Tensor) and value.device != device:
                 setattr(self, name, value.to(device))
         return self
+
+    def loss_mask(self, mask_truncated: bool) -> torch.Tensor:
+        """(B, C) the tokens the loss reads: the completion mask, without the rows of cut completions when
+        ``mask_truncated`` (their advantages still count in their group's baseline)."""
+        if not mask_truncated or self.truncated is None:
+            return self.completion_mask
+        return self.completion_mask * ~self.truncated[:, None].to(self.completion_mask.device)
 
     @property
     def completion_length(self) -> int:
