@@ -130,3 +130,27 @@ def test_an_lm_update_goes_through_the_objective(calls, tiny_policy):
     assert len(calls) == 2  # 16 completions in micro-batches of 8
     assert all(call["kl_coef"] == pytest.approx(0.1) for call in calls)
     assert {"policy_loss", "kl_to_reference", "entropy", "approx_kl", "grad_norm", "loss"} <= set(metrics)
+
+
+def test_top_entropy_quantile_keeps_the_policy_gradient_on_the_highest_entropy_tokens():
+    # valid entropies (1, 2, 3): ρ = 0.5 keeps ⌈1.5⌉ = 2 tokens, entropies 2 and 3
+    settings = EstimatorConfig(policy_loss="ppo", clip_range=0.2, kl_estimator="k1", top_entropy_quantile=0.5)
+    batch = token_batch()
+    out = unified_objective(batch, settings, kl_coef=0.5)
+    policy = -(-1.0 + 2.4) / 2  # the clipped surrogate of those two tokens, averaged over them
+    kl = (0.1 + 0.2 + 0.3) / 3  # the KL and value terms still read every valid token
+    value = (0.5 + 0.0 + 0.5) / 3
+    assert out.metrics["policy_loss"] == pytest.approx(policy)
+    assert out.loss.item() == pytest.approx(policy + 0.5 * kl + 0.5 * value)
+    out.loss.backward()
+    # the first token (entropy 1) keeps only its KL gradient; the second passes −ρA/2 = 1/2 besides its KL
+    assert torch.allclose(batch.logprobs.grad, torch.tensor([[0.5 / 3, 0.5 + 0.5 / 3], [0.5 / 3, 0.0]]))
+
+
+def test_top_entropy_quantile_needs_the_entropy():
+    settings = EstimatorConfig(policy_loss="vanilla", top_entropy_quantile=0.2)
+    batch = ObjectiveBatch.from_steps(
+        logprobs=torch.zeros(3), behaviour_logprobs=torch.zeros(3), advantages=torch.ones(3)
+    )
+    with pytest.raises(ValueError, match="top_entropy_quantile"):
+        unified_objective(batch, settings)

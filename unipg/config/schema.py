@@ -93,6 +93,9 @@ class EstimatorConfig(Section):
     """scale rewards by a running estimate of the std of the discounted return."""
     entropy_coef: float = Field(0.0, ge=0.0)
     """weight of the entropy bonus."""
+    top_entropy_quantile: float = Field(1.0, gt=0.0, le=1.0)
+    """share of the valid tokens, those of highest entropy, that carry the policy gradient (Wang et al. 2025,
+    "Beyond the 80/20 Rule": 0.2); 1 = every token."""
     value_loss_coef: float = Field(0.5, ge=0.0)
     """weight of the critic's loss when actor and critic share one optimizer step."""
     value_clip_range: float | None = Field(None, gt=0.0)

@@ -5,6 +5,8 @@ Every function takes ``mask`` of the same shape as ``values`` (1 = valid, 0 = pa
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -67,3 +69,20 @@ def unpack_masked(packed: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     valid = mask.bool()
     slots = (valid.long().cumsum(1) - 1).clamp(min=0)
     return packed.gather(1, slots.clamp(max=packed.shape[1] - 1)) * valid.to(packed.dtype)
+
+
+def top_fraction_mask(values: torch.Tensor, mask: torch.Tensor, fraction: float) -> torch.Tensor:
+    """The ⌈fraction · N⌉ valid entries of largest ``values`` (at least one, N = valid entries) as a mask of
+    ``mask``'s dtype; ``mask`` itself when ``fraction`` is 1. Used to keep the policy gradient on the highest-entropy
+    tokens only (Wang et al. 2025, "Beyond the 80/20 Rule", arXiv:2506.01939: the top 20% "forking" tokens)."""
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"fraction ({fraction}) must lie in (0, 1]")
+    if fraction == 1.0:
+        return mask
+    valid = mask.bool()
+    count = int(valid.sum())
+    keep = torch.zeros(values.numel(), dtype=mask.dtype, device=mask.device)
+    if count:
+        ranked = torch.where(valid, values.detach(), -torch.inf).flatten()
+        keep[torch.topk(ranked, max(1, math.ceil(fraction * count))).indices] = 1
+    return keep.view_as(mask)

@@ -58,7 +58,7 @@ import torch
 
 from unipg.estimate import KL_ESTIMATORS, OFF_POLICY_WEIGHTS, POLICY_LOSSES
 from unipg.estimate.losses import aggregate, value_loss
-from unipg.estimate.masked import masked_mean
+from unipg.estimate.masked import masked_mean, top_fraction_mask
 from unipg.estimate.weights import OffPolicyWeights, engine_mismatch_weights, weight_metrics
 
 if TYPE_CHECKING:
@@ -160,7 +160,7 @@ def policy_term(
         "behaviour_logprobs": batch.behaviour_logprobs,
         "proximal_logprobs": proximal,
         "advantages": batch.advantages,
-        "mask": batch.mask,
+        "mask": policy_gradient_tokens(batch, settings.top_entropy_quantile),
         "weights": weights,
     }
     out = POLICY_LOSSES.call(settings.policy_loss, data, settings)
@@ -170,6 +170,20 @@ def policy_term(
             log_ratio = batch.logprobs.detach() - batch.behaviour_logprobs
             metrics["approx_kl"] = float(masked_mean((log_ratio.exp() - 1) - log_ratio, batch.mask))
     return out.loss, metrics
+
+
+def policy_gradient_tokens(batch: ObjectiveBatch, top_entropy_quantile: float) -> torch.Tensor:
+    """(B, T) the tokens the policy loss reads: every valid one, or with ``top_entropy_quantile`` ρ < 1 the share ρ
+    of highest entropy among the valid tokens of this (micro-)batch (Wang et al. 2025: ρ = 0.2); the loss then
+    averages over those. The KL, value and entropy terms keep every valid token."""
+    if top_entropy_quantile >= 1.0:
+        return batch.mask
+    if batch.entropy is None:
+        raise ValueError(
+            f"estimator.top_entropy_quantile ({top_entropy_quantile}) selects tokens by entropy, which this learner "
+            "does not compute; set it to 1"
+        )
+    return top_fraction_mask(batch.entropy, batch.mask, top_entropy_quantile)
 
 
 def off_policy_weights(
