@@ -283,6 +283,10 @@ def test_registered_advantage_estimators():
         "rloo",
         "reinforce_plus_plus",
         "turn_level",
+        "opo",
+        "grpo_passk",
+        "reinforce_plus_plus_baseline",
+        "gpg",
     }
     assert set(ADVANTAGES.names()) == expected
     assert ADVANTAGES.get("gae") is gae
@@ -303,7 +307,16 @@ def test_duplicate_registration_is_rejected():
 
 
 def test_an_estimators_family_and_its_need_for_a_critic_come_from_the_inputs_it_declares(monkeypatch):
-    assert advantage_names("group") == ["dr_grpo", "grpo", "rloo"] and advantage_names("turn") == ["turn_level"]
+    assert advantage_names("group") == [
+        "dr_grpo",
+        "gpg",
+        "grpo",
+        "grpo_passk",
+        "opo",
+        "reinforce_plus_plus_baseline",
+        "rloo",
+    ]
+    assert advantage_names("turn") == ["turn_level"]
     assert advantage_family("reinforce_plus_plus") == "step"
     assert [name for name in ADVANTAGES.names() if needs_critic(name)] == ["gae", "td", "value_baseline"]
     monkeypatch.setattr(ADVANTAGES, "_entries", dict(ADVANTAGES._entries))  # registration undone after the test

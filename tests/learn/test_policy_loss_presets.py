@@ -1,4 +1,4 @@
-"""The presets that pair group advantages with another policy loss (GSPO, CISPO, SAPO, GMPO, Clip-Cov, KL-Cov): one
+"""The presets that pair group advantages with another policy loss (GSPO, CISPO, SAPO, GMPO, Clip-Cov, KL-Cov, GPG): one
 update of the embedded model through the learner, two optimizer steps so that the second one is off-policy."""
 
 import math
@@ -6,8 +6,9 @@ import math
 import pytest
 import torch
 
-from tests.helpers.batches import make_batch, make_config
+from tests.helpers.batches import GROUP, make_batch, make_config
 from unipg.config.policy_loss_presets import POLICY_LOSS_PRESETS
+from unipg.estimate.group_advantages import opo_advantages
 from unipg.learn.lm import LMLearner
 
 # what each loss reports beside policy_loss and approx_kl
@@ -18,6 +19,7 @@ OWN_METRIC = {
     "gmpo": "clip_fraction",
     "clip_cov": "cov_clip_fraction",
     "kl_cov": "kl_cov_fraction",
+    "gpg": "approx_kl",  # the vanilla loss reports nothing of its own; the objective adds approx_kl
 }
 
 
@@ -28,7 +30,8 @@ def test_every_policy_loss_preset_is_checked_here():
 @pytest.mark.parametrize("algorithm", sorted(OWN_METRIC))
 def test_a_preset_update_moves_the_policy_through_its_loss(tiny_policy, one_torch_thread, algorithm):
     config = make_config(algorithm, "train.mini_batch_size=8", "train.micro_batch_size=8")
-    assert config.estimator.policy_loss == algorithm and config.estimator.kl_coef == 0.0
+    assert config.estimator.policy_loss == POLICY_LOSS_PRESETS[algorithm][1]["policy_loss"]
+    assert config.estimator.kl_coef == 0.0
     policy = tiny_policy()
     learner = LMLearner(policy, config)
     batch = make_batch(policy)
@@ -39,3 +42,14 @@ def test_a_preset_update_moves_the_policy_through_its_loss(tiny_policy, one_torc
     assert all(math.isfinite(value) for value in metrics.values())
     assert metrics["grad_norm"] > 0
     assert any(not torch.equal(old, new) for old, new in zip(before, policy.model.parameters()))
+
+
+def test_length_weighted_group_estimators_read_each_completions_length(tiny_policy, one_torch_thread):
+    policy = tiny_policy()
+    learner = LMLearner(policy, make_config("grpo", "estimator.advantage=opo"))
+    batch = make_batch(policy)
+    learner.prepare(batch)
+    lengths = batch.completion_mask.sum(1)
+    assert len(set(lengths.tolist())) > 1  # the lengths differ, so the weighting matters
+    expected = opo_advantages(batch.scores, lengths, group_size=GROUP)
+    assert torch.allclose(batch.advantages.sum(1) / lengths, expected)

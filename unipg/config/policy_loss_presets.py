@@ -1,5 +1,6 @@
 """Text presets that keep GRPO's data — samples_per_prompt completions per prompt, group-normalised advantages, no
-critic — and change the policy loss: the ratio level (token or sequence) and the shape of the weight w(ρ).
+critic — and change the policy loss: the ratio level (token or sequence) and the shape of the weight w(ρ); GPG
+changes the advantage's scale instead and drops the ratio.
 
 Each entry is (summary, estimator settings, train settings); ``unipg.config.presets`` defines them as algorithms.
 What they share, and why:
@@ -7,7 +8,8 @@ What they share, and why:
 - no KL term (``kl_coef`` 0): none of these papers' objectives carries one, so ``kl_estimator`` (k3) only names
   what ``kl_to_reference`` reports when a reference model is configured;
 - four optimizer steps per batch (``mini_batch_size`` 16 of ``batch_size`` 64), GSPO's setup: only off-policy
-  steps move the ratio away from 1, and the ratio's treatment is what sets these methods apart;
+  steps move the ratio away from 1, and the ratio's treatment is what sets these methods apart (GPG, which has no
+  ratio, keeps one step per batch);
 - the reduction each paper uses ("seq-mean-token-mean": every response weighs the same, or "token-mean").
 """
 
@@ -61,5 +63,11 @@ POLICY_LOSS_PRESETS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
         "against entropy collapse (Cui et al. 2025)",
         {"policy_loss": "kl_cov", "kl_cov_ratio": 2e-3, "kl_cov_coef": 1.0, "loss_agg_mode": "token-mean"},
         _OFF_POLICY_STEPS,
+    ),
+    "gpg": (
+        "GPG: the plain policy gradient on group-centred scores rescaled by the share of informative groups, no "
+        "ratio, clip, critic or KL (Chu et al. 2025)",
+        {"advantage": "gpg", "policy_loss": "vanilla", "loss_agg_mode": "token-mean"},
+        {},
     ),
 }

@@ -10,8 +10,9 @@ from unipg.estimate.losses import POLICY_LOSSES, LossOutput
 from unipg.estimate.weights import OFF_POLICY_WEIGHTS, OffPolicyWeights
 from unipg.registry import Registry, RegistryError
 
-# The policy losses beyond PPO register on import: sequence-level ratios, shaped weights, covariance selection.
-from unipg.estimate import covariance_losses, gated_losses, sequence_losses  # noqa: E402, F401  isort: skip
+# Estimators beyond the classic ones register on import: sequence-level ratios, shaped weights, covariance
+# selection (policy losses), more group baselines (advantages).
+from unipg.estimate import covariance_losses, gated_losses, group_advantages, sequence_losses  # noqa: E402, F401  isort: skip
 
 __all__ = [
     "ADVANTAGES",

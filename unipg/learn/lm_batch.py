@@ -3,7 +3,7 @@
 - the sequence reward sits on the last sampled token; with ``kl_in_reward`` each token also pays
   −β·KL_t to the reference (classic RLHF PPO, REINFORCE++), otherwise β·KL enters the loss (GRPO);
 - the estimator's family comes from the inputs it declares (``advantage_family``). Group estimators (they read
-  ``scores``: grpo, dr_grpo, rloo) see one score per *episode* (its first row's) in groups of
+  ``scores``: grpo, dr_grpo, rloo, opo, ...) see one score and length per *episode* (its first row's) in groups of
   ``samples_per_prompt`` episodes of one prompt, told apart by the rows' ``groups`` index (without it,
   consecutive episodes); an episode's advantage goes to every row of it (``episodes``). An episode may train
   several trajectories (an external agent that rewrote its history): each is a row of the loss's token or
@@ -256,9 +256,9 @@ def lm_advantages(
     if family == "group":
         heads, order, row_episode = episode_layout(batch, group_size)
         per_episode = torch.empty_like(rewards[heads, 0])  # (N,) in episode order
-        per_episode[order] = ADVANTAGES.call(
-            est.advantage, {"scores": rewards.sum(1)[heads[order]], "group_size": group_size}, est
-        )
+        scored = heads[order]  # the row that scores each episode, group after group
+        data = {"scores": rewards.sum(1)[scored], "lengths": mask.sum(1)[scored], "group_size": group_size}
+        per_episode[order] = ADVANTAGES.call(est.advantage, data, est)
         advantages = broadcast_to_tokens(per_episode[row_episode], mask)
         returns = broadcast_to_tokens(rewards.sum(1), mask)
     elif family == "turn":
