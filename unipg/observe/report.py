@@ -1,5 +1,5 @@
 """The tables a finished command prints: results of gym and lm runs, a held-out evaluation (``unipg eval``), and
-the algorithms with the estimator settings each accepts (``unipg algorithms``)."""
+the algorithms with the estimator settings each accepts (``unipg algorithms``, and docs/algorithms.md)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from rich.table import Table
 
 from unipg.config.hyperparameters import default
 from unipg.config.presets import ALGORITHMS
+from unipg.estimate import ADVANTAGES
+from unipg.estimate.families import baseline_of, loss_axes
 
 LM_COLUMN_NAMES = {
     "eval/sampled_completion": "sampled",
@@ -131,21 +133,56 @@ def evaluation_table(config, metrics: dict[str, float | None]) -> Table:
     return table
 
 
-def algorithm_table() -> Table:
-    """One row per preset: its estimators (gymnasium preset; text preset where it differs) and what it is."""
-    table = Table(title="algorithms")
-    for column in ("name", "advantage", "policy loss", "what it is"):
-        table.add_column(column)
+def algorithm_axes() -> list[dict[str, str]]:
+    """Each preset's choice on every axis of the family J = E_μ[ρ · A · w]: one row per preset and setting (gym, text)
+    with name, setting, advantage, baseline, ratio (level), weight (shape), aggregation, KL (placement) and summary."""
+    rows = []
     for name in sorted(ALGORITHMS):
         algorithm = ALGORITHMS[name]
-        presets = [preset for preset in (algorithm.preset, algorithm.lm_preset) if preset is not None]
-        chosen = [
-            (preset["estimator"].get("advantage", "gae"), preset["estimator"].get("policy_loss", "ppo"))
-            for preset in presets
-        ]
-        advantages = " / ".join(dict.fromkeys(advantage for advantage, _ in chosen))
-        losses = " / ".join(dict.fromkeys(loss for _, loss in chosen))
-        table.add_row(name, advantages, losses, algorithm.summary)
+        for setting, preset in (("gym", algorithm.preset), ("text", algorithm.lm_preset)):
+            if preset is None:
+                continue
+            chosen = preset["estimator"]
+            read = lambda key: chosen.get(key, default(key))  # noqa: E731
+            ratio, weight = loss_axes(read("policy_loss"))
+            rows.append(
+                {
+                    "name": name,
+                    "setting": setting,
+                    "advantage": read("advantage"),
+                    "baseline": baseline_of(read("advantage")),
+                    "ratio": ratio,
+                    "weight": weight,
+                    "aggregation": read("loss_agg_mode") if setting == "text" else "mean over steps",
+                    "KL": kl_placement(read) if setting == "text" else "none",
+                    "summary": algorithm.summary,
+                }
+            )
+    return rows
+
+
+def kl_placement(read) -> str:
+    """Where a text preset pays its KL to the reference: in each token's reward, as a loss term, or not at all."""
+    coef = read("kl_coef")
+    if coef <= 0:
+        return "none"
+    return f"in reward, β {coef}" if read("kl_in_reward") else f"loss term {read('kl_estimator')}, β {coef}"
+
+
+def algorithm_table() -> Table:
+    """One row per preset and setting (gymnasium, text): its choice on each axis of the family, and what it is."""
+    table = Table(title="algorithms")
+    for column in ("name", "advantage (baseline)", "ratio · weight", "aggregation", "KL", "what it is"):
+        table.add_column(column)
+    for row in algorithm_axes():
+        table.add_row(
+            f"{row['name']} ({row['setting']})",
+            f"{row['advantage']} ({row['baseline']})",
+            f"{row['ratio']} · {row['weight']}",
+            row["aggregation"],
+            row["KL"],
+            row["summary"],
+        )
     return table
 
 
@@ -163,3 +200,70 @@ def choice_table(choice) -> Table:
 def hyperparameter_list(names: list[str]) -> str:
     """``clip_range=0.2, dual_clip=None``: estimator settings with their defaults."""
     return ", ".join(f"{name}={default(name)}" for name in names)
+
+
+ALGORITHMS_DOC_INTRO = """# Algorithms as choices in one family
+
+Every method unipg trains is the one objective J(θ) = E_μ[ρ · A · w(ρ, age)], ρ = π_θ/μ, with a choice on each
+axis: the level the ratio is taken at (token or sequence), the shape of the weight (hard clip, soft gate, clipped
+weight with its gradient stopped, ...), the advantage and its baseline, how per-token losses are reduced, and where
+the KL to a reference model is paid. A new method is a registry entry that picks its answers, never a branch in the
+learner. `unipg algorithms` prints the same tables with each estimator's hyperparameters and their defaults.
+
+This page is generated: `python -m unipg.observe.report > docs/algorithms.md`.
+"""
+
+
+def _markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def algorithms_markdown() -> str:
+    """docs/algorithms.md: the presets on every axis, then every registered policy loss and advantage estimator."""
+    from unipg.config.hyperparameters import CHOICES
+
+    presets = [
+        [
+            f"`{r['name']}`",
+            r["setting"],
+            r["advantage"],
+            r["baseline"],
+            r["ratio"],
+            r["weight"],
+            r["aggregation"],
+            r["KL"],
+        ]
+        for r in algorithm_axes()
+    ]
+    losses, advantages = CHOICES[1], CHOICES[0]
+    loss_rows = [
+        [
+            f"`{name}`",
+            *loss_axes(name),
+            ", ".join(losses.options(name)) or "–",
+            losses.registry_of(name).entry(name).summary,
+        ]
+        for name in losses.names()
+    ]
+    advantage_rows = [
+        [f"`{name}`", baseline_of(name), ", ".join(advantages.options(name)) or "–", ADVANTAGES.entry(name).summary]
+        for name in advantages.names()
+    ]
+    sections = [
+        ALGORITHMS_DOC_INTRO,
+        "## Presets (`algorithm=`)\n",
+        _markdown_table(
+            ["preset", "setting", "advantage", "baseline", "ratio", "weight", "aggregation", "KL"], presets
+        ),
+        "\n## Policy losses (`estimator.policy_loss=`)\n",
+        _markdown_table(["name", "ratio", "weight", "options", "what it is"], loss_rows),
+        "\n## Advantage estimators (`estimator.advantage=`)\n",
+        _markdown_table(["name", "baseline", "options", "what it is"], advantage_rows),
+    ]
+    return "\n".join(sections) + "\n"
+
+
+if __name__ == "__main__":
+    print(algorithms_markdown(), end="")
