@@ -7,9 +7,13 @@ import pytest
 import torch
 
 from tests.helpers.batches import GROUP, make_batch, make_config
+from tests.helpers.configs import tiny_lm_overrides
+from unipg.config import load_config
 from unipg.config.policy_loss_presets import POLICY_LOSS_PRESETS
 from unipg.estimate.group_advantages import opo_advantages
 from unipg.learn.lm import LMLearner
+from unipg.observe.metrics import read_metrics
+from unipg.runtime.lm import train_lm
 
 # what each loss reports beside policy_loss and approx_kl
 OWN_METRIC = {
@@ -53,3 +57,24 @@ def test_length_weighted_group_estimators_read_each_completions_length(tiny_poli
     assert len(set(lengths.tolist())) > 1  # the lengths differ, so the weighting matters
     expected = opo_advantages(batch.scores, lengths, group_size=GROUP)
     assert torch.allclose(batch.advantages.sum(1) / lengths, expected)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("algorithm", ["gspo", "sapo"])
+def test_a_short_run_of_a_sequence_and_a_gated_preset(embedded_path, tmp_path, algorithm):
+    overrides = tiny_lm_overrides(
+        f"algorithm={algorithm}",
+        "train.mini_batch_size=4",
+        "train.micro_batch_size=4",
+        "train.updates=2",
+        "eval.pass_k=0",
+        "checkpoint.every_updates=0",
+        f"model.name={embedded_path}",
+        f"log.output_dir={tmp_path}",
+        num_test=4,
+    )
+    result = train_lm(load_config(None, overrides))
+    assert result.updates == 2
+    records = [r for r in read_metrics(result.run_dir) if "train/policy_loss" in r]
+    assert len(records) == 2 and all(math.isfinite(r["train/policy_loss"]) for r in records)
+    assert all("train/approx_kl" in r for r in records)
