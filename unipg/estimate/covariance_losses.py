@@ -70,9 +70,10 @@ def clip_cov_loss(
     weights: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
 ) -> LossOutput:
-    """Clip-Cov (Cui et al. 2025): PPO-clip, and the loss of ⌊r·N⌋ tokens (at least one) drawn uniformly
-    among the tokens with ``lower`` < cov_t < ``upper`` that PPO did not clip already is set to 0 (their gradient
-    is dropped):
+    """Clip-Cov (Cui et al. 2025): PPO-clip that also drops the gradient of a few high-covariance tokens.
+
+    The loss of ⌊r·N⌋ tokens (at least one), drawn uniformly among those with ``lower`` < cov_t < ``upper`` that
+    PPO did not clip already, is set to 0 (their gradient is dropped):
 
         loss_t = −min(ρ_t A_t, clip(ρ_t, 1 − ε_low, 1 + ε_high) A_t) · c_t · w_t,    c_t = 0 on the drawn tokens, else 1.
 
@@ -116,8 +117,9 @@ def kl_cov_loss(
     agg_mode: str = "token-mean",
     weights: torch.Tensor | None = None,
 ) -> LossOutput:
-    """KL-Cov (Cui et al. 2025): the unclipped surrogate, with a KL-like penalty on the ⌊r·N⌋ tokens
-    (at least one) of largest covariance:
+    """KL-Cov (Cui et al. 2025): the unclipped surrogate plus β |log ρ| on the highest-covariance tokens.
+
+    The penalty falls on the ⌊r·N⌋ tokens (at least one) of largest covariance:
 
         loss_t = (−ρ_t A_t + β |log ρ_t| · 1[t among the top-r cov]) · w_t.
 

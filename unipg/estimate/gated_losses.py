@@ -41,7 +41,9 @@ def cispo_loss(
     agg_mode: str = "token-mean",
     weights: torch.Tensor | None = None,
 ) -> LossOutput:
-    """CISPO, clipped importance-sampling-weight policy optimization (MiniMax-M1, MiniMax 2025, arXiv:2506.13585):
+    """CISPO (MiniMax-M1, arXiv:2506.13585): REINFORCE weighted by the clipped, gradient-stopped importance weight.
+
+    Clipped importance-sampling-weight policy optimization:
 
         loss_t = −sg(clip(ρ_t, 1 − ε_low, 1 + ε_high)) · A_t · log π_θ(a_t|s_t) · w_t.
 
@@ -94,7 +96,9 @@ def sapo_loss(
     agg_mode: str = "seq-mean-token-mean",
     weights: torch.Tensor | None = None,
 ) -> LossOutput:
-    """SAPO, soft adaptive policy optimization (Gao et al. 2025, arXiv:2511.20347): the hard clip replaced by a gate,
+    """SAPO (Gao et al. 2025, arXiv:2511.20347): a smooth sigmoid gate on the token ratio instead of the hard clip.
+
+    Soft adaptive policy optimization:
 
         loss_t = −f(ρ_t; τ_t) · A_t · w_t,    f(ρ; τ) = σ(τ (ρ − 1)) · 4/τ,    τ_t = τ_pos if A_t > 0 else τ_neg.
 

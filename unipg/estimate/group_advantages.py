@@ -21,7 +21,9 @@ _GROUP_INPUTS = ("scores", "group_size")
 
 @ADVANTAGES.register("opo", inputs=(*_GROUP_INPUTS, "lengths"))
 def opo_advantages(scores: torch.Tensor, lengths: torch.Tensor, *, group_size: int) -> torch.Tensor:
-    """OPO, on-policy RL with the optimal reward baseline (Hao et al. 2025, arXiv:2505.23585):
+    """OPO (Hao et al. 2025, arXiv:2505.23585): the score minus the length-weighted group mean.
+
+    On-policy RL with the optimal reward baseline:
 
         A_i = r_i − b_g,     b_g = Σ_j |y_j| r_j / Σ_j |y_j|     over the group g of sample i,
 
@@ -38,8 +40,9 @@ def opo_advantages(scores: torch.Tensor, lengths: torch.Tensor, *, group_size: i
 
 @ADVANTAGES.register("grpo_passk", inputs=_GROUP_INPUTS, options={"advantage_eps": "eps"})
 def grpo_passk_advantages(scores: torch.Tensor, *, group_size: int, eps: float = 1e-6) -> torch.Tensor:
-    """Pass@k credit in GRPO form (verl's grpo_passk, after arXiv:2503.19595): only the best
-    sample of a group is reinforced, by its margin over the runner-up,
+    """GRPO for pass@k (verl's grpo_passk, after arXiv:2503.19595): only a group's best sample is reinforced.
+
+    It is credited with its margin over the runner-up,
 
         A_i = (r_(1) − r_(2)) / (std_g(r) + ε) for i = the group's best sample (the first on ties), else 0,
 
@@ -57,7 +60,7 @@ def grpo_passk_advantages(scores: torch.Tensor, *, group_size: int, eps: float =
 def reinforce_plus_plus_baseline_advantages(
     scores: torch.Tensor, lengths: torch.Tensor, *, group_size: int, eps: float = 1e-8
 ) -> torch.Tensor:
-    """REINFORCE++ with a group baseline (Hu 2025, arXiv:2501.03262, "REINFORCE++-baseline"):
+    """REINFORCE++-baseline (Hu 2025, arXiv:2501.03262): group-centred scores, whitened over the batch.
 
         a_i = r_i − mean_g(r),     A_i = (a_i − mean(a)) / std(a)     over the whole batch,
 
@@ -78,7 +81,7 @@ def reinforce_plus_plus_baseline_advantages(
 
 @ADVANTAGES.register("gpg", inputs=_GROUP_INPUTS)
 def gpg_advantages(scores: torch.Tensor, *, group_size: int) -> torch.Tensor:
-    """GPG, group policy gradient (Chu et al. 2025, arXiv:2504.02546):
+    """GPG (Chu et al. 2025, arXiv:2504.02546): group-centred scores rescaled by the share of informative groups.
 
         A_i = α · (r_i − mean_g(r)),     α = N / (N − M),
 

@@ -63,7 +63,9 @@ def gspo_loss(
     agg_mode: str = "seq-mean-token-mean",
     weights: torch.Tensor | None = None,
 ) -> LossOutput:
-    """GSPO, group sequence policy optimization (Zheng et al. 2025, arXiv:2507.18071): PPO-clip on the sequence ratio s_i,
+    """GSPO (Zheng et al. 2025, arXiv:2507.18071): PPO-clip on the length-normalised sequence ratio s_i.
+
+    Group sequence policy optimization:
 
         loss_i = −min(s_i A_i, clip(s_i, 1 − ε_low, 1 + ε_high) A_i),    written on every token of response i (· w_t),
 
@@ -102,7 +104,9 @@ def gspo_token_loss(
     agg_mode: str = "seq-mean-token-mean",
     weights: torch.Tensor | None = None,
 ) -> LossOutput:
-    """GSPO-token (Zheng et al. 2025, arXiv:2507.18071, section 4.3): GSPO with a per-token advantage A_i,t, through the token ratio
+    """GSPO-token (Zheng et al. 2025, arXiv:2507.18071): GSPO's sequence ratio with a per-token advantage A_i,t.
+
+    Through the token ratio (the paper's section 4.3):
 
         s_i,t = sg[s_i] · π_θ(y_i,t|·) / sg[π_θ(y_i,t|·)],    loss_t = −min(s_i,t A_i,t, clip(s_i,t, 1 − ε_low, 1 + ε_high) A_i,t).
 
@@ -139,8 +143,9 @@ def gmpo_loss(
     agg_mode: str = "seq-mean-token-mean",
     weights: torch.Tensor | None = None,
 ) -> LossOutput:
-    """GMPO, geometric-mean policy optimization (Zhao et al. 2025, arXiv:2507.20673): the geometric mean of the token-clipped
-    PPO terms of a response instead of their arithmetic mean,
+    """GMPO (Zhao et al. 2025, arXiv:2507.20673): the geometric mean of a response's token-clipped PPO terms.
+
+    Geometric-mean policy optimization takes the geometric instead of the arithmetic mean,
 
         J_i = sgn(A_i) · (Π_t |min(ρ_t A_i, clip(ρ_t, e^−ε_low, e^ε_high) A_i)|)^{1/|y_i|}
             = A_i · exp(1/|y_i| Σ_t sgn(A_i) · min(sgn(A_i) log ρ_t, sgn(A_i) clip(log ρ_t, −ε_low, ε_high))),
