@@ -12,7 +12,12 @@ from unipg.registry import Registry, RegistryError
 
 # Estimators beyond the classic ones register on import: sequence-level ratios, shaped weights, covariance
 # selection (policy losses), more group baselines (advantages).
-from unipg.estimate import covariance_losses, gated_losses, group_advantages, sequence_losses  # noqa: E402, F401  isort: skip
+from unipg.estimate import (  # noqa: E402, F401  isort: skip
+    covariance_losses,
+    gated_losses,
+    group_advantages,
+    sequence_losses,
+)
 
 __all__ = [
     "ADVANTAGES",

@@ -75,7 +75,7 @@ def clip_cov_loss(
     The loss of ⌊r·N⌋ tokens (at least one), drawn uniformly among those with ``lower`` < cov_t < ``upper`` that
     PPO did not clip already, is set to 0 (their gradient is dropped):
 
-        loss_t = −min(ρ_t A_t, clip(ρ_t, 1 − ε_low, 1 + ε_high) A_t) · c_t · w_t,    c_t = 0 on the drawn tokens, else 1.
+        loss_t = −min(ρ_t A_t, clip(ρ_t, 1 − ε_low, 1 + ε_high) A_t) · c_t · w_t,   c_t = 0 on the drawn tokens, else 1.
 
     The draw uses ``generator`` (None: torch's global generator, seeded with the run). Metrics: PPO's, and
     cov_clip_fraction (share of valid tokens dropped by the covariance rule).

@@ -108,7 +108,8 @@ def gspo_token_loss(
 
     Through the token ratio (the paper's section 4.3):
 
-        s_i,t = sg[s_i] · π_θ(y_i,t|·) / sg[π_θ(y_i,t|·)],    loss_t = −min(s_i,t A_i,t, clip(s_i,t, 1 − ε_low, 1 + ε_high) A_i,t).
+        s_i,t = sg[s_i] · π_θ(y_i,t|·) / sg[π_θ(y_i,t|·)],
+        loss_t = −min(s_i,t A_i,t, clip(s_i,t, 1 − ε_low, 1 + ε_high) A_i,t).
 
     s_i,t equals s_i in value; its gradient is s_i ∇log π_θ(y_i,t), so with seq-mean-token-mean the update is
     s_i · 1/|y_i| Σ_t A_i,t ∇log π_θ(y_i,t): GSPO's when A_i,t = A_i for every t. Use it with
