@@ -8,12 +8,16 @@ import torch
 
 from tests.helpers.batches import skewed_batch, skewed_config
 from unipg.learn.distributed import (
+    free_port,
     full_state_dict,
+    group_backend,
+    init_group,
     init_local_group,
     load_sharded,
     save_sharded,
     shard_model,
     spawn_local,
+    sum_across_ranks,
 )
 from unipg.learn.lm import LMLearner
 from unipg.learn.lm_batch import split_across_ranks
@@ -73,3 +77,20 @@ def test_two_process_update_equals_one_process_and_its_checkpoint_resumes_in_one
     for parameter, twin in zip(resumed.parameters, single.parameters):
         moments = resumed.optimizer.state[parameter]["exp_avg_sq"], single.optimizer.state[twin]["exp_avg_sq"]
         assert torch.allclose(*moments, atol=1e-9, rtol=1e-3)
+
+
+def test_a_cuda_group_adds_up_cpu_metrics_through_gloo(monkeypatch):
+    chosen = {}
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda backend, **_: chosen.update(backend=backend))
+    init_group(1, 2, "127.0.0.1", 1, device="cuda:1")
+    assert chosen["backend"] == "cpu:gloo,cuda:nccl"  # NCCL alone has no backend for sum_across_ranks' CPU tensor
+    assert group_backend("cpu") == "gloo"
+
+
+def test_metrics_add_up_as_cpu_tensors_over_a_group_that_maps_cpu_to_gloo():
+    torch.distributed.init_process_group("cpu:gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        assert sum_across_ranks({"loss": 1.5, "count": 2.0}) == {"count": 2.0, "loss": 1.5}
+    finally:
+        torch.distributed.destroy_process_group()

@@ -2,8 +2,9 @@
 
 Each process (rank) holds 1/N of every parameter, of its gradient and of the optimizer's state; a forward
 pass all-gathers one decoder layer at a time and the backward pass reduce-scatters the gradients. The process
-group is gloo on CPU and NCCL on GPU; its rendezvous is a TCP address of rank 0 (the loopback address for
-local processes, rank 0's node for Ray actors).
+group is gloo on CPU; on GPU it is NCCL for CUDA tensors and gloo for CPU ones (the metrics the ranks add up);
+its rendezvous is a TCP address of rank 0 (the loopback address for local processes, rank 0's node for Ray
+actors).
 
 Here: the building blocks — starting the process group, sharding a Hugging Face causal LM layer by
 layer, the bytes a rank holds, and the full weights gathered for an inference engine.
@@ -46,13 +47,19 @@ def free_port(host: str = "127.0.0.1") -> int:
         return probe.getsockname()[1]
 
 
+def group_backend(device: str) -> str:
+    """The process group's backend for ranks on ``device``: gloo on CPU; on CUDA, NCCL for CUDA tensors and gloo
+    for CPU ones, since ``sum_across_ranks`` adds up CPU tensors, which an NCCL-only group refuses."""
+    return "cpu:gloo,cuda:nccl" if device.startswith("cuda") else "gloo"
+
+
 def init_group(rank: int, world_size: int, host: str, port: int, *, device: str = "cpu") -> None:
-    """Join the process group of ``world_size`` ranks whose rank 0 listens at ``host:port`` (gloo on CPU, NCCL
-    on GPU)."""
+    """Join the process group of ``world_size`` ranks whose rank 0 listens at ``host:port``, with the backend
+    ``group_backend(device)``."""
     import torch.distributed as dist
 
     os.environ.setdefault("MASTER_ADDR", host)
-    backend = "nccl" if device.startswith("cuda") else "gloo"
+    backend = group_backend(device)
     address = f"[{host}]" if ":" in host else host
     dist.init_process_group(backend, init_method=f"tcp://{address}:{port}", rank=rank, world_size=world_size)
 
