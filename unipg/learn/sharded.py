@@ -233,7 +233,7 @@ def _run(learner: LMLearner, name: str, args: tuple):
     if name == "prepare":
         batch = args[0]
         metrics = learner.prepare(batch)
-        return metrics, {field: getattr(batch, field) for field in PREPARED}
+        return metrics, {field: _on_cpu(getattr(batch, field)) for field in PREPARED}
     if name == "update":
         metrics = learner.update(args[0])
         return metrics, _trained_state(learner.policy)
@@ -261,15 +261,25 @@ def _trained_state(policy: nn.Module) -> dict[str, torch.Tensor]:
     return {name: tensor for name, tensor in full_state_dict(policy, trained_only=True).items() if name in trained}
 
 
+def _on_cpu(value):
+    """``value`` on the CPU if it is a tensor: what a rank sends to the driver must be, since the driver sends
+    it on to the ranks again (the prepared fields, in the batch of ``update``) and torch cannot send a CUDA
+    tensor it received from another process."""
+    return value.cpu() if isinstance(value, torch.Tensor) else value
+
+
 def _full(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
 def _gathered_optimizer_state(optimizer: torch.optim.Optimizer) -> dict:
-    """``optimizer.state_dict()`` with every sharded state tensor gathered whole (collective: all ranks call)."""
+    """``optimizer.state_dict()`` with every sharded state tensor gathered whole, on the CPU, one tensor at a time
+    (collective: all ranks call)."""
     state_dict = optimizer.state_dict()
     state = {
-        index: {key: _full(value) if isinstance(value, torch.Tensor) else value for key, value in entry.items()}
+        index: {
+            key: _on_cpu(_full(value)) if isinstance(value, torch.Tensor) else value for key, value in entry.items()
+        }
         for index, entry in sorted(state_dict["state"].items())
     }
     return {"state": state, "param_groups": state_dict["param_groups"]}
