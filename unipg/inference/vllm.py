@@ -252,7 +252,7 @@ class VLLMService:
                     "and, for multi-turn tasks, agent.max_total_tokens"
                 )
             budget = min(budget, policy.context_length - len(context_ids))
-        seed = int(torch.randint(2**31 - 1, (1,), generator=self.generator)) if self.generator is not None else None
+        seed = request_seed(self.generator) if self.generator is not None else None
         sampling = vllm_sampling(params, max_tokens=budget, seed=seed, eos_ids=policy.eos_ids)
         loop = asyncio.get_running_loop()
         answer = loop.create_future()
@@ -295,6 +295,12 @@ class VLLMService:
             if version is not None:
                 self.policy_version = version
                 await self.engine.load(version, self.policy.model)
+
+
+def request_seed(generator: torch.Generator) -> int:
+    """A request's sampling seed, drawn from ``generator`` on the generator's own device: a Ray rollout worker on a
+    GPU hands a CUDA generator, which torch refuses for a draw on the CPU."""
+    return int(torch.randint(2**31 - 1, (1,), generator=generator, device=generator.device))
 
 
 def _settle(future: asyncio.Future, result, error) -> None:
