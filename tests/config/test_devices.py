@@ -72,3 +72,18 @@ def test_each_local_learner_rank_takes_its_own_gpu(monkeypatch):
     fake_gpus(monkeypatch, 1)  # a Ray actor sees only the GPU it was given
     assert rank_device("cuda", 3) == "cuda:0"
     assert rank_device("cpu", 1) == "cpu"
+
+
+def test_auto_learner_ranks_take_a_gpu_each_where_there_is_cuda_and_the_cpu_elsewhere(monkeypatch):
+    from unipg.learn.distributed import group_backend
+    from unipg.learn.sharded import rank_device
+
+    fake_gpus(monkeypatch, 2)
+    devices = [rank_device("auto", rank) for rank in (0, 1)]
+    assert devices == ["cuda:0", "cuda:1"] and group_backend(devices[1]) == "cpu:gloo,cuda:nccl"
+    fake_gpus(monkeypatch, 1)
+    with pytest.raises(ConfigError, match=r"ranks on device 'auto' take a GPU each; this machine has 1"):
+        load_config(None, [*TEXT, "device=auto", "train.learner_processes=2"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert rank_device("auto", 1) == "cpu" and group_backend(rank_device("auto", 1)) == "gloo"
+    assert load_config(None, [*TEXT, "device=auto", "train.learner_processes=2"]).device == "auto"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from unipg.config.devices import device_problem
+from unipg.config.devices import device_problem, resolve_device
 from unipg.estimate import (
     ADVANTAGES,
     KL_ESTIMATORS,
@@ -163,7 +163,7 @@ def learner_rank_problems(config: Config) -> list[str]:
             f"(ray.num_cpus={ray.num_cpus}); lower ray.learner_num_cpus (e.g. "
             f"{ray.num_cpus / (train.learner_processes + ray.rollout_workers):g}) or raise ray.num_cpus"
         )
-    if config.device.startswith("cuda") and device_problem(config.device) is None:
+    if device_problem(config.device) is None and resolve_device(config.device).type == "cuda":
         import torch
 
         gpus = torch.cuda.device_count()

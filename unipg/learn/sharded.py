@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from unipg.config import Config
+from unipg.config.devices import resolve_device
 from unipg.learn.distributed import free_port, full_state_dict, init_group, shard_model
 from unipg.learn.lm import LMBatch, LMLearner
 from unipg.learn.state import load_optimizer, optimizer_tensors
@@ -149,7 +150,10 @@ class LearnerRank:
 
 def rank_device(device: str, rank: int) -> str:
     """The device of one learner rank: on CUDA a GPU of its own, the rank-th one where the process sees several
-    (local processes on one machine), ``cuda:0`` where it sees one (a Ray actor, given its GPU); others as set."""
+    (local processes on one machine), ``cuda:0`` where it sees one (a Ray actor, given its GPU); ``auto`` is CUDA
+    where this machine has it, else the CPU; others as set."""
+    if device == "auto":
+        device = str(resolve_device(device))
     if not device.startswith("cuda"):
         return device
     return f"cuda:{rank}" if torch.cuda.device_count() > 1 else "cuda:0"
