@@ -116,3 +116,25 @@ def test_the_process_exits_silently_with_a_task_and_a_thread_left_running():
     finally:
         child.kill()
     assert (child.returncode, output.strip(), errors) == (0, "done", "")
+
+
+def test_a_task_that_exits_passes_its_system_exit_on_once_and_logs_nothing(caplog):
+    """``sys.exit()`` in one of several gathered tasks (a tool or reward calling it) leaves the loop as the
+    ``SystemExit`` it is, for the caller to report, and asyncio does not log it again as never retrieved."""
+    import gc
+
+    async def exits():
+        await asyncio.sleep(0)
+        sys.exit(3)
+
+    async def main():
+        return await asyncio.gather(exits(), exits())
+
+    codes = []
+    try:
+        run_abandoning(main())
+    except SystemExit as exit:  # not kept: its traceback would keep the tasks from being collected
+        codes.append(exit.code)
+    gc.collect()
+    assert codes == [3]
+    assert "never retrieved" not in caplog.text

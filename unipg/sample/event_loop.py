@@ -61,12 +61,15 @@ def run_abandoning(
     threads = _LoopThreads()
     loop.set_default_executor(threads)
     asyncio.set_event_loop(loop)  # as asyncio.run does, for code that asks for the current loop
+    task = loop.create_task(main)
     try:
-        return loop.run_until_complete(main)
+        return loop.run_until_complete(task)
     finally:
         try:
             left = _end_leftovers(loop, threads, grace)
         finally:
+            if task.done() and not task.cancelled():
+                task.exception()  # a SystemExit or KeyboardInterrupt that left through the loop: not to log again
             asyncio.set_event_loop(None)
             loop.close()
         if left and on_left is not None:
@@ -81,16 +84,18 @@ def _end_leftovers(loop: asyncio.AbstractEventLoop, threads: _LoopThreads, grace
     pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
     for task in pending:
         task.cancel()
-    if pending:
-        loop.run_until_complete(asyncio.wait(pending, timeout=grace))
-    generators = loop.create_task(loop.shutdown_asyncgens())
-    loop.run_until_complete(asyncio.wait({generators}, timeout=max(deadline - time.monotonic(), 0.01)))
-    concurrent.futures.wait(list(threads.running), timeout=max(deadline - time.monotonic(), 0.0))
-    left = [task for task in asyncio.all_tasks(loop) if not task.done()]
-    for task in left:
-        task._log_destroy_pending = False  # a task given up on purpose is no error to report when collected
-        _left_behind.append(task)
-    for task in pending:
-        if task.done() and not task.cancelled():
-            task.exception()  # retrieved: an error of a task given up on is expected, not to be logged
-    return len([task for task in left if task is not generators])
+    try:
+        if pending:
+            loop.run_until_complete(asyncio.wait(pending, timeout=grace))
+        generators = loop.create_task(loop.shutdown_asyncgens())
+        loop.run_until_complete(asyncio.wait({generators}, timeout=max(deadline - time.monotonic(), 0.01)))
+        concurrent.futures.wait(list(threads.running), timeout=max(deadline - time.monotonic(), 0.0))
+        left = [task for task in asyncio.all_tasks(loop) if not task.done()]
+        for task in left:
+            task._log_destroy_pending = False  # a task given up on purpose is no error to report when collected
+            _left_behind.append(task)
+        return len([task for task in left if task is not generators])
+    finally:  # also when a task's SystemExit or KeyboardInterrupt leaves through the loop while it waits
+        for task in pending:
+            if task.done() and not task.cancelled():
+                task.exception()  # retrieved: an error of a task given up on is expected, not to be logged
