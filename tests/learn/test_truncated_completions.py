@@ -51,3 +51,19 @@ def test_with_nothing_cut_the_option_changes_nothing(tiny_policy, one_torch_thre
     _, masked = update(tiny_policy(), True, none_cut)
     _, unmasked = update(tiny_policy(), False, none_cut)
     assert masked["policy_loss"] == unmasked["policy_loss"] and masked["grad_norm"] == unmasked["grad_norm"]
+
+
+def test_an_episode_whose_last_turn_hit_its_token_budget_is_cut_even_when_graded():
+    """A single-turn answer stopped at sample.max_new_tokens and then graded finishes "done"; it is still cut."""
+    from unipg.sample.agent import Trajectory
+    from unipg.tasks.base import Example
+
+    def episode(finish: str, cut: bool) -> Trajectory:
+        trajectory = Trajectory(Example("q", "1", "1"), [5, 6], finish=finish, cut=cut)
+        trajectory.add_sampled([7, 8], [-0.1, -0.2], 0)
+        trajectory.step_rewards.append(0.0)
+        return trajectory
+
+    episodes = [episode("done", False), episode("done", True), episode("max_tokens", False)]
+    batch = LMBatch.from_trajectories(episodes, pad_id=0)
+    assert batch.truncated.tolist() == [False, True, True]

@@ -114,9 +114,9 @@ class EstimatorConfig(Section):
     """horizon (in samples) of the adaptive KL controller."""
     mask_truncated_completions: bool = Field(False, json_schema_extra=read_in("lm"))
     """lm runs: leave cut completions out of the loss (they still count in their group's baseline), as TRL's
-    mask_truncated_completions and DAPO's overlong filtering: a cut answer is not a wrong one. Cut: an agent episode
-    that ran out of room for its next turn (finish "max_tokens"); a last turn that stopped at sample.max_new_tokens
-    but was then graded counts as finished."""
+    mask_truncated_completions and DAPO's overlong filtering: a cut answer is not a wrong one. Cut: an episode whose
+    last turn stopped at its token budget (sample.max_new_tokens or the room left), graded or not, or that ran out
+    of room for its next turn (finish "max_tokens")."""
     kl_in_reward: bool = Field(False, json_schema_extra=read_in("lm"))
     """lm runs: subtract kl_coef·KL_t from each token's reward (classic RLHF PPO, REINFORCE++) instead of
     adding the KL as a loss term (GRPO)."""

@@ -110,7 +110,9 @@ class LMBatch:
             ages=ages,
             episodes=torch.tensor(episode_of_row, dtype=torch.long),
             groups=None if groups is None else torch.tensor(groups, dtype=torch.long)[episode_of_row],
-            truncated=torch.tensor([episodes[index].finish == "max_tokens" for index in episode_of_row]),
+            truncated=torch.tensor(
+                [episodes[index].finish == "max_tokens" or episodes[index].cut for index in episode_of_row]
+            ),
         )
 
     def move_to(self, device: torch.device) -> LMBatch:

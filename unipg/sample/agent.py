@@ -41,6 +41,7 @@ class Trajectory:
     turn_texts: list[str] = field(default_factory=list)
     infos: list[TurnInfo] = field(default_factory=list)  # what the environment reported of each turn
     finish: str = "running"  # "done", "max_turns", "max_tokens"
+    cut: bool = False  # its last turn stopped at its token budget (finish reason "length"), graded or not
     messages: list[dict] = field(default_factory=list)  # what the policy was told: the first observation, then
     # each observation inserted after a turn, as chat messages {"role", "content"} (turn texts are turn_texts)
     role: str | None = None  # the role this trajectory plays in a multi-role episode; None: a one-role episode
@@ -130,6 +131,7 @@ class AgentLoop:
                 trajectory.add_sampled(out.token_ids, out.behaviour_logprobs, turn)
                 trajectory.turn_texts.append(out.text)
                 trajectory.policy_versions.append(out.policy_version)
+                trajectory.cut = out.finish_reason == "length"
                 observation, reward, done, info = await env.step(out.text)
                 trajectory.step_rewards.append(float(reward))
                 trajectory.infos.append(TurnInfo.of(info))
