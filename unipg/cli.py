@@ -215,9 +215,10 @@ def run_guarded(config: Config, threshold: Optional[float], resume: Optional[Pat
     except TrainingStopped as stopped:
         errors.print(escape(f"{stopped}; a checkpoint was saved in {stopped.run_dir}/checkpoints"), highlight=False)
         raise typer.Exit(128 + stopped.signal_number) from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupted:  # a second Ctrl-C, or a stop given up before the first update
+        number = getattr(interrupted, "signal_number", None) or 2
         errors.print(escape(f"interrupted; the metrics written so far are kept under {config.log.output_dir}/"))
-        raise typer.Exit(130) from None
+        raise typer.Exit(128 + number) from None
 
 
 @app.command()

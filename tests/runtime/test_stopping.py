@@ -20,11 +20,12 @@ GUARD_SECONDS = 60  # only a failure guard
 
 
 def test_a_wait_for_rollout_that_never_ends_is_given_up_after_the_grace():
-    with StopRequest(grace=0.05) as stop, pytest.raises(UpdateAbandoned):
+    with StopRequest(grace=0.05) as stop, pytest.raises(UpdateAbandoned) as abandoned:
         with stop.abandonable():
             os.kill(os.getpid(), signal.SIGTERM)
             threading.Event().wait()  # rollout that never ends
     assert stop.signal_number == signal.SIGTERM and stop.overdue.is_set()
+    assert abandoned.value.signal_number == signal.SIGTERM  # the command exits with 128 + 15
 
 
 def test_episodes_waiting_on_their_event_loop_are_given_up_and_the_loop_is_left():

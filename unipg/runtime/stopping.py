@@ -47,7 +47,12 @@ class UpdateAbandoned(KeyboardInterrupt):
     """The update in progress was given up: a stop was asked for and its rollout did not end within the grace.
 
     A ``KeyboardInterrupt``, so that it leaves an event loop (asyncio passes those on, where it keeps other
-    exceptions inside the task that raised them) and no ``except Exception`` on its way swallows it."""
+    exceptions inside the task that raised them) and no ``except Exception`` on its way swallows it. It carries
+    the number of the signal that asked for the stop (the exit status is 128 plus it)."""
+
+    def __init__(self, signal_number: int = signal.SIGINT):
+        super().__init__(signal_number)
+        self.signal_number = signal_number
 
 
 class StopRequest:
@@ -93,11 +98,11 @@ class StopRequest:
         """A part of a run that may be given up (waiting for rollout, evaluating): past the grace,
         ``UpdateAbandoned`` is raised in it, or on entering it."""
         if self.overdue.is_set():
-            raise UpdateAbandoned
+            raise UpdateAbandoned(self.signal_number)
         self._abandonable = True
         try:
             if self.overdue.is_set():  # the grace passed just before: its signal found nothing to give up
-                raise UpdateAbandoned
+                raise UpdateAbandoned(self.signal_number)
             yield
         finally:
             self._abandonable = False
@@ -105,7 +110,7 @@ class StopRequest:
     def _handle(self, number: int, frame) -> None:
         if self.overdue.is_set():  # the grace has passed: the timer's SIGTERM, or the user's next signal
             if self._abandonable:
-                raise UpdateAbandoned
+                raise UpdateAbandoned(self.signal_number)
             if number == signal.SIGINT:
                 raise KeyboardInterrupt
             return
