@@ -14,6 +14,7 @@ from unipg.learn.distributed import (
     init_group,
     init_local_group,
     load_sharded,
+    local_tensor,
     save_sharded,
     shard_model,
     spawn_local,
@@ -94,3 +95,24 @@ def test_metrics_add_up_as_cpu_tensors_over_a_group_that_maps_cpu_to_gloo():
         assert sum_across_ranks({"loss": 1.5, "count": 2.0}) == {"count": 2.0, "loss": 1.5}
     finally:
         torch.distributed.destroy_process_group()
+
+
+def bfloat16_critic_rank(rank: int, world_size: int, port: int, model_path: str, out: str) -> None:
+    torch.set_num_threads(1)
+    init_local_group(rank, world_size, port)
+    torch.manual_seed(0)
+    critic = load_lm_policy(model_path, dtype="bfloat16", critic=model_path).critic
+    shard_model(critic)
+    tokens = torch.randint(3, 20, (2, 6), generator=torch.Generator().manual_seed(0))
+    values = critic(tokens, torch.ones_like(tokens), 3)
+    values.sum().backward()
+    if rank == 0:
+        torch.save({"values": values.detach(), "head_grad": local_tensor(critic.head.linear.weight.grad)}, out)
+    torch.distributed.destroy_process_group()
+
+
+def test_a_bfloat16_critic_with_a_float32_value_head_shards(embedded_path, tmp_path):
+    spawn_local(bfloat16_critic_rank, 2, embedded_path, str(tmp_path / "result.pt"))  # FSDP2 refused mixed dtypes
+    result = torch.load(tmp_path / "result.pt")
+    assert result["values"].dtype == torch.float32 and result["values"].shape == (2, 3)
+    assert result["head_grad"].dtype == torch.float32 and result["head_grad"].abs().sum() > 0

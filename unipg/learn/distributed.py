@@ -80,14 +80,32 @@ def spawn_local(function: Callable, world_size: int, *args) -> None:
 
 def shard_model(model: nn.Module) -> nn.Module:
     """Apply ``fully_shard`` to every decoder layer (the repeated blocks of a Hugging Face model), then to the
-    whole model for what is left (embeddings, final norm, lm_head); returns the model, sharded in place."""
+    whole model for what is left (embeddings, final norm, lm_head); returns the model, sharded in place.
+
+    FSDP2 wants one dtype among the trainable parameters of a group: where what is left mixes dtypes (a
+    bfloat16 critic's backbone and its float32 value head), each float32 child is a group of its own."""
     from torch.distributed.fsdp import fully_shard
 
     layers = [module for module in model.modules() if type(module).__name__.endswith(("DecoderLayer", "Block"))]
     for layer in layers:
         fully_shard(layer)
+    for child in _float32_children(model, layers):
+        fully_shard(child)
     fully_shard(model)
     return model
+
+
+def _float32_children(model: nn.Module, layers: list[nn.Module]) -> list[nn.Module]:
+    """The children of ``model`` whose trainable parameters outside ``layers`` are all float32, where the rest
+    of the model's such parameters are of another dtype; none where they are of one dtype."""
+    in_layers = {id(p) for layer in layers for p in layer.parameters()}
+
+    def trainable_dtypes(module: nn.Module) -> set[torch.dtype]:
+        return {p.dtype for p in module.parameters() if p.requires_grad and id(p) not in in_layers}
+
+    if len(trainable_dtypes(model)) < 2:
+        return []
+    return [child for child in model.children() if trainable_dtypes(child) == {torch.float32}]
 
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
