@@ -22,6 +22,7 @@ from unipg.learn.distributed import (
 )
 from unipg.learn.lm import LMLearner
 from unipg.learn.lm_batch import split_across_ranks
+from unipg.learn.sharded import _full, _run
 from unipg.policy.loading import load_lm_policy
 
 SETTINGS = (
@@ -116,3 +117,36 @@ def test_a_bfloat16_critic_with_a_float32_value_head_shards(embedded_path, tmp_p
     result = torch.load(tmp_path / "result.pt")
     assert result["values"].dtype == torch.float32 and result["values"].shape == (2, 3)
     assert result["head_grad"].dtype == torch.float32 and result["head_grad"].abs().sum() > 0
+
+
+def every_rank_full_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The full weights on every rank (collective), as the driver sends them for a restore."""
+    return {name: _full(tensor).detach().clone() for name, tensor in module.state_dict().items()}
+
+
+def bfloat16_restore_rank(rank: int, world_size: int, port: int, model_path: str, out: str) -> None:
+    torch.set_num_threads(1)
+    init_local_group(rank, world_size, port)
+    torch.manual_seed(0)
+    policy = load_lm_policy(model_path, dtype="bfloat16")
+    shard_model(policy.model)
+    sharded = LMLearner(policy, skewed_config(*SETTINGS))
+    sharded.update(skewed_batch())
+    tensors, state = _run(sharded, "checkpoint", ())
+    saved = every_rank_full_state(policy)  # what the driver's policy holds and sends to every rank
+    sharded.update(skewed_batch())  # the masters move on from the checkpoint
+    _run(sharded, "restore", (tensors, state, dict(saved)))  # the restore shards the dict's values in place
+    _run(sharded, "set_lr_fraction", (0.0,))
+    sharded.update(skewed_batch())  # a step of size 0 keeps the restored weights
+    after = full_state_dict(policy)
+    if rank == 0:
+        torch.save({"saved": saved, "after": after, "tensors": tensors}, out)
+    torch.distributed.destroy_process_group()
+
+
+def test_a_sharded_bfloat16_learner_restores_its_float32_masters(embedded_path, tmp_path):
+    spawn_local(bfloat16_restore_rank, 2, embedded_path, str(tmp_path / "result.pt"))
+    result = torch.load(tmp_path / "result.pt")
+    for name, tensor in result["saved"].items():
+        assert tensor.dtype == torch.bfloat16 and torch.equal(result["after"][name], tensor), name
+    assert any(name.endswith(".float32_master") for name in result["tensors"])

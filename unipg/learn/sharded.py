@@ -246,14 +246,19 @@ def _run(learner: LMLearner, name: str, args: tuple):
     if name == "set_lr_factor":
         learner.lr_factor = args[0]
         return learner.lr_factor
-    if name == "checkpoint":
-        gathered = _gathered_optimizer_state(learner.optimizer)
+    if name == "checkpoint":  # with the float32 masters of low-precision weights, as LMLearner.checkpoint keeps
+        learner.masters.stash(learner.optimizer)
+        try:
+            gathered = _gathered_optimizer_state(learner.optimizer)
+        finally:
+            learner.masters.discard(learner.optimizer)
         tensors, optimizer_meta = optimizer_tensors(types.SimpleNamespace(state_dict=lambda: gathered))
         return tensors, learner.state(optimizer_meta)
     if name == "restore":
         tensors, state, weights = args
         _load_full_weights(learner.policy, weights)
         _load_sharded_optimizer(learner.optimizer, tensors, state["optimizer"])
+        learner.masters.unstash(learner.optimizer)  # else the next step writes the old masters back
         learner.restore_state(state)
         return learner.lr_factor
     raise ValueError(f"unknown learner call '{name}'")
