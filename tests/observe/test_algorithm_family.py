@@ -22,7 +22,8 @@ def test_preset_axes_name_the_ratio_level_weight_and_kl_placement():
     assert rows["gspo", "text"]["ratio"].startswith("sequence") and rows["gspo", "text"]["KL"] == "none"
     assert rows["cispo", "text"]["weight"] == "clipped weight, gradient stopped"
     assert rows["grpo", "text"]["KL"] == "loss term k3, β 0.04"
-    assert rows["ppo", "text"]["KL"] == "in reward, β 0.05" and rows["ppo", "gym"]["KL"] == "none"
+    assert rows["rloo", "text"]["KL"] == "in reward k1, β 0.05"
+    assert rows["ppo", "text"]["KL"] == "in reward k1, β 0.05" and rows["ppo", "gym"]["KL"] == "none"
     assert rows["sapo", "text"]["aggregation"] == "seq-mean-token-mean"
 
 

@@ -159,6 +159,7 @@ _define(
             "normalize_advantages": True,
             "kl_coef": 0.05,
             "kl_in_reward": True,
+            "kl_estimator": "k1",  # the reward's penalty is β·log(π/π_ref) in Ziegler et al. and Ouyang et al.
             "value_loss_coef": 0.5,
             "value_clip_range": 0.2,
             "loss_agg_mode": "token-mean",
@@ -313,6 +314,7 @@ _define(
             "clip_range": 0.2,
             "kl_coef": 0.05,
             "kl_in_reward": True,
+            "kl_estimator": "k1",  # the RLOO paper's (and TRL's) reward: r − β·log(π/π_ref)
             "loss_agg_mode": "seq-mean-token-mean",
         }
     ),
@@ -331,6 +333,7 @@ _define(
             "clip_range": 0.2,
             "kl_coef": 0.01,
             "kl_in_reward": True,
+            "kl_estimator": "k1",  # REINFORCE++ puts β·log(π/π_ref) in each token's reward
             "loss_agg_mode": "token-mean",
         }
     ),

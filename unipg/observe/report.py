@@ -166,7 +166,8 @@ def kl_placement(read) -> str:
     coef = read("kl_coef")
     if coef <= 0:
         return "none"
-    return f"in reward, β {coef}" if read("kl_in_reward") else f"loss term {read('kl_estimator')}, β {coef}"
+    kind = "in reward" if read("kl_in_reward") else "loss term"
+    return f"{kind} {read('kl_estimator')}, β {coef}"
 
 
 def algorithm_table() -> Table:
