@@ -165,15 +165,15 @@ from tests.helpers.mcp import SERVER
 from unipg.envs import EnvironmentService
 from unipg.envs.service import build_tools, close_tools
 
-def spec(*flags):
+def spec(*flags, timeout=20):
     server = {"command": sys.executable, "args": [str(SERVER), "--garbage", "500", *flags]}
-    return {"name": "mcp", "server": server, "options": {"startup_timeout": 20}}
+    return {"name": "mcp", "server": server, "options": {"startup_timeout": timeout}}
 
 tools = build_tools([spec()])  # it prints 500 lines to stdout, then serves
 print("add:", asyncio.run(EnvironmentService(tools, timeout=20).call("add", {"a": 2, "b": 3})).observation)
 close_tools(tools)
 try:
-    build_tools([spec("--mute")])  # it prints 500 lines to stdout, then never answers
+    build_tools([spec("--mute", timeout=12)])  # it prints 500 lines to stdout, then never answers
 except ValueError as error:
     print(error, file=sys.stderr)
 """
@@ -191,4 +191,4 @@ def test_a_server_writing_other_lines_to_stdout_logs_the_first_and_counts_the_re
     counted = "it wrote 500 lines to stdout that are not JSON-RPC messages (the first is logged above)"
     assert len(lines) == 4, lines  # not a traceback per line
     assert first in lines[0] and lines[1].endswith(f"--garbage 500' ended; {counted}")
-    assert first in lines[2] and lines[3].endswith(f"--mute' did not answer within 20 s; {counted}")
+    assert first in lines[2] and lines[3].endswith(f"--mute' did not answer within 12 s; {counted}")
