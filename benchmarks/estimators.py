@@ -60,8 +60,6 @@ def preset_overrides(name: str, batch_size: int) -> list[str]:
 
     preset = ALGORITHMS[name].preset_for(True)
     steps_per_batch = preset["train"]["batch_size"] // preset["train"]["mini_batch_size"]
-    if batch_size % steps_per_batch:
-        raise SystemExit(f"--batch-size {batch_size} must be a multiple of {steps_per_batch} (preset {name})")
     overrides = [f"algorithm={name}", f"train.mini_batch_size={batch_size // steps_per_batch}"]
     for section, values in preset.items():
         for key, value in values.items():
@@ -182,6 +180,9 @@ def main() -> None:
         "eval_examples": args.eval_examples,
         "extra": extra,
     }
+    if args.batch_size % 8:
+        # up to four optimizer steps per batch (a preset's mini-batch) and groups of samples_per_prompt (8)
+        parser.error(f"--batch-size must be a multiple of 8 (got {args.batch_size})")
     jobs = [(preset, seed, options) for preset in args.presets for seed in args.seeds]
     print(
         f"{args.task}: {len(args.presets)} presets × {len(args.seeds)} seeds, {args.updates} updates × "
