@@ -2,6 +2,7 @@
 on and every other session's requests go on working."""
 
 import asyncio
+import logging
 
 import httpx
 import pytest
@@ -9,6 +10,8 @@ import pytest
 from unipg.config import ConfigError, load_config
 from unipg.inference.endpoint import EndpointServer
 from unipg.inference.endpoint.server import exposure
+from unipg.inference.endpoint.sessions import tokenize
+from unipg.policy.embedded import build_tokenizer
 
 MESSAGES = [{"role": "user", "content": "What is 2*3?"}]
 
@@ -137,3 +140,14 @@ def test_leaving_loopback_needs_allow_remote_and_says_what_it_exposes():
             EndpointServer(None, None, host=host)
     notice = exposure("http://0.0.0.0:8000")
     assert "other machines" in notice and "bearer key" in notice and "not encrypted" in notice
+
+
+def test_a_prompt_longer_than_the_tokenizers_limit_logs_no_tokenizer_warning(caplog):
+    """The endpoint measures a prompt against the context itself; the tokenizer's own warning (emitted once per
+    tokenizer, so whether another test saw it first would decide) stays out of the server log."""
+    tokenizer = build_tokenizer()
+    text = "1" * (tokenizer.model_max_length + 10)
+    with caplog.at_level(logging.WARNING):
+        ids = tokenize(tokenizer, text)
+    assert len(ids) > tokenizer.model_max_length
+    assert not caplog.records, [record.getMessage() for record in caplog.records]

@@ -28,7 +28,7 @@ from unipg.inference.endpoint.render import (
     reply_key,
     tool_call_format,
 )
-from unipg.inference.endpoint.sessions import Context, Session
+from unipg.inference.endpoint.sessions import Context, Session, tokenize
 
 MAX_STOP_STRINGS = 16  # OpenAI takes 4; each is searched for at every sampled token of the whole batch
 MAX_STOP_LENGTH = 1000  # characters of one stop string
@@ -171,9 +171,7 @@ class Completions:
         messages = plain_messages(request.messages, raw, self.calls_format)
         text = render_conversation(self.tokenizer, messages, tools if self.describe_tools else None)
         context = (
-            session.context(text)
-            if session is not None
-            else Context(_tokenize(self.tokenizer, text), text, None, [], 0)
+            session.context(text) if session is not None else Context(tokenize(self.tokenizer, text), text, None, [], 0)
         )
         budget = self.budget(request, context.ids, request.max_completion_tokens or request.max_tokens)
         outputs = await self.sample(context, request, self.params(request, tools=bool(tools)), budget, session)
@@ -204,7 +202,7 @@ class Completions:
         if session is not None:
             context = session.context(text, ids)
         else:
-            context = Context(ids if ids is not None else _tokenize(self.tokenizer, text), text, None, [], 0)
+            context = Context(ids if ids is not None else tokenize(self.tokenizer, text), text, None, [], 0)
         budget = self.budget(request, context.ids, request.max_tokens)
         outputs = await self.sample(context, request, self.params(request, tools=False), budget, session)
         choices = [
@@ -278,7 +276,3 @@ def stream_chunks(response: dict, *, include_usage: bool = False):
         yield {**head, "choices": [{"index": index, "delta": {}, "finish_reason": choice["finish_reason"]}]}
     if include_usage:
         yield {**head, "choices": [], "usage": response["usage"]}
-
-
-def _tokenize(tokenizer, text: str) -> list[int]:
-    return tokenizer(text, add_special_tokens=False)["input_ids"]

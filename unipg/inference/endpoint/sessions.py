@@ -23,6 +23,12 @@ from dataclasses import dataclass, field
 from unipg.inference import TurnOutput
 
 
+def tokenize(tokenizer, text: str) -> list[int]:
+    """``text``'s token ids, no special tokens added. The endpoint measures a prompt against the model's context
+    itself (a 400 naming both lengths), so the tokenizer's warning about its ``model_max_length`` is not logged."""
+    return tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
+
+
 @dataclass
 class SessionTrajectory:
     """One sequence of calls of a session, each continuing the last one's reply."""
@@ -88,7 +94,7 @@ class Session:
         self.closed = False
 
     def tokenize(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+        return tokenize(self.tokenizer, text) if text else []
 
     def raw_text(self, token_ids: list[int]) -> str:
         """The sampled ids as the chat template writes a reply: special tokens kept, a final EOS as its own
