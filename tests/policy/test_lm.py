@@ -174,6 +174,42 @@ def test_policy_wraps_any_causal_lm_object(embedded_path):
     assert len(generation.texts) == 4 and not policy.has_critic and not policy.has_reference
 
 
+def test_the_left_padding_of_rows_that_left_the_batch_leaves_the_cache(policy, monkeypatch):
+    """The two longest prompts' rows end at their first token: once they leave the batch, the cache columns only
+    their prompts filled are dropped, and every other row samples what it samples with them kept."""
+    import unipg.policy.forward as forward
+    import unipg.policy.generation as generation
+
+    ids = [[5] * 40, [6] * 40, *prompts(policy.tokenizer, count=4)]
+    eos, draw = policy.eos_ids[0], generation.draw_next
+
+    def first_row_ends_at_once(logits, temperature, top_k, top_p, generator):
+        token, log_dist = draw(logits, temperature, top_k, top_p, generator)
+        token[token == eos] = eos + 1  # every other row runs to max_new_tokens
+        token[:2] = eos if len(steps) == 0 else token[:2]
+        steps.append(len(steps))
+        return token, log_dist
+
+    widths, trim = [], generation._trim_left_padding
+    monkeypatch.setattr(generation, "draw_next", first_row_ends_at_once)
+    monkeypatch.setattr(generation, "_trim_left_padding", lambda cache, mask: _record(widths, trim(cache, mask)))
+    steps = []
+    trimmed = policy.sample(ids, max_new_tokens=8, temperature=1.0, generator=torch.Generator().manual_seed(3))
+    assert widths and widths[0] < 40  # the 40-token prompts' padding columns left with it
+    for module in (forward, generation):  # no row selection: every row to the end, the padding kept
+        monkeypatch.setattr(module, "plain_cache", lambda cache: False)
+    steps = []
+    kept = policy.sample(ids, max_new_tokens=8, temperature=1.0, generator=torch.Generator().manual_seed(3))
+    assert trimmed.completion_lengths.tolist() == [1, 1] + [8] * 4
+    assert torch.equal(kept.completion_ids, trimmed.completion_ids) and kept.texts == trimmed.texts
+    assert torch.allclose(kept.behaviour_logprobs, trimmed.behaviour_logprobs, atol=1e-4)
+
+
+def _record(widths, mask):
+    widths.append(mask.shape[1])
+    return mask
+
+
 def test_left_padding_ends_every_prompt_at_the_last_column():
     input_ids, attention_mask = left_pad([[7, 8, 9], [5]], pad_id=0)
     assert input_ids.tolist() == [[7, 8, 9], [0, 0, 5]]
@@ -181,7 +217,7 @@ def test_left_padding_ends_every_prompt_at_the_last_column():
 
 
 def test_rows_that_finish_early_leave_the_batch_without_changing_the_samples(policy, monkeypatch):
-    """When most rows have ended, generation drops them from the KV cache and the batch; the same tokens are
+    """When a quarter of the rows have ended, generation drops them from the KV cache and the batch; the same tokens are
     sampled, with the same log-probs, as when every row is computed to the end."""
     from transformers.cache_utils import DynamicCache
 

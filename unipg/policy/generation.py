@@ -24,6 +24,11 @@ from unipg.policy.forward import (
     scaled_logits,
 )
 
+# Finished rows leave the batch and the KV cache once they are a 1/COMPACT_WHEN_FINISHED share of the running ones:
+# each removal copies the cache once, and a removed row no longer costs its share of every later step (at most
+# about log(B)/log(4/3) copies in a batch of B rows).
+COMPACT_WHEN_FINISHED = 4
+
 
 @dataclass
 class Generation:
@@ -198,14 +203,16 @@ def _decode_step(
     compact: bool,
 ):
     """Feed the ``running`` rows (batch rows, in cache order) their new ``token``; the next logits, and the
-    running rows, attention mask and positions after it. When most rows have finished (one runaway row would
-    otherwise keep the whole batch decoding) and the cache allows it (``compact``), the finished rows are
-    dropped from the cache and the batch first."""
+    running rows, attention mask and positions after it. When a quarter of the running rows have finished
+    (``COMPACT_WHEN_FINISHED``) and the cache allows it (``compact``), the finished rows are dropped from the cache
+    and the batch first, with the left padding only they needed."""
     still = ~finished[running]
-    if compact and 2 * int(still.sum()) <= len(running):
+    done = len(running) - int(still.sum())
+    if compact and done and done * COMPACT_WHEN_FINISHED >= len(running):
         keep = still.nonzero().squeeze(-1)
         cache.batch_select_indices(keep)
         running, mask, pos = running[keep], mask[keep], pos[keep]
+        mask = _trim_left_padding(cache, mask)
     mask = torch.cat([mask, mask.new_ones((len(running), 1))], dim=-1)
     pos = pos[:, -1:] + 1
     if policy.context_length is not None:  # finished rows are fed padding; keep their positions valid
@@ -218,6 +225,17 @@ def _decode_step(
         **{cache_keyword(policy.model): cache},
     ).logits[:, -1]
     return logits, running, mask, pos
+
+
+def _trim_left_padding(cache, mask: torch.Tensor) -> torch.Tensor:
+    """Drop the leading cache columns that no remaining row attends to (the left padding of longer prompts whose
+    rows have left the batch); returns the attention mask without them. Positions are per row, so unchanged."""
+    lead = int(mask.any(0).long().argmax())
+    if lead == 0:
+        return mask
+    for layer in cache.layers:
+        layer.keys, layer.values = layer.keys[:, :, lead:], layer.values[:, :, lead:]
+    return mask[:, lead:]
 
 
 def _room(policy: SamplingPolicy, prompt_ids: list[list[int]], max_new_tokens: int) -> torch.Tensor:
