@@ -16,7 +16,7 @@ from unipg.checkpoint.lm import LMCheckpointer, drop_metrics_after
 from unipg.checkpoint.store import Checkpoint
 from unipg.config import Config
 from unipg.learn.lm import LMLearner
-from unipg.observe.episodes import EpisodeLog
+from unipg.observe.episodes import SUPERSEDED_FILE, EpisodeLog, supersede_episodes_after
 from unipg.observe.metrics import MetricsLogger, Progress, Timer
 from unipg.observe.rollout_metrics import uniform_groups
 from unipg.policy.lm import LMPolicy
@@ -242,7 +242,8 @@ def resume_run(
     model_name: str,
     log: Callable[[str], None],
 ) -> tuple[int, float, list]:
-    """Load ``checkpoint`` into the run's objects and drop the metrics ``run_dir`` logged after it; its samples,
+    """Load ``checkpoint`` into the run's objects, drop the metrics ``run_dir`` logged after it and move its episode
+    records after it aside (``supersede_episodes_after``); its samples,
     train seconds and evaluation history. Warns if the reference model (``model_name`` now) changed."""
     restored = checkpointer.restore(checkpoint)
     if checkpoint.state["reference_model"] != model_name:
@@ -251,5 +252,8 @@ def resume_run(
             f"configuration now loads {model_name}; the KL term is measured against the latter"
         )
     drop_metrics_after(run_dir, checkpoint.step)
+    moved = supersede_episodes_after(run_dir, checkpoint.step)
+    if moved:
+        log(f"moved {moved} episode records of updates after {checkpoint.step} to {SUPERSEDED_FILE}")
     log(f"resuming {run_dir} from update {checkpoint.step} of {updates}")
     return restored
