@@ -29,6 +29,7 @@ from unipg.inference.endpoint.render import (
     tool_call_format,
 )
 from unipg.inference.endpoint.sessions import Context, Session, tokenize
+from unipg.inference.endpoint.tool_choice import ForcedCall, forced_call
 
 MAX_STOP_STRINGS = 16  # OpenAI takes 4; each is searched for at every sampled token of the whole batch
 MAX_STOP_LENGTH = 1000  # characters of one stop string
@@ -75,7 +76,7 @@ class ChatRequest(_Request):
     stream_options: dict[str, bool] | None = None  # {include_usage: true}
     messages: list[dict[str, Any]] = Field(..., min_length=1)
     tools: list[dict[str, Any]] | None = None
-    tool_choice: Literal["auto", "none"] | None = None
+    tool_choice: Any = None  # its forms are checked by ``tool_choice.forced_call``
     parallel_tool_calls: bool | None = None
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
@@ -166,33 +167,60 @@ class Completions:
         return list(outputs)
 
     async def chat(self, request: ChatRequest, session: Session | None) -> dict:
-        tools = check_tools(request.tools) if request.tool_choice != "none" else None
+        offered = check_tools(request.tools)
+        tools = offered if request.tool_choice != "none" else None
+        forced = forced_call(request.tool_choice, offered, self.calls_format)
+        context = self.chat_context(request, session, tools)
+        opening = forced.opening if forced is not None else ""
+        if opening:
+            context = context.opened(tokenize(self.tokenizer, opening), opening)
+        budget = self.budget(request, context.ids, request.max_completion_tokens or request.max_tokens)
+        outputs = await self.sample(context, request, self.params(request, tools=bool(tools)), budget, session)
+        choices = [
+            self.chat_choice(index, output, request, session, forced=forced, tools=bool(tools))
+            for index, output in enumerate(outputs)
+        ]
+        return self.response("chat.completion", choices, context, outputs)
+
+    def chat_context(self, request: ChatRequest, session: Session | None, tools: list[dict] | None) -> Context:
+        """Where the reply starts: the rendered conversation, continuing a trajectory of ``session`` if it can."""
         raw = session.raw_replies if session is not None else {}
         messages = plain_messages(request.messages, raw, self.calls_format)
         text = render_conversation(self.tokenizer, messages, tools if self.describe_tools else None)
-        context = (
-            session.context(text) if session is not None else Context(tokenize(self.tokenizer, text), text, None, [], 0)
-        )
-        budget = self.budget(request, context.ids, request.max_completion_tokens or request.max_tokens)
-        outputs = await self.sample(context, request, self.params(request, tools=bool(tools)), budget, session)
-        choices = []
-        for index, output in enumerate(outputs):
-            content, calls = self.calls_format.parse(output.text) if tools else (output.text, [])
-            if session is not None:
-                session.remember_reply(reply_key(content, calls), output.token_ids)
-            message: dict[str, Any] = {"role": "assistant", "content": content or (None if calls else "")}
-            if calls:
-                message["tool_calls"] = openai_tool_calls(calls)
-            logprobs = {"content": self.token_logprobs(output)} if request.logprobs else None
-            choices.append(
-                {
-                    "index": index,
-                    "message": message,
-                    "logprobs": logprobs,
-                    "finish_reason": "tool_calls" if calls else output.finish_reason,
-                }
-            )
-        return self.response("chat.completion", choices, context, outputs)
+        if session is not None:
+            return session.context(text)
+        return Context(tokenize(self.tokenizer, text), text, None, [], 0)
+
+    def chat_choice(
+        self,
+        index: int,
+        output: TurnOutput,
+        request: ChatRequest,
+        session: Session | None,
+        *,
+        forced: ForcedCall | None,
+        tools: bool,
+    ) -> dict:
+        """One choice of a chat reply: its message (tool calls parsed from a forced call's opening and what the
+        policy sampled after it), log-probs of the sampled tokens and finish reason. As OpenAI answers, a call
+        the named ``tool_choice`` forced finishes with "stop", any other call with "tool_calls"; a reply whose
+        text is no call is its content, with the sampling's finish reason."""
+        opening = forced.opening if forced is not None else ""
+        content, calls = self.calls_format.parse(opening + output.text) if tools else (output.text, [])
+        if session is not None:
+            session.remember_reply(reply_key(content, calls), output.token_ids, opening)
+        message: dict[str, Any] = {"role": "assistant", "content": content or (None if calls else "")}
+        if calls:
+            message["tool_calls"] = openai_tool_calls(calls)
+        finish = output.finish_reason
+        if calls:
+            finish = "stop" if forced is not None and forced.name is not None else "tool_calls"
+        return {
+            "index": index,
+            "message": message,
+            "logprobs": {"content": self.token_logprobs(output)} if request.logprobs else None,
+            "finish_reason": finish,
+        }
 
     async def complete(self, request: CompletionRequest, session: Session | None) -> dict:
         ids = request.prompt if isinstance(request.prompt, list) else None

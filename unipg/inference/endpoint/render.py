@@ -43,7 +43,7 @@ class ToolCallFormat:
     (arguments as JSON text) in and out of the model's text."""
 
     def __init__(self, parser: str = "hermes"):
-        self.parser = tool_parser(parser)
+        self.name, self.parser = parser, tool_parser(parser)
         self.close = self.parser.stop[0] if self.parser.stop else None  # sampling stops after a call
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:

@@ -78,6 +78,19 @@ class Context:
     trajectory: SessionTrajectory | None
     inserted: list[int]  # the tokens added after the trajectory's end (empty for a new trajectory)
     length: int  # len(trajectory.token_ids) when matched: a reply appends only if nothing came in between
+    opening: list[int] = field(default_factory=list)  # a forced tool call's start, the last of ``ids``
+
+    def opened(self, opening_ids: list[int], opening_text: str) -> Context:
+        """This context followed by the opening of a tool call the reply must make (``tool_choice``): tokens of
+        the environment, inserted before the policy samples."""
+        return Context(
+            self.ids + opening_ids,
+            self.text + opening_text,
+            self.trajectory,
+            self.inserted + opening_ids,
+            self.length,
+            list(opening_ids),
+        )
 
 
 class Session:
@@ -143,13 +156,15 @@ class Session:
 
     def record(self, context: Context, outputs: list[TurnOutput]) -> list[SessionTrajectory]:
         """Add a call's replies: the first extends the context's trajectory (if it is still where the call
-        found it), the others (``n`` > 1) start trajectories of their own from the same context."""
+        found it), the others (``n`` > 1) start trajectories of their own from the same context. A forced tool
+        call's opening is inserted (loss mask 0) after the prompt of a new trajectory too."""
         self.calls += 1
         recorded = []
         for index, output in enumerate(outputs):
             trajectory = context.trajectory
             if index > 0 or trajectory is None or len(trajectory.token_ids) != context.length:
-                trajectory = SessionTrajectory(list(context.ids), context.text)
+                trajectory = SessionTrajectory(context.ids[: len(context.ids) - len(context.opening)], context.text)
+                trajectory.insert(context.opening)
                 self.trajectories.append(trajectory)
             else:
                 trajectory.insert(context.inserted)
@@ -159,10 +174,11 @@ class Session:
         self.last = recorded[0] if recorded else self.last
         return recorded
 
-    def remember_reply(self, key: tuple, token_ids: list[int]) -> None:
-        """The reply returned as ``key`` renders, when sent back, as the text of its sampled ids."""
+    def remember_reply(self, key: tuple, token_ids: list[int], opening: str = "") -> None:
+        """The reply returned as ``key`` renders, when sent back, as the text of its sampled ids (after the
+        ``opening`` of a forced tool call, inserted before them)."""
         ended = bool(token_ids) and token_ids[-1] in self.eos_ids
-        self.raw_replies[key] = self.raw_text(token_ids[:-1] if ended else token_ids)
+        self.raw_replies[key] = opening + self.raw_text(token_ids[:-1] if ended else token_ids)
 
 
 class Sessions:
