@@ -102,6 +102,15 @@ def test_same_seed_same_tokens(runner, policy):
     assert [o.token_ids for o in first] == [o.token_ids for o in second]
 
 
+def test_a_requests_own_seed_decides_its_tokens_whatever_the_services_generator(runner, policy):
+    seeded = SamplingParams(seed=11)
+    first = generate(runner, prompts(policy, 2), seed=1, params=seeded)
+    second = generate(runner, prompts(policy, 2), seed=2, params=seeded)
+    assert [o.token_ids for o in first] == [o.token_ids for o in second]
+    unseeded = [generate(runner, prompts(policy, 2), seed=seed) for seed in (1, 2)]
+    assert [o.token_ids for o in unseeded[0]] != [o.token_ids for o in unseeded[1]]  # the generator's seeds differ
+
+
 def test_a_requests_own_stop_strings_cut_its_text(runner, policy):
     [whole] = generate(runner, prompts(policy, 1), seed=5)
     stop = next(character for character in whole.text[1:] if not character.isspace())

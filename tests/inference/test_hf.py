@@ -1,4 +1,5 @@
-"""The hf engine's batching: a request the sampler cannot serve fails alone, whoever it is batched with."""
+"""The hf engine's batching: a request the sampler cannot serve fails alone, and a seeded request is sampled the
+same, whoever it is batched with."""
 
 import asyncio
 
@@ -62,3 +63,15 @@ def test_a_top_p_too_small_for_float32_keeps_the_likeliest_token(policy):
         policy, [([4, 5, 6], SamplingParams(top_p=1e-300)), ([4, 5, 6], SamplingParams(temperature=0.0))]
     )
     assert nucleus.token_ids == greedy.token_ids
+
+
+def test_a_seeded_request_samples_the_same_tokens_whatever_it_is_batched_with(policy):
+    context, seeded = [4, 5, 6], SamplingParams(temperature=1.0, seed=11)
+    [alone], _ = batched(policy, [(context, seeded)])
+    crowded, service = batched(
+        policy, [([7, 8], None), (context, seeded), ([9] * 5, None), (context, SamplingParams(temperature=1.0))]
+    )
+    assert crowded[1].token_ids == alone.token_ids and crowded[1].behaviour_logprobs == alone.behaviour_logprobs
+    assert service.batches == [3, 1]  # the unseeded requests batched together, the seeded one alone
+    [other], _ = batched(policy, [(context, SamplingParams(temperature=1.0, seed=12))])
+    assert other.token_ids != alone.token_ids

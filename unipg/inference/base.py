@@ -48,6 +48,7 @@ class SamplingParams:
     top_k: int | None = None
     stop: list[str] | None = None
     keep_stop: tuple[str, ...] = ()  # stop strings that belong to the turn's text (a call's closing tag)
+    seed: int | None = None  # the request's own: its tokens drawn from a generator of this seed, whatever the batch
 
     def __post_init__(self):
         # the values the config and the endpoint refuse never reach a sampler (unipg.config.sampling)

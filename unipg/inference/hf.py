@@ -15,6 +15,10 @@ calls, so an episode's turns may come from different versions; each turn records
 A request the sampler cannot serve (its context, its parameters) fails alone: a batched call that raises is
 retried in halves down to the requests that fail, and only those get the error.
 
+A request with a ``seed`` of its own (``SamplingParams.seed``) is sampled alone, from a generator of that seed:
+the batched sampler draws every row from one generator, so a row's draws would depend on the rows beside it.
+Its turn is then the same whatever else is pending, at the cost of a generate call of its own.
+
 The sampler is the trainer's own model code (``LMPolicy.sample``), so its behaviour log-probs are the trainer's.
 """
 
@@ -149,9 +153,10 @@ class HFService:
                 kinds.append(params)
         for params in kinds:
             rows = [row for row, own in enumerate(chosen) if own == params]
-            sampled = self._sample_apart([batch[row][1] for row in rows], [batch[row][2] for row in rows], params)
-            for row, output in zip(rows, sampled):
-                outputs[row] = output
+            for group in [rows] if params.seed is None else [[row] for row in rows]:  # a seeded request alone
+                contexts, budgets = [batch[row][1] for row in group], [batch[row][2] for row in group]
+                for row, output in zip(group, self._sample_apart(contexts, budgets, params)):
+                    outputs[row] = output
         return outputs
 
     def _sample_apart(
@@ -175,6 +180,7 @@ class HFService:
     ) -> list[TurnOutput]:
         start = time.perf_counter()
         params = params or self.params
+        generator = self.generator if params.seed is None else torch.Generator().manual_seed(params.seed)
         generation = self.policy.sample(
             contexts,
             max_new_tokens=max(budgets),
@@ -183,7 +189,7 @@ class HFService:
             top_k=params.top_k,
             stop=params.stop,
             keep_stop=params.keep_stop,
-            generator=self.generator,
+            generator=generator,
         )
         self.batches.append(len(contexts))
         self.turns += len(contexts)

@@ -252,7 +252,9 @@ class VLLMService:
                     "and, for multi-turn tasks, agent.max_total_tokens"
                 )
             budget = min(budget, policy.context_length - len(context_ids))
-        seed = request_seed(self.generator) if self.generator is not None else None
+        seed = params.seed
+        if seed is None and self.generator is not None:
+            seed = request_seed(self.generator)
         sampling = vllm_sampling(params, max_tokens=budget, seed=seed, eos_ids=policy.eos_ids)
         loop = asyncio.get_running_loop()
         answer = loop.create_future()

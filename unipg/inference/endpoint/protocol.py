@@ -1,14 +1,17 @@
 """The OpenAI requests the endpoint accepts, and how it answers them from the inference engine.
 
 A request field the endpoint cannot honour is refused (HTTP 400 naming the field) rather than ignored:
-an agent that asks for ``seed`` or ``top_logprobs`` and silently gets something else would train on a
+an agent that asks for ``top_logprobs`` and silently gets something else would train on a
 distribution it did not ask for. Fields that change nothing here (``user``, ``metadata``, ``store``,
-``parallel_tool_calls``) are accepted.
+``parallel_tool_calls``) are accepted. A ``seed`` is honoured: each choice is sampled from a seed drawn from it
+(``choice_seeds``), by a generator of its own, so the same body with the same seed gets the same reply whatever
+the engine batches it with (on the same weights and engine).
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -44,6 +47,7 @@ class _Request(BaseModel):
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     max_tokens: int | None = Field(None, ge=1)
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)  # OpenAI's range: a 64-bit integer
     stop: str | list[str] | None = None
     stream: Literal[False] | None = None  # text completions are not streamed
     user: str | None = None
@@ -156,11 +160,11 @@ class Completions:
         self, context: Context, request: _Request, params: SamplingParams, budget: int, session: Session | None
     ) -> list[TurnOutput]:
         order = session.order if session is not None else 0
+        choices = [params] * request.n
+        if request.seed is not None:
+            choices = [replace(params, seed=seed) for seed in choice_seeds(request.seed, request.n)]
         outputs = await asyncio.gather(
-            *(
-                self.engine.generate(context.ids, max_new_tokens=budget, order=order, params=params)
-                for _ in range(request.n)
-            )
+            *(self.engine.generate(context.ids, max_new_tokens=budget, order=order, params=own) for own in choices)
         )
         if session is not None:
             session.record(context, list(outputs))
@@ -279,6 +283,13 @@ class Completions:
             "top_logprobs": None,
             "text_offset": offsets,
         }
+
+
+def choice_seeds(seed: int, n: int) -> list[int]:
+    """The engine's seeds of a request's ``n`` choices: drawn from the request's ``seed``, so its choices differ
+    from each other and are the same for every request with that seed."""
+    draw = random.Random(seed)
+    return [draw.getrandbits(62) for _ in range(n)]
 
 
 def stream_chunks(response: dict, *, include_usage: bool = False):
