@@ -1,5 +1,5 @@
-"""Sequence-level ratio losses: GSPO, GSPO-token, GMPO — hand examples from the papers' formulas and the limits
-where they reduce to PPO-clip."""
+"""Sequence-level ratio losses: GSPO, GSPO-token, GMPO, LUSPO, VESPO — hand examples from the papers' formulas and
+the limits where they reduce to PPO-clip, GSPO or REINFORCE."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from unipg.estimate import POLICY_LOSSES
-from unipg.estimate.losses import ppo_clip_loss
-from unipg.estimate.sequence_losses import gmpo_loss, gspo_loss, gspo_token_loss
+from unipg.estimate.losses import policy_gradient_loss, ppo_clip_loss
+from unipg.estimate.sequence_losses import gmpo_loss, gspo_loss, gspo_token_loss, luspo_loss, vespo_kernel, vespo_loss
 
 
 def t(rows) -> torch.Tensor:
@@ -109,6 +109,75 @@ def test_gspo_presets_default_to_the_papers_narrow_clip():
 
 
 # ------------------------------------------------------------------------------------------------
+# LUSPO
+
+
+def test_luspo_hand_example_scales_each_response_by_its_length():
+    # GSPO's hand example: row 0 (2 tokens) s = e^−0.1, A = 1; row 1 (1 token) s = e^0.2, A = −1 (unclipped side)
+    logprobs = t([[0.1, -0.3, 9.0], [0.2, 0.0, 0.0]]).requires_grad_(True)
+    mask = t([[1, 1, 0], [1, 0, 0]])
+    advantages = t([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]])
+    output = luspo_loss(logprobs, torch.zeros(2, 3), advantages, mask, clip_low=0.2, clip_high=0.2)
+    s0, s1 = math.exp(-0.1), math.exp(0.2)
+    assert output.loss.item() == pytest.approx(-(2 * s0 * 1.0 + 1 * s1 * -1.0) / 2)
+    output.loss.backward()
+    # −|y_i| s_i A_i · (1/|y_i|) / B = −s_i A_i / B on every token, whatever the response's length
+    assert torch.allclose(logprobs.grad, t([[-s0 / 2, -s0 / 2, 0.0], [s1 / 2, 0.0, 0.0]]))
+    assert output.metrics["clip_fraction"].item() == 0.0
+
+
+def test_luspo_is_gspo_summed_over_each_responses_tokens():
+    logprobs, behaviour, advantages, mask = random_batch(1, scale=0.1)
+    options = {"clip_low": 0.02, "clip_high": 0.03}
+    luspo = value_and_grad(luspo_loss, logprobs, behaviour, advantages, mask, **options)
+    gspo = value_and_grad(gspo_loss, logprobs, behaviour, advantages, mask, agg_mode="seq-mean-token-sum", **options)
+    assert luspo[0] == pytest.approx(gspo[0]) and torch.allclose(luspo[1], gspo[1])
+    equal_lengths = torch.ones_like(mask)  # every response 6 tokens long: LUSPO = 6 × GSPO
+    luspo = value_and_grad(luspo_loss, logprobs, behaviour, advantages, equal_lengths, **options)
+    gspo = value_and_grad(gspo_loss, logprobs, behaviour, advantages, equal_lengths, **options)
+    assert luspo[0] == pytest.approx(6 * gspo[0]) and torch.allclose(luspo[1], 6 * gspo[1])
+
+
+# ------------------------------------------------------------------------------------------------
+# VESPO
+
+
+def test_vespo_hand_example_value_and_gradient():
+    # row 0: log ρ = (0.1, −0.3) → W = e^−0.2, A = +1 → φ = W² e^{3(1−W)}
+    # row 1: log ρ = 0.2 (one token) → W = e^0.2, A = −1 → φ = W³ e^{2(1−W)}
+    logprobs = t([[0.1, -0.3, 9.0], [0.2, 0.0, 0.0]]).requires_grad_(True)
+    mask = t([[1, 1, 0], [1, 0, 0]])
+    advantages = t([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]])
+    output = vespo_loss(logprobs, torch.zeros(2, 3), advantages, mask)
+    w0, w1 = math.exp(-0.2), math.exp(0.2)
+    phi0, phi1 = w0**2 * math.exp(3 * (1 - w0)), w1**3 * math.exp(2 * (1 - w1))
+    # token-mean of −φ_i A_t log π_t over the 3 valid tokens
+    assert output.loss.item() == pytest.approx(-(phi0 * (0.1 - 0.3) + phi1 * -1.0 * 0.2) / 3)
+    output.loss.backward()
+    assert torch.allclose(logprobs.grad, t([[-phi0 / 3, -phi0 / 3, 0.0], [phi1 / 3, 0.0, 0.0]]))
+    assert output.metrics["kernel_mean"].item() == pytest.approx((phi0 + phi1) / 2)
+    assert output.metrics["ratio_max"].item() == pytest.approx(w1)
+
+
+def test_vespo_on_policy_is_reinforce():
+    logprobs, _, advantages, mask = random_batch(2)
+    behaviour = logprobs.detach().clone()  # W = 1, φ(1) = 1
+    vespo = value_and_grad(vespo_loss, logprobs, behaviour, advantages, mask)
+    reinforce = value_and_grad(policy_gradient_loss, logprobs, advantages, mask)
+    assert vespo[0] == pytest.approx(reinforce[0]) and torch.allclose(vespo[1], reinforce[1])
+
+
+def test_vespo_kernel_peaks_at_k_over_lambda_and_fades_far_off_policy():
+    ratios = t([1e-6, 0.5, 2.0 / 3.0, 1.0, 2.0, 20.0])
+    kernel = vespo_kernel(ratios, 2.0, 3.0)
+    assert kernel[3].item() == pytest.approx(1.0)
+    assert kernel.argmax().item() == 2  # W = k/λ
+    assert kernel[0].item() < 1e-10 and kernel[-1].item() < 1e-20
+    with pytest.raises(ValueError, match="must be ≥ 0"):
+        vespo_loss(t([[0.0]]), t([[0.0]]), t([[1.0]]), t([[1.0]]), k_neg=-1.0)
+
+
+# ------------------------------------------------------------------------------------------------
 # GMPO
 
 
@@ -143,11 +212,12 @@ def test_gmpo_rejects_a_dual_clip():
         gmpo_loss(t([[0.0]]), t([[0.0]]), t([[1.0]]), t([[1.0]]), dual_clip=3.0)
 
 
-@pytest.mark.parametrize("loss", [gspo_loss, gspo_token_loss, gmpo_loss])
+@pytest.mark.parametrize("loss", [gspo_loss, gspo_token_loss, gmpo_loss, luspo_loss, vespo_loss])
 def test_an_empty_response_adds_no_loss_and_no_nan(loss):
     logprobs = t([[0.1, 0.2], [5.0, 5.0]]).requires_grad_(True)
     mask = t([[1, 1], [0, 0]])
-    output = loss(logprobs, torch.zeros(2, 2), t([[1.0, 1.0], [1.0, 1.0]]), mask, clip_low=0.2, clip_high=0.2)
+    options = {} if loss is vespo_loss else {"clip_low": 0.2, "clip_high": 0.2}
+    output = loss(logprobs, torch.zeros(2, 2), t([[1.0, 1.0], [1.0, 1.0]]), mask, **options)
     output.loss.backward()
     assert math.isfinite(output.loss.item()) and torch.all(logprobs.grad[1] == 0)
     assert all(math.isfinite(value.item()) for value in output.metrics.values())

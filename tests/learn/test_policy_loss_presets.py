@@ -1,5 +1,6 @@
-"""The presets that pair group advantages with another policy loss (GSPO, CISPO, SAPO, GMPO, Clip-Cov, KL-Cov, GPG): one
-update of the embedded model through the learner, two optimizer steps so that the second one is off-policy."""
+"""The presets that pair group advantages with another policy loss (GSPO, LUSPO, VESPO, CISPO, SAPO, GMPO, Clip-Cov,
+KL-Cov, GPG): one update of the embedded model through the learner, two optimizer steps so that the second one is
+off-policy."""
 
 import math
 
@@ -18,6 +19,8 @@ from unipg.runtime.lm import train_lm
 # what each loss reports beside policy_loss and approx_kl
 OWN_METRIC = {
     "gspo": "clip_fraction",
+    "luspo": "clip_fraction",
+    "vespo": "kernel_mean",
     "cispo": "clip_fraction",
     "sapo": "gate_slope_mean",
     "gmpo": "clip_fraction",

@@ -32,6 +32,25 @@ POLICY_LOSS_PRESETS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
         {"policy_loss": "cispo", "weight_clip_low": None, "weight_clip_high": 0.2, "loss_agg_mode": "token-mean"},
         _OFF_POLICY_STEPS,
     ),
+    "luspo": (
+        "LUSPO: GSPO with each response's loss scaled by its length, so a token's gradient does not shrink in long "
+        "responses (GSPO's clip range), group advantages, no KL (Liu et al. 2026)",
+        {"policy_loss": "luspo", "clip_range": 3e-4, "clip_range_high": 4e-4, "loss_agg_mode": "seq-mean-token-mean"},
+        _OFF_POLICY_STEPS,
+    ),
+    "vespo": (
+        "VESPO: REINFORCE weighted by a smooth kernel W^k e^{λ(1−W)} of the whole response's ratio (k/λ 2/3 for A ≥ 0, "
+        "3/2 for A < 0), group advantages, token-mean, no KL (Shen et al. 2026)",
+        {
+            "policy_loss": "vespo",
+            "vespo_k_pos": 2.0,
+            "vespo_lambda_pos": 3.0,
+            "vespo_k_neg": 3.0,
+            "vespo_lambda_neg": 2.0,
+            "loss_agg_mode": "token-mean",
+        },
+        _OFF_POLICY_STEPS,
+    ),
     "sapo": (
         "SAPO: a smooth sigmoid gate on the token ratio instead of the clip (τ_pos 1.0, τ_neg 1.05), group "
         "advantages, no KL (Gao et al. 2025)",

@@ -132,6 +132,14 @@ class EstimatorConfig(Section):
     """sapo: gate temperature τ for tokens with a positive advantage (larger: the gate closes sooner)."""
     sapo_tau_neg: float = Field(1.05, gt=0.0)
     """sapo: gate temperature τ for tokens with a non-positive advantage (the paper: slightly above sapo_tau_pos)."""
+    vespo_k_pos: float = Field(2.0, ge=0.0)
+    """vespo: exponent k of the kernel W^k e^{λ(1−W)} for responses with a non-negative advantage."""
+    vespo_lambda_pos: float = Field(3.0, ge=0.0)
+    """vespo: decay λ of the kernel for responses with a non-negative advantage (larger: off-policy ones fade sooner)."""
+    vespo_k_neg: float = Field(3.0, ge=0.0)
+    """vespo: exponent k of the kernel for responses with a negative advantage."""
+    vespo_lambda_neg: float = Field(2.0, ge=0.0)
+    """vespo: decay λ of the kernel for responses with a negative advantage."""
     clip_cov_ratio: float = Field(2e-4, gt=0.0, le=1.0)
     """clip_cov: share of the valid tokens whose gradient is dropped, drawn among those with covariance in (lb, ub)."""
     clip_cov_lb: float = 1.0

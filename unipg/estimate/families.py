@@ -14,6 +14,8 @@ LOSS_AXES: dict[str, tuple[str, str]] = {
     "decoupled_ppo": ("token, against π_prox", "hard clip, × capped π_prox/μ"),
     "gspo": ("sequence (length-normalised)", "hard clip"),
     "gspo_token": ("sequence value, token gradient", "hard clip"),
+    "luspo": ("sequence (length-normalised)", "hard clip, × response length"),
+    "vespo": ("sequence (product of token ratios)", "smooth kernel W^k e^{λ(1−W)}, gradient stopped"),
     "gmpo": ("sequence (geometric mean)", "per-token clip in log space"),
     "cispo": ("token", "clipped weight, gradient stopped"),
     "sapo": ("token", "soft sigmoid gate, τ by sign of A"),

@@ -1,4 +1,4 @@
-"""Policy losses whose importance ratio is taken per sequence: GSPO, GSPO-token and GMPO.
+"""Policy losses whose importance ratio is taken per sequence: GSPO, GSPO-token, GMPO, LUSPO and VESPO.
 
 Each is the unified objective J = E_μ[ρ · A · w] with ρ the length-normalised ratio of a whole response,
 
@@ -9,13 +9,14 @@ left out). A row of the (B, T) tensors is one response (one episode for multi-tu
 loss is written on each of its tokens and reduced with ``aggregate``; the papers' own reduction is
 "seq-mean-token-mean" (every response weighs the same), which is what their presets set. The sequence advantage
 is the mean of the token advantages over the response; for the group estimators (one score per response) it is
-that score's advantage.
+that score's advantage. VESPO alone takes the plain product of the token ratios (no length normalisation).
 """
 
 from __future__ import annotations
 
 import torch
 
+from unipg.estimate.gated_losses import _LOG_RATIO_BOUND
 from unipg.estimate.losses import (
     _CLIP_OPTIONS,
     _PG_INPUTS,
@@ -27,7 +28,7 @@ from unipg.estimate.losses import (
     _ratio_metrics,
     aggregate,
 )
-from unipg.estimate.masked import masked_mean
+from unipg.estimate.masked import masked_mean, masked_sum
 
 _RATIO_INPUTS = (*_PG_INPUTS, "behaviour_logprobs")
 
@@ -174,3 +175,113 @@ def gmpo_loss(
     )
     metrics["clip_fraction"] = masked_mean(clipped.detach(), mask)
     return LossOutput(loss=aggregate(per_token, mask, mode=agg_mode), metrics=metrics)
+
+
+@POLICY_LOSSES.register("luspo", inputs=_RATIO_INPUTS, options=_CLIP_OPTIONS)
+def luspo_loss(
+    logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float = 3e-4,
+    clip_high: float | None = 4e-4,
+    dual_clip: float | None = None,
+    agg_mode: str = "seq-mean-token-mean",
+    weights: torch.Tensor | None = None,
+) -> LossOutput:
+    """LUSPO (Liu et al. 2026, arXiv:2602.05261): GSPO with each response's loss scaled by its length |y_i|.
+
+    Length-unbiased sequence policy optimization:
+
+        loss_i = −|y_i| · min(s_i A_i, clip(s_i, 1 − ε_low, 1 + ε_high) A_i),    written on every token of response i,
+
+    that is ``gspo_loss`` with the weight w_i = |y_i| (times any w_t). Under "seq-mean-token-mean" (the preset) the
+    loss is 1/B Σ_i |y_i| J_i (TRL's loss_type "luspo"), the same value as GSPO reduced by "seq-mean-token-sum". GSPO's
+    gradient on a token is s_i A_i / |y_i|, so a short response moves each of its tokens more than a long one with
+    the same advantage and training drifts towards short answers; here it is s_i A_i whatever the length. Clip and
+    metrics as ``gspo_loss``.
+    """
+    lengths = mask.to(logprobs.dtype).sum(dim=-1, keepdim=True)  # (B, 1) |y_i|
+    length_weights = lengths.expand_as(logprobs) if weights is None else lengths * weights
+    return gspo_loss(
+        logprobs,
+        behaviour_logprobs,
+        advantages,
+        mask,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        dual_clip=dual_clip,
+        agg_mode=agg_mode,
+        weights=length_weights,
+    )
+
+
+def vespo_kernel(sequence_ratio: torch.Tensor, k: torch.Tensor | float, lam: torch.Tensor | float) -> torch.Tensor:
+    """VESPO's reshaping kernel φ(W) = W^k · e^{λ (1 − W)} (Shen et al. 2026, arXiv:2602.10693), φ(1) = 1.
+
+    A gamma-shaped weight of the sequence ratio W: 0 at W = 0, largest at W = k/λ, decaying exponentially for large W.
+    Computed in log space, log φ = k log W + λ (1 − W).
+    """
+    return torch.exp(k * torch.log(sequence_ratio) + lam * (1.0 - sequence_ratio))
+
+
+@POLICY_LOSSES.register(
+    "vespo",
+    inputs=_RATIO_INPUTS,
+    options={
+        "vespo_k_pos": "k_pos",
+        "vespo_lambda_pos": "lambda_pos",
+        "vespo_k_neg": "k_neg",
+        "vespo_lambda_neg": "lambda_neg",
+        "loss_agg_mode": "agg_mode",
+    },
+)
+def vespo_loss(
+    logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    k_pos: float = 2.0,
+    lambda_pos: float = 3.0,
+    k_neg: float = 3.0,
+    lambda_neg: float = 2.0,
+    agg_mode: str = "token-mean",
+    weights: torch.Tensor | None = None,
+) -> LossOutput:
+    """VESPO (Shen et al. 2026, arXiv:2602.10693): REINFORCE weighted by a smooth kernel of the whole sequence's ratio.
+
+    Variational sequence-level soft policy optimization:
+
+        loss_t = −sg(φ(W_i)) · A_t · log π_θ(a_t|s_t) · w_t,    W_i = Π_t ρ_t = π_θ(y_i|x) / μ(y_i|x),
+        φ(W) = W^k · e^{λ (1 − W)},    (k, λ) = (k_pos, λ_pos) if A_i ≥ 0 else (k_neg, λ_neg),
+
+    with A_i the response's mean token advantage. W_i is the true sequence ratio, not GSPO's length-normalised one,
+    and no token's gradient is dropped: the kernel (``vespo_kernel``) scales the whole response's REINFORCE gradient
+    down smoothly as it drifts off-policy. Defaults are TRL's and the authors' code's (k 2 / λ 3 for A ≥ 0, k 3 / λ 2
+    for A < 0); their reduction is "token-mean". On-policy (W = 1, φ = 1) this is ``policy_gradient_loss``. Token log
+    ratios and log W are bounded to ±20 so that exp() stays finite. Metrics: approx_kl (token k3), ratio_mean and
+    ratio_max of W over responses, kernel_mean (mean φ over responses).
+    """
+    if min(k_pos, k_neg) < 0 or min(lambda_pos, lambda_neg) < 0:
+        raise ValueError(
+            f"vespo_k_pos ({k_pos}), vespo_k_neg ({k_neg}), vespo_lambda_pos ({lambda_pos}) and vespo_lambda_neg "
+            f"({lambda_neg}) must be ≥ 0 (TRL: 2, 3, 3, 2)"
+        )
+    token_log_ratio = (logprobs.detach() - behaviour_logprobs).clamp(-_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)
+    log_ratio = masked_sum(token_log_ratio, mask, dim=-1).clamp(-_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)  # (B,) log W_i
+    sequence_ratio = torch.exp(log_ratio)
+    positive = masked_mean(advantages.detach(), mask, dim=-1) >= 0  # (B,) sign of A_i
+    k = torch.where(positive, k_pos, k_neg).to(sequence_ratio.dtype)
+    lam = torch.where(positive, lambda_pos, lambda_neg).to(sequence_ratio.dtype)
+    kernel = vespo_kernel(sequence_ratio, k, lam)  # (B,) φ(W_i), constant
+    per_token = -kernel[:, None] * advantages.detach() * logprobs
+    has_tokens = (mask.to(logprobs.dtype).sum(-1) > 0).to(logprobs.dtype)  # (B,)
+    metrics = {
+        "approx_kl": masked_mean(torch.expm1(token_log_ratio) - token_log_ratio, mask),
+        "ratio_mean": masked_mean(sequence_ratio, has_tokens),
+        "ratio_max": (sequence_ratio * has_tokens).max(),
+        "kernel_mean": masked_mean(kernel, has_tokens),
+    }
+    return LossOutput(loss=aggregate(_apply_weights(per_token, weights), mask, mode=agg_mode), metrics=metrics)
