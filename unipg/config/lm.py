@@ -155,6 +155,9 @@ class EndpointConfig(Section):
     """largest request body accepted (larger: HTTP 413)."""
     max_n: int = Field(16, ge=1)
     """most choices (``n``) one request may ask for."""
+    any_model_name: bool = False
+    """answer requests whatever their ``model`` names (for an agent that cannot be told the name); by default only
+    the served name, unipg, is answered and another is a 404 model_not_found, as OpenAI answers."""
 
     @model_validator(mode="after")
     def _loopback_unless_allowed(self) -> EndpointConfig:

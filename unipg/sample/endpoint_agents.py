@@ -161,7 +161,12 @@ class ExternalAgentLoop:
         self.sessions = Sessions(tokenizer, eos_ids=eos_ids)
         limits = Limits(max_tokens=max_tokens, max_n=endpoint.max_n, context_length=context_length)
         self.completions = Completions(
-            engine, tokenizer, limits, describe_tools=describe_tools, tool_parser=tool_parser
+            engine,
+            tokenizer,
+            limits,
+            any_model_name=endpoint.any_model_name,
+            describe_tools=describe_tools,
+            tool_parser=tool_parser,
         )
         self.server = EndpointServer(
             self.completions,

@@ -9,11 +9,11 @@ set_tracing_disabled(True)
 
 
 async def two_turns(base_url, api_key, example):
-    """Asks, adds a tool result to the conversation, asks again; returns its last reply as the answer."""
+    """Asks, adds a message to the conversation, asks again; returns its last reply as the answer."""
     async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
         messages = [{"role": "user", "content": example.prompt}]
         first = await client.chat.completions.create(model="unipg", messages=messages, max_tokens=8)
-        messages += [first.choices[0].message.model_dump(exclude_none=True), {"role": "tool", "content": "6"}]
+        messages += [first.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "6"}]
         second = await client.chat.completions.create(model="unipg", messages=messages, max_tokens=8)
     return {"answer": second.choices[0].message.content or ""}
 

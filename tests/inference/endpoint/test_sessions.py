@@ -48,11 +48,11 @@ def test_a_reply_sent_back_continues_with_the_sampled_ids_not_a_re_tokenisation(
     sampled = turn([a, b, end], "ab")
     session.record(first, [sampled])
     session.remember_reply(reply_key("ab", []), sampled.token_ids)
-    history += [{"role": "assistant", "content": "ab"}, {"role": "tool", "content": "7"}]
+    history += [{"role": "assistant", "content": "ab"}, {"role": "user", "content": "7"}]
     second = follow_up(session, bpe, history)
     [trajectory] = session.trajectories
     assert second.trajectory is trajectory
-    assert second.ids == first.ids + [a, b, end] + ids(bpe, "<|tool|>7<|end|><|assistant|>")
+    assert second.ids == first.ids + [a, b, end] + ids(bpe, "<|user|>7<|end|><|assistant|>")
     session.record(second, [turn([b, end], "b")])
     assert session.trajectories == [trajectory] and trajectory.turns == 2
     assert trajectory.ids == second.ids + [b, end]

@@ -113,13 +113,16 @@ class Completions:
         limits: Limits,
         *,
         model_name: str = "unipg",
+        any_model_name: bool = False,
         describe_tools: bool = True,
         tool_parser: str | None = None,
     ):
-        """``describe_tools``: render the request's ``tools`` into the prompt (else they only enable parsing);
-        ``tool_parser``: the run's tool-call format (None: the one of the tokenizer's chat template)."""
+        """``model_name``: the model's name in requests and replies; ``any_model_name``: accept requests for any
+        model name (else another name is a 404, as OpenAI answers a model it does not have); ``describe_tools``:
+        render the request's ``tools`` into the prompt (else they only enable parsing); ``tool_parser``: the run's
+        tool-call format (None: the one of the tokenizer's chat template)."""
         self.engine, self.tokenizer, self.limits = engine, tokenizer, limits
-        self.model_name, self.describe_tools = model_name, describe_tools
+        self.model_name, self.any_model_name, self.describe_tools = model_name, any_model_name, describe_tools
         self.calls_format = tool_call_format(tokenizer) if tool_parser is None else ToolCallFormat(tool_parser)
 
     def params(self, request: _Request, *, tools: bool) -> SamplingParams:
@@ -141,19 +144,39 @@ class Completions:
             keep_stop=keep,
         )
 
-    def budget(self, request: _Request, context_ids: list[int], asked: int | None) -> int:
+    def serves(self, model: str | None) -> None:
+        """Check the request's ``model``: the served name, any name with ``any_model_name``, or none (the served
+        model); another is a 404 ``model_not_found``, as OpenAI answers."""
+        if model is None or self.any_model_name or model == self.model_name:
+            return
+        raise RequestError(
+            f"The model {model[:100]!r} does not exist: this endpoint serves {self.model_name!r} "
+            "(endpoint.any_model_name: true accepts any name)",
+            status=404,
+            code="model_not_found",
+        )
+
+    def budget(self, request: _Request, context_ids: list[int], asked: int | None, prompt: str) -> int:
+        """Tokens to generate per choice: ``asked`` (``max_tokens``; none: as many as fit), cut to this endpoint's
+        limit (``Limits.max_tokens``). A prompt that fills the model's context, or ``asked`` tokens that would not
+        fit after it, is a 400 naming ``prompt`` (the prompt's field), as OpenAI answers, rather than a reply
+        shortened to fit."""
         if request.n > self.limits.max_n:
             raise RequestError(f"n ({request.n}) is more than this endpoint's limit of {self.limits.max_n}", "n")
         budget = min(asked or self.limits.max_tokens, self.limits.max_tokens)
-        if self.limits.context_length is not None:
-            room = self.limits.context_length - len(context_ids)
-            if room <= 0:
+        length, context = len(context_ids), self.limits.context_length
+        if context is not None:
+            if length >= context or (asked is not None and length + asked > context):
+                wanted = f"{length} tokens in the prompt, which leaves no room for a completion"
+                if asked is not None:
+                    wanted = f"{length + asked} tokens ({length} in the prompt, {asked} in the completion)"
                 raise RequestError(
-                    f"the prompt ({len(context_ids)} tokens) fills the model's context of "
-                    f"{self.limits.context_length} tokens",
-                    "messages",
+                    f"This model's maximum context length is {context} tokens. However, you requested {wanted}. "
+                    "Please reduce the length of the prompt or of max_tokens.",
+                    prompt,
+                    code="context_length_exceeded",
                 )
-            budget = min(budget, room)
+            budget = min(budget, context - length)
         return budget
 
     async def sample(
@@ -174,11 +197,12 @@ class Completions:
         offered = check_tools(request.tools)
         tools = offered if request.tool_choice != "none" else None
         forced = forced_call(request.tool_choice, offered, self.calls_format)
+        self.serves(request.model)
         context = self.chat_context(request, session, tools)
         opening = forced.opening if forced is not None else ""
         if opening:
             context = context.opened(tokenize(self.tokenizer, opening), opening)
-        budget = self.budget(request, context.ids, request.max_completion_tokens or request.max_tokens)
+        budget = self.budget(request, context.ids, request.max_completion_tokens or request.max_tokens, "messages")
         outputs = await self.sample(context, request, self.params(request, tools=bool(tools)), budget, session)
         choices = [
             self.chat_choice(index, output, request, session, forced=forced, tools=bool(tools))
@@ -227,6 +251,7 @@ class Completions:
         }
 
     async def complete(self, request: CompletionRequest, session: Session | None) -> dict:
+        self.serves(request.model)
         ids = request.prompt if isinstance(request.prompt, list) else None
         if ids is not None and not all(0 <= token < len(self.tokenizer) for token in ids):
             raise RequestError("prompt holds token ids outside the vocabulary", "prompt")
@@ -235,7 +260,7 @@ class Completions:
             context = session.context(text, ids)
         else:
             context = Context(ids if ids is not None else tokenize(self.tokenizer, text), text, None, [], 0)
-        budget = self.budget(request, context.ids, request.max_tokens)
+        budget = self.budget(request, context.ids, request.max_tokens, "prompt")
         outputs = await self.sample(context, request, self.params(request, tools=False), budget, session)
         choices = [
             {

@@ -18,11 +18,12 @@ from unipg.policy.tool_calls import MalformedToolCall, parser_for_template, tool
 
 
 class RequestError(ValueError):
-    """A request the endpoint cannot serve; ``param`` names the offending field (an HTTP 400)."""
+    """A request the endpoint cannot serve: an HTTP ``status`` (400 unless told) with an OpenAI error object whose
+    ``param`` names the offending field and ``code`` is OpenAI's code for the error, if it has one."""
 
-    def __init__(self, message: str, param: str | None = None):
+    def __init__(self, message: str, param: str | None = None, *, status: int = 400, code: str | None = None):
         super().__init__(message)
-        self.param = param
+        self.param, self.status, self.code = param, status, code
 
 
 @dataclass(frozen=True)
@@ -141,8 +142,9 @@ def reply_key(content: str, calls: list[ToolCall]) -> tuple:
 def plain_messages(messages: list, raw_replies: dict[tuple, str], calls_format: ToolCallFormat) -> list[dict]:
     """``{"role", "content"}`` messages the chat template renders. An assistant message that is a reply of this
     session is replaced by the exact text the model sampled (``raw_replies``), so the rendered conversation
-    continues the sampled tokens; other assistant calls are written in the model's call format."""
-    plain = []
+    continues the sampled tokens; other assistant calls are written in the model's call format. A tool message
+    answers a call of an earlier assistant message: its ``tool_call_id`` must be one of theirs, as OpenAI checks."""
+    plain, call_ids = [], set()
     for index, message in enumerate(messages):
         where = f"messages[{index}]"
         if not isinstance(message, dict) or message.get("role") not in (
@@ -158,8 +160,26 @@ def plain_messages(messages: list, raw_replies: dict[tuple, str], calls_format: 
             calls = message_calls(message, where)
             raw = raw_replies.get(reply_key(content, calls))
             content = raw if raw is not None else content + calls_format.format(calls)
+            call_ids.update(call["id"] for call in message.get("tool_calls") or [] if isinstance(call.get("id"), str))
+        if role == "tool":
+            check_answered_call(message.get("tool_call_id"), call_ids, where)
         plain.append({"role": "system" if role == "developer" else role, "content": content})
     return plain
+
+
+def check_answered_call(tool_call_id, call_ids: set, where: str) -> None:
+    """A tool message's ``tool_call_id``: the id of a call an earlier assistant message made."""
+    if not isinstance(tool_call_id, str) or not tool_call_id:
+        raise RequestError(
+            f"{where}.tool_call_id is required: the id of the tool call this message answers",
+            f"{where}.tool_call_id",
+        )
+    if tool_call_id not in call_ids:
+        raise RequestError(
+            f"{where}.tool_call_id {tool_call_id[:100]!r} matches no tool call of an earlier assistant message; a "
+            "message with role 'tool' must answer a call in a preceding message's 'tool_calls'",
+            f"{where}.tool_call_id",
+        )
 
 
 def render_conversation(tokenizer, messages: list[dict], tools: list[dict] | None) -> str:

@@ -1,8 +1,9 @@
 """The OpenAI-compatible HTTP endpoint of the inference service (FastAPI, served by uvicorn).
 
-Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models`` (unrecorded calls, with the
-run's token), and the same under ``/sessions/<id>/v1`` (one episode's calls, recorded, with that session's
-own key: a session's key opens no other session). The server runs as a task on the event loop of the
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``, ``GET /v1/models/<model>``
+(unrecorded calls, with the run's token), and the same under ``/sessions/<id>/v1`` (one episode's calls, recorded,
+with that session's own key: a session's key opens no other session). Another path is a 404, another method a
+405, each an OpenAI error object as OpenAI answers them. The server runs as a task on the event loop of the
 episodes, so its generation requests go to the same ``HFService`` and batch with everything else.
 
 It binds 127.0.0.1 on a free port unless told otherwise; an address other machines can reach needs
@@ -27,10 +28,24 @@ from unipg.inference.endpoint.sessions import Sessions
 logger = logging.getLogger(__name__)
 
 
-def _error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
+def _error(
+    status: int, message: str, param: str | None = None, kind: str = "invalid_request_error", code: str | None = None
+):
     from fastapi.responses import JSONResponse
 
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}}, status)
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status)
+
+
+async def _unrouted(request, error):
+    """The answer to a path no route serves (404) or a method its route does not take (405), as OpenAI's."""
+    method_path = f"({request.method} {request.url.path})"
+    if error.status_code == 405:
+        response = _error(405, f"Invalid method for URL {method_path}")
+        response.headers.update(error.headers or {})  # Allow: the route's methods
+        return response
+    if error.status_code == 404:
+        return _error(404, f"Invalid URL {method_path}")
+    return _error(error.status_code, str(error.detail))
 
 
 class BodyLimit:
@@ -74,6 +89,7 @@ def build_app(completions: Completions, sessions: Sessions, token: str, *, max_b
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse
     from pydantic import ValidationError
+    from starlette.exceptions import HTTPException as StarletteHTTPException
 
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
 
@@ -93,38 +109,49 @@ def build_app(completions: Completions, sessions: Sessions, token: str, *, max_b
         if refused is not None:
             return refused
         try:
-            body = None if model is None else model.model_validate_json(await request.body())
+            body = request if model is None else model.model_validate_json(await request.body())
             response = await method(body, session)
         except ValidationError as error:
             return _invalid(error)
         except RequestError as error:
-            return _error(400, str(error), error.param)
+            return _error(error.status, str(error), error.param, code=error.code)
         except Exception:  # noqa: BLE001 — a failure of the server or the engine: this request fails, not the connection
             logger.exception("the endpoint failed to answer %s", request.url.path)
             return _error(500, "the server failed to answer this request; its log has the error", kind="server_error")
-        if getattr(body, "stream", None):
+        if model is not None and getattr(body, "stream", None):
             return _event_stream(response, include_usage=bool((body.stream_options or {}).get("include_usage")))
         return JSONResponse(response)
 
-    async def models(body, session):
-        return {
-            "object": "list",
-            "data": [{"id": completions.model_name, "object": "model", "created": 0, "owned_by": "unipg"}],
-        }
+    async def models(request, session):
+        return {"object": "list", "data": [_model_object(completions.model_name)]}
+
+    async def model(request, session):
+        name = request.path_params["model"]
+        completions.serves(name)
+        return _model_object(name)
 
     for prefix in ("/v1", "/sessions/{session_id}/v1"):
-        for path, method, model, verb in (
+        for path, method, body, verb in (
             ("chat/completions", completions.chat, ChatRequest, "POST"),
             ("completions", completions.complete, CompletionRequest, "POST"),
             ("models", models, None, "GET"),
+            ("models/{model:path}", model, None, "GET"),  # a model's name may hold slashes (org/name)
         ):
-            app.add_route(f"{prefix}/{path}", _route(answer, method, model), methods=[verb])
+            app.add_route(f"{prefix}/{path}", _route(answer, method, body), methods=[verb])
+    app.add_exception_handler(StarletteHTTPException, _unrouted)
     return BodyLimit(app, max_body_bytes)
 
 
-def _route(answer, method, model):
+def _model_object(name: str) -> dict:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "unipg"}
+
+
+def _route(answer, method, body):
+    """A route handler: ``method(request body, session)``; a route without a body model (``body`` None) is handed
+    the request itself."""
+
     async def route(request):
-        return await answer(request, method, model)
+        return await answer(request, method, body)
 
     return route
 
