@@ -44,7 +44,9 @@ class LMCheckpointer:
     """Saves and restores everything an lm run needs to continue bit for bit, under ``run_dir/checkpoints``.
 
     Not saved: the reference model, which is the frozen initial model; the state records its name
-    (``reference_model``) and a resumed run rebuilds it from the configuration. With LoRA the policy's base
+    (``reference_model``) and a resumed run rebuilds it from the configuration. When ``estimator.ref_sync_steps``
+    moves the reference towards the policy it is no longer that model, and its weights are saved (``reference``)
+    and restored over the rebuilt one. With LoRA the policy's base
     weights are that model too: only the adapter is saved, in the PEFT format (``adapter_model.safetensors``
     and ``adapter_config.json``), so the checkpoint folder loads with ``PeftModel.from_pretrained``.
     """
@@ -92,6 +94,8 @@ class LMCheckpointer:
             tensors["value_head"] = self.policy.value_head.state_dict()
         if self.policy.critic is not None:
             tensors["critic"] = self.policy.critic.state_dict()
+        if self.learner.config.estimator.ref_sync_steps is not None:
+            tensors["reference"] = self.policy.reference_model.state_dict()
         state = {
             "update": update,
             "policy_version": update,
@@ -135,6 +139,8 @@ class LMCheckpointer:
                 if problem:
                     raise ValueError(f"{group}: {problem}")
                 module.load_state_dict(checkpoint.tensors[group])
+            if "reference" in checkpoint.tensors:
+                self._restore_reference(checkpoint.tensors["reference"])
             self.learner.restore(checkpoint.tensors["optimizer"], state["learner"])
         except (RuntimeError, KeyError, ValueError, TypeError) as error:
             raise ValueError(
@@ -155,6 +161,18 @@ class LMCheckpointer:
                 f"{error}); it was not written by train_lm, so resume from a checkpoint that "
                 "was"
             ) from None
+
+    def _restore_reference(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Load a moved reference (``estimator.ref_sync_steps``) over the one rebuilt from the configured model."""
+        reference = self.policy.reference_model
+        if reference is None:
+            raise ValueError(
+                "the checkpoint holds a moved reference model and the run's model.reference setting holds none"
+            )
+        problem = tensor_mismatch(tensors, reference.state_dict())
+        if problem:
+            raise ValueError(f"reference: {problem}")
+        reference.load_state_dict(tensors)
 
 
 def latest_checkpoint(run_dir: Path) -> Checkpoint:

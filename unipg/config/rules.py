@@ -207,8 +207,34 @@ def lm_batch_problems(config: Config) -> list[str]:
     return problems
 
 
+def reference_sync_problems(config: Config) -> list[str]:
+    """``estimator.ref_sync_steps`` moves the reference model: the run must hold a copy of its own to move."""
+    est, model = config.estimator, config.model
+    if est.ref_sync_steps is None:
+        return []
+    needs_reference = est.kl_coef > 0 or est.kl_control == "adaptive"  # as unipg.policy.loading decides
+    if model.reference == "none" or (model.reference == "auto" and not needs_reference):
+        return [
+            "estimator.ref_sync_steps moves the reference model, which this run does not hold (model.reference "
+            "'none', or 'auto' without a KL penalty); set estimator.kl_coef > 0 or model.reference=copy, or unset "
+            "estimator.ref_sync_steps"
+        ]
+    if model.lora_rank > 0:
+        return [
+            "estimator.ref_sync_steps cannot move a LoRA run's reference: it is the base model with the adapter "
+            "switched off, the same weights the policy trains its adapter on; train without LoRA "
+            "(model.lora_rank=0) or unset estimator.ref_sync_steps"
+        ]
+    if config.train.learner_processes > 1:
+        return [
+            "estimator.ref_sync_steps is not supported with a sharded learner (train.learner_processes > 1); "
+            "set train.learner_processes=1 or unset estimator.ref_sync_steps"
+        ]
+    return []
+
+
 def lm_problems(config: Config) -> list[str]:
-    problems = lm_batch_problems(config)
+    problems = lm_batch_problems(config) + reference_sync_problems(config)
     est, sample, model = config.estimator, config.sample, config.model
     if est.advantage not in ADVANTAGES:
         problems.append(

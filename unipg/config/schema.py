@@ -112,6 +112,14 @@ class EstimatorConfig(Section):
     """target KL for adaptive KL control."""
     kl_horizon: int = Field(10_000, ge=1, json_schema_extra=read_in("lm"))
     """horizon (in samples) of the adaptive KL controller."""
+    ref_sync_steps: int | None = Field(None, ge=1, json_schema_extra=read_in("lm"))
+    """lm runs: every this many learner updates, move the reference model towards the policy, θ_ref ← α θ +
+    (1 − α) θ_ref with α = ref_sync_alpha (TR-DPO, Gorbatovski et al. 2024; TRL's sync_ref_model and
+    ref_model_sync_steps); None keeps the reference frozen. Needs a reference copy (kl_coef > 0 or
+    model.reference=copy), not LoRA's adapter-off base weights; checkpoints then hold the moved reference."""
+    ref_sync_alpha: float = Field(0.6, gt=0.0, le=1.0, json_schema_extra=read_in("lm"))
+    """lm runs with ref_sync_steps: the policy's weight α in each reference update (TRL's ref_model_mixup_alpha;
+    1 resets the reference to the policy)."""
     mask_truncated_completions: bool = Field(False, json_schema_extra=read_in("lm"))
     """lm runs: leave cut completions out of the loss (they still count in their group's baseline), as TRL's
     mask_truncated_completions and DAPO's overlong filtering: a cut answer is not a wrong one. Cut: an episode whose

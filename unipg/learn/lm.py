@@ -15,6 +15,8 @@ The batch layout and the advantages live in ``unipg.learn.lm_batch``; every piec
 - with ``train.tis`` on (``Config.engine_tis_cap``), ``prepare`` recomputes the trainer's log-probs π_trainer_old of
   every sampled token, measures their gap to the engine's on the tokens of the current version (``mismatch/k3``,
   ``mismatch/max_ratio``, ``mismatch/fraction_capped``) and the objective corrects it (``unipg.learn.objective``);
+- with ``estimator.ref_sync_steps`` τ, every τ-th update ends by moving the reference copy towards the policy
+  (TR-DPO's soft update, ``unipg.estimate.reference_sync``);
 - with ``rollback.enabled``, an optimizer step whose loss or gradient norm is not finite is skipped, and with
   ``estimator.target_kl`` also set, an update whose approx KL exceeds ``rollback.kl_multiple × target_kl`` is
   undone; ``unipg.runtime.lm`` counts such tripped updates and rolls back to a checkpoint when they persist.
@@ -31,6 +33,7 @@ from unipg.config import Config
 from unipg.estimate.kl_control import make_kl_controller
 from unipg.estimate.losses import explained_variance, reads_proximal_logprobs
 from unipg.estimate.masked import masked_mean, masked_var
+from unipg.estimate.reference_sync import soft_update_reference
 from unipg.estimate.weights import engine_mismatch_weights
 from unipg.learn import objective
 from unipg.learn.common import clip_grad_norm, shuffled_minibatches
@@ -118,6 +121,7 @@ class LMLearner:
         rollback = config.rollback
         self.kl_spike = rollback.kl_multiple * est.target_kl if rollback.enabled and est.target_kl else None
         self.tis_cap = config.engine_tis_cap
+        self.updates = 0  # calls of ``update`` so far; every estimator.ref_sync_steps of them the reference moves
 
     @property
     def kl_coef(self) -> float:
@@ -215,7 +219,23 @@ class LMLearner:
             metrics["skipped_steps"] = float(skipped)
         if start is not None:
             metrics["reverted"] = float(reverted)
+        self.updates += 1
+        sync_steps = self.config.estimator.ref_sync_steps
+        if sync_steps is not None and self.updates % sync_steps == 0:
+            self.sync_reference()
         return metrics
+
+    def sync_reference(self) -> None:
+        """θ_ref ← α θ + (1 − α) θ_ref with α = estimator.ref_sync_alpha (``unipg.estimate.reference_sync``)."""
+        reference = self.policy.reference_model
+        if reference is None:
+            raise ValueError(
+                "estimator.ref_sync_steps moves the reference model, and this policy holds no copy of its own (no "
+                "reference, or LoRA's adapter-off base weights); set model.reference=copy without LoRA"
+            )
+        soft_update_reference(
+            reference.parameters(), self.policy.model.parameters(), alpha=self.config.estimator.ref_sync_alpha
+        )
 
     def _snapshot(self) -> tuple[list[torch.Tensor], dict]:
         """Copies of the trainable parameters and of the optimizer's state, for ``_revert``."""
@@ -342,6 +362,7 @@ class LMLearner:
             "generator": generator_state(self.generator),
             "lr_fraction": self.lr_fraction,
             "lr_factor": self.lr_factor,
+            "updates": self.updates,
         }
 
     def restore(self, tensors: dict[str, torch.Tensor], state: dict) -> None:
@@ -356,3 +377,4 @@ class LMLearner:
         restore_generator(self.generator, state["generator"])
         self.lr_fraction = state["lr_fraction"]
         self.lr_factor = state["lr_factor"]
+        self.updates = state.get("updates", 0)  # absent from checkpoints written before the count was kept

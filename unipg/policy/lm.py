@@ -117,6 +117,12 @@ class LMPolicy(nn.Module):
     def has_reference(self) -> bool:
         return self.reference_mode != "none"
 
+    @property
+    def reference_model(self) -> nn.Module | None:
+        """The reference's own frozen copy (reference 'copy'), or None: no reference, or with LoRA the base weights
+        under the adapter, which are the policy's too."""
+        return self._reference
+
     def actor_parameters(self) -> list[nn.Parameter]:
         """The trainable weights of π_θ (with LoRA: the adapters only)."""
         return [p for p in self.model.parameters() if p.requires_grad]
