@@ -39,21 +39,14 @@ _TLS = ssl.create_default_context()  # built once: loading the CA bundle costs a
 
 
 async def openai_agent(base_url: str, api_key: str, example) -> str:
-    """The built-in calculator loop, written as an external agent with the ``openai`` client."""
+    """The built-in calculator loop, written as an external agent with the ``openai`` client: the registered
+    calculator tool, described by its own schema and called as the environment calls it."""
     from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
-    from unipg.tools.calculator import calculator
+    from unipg.tools.calculator import calculator_tool
 
-    tools = [
-        {
-            "type": "function",
-            "function": {
-                "name": "calculator",
-                "description": "Evaluate an expression.",
-                "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
-            },
-        }
-    ]
+    calculator = calculator_tool()
+    tools = [calculator.schema()]
     messages = [{"role": "user", "content": example.prompt}]
     async with AsyncOpenAI(
         base_url=base_url, api_key=api_key, max_retries=0, http_client=DefaultAsyncHttpxClient(verify=_TLS)
@@ -64,12 +57,25 @@ async def openai_agent(base_url: str, api_key: str, example) -> str:
             if not reply.message.tool_calls:
                 break
             for call in reply.message.tool_calls:
-                try:
-                    output = calculator.function(**json.loads(call.function.arguments))
-                except Exception as error:  # noqa: BLE001 — the model's bad call is an observation
-                    output = f"error: {error}"
+                output = call_tool(calculator, call.function.arguments)
                 messages.append({"role": "tool", "tool_call_id": call.id, "content": output})
     return reply.message.content or ""
+
+
+def call_tool(tool, arguments: str) -> str:
+    """``tool``'s output for a call's JSON ``arguments``; a call the tool cannot take is an error observation, as
+    the environment makes it."""
+    try:
+        parsed = json.loads(arguments)
+    except ValueError as error:
+        return f"error: the arguments are not JSON ({error})"
+    problem = tool.check_arguments(parsed)
+    if problem:
+        return f"error: {problem}"
+    try:
+        return str(tool.function(**parsed))
+    except Exception as error:  # noqa: BLE001 — the model's bad call (ToolError or worse) is an observation
+        return f"error: {error}"
 
 
 def episodes_per_second(config, task, policy, agent: str | None, examples) -> tuple[float, float]:

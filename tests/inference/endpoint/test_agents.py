@@ -1,6 +1,7 @@
 """External agents as environments: episodes, failure accounting, and the learner's tokens."""
 
 import asyncio
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from unipg.sample.endpoint_agents import AgentStats, ExternalAgent, load_agent
 from unipg.tasks.base import Example
 from unipg.tasks.rewards.rules import build_rewards
 
+ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = Example("What is 2*3?", "6", "6", {"answer": "6"})
 REWARDS = build_rewards([{"name": "math"}])
 
@@ -147,3 +149,26 @@ def test_agent_counts_are_zeroed_where_the_loop_counts_them_and_add_up_over_work
         "rollout/agent_retries": 2,
         "rollout/agent_extra_trajectories": 4,
     }
+
+
+def test_the_endpoint_benchmarks_openai_agent_gets_the_calculators_result(policy, monkeypatch):
+    """The benchmark's agent calls the registered calculator as the environment does: the tool message the model
+    reads next holds the result, not an error."""
+    from unipg.inference import TurnOutput
+
+    agent = load_agent(f"{ROOT / 'benchmarks' / 'endpoint.py'}:openai_agent")
+    loop = make_loop(policy)
+    replies = iter(['<tool_call>{"name": "calculator", "arguments": {"expression": "2*3"}}</tool_call>', "6"])
+    contexts = []
+
+    async def scripted(context_ids, **options):
+        text = next(replies)
+        contexts.append(context_ids)
+        tokens = policy.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return TurnOutput(tokens, [-0.5] * len(tokens), text, "stop", False, 0)
+
+    monkeypatch.setattr(loop.engine, "generate", scripted)
+    [trajectory] = play(loop, [agent])
+    observation = policy.tokenizer.decode(contexts[1][len(contexts[0]) :])
+    assert observation.endswith("<|tool|>6<|end|><|assistant|>") and "error" not in observation
+    assert trajectory.turn_texts == [*trajectory.turn_texts[:1], "6"] and trajectory.correct
