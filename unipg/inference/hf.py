@@ -139,8 +139,9 @@ class HFService:
             await self._wakeup.wait()
 
     def _sample_by_params(self, batch: list[tuple]) -> list[TurnOutput | Exception]:
-        """One sampling call per distinct set of parameters in ``batch`` (one call when no request overrides); a
-        request whose sampling fails gets its error in place of its turn, and the others their turns."""
+        """One sampling call per distinct set of parameters in ``batch`` (one call when no request overrides), and
+        one per request with a seed of its own; a request whose sampling fails gets its error in place of its turn,
+        and the others their turns."""
         if self.sync is not None:  # between generate calls: take the learner's newest weights (once per batch)
             version = self.sync()
             if version is not None:
