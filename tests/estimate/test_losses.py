@@ -231,13 +231,15 @@ def test_registered_policy_losses():
         "gspo",
         "gspo_token",
         "gmpo",
+        "luspo",
+        "vespo",
         "cispo",
         "sapo",
         "clip_cov",
         "kl_cov",
     }
     assert POLICY_LOSSES.get("ppo") is ppo_clip_loss
-    with pytest.raises(RegistryError, match="decoupled_ppo, gmpo, gspo, gspo_token, kl_cov, ppo, sapo, vanilla"):
+    with pytest.raises(RegistryError, match="gspo, gspo_token, kl_cov, luspo, ppo, sapo, vanilla, vespo"):
         POLICY_LOSSES.get("ppo2")
     with pytest.raises(RegistryError, match="already registered"):
         POLICY_LOSSES.register("ppo")(lambda: None)
