@@ -287,6 +287,7 @@ def test_registered_advantage_estimators():
         "grpo_passk",
         "reinforce_plus_plus_baseline",
         "gpg",
+        "optimal_token_baseline",
     }
     assert set(ADVANTAGES.names()) == expected
     assert ADVANTAGES.get("gae") is gae

@@ -12,7 +12,8 @@ from tests.helpers.configs import tiny_lm_overrides
 from unipg.config import load_config
 from unipg.config.policy_loss_presets import POLICY_LOSS_PRESETS
 from unipg.estimate.group_advantages import opo_advantages
-from unipg.learn.lm import LMLearner
+from unipg.estimate.token_baselines import optimal_token_baseline_advantages
+from unipg.learn.lm import LMLearner, token_rewards
 from unipg.observe.metrics import read_metrics
 from unipg.runtime.lm import train_lm
 
@@ -60,6 +61,24 @@ def test_length_weighted_group_estimators_read_each_completions_length(tiny_poli
     assert len(set(lengths.tolist())) > 1  # the lengths differ, so the weighting matters
     expected = opo_advantages(batch.scores, lengths, group_size=GROUP)
     assert torch.allclose(batch.advantages.sum(1) / lengths, expected)
+
+
+def test_the_optimal_token_baseline_reads_the_policys_sum_pi_squared(tiny_policy, one_torch_thread):
+    policy = tiny_policy()
+    learner = LMLearner(policy, make_config("grpo", "estimator.advantage=optimal_token_baseline"))
+    batch = make_batch(policy)
+    learner.prepare(batch)
+    mask = batch.completion_mask
+    valid = mask.bool()
+    # Σ_v π_v² lies in (0, 1] and is at least the sampled token's own π²
+    assert bool((batch.sum_pi_squared[valid] > 0).all() and (batch.sum_pi_squared[valid] <= 1 + 1e-6).all())
+    assert bool((batch.sum_pi_squared[valid] >= (2 * batch.behaviour_logprobs[valid]).exp() - 1e-6).all())
+    groups = torch.arange(len(batch.scores)) // GROUP
+    expected, _ = optimal_token_baseline_advantages(
+        token_rewards(batch, None, 0.0), mask, batch.behaviour_logprobs, batch.sum_pi_squared, groups
+    )
+    assert torch.allclose(batch.advantages, expected, atol=1e-6)
+    assert learner.update(batch)["grad_norm"] > 0
 
 
 @pytest.mark.e2e

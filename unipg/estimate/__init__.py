@@ -11,12 +11,13 @@ from unipg.estimate.weights import OFF_POLICY_WEIGHTS, OffPolicyWeights
 from unipg.registry import Registry, RegistryError
 
 # Estimators beyond the classic ones register on import: sequence-level ratios, shaped weights, covariance
-# selection (policy losses), more group baselines (advantages).
+# selection (policy losses), more group baselines and a per-token one (advantages).
 from unipg.estimate import (  # noqa: E402, F401  isort: skip
     covariance_losses,
     gated_losses,
     group_advantages,
     sequence_losses,
+    token_baselines,
 )
 
 __all__ = [

@@ -40,6 +40,7 @@ ADVANTAGE_BASELINES: dict[str, str] = {
     "reinforce_plus_plus_baseline": "group mean, whitened over the batch",
     "gpg": "group mean, × informative share",
     "turn_level": "per-turn leave-one-out mean",
+    "optimal_token_baseline": "group, per token, weighted by path energy",
 }
 
 

@@ -30,6 +30,7 @@ import math
 import torch
 
 from unipg.config import Config
+from unipg.estimate import ADVANTAGES
 from unipg.estimate.kl_control import make_kl_controller
 from unipg.estimate.losses import explained_variance, reads_proximal_logprobs
 from unipg.estimate.masked import masked_mean, masked_var
@@ -159,13 +160,10 @@ class LMLearner:
                 batch.values = padded([e.values for e in evaluations]) * batch.completion_mask
         if self.policy.has_reference:
             batch.reference_logprobs = padded(
-                [
-                    self.policy.reference_logprobs(
-                        c.input_ids, c.attention_mask, c.completion_length, temperature=temperature
-                    )
-                    for c in chunks
-                ]
+                [self._chunk_statistic(self.policy.reference_logprobs, c) for c in chunks]
             )
+        if "sum_pi_squared" in ADVANTAGES.entry(self.config.estimator.advantage).inputs:
+            batch.sum_pi_squared = padded([self._chunk_statistic(self.policy.sum_pi_squared, c) for c in chunks])
         if self.policy.has_critic and not proximal:
             batch.values = (
                 padded([self.policy.values(c.input_ids, c.attention_mask, c.completion_length) for c in chunks])
@@ -185,6 +183,16 @@ class LMLearner:
         if self.tis_cap is not None:
             metrics.update(mismatch_metrics(batch, self.tis_cap))
         return metrics
+
+    def _chunk_statistic(self, statistic, chunk: LMBatch) -> torch.Tensor:
+        """A per-token ``statistic`` of the policy (reference log-probs, Σπ²) of a chunk's completions at the sampling
+        temperature, (b, c)."""
+        return statistic(
+            chunk.input_ids,
+            chunk.attention_mask,
+            chunk.completion_length,
+            temperature=self.config.sample.temperature,
+        )
 
     def update(self, batch: LMBatch) -> dict[str, float]:
         """num_epochs passes of shuffled mini-batches; each optimizer step accumulates micro-batches.

@@ -9,7 +9,8 @@
   several trajectories (an external agent that rewrote its history): each is a row of the loss's token or
   sequence mean, but the episode counts once in its group's baseline;
 - step estimators (gae, reinforce_plus_plus, batch_mean_baseline, ...) see the (B, C) token rewards of every
-  row with its episode ending at its last sampled token; turn estimators (they read ``turn_rewards``:
+  row with its episode ending at its last sampled token (optimal_token_baseline also each row's group, and the
+  policy's μ log-probs and Σπ² of each token); turn estimators (they read ``turn_rewards``:
   turn_level) see one reward per policy turn of a multi-turn episode.
 """
 
@@ -47,6 +48,8 @@ class LMBatch:
     # Off-policy data (asynchronous training): None when every sample is from the learner's current weights.
     ages: torch.Tensor | None = None  # (B, C) learner version − version that sampled the token, 0 elsewhere
     proximal_logprobs: torch.Tensor | None = None  # (B, C) log π_prox: the weights the update starts from
+    sum_pi_squared: torch.Tensor | None = None  # (B, C) Σ_v π_v² of the policy's distribution at each sampled token,
+    # computed only for an estimator that reads it (optimal_token_baseline)
     # Episodes and groups (None: each row is an episode, in consecutive groups of ``samples_per_prompt``).
     episodes: torch.Tensor | None = None  # (B,) long, the episode of each row; its first row scores it
     groups: torch.Tensor | None = None  # (B,) long, the group (of one prompt, one role) of each row's episode
@@ -164,6 +167,7 @@ class LMBatch:
                 "token_turns",
                 "ages",
                 "proximal_logprobs",
+                "sum_pi_squared",
             ):
                 value = getattr(sub, name)
                 if value is not None:
@@ -276,11 +280,27 @@ def lm_advantages(
             "mask": packed_mask,
             "bootstrap_value": None,
         }  # the episode ends on the last sampled token: nothing to bootstrap
+        if "group_index" in ADVANTAGES.entry(est.advantage).inputs:
+            data.update(token_baseline_inputs(batch, group_size))
         advantages, returns = ADVANTAGES.call(est.advantage, data, est)
         advantages, returns = unpack_masked(advantages, mask), unpack_masked(returns, mask)
     if est.normalize_advantages:
         advantages = masked_whiten(advantages, mask) * mask
     return advantages, returns
+
+
+def token_baseline_inputs(batch: LMBatch, group_size: int) -> dict[str, torch.Tensor]:
+    """What a per-token group baseline (optimal_token_baseline) reads beside the step data: ``group_index`` (B,) the
+    group of each row, and the rows' μ log-probs and Σπ² packed like the rewards (sampled tokens to the left)."""
+    if batch.sum_pi_squared is None:
+        raise ValueError("the per-token group baseline needs batch.sum_pi_squared; LMLearner.prepare computes it")
+    mask = batch.completion_mask
+    row_episode = episode_layout(batch, group_size)[2]
+    return {
+        "group_index": batch.groups if batch.groups is not None else row_episode // group_size,
+        "behaviour_logprobs": pack_masked(batch.behaviour_logprobs, mask)[0],
+        "sum_pi_squared": pack_masked(batch.sum_pi_squared, mask)[0],
+    }
 
 
 def turn_table(batch: LMBatch, rewards: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

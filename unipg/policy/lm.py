@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from unipg.estimate.token_baselines import sum_of_squared_probabilities
 from unipg.policy.forward import (  # noqa: F401  (left_pad re-exported)
     chunked_token_statistics,
     completion_forward,
@@ -279,6 +280,16 @@ class LMPolicy(nn.Module):
         logits, _, targets, layout = self._outputs(model, input_ids, attention_mask, completion_length)
         logits = scaled_logits(logits, temperature)
         return layout(chunked_token_statistics(logits, targets, chunk_tokens=self.logprob_chunk_tokens)[0])
+
+    @torch.no_grad()
+    def sum_pi_squared(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_length: int, *, temperature: float = 1.0
+    ) -> torch.Tensor:
+        """Σ_v π_θ(v|s_t)² at each completion position, (B, C): how concentrated the policy's distribution is
+        (the optimal token baseline's logit-gradient proxy, ``unipg.estimate.token_baselines``)."""
+        self._check_context(attention_mask)
+        logits, _, _, layout = self._outputs(self.model, input_ids, attention_mask, completion_length)
+        return layout(sum_of_squared_probabilities(scaled_logits(logits, temperature)))
 
     # ------------------------------------------------------------------------------------------------
     # Persistence
