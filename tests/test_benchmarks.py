@@ -24,6 +24,8 @@ REPORTS = {
     "copying.py": ("| result length | problems | result copied |",),
     "classic_control.py": ("CartPole-v1: steps to deterministic eval mean",),
     "engines.py": ("vllm / hf tokens/s:",),
+    "gpu_check.py": ("PASS hf-generate", "summary: 1 PASS, 0 FAIL, 0 SKIP on cpu"),
+    "gpu_paths.py": ("PASS hf-generate",),
     "estimators.py": ("| preset | pass@1 before → after |", "| grpo | ", "| gspo | ", "2 runs, one at a time,"),
     "endpoint.py": ("| agent | episodes/s | vs built-in | completion rate |",),
     "learner.py": ("packed / padded tokens/s:",),
@@ -78,3 +80,33 @@ def test_a_benchmark_script_runs_in_its_smoke_mode(script, embedded_path, tmp_pa
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     for line in REPORTS[script]:
         assert line in done.stdout, f"{line!r} not printed:\n{done.stdout[-3000:]}"
+
+
+def run_gpu_check(*args: str, **environment: str) -> subprocess.CompletedProcess:
+    """``benchmarks/gpu_check.py`` with ``args``, as the smoke runs above run a script."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **environment},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_the_gpu_check_skips_every_path_without_a_gpu_and_runs_cheap_paths_on_the_cpu(embedded_path):
+    """Without a CUDA device every path is a SKIP line and the check exits 0; with ``--device cpu`` the same code
+    passes where the mechanism allows (three cheap paths here: each is its own process)."""
+    plain = run_gpu_check(CUDA_VISIBLE_DEVICES="")
+    assert plain.returncode == 0, plain.stdout + plain.stderr[-3000:]
+    *lines, summary = plain.stdout.strip().splitlines()
+    assert len(lines) == 8 and all(line.startswith("SKIP ") and line.endswith(" no CUDA device") for line in lines)
+    assert summary.startswith("summary: 0 PASS, 0 FAIL, 8 SKIP on cuda")
+    cheap = ("hf-generate", "bf16-masters-update", "packed-attention-update")
+    on_cpu = run_gpu_check("--device", "cpu", "--only", ",".join(cheap))
+    assert on_cpu.returncode == 0, on_cpu.stdout + on_cpu.stderr[-3000:]
+    *lines, summary = on_cpu.stdout.strip().splitlines()
+    assert [line.split(" ", 2)[:2] for line in lines] == [["PASS", name] for name in cheap], on_cpu.stdout
+    assert "float32 masters" in lines[1] and "attention sdpa" in lines[2]
+    assert summary.startswith("summary: 3 PASS, 0 FAIL, 0 SKIP on cpu")
