@@ -96,7 +96,7 @@ def selected_paths(only: str | None) -> list[str]:
     names = [name.strip() for name in only.split(",") if name.strip()]
     unknown = [name for name in names if name not in PATHS]
     if unknown:
-        raise SystemExit(f"--only: unknown path '{unknown[0]}'; the paths are: {', '.join(PATHS)}")
+        raise ValueError(f"--only: unknown path '{unknown[0]}'; the paths are: {', '.join(PATHS)}")
     return names
 
 
@@ -113,7 +113,10 @@ def main() -> None:
         args.device, args.only = "cpu", SMOKE_PATH
     if not DEVICE.fullmatch(args.device):
         parser.error(f"--device '{args.device}' is not a device; use cuda, cuda:N or cpu")
-    names = selected_paths(args.only)
+    try:
+        names = selected_paths(args.only)
+    except ValueError as error:
+        parser.error(str(error))
     start, counts = time.perf_counter(), {"PASS": 0, "FAIL": 0, "SKIP": 0}
     for name in names:
         reason = path_skip_reason(name, args.device)

@@ -108,5 +108,5 @@ def test_the_gpu_check_skips_every_path_without_a_gpu_and_runs_cheap_paths_on_th
     assert on_cpu.returncode == 0, on_cpu.stdout + on_cpu.stderr[-3000:]
     *lines, summary = on_cpu.stdout.strip().splitlines()
     assert [line.split(" ", 2)[:2] for line in lines] == [["PASS", name] for name in cheap], on_cpu.stdout
-    assert "float32 masters" in lines[1] and "attention sdpa" in lines[2]
+    assert "float32 masters" in lines[1] and "packed vs padded" in lines[2]
     assert summary.startswith("summary: 3 PASS, 0 FAIL, 0 SKIP on cpu")
