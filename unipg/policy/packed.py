@@ -2,9 +2,10 @@
 
 A micro-batch of agent trajectories is length-skewed: padding every row to the longest one spends most of
 the forward and backward pass on pad tokens. Packing concatenates the real tokens of all rows into a single
-row (1, N) whose ``position_ids`` restart at 0 for every sequence; with ``attention_mask=None`` Hugging Face
-models derive a block-diagonal causal mask from the position resets (sdpa and eager attention), and flash
-attention derives the per-sequence lengths from them, so no token attends across sequences.
+row (1, N) whose ``position_ids`` restart at 0 for every sequence, so that no token attends across sequences:
+sdpa models attend segment by segment (``unipg.policy.segment_attention``, linear in the segments), flash
+attention derives the per-sequence lengths from the position resets, and other implementations (eager) get the
+block-diagonal causal mask Hugging Face derives from them (an (N, N) tensor, quadratic in N).
 
 Only the positions that predict a completion token go through the lm_head (``logits_to_keep`` as an index
 tensor). Per-token results come back flat, (M,) for the M completion tokens, and ``Packing.unpack`` lays
@@ -23,6 +24,7 @@ import torch
 from torch import nn
 
 from unipg.policy.forward import positions
+from unipg.policy.segment_attention import packed_pass, use_segment_attention
 
 
 @dataclass
@@ -36,6 +38,17 @@ class Packing:
     rows: torch.Tensor  # (M,) long, each target's row in the (B, C) grid
     columns: torch.Tensor  # (M,) long, each target's column in the (B, C) grid
     shape: tuple[int, int]  # (B, C)
+    boundaries: torch.Tensor  # (S + 1,) int32, where each of the S non-empty sequences starts in the row, then N
+    longest: int  # tokens of the longest sequence
+
+    def segments(self) -> dict:
+        """The segments as Hugging Face's variable-length attention keywords."""
+        return {
+            "cu_seq_lens_q": self.boundaries,
+            "cu_seq_lens_k": self.boundaries,
+            "max_length_q": self.longest,
+            "max_length_k": self.longest,
+        }
 
     def unpack(self, values: torch.Tensor) -> torch.Tensor:
         """(M, ...) per-token values → (B, C, ...) with zeros where no target is; differentiable."""
@@ -51,6 +64,8 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_
     prompt_width = input_ids.shape[1] - completion_length
     completion_real = real[:, prompt_width:] & (position[:, prompt_width:] > 0)  # (B, C) has a predecessor
     rows, columns = completion_real.nonzero(as_tuple=True)
+    lengths = real.sum(1)
+    lengths = lengths[lengths > 0]
     return Packing(
         input_ids=input_ids[real][None],
         position_ids=position[real][None],
@@ -59,6 +74,8 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_
         rows=rows,
         columns=columns,
         shape=(input_ids.shape[0], completion_length),
+        boundaries=torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32),
+        longest=int(lengths.max()) if len(lengths) else 0,
     )
 
 
@@ -70,14 +87,17 @@ class PackedForward:
 
 def packed_forward(model: nn.Module, packing: Packing, *, hidden: bool = False) -> PackedForward:
     """One forward pass over the packed row; the lm_head runs only at the predicting positions."""
-    out = model(
-        input_ids=packing.input_ids,
-        position_ids=packing.position_ids,
-        attention_mask=None,
-        use_cache=False,
-        logits_to_keep=packing.predictors,
-        output_hidden_states=hidden,
-    )
+    segments = packing.segments() if use_segment_attention(model) else {}
+    with packed_pass():
+        out = model(
+            input_ids=packing.input_ids,
+            position_ids=packing.position_ids,
+            attention_mask=None,
+            use_cache=False,
+            logits_to_keep=packing.predictors,
+            output_hidden_states=hidden,
+            **segments,
+        )
     states = out.hidden_states[-1][0, packing.predictors] if hidden else None
     return PackedForward(out.logits[0], states)
 
