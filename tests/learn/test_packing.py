@@ -7,7 +7,7 @@ import torch
 from tests.helpers.batches import skewed_batch, skewed_config
 from unipg.estimate.losses import LOSS_AGGREGATIONS, entropy_from_logits
 from unipg.learn.lm import LMLearner
-from unipg.learn.lm_batch import token_budget_micro_batches
+from unipg.learn.micro_batches import plan_micro_batches, token_budget_micro_batches
 from unipg.policy.forward import chunked_token_statistics, token_logprobs
 
 
@@ -89,32 +89,38 @@ def test_token_budget_micro_batches_fit_the_budget_and_cover_every_row():
     assert [g.tolist() for g in groups if int(lengths[g].sum()) > 32] == [[0]]  # only the over-long one alone
 
 
-def saved_activation_numel(policy, batch) -> int:
-    """Elements autograd saves for the backward pass of one evaluation."""
-    saved = []
-
-    def pack(tensor):
-        saved.append(tensor.numel())
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        policy.evaluate(batch.input_ids, batch.attention_mask, batch.completion_length)
-    return sum(saved)
+def test_token_budget_micro_batches_are_balanced():
+    lengths = torch.tensor([30, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2])  # 62 tokens, budget 32: two
+    loads = sorted(int(lengths[g].sum()) for g in token_budget_micro_batches(lengths, 32))
+    assert loads == [30, 32]  # first-fit would fill the first to 32 and leave 30
+    lengths = torch.tensor([9, 8, 7, 6, 5, 4, 3, 2, 1, 1])  # 46 tokens, budget 16: three of about 15
+    loads = sorted(int(lengths[g].sum()) for g in token_budget_micro_batches(lengths, 16))
+    assert len(loads) == 3 and loads[-1] - loads[0] <= 2
 
 
-@pytest.mark.parametrize("lora_rank", [0, 4])
-def test_gradient_checkpointing_saves_fewer_activations_and_keeps_the_gradient(tiny_policy, lora_rank):
-    if lora_rank:
-        pytest.importorskip("peft")
-    batch = skewed_batch(2)
-    results = []
-    for checkpointing in (False, True):
-        policy = tiny_policy(gradient_checkpointing=checkpointing, lora_rank=lora_rank)
-        grads = gradients(policy, skewed_config("train.micro_batch_size=3"), batch)
-        assert not any(module.training for module in policy.model.modules())  # dropout stays off
-        results.append((grads, saved_activation_numel(policy, batch)))
-    (plain, plain_saved), (checkpointed, checkpointed_saved) = results
-    assert checkpointed_saved < 0.5 * plain_saved
-    assert any(g.abs().sum() > 0 for g in checkpointed)
-    for expected, got in zip(plain, checkpointed):
-        assert torch.allclose(got, expected, atol=1e-6)
+def grpo_rows(prompt: int, completions: list[int]) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """One GRPO group: the same ``prompt``-token prompt before each of ``completions`` (token counts)."""
+    width = max(completions)
+    ids = torch.cat([torch.arange(1, prompt + 1).repeat(len(completions), 1), torch.ones(len(completions), width)], 1)
+    mask = torch.cat(
+        [torch.ones(len(completions), prompt), (torch.arange(width) < torch.tensor(completions)[:, None]).float()], 1
+    )
+    return ids.long(), mask.long(), width
+
+
+@pytest.mark.parametrize(
+    ("prompt", "completions", "micro_batch_size", "groups"),
+    [
+        (100, [10, 12, 9, 11], 4, None),  # a long shared prompt, even completions: padding is faster
+        (10, [200, 8, 12, 9], 1, [[0], [1, 2, 3]]),  # skewed completions: packed, 1 × the longest 210 tokens each
+    ],
+)
+def test_auto_packs_unless_padding_is_faster(prompt, completions, micro_batch_size, groups):
+    ids, mask, width = grpo_rows(prompt, completions)
+    rows = torch.arange(len(completions))
+    plan = plan_micro_batches(ids, mask, width, rows, micro_batch_size=micro_batch_size, max_tokens="auto")
+    assert plan.packed is (groups is not None)
+    assert [g.tolist() for g in plan.groups] == (groups or [rows.tolist()])
+    for budget, packed in ((None, False), (30, True)):
+        plan = plan_micro_batches(ids, mask, width, rows, micro_batch_size=micro_batch_size, max_tokens=budget)
+        assert plan.packed is packed

@@ -209,10 +209,12 @@ class TrainConfig(Section):
     """lm runs: learner updates after which training stops (gym runs stop at env.total_steps)."""
     micro_batch_size: int = Field(64, ge=1, json_schema_extra=read_in("lm"))
     """lm runs: sequences per forward pass; gradients of a mini-batch are accumulated over micro-batches."""
-    max_tokens_per_micro_batch: int | None = Field(None, ge=1)
-    """lm runs: form micro-batches by token count instead (at most this many prompt + completion tokens each,
-    first-fit decreasing; a longer sequence is a micro-batch of its own) and pack each into one row without
-    padding; None = micro_batch_size sequences, padded to the longest."""
+    max_tokens_per_micro_batch: int | Literal["auto"] | None = Field("auto", ge=1, json_schema_extra=read_in("lm"))
+    """lm runs: micro-batches by token count, each packed into one row without padding (at most this many prompt +
+    completion tokens each, balanced; a longer sequence is a micro-batch of its own); None = micro_batch_size
+    sequences padded to the longest; auto = packed at micro_batch_size × the mini-batch's longest sequence tokens,
+    unless padding is faster (it runs a GRPO group's shared prompt once: long shared prompts before even
+    completions), padded then (``unipg.learn.micro_batches``)."""
     learner_processes: int = Field(1, ge=1)
     """lm runs: ranks the learner is sharded over with FSDP2 (gloo on CPU, NCCL on GPU): local processes with
     backend=inprocess, Ray actors in a placement group with backend=ray (``ray.learner_*``); the driver's process

@@ -6,8 +6,8 @@ The batch layout and the advantages live in ``unipg.learn.lm_batch``; every piec
 
 - a mini-batch's gradient is accumulated over micro-batches, each weighted so that the sum equals the loss
   of the whole mini-batch under the configured aggregation mode; a micro-batch is ``train.micro_batch_size``
-  sequences padded to the longest, or up to ``train.max_tokens_per_micro_batch`` tokens packed into one row
-  without padding (``unipg.policy.packed``);
+  sequences padded to the longest, or a token budget's worth packed into one row without padding, as
+  ``train.max_tokens_per_micro_batch`` decides (``unipg.learn.micro_batches``, ``unipg.policy.packed``);
 - bfloat16 weights are stepped through float32 masters (``unipg.learn.precision``); with the policy sharded
   over several processes (``unipg.learn.sharded``) every rank runs this learner on the same batch and takes a
   token-balanced share of each mini-batch's micro-batches;
@@ -45,10 +45,10 @@ from unipg.learn.lm_batch import (  # noqa: F401  (LMBatch and the advantage hel
     last_sampled,
     lm_advantages,
     split_across_ranks,
-    token_budget_micro_batches,
     token_rewards,
     turn_table,
 )
+from unipg.learn.micro_batches import plan_micro_batches
 from unipg.learn.objective import ObjectiveBatch, micro_batch_share
 from unipg.learn.precision import Float32Masters
 from unipg.learn.state import (
@@ -105,7 +105,6 @@ class LMLearner:
         # With the policy sharded over a process group (unipg.learn.distributed), every rank runs this learner
         # on the same batch and takes its own share of each mini-batch's micro-batches.
         self.rank, self.world_size = process_rank()
-        policy.packed = train.max_tokens_per_micro_batch is not None
         policy.logprob_chunk_tokens = train.logprob_chunk_tokens
         self.optimizer = torch.optim.AdamW(
             groups,
@@ -259,13 +258,18 @@ class LMLearner:
         self.optimizer.load_state_dict(optimizer_state)
 
     def micro_batches(self, batch: LMBatch, rows: torch.Tensor) -> list[torch.Tensor]:
-        """``rows`` of ``batch`` split into micro-batches: ``train.micro_batch_size`` rows each, or by
-        ``train.max_tokens_per_micro_batch`` tokens (prompt + completion) each."""
-        budget = self.config.train.max_tokens_per_micro_batch
-        if budget is None:
-            return list(rows.split(self.config.train.micro_batch_size))
-        lengths = batch.attention_mask[rows].sum(1)
-        return [rows[group] for group in token_budget_micro_batches(lengths, budget)]
+        """``rows`` of ``batch`` split into micro-batches, padded or packed per ``train.max_tokens_per_micro_batch``
+        (``unipg.learn.micro_batches``); sets whether the policy's passes over them pack."""
+        plan = plan_micro_batches(
+            batch.input_ids,
+            batch.attention_mask,
+            batch.completion_length,
+            rows,
+            micro_batch_size=self.config.train.micro_batch_size,
+            max_tokens=self.config.train.max_tokens_per_micro_batch,
+        )
+        self.policy.packed = plan.packed
+        return plan.groups
 
     def accumulate_gradients(self, batch: LMBatch, mini_rows: torch.Tensor) -> dict[str, float]:
         """Back-propagate a mini-batch's loss over its micro-batches, each weighted by its share, so the

@@ -176,28 +176,6 @@ class LMBatch:
         return sub
 
 
-def token_budget_micro_batches(lengths: torch.Tensor, budget: int) -> list[torch.Tensor]:
-    """Indices into ``lengths`` (B,) grouped into micro-batches of at most ``budget`` tokens (first-fit
-    decreasing, so few micro-batches and little left over); a sequence longer than the budget is alone.
-
-    >>> [m.tolist() for m in token_budget_micro_batches(torch.tensor([5, 2, 7, 3]), 8)]
-    [[2], [0, 3], [1]]
-    """
-    sizes = lengths.tolist()  # one read of the tensor (a single device sync), not one per row
-    groups: list[list[int]] = []
-    loads: list[int] = []
-    for index in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
-        tokens = sizes[index]
-        fits = next((g for g, load in enumerate(loads) if load + tokens <= budget), None)
-        if fits is None:
-            groups.append([index])
-            loads.append(tokens)
-        else:
-            groups[fits].append(index)
-            loads[fits] += tokens
-    return [torch.tensor(sorted(group), dtype=torch.long) for group in groups]
-
-
 def split_across_ranks(
     groups: list[torch.Tensor], lengths: torch.Tensor, world_size: int
 ) -> list[list[torch.Tensor | None]]:
