@@ -28,7 +28,11 @@ REPORTS = {
     "gpu_paths.py": ("PASS hf-generate",),
     "estimators.py": ("| preset | pass@1 before → after |", "| grpo | ", "| gspo | ", "2 runs, one at a time,"),
     "endpoint.py": ("| agent | episodes/s | vs built-in | completion rate |",),
-    "learner.py": ("packed / padded tokens/s:",),
+    "learner.py": (
+        "exponent of seconds per packed micro-batch against budget:",
+        "most / least µs per token across spreads:",
+        "learner / bare step tokens/s:",
+    ),
     "peer_ppo.py": ("sb3    seed 0:", "unipg/sb3 = "),
     "ray_scaling.py": ("| inprocess | 1 |", "| ray | 1 |", "Ray overhead at 1 worker vs in-process:"),
     "same_metrics.py": ("values compared, same",),
