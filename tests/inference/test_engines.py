@@ -212,3 +212,30 @@ def test_lora_adapters_move_by_version_and_match_the_trainer(embedded_path):
     finally:
         runner.close()
     assert set(child_processes()) <= children_before
+
+
+def test_a_sleeping_vllm_engine_hands_torchs_cached_gpu_memory_back_before_it_wakes(monkeypatch):
+    """The learner's freed CUDA blocks stay in torch's cache; vLLM allocates outside it, so they go back first."""
+    import asyncio
+    import concurrent.futures
+    from types import SimpleNamespace
+
+    from unipg.inference.vllm import VLLMEngine
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+
+    def call(function):
+        future = concurrent.futures.Future()
+        future.set_result(function())
+        return future
+
+    engine = SimpleNamespace(
+        _serving=0,
+        _sleeping=True,
+        loop=SimpleNamespace(call=call),
+        llm=SimpleNamespace(wake_up=lambda: calls.append("wake_up")),
+    )
+    asyncio.run(VLLMEngine.wake(engine))
+    assert calls == ["empty_cache", "wake_up"] and not engine._sleeping

@@ -144,8 +144,12 @@ class VLLMEngine:
         return self._adapter
 
     async def wake(self) -> None:
+        """Take back vLLM's GPU memory before a batch. The learner's freed blocks stay in torch's caching allocator
+        until they are handed back to the driver, and vLLM allocates outside that cache: without ``empty_cache``
+        a wake after a learner step can run out of memory that torch holds but no longer uses."""
         self._serving += 1
         if self._sleeping:
+            release_cached_gpu_memory()
             await asyncio.wrap_future(self.loop.call(lambda: self.llm.wake_up()))
             self._sleeping = False
 
@@ -372,3 +376,9 @@ class SharedVLLM:
 def vllm_engine(policy: LMPolicy, config) -> SharedVLLM:
     """vLLM in this process: continuous batching and prefix caching; log-probs of vLLM's own kernels."""
     return SharedVLLM(policy, config)
+
+
+def release_cached_gpu_memory() -> None:
+    """Hand the blocks torch's CUDA allocator caches but no tensor uses back to the driver (no-op without CUDA)."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
