@@ -13,7 +13,7 @@ import inspect
 import re
 import types
 from dataclasses import dataclass
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import annotated_types
 from pydantic import BaseModel
@@ -119,6 +119,9 @@ def paragraph(text: str | None) -> str:
 def annotation_text(annotation: Any) -> str:
     """``float | None`` → "float | null", ``Literal["a", "b"]`` → "'a' | 'b'", a section → "mapping"."""
     origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Annotated:  # one member of a union bounded on its own: "int (≥ 1) | 'auto' | null"
+        bounds = bounds_text(args[1:])
+        return f"{annotation_text(args[0])} ({bounds})" if bounds else annotation_text(args[0])
     if origin in (Union, types.UnionType):
         return " | ".join(annotation_text(arg) for arg in args)
     if origin is Literal:
@@ -142,16 +145,22 @@ BOUNDS = (
 )
 
 
-def type_text(field: FieldInfo) -> str:
-    """The field's type and its bounds: "float (> 0, < 1)"."""
-    bounds = [
+def bounds_text(metadata) -> str:
+    """The bounds among a field's metadata (a FieldInfo inside ``Annotated`` holds its own): "> 0, < 1"."""
+    items = [inner for item in metadata for inner in (item.metadata if isinstance(item, FieldInfo) else [item])]
+    return ", ".join(
         f"{sign} {value_text(getattr(item, attribute))}"
-        for item in field.metadata
+        for item in items
         for kind, attribute, sign in BOUNDS
         if isinstance(item, kind)
-    ]
+    )
+
+
+def type_text(field: FieldInfo) -> str:
+    """The field's type and its bounds: "float (> 0, < 1)"."""
+    bounds = bounds_text(field.metadata)
     text = annotation_text(field.annotation)
-    return f"{text} ({', '.join(bounds)})" if bounds else text
+    return f"{text} ({bounds})" if bounds else text
 
 
 def value_text(value: Any) -> str:

@@ -10,7 +10,7 @@ dotted overrides and rejects bad input with a message that says what to fix.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -209,7 +209,9 @@ class TrainConfig(Section):
     """lm runs: learner updates after which training stops (gym runs stop at env.total_steps)."""
     micro_batch_size: int = Field(64, ge=1, json_schema_extra=read_in("lm"))
     """lm runs: sequences per forward pass; gradients of a mini-batch are accumulated over micro-batches."""
-    max_tokens_per_micro_batch: int | Literal["auto"] | None = Field("auto", ge=1, json_schema_extra=read_in("lm"))
+    max_tokens_per_micro_batch: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(
+        "auto", json_schema_extra=read_in("lm")
+    )
     """lm runs: micro-batches by token count, each packed into one row without padding (at most this many prompt +
     completion tokens each, balanced; a longer sequence is a micro-batch of its own); None = micro_batch_size
     sequences padded to the longest; auto = packed at micro_batch_size × the mini-batch's longest sequence tokens,
