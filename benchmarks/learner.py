@@ -1,6 +1,6 @@
 """The language-model learner at scale: padded against packed micro-batches as the token budget and the spread of
 response lengths grow, generation against the same spread, the learner step against a bare training step, and the
-per-rank memory of FSDP2 sharding.
+per-rank memory of FSDP2 sharding. Each figure of a section is the fastest of its runs, taken in turns.
 
     python benchmarks/learner.py             # the figures in docs/benchmarks.md
     python benchmarks/learner.py --smoke     # tiny sizes, seconds
@@ -103,11 +103,11 @@ def skewed_batch(count: int, long_length: int, seed: int = 0) -> LMBatch:
     return batch_of(prompts, lengths, generator)
 
 
-def spread_lengths(count: int, mean: int, micro: int, padding: float, prompt: int, seed: int = 0) -> list[int]:
+def spread_lengths(count: int, mean: int, micro: int, padding: float, prompt: int) -> list[int]:
     """Completion lengths averaging ``mean`` for which padded micro-batches of ``micro`` rows (``prompt``-token
     prompts) are ``padding`` pad tokens: in every micro-batch one long completion (at a random place), the rest
     short ones that keep the mean."""
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(0)
     longest = round((prompt + mean) / (1 - padding)) - prompt
     short = max(1, round((micro * mean - longest) / (micro - 1)))
     lengths = []
@@ -150,15 +150,21 @@ def learner(model_name: str, count: int, *overrides: str) -> LMLearner:
     return LMLearner(load_lm_policy(model_name), config)
 
 
-def timed(step, repeats: int) -> float:
-    """The fastest of ``repeats`` runs of ``step`` after one warm-up run (the machine is shared)."""
-    step()
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        seconds.append(time.perf_counter() - start)
-    return min(seconds)
+def timed(rows: list[dict], repeats: int) -> list[dict]:
+    """``rows`` with each callable under a ``*_s`` key replaced by the fastest of ``repeats`` runs of it after one
+    warm-up run. The runs go round all of them in turn, so that a change of the shared machine's load reaches
+    every figure alike."""
+    steps = [(row, key) for row in rows for key, value in row.items() if key.endswith("_s") and callable(value)]
+    seconds: dict[tuple[int, str], list[float]] = {(id(row), key): [] for row, key in steps}
+    for round_ in range(repeats + 1):
+        for row, key in steps:
+            start = time.perf_counter()
+            row[key]()
+            if round_:
+                seconds[id(row), key].append(time.perf_counter() - start)
+    for row, key in steps:
+        row[key] = min(seconds[id(row), key])
+    return rows
 
 
 def exponent(budgets, seconds) -> float:
@@ -182,13 +188,12 @@ def budget_sweep(model_name: str, batch: LMBatch, budgets, repeats: int) -> list
             {
                 "budget": budget,
                 "micro_batches": len(packed.micro_batches(batch, torch.arange(count))),
-                "padded_micro_batches": -(-count // micro),
-                "padded_s": timed(lambda: padded.update(batch), repeats),
-                "packed_s": timed(lambda: packed.update(batch), repeats),
-                "dense_s": timed(lambda: dense.update(batch), repeats),
+                "padded_s": lambda padded=padded: padded.update(batch),
+                "packed_s": lambda packed=packed: packed.update(batch),
+                "dense_s": lambda dense=dense: dense.update(batch),
             }
         )
-    return rows
+    return timed(rows, repeats)
 
 
 def spread_sweep(model_name: str, count: int, mean: int, micro: int, repeats: int) -> list[dict]:
@@ -204,12 +209,12 @@ def spread_sweep(model_name: str, count: int, mean: int, micro: int, repeats: in
                 "padding": padding_fraction(batch, micro),
                 "tokens": int(batch.attention_mask.sum()),
                 "generated": sum(completions),
-                "padded_s": timed(lambda: padded.update(batch), repeats),
-                "default_s": timed(lambda: default.update(batch), repeats),
-                "generate_s": timed(lambda: generate_lengths(default.policy, completions), repeats),
+                "padded_s": lambda padded=padded, batch=batch: padded.update(batch),
+                "default_s": lambda default=default, batch=batch: default.update(batch),
+                "generate_s": lambda policy=default.policy, lengths=completions: generate_lengths(policy, lengths),
             }
         )
-    return rows
+    return timed(rows, repeats)
 
 
 def sharing_sweep(model_name: str, count: int, micro: int, shapes, repeats: int) -> list[dict]:
@@ -236,11 +241,11 @@ def sharing_sweep(model_name: str, count: int, micro: int, shapes, repeats: int)
                 "mean": mean,
                 "token_ratio": int(batch.attention_mask.sum()) / padded_tokens,
                 "auto": "packed" if auto.policy.packed else "padded",
-                "padded_s": timed(lambda: padded.update(batch), repeats),
-                "packed_s": timed(lambda: packed.update(batch), repeats),
+                "padded_s": lambda padded=padded, batch=batch: padded.update(batch),
+                "packed_s": lambda packed=packed, batch=batch: packed.update(batch),
             }
         )
-    return rows
+    return timed(rows, repeats)
 
 
 def generate_lengths(policy, lengths: list[int]) -> None:
@@ -272,11 +277,12 @@ def step_overhead(model_name: str, batch: LMBatch, budget: int, repeats: int) ->
     model = load_causal_lm(model_name)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
     packings = [pack_rows(sub.input_ids, sub.attention_mask, sub.completion_length) for sub in map(batch.rows, rows)]
-    return {
+    step = {
         "micro_batches": len(rows),
-        "packed_s": timed(lambda: packed.update(batch), repeats),
-        "bare_s": timed(lambda: bare_step(model, optimizer, batch, packings), repeats),
+        "packed_s": lambda: packed.update(batch),
+        "bare_s": lambda: bare_step(model, optimizer, batch, packings),
     }
+    return timed([step], repeats)[0]
 
 
 def memory_rank(rank: int, world_size: int, port: int, model_name: str, out: str) -> None:
@@ -353,7 +359,6 @@ def print_sharing(rows: list[dict]) -> None:
             f"| {row['prompt']} | {row['mean']} | {row['token_ratio']:.2f} | "
             f"{row['packed_s'] / row['padded_s']:.2f} | {row['auto']} |"
         )
-    print(f"auto packs up to {PACKED_TOKENS_PER_PADDED_TOKEN} packed tokens per padded-path token")
 
 
 def main() -> None:
@@ -382,7 +387,9 @@ def main() -> None:
     print_budgets(budget_sweep(model_name, batch, budgets, args.repeats), tokens)
     print(f"\n{args.trajectories} trajectories, completions {args.mean} tokens on average, padded {args.micro} a row")
     print_spreads(spread_sweep(model_name, args.trajectories, args.mean, args.micro, args.repeats))
-    print(f"\nshared prompts (groups of {GROUP}), 10 % padding")
+    print(
+        f"\nshared prompts, 10 % padding; auto packs up to {PACKED_TOKENS_PER_PADDED_TOKEN}× the padded path's tokens"
+    )
     print_sharing(sharing_sweep(model_name, args.trajectories, args.micro, shapes, args.repeats))
     step = step_overhead(model_name, batch, budgets[0], args.repeats)
     print("\n| step | micro-batches | seconds | tokens/s |\n|---|---:|---:|---:|")
