@@ -13,7 +13,7 @@ import threading
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from unipg.checkpoint.lm import LMCheckpointer
 from unipg.checkpoint.store import load_checkpoint
@@ -22,9 +22,6 @@ from unipg.learn.state import generator_state, restore_generator, restore_rng, r
 from unipg.observe.metrics import MetricsLogger
 from unipg.runtime.driver import EpisodeAccount, Runtime
 from unipg.runtime.replay import ProducerFailed
-
-if TYPE_CHECKING:
-    from unipg.runtime.lm_run import LMRun
 
 # Seconds a run asked to stop (Ctrl-C, SIGTERM) gives its current update to finish. Past them, a rollout or an
 # evaluation still running is given up and the run stops with the checkpoint of the last finished update: short
@@ -179,7 +176,7 @@ class RolloutPosition:
         restore_rng(self.rng)
 
 
-def update_abandoned(run: LMRun, update: int, signal_number: int, position: RolloutPosition | None) -> TrainingStopped:
+def update_abandoned(run: Any, update: int, signal_number: int, position: RolloutPosition | None) -> TrainingStopped:
     """After what followed ``update`` was given up (``UpdateAbandoned``): rollout stopped, a checkpoint of ``update``
     (the last finished one; 0: the weights training started from) saved unless ``run.saved`` is it, from
     ``position`` when the next update's rollout had begun; the ``TrainingStopped`` to raise."""
@@ -258,7 +255,7 @@ class TripCounter:
         )
 
 
-def rollout_failed(failure: ProducerFailed, run: LMRun, update: int) -> str:
+def rollout_failed(failure: ProducerFailed, run: Any, update: int) -> str:
     """After rollout failed for good: save a checkpoint of the last finished ``update`` (with the episode counts as
     of it) unless ``run.saved`` is it, and the failure's whole traceback to ``run_dir/rollout_error.txt``; the
     one-line message of the run's end, saying where to continue from."""
