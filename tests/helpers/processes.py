@@ -23,3 +23,10 @@ def processes_mentioning(text: str) -> list[int]:
         except OSError:
             continue  # not a process, or it ended while we looked
     return found
+
+
+def imported(module: str) -> bool:
+    """Whether this interpreter has imported ``module`` (called in a child to see what it loaded)."""
+    import sys
+
+    return module in sys.modules

@@ -15,8 +15,14 @@ from unipg.tasks.rewards.rules import REWARDS
 ROOT = Path(__file__).resolve().parents[2]
 GUARD_SECONDS = 300  # only a failure guard for the child interpreter: the limits under test are seconds
 
-# Each passes symbolic_refusal yet holds sympy for seconds to minutes.
-SLOW = ["#### \\Gamma(10^{9})", "#### \\binom{10^{9}}{10^{8}}", "#### gamma(10**9)", "#### \\Gamma(10^{8}) + 1"]
+# Each passes symbolic_refusal yet holds sympy for seconds to minutes (math_verify's own 5 s limit applies only
+# where it runs on the main thread).
+SLOW = [
+    "#### \\Gamma(10^{9})",
+    "#### \\binom{10^{9}}{10^{8}}",
+    "#### \\frac{\\Gamma(10^{9})}{2}",
+    "#### \\Gamma(10^{8}) + 1",
+]
 
 SCORE = r"""
 import json, sys

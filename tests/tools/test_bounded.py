@@ -15,6 +15,7 @@ import pytest
 from unipg.tasks.rewards.rules import REWARDS, answers_equivalent
 from unipg.tools.bounded import IsolatedFunction, parse_number, symbolic_refusal
 
+ROOT = Path(__file__).resolve().parents[2]
 GUARD_SECONDS = 30  # only a failure guard: each case below takes milliseconds
 
 # Run in a child interpreter, so that a regression fails the test instead of freezing the test run.
@@ -88,3 +89,13 @@ def test_an_isolated_computation_that_holds_its_interpreter_is_killed_on_time():
     assert time.monotonic() - start < GUARD_SECONDS and factorial.kills == 1
     assert factorial(6) == 720  # a fresh child
     factorial.close()
+
+
+def test_an_isolated_functions_child_imports_its_preloads_before_it_is_ready(monkeypatch):
+    monkeypatch.chdir(ROOT)  # the child finds the tests package from its working directory
+    bare = IsolatedFunction("tests.helpers.processes:imported")
+    preloaded = IsolatedFunction("tests.helpers.processes:imported", preload=("fractions", "wave"))
+    assert not bare("wave")  # nothing the child runs imports it by itself
+    assert preloaded("wave") and preloaded("fractions")  # so a call's limit is not spent on imports
+    bare.close()
+    preloaded.close()

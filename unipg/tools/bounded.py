@@ -112,11 +112,15 @@ class IsolatedFunction:
     seconds kills the child and raises ``TimeoutError`` (the next call starts a fresh child).
 
     Arguments and results travel as JSON. Waiting on the child releases the interpreter lock, so whatever the
-    function computes, the calling process keeps running. ``kills`` counts the children killed.
+    function computes, the calling process keeps running. ``kills`` counts the children killed. ``preload`` names
+    modules the child imports before it is ready (within ``start_timeout``), so that ``timeout`` measures what a
+    call computes, not the imports the function would do on its first call.
     """
 
-    def __init__(self, target: str, *, timeout: float = 5.0, start_timeout: float = 120.0):
-        self.target, self.timeout, self.start_timeout = target, timeout, start_timeout
+    def __init__(
+        self, target: str, *, timeout: float = 5.0, start_timeout: float = 120.0, preload: tuple[str, ...] = ()
+    ):
+        self.target, self.timeout, self.start_timeout, self.preload = target, timeout, start_timeout, preload
         self.kills = 0
         self._lock = threading.Lock()
         self._child: subprocess.Popen | None = None
@@ -131,7 +135,10 @@ class IsolatedFunction:
 
     def _start(self) -> subprocess.Popen:
         self._child = subprocess.Popen(
-            [sys.executable, "-c", _CHILD, self.target], text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+            [sys.executable, "-c", _CHILD, self.target, *self.preload],
+            text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
         )
         self._read_line(self.start_timeout)  # the child says "ready" once its imports are done
         return self._child
@@ -158,11 +165,14 @@ class IsolatedFunction:
             child.stdout.close()
 
 
-_CHILD = "import sys; from unipg.tools.bounded import serve; serve(sys.argv[1])"
+_CHILD = "import sys; from unipg.tools.bounded import serve; serve(sys.argv[1], sys.argv[2:])"
 
 
-def serve(target: str) -> None:
-    """The child's loop: read JSON argument lists from stdin, write the function's JSON results to stdout."""
+def serve(target: str, preload: list[str] = ()) -> None:
+    """The child's loop: import ``preload``, then read JSON argument lists from stdin and write the function's JSON
+    results to stdout."""
+    for name in preload:
+        importlib.import_module(name)
     module, name = target.split(":")
     function = getattr(importlib.import_module(module), name)
     print("ready", flush=True)

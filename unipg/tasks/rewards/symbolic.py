@@ -38,6 +38,7 @@ BATCH_TIMEOUT = 30.0  # seconds one batch of comparisons may take in all, starti
 WORKERS = max(1, min(4, os.cpu_count() or 1))  # children computing at once
 START_TIMEOUT = 120.0  # seconds a child may take to import its libraries (within the batch's deadline)
 CACHE_SIZE = 4096  # verdicts remembered
+PRELOAD = ("sympy", "math_verify")  # imported by a child before it is ready: a comparison's limit is its own
 _KILL_MARGIN = 1.0  # seconds past the deadline for killing a child and reading its end
 
 
@@ -49,7 +50,7 @@ class SymbolicPool:
             raise ValueError(f"symbolic comparison needs at least 1 worker, got {workers}")
         self.undecided = 0  # comparisons cut at their own or their batch's limit, or failed (scored as not equal)
         self._free: queue.SimpleQueue = queue.SimpleQueue()
-        self._children = [IsolatedFunction(f"{__name__}:symbolic_equal") for _ in range(workers)]
+        self._children = [IsolatedFunction(f"{__name__}:symbolic_equal", preload=PRELOAD) for _ in range(workers)]
         for child in self._children:
             self._free.put(child)
         self._verdicts: OrderedDict = OrderedDict()
