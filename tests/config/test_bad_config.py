@@ -147,6 +147,15 @@ def test_text_field_overrides_keep_the_text_as_written():
         ),
         ([*TEXT, "sample.samples_per_prompt=3"], "sample.samples_per_prompt (3) must divide train.batch_size (64)"),
         ([*TEXT, "algorithm=grpo", "sample.samples_per_prompt=1"], "set sample.samples_per_prompt to at least 2"),
+        (
+            [*TEXT, "algorithm=remax", "data.offline.path=episodes.jsonl"],
+            "not for the recorded episodes of data.offline; unset data.offline",
+        ),
+        (
+            [*TEXT, "algorithm=remax", "sample.dynamic_sampling=true"],
+            "such a group still has a gradient; set sample.dynamic_sampling=false",
+        ),
+        ([*TEXT, "algorithm=remax", "sample.temperature=0"], "is 0 for all of them; sample at a temperature > 0"),
         ([*TEXT, "train.micro_batch_size=24"], "train.micro_batch_size (24) must divide train.mini_batch_size (32)"),
         (
             [*TEXT, "sample.replay_buffer_size=1"],
@@ -162,6 +171,11 @@ def test_text_field_overrides_keep_the_text_as_written():
 )
 def test_contradictions_say_how_to_fix(overrides, expected):
     assert expected in problem(overrides)
+
+
+def test_remax_samples_one_completion_per_prompt():
+    config = load_config(None, [*TEXT, "algorithm=remax"])  # its baseline is the greedy response, not the group
+    assert config.sample.samples_per_prompt == 1 and config.prompts_per_step == config.train.batch_size
 
 
 def test_an_output_dir_that_is_a_file_is_rejected(tmp_path):

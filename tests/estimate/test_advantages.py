@@ -288,6 +288,7 @@ def test_registered_advantage_estimators():
         "reinforce_plus_plus_baseline",
         "gpg",
         "optimal_token_baseline",
+        "remax",
     }
     assert set(ADVANTAGES.names()) == expected
     assert ADVANTAGES.get("gae") is gae
@@ -315,6 +316,7 @@ def test_an_estimators_family_and_its_need_for_a_critic_come_from_the_inputs_it_
         "grpo_passk",
         "opo",
         "reinforce_plus_plus_baseline",
+        "remax",
         "rloo",
     ]
     assert advantage_names("turn") == ["turn_level"]

@@ -1,15 +1,16 @@
-"""OPO, grpo_passk, REINFORCE++-baseline and GPG: hand examples, loop twins, and where they reduce to known ones."""
+"""OPO, grpo_passk, REINFORCE++-baseline, GPG and ReMax: hand examples, loop twins, and where they reduce to known ones."""
 
 import pytest
 import torch
 
-from unipg.estimate import ADVANTAGES, advantage_family
+from unipg.estimate import ADVANTAGES, advantage_family, needs_greedy_baseline
 from unipg.estimate.advantages import dr_grpo_advantages
 from unipg.estimate.group_advantages import (
     gpg_advantages,
     grpo_passk_advantages,
     opo_advantages,
     reinforce_plus_plus_baseline_advantages,
+    remax_advantages,
 )
 
 
@@ -66,7 +67,26 @@ def test_gpg_rescales_by_the_share_of_informative_samples():
     assert torch.allclose(gpg_advantages(t([1, 1]), group_size=2), t([0, 0]))  # nothing informative: α = 1
 
 
-@pytest.mark.parametrize("name", ["opo", "grpo_passk", "reinforce_plus_plus_baseline", "gpg"])
+def test_remax_is_the_score_minus_the_greedy_responses_score():
+    scores, greedy = t([1.0, 0.0, 0.5, 0.5]), t([0.0, 0.0, 1.0, 1.0])  # the last two: samples of one prompt
+    assert torch.equal(remax_advantages(scores, greedy), t([1.0, 0.0, -0.5, -0.5]))
+
+
+def test_remax_gives_no_advantage_to_a_sample_that_scores_as_the_greedy_response():
+    generator = torch.Generator().manual_seed(2)
+    scores = torch.rand(9, generator=generator, dtype=torch.float64)
+    assert torch.equal(remax_advantages(scores, scores.clone()), torch.zeros(9, dtype=torch.float64))
+
+
+def test_remax_needs_one_greedy_score_per_sample():
+    with pytest.raises(ValueError, match="one greedy score per sample"):
+        remax_advantages(t([1.0, 0.0]), t([1.0]))
+
+
+@pytest.mark.parametrize("name", ["opo", "grpo_passk", "reinforce_plus_plus_baseline", "gpg", "remax"])
 def test_new_estimators_are_group_estimators(name):
     assert advantage_family(name) == "group"
     assert name in ADVANTAGES
+    assert needs_greedy_baseline(name) == (name == "remax")
+    # ReMax reads no group size: its baseline is the greedy response, so one sample per prompt is enough
+    assert ("group_size" in ADVANTAGES.entry(name).inputs) == (name != "remax")

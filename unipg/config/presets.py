@@ -339,6 +339,18 @@ _define(
     ),
     _CRITIC_FREE,
 )
+_define(
+    "remax",
+    "ReMax: REINFORCE with the reward of the greedy response to the same prompt as baseline (one extra greedy "
+    "episode per prompt, not trained on), one completion per prompt, no ratio, clip, critic or KL (Li et al. 2023)",
+    None,
+    frozenset(),
+    _lm_preset(
+        {"advantage": "remax", "policy_loss": "vanilla", "kl_coef": 0.0, "loss_agg_mode": "token-mean"},
+        sample={"samples_per_prompt": 1},
+    ),
+    _CRITIC_FREE,
+)
 
 for _name, (_summary, _estimator, _train) in POLICY_LOSS_PRESETS.items():
     _define(

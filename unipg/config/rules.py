@@ -18,6 +18,7 @@ from unipg.estimate import (
     advantage_family,
     advantage_names,
     needs_critic,
+    needs_greedy_baseline,
 )
 from unipg.registry import unknown_name_message
 
@@ -233,6 +234,32 @@ def reference_sync_problems(config: Config) -> list[str]:
     return []
 
 
+def greedy_baseline_problems(config: Config) -> list[str]:
+    """An estimator that compares each completion with the greedy episode of its prompt (remax), which the run
+    generates for the prompts it samples: refused where that baseline is missing or means nothing."""
+    advantage, sample = config.estimator.advantage, config.sample
+    problems = []
+    if config.data.offline is not None:
+        problems.append(
+            f"estimator.advantage '{advantage}' compares each completion with a greedy episode of its prompt under "
+            "the policy being trained, which the run generates for the prompts it samples, not for the recorded "
+            "episodes of data.offline; unset data.offline or pick another estimator (e.g. rloo, grpo)"
+        )
+    if sample.dynamic_sampling:
+        problems.append(
+            f"sample.dynamic_sampling drops groups whose completions all scored alike, but estimator.advantage "
+            f"'{advantage}' compares each completion with the greedy episode of its prompt, so such a group still "
+            "has a gradient; set sample.dynamic_sampling=false"
+        )
+    if sample.temperature == 0:
+        problems.append(
+            f"sample.temperature is 0: every completion is the greedy one, so estimator.advantage '{advantage}' "
+            "(the reward minus that of the greedy completion) is 0 for all of them; sample at a temperature > 0 "
+            "(e.g. 1.0)"
+        )
+    return problems
+
+
 def lm_problems(config: Config) -> list[str]:
     problems = lm_batch_problems(config) + reference_sync_problems(config)
     est, sample, model = config.estimator, config.sample, config.model
@@ -240,13 +267,15 @@ def lm_problems(config: Config) -> list[str]:
         problems.append(
             "estimator.advantage: " + unknown_name_message("advantage estimator", est.advantage, ADVANTAGES.names())
         )
-    elif advantage_family(est.advantage) == "group" and sample.samples_per_prompt < 2:
+    elif "group_size" in ADVANTAGES.entry(est.advantage).inputs and sample.samples_per_prompt < 2:
         problems.append(
             f"estimator.advantage '{est.advantage}' compares completions of the same prompt; set "
             "sample.samples_per_prompt to at least 2 (e.g. 8)"
         )
     known = est.advantage in ADVANTAGES
-    if sample.dynamic_sampling and known and advantage_family(est.advantage) != "group":
+    if known and needs_greedy_baseline(est.advantage):
+        problems += greedy_baseline_problems(config)
+    elif sample.dynamic_sampling and known and advantage_family(est.advantage) != "group":
         problems.append(
             f"sample.dynamic_sampling drops groups whose group-relative advantages are zero; estimator.advantage "
             f"'{est.advantage}' does not compare a prompt's completions, so no group is without a gradient: use "

@@ -4,7 +4,13 @@ Layout convention: batch first, time last — every per-step tensor is (B, T) wi
 shape that is 1 on valid steps/tokens and 0 on padding.
 """
 
-from unipg.estimate.advantages import ADVANTAGES, advantage_family, advantage_names, needs_critic
+from unipg.estimate.advantages import (
+    ADVANTAGES,
+    advantage_family,
+    advantage_names,
+    needs_critic,
+    needs_greedy_baseline,
+)
 from unipg.estimate.kl import KL_ESTIMATORS
 from unipg.estimate.losses import POLICY_LOSSES, LossOutput
 from unipg.estimate.weights import OFF_POLICY_WEIGHTS, OffPolicyWeights
@@ -32,4 +38,5 @@ __all__ = [
     "advantage_family",
     "advantage_names",
     "needs_critic",
+    "needs_greedy_baseline",
 ]

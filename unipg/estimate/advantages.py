@@ -17,7 +17,8 @@ The registered estimators come in three families, each told by the inputs its en
 - turn (``turn_rewards``): over the (N, K) rewards of the K policy turns of N episodes, "turn_level" returns
   advantages (N, K).
 
-An estimator that reads ``values`` needs a critic (``needs_critic``).
+An estimator that reads ``values`` needs a critic (``needs_critic``); one that reads ``greedy_scores`` needs the reward
+of a greedy episode of each prompt (``needs_greedy_baseline``).
 """
 
 from __future__ import annotations
@@ -48,6 +49,12 @@ def advantage_family(name: str) -> str:
 def needs_critic(name: str) -> bool:
     """Whether estimator ``name`` reads a learned value V(s_t) (its declared inputs hold ``values``)."""
     return "values" in ADVANTAGES.entry(name).inputs
+
+
+def needs_greedy_baseline(name: str) -> bool:
+    """Whether estimator ``name`` compares each sample with a greedy episode of its prompt (its declared inputs hold
+    ``greedy_scores``: remax), which the run then generates for every prompt it trains on."""
+    return "greedy_scores" in ADVANTAGES.entry(name).inputs
 
 
 def advantage_names(family: str) -> list[str]:

@@ -39,6 +39,7 @@ ADVANTAGE_BASELINES: dict[str, str] = {
     "grpo_passk": "group runner-up, best sample only",
     "reinforce_plus_plus_baseline": "group mean, whitened over the batch",
     "gpg": "group mean, × informative share",
+    "remax": "reward of the greedy response",
     "turn_level": "per-turn leave-one-out mean",
     "optimal_token_baseline": "group, per token, weighted by path energy",
 }

@@ -5,9 +5,12 @@ Beside GRPO, Dr.GRPO and RLOO (``unipg.estimate.advantages``), the baselines and
 - "opo": the length-weighted group mean, the variance-optimal baseline of Hao et al. 2025;
 - "grpo_passk": credit only the group's best sample, for pass@k training;
 - "reinforce_plus_plus_baseline": the group mean, then whitened over the whole batch (REINFORCE++ with a baseline);
-- "gpg": the group mean, rescaled by the share of samples that carry a signal (GPG).
+- "gpg": the group mean, rescaled by the share of samples that carry a signal (GPG);
+- "remax": the reward of the greedy response to the same prompt (ReMax).
 
 Estimators that weigh samples by length read ``lengths`` (N,): the number of tokens the policy sampled in each.
+An estimator that reads ``greedy_scores`` (N,) compares each sample with one greedy (temperature 0) episode of its
+prompt that the run generates beside the group and does not train on (``needs_greedy_baseline``).
 """
 
 from __future__ import annotations
@@ -95,3 +98,26 @@ def gpg_advantages(scores: torch.Tensor, *, group_size: int) -> torch.Tensor:
     count = int(informative.sum()) * group_size
     alpha = scores.numel() / count if count else 1.0
     return (alpha * centred).reshape(-1)
+
+
+@ADVANTAGES.register("remax", inputs=("scores", "greedy_scores"))
+def remax_advantages(scores: torch.Tensor, greedy_scores: torch.Tensor) -> torch.Tensor:
+    """ReMax (Li et al. 2023, arXiv:2310.10505): the score minus that of the greedy response to the same prompt.
+
+    REINFORCE with the greedy baseline of the paper's Algorithm 1,
+
+        A_i = r(x_i, y_i) − b(x_i),     b(x) = r(x, ŷ),     ŷ_t = argmax_a π_θ(a | x, ŷ_<t),
+
+    scored by the same reward function; every token of y_i carries A_i. ``greedy_scores`` (N,) holds b(x_i) for
+    each sample, so samples of one prompt share it. b does not depend on y_i, so the estimate stays unbiased
+    whatever the group size (the paper samples one response per prompt); a sample that scores as the greedy
+    response has no advantage.
+    """
+    if scores.shape != greedy_scores.shape or scores.dim() != 1:
+        raise ValueError(
+            f"remax needs one greedy score per sample, shape (N,) like scores {tuple(scores.shape)}; "
+            f"got {tuple(greedy_scores.shape)}"
+        )
+    if not scores.is_floating_point():
+        scores = scores.to(torch.get_default_dtype())
+    return scores - greedy_scores.to(scores.dtype)

@@ -7,7 +7,8 @@
   ``samples_per_prompt`` episodes of one prompt, told apart by the rows' ``groups`` index (without it,
   consecutive episodes); an episode's advantage goes to every row of it (``episodes``). An episode may train
   several trajectories (an external agent that rewrote its history): each is a row of the loss's token or
-  sequence mean, but the episode counts once in its group's baseline;
+  sequence mean, but the episode counts once in its group's baseline. An estimator that reads ``greedy_scores``
+  (remax) also sees, for each episode, the reward of the greedy episode of its prompt (``LMBatch.greedy_scores``);
 - step estimators (gae, reinforce_plus_plus, batch_mean_baseline, ...) see the (B, C) token rewards of every
   row with its episode ending at its last sampled token (optimal_token_baseline also each row's group, and the
   policy's μ log-probs and Σπ² of each token); turn estimators (they read ``turn_rewards``:
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from unipg.config.schema import EstimatorConfig
-from unipg.estimate import ADVANTAGES, advantage_family
+from unipg.estimate import ADVANTAGES, advantage_family, needs_greedy_baseline
 from unipg.estimate.advantages import broadcast_to_tokens
 from unipg.estimate.kl import kl_penalty
 from unipg.estimate.masked import masked_whiten, pack_masked, unpack_masked
@@ -55,6 +56,8 @@ class LMBatch:
     groups: torch.Tensor | None = None  # (B,) long, the group (of one prompt, one role) of each row's episode
     truncated: torch.Tensor | None = None  # (B,) bool, the row was cut by a token limit rather than ended: a
     # generation's finish reason "length", an episode's finish "max_tokens"; None: unknown, none taken as cut
+    greedy_scores: torch.Tensor | None = None  # (B,) the reward of the greedy (temperature 0) episode of the row's
+    # prompt (of its role), the baseline of an estimator that reads it (remax); None: no greedy episode was run
 
     @classmethod
     def from_generation(cls, generation: Generation, scores: list[float]) -> LMBatch:
@@ -242,6 +245,8 @@ def lm_advantages(
         per_episode = torch.empty_like(rewards[heads, 0])  # (N,) in episode order
         scored = heads[order]  # the row that scores each episode, group after group
         data = {"scores": rewards.sum(1)[scored], "lengths": mask.sum(1)[scored], "group_size": group_size}
+        if needs_greedy_baseline(est.advantage):
+            data["greedy_scores"] = greedy_baseline_of(batch, est.advantage)[scored]
         per_episode[order] = ADVANTAGES.call(est.advantage, data, est)
         advantages = broadcast_to_tokens(per_episode[row_episode], mask)
         returns = broadcast_to_tokens(rewards.sum(1), mask)
@@ -265,6 +270,17 @@ def lm_advantages(
     if est.normalize_advantages:
         advantages = masked_whiten(advantages, mask) * mask
     return advantages, returns
+
+
+def greedy_baseline_of(batch: LMBatch, advantage: str) -> torch.Tensor:
+    """(B,) ``batch.greedy_scores``, which estimator ``advantage`` reads; a clear error when no greedy episode was run
+    (the lm driver runs them, ``unipg.runtime.greedy_baseline``)."""
+    if batch.greedy_scores is None:
+        raise ValueError(
+            f"advantage estimator '{advantage}' compares each completion with the greedy episode of its prompt, and "
+            "this batch has none (LMBatch.greedy_scores); the lm driver generates them for every prompt it trains on"
+        )
+    return batch.greedy_scores.to(batch.scores.device)
 
 
 def token_baseline_inputs(batch: LMBatch, group_size: int) -> dict[str, torch.Tensor]:

@@ -40,12 +40,14 @@ from pathlib import Path
 
 from unipg.checkpoint.lm import latest_checkpoint
 from unipg.config import Config
+from unipg.estimate import needs_greedy_baseline
 from unipg.learn.lm import LMBatch, LMLearner
 from unipg.observe.episodes import EpisodeLog
 from unipg.observe.metrics import Timer, process_metrics, release_free_memory
 from unipg.observe.rollout_metrics import rollout_metrics
 from unipg.runtime.driver import EpisodeAccount, Runtime, StepReport
 from unipg.runtime.evaluation import evaluate_episodes, evaluate_lm  # noqa: F401  (evaluate_lm: re-exported)
+from unipg.runtime.greedy_baseline import greedy_baseline
 from unipg.runtime.lm_run import LMRun, LMTrainResult, finished_run, open_run
 from unipg.runtime.offline import OfflineData, offline_metrics
 from unipg.runtime.replay import Group, ProducerFailed
@@ -90,31 +92,27 @@ def train_step(
     offline: OfflineData | None = None,
     episodes: EpisodeLog | None = None,
     stop: StopRequest | None = None,
+    greedy: EpisodeRunner | None = None,
 ) -> tuple[dict[str, float], int, StepReport]:
     """Update ``update``: the next groups (``group_size`` episodes each, with tool calls if ``tools``) from the runtime
     and their share from ``offline``, their reference log-probs and values, the estimator's epochs of mini-batch steps,
-    the new weights published; fresh episodes go to ``episodes``. Its metrics record, samples and the runtime's report.
-    ``ProducerFailed`` (rollout cannot go on) or ``UpdateAbandoned`` (``stop`` gave it up) come before any learning."""
+    the new weights published; fresh episodes go to ``episodes``. With ``greedy``, first one greedy episode per prompt
+    on that runner, whose returns the estimator reads (``unipg.runtime.greedy_baseline``). Its metrics record, samples
+    and the runtime's report. ``ProducerFailed`` (rollout cannot go on) or ``UpdateAbandoned`` (``stop`` gave up the
+    rollout or the greedy episodes) come before any learning."""
     start = time.time()
     recorded = offline.count(update) if offline is not None else 0
-    with stop.abandonable() if stop is not None else contextlib.nullcontext():
+    abandonable = stop.abandonable if stop is not None else contextlib.nullcontext
+    with abandonable():
         groups, step = runtime.next_groups(update - 1, runtime.groups_per_step - recorded)
     extra = offline.take(recorded, update - 1) if recorded else []
     batch = rollout_batch(groups, update - 1, pad_id=learner.policy.pad_id, offline=extra)
-    fresh, report = [t for g in groups for t in g.items], step.rollout
-    record = {
-        **step.metrics(),
-        **rollout_metrics(
-            fresh,
-            batch,
-            group_size=group_size,
-            tools=tools,
-            wait_seconds=step.learner_wait,
-            batch_sizes=report.batch_sizes,
-            generate_seconds=report.generate_seconds,
-        ),
-        **report.metrics(),
-    }
+    fresh = [t for g in groups for t in g.items]
+    record = step_record(step, fresh, batch, group_size=group_size, tools=tools)
+    if greedy is not None:
+        with abandonable(), timer("greedy_baseline"):
+            batch.greedy_scores, baseline_metrics = greedy_baseline(greedy, groups, update - 1)
+        record.update(baseline_metrics)
     if episodes is not None:
         episodes.write(fresh, update=update)
     with timer("logprob"):
@@ -139,6 +137,25 @@ def train_step(
         }
     )
     return record, len(batch.scores), step
+
+
+def step_record(step: StepReport, fresh: list, batch: LMBatch, *, group_size: int, tools: bool) -> dict[str, float]:
+    """The metrics of a step's rollout: the runtime's (``step``), those of its ``fresh`` episodes and ``batch``, and
+    the rollout's report."""
+    report = step.rollout
+    return {
+        **step.metrics(),
+        **rollout_metrics(
+            fresh,
+            batch,
+            group_size=group_size,
+            tools=tools,
+            wait_seconds=step.learner_wait,
+            batch_sizes=report.batch_sizes,
+            generate_seconds=report.generate_seconds,
+        ),
+        **report.metrics(),
+    }
 
 
 def log_update(run: LMRun, update: int, record: dict[str, float], stop: StopRequest | None = None) -> dict[str, float]:
@@ -215,6 +232,7 @@ def train_updates(run: LMRun, stop: StopRequest) -> None:
                 offline=run.offline,
                 episodes=run.episodes,
                 stop=stop,
+                greedy=run.runner if needs_greedy_baseline(config.estimator.advantage) else None,
             )
         except UpdateAbandoned:  # a stop was asked for and rollout did not end within its grace
             raise update_abandoned(run, update - 1, stop.signal_number, position=position) from None
