@@ -15,11 +15,13 @@ Every run holds a frozen copy of the starting model (``model.reference=copy``), 
 for every preset, also those without a KL term. Reported per preset, mean ± std over seeds, read from each run's
 metrics.jsonl: held-out greedy pass@1 before → after training (the test split, which no training decision
 reads), the train reward (sampled, mean over the last update's batch), the KL to the reference and the policy's
-token entropy on the last update's batch, and the mean wall-clock seconds per update (evaluation excluded).
+token entropy on the last update's batch, and the mean wall-clock seconds per update (evaluation excluded; ReMax's
+greedy episodes, one per prompt and not trained on, included).
 
     python benchmarks/estimators.py                      # every text preset, seeds 0 1, 10 updates × 1024
     python benchmarks/estimators.py --presets grpo rloo gspo --seeds 0 1 2 --updates 40
     python benchmarks/estimators.py --task calculator --presets grpo cispo --updates 10   # slow: agent episodes
+    python benchmarks/estimators.py --smoke --presets remax   # the smoke run of other presets than grpo and gspo
 """
 
 from __future__ import annotations
@@ -155,7 +157,9 @@ def main() -> None:
 
     text_presets = lm_algorithm_names()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--presets", nargs="+", default=text_presets, choices=text_presets)
+    parser.add_argument(
+        "--presets", nargs="+", choices=text_presets, help="default: every text preset (with --smoke: grpo gspo)"
+    )
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     parser.add_argument("--updates", type=int, default=10, help="learner updates per run")
     parser.add_argument("--batch-size", type=int, default=1024, help="completions per update (every preset)")
@@ -165,13 +169,16 @@ def main() -> None:
     parser.add_argument(
         "--smoke",
         action="store_true",
-        help="two presets, one seed, two updates of a tiny task: checks that the script still runs, measures nothing",
+        help="grpo and gspo (or --presets), one seed, two updates of a tiny task: checks that the script still runs, "
+        "measures nothing",
     )
     args = parser.parse_args()
     extra = []
     if args.smoke:
-        args.presets, args.seeds, args.updates, args.batch_size, args.eval_examples = ["grpo", "gspo"], [0], 2, 16, 4
+        args.presets = args.presets or ["grpo", "gspo"]
+        args.seeds, args.updates, args.batch_size, args.eval_examples = [0], 2, 16, 4
         extra = SMOKE
+    args.presets = args.presets or text_presets
     options = {
         "task": args.task,
         "batch_size": args.batch_size,
