@@ -49,6 +49,9 @@ class SamplingParams:
     stop: list[str] | None = None
     keep_stop: tuple[str, ...] = ()  # stop strings that belong to the turn's text (a call's closing tag)
     seed: int | None = None  # the request's own: its tokens drawn from a generator of this seed, whatever the batch
+    # the JSON schema (its text) the turn must match: tokens drawn only where the schema's grammar allows them
+    # (unipg.inference.structured), so its behaviour log-probs are those of the masked distribution
+    json_schema: str | None = None
 
     def __post_init__(self):
         # the values the config and the endpoint refuse never reach a sampler (unipg.config.sampling)

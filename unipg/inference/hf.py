@@ -19,6 +19,9 @@ A request with a ``seed`` of its own (``SamplingParams.seed``) is sampled alone,
 the batched sampler draws every row from one generator, so a row's draws would depend on the rows beside it.
 Its turn is then the same whatever else is pending, at the cost of a generate call of its own.
 
+A request whose reply must match a JSON schema (``SamplingParams.json_schema``) is batched with the others of its
+parameters: its grammar masks the logits of its own row alone (``unipg.inference.structured.RowGrammars``).
+
 The sampler is the trainer's own model code (``LMPolicy.sample``), so its behaviour log-probs are the trainer's.
 """
 
@@ -28,10 +31,12 @@ import asyncio
 import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
+from dataclasses import replace
 
 import torch
 
 from unipg.inference.base import ENGINES, SamplingParams, TurnOutput
+from unipg.inference.structured import RowGrammars
 from unipg.policy.generation import cut_at_stop
 from unipg.policy.lm import LMPolicy
 
@@ -148,36 +153,39 @@ class HFService:
                 self.policy_version = version
         outputs: list[TurnOutput | Exception | None] = [None] * len(batch)
         chosen = [request[4] or self.params for request in batch]
+        # a grammar masks its own row alone: requests that differ only in their schema share a call
+        shared = [params if params.json_schema is None else replace(params, json_schema=None) for params in chosen]
         kinds: list[SamplingParams] = []
-        for params in chosen:
+        for params in shared:
             if params not in kinds:
                 kinds.append(params)
         for params in kinds:
-            rows = [row for row, own in enumerate(chosen) if own == params]
+            rows = [row for row, own in enumerate(shared) if own == params]
             for group in [rows] if params.seed is None else [[row] for row in rows]:  # a seeded request alone
-                contexts, budgets = [batch[row][1] for row in group], [batch[row][2] for row in group]
-                for row, output in zip(group, self._sample_apart(contexts, budgets, params)):
+                requests = [(batch[row][1], batch[row][2], chosen[row].json_schema) for row in group]
+                for row, output in zip(group, self._sample_apart(requests, params)):
                     outputs[row] = output
         return outputs
 
-    def _sample_apart(
-        self, contexts: list[list[int]], budgets: list[int], params: SamplingParams
-    ) -> list[TurnOutput | Exception]:
-        """``_sample``, and where that fails, each half of the requests apart (down to single requests): a request
-        the sampler cannot serve fails alone, whoever it is batched with, and a failure of the engine itself
-        reaches every request (after about two calls per request)."""
+    def _sample_apart(self, requests: list[tuple], params: SamplingParams) -> list[TurnOutput | Exception]:
+        """``_sample`` of (context, budget, JSON schema or None) requests, and where that fails, each half of them
+        apart (down to single requests): a request the sampler cannot serve fails alone, whoever it is batched
+        with, and a failure of the engine itself reaches every request (after about two calls per request)."""
+        contexts, budgets, schemas = (list(column) for column in zip(*requests))
         try:
-            return self._sample(contexts, budgets, params)
+            return self._sample(contexts, budgets, schemas, params)
         except Exception as error:  # noqa: BLE001 — handed to the request it belongs to
-            if len(contexts) == 1:
+            if len(requests) == 1:
                 return [error]
-        half = len(contexts) // 2
-        return self._sample_apart(contexts[:half], budgets[:half], params) + self._sample_apart(
-            contexts[half:], budgets[half:], params
-        )
+        half = len(requests) // 2
+        return self._sample_apart(requests[:half], params) + self._sample_apart(requests[half:], params)
 
     def _sample(
-        self, contexts: list[list[int]], budgets: list[int], params: SamplingParams | None = None
+        self,
+        contexts: list[list[int]],
+        budgets: list[int],
+        schemas: list[str | None] | None = None,
+        params: SamplingParams | None = None,
     ) -> list[TurnOutput]:
         start = time.perf_counter()
         params = params or self.params
@@ -191,6 +199,7 @@ class HFService:
             stop=params.stop,
             keep_stop=params.keep_stop,
             generator=generator,
+            constraint=self._grammars(schemas or []),
         )
         self.batches.append(len(contexts))
         self.turns += len(contexts)
@@ -216,6 +225,13 @@ class HFService:
             )
         self.generate_seconds += time.perf_counter() - start
         return outputs
+
+    def _grammars(self, schemas: list[str | None]) -> RowGrammars | None:
+        """The grammars of a call's rows that must match a JSON schema (None when no row must)."""
+        if not any(schemas):
+            return None
+        vocab_size = self.policy.model.get_output_embeddings().weight.shape[0]
+        return RowGrammars(self.policy.tokenizer, vocab_size, self.policy.eos_ids, schemas)
 
 
 class HFEngine:

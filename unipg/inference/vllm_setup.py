@@ -46,6 +46,7 @@ def import_vllm():
 def engine_args(folder: Path, policy: LMPolicy, sample, *, dtype: str, seed: int, lora_rank: int):
     """vLLM's ``EngineArgs`` for the model saved in ``folder``."""
     from vllm import EngineArgs
+    from vllm.config import StructuredOutputsConfig
 
     on_gpu = torch.cuda.is_available()
     memory = (
@@ -73,6 +74,8 @@ def engine_args(folder: Path, policy: LMPolicy, sample, *, dtype: str, seed: int
         logprobs_mode="processed_logprobs",
         enforce_eager=not on_gpu,
         disable_log_stats=True,
+        # JSON replies (SamplingParams.json_schema) by the grammar library and options the hf engine uses
+        structured_outputs_config=StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True),
         **memory,
         **lora,
     )
@@ -80,9 +83,12 @@ def engine_args(folder: Path, policy: LMPolicy, sample, *, dtype: str, seed: int
 
 def vllm_sampling(params: SamplingParams, *, max_tokens: int, seed: int | None, eos_ids: list[int]):
     """Our ``SamplingParams`` as vLLM's: same temperature, top-p/top-k, stop strings, end tokens (none: a turn
-    ends at a stop string or ``max_tokens``); the sampled token's log-prob."""
+    ends at a stop string or ``max_tokens``), JSON schema (vLLM's structured outputs); the sampled token's
+    log-prob."""
     from vllm import SamplingParams as VLLMSamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
 
+    structured = None if params.json_schema is None else StructuredOutputsParams(json=params.json_schema)
     return VLLMSamplingParams(
         n=1,
         max_tokens=max_tokens,
@@ -95,4 +101,5 @@ def vllm_sampling(params: SamplingParams, *, max_tokens: int, seed: int | None, 
         seed=seed,
         skip_special_tokens=True,
         ignore_eos=not eos_ids,
+        structured_outputs=structured,
     )

@@ -2,8 +2,10 @@
 behaviour log-prob log μ(a_t|s_t), so the learner needs no second forward pass to know μ.
 
 Temperature: log-probs are those of softmax(logits / temperature), the distribution tokens are drawn from;
-top-k / top-p truncation is not reflected in them (as in vLLM and TRL). Every per-token tensor is (B, C), C the
-completion length, with ``completion_mask`` 1 on sampled tokens.
+top-k / top-p truncation is not reflected in them (as in vLLM and TRL). A ``LogitsConstraint`` (a grammar, e.g.
+``unipg.inference.structured.RowGrammars``) is reflected: it masks the logits of its rows before the draw, so their
+log-probs are those of the masked distribution, the one their tokens were drawn from. Every per-token tensor is
+(B, C), C the completion length, with ``completion_mask`` 1 on sampled tokens.
 """
 
 from __future__ import annotations
@@ -61,6 +63,16 @@ class SamplingPolicy(Protocol):
     def device(self) -> torch.device: ...
 
     def decode(self, ids: list[int]) -> str: ...
+
+
+class LogitsConstraint(Protocol):
+    """Which tokens each row may draw next (rows it does not constrain: any)."""
+
+    def mask(self, logits: torch.Tensor, finished: torch.Tensor) -> torch.Tensor:
+        """``logits`` (B, V) with the tokens an unfinished row (``finished`` (B,) False) may not draw at -inf."""
+
+    def advance(self, tokens: torch.Tensor, finished: torch.Tensor) -> None:
+        """The tokens (B,) drawn from the masked logits; ``finished`` (B,) as ``mask`` was given it."""
 
 
 def _filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor:
@@ -121,6 +133,7 @@ def generate(
     stop: list[str] | None = None,
     keep_stop: tuple[str, ...] = (),
     generator: torch.Generator | None = None,
+    constraint: LogitsConstraint | None = None,
 ) -> Generation:
     """Sample one completion per prompt (temperature 0 = greedy), with a KV cache.
 
@@ -129,7 +142,7 @@ def generate(
     do); a prompt that fills the context by itself is an error. The batch ends when every row has. A row's
     text is cut before the stop string it ended on, or after it for stop strings in ``keep_stop`` (a tool
     call's closing tag belongs to the call). Behaviour log-probs are those of softmax(logits / temperature)
-    (of softmax(logits) when greedy).
+    (of softmax(logits) when greedy), masked by ``constraint``: a row it constrains draws only what it allows.
     """
     if not prompt_ids or any(len(ids) == 0 for ids in prompt_ids):
         raise ValueError("every prompt must have at least one token")
@@ -152,8 +165,11 @@ def generate(
         logits = logits.float()
         if len(running) < batch:  # rows dropped from the batch draw too, so the generator advances as before
             logits = logits.new_zeros((batch, logits.shape[-1])).index_put((running,), logits)
+        logits = constraint.mask(logits, finished) if constraint is not None else logits
         token, log_dist = draw_next(logits, temperature, top_k, top_p, generator)
         token = torch.where(finished, pad, token)
+        if constraint is not None:
+            constraint.advance(token, finished)
         tokens.append(token)
         logprobs.append(log_dist.gather(-1, token[:, None]).squeeze(-1))
         alive.append(~finished)

@@ -41,7 +41,12 @@ from unipg.policy.forward import (  # noqa: F401  (left_pad re-exported)
     scaled_logits,
     token_logprobs,
 )
-from unipg.policy.generation import Generation, cut_at_stop, generate  # noqa: F401  (cut_at_stop re-exported)
+from unipg.policy.generation import (  # noqa: F401  (cut_at_stop re-exported)
+    Generation,
+    LogitsConstraint,
+    cut_at_stop,
+    generate,
+)
 from unipg.policy.packed import pack_rows, packed_forward, packed_hidden
 
 VALUE_HEAD_FILE = "value_head.pt"
@@ -147,9 +152,11 @@ class LMPolicy(nn.Module):
         stop: list[str] | None = None,
         keep_stop: tuple[str, ...] = (),
         generator: torch.Generator | None = None,
+        constraint: LogitsConstraint | None = None,
     ) -> Generation:
         """Sample one completion per prompt (temperature 0 = greedy), with a KV cache and the behaviour
-        log-prob of every sampled token; ``unipg.policy.generation.generate`` says when a row ends."""
+        log-prob of every sampled token; ``unipg.policy.generation.generate`` says when a row ends and how
+        ``constraint`` (a grammar of some rows) masks their draws."""
         return generate(
             self,
             prompt_ids,
@@ -160,6 +167,7 @@ class LMPolicy(nn.Module):
             stop=stop,
             keep_stop=keep_stop,
             generator=generator,
+            constraint=constraint,
         )
 
     def decode(self, ids: list[int]) -> str:

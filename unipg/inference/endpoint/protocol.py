@@ -5,7 +5,8 @@ an agent that asks for ``top_logprobs`` and silently gets something else would t
 distribution it did not ask for. Fields that change nothing here (``user``, ``metadata``, ``store``,
 ``parallel_tool_calls``) are accepted. A ``seed`` is honoured: each choice is sampled from a seed drawn from it
 (``choice_seeds``), by a generator of its own, so the same body with the same seed gets the same reply whatever
-the engine batches it with (on the same weights and engine).
+the engine batches it with (on the same weights and engine). A ``response_format`` of JSON is honoured by
+constrained decoding (``response_format``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from unipg.inference.endpoint.render import (
     reply_key,
     tool_call_format,
 )
+from unipg.inference.endpoint.response_format import response_schema
 from unipg.inference.endpoint.sessions import Context, Session, tokenize
 from unipg.inference.endpoint.tool_choice import ForcedCall, forced_call
 
@@ -85,7 +87,7 @@ class ChatRequest(_Request):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
     top_logprobs: Literal[0] | None = None  # alternatives to the sampled token are not computed
-    response_format: dict[str, Literal["text"]] | None = None
+    response_format: Any = None  # its forms are checked by ``response_format.response_schema``
 
 
 class CompletionRequest(_Request):
@@ -125,9 +127,10 @@ class Completions:
         self.model_name, self.any_model_name, self.describe_tools = model_name, any_model_name, describe_tools
         self.calls_format = tool_call_format(tokenizer) if tool_parser is None else ToolCallFormat(tool_parser)
 
-    def params(self, request: _Request, *, tools: bool) -> SamplingParams:
+    def params(self, request: _Request, *, tools: bool, json_schema: str | None = None) -> SamplingParams:
         """The engine's sampling parameters with the request's overrides; with tools, generation stops after a
-        call's closing tag (one call per turn, as in the native agent loop)."""
+        call's closing tag (one call per turn, as in the native agent loop); with ``json_schema``, the reply is
+        decoded under its grammar."""
         base = self.engine.params
         stop = [request.stop] if isinstance(request.stop, str) else request.stop
         stop = list(base.stop or []) if stop is None else list(stop)
@@ -142,6 +145,7 @@ class Completions:
             top_p=base.top_p if request.top_p is None else request.top_p,
             stop=stop or None,
             keep_stop=keep,
+            json_schema=json_schema,
         )
 
     def serves(self, model: str | None) -> None:
@@ -197,13 +201,21 @@ class Completions:
         offered = check_tools(request.tools)
         tools = offered if request.tool_choice != "none" else None
         forced = forced_call(request.tool_choice, offered, self.calls_format)
+        schema = response_schema(request.response_format)
+        if schema is not None and forced is not None:
+            raise RequestError(
+                "response_format json_object or json_schema cannot be combined with a tool_choice that forces a "
+                "call (the call's opening is no JSON document); use tool_choice 'auto' or 'none'",
+                "response_format",
+            )
         self.serves(request.model)
         context = self.chat_context(request, session, tools)
         opening = forced.opening if forced is not None else ""
         if opening:
             context = context.opened(tokenize(self.tokenizer, opening), opening)
         budget = self.budget(request, context.ids, request.max_completion_tokens or request.max_tokens, "messages")
-        outputs = await self.sample(context, request, self.params(request, tools=bool(tools)), budget, session)
+        params = self.params(request, tools=bool(tools), json_schema=schema)
+        outputs = await self.sample(context, request, params, budget, session)
         choices = [
             self.chat_choice(index, output, request, session, forced=forced, tools=bool(tools))
             for index, output in enumerate(outputs)
