@@ -5,12 +5,15 @@ One engine serves the whole module (starting vLLM takes tens of seconds); a seco
 """
 
 import asyncio
+import json
 import os
 from pathlib import Path
 
+import jsonschema
 import pytest
 import torch
 
+from tests.inference.test_structured import masked_logprobs
 from unipg.config import load_config
 from unipg.inference import SamplingParams
 from unipg.policy.loading import load_lm_policy
@@ -116,6 +119,19 @@ def test_a_requests_own_stop_strings_cut_its_text(runner, policy):
     stop = next(character for character in whole.text[1:] if not character.isspace())
     [cut] = generate(runner, prompts(policy, 1), seed=5, params=SamplingParams(stop=[stop]))
     assert stop not in cut.text and whole.text.startswith(cut.text)
+
+
+def test_a_json_schema_reply_matches_it_and_its_logprobs_are_the_masked_distributions(runner, policy):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    text = json.dumps(schema, sort_keys=True)
+    contexts = prompts(policy, 2)
+    outputs = generate(runner, contexts, params=SamplingParams(json_schema=text), max_new_tokens=24)
+    for context, out in zip(contexts, outputs):
+        jsonschema.validate(json.loads(out.text), schema)
+        assert out.finish_reason == "stop" and out.ended_with_eos
+        # vLLM's grammar (xgrammar, compact JSON) leaves special tokens in strings; the hf engine masks them
+        expected = masked_logprobs(policy, context, out.token_ids, text, 1.0, specials_masked=False)
+        torch.testing.assert_close(torch.tensor(out.behaviour_logprobs), expected, atol=1e-3, rtol=0)
 
 
 def test_calculator_agent_runs_unchanged_on_vllm(runner):

@@ -59,9 +59,10 @@ def test_keywords_are_looked_for_in_schemas_not_in_property_names_or_data():
     assert "multipleOf" in schema_problem(json.dumps(nested))
 
 
-def masked_logprobs(policy, context, tokens, schema, temperature):
+def masked_logprobs(policy, context, tokens, schema, temperature, *, specials_masked=True):
     """log μ of each of ``tokens``: the policy's softmax(logits / T) renormalised over the tokens the schema's
-    grammar allowed at that step, computed from one forward pass and a replay of the grammar."""
+    grammar allowed at that step (special tokens other than EOS left out, as the hf engine does, with
+    ``specials_masked``), computed from one forward pass and a replay of the grammar."""
     with torch.no_grad():
         logits = policy.model(torch.tensor([context + tokens])).logits[0, len(context) - 1 : -1].float()
     vocab = logits.shape[-1]
@@ -69,7 +70,7 @@ def masked_logprobs(policy, context, tokens, schema, temperature):
         grammar_compiler(policy.tokenizer, vocab, policy.eos_ids).compile_json_schema(schema, **COMPACT)
     )
     bitmask = xgrammar.allocate_token_bitmask(1, vocab)
-    specials = sorted(set(policy.tokenizer.all_special_ids) - set(policy.eos_ids))
+    specials = sorted(set(policy.tokenizer.all_special_ids) - set(policy.eos_ids)) if specials_masked else []
     expected = []
     for step, token in enumerate(tokens):
         matcher.fill_next_token_bitmask(bitmask)
