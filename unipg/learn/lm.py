@@ -132,11 +132,15 @@ class LMLearner:
         """Reference log-probs and values under no_grad, then advantages; returns rollout metrics (with tis, the
         engine gap's under their ``mismatch/`` names). Moves ``batch`` to the policy's device."""
         batch.move_to(self.policy.device)
-        chunks = [batch.rows(index) for index in self.micro_batches(batch, torch.arange(len(batch.scores)))]
+        groups = self.micro_batches(batch, torch.arange(len(batch.scores)))
+        chunks = [batch.rows(index) for index in groups]
         width = batch.completion_length
+        # packed micro-batches take rows out of order (balanced by tokens): results go back to their own rows
+        order = torch.cat(groups).argsort().to(self.policy.device)
 
         def padded(tensors: list[torch.Tensor]) -> torch.Tensor:
-            return torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1])) for t in tensors])
+            """The chunks' (b, c) results as one (B, width) tensor in the batch's row order."""
+            return torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1])) for t in tensors])[order]
 
         temperature = self.config.sample.temperature
         stale = batch.ages is not None and bool((batch.ages > 0).any())
