@@ -19,8 +19,10 @@ xgrammar does not enforce (``UNENFORCED``: the reply could break them), is refus
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 
@@ -49,9 +51,12 @@ FORMATS = (
 SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # name → schema
 DATA_KEYWORDS = ("enum", "const", "default", "examples", "required")  # values that are data, not schemas
 COMPILERS_KEPT = 4  # grammar compilers (one per tokenizer and vocabulary size) kept between sampling calls
+SCHEMAS_CHECKED_KEPT = 256  # verdicts of schema_problem kept: an agent sends the same schema at every call
 _compilers: OrderedDict[tuple, tuple] = OrderedDict()
+_compilers_lock = threading.Lock()  # services of a run (rollout, evaluation) sample on threads of their own
 
 
+@functools.lru_cache(maxsize=SCHEMAS_CHECKED_KEPT)
 def schema_problem(schema: str) -> str | None:
     """Why the JSON schema ``schema`` (text) cannot constrain a reply, or None if it can."""
     import xgrammar
@@ -103,14 +108,17 @@ def grammar_compiler(tokenizer, vocab_size: int, stop_ids: list[int]):
     import xgrammar
 
     key = (id(tokenizer), vocab_size, tuple(stop_ids))
-    kept = _compilers.get(key)
-    if kept is None or kept[0] is not tokenizer:  # the tokenizer is held, so its id is not reused while kept
-        info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_ids))
-        kept = _compilers[key] = (tokenizer, xgrammar.GrammarCompiler(info))
-        while len(_compilers) > COMPILERS_KEPT:
-            _compilers.popitem(last=False)
-    _compilers.move_to_end(key)
-    return kept[1]
+    with _compilers_lock:
+        kept = _compilers.get(key)
+        if kept is None or kept[0] is not tokenizer:  # the tokenizer is held, so its id is not reused while kept
+            info = xgrammar.TokenizerInfo.from_huggingface(
+                tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_ids)
+            )
+            kept = _compilers[key] = (tokenizer, xgrammar.GrammarCompiler(info))
+            while len(_compilers) > COMPILERS_KEPT:
+                _compilers.popitem(last=False)
+        _compilers.move_to_end(key)
+        return kept[1]
 
 
 class RowGrammars:
