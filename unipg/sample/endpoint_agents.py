@@ -1,8 +1,10 @@
 """External agents as environments: your own agent plays the episodes, through the endpoint.
 
 ``task.agent`` names ``async def run(base_url: str, api_key: str, example) -> float | str | dict``. Each
-episode opens a session of the endpoint and calls ``run`` with the session's base URL and key; the agent
-talks to the policy with any OpenAI client. What ``run`` returns decides the reward:
+episode opens a session of the endpoint and calls ``run`` with the endpoint's base URL and the session's key;
+the agent talks to the policy with any OpenAI client. The base URL is the same for every episode of the run
+(each batch of episodes serves the endpoint again, on the port the first one bound), so an agent may keep one
+client and only change its key per episode. What ``run`` returns decides the reward:
 
 - a number: the reward itself;
 - a string: the final answer, scored with the task's reward functions;
@@ -19,6 +21,12 @@ trajectory (an agent that rewrote or summarised its history, or the other choice
 form other trajectories of the episode. Each is trained too (``Trajectory.side``), with the episode's reward
 on its last call, and shares the episode's group advantage (``unipg.learn.lm_batch``); they are counted in
 ``agent_extra_trajectories``.
+
+The tool messages an agent sends back after a reply that called tools are that turn's observations, recorded as
+the built-in agent loop records a call (``TurnInfo``: the tool, its arguments, its status and the result), so the
+tool metrics (``tool_calls``, ``tool_success_rate``) and the transcripts count them alike. A result counts as an
+error (status ``error``) when its text starts as a tool error does in unipg (``error: ...``) or in the usual agent
+frameworks (``Error: ...``, ``An error occurred while running the tool ...``); anything else is ``ok``.
 """
 
 from __future__ import annotations
@@ -27,6 +35,8 @@ import asyncio
 import contextlib
 import dataclasses
 import importlib
+import json
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,9 +47,13 @@ from unipg.envs.base import TurnInfo, final_answer_reward
 from unipg.inference import HFService
 from unipg.inference.endpoint.protocol import Completions, Limits
 from unipg.inference.endpoint.server import EndpointServer
-from unipg.inference.endpoint.sessions import Sessions, SessionTrajectory
+from unipg.inference.endpoint.sessions import Observation, Sessions, SessionTrajectory
 from unipg.sample.agent import Trajectory, run_concurrently
 from unipg.tasks.base import Example
+
+logger = logging.getLogger(__name__)
+
+ERROR_RESULT_PREFIXES = ("error", "an error occurred")  # a tool result starting so (any case) is a failed call
 
 
 def load_agent(spec: str):
@@ -83,6 +97,14 @@ class ExternalAgent:
 
     run: object  # async (base_url, api_key, example) -> float | str | dict
     reward_fn: object  # the task's reward functions (``acall``)
+
+
+@dataclass
+class EndpointPort:
+    """The port a runner's endpoint serves on, kept across its batches of episodes (each serves the endpoint
+    anew) so that every episode's agent gets the same base URL."""
+
+    port: int = 0  # 0 until the first batch's endpoint has bound one
 
 
 @dataclass
@@ -153,11 +175,14 @@ class ExternalAgentLoop:
         describe_tools: bool,
         stats: AgentStats | None = None,
         tool_parser: str | None = None,
+        port: EndpointPort | None = None,
     ):
         """``endpoint``: the ``EndpointConfig`` section; ``max_tokens``: generated tokens per call at most;
-        ``tool_parser``: the run's tool-call format (None: the chat template's)."""
+        ``tool_parser``: the run's tool-call format (None: the chat template's); ``port``: where earlier batches
+        of the run served (the endpoint serves there again; None: ``endpoint.port``)."""
         self.engine, self.tokenizer, self.endpoint = engine, tokenizer, endpoint
         self.stats = stats if stats is not None else AgentStats()
+        self.port = port if port is not None else EndpointPort()
         self.sessions = Sessions(tokenizer, eos_ids=eos_ids)
         limits = Limits(max_tokens=max_tokens, max_n=endpoint.max_n, context_length=context_length)
         self.completions = Completions(
@@ -172,7 +197,7 @@ class ExternalAgentLoop:
             self.completions,
             self.sessions,
             host=endpoint.host,
-            port=endpoint.port,
+            port=self.port.port or endpoint.port,
             max_body_bytes=endpoint.max_body_bytes,
             allow_remote=endpoint.allow_remote,
         )
@@ -180,7 +205,22 @@ class ExternalAgentLoop:
     @contextlib.asynccontextmanager
     async def running(self):
         """The engine's batching worker and the endpoint, for the duration of the block."""
-        async with self.engine.running(), self.server.serving():
+        async with contextlib.AsyncExitStack() as stack:
+            await stack.enter_async_context(self.engine.running())
+            try:
+                await stack.enter_async_context(self.server.serving())
+            except OSError as error:
+                if self.server.port == self.endpoint.port:
+                    raise
+                logger.warning(
+                    "the endpoint cannot serve again on port %d (%s); it serves on another, so agents get a new "
+                    "base URL from here on",
+                    self.server.port,
+                    error,
+                )
+                self.server.port = self.endpoint.port
+                await stack.enter_async_context(self.server.serving())
+            self.port.port = self.server.port
             yield self
 
     async def run_episode(self, agent: ExternalAgent, example: Example, order: int) -> Trajectory:
@@ -201,7 +241,7 @@ class ExternalAgentLoop:
     async def _attempt(self, agent: ExternalAgent, example: Example, order: int) -> Trajectory:
         session = self.sessions.open(order)
         try:
-            result = await self._call(agent.run(self.server.session_url(session.id), session.key, example))
+            result = await self._call(agent.run(self.server.url, session.key, example))
         finally:
             trajectories = self.sessions.close(session)
         reward, answer = reported(result)
@@ -253,8 +293,10 @@ class ExternalAgentLoop:
 
 
 def episode_trajectory(example: Example, recorded: SessionTrajectory, reward: float, info: TurnInfo) -> Trajectory:
-    """The learner's ``Trajectory`` of a session trajectory: one policy turn per call, the reward on the last."""
+    """The learner's ``Trajectory`` of a session trajectory: one policy turn per call, the reward and ``info`` on
+    the last; each earlier turn with what the agent added after it (its tool results) as its observation."""
     turns = recorded.turns
+    added = [recorded.observations.get(turn, []) for turn in range(turns - 1)]
     return Trajectory(
         example,
         list(recorded.prompt_ids),
@@ -265,6 +307,32 @@ def episode_trajectory(example: Example, recorded: SessionTrajectory, reward: fl
         step_rewards=[0.0] * (turns - 1) + [reward],
         policy_versions=list(recorded.policy_versions),
         turn_texts=list(recorded.turn_texts),
-        infos=[TurnInfo() for _ in range(turns - 1)] + [info],
+        infos=[turn_info(observations) for observations in added] + [info],
         finish="done",
+        messages=[{"role": "user", "content": example.prompt}] + [observation_message(each) for each in added],
     )
+
+
+def turn_info(observations: list[Observation]) -> TurnInfo:
+    """A turn's facts from what the agent added after it: its tool call, as the built-in loop records one, when
+    tool results came back (a turn of several calls: the first call, the results together, status ``error`` if
+    one of them is); nothing otherwise."""
+    results = [observation for observation in observations if observation.call is not None]
+    if not results:
+        return TurnInfo()
+    call = results[0].call
+    failed = any(result.content.strip().lower().startswith(ERROR_RESULT_PREFIXES) for result in results)
+    return TurnInfo(
+        tool=call.name,
+        arguments=json.loads(call.arguments),
+        tool_status="error" if failed else "ok",
+        observation="\n".join(result.content for result in results),
+    )
+
+
+def observation_message(observations: list[Observation]) -> dict:
+    """What the agent added after a turn, as the one observation message an episode record holds per turn: its
+    tool results (role ``tool``), else its other messages (role ``user``), the texts one per line."""
+    results = [observation for observation in observations if observation.call is not None]
+    shown = results or observations
+    return {"role": "tool" if results else "user", "content": "\n".join(each.content for each in shown)}

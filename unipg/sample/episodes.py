@@ -24,7 +24,7 @@ from unipg.policy.chat import TurnTemplate, render_agent_prompt
 from unipg.policy.lm import LMPolicy
 from unipg.policy.tool_calls import TOOL_PARSERS, parser_for_template, rewrite_calls
 from unipg.sample.agent import AgentLoop, Trajectory
-from unipg.sample.endpoint_agents import AgentStats, ExternalAgent, ExternalAgentLoop, load_agent
+from unipg.sample.endpoint_agents import AgentStats, EndpointPort, ExternalAgent, ExternalAgentLoop, load_agent
 from unipg.sample.event_loop import run_abandoning
 from unipg.sample.roles import RoleLoop
 from unipg.tasks.base import Example, Task, make_task, with_validation
@@ -162,6 +162,7 @@ class EpisodeRunner:
         agent = config.agent
         self.external = load_agent(config.task.agent) if config.task.agent else None  # the user's own agent
         self.agent_stats = AgentStats()
+        self.endpoint_port = EndpointPort()  # where an external agent's endpoint serves, the same for every batch
         self.tasks_left_running = 0  # tasks ``run`` left running when its episodes ended, since the last pop
         specs = tool_specs(config, task) if self.external is None else None  # an external agent has its own tools
         self.max_turns = agent.max_turns or task.max_turns
@@ -289,6 +290,7 @@ class EpisodeRunner:
                 describe_tools=self.config.agent.tool_prompt,
                 stats=self.agent_stats,
                 tool_parser=self.tool_parser,
+                port=self.endpoint_port,
             )
         if self.roles:
             return RoleLoop(

@@ -228,7 +228,7 @@ class Completions:
         messages = plain_messages(request.messages, raw, self.calls_format)
         text = render_conversation(self.tokenizer, messages, tools if self.describe_tools else None)
         if session is not None:
-            return session.context(text)
+            return session.context(text, messages=request.messages)
         return Context(tokenize(self.tokenizer, text), text, None, [], 0)
 
     def chat_choice(

@@ -1,9 +1,11 @@
 """The OpenAI-compatible HTTP endpoint of the inference service (FastAPI, served by uvicorn).
 
-Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``, ``GET /v1/models/<model>``
-(unrecorded calls, with the run's token), and the same under ``/sessions/<id>/v1`` (one episode's calls, recorded,
-with that session's own key: a session's key opens no other session). Another path is a 404, another method a
-405, each an OpenAI error object as OpenAI answers them. The server runs as a task on the event loop of the
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``, ``GET /v1/models/<model>``.
+The bearer key says whose call it is: an episode's session key makes it a call of that episode (recorded), the
+run's token an unrecorded call; every episode's agent thus calls the one base URL ``<server>/v1`` and only its key
+differs. The same routes under ``/sessions/<id>/v1`` take only that session's own key (a session's key opens no
+other session). A key that is neither is a 401 saying whether it belonged to an episode that has ended. Another
+path is a 404, another method a 405, each an OpenAI error object as OpenAI answers them. The server runs as a task on the event loop of the
 episodes, so its generation requests go to the same ``HFService`` and batch with everything else.
 
 It binds 127.0.0.1 on a free port unless told otherwise; an address other machines can reach needs
@@ -74,10 +76,38 @@ class BodyLimit:
         return await self.app(scope, replay, send)
 
 
+def _refused(message: str):
+    return _error(401, message, kind="authentication_error", code="invalid_api_key")
+
+
 def _bearer(authorization: str | None) -> str | None:
     if authorization and authorization.lower().startswith("bearer "):
         return authorization[7:].strip()
     return None
+
+
+def caller(sessions: Sessions, token: str, session_id: str | None, headers):
+    """Whose call a request is, from its bearer key: (its session, or None for the run's token; a 401 response,
+    or None). ``session_id``: the session a ``/sessions/<id>/v1`` URL names (None: ``/v1``)."""
+    key = _bearer(headers.get("authorization"))
+    if key is None:
+        return None, _refused("no API key was sent: send an episode's key as 'Authorization: Bearer <key>'")
+    if session_id is None and secrets.compare_digest(key.encode(), token.encode()):
+        return None, None
+    session = sessions.by_key(key)
+    if session is not None and session_id in (None, session.id):
+        return session, None
+    if session is not None:
+        return None, _refused("this API key belongs to another session than the one in the URL")
+    if sessions.ended(key):
+        return None, _refused(
+            "this API key belongs to an episode that has ended; use the api_key unipg passed to run for the "
+            "current episode"
+        )
+    return None, _refused(
+        "unknown API key: it is no open episode's key (an episode's key stops working when its episode ends); "
+        "use the api_key unipg passed to run for this episode"
+    )
 
 
 def build_app(completions: Completions, sessions: Sessions, token: str, *, max_body_bytes: int):
@@ -93,19 +123,8 @@ def build_app(completions: Completions, sessions: Sessions, token: str, *, max_b
 
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
 
-    def caller(session_id: str | None, authorization: str | None):
-        """(session or None, error response or None)."""
-        key = _bearer(authorization)
-        if session_id is None:
-            ok = key is not None and secrets.compare_digest(key, token)
-            return None, None if ok else _error(401, "missing or wrong API key", kind="authentication_error")
-        session = sessions.get(session_id, key)
-        if session is None:
-            return None, _error(401, "missing or wrong API key for this session", kind="authentication_error")
-        return session, None
-
     async def answer(request, method, model):
-        session, refused = caller(request.path_params.get("session_id"), request.headers.get("authorization"))
+        session, refused = caller(sessions, token, request.path_params.get("session_id"), request.headers)
         if refused is not None:
             return refused
         try:
@@ -181,7 +200,7 @@ def _event_stream(response: dict, *, include_usage: bool):
 
 class EndpointServer:
     """The endpoint on the running event loop: ``async with server.serving(): ...``; ``base_url`` and
-    ``token`` are set while it serves."""
+    ``token`` are set while it serves. ``port`` 0 binds a free port; after that ``port`` is the one bound."""
 
     def __init__(
         self,
@@ -202,7 +221,13 @@ class EndpointServer:
         self.base_url: str | None = None
         self.http = None  # the uvicorn server while it serves
 
+    @property
+    def url(self) -> str:
+        """The base URL of every episode's calls (``<server>/v1``): the key of a call says whose it is."""
+        return f"{self.base_url}/v1"
+
     def session_url(self, session_id: str) -> str:
+        """The base URL that takes one session's key only."""
         return f"{self.base_url}/sessions/{session_id}/v1"
 
     @contextlib.asynccontextmanager
@@ -215,8 +240,12 @@ class EndpointServer:
         # response written as headers then body would otherwise wait out the client's delayed ACK (~40 ms)
         sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self.port))
-        port = sock.getsockname()[1]
+        try:
+            sock.bind((self.host, self.port))
+        except OSError:
+            sock.close()
+            raise
+        port = self.port = sock.getsockname()[1]
         started = asyncio.Event()
         server = _Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False), started)
         task = asyncio.create_task(server.serve(sockets=[sock]))
@@ -245,8 +274,9 @@ def exposure(base_url: str) -> str:
     return (
         f"the endpoint at {base_url} accepts connections from other machines (endpoint.allow_remote): "
         "/v1/chat/completions, /v1/completions and /v1/models, each also under /sessions/<id>/v1. Every request "
-        "needs a bearer key: the run's token for /v1 or a session's own key for its URL, both random per run and "
-        "session (there is no API key setting, so none is set or reused). Traffic is plain HTTP, not encrypted: "
+        "needs a bearer key: an open episode's session key or the run's token for /v1, a session's own key for its "
+        "URL, all random per run and session (there is no API key setting, so none is set or reused). Traffic is "
+        "plain HTTP, not encrypted: "
         "anyone on the network path can read the keys and the conversations; serve it on a private network or "
         "behind a TLS proxy"
     )
