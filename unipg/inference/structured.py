@@ -30,9 +30,9 @@ import torch
 
 JSON_OBJECT_SCHEMA = '{"type": "object"}'  # response_format json_object: any JSON object
 COMPACT = {"any_whitespace": False, "separators": (",", ":")}  # xgrammar's options, the vllm engine's too
-# Keywords xgrammar accepts but does not enforce (a reply could break them), and string formats it does enforce
+# Keywords xgrammar accepts but does not enforce: a reply could break them
 UNENFORCED = ("multipleOf", "uniqueItems", "contains", "minContains", "maxContains", "propertyNames")
-FORMATS = (
+FORMATS = (  # the string formats xgrammar enforces
     "email",
     "date",
     "time",
