@@ -13,7 +13,7 @@ import pytest
 
 from tests.helpers.endpoint import make_loop
 from unipg.sample.endpoint_agents import ExternalAgent
-from unipg.sample.event_loop import run_abandoning
+from unipg.sample.event_loop import EpisodeLoop, run_abandoning
 from unipg.tasks.base import Example
 from unipg.tasks.rewards.rules import build_rewards
 
@@ -70,6 +70,23 @@ def test_an_executor_call_that_never_returns_is_not_waited_for():
     release.set()
 
 
+def test_a_kept_loop_serves_batch_after_batch_until_one_leaves_a_task_running():
+    kept, left, loops = EpisodeLoop(), [], []
+
+    async def batch(stuck: bool) -> None:
+        loops.append(asyncio.get_running_loop())
+        if stuck:
+            started = asyncio.Event()
+            asyncio.create_task(swallow_every_cancellation(started))
+            await started.wait()
+
+    for stuck in (False, False, True, False):
+        kept.run(batch(stuck), grace=0.05, on_left=left.append)
+    kept.close()
+    assert loops[0] is loops[1] is loops[2] and loops[3] is not loops[2] and loops[2].is_closed()
+    assert left == [1]
+
+
 async def agent_that_never_ends(base_url, api_key, example):
     """An external agent's ``run`` that catches every cancellation and goes on."""
     await swallow_every_cancellation(asyncio.Event())
@@ -86,7 +103,7 @@ def test_an_external_agent_that_swallows_every_cancellation_fails_its_episode_an
 
 SCRIPT = """
 import asyncio, threading
-from unipg.sample.event_loop import run_abandoning
+from unipg.sample.event_loop import EpisodeLoop, run_abandoning
 
 async def swallow_every_cancellation():
     while True:

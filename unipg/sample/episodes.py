@@ -25,7 +25,7 @@ from unipg.policy.lm import LMPolicy
 from unipg.policy.tool_calls import TOOL_PARSERS, parser_for_template, rewrite_calls
 from unipg.sample.agent import AgentLoop, Trajectory
 from unipg.sample.endpoint_agents import AgentStats, EndpointPort, ExternalAgent, ExternalAgentLoop, load_agent
-from unipg.sample.event_loop import run_abandoning
+from unipg.sample.event_loop import EpisodeLoop
 from unipg.sample.roles import RoleLoop
 from unipg.tasks.base import Example, Task, make_task, with_validation
 
@@ -163,6 +163,7 @@ class EpisodeRunner:
         self.external = load_agent(config.task.agent) if config.task.agent else None  # the user's own agent
         self.agent_stats = AgentStats()
         self.endpoint_port = EndpointPort()  # where an external agent's endpoint serves, the same for every batch
+        self.episode_loop = EpisodeLoop()  # the event loop of ``run``'s batches, kept across them
         self.tasks_left_running = 0  # tasks ``run`` left running when its episodes ended, since the last pop
         specs = tool_specs(config, task) if self.external is None else None  # an external agent has its own tools
         self.max_turns = agent.max_turns or task.max_turns
@@ -327,9 +328,10 @@ class EpisodeRunner:
         trajectories in input order. A multi-role episode gives its first role's trajectory (which carries the
         team's outcome), or with ``all_roles`` every role's, one after the other.
 
-        The episodes run on an event loop of their own that ends without waiting for tasks that ignore their
-        cancellation (``run_abandoning``); such tasks are counted in ``tasks_left_running``."""
-        return run_abandoning(
+        The episodes run on the runner's event loop, kept from one call to the next (``EpisodeLoop``: an external
+        agent's client lasts the run); each call ends without waiting for tasks that ignore their cancellation,
+        which are counted in ``tasks_left_running`` (and cost the loop: the next call gets a fresh one)."""
+        return self.episode_loop.run(
             self.arun(examples, generator=generator, params=params, policy_version=policy_version, all_roles=all_roles),
             on_left=self.count_left_running,
         )
@@ -376,6 +378,7 @@ class EpisodeRunner:
 
     def close(self) -> None:
         try:
+            self.episode_loop.close()
             if self.service is not None:
                 self.service.close()
         finally:

@@ -22,6 +22,7 @@ from unipg.sample.agent import AgentLoop
 from unipg.sample.endpoint_agents import EndpointPort, ExternalAgent, ExternalAgentLoop, load_agent
 from unipg.sample.episode_records import episode_record
 from unipg.sample.episodes import PromptEncoder
+from unipg.sample.event_loop import EpisodeLoop
 from unipg.sample.transcripts import format_transcript, transcript
 from unipg.tasks.base import Example
 from unipg.tasks.rewards.rules import build_rewards
@@ -52,8 +53,10 @@ def loop_on(policy, port: EndpointPort | None = None) -> ExternalAgentLoop:
     )
 
 
-def play(loop, run, count=1):
-    return asyncio.run(loop.run_episodes([ExternalAgent(run, REWARDS)] * count, [EXAMPLE] * count))
+def play(loop, run, count=1, on=None):
+    """``count`` episodes of ``run`` on ``loop``, on the event loop ``on`` (an ``EpisodeLoop``; None: a new one)."""
+    episodes = loop.run_episodes([ExternalAgent(run, REWARDS)] * count, [EXAMPLE] * count)
+    return (on or EpisodeLoop(keep=False)).run(episodes)
 
 
 class OneClientAgent:
@@ -73,14 +76,16 @@ class OneClientAgent:
         return {"answer": reply.choices[0].message.content or ""}
 
 
-def test_episodes_share_one_client_and_base_url_and_differ_only_in_their_key(policy):
-    agent, port = OneClientAgent(), EndpointPort()
-    first = play(loop_on(policy, port), agent, count=2)
-    second = play(loop_on(policy, port), agent, count=1)  # a later batch serves the endpoint anew
+def test_a_runs_episodes_share_one_client_and_base_url_and_differ_only_in_their_key(policy):
+    """Batches as a runner plays them: on its kept event loop, each serving the endpoint anew on the same port."""
+    agent, port, kept = OneClientAgent(), EndpointPort(), EpisodeLoop()
+    first = play(loop_on(policy, port), agent, count=2, on=kept)
+    second = play(loop_on(policy, port), agent, count=1, on=kept)
+    kept.close()
     urls, keys = {url for url, _ in agent.seen}, [key for _, key in agent.seen]
     assert len(urls) == 1 and len(set(keys)) == 3  # one base URL for the run, a key per episode
     assert urls == {f"http://127.0.0.1:{port.port}/v1"}
-    assert len(agent.clients) == 2  # one per event loop: each batch here runs on its own
+    assert len(agent.clients) == 1  # its connections outlived the first batch's server, on the same loop
     for trajectory in first + second:  # each episode holds exactly its own call
         assert trajectory.finish == "done" and trajectory.turns == 1 and sum(trajectory.loss_mask) > 0
 
