@@ -210,7 +210,7 @@ class TrainConfig(Section):
     micro_batch_size: int = Field(64, ge=1, json_schema_extra=read_in("lm"))
     """lm runs: sequences per forward pass; gradients of a mini-batch are accumulated over micro-batches."""
     max_tokens_per_micro_batch: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(
-        None, json_schema_extra=read_in("lm")
+        "auto", json_schema_extra=read_in("lm")
     )
     """lm runs: micro-batches by token count, each packed into one row without padding (at most this many prompt +
     completion tokens each, balanced; a longer sequence is a micro-batch of its own); None = micro_batch_size
