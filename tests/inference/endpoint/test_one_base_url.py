@@ -90,6 +90,14 @@ def test_a_runs_episodes_share_one_client_and_base_url_and_differ_only_in_their_
         assert trajectory.finish == "done" and trajectory.turns == 1 and sum(trajectory.loss_mask) > 0
 
 
+def test_the_example_agent_keeps_one_client_for_a_runs_batches(policy):
+    example = load_agent(f"{ROOT / 'examples' / 'openai_agent' / 'agent.py'}:run")
+    clients, port, kept = example.__globals__["CLIENTS"], EndpointPort(), EpisodeLoop()
+    episodes = [play(loop_on(policy, port), example, count=2, on=kept) for _ in range(2)]
+    assert len(clients) == 1 and [t.finish for batch in episodes for t in batch] == ["done"] * 4
+    kept.close()
+
+
 def test_one_client_reaches_each_session_by_its_key_and_a_wrong_or_ended_key_is_a_401(served):
     sessions, server = served.loop.sessions, served.loop.server
     mine, theirs = sessions.open(), sessions.open()
