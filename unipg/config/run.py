@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from unipg.config.section import Section, read_in
 
@@ -54,6 +54,15 @@ class RuntimeConfig(Section):
     """Per-version weight of the ``weighted`` sampling preference."""
     eviction: Literal["oldest", "probabilistic"] = "oldest"
     """What makes room in a full buffer: the oldest group, or a random one with probability ∝ age + 1."""
+
+
+# Resources Ray gives every node, which a role asks for with a setting of its own rather than as a custom resource.
+BUILTIN_RESOURCES = {
+    "CPU": "set ray.{role}_num_cpus instead",
+    "GPU": "set ray.rollout_num_gpus instead (a learner rank gets one GPU when device is a GPU)",
+    "memory": "Ray sets it per node (`ray start --memory`)",
+    "object_store_memory": "Ray sets it per node (`ray start --object-store-memory`)",
+}
 
 
 class RayConfig(Section):
@@ -108,6 +117,35 @@ class RayConfig(Section):
     health_timeout: float = Field(10.0, gt=0.0)
     """seconds an environment actor may take to answer a health check after a tool call timed out on it;
     an actor that does not, or whose tool is still running past ``agent.tool_timeout``, is restarted."""
+    call_timeout: float = Field(1800.0, gt=0.0)
+    """seconds a call to the learner's ranks (``train.learner_processes`` > 1: an update, a checkpoint) may take;
+    past it, or when a rank's actor dies, the run stops with an error naming the rank."""
+    rollout_resources: dict[str, float] = Field(default_factory=dict)
+    """custom Ray resources each rollout worker asks for, e.g. ``{rollout: 1}`` to run the workers only on nodes
+    started with ``ray start --resources '{"rollout": 4}'``."""
+    env_resources: dict[str, float] = Field(default_factory=dict)
+    """custom Ray resources each environment actor asks for (as ``rollout_resources``)."""
+    learner_resources: dict[str, float] = Field(default_factory=dict)
+    """custom Ray resources each learner rank asks for when ``train.learner_processes`` > 1 (as
+    ``rollout_resources``)."""
+
+    @field_validator("rollout_resources", "env_resources", "learner_resources", mode="before")
+    @classmethod
+    def _custom_resources(cls, resources: Any, info: ValidationInfo) -> Any:
+        if not isinstance(resources, dict):
+            return resources  # pydantic says what a mapping should be
+        role = info.field_name.removesuffix("_resources")
+        for name, amount in resources.items():
+            if name in BUILTIN_RESOURCES:
+                raise ValueError(f"{name!r} is not a custom resource: {BUILTIN_RESOURCES[name].format(role=role)}")
+            if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not 0 < amount < float("inf"):
+                raise ValueError(f"the amount of {name!r} ({amount!r}) must be a number > 0, e.g. {{{name}: 1}}")
+            if amount > 1 and amount != int(amount):
+                raise ValueError(
+                    f"the amount of {name!r} ({amount:g}) must be a whole number when above 1 (Ray's rule), "
+                    f"e.g. {int(amount)} or {int(amount) + 1}"
+                )
+        return resources
 
 
 class LogConfig(Section):

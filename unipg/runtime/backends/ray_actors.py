@@ -173,8 +173,10 @@ class RolloutWorker:
         self.engine, self.loop, self._running = None, None, None
         self._starting = asyncio.Lock()  # the first groups wait together until the loop serves
 
-    async def ready(self) -> int:
-        return os.getpid()
+    async def ready(self) -> dict:
+        """Where the worker runs: its Ray node's id and address, and its process."""
+        node_id = ray.get_runtime_context().get_node_id()
+        return {"node_id": node_id, "node_ip": ray.util.get_node_ip_address(), "pid": os.getpid()}
 
     async def _receive(self, weights: tuple[int, int, list] | None) -> None:
         """Take the learner's newest publication, fetched from the object store only if the worker lacks it."""

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from ray.exceptions import GetTimeoutError, RayTaskError, TaskCancelledError
 
 from unipg.runtime.backends.ray_actors import LOST, ray
+from unipg.runtime.backends.ray_setup import LOST_ACTOR_HINT, last_line
 from unipg.runtime.driver import EpisodeAccount
 from unipg.runtime.replay import ProducerFailed
 
@@ -53,6 +54,7 @@ class WorkerFaults:
     group_size: int
     _lock: threading.Lock
     log: Callable[[str], None]
+    describe_worker: Callable[[int], str]
 
     def _collect(self, ref, job: _Job):
         """The result of a finished request, or None if it was lost with its worker (which is replaced)."""
@@ -105,14 +107,16 @@ class WorkerFaults:
         if self.workers[index] is not handle:
             return  # replaced already, for another of its requests
         self.worker_restarts += 1
+        worker = self.describe_worker(index)
         if self.worker_restarts > self.settings.max_restarts:
+            times = f"{self.worker_restarts} time{'s' if self.worker_restarts > 1 else ''}"
             raise RolloutFailed(
-                f"rollout workers died or hung {self.worker_restarts} times, more than ray.max_restarts="
-                f"{self.settings.max_restarts}; last: {type(error).__name__}: {str(error).splitlines()[0]}"
+                f"{worker} was lost ({type(error).__name__}: {last_line(error)}); rollout workers died or hung "
+                f"{times}, more than ray.max_restarts={self.settings.max_restarts}: {LOST_ACTOR_HINT}"
             )
         ray.kill(handle, no_restart=True)
         self.log(
-            f"warning: rollout worker {index} lost ({type(error).__name__}); started a new one "
+            f"warning: {worker} lost ({type(error).__name__}); started a new one "
             f"({self.worker_restarts} of ray.max_restarts={self.settings.max_restarts}); its episodes run again"
         )
         self.workers[index] = self._start_worker(index)
@@ -124,7 +128,7 @@ class WorkerFaults:
             waves = -(-job.size // (self.groups_per_worker * self.group_size))  # a shard of many groups runs in waves
             if now - job.since > self.settings.episode_timeout * waves and self.workers[job.worker] is job.handle:
                 self.log(
-                    f"warning: rollout worker {job.worker} held a request for {now - job.since:.0f} s, past "
+                    f"warning: {self.describe_worker(job.worker)} held a request for {now - job.since:.0f} s, past "
                     f"ray.episode_timeout={self.settings.episode_timeout:g} s; killing it"
                 )
                 ray.kill(job.handle, no_restart=True)

@@ -1,12 +1,12 @@
 """``backend: ray`` with ``train.learner_processes`` = N > 1: the sharded learner's N ranks as Ray actors.
 
 The ranks are reserved together in one placement group, a bundle per rank (``{"CPU": ray.learner_num_cpus}``,
-plus one GPU each when the run's device is a GPU), packed on as few machines as possible or spread over as
-many (``ray.learner_placement``). Rank 0 picks its rendezvous address from inside its actor (its node's IP
+plus one GPU each when the run's device is a GPU, plus ``ray.learner_resources``), packed on as few machines as
+possible or spread over as many (``ray.learner_placement``). Rank 0 picks its rendezvous address from inside its actor (its node's IP
 address and a free port there) and every rank joins the process group at it: gloo on CPU, NCCL on GPU. Each
 actor runs the same ``LearnerRank`` as a local process (``unipg.learn.sharded``); only how the ranks are started
 and talked to differs: every driver call goes to all actors at once with one object-store copy of its
-arguments, and rank 0's answer comes back.
+arguments, and rank 0's answer comes back once every rank has answered, within ``ray.call_timeout``.
 
 The driver's handle (``ShardedLMLearner``) loads the weights rank 0 sends after each update into the driver's
 policy, so the rollout workers receive them exactly as with a learner in the driver's process
@@ -26,6 +26,7 @@ from unipg.learn.distributed import free_port
 from unipg.learn.sharded import LearnerRank
 from unipg.runtime.backends.ray_actors import ray  # says how to install Ray if it is missing
 from unipg.runtime.backends.ray_setup import (
+    await_actors,
     check_resources,
     connect,
     disconnect,
@@ -55,7 +56,8 @@ class RayRanks:
     def __init__(self, config: Config, world_size: int, weights: dict[str, torch.Tensor]):
         settings = config.ray
         self.connected = connect(settings)  # the run's own connection: the last of its roles disconnects
-        self.actors, self.placement = [], None
+        self.actors, self.placement, self.names = [], None, []
+        self.call_timeout = settings.call_timeout
         try:
             bundles = learner_bundles(config, world_size)
             if self.connected and settings.address is None:  # a local instance cannot grow: refuse now
@@ -65,52 +67,54 @@ class RayRanks:
                 config = config.model_copy(update={"device": "cuda"})
             run_id, inputs = uuid.uuid4().hex[:8], (ray.put(config), ray.put(weights))
             gpus = bundles[0].get("GPU", 0)
+            resources = {name: amount for name, amount in bundles[0].items() if name not in ("CPU", "GPU")}
             for rank in range(world_size):
                 options = {
                     "num_cpus": bundles[rank]["CPU"],
                     "num_gpus": gpus,
+                    "resources": resources,
                     "max_restarts": 0,
                     "name": f"unipg-learner-{run_id}-{rank}",
                     **in_bundle(self.placement, rank),
                 }
                 self.actors.append(ray.remote(LearnerActor).options(**options).remote(rank, world_size, *inputs))
-            wait_ready(self.actors, "learner rank", settings.start_timeout)
-            host, port = ray.get(self.actors[0].rendezvous.remote(), timeout=settings.start_timeout)
-            self._wait(
+            self.names = [f"learner rank {rank} (unipg-learner-{run_id}-{rank})" for rank in range(world_size)]
+            wait_ready([actor.ready.remote() for actor in self.actors], self.names, settings.start_timeout)
+            host, port = await_actors(
+                [self.actors[0].rendezvous.remote()],
+                self.names[:1],
+                action="name the rendezvous address",
+                timeout=settings.start_timeout,
+                setting="ray.start_timeout",
+                hint="its node may be overloaded",
+            )[0]
+            await_actors(
                 [actor.start.remote(host, port) for actor in self.actors],
-                "start",
-                settings.start_timeout,
-                hint=f"the ranks could not all join the process group at {host}:{port}; on a cluster, let the "
-                "machines reach each other on it (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME pick the "
-                "network interface)",
+                self.names,
+                action="join the process group",
+                timeout=settings.start_timeout,
+                setting="ray.start_timeout",
+                hint=f"the ranks could not all join it at {host}:{port}; on a cluster, let the machines reach each "
+                "other on it (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME pick the network interface)",
             )
         except BaseException:
             self.close()
             raise
 
     def call(self, name: str, *args):
+        """Rank 0's value once every rank has answered, at most ``ray.call_timeout`` seconds; a ``RuntimeError``
+        naming the ranks that did not answer in time, or the first that died or raised."""
         arguments = ray.put(args) if args else ()
-        return self._wait([actor.call.remote(name, arguments) for actor in self.actors], name)
-
-    def _wait(self, refs: list, name: str, timeout: float | None = None, hint: str = ""):
-        """Rank 0's value once every rank has answered; the first rank that fails ends the wait, and so does
-        ``timeout`` seconds without an answer (a ``ValueError`` with ``hint``)."""
-        pending = list(refs)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1, timeout=timeout)
-            if not done:
-                raise ValueError(
-                    f"the learner ranks did not finish '{name}' within ray.start_timeout={timeout:g} s: {hint}"
-                )
-            try:
-                ray.get(done)
-            except Exception as error:  # noqa: BLE001 — a RayTaskError or a lost actor, said in one line
-                first = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
-                raise RuntimeError(
-                    f"the sharded learner failed in '{name}' on a Ray actor: {first} (its "
-                    "traceback is in the Ray logs, /tmp/ray/session_latest/logs)"
-                ) from None
-        return ray.get(refs[0])
+        return await_actors(
+            [actor.call.remote(name, arguments) for actor in self.actors],
+            self.names,
+            action=f"finish '{name}'",
+            timeout=self.call_timeout,
+            setting="ray.call_timeout",
+            hint="a rank may wait in a collective for a peer that is stuck, or the step may need longer (raise "
+            "ray.call_timeout); the Ray logs of each rank's node say what it was doing",
+            error=RuntimeError,
+        )[0]
 
     def close(self) -> None:
         """Kill the actors (their process group goes with them: a rank may be stuck in a collective a failed

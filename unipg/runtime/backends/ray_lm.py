@@ -10,7 +10,9 @@ behind ``unipg.runtime.driver.Runtime`` changes. Where the roles run:
   ``train.learner_processes`` > 1 the learner's ranks are actors of their own (``ray_learner``) and the driver
   keeps the learner's handle and an unsharded copy of the policy, from which it publishes.
 - **rollout workers** (``ray.rollout_workers`` × ``RolloutWorker``): each holds its own copy of the policy
-  and an inference engine with dynamic batching, and runs up to ``ray.episodes_per_worker`` episodes at once.
+  and an inference engine with dynamic batching, and runs up to ``ray.episodes_per_worker`` episodes at once;
+  on the nodes that have the custom resources of ``ray.rollout_resources`` (``ray.env_resources`` for the
+  environment actors).
 - **environment actors** (``ray.env_workers`` × ``EnvActor``): run the tool calls, so a slow, hanging or
   crashing tool never blocks a rollout worker's event loop. The worker's environment service keeps its
   policy (timeouts, retries, default observation, penalties) and sends each attempt to the actor with the
@@ -91,6 +93,8 @@ class RayRollout(WorkerFaults, CountedEpisodes):
         self.load: list[int] = []  # the concurrent schedule's groups in flight per worker
         self._lock = threading.Lock()
         self.workers, self.env_actors, self.placement = [], [], None
+        self.worker_names: list[str] = []  # each worker's actor name
+        self._where: list = []  # each worker's answer to ``ready`` (where it runs): a reference, once fetched a dict
         self.run_id = uuid.uuid4().hex[:8]  # actor names: unipg-rollout-<run>-<index>.<replacement>
         self.connected = connect(settings)  # this run connected, and disconnects (stopping a local instance)
         self.local = self.connected and settings.address is None
@@ -101,20 +105,40 @@ class RayRollout(WorkerFaults, CountedEpisodes):
             self._setup = ray.put(worker_setup(config, runner, task))
             for i in range(settings.rollout_workers):
                 self.workers.append(self._start_worker(i))
-            wait_ready(self.workers, "rollout worker", settings.start_timeout)
+            names = [f"rollout worker {i} ({name})" for i, name in enumerate(self.worker_names)]
+            self._where = wait_ready(self._where, names, settings.start_timeout)
         except BaseException:
             self.close()
             raise
 
     def _start_worker(self, index: int):
-        return start_worker(
-            self.settings,
-            self._setup,
-            index,
-            self.env_actors,
-            self.placement,
-            name=f"unipg-rollout-{self.run_id}-{index}.{self.worker_restarts}",
-        )
+        name = f"unipg-rollout-{self.run_id}-{index}.{self.worker_restarts}"
+        worker = start_worker(self.settings, self._setup, index, self.env_actors, self.placement, name=name)
+        where = worker.ready.remote()
+        if index < len(self.worker_names):  # a replacement
+            self.worker_names[index], self._where[index] = name, where
+        else:
+            self.worker_names.append(name)
+            self._where.append(where)
+        return worker
+
+    def placed(self, index: int) -> dict | None:
+        """Where rollout worker ``index`` runs (``RolloutWorker.ready``: its Ray node's id and address, its
+        process), once it has said so; None before, or if it died first."""
+        where = self._where[index]
+        if not isinstance(where, dict):
+            answered, _ = ray.wait([where], timeout=0)
+            try:
+                self._where[index] = where = ray.get(answered[0], timeout=0) if answered else where
+            except Exception:  # noqa: BLE001 — it died before it answered: nothing to say where it was
+                return None
+        return where if isinstance(where, dict) else None
+
+    def describe_worker(self, index: int) -> str:
+        """Rollout worker ``index`` as an error names it: its index, actor name and, once known, where it runs."""
+        where = self.placed(index)
+        node = f", node {where['node_id'][:12]} at {where['node_ip']}, pid {where['pid']}" if where else ""
+        return f"rollout worker {index} (actor {self.worker_names[index]}{node})"
 
     @property
     def groups_per_worker(self) -> int:

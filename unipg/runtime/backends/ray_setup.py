@@ -1,16 +1,20 @@
 """Starting the Ray backend's cluster side (``unipg.runtime.backends.ray_lm``, ``ray_learner``): connecting to
-Ray, checking its resources, placing and starting the rollout workers and environment actors, waiting until
-they answer.
+Ray (a local instance, or a cluster, one whose nodes listen on loopback included), checking its resources (CPUs,
+GPUs, the custom resources of ``ray.*_resources``), placing and starting the rollout workers and environment
+actors, waiting until they answer.
 
-Every start has a timeout (``ray.start_timeout``); an actor that cannot start is a ``ValueError`` that says why.
+Every wait on actors has a timeout (``await_actors``: ``ray.start_timeout`` for a start); an actor that does not
+answer in time, dies or raises is an error that names it and says where to look.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
+import time
 
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from unipg.config import Config
 from unipg.config.devices import resolve_device
@@ -19,8 +23,16 @@ from unipg.runtime.backends.ray_actors import (  # says how to install Ray if it
     RolloutWorker,
     ray,
 )
-from unipg.runtime.setup import check_ray_address
+from unipg.runtime.setup import RAY_CONNECT_TIMEOUT, check_ray_address
 
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+LOGS = "<ray temp dir>/session_latest/logs, /tmp/ray by default"  # where each node keeps its processes' logs
+# what to look at when an actor's process is gone
+LOST_ACTOR_HINT = (
+    "check with `ray status` that its node is still alive, and in the Ray logs of that node why the process ended "
+    f"(killed, out of memory: {LOGS})"
+)
+PLURALS = {"CPU": "CPUs", "GPU": "GPUs"}  # Ray's own resources, as a message names them
 _holders = 0  # roles of this process's run holding the connection the run made (the last one disconnects)
 
 
@@ -45,17 +57,17 @@ def connect(settings) -> bool:
     else:
         options["address"] = settings.address
     # Ray replaces a loopback node address by the machine's own, so the servers of a local instance (GCS, raylet,
-    # object manager, workers) would listen on every interface. Only with clusters disabled (Ray's macOS/Windows
-    # mode, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before Ray is imported) is the node 127.0.0.1, and every server then
-    # binds to loopback. The flag is private and read when ray.init picks the node address, so it is switched for
-    # this call only; tests/runtime/test_exposure.py notices if a Ray release stops honouring it.
+    # object manager, workers) would listen on every interface, and a cluster whose nodes listen on loopback only
+    # would be looked for where nothing answers. Only with clusters disabled (Ray's macOS/Windows mode,
+    # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before Ray is imported) does a loopback address stay one. The flag is
+    # private and read when ray.init picks the node address, so it is switched for this call only;
+    # tests/runtime/test_exposure.py and test_ray_cluster.py notice if a Ray release stops honouring it.
     try:
         from ray._private import ray_constants
     except ImportError:
         ray_constants = None
     clusters = getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
-    local = settings.address is None and not os.environ.get("RAY_ADDRESS")  # RAY_ADDRESS: ray.init joins it
-    if local and clusters is not None:
+    if clusters is not None and keeps_loopback(settings.address or os.environ.get("RAY_ADDRESS")):
         ray_constants.ENABLE_RAY_CLUSTER = False
     try:
         ray.init(**options)
@@ -69,6 +81,29 @@ def connect(settings) -> bool:
             ray_constants.ENABLE_RAY_CLUSTER = clusters
     _holders = 1
     return True
+
+
+def keeps_loopback(address: str | None) -> bool:
+    """Whether ``ray.init`` must keep a loopback node address as it is: for a local instance (None: its servers
+    then bind to 127.0.0.1 only), and for a cluster at a loopback ``host:port`` that does not answer at this
+    machine's own address (its nodes were started with ``--node-ip-address 127.0.0.1``), where Ray would look for
+    it. A cluster that answers at both is joined as Ray joins it."""
+    if address is None:
+        return True
+    host, _, port = address.rstrip("/").rpartition(":")
+    if address.startswith("ray://") or not port.isdigit() or host.strip("[]") not in LOOPBACK_HOSTS:
+        return False
+    try:
+        from ray._private.services import node_ip_address_from_perspective
+
+        own = node_ip_address_from_perspective()
+    except (ImportError, OSError):
+        return True  # no address of this machine to compare with: loopback is all there is
+    try:
+        socket.create_connection((own, int(port)), timeout=RAY_CONNECT_TIMEOUT).close()
+    except OSError:
+        return True
+    return False
 
 
 def disconnect() -> None:
@@ -95,38 +130,55 @@ def release(actors: list, placement) -> None:
 
 
 def check_resources(settings, *, tools: bool, local: bool, log, learner: list[dict] = ()) -> None:
-    """Whether the cluster has the CPUs and GPUs the configured actors ask for (``learner``: the bundles of a
-    sharded learner's ranks, ``learner_bundles``): a ``ValueError`` if not on a ``local`` instance
+    """Whether the cluster has the CPUs, GPUs and custom resources the configured actors ask for (``learner``: the
+    bundles of a sharded learner's ranks, ``learner_bundles``): a ``ValueError`` if not on a ``local`` instance
     (it cannot grow); a warning on a cluster, which may still grow within ``ray.start_timeout``."""
-    need = (
-        settings.rollout_workers * settings.rollout_num_cpus
-        + tools * settings.env_workers * settings.env_num_cpus
-        + sum(bundle["CPU"] for bundle in learner)
-    )
-    gpus = settings.rollout_workers * settings.rollout_num_gpus + sum(bundle.get("GPU", 0) for bundle in learner)
+    need: dict[str, float] = {}
+    roles = [(settings.rollout_workers, rollout_bundle(settings))]
+    if tools:
+        roles.append((settings.env_workers, {"CPU": settings.env_num_cpus} | settings.env_resources))
+    roles += [(1, bundle) for bundle in learner]
+    for count, bundle in roles:
+        for name, amount in bundle.items():
+            need[name] = need.get(name, 0.0) + count * amount
     have = ray.cluster_resources()
     short = [
-        f"{need:g} CPUs, the cluster has {have.get('CPU', 0):g}" if need > have.get("CPU", 0) else "",
-        f"{gpus:g} GPUs, the cluster has {have.get('GPU', 0):g}" if gpus > have.get("GPU", 0) else "",
+        f"{amount:g} {PLURALS.get(name, repr(name))}, the cluster has {have.get(name, 0):g}"
+        for name, amount in need.items()
+        if amount > have.get(name, 0)
     ]
-    short = [text for text in short if text]
     if short:
         ranks = " + train.learner_processes × ray.learner_num_cpus (a GPU each on a GPU device)" if learner else ""
+        custom = [name for name in need if name not in PLURALS and need[name] > have.get(name, 0)]
+        fix = "lower them, or raise ray.num_cpus"
+        if custom:
+            fix = (
+                f"start the nodes that should host them with `ray start --resources '{{\"{custom[0]}\": N}}'`, "
+                "or change ray.rollout_resources / env_resources / learner_resources"
+            )
         message = (
-            f"the Ray backend needs {' and '.join(short)} (ray.rollout_workers × ray.rollout_num_cpus/gpus "
-            f"+ ray.env_workers × ray.env_num_cpus{ranks}); lower them, or raise ray.num_cpus"
+            f"the Ray backend needs {' and '.join(short)} (ray.rollout_workers × ray.rollout_num_cpus/gpus/resources "
+            f"+ ray.env_workers × ray.env_num_cpus/resources{ranks}); {fix}"
         )
         if local:
             raise ValueError(message)
         log(f"warning: {message} — waiting up to ray.start_timeout for the cluster to grow")
 
 
+def rollout_bundle(settings) -> dict[str, float]:
+    """What one rollout worker reserves: its CPUs, GPUs (if any) and custom resources."""
+    gpus = {"GPU": settings.rollout_num_gpus} if settings.rollout_num_gpus else {}
+    return {"CPU": settings.rollout_num_cpus} | gpus | settings.rollout_resources
+
+
 def place(settings):
     """A ready placement group of one bundle per rollout worker (``ray.placement``: pack or spread)."""
-    bundle = {"CPU": settings.rollout_num_cpus} | (
-        {"GPU": settings.rollout_num_gpus} if settings.rollout_num_gpus else {}
+    return reserve(
+        [rollout_bundle(settings)] * settings.rollout_workers,
+        settings.placement,
+        "rollout workers",
+        settings.start_timeout,
     )
-    return reserve([bundle] * settings.rollout_workers, settings.placement, "rollout workers", settings.start_timeout)
 
 
 def reserve(bundles: list[dict], strategy: str, role: str, start_timeout: float):
@@ -160,10 +212,15 @@ def start_env_actors(settings, tools, run_id: str, actors: list) -> None:
     for i in range(settings.env_workers):
         actors.append(
             actor.options(
-                num_cpus=settings.env_num_cpus, max_restarts=-1, max_concurrency=1000, name=f"unipg-env-{run_id}-{i}"
+                num_cpus=settings.env_num_cpus,
+                resources=settings.env_resources,
+                max_restarts=-1,
+                max_concurrency=1000,
+                name=f"unipg-env-{run_id}-{i}",
             ).remote(tools)
         )
-    wait_ready(actors, "environment actor", settings.start_timeout)
+    names = [f"environment actor {i} (unipg-env-{run_id}-{i})" for i in range(len(actors))]
+    wait_ready([actor.ready.remote() for actor in actors], names, settings.start_timeout)
 
 
 def start_worker(settings, setup, index: int, env_actors: list, placement, name: str):
@@ -172,6 +229,7 @@ def start_worker(settings, setup, index: int, env_actors: list, placement, name:
     options = {
         "num_cpus": settings.rollout_num_cpus,
         "num_gpus": settings.rollout_num_gpus,
+        "resources": settings.rollout_resources,
         "max_restarts": 0,
         "max_concurrency": 1000,
         "name": name,
@@ -185,21 +243,53 @@ def start_worker(settings, setup, index: int, env_actors: list, placement, name:
     )
 
 
-def wait_ready(actors: list, role: str, start_timeout: float) -> None:
-    """Wait until every one of ``actors`` answers, at most ``start_timeout`` seconds; a ``ValueError`` saying why
-    not."""
-    try:
-        ray.get([actor.ready.remote() for actor in actors], timeout=start_timeout)
-    except GetTimeoutError:
-        raise ValueError(
-            f"a {role} did not start within ray.start_timeout={start_timeout:g} s; "
-            "the cluster may lack the resources it asks for (ray.*_num_cpus, ray.*_num_gpus)"
-        ) from None
-    except RayActorError as error:
-        first = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
-        raise ValueError(
-            f"a {role} failed to start: {first} (its traceback is in the Ray logs, /tmp/ray/session_latest/logs)"
-        ) from None
+def wait_ready(answers: list, names: list[str], start_timeout: float) -> list:
+    """Wait until every actor of ``names`` has answered ``ready`` (``answers``: the references of those calls), at
+    most ``start_timeout`` seconds; their answers, or a ``ValueError`` saying which did not and why."""
+    return await_actors(
+        answers,
+        names,
+        action="start",
+        timeout=start_timeout,
+        setting="ray.start_timeout",
+        hint="the cluster may lack the resources it asks for (ray.*_num_cpus, ray.*_num_gpus, ray.*_resources; "
+        "`ray status` lists what each node has)",
+    )
+
+
+def await_actors(
+    refs: list, names: list[str], *, action: str, timeout: float, setting: str, hint: str, error=ValueError
+):
+    """The values of ``refs``, one request to each actor of ``names``, once all have come: at most ``timeout``
+    seconds in all (``setting`` says where it is set). Otherwise an ``error`` that names the actors that did not
+    ``action`` in time (with ``hint``), or the first that died or raised, in one line."""
+    deadline = time.monotonic() + timeout
+    pending = dict(zip(refs, names, strict=True))
+    while pending:
+        done, _ = ray.wait(list(pending), num_returns=1, timeout=max(deadline - time.monotonic(), 0.0))
+        if not done:
+            raise error(f"{', '.join(pending.values())} did not {action} within {setting}={timeout:g} s: {hint}")
+        name = pending.pop(done[0])
+        try:
+            ray.get(done[0], timeout=timeout)  # answered: this returns at once
+        except RayActorError as lost:
+            if lost.actor_init_failed:  # its constructor raised
+                raise error(
+                    f"{name} failed to {action}: {last_line(lost)} (its traceback is in the Ray logs of its node, {LOGS})"
+                ) from None
+            raise error(f"{name} died before it could {action} ({last_line(lost)}): {LOST_ACTOR_HINT}") from None
+        except RayTaskError as failed:
+            raise error(
+                f"{name} failed to {action}: {last_line(failed)} (its traceback is in the Ray logs of its node, {LOGS})"
+            ) from None
+    return ray.get(refs, timeout=timeout)
+
+
+def last_line(error: BaseException) -> str:
+    """The last non-empty line of ``error``'s message: the exception a remote traceback ends with, or why Ray says an
+    actor died."""
+    line = next((line.strip() for line in reversed(str(error).splitlines()) if line.strip()), type(error).__name__)
+    return line.removesuffix(".")
 
 
 def start_env_side(config, runner, run_id: str, env_actors: list, *, local: bool, log) -> None:
@@ -227,8 +317,8 @@ def worker_setup(config, runner, task):
 
 
 def learner_bundles(config: Config, world_size: int) -> list[dict]:
-    """The placement group's bundles: one per rank, with a GPU each on a GPU device."""
+    """The placement group's bundles: one per rank, with a GPU each on a GPU device and ``ray.learner_resources``."""
     bundle = {"CPU": config.ray.learner_num_cpus}
     if resolve_device(config.device).type == "cuda":
         bundle["GPU"] = 1
-    return [dict(bundle) for _ in range(world_size)]
+    return [bundle | config.ray.learner_resources for _ in range(world_size)]
