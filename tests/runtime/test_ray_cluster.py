@@ -1,8 +1,8 @@
 """The Ray backend on a cluster of two real nodes on this machine (tests/helpers/ray_cluster.py), both on
 127.0.0.1: a head with a ``learner`` resource and a second node with a ``rollout`` resource. The driver joins it
 at its loopback address; rollout workers that ask for ``rollout`` (``ray.rollout_resources``) run on the second node
-and train there; a rollout worker killed there, a learner rank that does not answer in ``ray.call_timeout`` or one
-that died ends the run with an error that names the actor and where it ran."""
+and train there. A rollout worker killed there, a learner rank that does not answer in ``ray.call_timeout`` or one
+that died, and an actor that no node can host are errors that name the actor (and where it ran)."""
 
 from pathlib import Path
 
@@ -138,6 +138,19 @@ def test_a_learner_rank_that_does_not_answer_or_died_is_named_in_the_error(clust
         assert "`ray status`" in message and "\n" not in message
     finally:
         ranks.close()
+
+
+def test_an_actor_asking_for_a_resource_no_node_has_is_named_when_it_does_not_start_in_time(cluster):
+    """On a cluster, which may still grow, such an actor waits for ``ray.start_timeout`` and is then named."""
+    actor = ray.remote(StubRank).options(num_cpus=0, resources={"absent": 1}).remote(False)
+    try:
+        with pytest.raises(ValueError) as late:
+            wait_ready([actor.ready.remote()], ["rollout worker 0 (stub)"], start_timeout=2.0)
+        message = str(late.value)
+        assert message.startswith("rollout worker 0 (stub) did not start within ray.start_timeout=2 s: ")
+        assert "ray.*_resources" in message and "`ray status`" in message
+    finally:
+        ray.kill(actor)
 
 
 def test_a_custom_resource_no_node_has_is_refused_on_a_local_instance_saying_how_to_add_it(cluster):
