@@ -94,15 +94,13 @@ def test_a_rollout_worker_killed_on_the_second_node_ends_the_run_with_its_name_a
     cluster, embedded_path, tmp_path, monkeypatch
 ):
     address, node_of = cluster
-    produce, steps = RayRollout.produce, []
+    produce = RayRollout.produce
 
-    def produce_and_kill_at_the_second_step(self, count, version):
-        steps.append(version)
-        if len(steps) == 2:
-            ray.kill(self.workers[0])
+    def kill_the_worker_then_produce(self, count, version):
+        ray.kill(self.workers[0])
         return produce(self, count, version)
 
-    monkeypatch.setattr(RayRollout, "produce", produce_and_kill_at_the_second_step)
+    monkeypatch.setattr(RayRollout, "produce", kill_the_worker_then_produce)
     config = run_config(address, embedded_path, tmp_path, "ray.rollout_workers=1", "ray.max_restarts=0")
     with pytest.raises(ValueError) as raised:
         train_lm(config)
