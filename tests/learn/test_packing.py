@@ -5,10 +5,9 @@ import pytest
 import torch
 
 from tests.helpers.batches import skewed_batch, skewed_config
-from unipg.estimate.losses import LOSS_AGGREGATIONS, entropy_from_logits
+from unipg.estimate.losses import LOSS_AGGREGATIONS
 from unipg.learn.lm import LMLearner
 from unipg.learn.micro_batches import plan_micro_batches, token_budget_micro_batches
-from unipg.policy.forward import chunked_token_statistics, token_logprobs
 
 
 def gradients(policy, settings, batch) -> list[torch.Tensor]:
@@ -58,25 +57,10 @@ def test_packed_gradient_with_critic_and_entropy_equals_padded(tiny_policy):
     settings = ["algorithm=ppo", "estimator.entropy_coef=0.01", "estimator.loss_agg_mode=token-mean"]
     padded = gradients(policy, skewed_config(*settings, "train.micro_batch_size=2"), batch)
     packed = gradients(
-        policy, skewed_config(*settings, "train.max_tokens_per_micro_batch=20", "train.logprob_chunk_tokens=7"), batch
+        policy, skewed_config(*settings, "train.max_tokens_per_micro_batch=20", "model.logits_chunk_tokens=7"), batch
     )
     for expected, got in zip(padded, packed):
         assert torch.allclose(got, expected, atol=1e-5, rtol=1e-4)
-
-
-def test_chunked_logprobs_and_entropy_equal_unchunked_with_their_gradients():
-    generator = torch.Generator().manual_seed(0)
-    logits = (torch.randn((3, 11, 50), generator=generator) * 4).requires_grad_()
-    targets = torch.randint(0, 50, (3, 11), generator=generator)
-    weights = torch.randn((2, 3, 11), generator=generator)
-    logprobs, entropy = token_logprobs(logits, targets), entropy_from_logits(logits)
-    expected = torch.autograd.grad((weights[0] * logprobs + weights[1] * entropy).sum(), logits)[0]
-    chunked, chunked_entropy = chunked_token_statistics(
-        logits, targets, chunk_tokens=4, with_entropy=True, entropy_grad=True
-    )
-    got = torch.autograd.grad((weights[0] * chunked + weights[1] * chunked_entropy).sum(), logits)[0]
-    assert torch.allclose(chunked, logprobs, atol=1e-6) and torch.allclose(chunked_entropy, entropy, atol=1e-6)
-    assert torch.allclose(got, expected, atol=1e-6)
 
 
 def test_token_budget_micro_batches_fit_the_budget_and_cover_every_row():

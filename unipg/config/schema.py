@@ -221,9 +221,8 @@ class TrainConfig(Section):
     """lm runs: ranks the learner is sharded over with FSDP2 (gloo on CPU, NCCL on GPU): local processes with
     backend=inprocess, Ray actors in a placement group with backend=ray (``ray.learner_*``); the driver's process
     keeps an unsharded copy for rollout and evaluation, refreshed after every update."""
-    logprob_chunk_tokens: int | None = Field(None, ge=1)
-    """lm runs: compute log-probs and entropy over this many tokens at a time, recomputing each chunk's
-    log-softmax in the backward pass, so the (tokens, vocabulary) log-softmax is never held whole; None = at once."""
+    logprob_chunk_tokens: int | None = Field(None, ge=1, json_schema_extra=read_in())
+    """replaced by model.logits_chunk_tokens, which chunks the logits themselves, not only their log-softmax."""
     weight_decay: float = Field(0.0, ge=0.0, json_schema_extra=read_in("lm"))
     """lm runs: AdamW weight decay."""
     tis: Literal["auto", "on", "off"] = Field("auto", json_schema_extra=read_in("lm"))

@@ -105,7 +105,7 @@ class LMLearner:
         # With the policy sharded over a process group (unipg.learn.distributed), every rank runs this learner
         # on the same batch and takes its own share of each mini-batch's micro-batches.
         self.rank, self.world_size = process_rank()
-        policy.logprob_chunk_tokens = train.logprob_chunk_tokens
+        policy.logits_chunk_tokens = config.model.logits_chunk_tokens
         self.optimizer = torch.optim.AdamW(
             groups,
             eps=train.adam_eps,

@@ -2,9 +2,9 @@
 
 Prompts are left-padded and completions right-padded, so every completion starts at the same column and the
 lm_head only runs over the completion span (``logits_to_keep``). ``prefill`` runs prompts into a KV cache and
-``completion_forward`` gives the logits (and hidden states) that predict each completion token; both run each
+``completion_forward`` gives the hidden states (or logits) that predict each completion token; both run each
 distinct prompt once when the rows of a batch share it (the samples of a GRPO group do). The padding,
-position, cache and log-prob helpers here are shared by generation (``unipg.policy.generation``) and
+position, cache and logit-scaling helpers here are shared by generation (``unipg.policy.generation``) and
 evaluation (``unipg.policy.lm``).
 """
 
@@ -17,8 +17,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-
-from unipg.estimate.losses import entropy_from_logits
 
 # Config attributes under which Hugging Face architectures give the number of positions they were built for.
 CONTEXT_ATTRIBUTES = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length", "seq_length")
@@ -105,8 +103,9 @@ def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, tor
 
 @dataclass
 class CompletionForward:
-    logits: torch.Tensor  # (B, C, V) the logits that predict each completion token
-    hidden: torch.Tensor | None  # (B, C, H) last hidden state at the same positions (the state before token t)
+    hidden: torch.Tensor | None  # (B, C, H) the decoder's last hidden state before each completion token (what
+    # predicts it); None unless asked for
+    logits: torch.Tensor | None  # (B, C, V) the model's logits at the same positions; None unless asked for
 
 
 def plain_cache(cache) -> bool:
@@ -119,16 +118,55 @@ def plain_cache(cache) -> bool:
     )
 
 
+def final_states(
+    model: nn.Module, keep: int | torch.Tensor, *, logits: bool = False, hidden: bool = True, **inputs
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """One forward pass of ``model`` on ``inputs``; returns (logits, last hidden state) at the positions ``keep``
+    selects in each row (an int: the last ``keep``; a (K,) long tensor: those), each None unless asked for.
+
+    No logits are computed but those asked for: a causal LM runs its lm_head over no position then
+    (``logits_to_keep`` of none), and its decoder's output is read by a forward hook on the decoder, so that the
+    model's own forward still runs (a sharded model gathers its weights in it). A bare decoder (a critic's
+    backbone: no lm_head) returns its last hidden state itself; a model without a separate decoder is asked for
+    its hidden states (``output_hidden_states``).
+    """
+    if _bare_decoder(model):
+        states = model(**inputs).last_hidden_state
+        return None, _kept(states, keep) if hidden else None
+    decoder = model.get_decoder() if hidden and hasattr(model, "get_decoder") else model
+    captured: list[torch.Tensor] = []
+    hooks = [] if decoder is model else [decoder.register_forward_hook(lambda *call: captured.append(call[2][0]))]
+    try:
+        nothing = torch.zeros(0, dtype=torch.long, device=inputs["input_ids"].device)
+        out = model(**inputs, logits_to_keep=keep if logits else nothing, output_hidden_states=hidden and not hooks)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    states = (captured[-1] if hooks else out.hidden_states[-1]) if hidden else None
+    return out.logits if logits else None, _kept(states, keep) if hidden else None
+
+
+def _bare_decoder(model: nn.Module) -> bool:
+    """A transformer without an lm_head (``get_output_embeddings`` None), e.g. a causal LM's ``get_decoder()``."""
+    return hasattr(model, "get_output_embeddings") and model.get_output_embeddings() is None
+
+
+def _kept(states: torch.Tensor, keep: int | torch.Tensor) -> torch.Tensor:
+    return states[:, -keep:] if isinstance(keep, int) else states[:, keep]
+
+
 def completion_forward(
     model: nn.Module,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     completion_length: int,
     *,
-    hidden: bool = False,
+    logits: bool = False,
+    hidden: bool = True,
     share_prompts: bool = True,
 ) -> CompletionForward:
-    """Forward pass over prompts + completions that runs each distinct prompt once.
+    """Forward pass over prompts + completions that runs each distinct prompt once; the hidden states and the
+    logits that predict each completion token, each as asked for (``final_states``).
 
     The samples of a GRPO group share their prompt, so the prompt's keys and values are computed once per
     distinct prompt and gathered for every row, and only the completion tokens run per row (the prefix
@@ -136,32 +174,39 @@ def completion_forward(
     through the shared prompt states. Falls back to one plain forward when no prompt repeats or the
     model's cache cannot be gathered.
     """
+    asked = {"logits": logits, "hidden": hidden}
     width = input_ids.shape[1] - completion_length
     cache = new_cache(model) if share_prompts and width > 0 else None
     if cache is None or not plain_cache(cache) or not _repeats(input_ids[:, :width]):
-        out = model(
+        all_logits, states = final_states(
+            model,
+            completion_length + 1,
+            **asked,
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=positions(attention_mask),
             use_cache=False,
-            logits_to_keep=completion_length + 1,
-            output_hidden_states=hidden,
         )
         return CompletionForward(
-            out.logits[:, :-1], out.hidden_states[-1][:, -(completion_length + 1) : -1] if hidden else None
+            hidden=None if states is None else states[:, :-1],
+            logits=None if all_logits is None else all_logits[:, :-1],
         )
-    first_logits, first_hidden = prefill(model, input_ids[:, :width], attention_mask[:, :width], cache, hidden=hidden)
-    rest = model(
+    first = prefill(model, input_ids[:, :width], attention_mask[:, :width], cache, **asked)
+    rest = final_states(
+        model,
+        completion_length,
+        **asked,
         input_ids=input_ids[:, width:],
         attention_mask=attention_mask,
         position_ids=positions(attention_mask)[:, width:],
         use_cache=True,
-        output_hidden_states=hidden,
         **{cache_keyword(model): cache},
     )
-    logits = torch.cat([first_logits[:, None], rest.logits[:, :-1]], dim=1)
-    states = torch.cat([first_hidden[:, None], rest.hidden_states[-1][:, :-1]], dim=1) if hidden else None
-    return CompletionForward(logits, states)
+    # the last prompt position predicts the first completion token; the last completion position predicts none
+    joined = [
+        None if head is None else torch.cat([head[:, None], tail[:, :-1]], dim=1) for head, tail in zip(first, rest)
+    ]
+    return CompletionForward(hidden=joined[1], logits=joined[0])
 
 
 def _repeats(prompt_ids: torch.Tensor) -> bool:
@@ -176,11 +221,12 @@ def prefill(
     *,
     share: bool = True,
     hidden: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    logits: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Run left-padded prompts (B, P) into ``cache``; each distinct prompt once when ``share`` and the cache's
-    rows can be gathered. Returns the last position's logits (B, V) and last hidden state (B, H) or None.
+    rows can be gathered. Returns the last position's logits (B, V) or None (without ``logits``), and its last
+    hidden state (B, H) or None (without ``hidden``).
     """
-    keyword = cache_keyword(model)
     unique, inverse = torch.unique(prompt_ids, dim=0, return_inverse=True)
     if share and len(unique) < len(prompt_ids) and plain_cache(cache):
         first = torch.zeros(len(unique), dtype=torch.long, device=prompt_ids.device)
@@ -188,76 +234,23 @@ def prefill(
         prompt_ids, prompt_mask, rows = unique, prompt_mask[first], inverse
     else:
         rows = torch.arange(len(prompt_ids), device=prompt_ids.device)
-    out = model(
+    last_logits, states = final_states(
+        model,
+        1,
+        logits=logits,
+        hidden=hidden,
         input_ids=prompt_ids,
         attention_mask=prompt_mask,
         position_ids=positions(prompt_mask),
         use_cache=True,
-        logits_to_keep=1,
-        output_hidden_states=hidden,
-        **{keyword: cache},
+        **{cache_keyword(model): cache},
     )
     if len(rows) > len(prompt_ids):
         cache.batch_select_indices(rows)
-    return out.logits[rows, -1], out.hidden_states[-1][rows, -1] if hidden else None
+    return last_logits[rows, -1] if logits else None, states[rows, -1] if hidden else None
 
 
 def scaled_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """Logits in float32, divided by the sampling temperature (greedy, 0, keeps them as they are)."""
     logits = logits.float()
     return logits / temperature if temperature > 0 and temperature != 1.0 else logits
-
-
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits) at the target tokens: (B, C, V), (B, C) → (B, C)."""
-    return torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
-
-
-def chunked_token_statistics(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    *,
-    chunk_tokens: int | None,
-    with_entropy: bool = False,
-    entropy_grad: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(log-probs of ``targets``, entropy or None), each shaped like ``targets``, from (..., V) ``logits``
-    taken ``chunk_tokens`` positions at a time (None: all at once).
-
-    Each chunk's log-softmax is recomputed in the backward pass (activation checkpointing), so autograd holds
-    the logits only, never a (tokens, V) log-softmax or softmax beside them; equal to ``token_logprobs`` and
-    ``entropy_from_logits`` up to float rounding. The entropy is differentiable only with ``entropy_grad``.
-    """
-    from torch.utils.checkpoint import checkpoint
-
-    if chunk_tokens is None:
-        logprobs = token_logprobs(logits, targets)
-        return logprobs, entropy_from_logits(logits if entropy_grad else logits.detach()) if with_entropy else None
-    flat_logits, flat_targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
-    logprobs, entropies = [], []
-    for start in range(0, len(flat_targets), chunk_tokens):
-        piece = slice(start, start + chunk_tokens)
-        if torch.is_grad_enabled() and flat_logits.requires_grad:
-            logprob, entropy = checkpoint(
-                _chunk_statistics,
-                flat_logits[piece],
-                flat_targets[piece],
-                with_entropy,
-                entropy_grad,
-                use_reentrant=False,
-            )
-        else:
-            logprob, entropy = _chunk_statistics(flat_logits[piece], flat_targets[piece], with_entropy, entropy_grad)
-        logprobs.append(logprob)
-        entropies.append(entropy)
-    entropy = torch.cat(entropies).view_as(targets) if with_entropy else None
-    return torch.cat(logprobs).view_as(targets), entropy
-
-
-def _chunk_statistics(
-    logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool, entropy_grad: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    logprob = token_logprobs(logits, targets)
-    if not with_entropy:
-        return logprob, logprob.new_zeros(())
-    return logprob, entropy_from_logits(logits if entropy_grad else logits.detach())

@@ -13,9 +13,13 @@ generated so far, the action the next token. This module answers Q1 for text:
   disabled, so no second copy is held.
 
 Layout: prompts are left-padded and completions right-padded, so every completion starts at the same
-column and the lm_head only runs over the completion span (``logits_to_keep``; the forward passes are in
+column and only the completion span is kept (``logits_to_keep``; the forward passes are in
 ``unipg.policy.forward``). Every per-token tensor of this module is (B, C), C the completion length, with
 ``completion_mask`` 1 on sampled tokens.
+
+Log-probs, entropy and Σπ² are taken from the final hidden states a chunk of tokens at a time
+(``logits_chunk_tokens``, ``unipg.policy.token_logprobs``), so the (tokens, vocabulary) logits are never held
+whole; a critic's forward computes no logits at all.
 
 Temperature: log-probs are those of softmax(logits / temperature), the distribution tokens are drawn
 from; top-k / top-p truncation is not reflected in them (as in vLLM and TRL).
@@ -25,21 +29,18 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from unipg.estimate.token_baselines import sum_of_squared_probabilities
 from unipg.policy.forward import (  # noqa: F401  (left_pad re-exported)
-    chunked_token_statistics,
     completion_forward,
     context_length,
     left_pad,
     recomputing,
-    scaled_logits,
-    token_logprobs,
 )
 from unipg.policy.generation import (  # noqa: F401  (cut_at_stop re-exported)
     Generation,
@@ -48,6 +49,7 @@ from unipg.policy.generation import (  # noqa: F401  (cut_at_stop re-exported)
     generate,
 )
 from unipg.policy.packed import pack_rows, packed_forward, packed_hidden
+from unipg.policy.token_logprobs import IDENTITY_HEAD, LogitHead, TokenStatistics, logit_head, token_statistics
 
 VALUE_HEAD_FILE = "value_head.pt"
 
@@ -59,6 +61,17 @@ class Evaluation:
     logprobs: torch.Tensor  # (B, C) log π_θ(a_t|s_t)
     entropy: torch.Tensor | None = None  # (B, C) H[π_θ(·|s_t)]
     values: torch.Tensor | None = None  # (B, C) V_φ(s_t), the value of the state before token t
+
+
+@dataclass
+class CompletionStates:
+    """One forward pass over the completion tokens, padded (B, C, ...) or packed (M, ...)."""
+
+    head_inputs: torch.Tensor  # (..., H) what ``head`` turns into logits: the last hidden states, or the logits
+    head: LogitHead  # the model's ``logit_head``, or ``IDENTITY_HEAD`` over logits the model computed itself
+    hidden: torch.Tensor | None  # (..., H) the last hidden state before each token (a value head's input), or None
+    targets: torch.Tensor  # (...) long, the completion tokens
+    layout: Callable[[torch.Tensor], torch.Tensor]  # per-token values of this form → (B, C)
 
 
 class ValueHead(nn.Module):
@@ -97,10 +110,10 @@ class LMPolicy(nn.Module):
         self._reference = copy.deepcopy(model).eval().requires_grad_(False) if reference == "copy" else None
         self.share_prompts = True  # run each distinct prompt once per forward pass (see completion_forward)
         # Set by the learner. packed: evaluation passes pack the rows into one padding-free row
-        # (unipg.policy.packed); logprob_chunk_tokens: log-probs and entropy are computed this many tokens at a
-        # time, recomputed in the backward pass (chunked_token_statistics); None: all at once.
+        # (unipg.policy.packed); logits_chunk_tokens: log-probs, entropy and Σπ² are computed from the hidden
+        # states this many tokens at a time, recomputed in the backward pass (token_statistics); None: all at once.
         self.packed = False
-        self.logprob_chunk_tokens: int | None = None
+        self.logits_chunk_tokens: int | None = None
         self.pad_id = tokenizer.pad_token_id
         self.eos_ids = self._eos_ids()
         self.context_length = context_length(model)  # None: the model does not say; nothing is cut
@@ -196,27 +209,21 @@ class LMPolicy(nn.Module):
         """
         self._check_context(attention_mask)
         needs_hidden = with_values and self.value_head is not None
-        logits, hidden, targets, layout = self._outputs(
-            self.model, input_ids, attention_mask, completion_length, hidden=needs_hidden
+        states = self._states(self.model, input_ids, attention_mask, completion_length, hidden=needs_hidden)
+        statistics = self._statistics(states, temperature, with_entropy=with_entropy, entropy_grad=entropy_grad)
+        result = Evaluation(
+            logprobs=states.layout(statistics.logprobs),
+            entropy=None if statistics.entropy is None else states.layout(statistics.entropy),
         )
-        logits = scaled_logits(logits, temperature)
-        logprobs, entropy = chunked_token_statistics(
-            logits,
-            targets,
-            chunk_tokens=self.logprob_chunk_tokens,
-            with_entropy=with_entropy,
-            entropy_grad=entropy_grad,
-        )
-        result = Evaluation(logprobs=layout(logprobs), entropy=None if entropy is None else layout(entropy))
         if with_values:
             result.values = (
-                layout(self.value_head(hidden))
+                states.layout(self.value_head(states.hidden))
                 if needs_hidden
                 else self.values(input_ids, attention_mask, completion_length)
             )
         return result
 
-    def _outputs(
+    def _states(
         self,
         model: nn.Module,
         input_ids: torch.Tensor,
@@ -224,23 +231,41 @@ class LMPolicy(nn.Module):
         completion_length: int,
         *,
         hidden: bool = False,
-    ):
-        """(logits, hidden or None, targets, layout) of the completion tokens, padded (B, C, ...) or packed
-        (M, ...) per ``self.packed``; ``layout`` turns per-token values of either form into (B, C)."""
+    ) -> CompletionStates:
+        """One forward pass of ``model`` over the completion tokens, padded (B, C, ...) or packed (M, ...) per
+        ``self.packed``: the lm_head's inputs (or, for a model whose logits are not a ``LogitHead``, its logits),
+        and with ``hidden`` the last hidden states."""
+        head = logit_head(model)
         with recomputing(model) as recomputed:
             if self.packed:
                 packing = pack_rows(input_ids, attention_mask, completion_length)
-                out = packed_forward(model, packing, hidden=hidden)
-                return out.logits, out.hidden, packing.targets, packing.unpack
-            out = completion_forward(
-                model,
-                input_ids,
-                attention_mask,
-                completion_length,
-                hidden=hidden,
-                share_prompts=self.share_prompts and not recomputed,
-            )
-        return out.logits, out.hidden, input_ids[:, -completion_length:], _same
+                out = packed_forward(model, packing, logits=head is None, hidden=hidden or head is not None)
+                targets, layout = packing.targets, packing.unpack
+            else:
+                out = completion_forward(
+                    model,
+                    input_ids,
+                    attention_mask,
+                    completion_length,
+                    logits=head is None,
+                    hidden=hidden or head is not None,
+                    share_prompts=self.share_prompts and not recomputed,
+                )
+                targets, layout = input_ids[:, -completion_length:], _same
+        if head is None:
+            return CompletionStates(out.logits, IDENTITY_HEAD, out.hidden, targets, layout)
+        return CompletionStates(out.hidden, head, out.hidden, targets, layout)
+
+    def _statistics(self, states: CompletionStates, temperature: float, **wanted) -> TokenStatistics:
+        """``token_statistics`` of the completion tokens, ``logits_chunk_tokens`` at a time."""
+        return token_statistics(
+            states.head_inputs,
+            states.head,
+            states.targets,
+            temperature=temperature,
+            chunk_tokens=self.logits_chunk_tokens,
+            **wanted,
+        )
 
     def _check_context(self, attention_mask: torch.Tensor) -> None:
         """A row longer than the model's context would reach it as an index error (learned positions)."""
@@ -269,8 +294,8 @@ class LMPolicy(nn.Module):
             raise ValueError("this policy has no critic; enable model.value_head or set model.critic")
         if hidden is not None:
             return self.value_head(hidden)
-        _, hidden, _, layout = self._outputs(self.model, input_ids, attention_mask, completion_length, hidden=True)
-        return layout(self.value_head(hidden))
+        states = self._states(self.model, input_ids, attention_mask, completion_length, hidden=True)
+        return states.layout(self.value_head(states.hidden))
 
     @torch.no_grad()
     def reference_logprobs(
@@ -285,9 +310,8 @@ class LMPolicy(nn.Module):
                 return self.evaluate(input_ids, attention_mask, completion_length, temperature=temperature).logprobs
         else:
             raise ValueError("this policy holds no reference model; set model.reference to 'copy' or use LoRA")
-        logits, _, targets, layout = self._outputs(model, input_ids, attention_mask, completion_length)
-        logits = scaled_logits(logits, temperature)
-        return layout(chunked_token_statistics(logits, targets, chunk_tokens=self.logprob_chunk_tokens)[0])
+        states = self._states(model, input_ids, attention_mask, completion_length)
+        return states.layout(self._statistics(states, temperature).logprobs)
 
     @torch.no_grad()
     def sum_pi_squared(
@@ -296,8 +320,8 @@ class LMPolicy(nn.Module):
         """Σ_v π_θ(v|s_t)² at each completion position, (B, C): how concentrated the policy's distribution is
         (the optimal token baseline's logit-gradient proxy, ``unipg.estimate.token_baselines``)."""
         self._check_context(attention_mask)
-        logits, _, _, layout = self._outputs(self.model, input_ids, attention_mask, completion_length)
-        return layout(sum_of_squared_probabilities(scaled_logits(logits, temperature)))
+        states = self._states(self.model, input_ids, attention_mask, completion_length)
+        return states.layout(self._statistics(states, temperature, with_sum_pi_squared=True).sum_pi_squared)
 
     # ------------------------------------------------------------------------------------------------
     # Persistence
@@ -330,12 +354,14 @@ class CriticModel(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_length: int, *, packed: bool = False
     ) -> torch.Tensor:
-        """(B, C) values; ``packed``: one padding-free pass (unipg.policy.packed)."""
+        """(B, C) values; ``packed``: one padding-free pass (unipg.policy.packed). Only the backbone's decoder
+        runs: a value needs no logits."""
+        decoder = self.backbone.get_decoder()
         if packed:
             packing = pack_rows(input_ids, attention_mask, completion_length)
-            return packing.unpack(self.head(packed_hidden(self.backbone, packing)))
+            return packing.unpack(self.head(packed_hidden(decoder, packing)))
         out = completion_forward(
-            self.backbone, input_ids, attention_mask, completion_length, hidden=True, share_prompts=self.share_prompts
+            decoder, input_ids, attention_mask, completion_length, share_prompts=self.share_prompts
         )
         return self.head(out.hidden)
 

@@ -7,8 +7,8 @@ sdpa models attend segment by segment (``unipg.policy.segment_attention``, linea
 attention derives the per-sequence lengths from the position resets, and other implementations (eager) get the
 block-diagonal causal mask Hugging Face derives from them (an (N, N) tensor, quadratic in N).
 
-Only the positions that predict a completion token go through the lm_head (``logits_to_keep`` as an index
-tensor). Per-token results come back flat, (M,) for the M completion tokens, and ``Packing.unpack`` lays
+Only the positions that predict a completion token are kept (``logits_to_keep`` as an index tensor), and the
+policy takes their hidden states, not logits (``unipg.policy.token_logprobs``). Per-token results come back flat, (M,) for the M completion tokens, and ``Packing.unpack`` lays
 them out in the (B, C) grid the objective reads, with 0 where a row has no real token.
 
 Rows must be left-padded prompts followed by right-padded completions, real tokens contiguous (the
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from unipg.policy.forward import positions
+from unipg.policy.forward import final_states, positions
 from unipg.policy.segment_attention import packed_pass, use_segment_attention
 
 
@@ -81,27 +81,29 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_
 
 @dataclass
 class PackedForward:
-    logits: torch.Tensor  # (M, V) the logits that predict each target
-    hidden: torch.Tensor | None  # (M, H) last hidden state at the same positions
+    logits: torch.Tensor | None  # (M, V) the logits that predict each target; None unless asked for
+    hidden: torch.Tensor | None  # (M, H) last hidden state at the same positions; None unless asked for
 
 
-def packed_forward(model: nn.Module, packing: Packing, *, hidden: bool = False) -> PackedForward:
-    """One forward pass over the packed row; the lm_head runs only at the predicting positions."""
+def packed_forward(model: nn.Module, packing: Packing, *, logits: bool = True, hidden: bool = False) -> PackedForward:
+    """One forward pass over the packed row; the lm_head runs only at the predicting positions, and only with
+    ``logits`` (``unipg.policy.forward.final_states``)."""
     segments = packing.segments() if use_segment_attention(model) else {}
     with packed_pass():
-        out = model(
+        all_logits, states = final_states(
+            model,
+            packing.predictors,
+            logits=logits,
+            hidden=hidden,
             input_ids=packing.input_ids,
             position_ids=packing.position_ids,
             attention_mask=None,
             use_cache=False,
-            logits_to_keep=packing.predictors,
-            output_hidden_states=hidden,
             **segments,
         )
-    states = out.hidden_states[-1][0, packing.predictors] if hidden else None
-    return PackedForward(out.logits[0], states)
+    return PackedForward(all_logits[0] if logits else None, states[0] if hidden else None)
 
 
 def packed_hidden(model: nn.Module, packing: Packing) -> torch.Tensor:
-    """(M, H) the last hidden state at the predicting positions (a critic backbone's input to its head)."""
-    return packed_forward(model, packing, hidden=True).hidden
+    """(M, H) the last hidden state at the predicting positions (the input of the lm_head, or of a value head)."""
+    return packed_forward(model, packing, logits=False, hidden=True).hidden
