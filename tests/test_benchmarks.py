@@ -37,11 +37,14 @@ REPORTS = {
     "peer_ppo.py": ("sb3    seed 0:", "unipg/sb3 = "),
     "ray_scaling.py": ("| inprocess | 1 |", "| ray | 1 |", "Ray overhead at 1 worker vs in-process:"),
     "same_metrics.py": ("values compared, same",),
+    "scale_model.py": ("scale model: ",),
     "soak.py": ("RSS trend over the second half:",),
     "staleness_ablation.py": ("runs, 1 at a time,",),
     "threads.py": ("threads, batch",),
     "vs_trl.py": ("seed 0: training with trl ...", "samples/s ratio unipg / TRL:"),
 }
+# scripts whose smoke run has a test of its own below, and is not run again by the generic test
+OWN_TESTS = {"scale.py"}
 # the scripts whose smoke run trains (train_lm, train_gym or unipg.train): e2e
 TRAINS = {
     "async_vs_sync.py",
@@ -57,7 +60,7 @@ TRAINS = {
 
 
 def test_every_benchmark_script_has_a_smoke_run():
-    assert sorted(path.name for path in (ROOT / "benchmarks").glob("*.py")) == sorted(REPORTS)
+    assert sorted(path.name for path in (ROOT / "benchmarks").glob("*.py")) == sorted([*REPORTS, *OWN_TESTS])
 
 
 @pytest.mark.parametrize(
@@ -115,3 +118,34 @@ def test_the_gpu_check_skips_every_path_without_a_gpu_and_runs_cheap_paths_on_th
     assert [line.split(" ", 2)[:2] for line in lines] == [["PASS", name] for name in cheap], on_cpu.stdout
     assert "float32 masters" in lines[1] and "packed vs padded" in lines[2]
     assert summary.startswith("summary: 3 PASS, 0 FAIL, 0 SKIP on cpu")
+
+
+# the rehearsal's phases that need no vLLM: vLLM's start-up on the CPU (~25 s a phase on a busy 2-core machine) puts
+# the three phases that start it past this suite's minute; they run in ``scale.py --smoke`` itself
+SCALE_PHASES = ("learner-update", "fsdp2-2proc", "checkpoint-resume")
+
+
+def test_the_scale_rehearsal_prints_a_row_with_figures_for_every_phase():
+    """``scale.py --smoke``: the 2-layer model of the 0.5B shape family is built in the test cache, and every phase
+    prints its row: seconds, a peak resident memory, and its figures (the checkpoint its bytes written)."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "scale.py"), "--smoke", "--phases", ",".join(SCALE_PHASES)],
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = {}
+    for line in done.stdout.splitlines():
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if len(cells) == 6 and cells[0] in SCALE_PHASES:
+            rows[cells[0]] = cells
+    assert sorted(rows) == sorted(SCALE_PHASES), done.stdout
+    for name, (_, seconds, peak, _, moved, figure) in rows.items():
+        assert float(seconds) > 0 and float(peak.replace(",", "")) > 0, (name, rows[name])
+        assert any(character.isdigit() for character in figure), (name, figure)
+    assert int(rows["checkpoint-resume"][4].replace(",", "")) > 0
+    assert "restored weights equal the saved ones" in rows["checkpoint-resume"][5]
