@@ -394,17 +394,16 @@ def sharded_config(device: str, model: str, *overrides: str):
 
 
 def sharded_round_trip(learner, policy, device: str) -> str:
-    """prepare + update; checkpoint; another update; restore; an update at learning rate 0 must leave the weights
-    the checkpoint's (the float32 masters restored with them)."""
+    """prepare + update; the ranks write their shards; another update; the shards load back; an update at learning
+    rate 0 must leave the weights the checkpoint's (the float32 masters restored with them)."""
     metrics, seconds = timed_update(learner, learner_batch(device), device)
     check(finite(metrics), f"loss {metrics['loss']} or grad_norm {metrics['grad_norm']} is not finite")
-    tensors, state = learner.checkpoint()
-    tensors = {name: tensor.clone() for name, tensor in tensors.items()}  # saved, as the checkpoint store does
-    saved = trained(policy)
-    timed_update(learner, learner_batch(device, seed=1), device)
-    with torch.no_grad():
-        policy.load_state_dict(saved, strict=False)
-    learner.restore(tensors, state)
+    with tempfile.TemporaryDirectory(prefix="unipg-gpu-shards-") as shards:
+        state = learner.state()
+        learner.save_shards(Path(shards))
+        saved = trained(policy)
+        timed_update(learner, learner_batch(device, seed=1), device)
+        learner.load_shards(Path(shards), state)  # the driver's policy gets the restored weights
     learner.set_lr_fraction(0.0)
     timed_update(learner, learner_batch(device, seed=2), device)
     moved = largest_change(saved, trained(policy))

@@ -15,6 +15,7 @@ from unipg.learn.distributed import (
     init_local_group,
     load_sharded,
     local_tensor,
+    read_shard_index,
     save_sharded,
     shard_model,
     spawn_local,
@@ -22,7 +23,7 @@ from unipg.learn.distributed import (
 )
 from unipg.learn.lm import LMLearner
 from unipg.learn.lm_batch import split_across_ranks
-from unipg.learn.sharded import _full, _run
+from unipg.learn.sharded import _run
 from unipg.policy.loading import load_lm_policy
 
 SETTINGS = (
@@ -48,7 +49,7 @@ def update_rank(rank: int, world_size: int, port: int, model_path: str, out: str
     sharded = learner(model_path, shard=True)
     metrics = sharded.update(skewed_batch())
     state = full_state_dict(sharded.policy.model)
-    save_sharded(Path(out) / "checkpoint", sharded.policy.model, sharded.optimizer)
+    save_sharded(Path(out) / "checkpoint", sharded.policy.model, sharded.optimizer, sharded.masters)
     if rank == 0:
         torch.save({"state": state, "metrics": metrics}, Path(out) / "result.pt")
     torch.distributed.destroy_process_group()
@@ -73,7 +74,7 @@ def test_two_process_update_equals_one_process_and_its_checkpoint_resumes_in_one
     assert metrics["loss"] == pytest.approx(result["metrics"]["loss"], abs=1e-5)
     assert metrics["grad_norm"] == pytest.approx(result["metrics"]["grad_norm"], rel=1e-4)
     resumed = learner(embedded_path)
-    load_sharded(tmp_path / "checkpoint", resumed.policy.model, resumed.optimizer)
+    load_sharded(tmp_path / "checkpoint", resumed.policy.model, resumed.optimizer, resumed.masters)
     for name, tensor in resumed.policy.model.state_dict().items():
         assert torch.equal(tensor, result["state"][name]), name
     for parameter, twin in zip(resumed.parameters, single.parameters):
@@ -121,7 +122,10 @@ def test_a_bfloat16_critic_with_a_float32_value_head_shards(embedded_path, tmp_p
 
 def every_rank_full_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The full weights on every rank (collective), as the driver sends them for a restore."""
-    return {name: _full(tensor).detach().clone() for name, tensor in module.state_dict().items()}
+    return {
+        name: (tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor).detach().clone()
+        for name, tensor in module.state_dict().items()
+    }
 
 
 def bfloat16_restore_rank(rank: int, world_size: int, port: int, model_path: str, out: str) -> None:
@@ -132,21 +136,26 @@ def bfloat16_restore_rank(rank: int, world_size: int, port: int, model_path: str
     shard_model(policy.model)
     sharded = LMLearner(policy, skewed_config(*SETTINGS))
     sharded.update(skewed_batch())
-    tensors, state = _run(sharded, "checkpoint", ())
-    saved = every_rank_full_state(policy)  # what the driver's policy holds and sends to every rank
+    shards, state = str(Path(out).parent / "shards"), _run(sharded, "state", ())
+    _run(sharded, "save_shards", (shards,))
+    saved = every_rank_full_state(policy)
     sharded.update(skewed_batch())  # the masters move on from the checkpoint
-    _run(sharded, "restore", (tensors, state, dict(saved)))  # the restore shards the dict's values in place
+    _, sent = _run(sharded, "load_shards", (shards, state))
     _run(sharded, "set_lr_fraction", (0.0,))
     sharded.update(skewed_batch())  # a step of size 0 keeps the restored weights
     after = full_state_dict(policy)
     if rank == 0:
-        torch.save({"saved": saved, "after": after, "tensors": tensors}, out)
+        torch.save({"saved": saved, "after": after, "sent": sent}, out)
     torch.distributed.destroy_process_group()
 
 
-def test_a_sharded_bfloat16_learner_restores_its_float32_masters(embedded_path, tmp_path):
+def test_a_sharded_bfloat16_learner_restores_its_float32_masters_from_its_shards(embedded_path, tmp_path):
     spawn_local(bfloat16_restore_rank, 2, embedded_path, str(tmp_path / "result.pt"))
     result = torch.load(tmp_path / "result.pt")
     for name, tensor in result["saved"].items():
         assert tensor.dtype == torch.bfloat16 and torch.equal(result["after"][name], tensor), name
-    assert any(name.endswith(".float32_master") for name in result["tensors"])
+    for name, tensor in result["sent"].items():  # the restored trained weights, for the driver's policy
+        assert torch.equal(tensor, result["saved"][name]), name
+    index = read_shard_index(tmp_path / "shards").state_dict_metadata
+    masters = {name for name in index if name.startswith("masters.")}
+    assert masters and all(index[name].properties.dtype == torch.float32 for name in masters)

@@ -8,6 +8,21 @@ Layout of a checkpoint folder::
       state.json              everything else: step, policy version, KL coefficient, data position, RNG states
       manifest.json           format version, step, metrics, every file's size and sha256, tied-tensor aliases
 
+A learner sharded over several ranks (``train.learner_processes`` > 1) writes a sharded checkpoint instead: the
+ranks write the trainable weights, the optimizer's state and the float32 masters with
+``torch.distributed.checkpoint`` (DCP), each rank its own shards, and the tensor groups are left out::
+
+    step-00000120/
+      __0_0.distcp            rank 0's shards of every tensor (torch.save records, read with weights_only)
+      __1_0.distcp            rank 1's
+      .metadata               the index: each tensor's size and dtype, and which file holds which of its chunks
+      state.json
+      manifest.json           format version 2, "sharded": true, the size and sha256 of every file above
+
+Its tensors are named ``model.<weight>``, ``optimizer.state.<weight>.<key>`` and ``masters.<weight>``; it loads
+with any number of ranks, one process included (``unipg.learn.distributed.load_sharded``), and
+``unipg.checkpoint.shards`` reads it whole in one process.
+
 Every file is fsynced as it is written, the manifest last. Bit rot or a truncated copy is caught by the sha256
 of every file in the manifest (``verify_checkpoint``). Every way a checkpoint can be unreadable (a missing or
 truncated file, a garbled manifest, a path that is not a checkpoint folder) raises ``ValueError`` saying what
@@ -31,7 +46,10 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-FORMAT_VERSION = 1
+from unipg.learn.distributed import SHARD_INDEX, read_shard_index
+
+FORMAT_VERSION = 1  # a checkpoint of tensor groups in safetensors files
+SHARDED_FORMAT_VERSION = 2  # a sharded checkpoint (DCP files); the newest version this code reads
 MANIFEST_FILE = "manifest.json"
 STATE_FILE = "state.json"
 
@@ -45,6 +63,7 @@ class Checkpoint:
     tensors: dict[str, dict[str, torch.Tensor]]  # group ("policy", "optimizer", ...) → name → tensor
     state: dict  # the JSON state given to save()
     metrics: dict[str, float]
+    sharded: bool = False  # the tensors are the DCP shards in ``path`` (``tensors`` is empty), loaded by the learner
 
 
 # --- durable files -----------------------------------------------------------------------------------
@@ -133,9 +152,12 @@ def write_checkpoint_files(
     state_bytes: bytes,
     metrics: dict[str, float],
     extra_files: dict[str, bytes] | None = None,
+    *,
+    sharded: bool = False,
 ) -> None:
     """Every file of a checkpoint into ``directory``, each fsynced; the manifest last. ``extra_files`` (name →
-    contents, e.g. an adapter's ``adapter_config.json``) are written and checksummed beside the tensors."""
+    contents, e.g. an adapter's ``adapter_config.json``) are written and checksummed beside the tensors; with
+    ``sharded``, the DCP files the ranks wrote into ``directory`` are checksummed too."""
     for name, data in (extra_files or {}).items():
         _write_durably(directory / name, data)
     groups = {}
@@ -149,12 +171,14 @@ def write_checkpoint_files(
     _write_durably(directory / STATE_FILE, state_bytes)
     files = {path.name: {"bytes": path.stat().st_size, "sha256": _sha256(path)} for path in sorted(directory.iterdir())}
     manifest = {
-        "format_version": FORMAT_VERSION,
+        "format_version": SHARDED_FORMAT_VERSION if sharded else FORMAT_VERSION,
         "step": step,
         "metrics": metrics,
         "files": files,
         "tensor_groups": groups,
     }
+    if sharded:
+        manifest["sharded"] = True
     _write_durably(directory / MANIFEST_FILE, json_bytes(manifest, "manifest"))
 
 
@@ -187,10 +211,10 @@ def read_manifest(path: Path) -> dict:
         raise _corrupted(path, f"{manifest_file.name} cannot be read ({error})") from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("format_version"), int):
         raise _corrupted(path, f"{manifest_file.name} is not an object with an integer format_version")
-    if manifest["format_version"] > FORMAT_VERSION:
+    if manifest["format_version"] > SHARDED_FORMAT_VERSION:
         raise ValueError(
             f"checkpoint {path} has format version {manifest['format_version']}; this code reads "
-            f"versions up to {FORMAT_VERSION}: load it with a newer unipg"
+            f"versions up to {SHARDED_FORMAT_VERSION}: load it with a newer unipg"
         )
     problem = _manifest_problem(manifest)
     if problem:
@@ -214,6 +238,8 @@ def _manifest_problem(manifest: dict) -> str | None:
             return f"lists tensor group {group!r} without a checksummed file or its aliases"
     if STATE_FILE not in files:
         return f"has no checksum for {STATE_FILE}"
+    if manifest.get("sharded") and SHARD_INDEX not in files:
+        return f"marks the checkpoint sharded and has no checksum for its index {SHARD_INDEX}"
     return None
 
 
@@ -254,6 +280,22 @@ def _check_contents(path: Path, manifest: dict) -> None:
         json.loads((path / STATE_FILE).read_bytes())
     except (ValueError, RecursionError) as error:
         raise _corrupted(path, f"{STATE_FILE} is not valid JSON ({error})") from None
+    if manifest.get("sharded"):
+        _check_shard_index(path, manifest)
+
+
+def _check_shard_index(path: Path, manifest: dict) -> None:
+    """Whether a sharded checkpoint's index parses, and names only files its manifest checksums."""
+    try:
+        index = read_shard_index(path)
+        named = {stored.relative_path for stored in index.storage_data.values()}
+    except Exception as error:  # noqa: BLE001 — whatever a damaged pickle raises, the checkpoint is unreadable
+        raise _corrupted(
+            path, f"{SHARD_INDEX} is not a readable shard index ({type(error).__name__}: {error})"
+        ) from None
+    unlisted = sorted(named - set(manifest["files"]))
+    if unlisted:
+        raise _corrupted(path, f"{SHARD_INDEX} names {unlisted[0]}, which the manifest does not list")
 
 
 def load_checkpoint(path: str | Path, *, device: str = "cpu") -> Checkpoint:
@@ -270,7 +312,14 @@ def load_checkpoint(path: str | Path, *, device: str = "cpu") -> Checkpoint:
             loaded[alias] = loaded[stored_name]  # one tensor under both names, as when saved
         tensors[group] = loaded
     state = json.loads((path / STATE_FILE).read_bytes())
-    return Checkpoint(path=path, step=manifest["step"], tensors=tensors, state=state, metrics=manifest["metrics"])
+    return Checkpoint(
+        path=path,
+        step=manifest["step"],
+        tensors=tensors,
+        state=state,
+        metrics=manifest["metrics"],
+        sharded=bool(manifest.get("sharded")),
+    )
 
 
 def tensor_mismatch(saved: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> str | None:

@@ -11,9 +11,12 @@ from typing import Protocol
 import torch
 
 from unipg.checkpoint.files import Checkpoint, load_checkpoint, tensor_mismatch
+from unipg.checkpoint.shards import weight_shapes
 from unipg.checkpoint.store import CheckpointStore
 from unipg.config.lm import CheckpointConfig
+from unipg.learn.distributed import frozen_parameter_names, load_sharded
 from unipg.learn.lm import LMLearner
+from unipg.learn.sharded import ShardedLMLearner
 from unipg.learn.state import generator_state, restore_generator, restore_rng, rng_state
 from unipg.observe.metrics import read_metrics
 from unipg.policy.adapters import (
@@ -49,6 +52,10 @@ class LMCheckpointer:
     and restored over the rebuilt one. With LoRA the policy's base
     weights are that model too: only the adapter is saved, in the PEFT format (``adapter_model.safetensors``
     and ``adapter_config.json``), so the checkpoint folder loads with ``PeftModel.from_pretrained``.
+
+    With a sharded learner (``train.learner_processes`` > 1) the ranks write the weights and the optimizer's state
+    as shards (``unipg.checkpoint.files``: a sharded checkpoint); such a checkpoint resumes with any number of
+    ranks, one process included, and a one-process checkpoint resumes on ranks.
     """
 
     def __init__(
@@ -83,19 +90,11 @@ class LMCheckpointer:
     ) -> Path:
         """A checkpoint of the run after ``update``; ``metrics`` (this update's evaluation, if any) rank it;
         ``episodes``: the rollout's episode counts, which a resumed run continues (None: the rollout keeps none)."""
-        optimizer, learner_state = self.learner.checkpoint()
-        model, extra_files = self.policy.model, None
-        if has_adapter(model):
-            tensors = {ADAPTER_WEIGHTS: adapter_tensors(model), "optimizer": optimizer}
-            extra_files = {ADAPTER_CONFIG: adapter_config_json(model)}
+        tensors, extra_files, shards = {}, None, None
+        if isinstance(self.learner, ShardedLMLearner):  # the ranks write every tensor, each its own shards
+            learner_state, shards = self.learner.state(), self.learner.save_shards
         else:
-            tensors = {"policy": model.state_dict(), "optimizer": optimizer}
-        if self.policy.value_head is not None:
-            tensors["value_head"] = self.policy.value_head.state_dict()
-        if self.policy.critic is not None:
-            tensors["critic"] = self.policy.critic.state_dict()
-        if self.learner.config.estimator.ref_sync_steps is not None:
-            tensors["reference"] = self.policy.reference_model.state_dict()
+            tensors, extra_files, learner_state = self._tensor_groups()
         state = {
             "update": update,
             "policy_version": update,
@@ -110,10 +109,28 @@ class LMCheckpointer:
         }
         if episodes is not None:
             state["episodes"] = episodes
-        path = self.store.save(update, tensors, state, metrics=metrics, extra_files=extra_files)
+        path = self.store.save(update, tensors, state, metrics=metrics, extra_files=extra_files, shards=shards)
         if update > 0:  # the checkpoint of update 0 (see rollback) is needed only until the run saves its own
             self.store.remove(0)
         return path
+
+    def _tensor_groups(self) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, bytes] | None, dict]:
+        """A one-process checkpoint's tensor groups, its extra files (a LoRA adapter's config) and the learner's
+        JSON state."""
+        optimizer, learner_state = self.learner.checkpoint()
+        model, extra_files = self.policy.model, None
+        if has_adapter(model):
+            tensors = {ADAPTER_WEIGHTS: adapter_tensors(model), "optimizer": optimizer}
+            extra_files = {ADAPTER_CONFIG: adapter_config_json(model)}
+        else:
+            tensors = {"policy": model.state_dict(), "optimizer": optimizer}
+        if self.policy.value_head is not None:
+            tensors["value_head"] = self.policy.value_head.state_dict()
+        if self.policy.critic is not None:
+            tensors["critic"] = self.policy.critic.state_dict()
+        if self.learner.config.estimator.ref_sync_steps is not None:
+            tensors["reference"] = self.policy.reference_model.state_dict()
+        return tensors, extra_files, learner_state
 
     def restore(self, checkpoint: Checkpoint) -> tuple[int, float, list[tuple[int, dict[str, float]]]]:
         """Load ``checkpoint`` into the run's objects; returns (samples, train_seconds, eval history).
@@ -124,24 +141,10 @@ class LMCheckpointer:
         if isinstance(state.get("sampler"), dict):
             self.sampler.check_state(state["sampler"])
         try:
-            lora = has_adapter(self.policy.model)
-            if lora != (ADAPTER_WEIGHTS in checkpoint.tensors):
-                raise ValueError("the run's model.lora_rank setting changed since the checkpoint was saved")
-            if lora:  # the base weights are the configured model, loaded already
-                load_adapter_tensors(self.policy.model, checkpoint.tensors[ADAPTER_WEIGHTS])
-            for group in ("value_head", "critic") if lora else ("policy", "value_head", "critic"):
-                module = self.policy.model if group == "policy" else getattr(self.policy, group)
-                if (module is None) != (group not in checkpoint.tensors):
-                    raise ValueError(f"the run's model.{group} setting changed since the checkpoint was saved")
-                if module is None:
-                    continue
-                problem = tensor_mismatch(checkpoint.tensors[group], module.state_dict())
-                if problem:
-                    raise ValueError(f"{group}: {problem}")
-                module.load_state_dict(checkpoint.tensors[group])
-            if "reference" in checkpoint.tensors:
-                self._restore_reference(checkpoint.tensors["reference"])
-            self.learner.restore(checkpoint.tensors["optimizer"], state["learner"])
+            if checkpoint.sharded:
+                self._restore_shards(checkpoint.path, state["learner"])
+            else:
+                self._restore_tensors(checkpoint.tensors, state["learner"])
         except (RuntimeError, KeyError, ValueError, TypeError) as error:
             raise ValueError(
                 f"checkpoint {checkpoint.path} does not fit the configured model: it was written for "
@@ -161,6 +164,42 @@ class LMCheckpointer:
                 f"{error}); it was not written by train_lm, so resume from a checkpoint that "
                 "was"
             ) from None
+
+    def _restore_tensors(self, tensors: dict[str, dict[str, torch.Tensor]], learner_state: dict) -> None:
+        """A one-process checkpoint's tensor groups into the policy, then into the learner with its JSON state."""
+        lora = has_adapter(self.policy.model)
+        if lora != (ADAPTER_WEIGHTS in tensors):
+            raise ValueError("the run's model.lora_rank setting changed since the checkpoint was saved")
+        if lora:  # the base weights are the configured model, loaded already
+            load_adapter_tensors(self.policy.model, tensors[ADAPTER_WEIGHTS])
+        for group in ("value_head", "critic") if lora else ("policy", "value_head", "critic"):
+            module = self.policy.model if group == "policy" else getattr(self.policy, group)
+            if (module is None) != (group not in tensors):
+                raise ValueError(f"the run's model.{group} setting changed since the checkpoint was saved")
+            if module is None:
+                continue
+            problem = tensor_mismatch(tensors[group], module.state_dict())
+            if problem:
+                raise ValueError(f"{group}: {problem}")
+            module.load_state_dict(tensors[group])
+        if "reference" in tensors:
+            self._restore_reference(tensors["reference"])
+        self.learner.restore(tensors["optimizer"], learner_state)
+
+    def _restore_shards(self, path: Path, learner_state: dict) -> None:
+        """A sharded checkpoint into the learner, its shapes checked against the policy's first: on ranks, each
+        loads its shards and the driver's policy gets the trained weights; in one process, this process loads them
+        all into the policy and the learner."""
+        frozen = frozen_parameter_names(self.policy)
+        expected = {name: tensor for name, tensor in self.policy.state_dict().items() if name not in frozen}
+        problem = tensor_mismatch(weight_shapes(path), expected)
+        if problem:
+            raise ValueError(problem)
+        if isinstance(self.learner, ShardedLMLearner):
+            self.learner.load_shards(path, learner_state)
+        else:
+            load_sharded(path, self.policy, self.learner.optimizer, self.learner.masters)
+            self.learner.restore_state(learner_state)
 
     def _restore_reference(self, tensors: dict[str, torch.Tensor]) -> None:
         """Load a moved reference (``estimator.ref_sync_steps``) over the one rebuilt from the configured model."""

@@ -17,8 +17,9 @@ half-deleted checkpoint never looks like a real one. ``CheckpointStore.latest`` 
 its sha256 checksums, with a warning, and a save whose step folder exists but fails them renames that folder
 to ``damaged-step-*`` instead of replacing it.
 
-One process writes to a given ``root`` at a time (on several ranks, save from one of them); the next save
-removes every ``.tmp-*`` folder it finds.
+One process writes to a given ``root`` at a time; the next save removes every ``.tmp-*`` folder it finds. The
+ranks of a sharded learner write their shards into the save's ``.tmp-*`` folder (``save(shards=...)``); the
+process that saves checksums their files, writes the manifest and renames the folder once all have returned.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import os
 import re
 import shutil
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -82,12 +84,15 @@ class CheckpointStore:
         *,
         metrics: dict[str, float] | None = None,
         extra_files: dict[str, bytes] | None = None,
+        shards: Callable[[Path], None] | None = None,
     ) -> Path:
         """Write ``root/step-{step:08d}`` atomically, then rotate; returns its path.
 
         ``tensors`` maps a group name to a flat ``name → tensor`` dict (one safetensors file per group);
-        ``state`` must be JSON-serializable; ``extra_files`` maps plain file names to their bytes. Saving a step
-        that exists replaces it.
+        ``state`` must be JSON-serializable; ``extra_files`` maps plain file names to their bytes. ``shards``, if
+        given, writes a sharded learner's files into the folder being saved and returns once they are written
+        (``unipg.learn.sharded.ShardedLMLearner.save_shards``); the checkpoint is then sharded (format version 2).
+        Saving a step that exists replaces it.
         """
         if step < 0:
             raise ValueError(f"step ({step}) must be ≥ 0")
@@ -115,7 +120,9 @@ class CheckpointStore:
         tmp = self.root / f"{TMP_PREFIX}{final.name}-{os.getpid()}"
         tmp.mkdir()
         try:
-            write_checkpoint_files(tmp, step, tensors, state_bytes, metrics, extra_files)
+            if shards is not None:
+                shards(tmp)
+            write_checkpoint_files(tmp, step, tensors, state_bytes, metrics, extra_files, sharded=shards is not None)
             fsync_path(tmp)
             self._publish(tmp, final)
         except BaseException:

@@ -12,13 +12,28 @@ layer, the bytes a rank holds, and the full weights gathered for an inference en
 
 from __future__ import annotations
 
+import functools
 import os
+import pickle
 import socket
 import warnings
 from collections.abc import Callable
 
 import torch
 from torch import nn
+
+from unipg.learn.precision import Float32Masters
+
+IMPLEMENTATION_FLAGS = ("fused", "foreach", "capturable", "differentiable")  # of a torch optimizer's groups
+SHARD_INDEX = ".metadata"  # the index of a save_sharded folder: which file holds which shard of which tensor
+# Besides DCP's metadata classes, what a shard index may name: a tensor's size, layout and dtype, and its path.
+_INDEX_GLOBALS = {
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "WindowsPath"),
+}
 
 
 def process_rank() -> tuple[int, int]:
@@ -137,28 +152,158 @@ def full_state_dict(model: nn.Module, *, trained_only: bool = False) -> dict[str
     return get_model_state_dict(model, options=options)
 
 
-def save_sharded(directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Every rank writes its shards of the model and optimizer state with ``torch.distributed.checkpoint``;
-    the folder loads back with any number of processes (``load_sharded``), one included."""
+def _shard_options():
+    """Sharded state dicts (each rank's DTensor shards, never gathered) of the trainable weights; strict=False
+    because the frozen weights (left out) are not loaded back."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=False, ignore_frozen_params=True, strict=False)
+
+
+class _IndexUnpickler(pickle.Unpickler):
+    """Reads a shard index, which DCP writes as a pickle, allowing only the classes such an index holds, so that a
+    crafted checkpoint cannot run code as it loads."""
+
+    def find_class(self, module: str, name: str):
+        found = super().find_class(module, name) if self._allowed(module, name) else None
+        if found is None:
+            raise pickle.UnpicklingError(
+                f"a shard index names {module}.{name}, which no index written by torch.distributed.checkpoint holds"
+            )
+        return found
+
+    @staticmethod
+    def _allowed(module: str, name: str) -> bool:
+        if module == "torch":
+            return name == "Size" or isinstance(getattr(torch, name, None), torch.dtype)
+        return module == "torch.distributed.checkpoint.metadata" or (module, name) in _INDEX_GLOBALS
+
+
+def read_shard_index(directory: str | os.PathLike):
+    """The index of a ``save_sharded`` folder (a ``torch.distributed.checkpoint`` ``Metadata``): by flattened name
+    (``model.<weight>``, ``optimizer.state.<weight>.exp_avg``, ``masters.<weight>``) each tensor's size and dtype,
+    and which rank's file holds which of its chunks."""
+    with open(os.path.join(directory, SHARD_INDEX), "rb") as file:
+        return _IndexUnpickler(file).load()
+
+
+def shard_reader(directory: str | os.PathLike):
+    """A ``torch.distributed.checkpoint`` reader of a ``save_sharded`` folder that reads its index with
+    ``read_shard_index``; the tensors themselves DCP reads with ``torch.load(weights_only=True)``."""
+    return _shard_reader_class()(directory)
+
+
+@functools.cache
+def _shard_reader_class() -> type:
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class ShardReader(FileSystemReader):
+        def read_metadata(self, *args, **kwargs):
+            metadata = read_shard_index(self.path)
+            metadata.storage_meta = metadata.storage_meta or StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return ShardReader
+
+
+def _optimized_view(model: nn.Module, masters: Float32Masters) -> nn.Module:
+    """A module whose parameters are what the optimizer steps, under the names of the ``model``'s parameters
+    they stand for: each low-precision one's float32 master, the others themselves. ``get_optimizer_state_dict``
+    names an optimizer's state by the parameters of the module it is given, and the masters are no parameters of
+    ``model``."""
+    view = nn.Module()
+    for name, parameter in model.named_parameters():
+        if not parameter.requires_grad:
+            continue
+        *path, leaf = name.split(".")
+        owner = view
+        for part in path:
+            if not hasattr(owner, part):
+                owner.add_module(part, nn.Module())
+            owner = getattr(owner, part)
+        owner.register_parameter(leaf, masters.optimized([parameter])[0])
+    return view
+
+
+def keep_implementation(saved_groups: list[dict], optimizer: torch.optim.Optimizer) -> None:
+    """Set the implementation flags of each saved parameter group to those of ``optimizer``'s group: they say how
+    the optimizer runs here, not what it computes, and a checkpoint from another number of ranks carries flags
+    that do not fit (one process steps with the fused AdamW, the ranks, over sharded parameters, without it)."""
+    for saved, own in zip(saved_groups, optimizer.param_groups, strict=True):
+        saved.update({flag: own[flag] for flag in IMPLEMENTATION_FLAGS if flag in own})
+
+
+def frozen_parameter_names(model: nn.Module) -> set[str]:
+    """The names of ``model``'s frozen parameters, each name of a tied one included: what a sharded checkpoint
+    leaves out."""
+    return {name for name, parameter in model.named_parameters(remove_duplicate=False) if not parameter.requires_grad}
+
+
+def _masters_by_name(model: nn.Module, masters: Float32Masters) -> dict[str, tuple[nn.Parameter, nn.Parameter]]:
+    """(weight, its float32 master) of each low-precision trainable weight of ``model``, by the weight's name."""
+    pairs = {}
+    for name, parameter in model.named_parameters():
+        master = masters.optimized([parameter])[0]
+        if master is not parameter:
+            pairs[name] = (parameter, master)
+    return pairs
+
+
+def _sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer, masters: Float32Masters) -> dict:
+    """What ``save_sharded`` writes, each tensor this rank's shard (a DTensor) or, in one process, the tensor:
+    ``model`` (the trainable weights and the buffers), ``optimizer`` (its state by parameter name) and ``masters``
+    (the float32 masters of low-precision weights, by the name of their weight; views of the masters, so that a
+    load writes into them)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    weights = get_model_state_dict(model, options=_shard_options())
+    for name in frozen_parameter_names(model):  # the tied twin of a frozen weight outlives ignore_frozen_params
+        weights.pop(name, None)
+    return {
+        "model": weights,
+        "optimizer": get_optimizer_state_dict(_optimized_view(model, masters), optimizer, options=_shard_options()),
+        "masters": {name: master.detach() for name, (_, master) in _masters_by_name(model, masters).items()},
+    }
+
+
+def save_sharded(
+    directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer, masters: Float32Masters
+) -> None:
+    """Every rank writes its shards of ``model``'s trainable weights, of the ``optimizer``'s state and of the float32
+    ``masters`` into ``directory`` with ``torch.distributed.checkpoint``, fsynced (collective: all ranks call); no
+    rank gathers a whole tensor. Frozen weights (a reference model, a LoRA adapter's base) are left out: they are
+    the configured model. The folder loads back with any number of processes (``load_sharded``), one included."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    model_state, optimizer_state = get_state_dict(model, optimizer)
-    dcp.save(
-        {"model": model_state, "optimizer": optimizer_state},
-        checkpoint_id=str(directory),
-        no_dist=process_rank()[1] == 1,
-    )
+    state = _sharded_state(model, optimizer, masters)
+    writer = dcp.FileSystemWriter(directory, sync_files=True)
+    with warnings.catch_warnings():  # saving in one process is what no_dist asks for
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.save(state, storage_writer=writer, no_dist=process_rank()[1] == 1)
 
 
-def load_sharded(directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Load a ``save_sharded`` folder into ``model`` and ``optimizer``, sharded over this process group or not."""
+def load_sharded(
+    directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer, masters: Float32Masters
+) -> None:
+    """Load a ``save_sharded`` folder into ``model``, ``optimizer`` and ``masters``, each rank reading its own shards
+    whatever the number of ranks that wrote them (collective: all ranks call). A folder without masters (written
+    from float32 weights) starts them from the loaded weights."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
-    model_state, optimizer_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optimizer": optimizer_state}
+    state = _sharded_state(model, optimizer, masters)
+    reader = shard_reader(directory)
+    saved = read_shard_index(directory).state_dict_metadata
+    state["masters"] = {name: master for name, master in state["masters"].items() if f"masters.{name}" in saved}
     with warnings.catch_warnings():  # loading in one process is what no_dist asks for
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, checkpoint_id=str(directory), no_dist=process_rank()[1] == 1)
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        dcp.load(state, storage_reader=reader, no_dist=process_rank()[1] == 1)  # the masters load in place
+    set_model_state_dict(model, state["model"], options=_shard_options())
+    keep_implementation(state["optimizer"]["param_groups"], optimizer)
+    set_optimizer_state_dict(_optimized_view(model, masters), optimizer, state["optimizer"], options=_shard_options())
+    with torch.no_grad():
+        for name, (weight, master) in _masters_by_name(model, masters).items():
+            if name not in state["masters"]:
+                master.copy_(weight.float())

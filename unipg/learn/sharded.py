@@ -7,9 +7,11 @@ The learner runs in ``N`` ranks (``LearnerRank``) that start from that policy's 
 micro-batches. The driver's ``ShardedLMLearner`` sends every call to every rank and takes rank 0's answer.
 After every update the ranks gather the full weights once and rank 0 sends back the trained ones (the LoRA
 adapter alone when the base is frozen; never the frozen reference), which the handle loads into the driver's
-policy: what the inference side samples from and what checkpoints save. The optimizer's state is gathered
-into the one-process layout for a checkpoint and sharded again on restore, so a checkpoint resumes with any
-number of ranks.
+policy: what the inference side samples from. A checkpoint is written by the ranks, each its own shards of
+the trainable weights, the optimizer's state and the float32 masters (``save_shards``, with
+``torch.distributed.checkpoint``), so that no rank gathers them; it loads back with any number of ranks, one
+process included (``load_shards``, ``unipg.learn.distributed.load_sharded``). A one-process checkpoint (safetensors)
+restores into the ranks too (``restore``): every rank receives its tensors whole and keeps its shard.
 
 Where the ranks run is a launcher's business, behind one small interface (``Ranks``: ``call``, ``close``):
 ``LocalRanks`` spawns local processes (``backend: inprocess``); ``unipg.runtime.backends.ray_learner.RayRanks``
@@ -24,6 +26,7 @@ from __future__ import annotations
 import types
 from collections.abc import Callable
 from multiprocessing.connection import wait
+from pathlib import Path
 from typing import Protocol
 
 import torch
@@ -31,13 +34,23 @@ from torch import nn
 
 from unipg.config import Config
 from unipg.config.devices import resolve_device
-from unipg.learn.distributed import free_port, full_state_dict, init_group, shard_model
+from unipg.learn.distributed import (
+    free_port,
+    full_state_dict,
+    init_group,
+    keep_implementation,
+    load_sharded,
+    save_sharded,
+    shard_model,
+)
 from unipg.learn.lm import LMBatch, LMLearner
-from unipg.learn.state import load_optimizer, optimizer_tensors
+from unipg.learn.state import load_optimizer
 from unipg.policy.lm import LMPolicy
 
 # LMBatch fields that ``prepare`` computes, sent back to the driver's copy of the batch.
 PREPARED = ("proximal_logprobs", "reference_logprobs", "values", "advantages", "returns")
+# The optimizer's entry in a sharded learner's JSON state: its state is in the shards (``save_shards``).
+IN_SHARDS = {"in_shards": True}
 
 
 class Ranks(Protocol):
@@ -56,8 +69,9 @@ Launcher = Callable[[Config, int, dict], Ranks]
 
 
 class ShardedLMLearner:
-    """The ``LMLearner`` interface (prepare, update, set_lr_fraction, checkpoint, restore, lr_factor) over a
-    learner sharded across ``world_size`` ranks started by ``launcher``."""
+    """The ``LMLearner`` interface (prepare, update, set_lr_fraction, restore, lr_factor) over a learner sharded
+    across ``world_size`` ranks started by ``launcher``; its checkpoints are sharded (``state``, ``save_shards``,
+    ``load_shards``) instead of ``LMLearner.checkpoint``'s tensors."""
 
     def __init__(self, policy: LMPolicy, config: Config, world_size: int, launcher: Launcher):
         self.policy, self.config = policy, config
@@ -72,11 +86,15 @@ class ShardedLMLearner:
 
     def update(self, batch: LMBatch) -> dict[str, float]:
         metrics, weights = self._ranks.call("update", batch)
+        self._load_trained(weights)
+        return metrics
+
+    def _load_trained(self, weights: dict[str, torch.Tensor]) -> None:
+        """The trained weights rank 0 sent, into the driver's policy."""
         with torch.no_grad():
             unexpected = self.policy.load_state_dict(weights, strict=False).unexpected_keys
         if unexpected:
             raise RuntimeError(f"the learner ranks sent a weight the policy lacks: {unexpected[0]}")
-        return metrics
 
     def set_lr_fraction(self, fraction: float) -> float:
         return self._ranks.call("set_lr_fraction", fraction)
@@ -89,11 +107,24 @@ class ShardedLMLearner:
     def lr_factor(self, value: float) -> None:
         self._lr_factor = self._ranks.call("set_lr_factor", value)
 
-    def checkpoint(self) -> tuple[dict[str, torch.Tensor], dict]:
-        return self._ranks.call("checkpoint")
+    def state(self) -> dict:
+        """The learner's state beyond its tensors, as JSON (``LMLearner.state``); its optimizer's is in the shards."""
+        return self._ranks.call("state")
+
+    def save_shards(self, directory: Path) -> None:
+        """Every rank writes its shards of the trainable weights, the optimizer's state and the float32 masters into
+        ``directory`` (``unipg.learn.distributed.save_sharded``); returns once all have, their files fsynced."""
+        self._ranks.call("save_shards", str(directory))
+
+    def load_shards(self, directory: Path, state: dict) -> None:
+        """Set the learner back to the shards in ``directory`` (written by any number of ranks) and the JSON
+        ``state``; the driver's policy gets the restored trained weights, as after an update."""
+        self._lr_factor, weights = self._ranks.call("load_shards", str(directory), state)
+        self._load_trained(weights)
 
     def restore(self, tensors: dict[str, torch.Tensor], state: dict) -> None:
-        """Set the learner back to a checkpoint, and its ranks' weights to the driver's policy (restored first)."""
+        """Set the learner back to a one-process checkpoint's optimizer ``tensors`` and ``state``, and its ranks'
+        weights to the driver's policy (restored first)."""
         self._lr_factor = self._ranks.call("restore", tensors, state, _cpu_state(self.policy))
 
     def close(self) -> None:
@@ -246,14 +277,16 @@ def _run(learner: LMLearner, name: str, args: tuple):
     if name == "set_lr_factor":
         learner.lr_factor = args[0]
         return learner.lr_factor
-    if name == "checkpoint":  # with the float32 masters of low-precision weights, as LMLearner.checkpoint keeps
-        learner.masters.stash(learner.optimizer)
-        try:
-            gathered = _gathered_optimizer_state(learner.optimizer)
-        finally:
-            learner.masters.discard(learner.optimizer)
-        tensors, optimizer_meta = optimizer_tensors(types.SimpleNamespace(state_dict=lambda: gathered))
-        return tensors, learner.state(optimizer_meta)
+    if name == "state":
+        return learner.state(IN_SHARDS)
+    if name == "save_shards":
+        save_sharded(args[0], learner.policy, learner.optimizer, learner.masters)
+        return None
+    if name == "load_shards":
+        directory, state = args
+        load_sharded(directory, learner.policy, learner.optimizer, learner.masters)
+        learner.restore_state(state)
+        return learner.lr_factor, _trained_state(learner.policy)
     if name == "restore":
         tensors, state, weights = args
         _load_full_weights(learner.policy, weights)
@@ -277,23 +310,6 @@ def _on_cpu(value):
     return value.cpu() if isinstance(value, torch.Tensor) else value
 
 
-def _full(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-
-
-def _gathered_optimizer_state(optimizer: torch.optim.Optimizer) -> dict:
-    """``optimizer.state_dict()`` with every sharded state tensor gathered whole, on the CPU, one tensor at a time
-    (collective: all ranks call)."""
-    state_dict = optimizer.state_dict()
-    state = {
-        index: {
-            key: _on_cpu(_full(value)) if isinstance(value, torch.Tensor) else value for key, value in entry.items()
-        }
-        for index, entry in sorted(state_dict["state"].items())
-    }
-    return {"state": state, "param_groups": state_dict["param_groups"]}
-
-
 def _load_sharded_optimizer(optimizer: torch.optim.Optimizer, tensors: dict, meta: dict) -> None:
     """Load a one-process optimizer checkpoint into an optimizer over sharded parameters."""
     from torch.distributed.tensor import distribute_tensor
@@ -304,8 +320,13 @@ def _load_sharded_optimizer(optimizer: torch.optim.Optimizer, tensors: dict, met
     for index, entry in captured["state"].items():
         parameter = parameters[index]
         for key, value in entry.items():
-            if hasattr(parameter, "device_mesh") and isinstance(value, torch.Tensor) and value.shape == parameter.shape:
+            if not isinstance(value, torch.Tensor):
+                continue
+            if hasattr(parameter, "device_mesh") and value.shape == parameter.shape:
                 entry[key] = distribute_tensor(value, parameter.device_mesh, parameter.placements)
+            else:  # a local rank received it in memory it shares with the other ranks: AdamW's step adds up in place
+                entry[key] = value.clone()
+    keep_implementation(captured["param_groups"], optimizer)
     optimizer.load_state_dict(captured)
 
 
