@@ -10,6 +10,7 @@ from tests.helpers.configs import CHECKPOINTED_PPO
 from unipg.checkpoint.files import load_checkpoint
 from unipg.checkpoint.store import CheckpointStore
 from unipg.config import load_config
+from unipg.learn.distributed import load_sharded
 from unipg.learn.lm import LMBatch, LMLearner
 from unipg.learn.sharded import ShardedLMLearner
 from unipg.policy.loading import load_lm_policy
@@ -70,10 +71,12 @@ def reservations() -> list[str]:
     return [group["state"] for group in ray.util.placement_group_table().values() if group["state"] != "REMOVED"]
 
 
-def test_two_ray_learner_actors_update_like_one_process_and_checkpoints_move_between_them(local_ray, embedded_path):
+def test_two_ray_learner_actors_update_like_one_process_and_checkpoints_move_between_them(
+    local_ray, embedded_path, tmp_path
+):
     """One update on 2 actors equals the 1-process update (the ranks run the same passes, whether or not their
-    micro-batches repeat a prompt); the actors' checkpoint loads in one process, and a one-process checkpoint
-    restored on the actors trains on like the one process."""
+    micro-batches repeat a prompt); the actors' sharded checkpoint loads in one process, and a one-process
+    checkpoint restored on the actors trains on like the one process."""
     single = learner(embedded_path)
     expected = single.update(grouped_batch())
     torch.manual_seed(0)
@@ -86,14 +89,16 @@ def test_two_ray_learner_actors_update_like_one_process_and_checkpoints_move_bet
             assert torch.allclose(policy.model.state_dict()[name], tensor, atol=1e-5), name
         assert metrics["loss"] == pytest.approx(expected["loss"], abs=1e-5)
         assert metrics["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-4)
-        tensors, state = sharded.checkpoint()
+        state = sharded.state()
+        sharded.save_shards(tmp_path)
         policy.load_state_dict(single.policy.state_dict())  # 1 process → 2 actors: the driver's weights first
         sharded.restore(*single.checkpoint())
         sharded.update(grouped_batch(seed=1))
     finally:
         sharded.close()
     resumed = learner(embedded_path)  # 2 actors → 1 process
-    resumed.restore(tensors, state)
+    load_sharded(tmp_path, resumed.policy, resumed.optimizer, resumed.masters)
+    resumed.restore_state(state)
     for parameter, twin in zip(resumed.parameters, single.parameters):
         moments = resumed.optimizer.state[parameter]["exp_avg_sq"], single.optimizer.state[twin]["exp_avg_sq"]
         assert torch.allclose(*moments, atol=1e-9, rtol=1e-3)
