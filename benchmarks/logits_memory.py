@@ -25,7 +25,7 @@ from tests.helpers.memory import PeakTensorBytes  # noqa: E402
 from unipg.policy.embedded import build_tokenizer  # noqa: E402
 from unipg.policy.lm import LMPolicy  # noqa: E402
 
-FULL = {"vocabulary": 151_936, "hidden": 64, "rows": 4, "completion": 256, "chunks": (None, 1024, 256, 64)}
+FULL = {"vocabulary": 151_936, "hidden": 64, "rows": 4, "completion": 256, "chunks": (None, 1024, 512, 256, 64)}
 SMOKE = {"vocabulary": 50_000, "hidden": 16, "rows": 2, "completion": 32, "chunks": (None, 16)}
 PROMPT = 4  # tokens of every prompt
 MB = 1e6

@@ -39,10 +39,11 @@ class ModelConfig(Section):
     """modules LoRA adapts ('all-linear' or a list of module names)."""
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass to save memory."""
-    logits_chunk_tokens: int | None = Field(1024, ge=1)
+    logits_chunk_tokens: int | None = Field(512, ge=1)
     """log-probs, entropy and the SFT loss are computed from the last hidden states this many tokens at a time,
     each chunk's logits computed again in the backward pass, so the (tokens, vocabulary) float32 logits are never
-    held whole (at Qwen2.5's 151,936-token vocabulary, 0.6 GB per 1,024 tokens); None = all at once."""
+    held whole: a pass holds about 6 × chunk × vocabulary × 4 bytes for them (2 GB at Qwen2.5's 151,936-token
+    vocabulary, benchmarks/logits_memory.py), whatever its micro-batch's length; None = all at once."""
     trust_remote_code: bool = False
     """allow model code from the hub repository (only for models you trust)."""
     chat_template: str | None = None
