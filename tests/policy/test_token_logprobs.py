@@ -242,6 +242,11 @@ def test_a_model_from_its_own_code_keeps_its_own_logits_and_a_sharded_one_does_n
     assert logit_head(sharded(config)) is not None and logit_head(Qwen2ForCausalLM(config)) is not None
 
 
+def test_a_model_whose_config_changes_its_logits_otherwise_keeps_its_own_logits():
+    config = Qwen2Config(**TINY, lm_head_multiplier=2.0)  # Falcon-H1 multiplies its logits by this
+    assert logit_head(Qwen2ForCausalLM(config)) is None
+
+
 LARGE_VOCABULARY = 50_000
 ROWS, PROMPT, COMPLETION = 4, 4, 64  # 256 completion tokens: whole float32 logits of 51 MB
 

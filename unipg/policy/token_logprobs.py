@@ -49,20 +49,28 @@ class LogitHead:
 IDENTITY_HEAD = LogitHead(nn.Identity())
 
 
+# Config settings with which transformers architectures change their logits otherwise (Falcon-H1's multiplier,
+# RecurrentGemma's cap, MuseGlimmer's multiplier, Inkling's cut of a padded vocabulary): such models keep their own.
+UNRECOGNISED_LOGIT_SETTINGS = ("lm_head_multiplier", "logits_soft_cap", "output_multiplier", "unpadded_vocab_size")
+
+
 def logit_head(model: nn.Module) -> LogitHead | None:
     """The ``LogitHead`` of a Hugging Face causal LM (LoRA-wrapped or not), or None when its logits are not one.
 
     Recognised: the output layer (``get_output_embeddings``) on the decoder's output (``get_decoder``), times
     ``logit_scale`` (Cohere) or divided by ``logits_scaling`` (Granite), soft-capped by ``final_logit_softcapping``
     (Gemma 2, 3). None, and the caller computes the model's own logits, for a model without a separate decoder
-    and output layer, and for a model whose code comes with its checkpoint (``trust_remote_code``): its forward
-    may change the logits in ways its config does not name.
+    and output layer, for one whose config sets one of ``UNRECOGNISED_LOGIT_SETTINGS``, and for a model whose
+    code comes with its checkpoint (``trust_remote_code``): its forward may change the logits in ways its config
+    does not name.
     """
     linear = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     if linear is None or decoder is None or decoder is model or _remote_code(model):
         return None
     config = model.config.get_text_config()
+    if any(getattr(config, setting, None) is not None for setting in UNRECOGNISED_LOGIT_SETTINGS):
+        return None
     scale = getattr(config, "logit_scale", None) or 1.0
     scaling = getattr(config, "logits_scaling", None)
     if scaling:
