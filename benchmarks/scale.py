@@ -12,7 +12,8 @@ built locally with random weights (``benchmarks/scale_model.py``; nothing is dow
   checkpoint read back and restored over it.
 
 Each phase runs in a process of its own, so the peak resident memory of a row is that phase's alone: the phase's
-process (model load included) and, apart, the largest process it started (vLLM's engine core, FSDP ranks). A row
+process (model load included) and, apart, the largest process it started and waited for (the FSDP ranks; a child
+forked from the phase's process counts the pages it shares with it, so a fork's peak repeats its parent's). A row
 gives the phase's seconds (start-up and load included), both peaks, the bytes a sync or checkpoint moved, and the
 phase's own figures; a phase that fails prints FAIL and its reason in its row, and the script exits 1.
 
@@ -69,6 +70,7 @@ from unipg.tasks.base import Example  # noqa: E402
 MIB = 2**20
 RESULT_PREFIX = "RESULT "  # a phase process's last line: its measurements as JSON
 LOGITS_CHUNK_TOKENS = 512
+ESCAPED_BAR = "\\|"  # a "|" inside a figure (|Δ log-prob|), which would otherwise end its table cell
 # agent episodes of the vllm-episode phase: concurrent episodes of two turns, the tool answering in ~10 ms
 EPISODES = Namespace(episodes=4, turns=2, turn_tokens=16, latency=0.01, sigma=0.5, seed=0)
 KV_CACHE_GB = 0.25  # vLLM's CPU KV cache, as the reused GPU-path checks give it (~10k tokens of this shape)
@@ -272,7 +274,7 @@ def phase_row(name: str, model: str, timeout: int) -> tuple[str, bool]:
     moved = "-" if result["bytes_moved"] is None else f"{result['bytes_moved']:,}"
     return (
         f"| {name} | {result['seconds']:.1f} | {result['peak_mib']:,.0f} | {result['children_peak_mib']:,.0f} | "
-        f"{moved} | {result['figure']} |"
+        f"{moved} | {result['figure'].replace('|', ESCAPED_BAR)} |"
     ), True
 
 

@@ -4,6 +4,7 @@ GRPOTrainer, Stable-Baselines3's PPO, the Ray backend, chaos.py's SIGKILL phase)
 ones printed only when that side ran, and a peer that is not installed fails the script."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -140,7 +141,7 @@ def test_the_scale_rehearsal_prints_a_row_with_figures_for_every_phase():
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = {}
     for line in done.stdout.splitlines():
-        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        cells = [cell.strip() for cell in re.split(r"(?<!\\)\|", line.strip("|"))]  # "\|" stays in its cell
         if len(cells) == 6 and cells[0] in SCALE_PHASES:
             rows[cells[0]] = cells
     assert sorted(rows) == sorted(SCALE_PHASES), done.stdout
