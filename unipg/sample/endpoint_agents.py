@@ -49,11 +49,14 @@ from unipg.inference.endpoint.protocol import Completions, Limits
 from unipg.inference.endpoint.server import EndpointServer
 from unipg.inference.endpoint.sessions import Observation, Sessions, SessionTrajectory
 from unipg.sample.agent import Trajectory, run_concurrently
+from unipg.sample.agent_thread import AgentThread, AgentThreads, Played, call_soon_threadsafe
+from unipg.sample.event_loop import LEFTOVER_GRACE_SECONDS
 from unipg.tasks.base import Example
 
 logger = logging.getLogger(__name__)
 
 ERROR_RESULT_PREFIXES = ("error", "an error occurred")  # a tool result starting so (any case) is a failed call
+MAX_RESTARTS = 3  # restarts of an episode's attempts caught on a blocked agents' loop that are no retries
 
 
 def load_agent(spec: str):
@@ -89,6 +92,11 @@ def load_agent(spec: str):
 
 class AgentFailed(Exception):
     """An attempt of the agent that yields no episode: what went wrong, for the failure count."""
+
+
+class Stranded(AgentFailed):
+    """An attempt caught on an agents' event loop that another attempt blocked (``unipg.sample.agent_thread``):
+    started again in a fresh session without counting as a retry, up to ``MAX_RESTARTS`` times an episode."""
 
 
 @dataclass
@@ -176,13 +184,17 @@ class ExternalAgentLoop:
         stats: AgentStats | None = None,
         tool_parser: str | None = None,
         port: EndpointPort | None = None,
+        agent_threads: AgentThreads | None = None,
     ):
         """``endpoint``: the ``EndpointConfig`` section; ``max_tokens``: generated tokens per call at most;
         ``tool_parser``: the run's tool-call format (None: the chat template's); ``port``: where earlier batches
-        of the run served (the endpoint serves there again; None: ``endpoint.port``)."""
+        of the run served (the endpoint serves there again; None: ``endpoint.port``); ``agent_threads``: where the
+        agents run, kept across batches (None: a thread of this loop's own, ended with ``running``)."""
         self.engine, self.tokenizer, self.endpoint = engine, tokenizer, endpoint
         self.stats = stats if stats is not None else AgentStats()
         self.port = port if port is not None else EndpointPort()
+        self.owns_threads = agent_threads is None
+        self.agent_threads = agent_threads if agent_threads is not None else AgentThreads()
         self.sessions = Sessions(tokenizer, eos_ids=eos_ids)
         limits = Limits(max_tokens=max_tokens, max_n=endpoint.max_n, context_length=context_length)
         self.completions = Completions(
@@ -221,19 +233,26 @@ class ExternalAgentLoop:
                 self.server.port = self.endpoint.port
                 await stack.enter_async_context(self.server.serving())
             self.port.port = self.server.port
+            if self.owns_threads:
+                stack.callback(self.agent_threads.close)
             yield self
 
     async def run_episode(self, agent: ExternalAgent, example: Example, order: int) -> Trajectory:
         self.stats.episodes += 1
         async with self.engine.episode():
-            problem = None
-            for attempt in range(self.endpoint.agent_retries + 1):
-                if attempt:
-                    self.stats.retries += 1
+            problem, attempt, restarts = None, 0, 0
+            while attempt <= self.endpoint.agent_retries:
                 try:
                     return await self._attempt(agent, example, order)
+                except Stranded as failure:
+                    problem, restarts = str(failure), restarts + 1
+                    if restarts <= MAX_RESTARTS:
+                        continue
                 except AgentFailed as failure:
                     problem = str(failure)
+                attempt += 1
+                if attempt <= self.endpoint.agent_retries:
+                    self.stats.retries += 1
         self.stats.failures += 1
         prompt = self.tokenizer(example.prompt, add_special_tokens=False)["input_ids"]
         return Trajectory(example, prompt, infos=[TurnInfo(agent_error=problem)], finish="failed")
@@ -262,17 +281,32 @@ class ExternalAgentLoop:
         return episode
 
     async def _call(self, coroutine):
-        """The agent's result, or ``AgentFailed`` when it raised or ran past the timeout; an agent that ignores
-        its cancellation is left behind rather than awaited."""
-        task = asyncio.ensure_future(coroutine)
+        """The agent's result, played on the agents' thread (``unipg.sample.agent_thread``), or ``AgentFailed`` when
+        it raised or ran past the timeout, ``Stranded`` when another agent blocked its loop; an agent that ignores
+        its cancellation is left behind rather than awaited (its mirror task here is what is left)."""
+        loop, thread = asyncio.get_running_loop(), self.agent_threads.current()
+        played, stalled = thread.submit(coroutine), asyncio.Event()
+        task = asyncio.ensure_future(mirror(thread, played))
+        forget = thread.on_stall(lambda: call_soon_threadsafe(loop, stalled.set))
+        if thread.stalled.is_set():  # blocked before the callback was in place
+            stalled.set()
+        deadline = loop.time() + self.endpoint.agent_timeout
         try:
-            done, _ = await asyncio.wait({task}, timeout=self.endpoint.agent_timeout)
+            while not task.done() and loop.time() < deadline:
+                waiting = {task} if stalled.is_set() else {task, asyncio.ensure_future(stalled.wait())}
+                await asyncio.wait(waiting, timeout=deadline - loop.time(), return_when=asyncio.FIRST_COMPLETED)
+                for waiter in waiting - {task}:
+                    waiter.cancel()
+                if not task.done() and stalled.is_set() and thread.blocker is not played.task:
+                    abandon(task)
+                    raise Stranded("another agent blocked the event loop this attempt ran on")
         except asyncio.CancelledError:
             task.cancel()
             raise
-        if task not in done:
-            task.cancel()
-            task.add_done_callback(lambda ended: ended.cancelled() or ended.exception())
+        finally:
+            forget()
+        if not task.done():
+            abandon(task)
             self.stats.timeouts += 1
             raise AgentFailed(f"the agent ran past {self.endpoint.agent_timeout:g} s")
         if task.cancelled():
@@ -290,6 +324,31 @@ class ExternalAgentLoop:
             return await run_concurrently(
                 lambda i: self.run_episode(agents[i], examples[i], order=i), len(examples), concurrency
             )
+
+
+async def mirror(thread: AgentThread, played: Played):
+    """``played``'s outcome on the episodes' loop. Its cancellation cancels ``played``; it ends when ``played`` has
+    ended, so an agent that ignores its cancellation leaves this task running as it leaves its own."""
+    loop, ended = asyncio.get_running_loop(), asyncio.Event()
+    played.outcome.add_done_callback(lambda _: call_soon_threadsafe(loop, ended.set))
+    while not ended.is_set():
+        try:
+            await ended.wait()
+        except asyncio.CancelledError:
+            thread.cancel(played)
+            try:
+                await asyncio.wait_for(ended.wait(), LEFTOVER_GRACE_SECONDS)
+            except (asyncio.TimeoutError, asyncio.CancelledError):
+                continue
+    if played.outcome.cancelled():
+        raise asyncio.CancelledError
+    return played.outcome.result()
+
+
+def abandon(task: asyncio.Task) -> None:
+    """Cancel ``task`` and stop waiting for it; what it raises is expected, not to be logged."""
+    task.cancel()
+    task.add_done_callback(lambda ended: ended.cancelled() or ended.exception())
 
 
 def episode_trajectory(example: Example, recorded: SessionTrajectory, reward: float, info: TurnInfo) -> Trajectory:

@@ -24,6 +24,7 @@ from unipg.policy.chat import TurnTemplate, render_agent_prompt
 from unipg.policy.lm import LMPolicy
 from unipg.policy.tool_calls import TOOL_PARSERS, parser_for_template, rewrite_calls
 from unipg.sample.agent import AgentLoop, Trajectory
+from unipg.sample.agent_thread import AgentThreads
 from unipg.sample.endpoint_agents import AgentStats, EndpointPort, ExternalAgent, ExternalAgentLoop, load_agent
 from unipg.sample.event_loop import EpisodeLoop
 from unipg.sample.roles import RoleLoop
@@ -162,7 +163,8 @@ class EpisodeRunner:
         agent = config.agent
         self.external = load_agent(config.task.agent) if config.task.agent else None  # the user's own agent
         self.agent_stats = AgentStats()
-        self.endpoint_port = EndpointPort()  # where an external agent's endpoint serves, the same for every batch
+        # kept across batches: where an external agent's endpoint serves, and the thread its agents run on
+        self.endpoint_port, self.agent_threads = EndpointPort(), AgentThreads()
         self.episode_loop = EpisodeLoop()  # the event loop of ``run``'s batches, kept across them
         self.tasks_left_running = 0  # tasks ``run`` left running when its episodes ended, since the last pop
         specs = tool_specs(config, task) if self.external is None else None  # an external agent has its own tools
@@ -292,6 +294,7 @@ class EpisodeRunner:
                 stats=self.agent_stats,
                 tool_parser=self.tool_parser,
                 port=self.endpoint_port,
+                agent_threads=self.agent_threads,
             )
         if self.roles:
             return RoleLoop(
@@ -326,11 +329,9 @@ class EpisodeRunner:
     ) -> Episodes:
         """One episode per example (repeat examples for groups), sampled with ``params`` (None: the run's);
         trajectories in input order. A multi-role episode gives its first role's trajectory (which carries the
-        team's outcome), or with ``all_roles`` every role's, one after the other.
-
-        The episodes run on the runner's event loop, kept from one call to the next (``EpisodeLoop``: an external
-        agent's client lasts the run); each call ends without waiting for tasks that ignore their cancellation,
-        which are counted in ``tasks_left_running`` (and cost the loop: the next call gets a fresh one)."""
+        team's outcome), or with ``all_roles`` every role's, one after the other. They run on the runner's event
+        loop, kept from one call to the next (``EpisodeLoop``), an external agent on ``agent_threads``; a call ends
+        without waiting for tasks that ignore their cancellation, counted in ``tasks_left_running``."""
         return self.episode_loop.run(
             self.arun(examples, generator=generator, params=params, policy_version=policy_version, all_roles=all_roles),
             on_left=self.count_left_running,
@@ -368,9 +369,7 @@ class EpisodeRunner:
         metrics = {f"{prefix}/tasks_left_running": left} if left else {}
         if self.external is not None:  # zeroed in place: the concurrent schedule's loop keeps counting into it
             return {**self.agent_stats.pop().metrics(prefix), **metrics}
-        if self.service is None:
-            return metrics
-        return {**self.service.pop_stats().metrics(prefix), **metrics}
+        return metrics if self.service is None else {**self.service.pop_stats().metrics(prefix), **metrics}
 
     def pop_engine_metrics(self) -> dict[str, float]:
         """The engine's counters since the last call (none before it started)."""
@@ -379,6 +378,7 @@ class EpisodeRunner:
     def close(self) -> None:
         try:
             self.episode_loop.close()
+            self.agent_threads.close()
             if self.service is not None:
                 self.service.close()
         finally:

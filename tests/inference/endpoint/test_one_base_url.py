@@ -19,6 +19,7 @@ from unipg.inference import SamplingParams, TurnOutput
 from unipg.observe.rollout_metrics import episode_metrics
 from unipg.policy.chat import TurnTemplate
 from unipg.sample.agent import AgentLoop
+from unipg.sample.agent_thread import AgentThreads
 from unipg.sample.endpoint_agents import EndpointPort, ExternalAgent, ExternalAgentLoop, load_agent
 from unipg.sample.episode_records import episode_record
 from unipg.sample.episodes import PromptEncoder
@@ -39,7 +40,7 @@ REPLIES = [
 ]
 
 
-def loop_on(policy, port: EndpointPort | None = None) -> ExternalAgentLoop:
+def loop_on(policy, port: EndpointPort | None = None, agent_threads: AgentThreads | None = None) -> ExternalAgentLoop:
     engine = RecordingEngine(policy, SamplingParams(), generator=torch.Generator().manual_seed(0), batch_wait=0.005)
     return ExternalAgentLoop(
         engine,
@@ -50,6 +51,7 @@ def loop_on(policy, port: EndpointPort | None = None) -> ExternalAgentLoop:
         context_length=policy.context_length,
         describe_tools=True,
         port=port,
+        agent_threads=agent_threads,
     )
 
 
@@ -77,11 +79,13 @@ class OneClientAgent:
 
 
 def test_a_runs_episodes_share_one_client_and_base_url_and_differ_only_in_their_key(policy):
-    """Batches as a runner plays them: on its kept event loop, each serving the endpoint anew on the same port."""
-    agent, port, kept = OneClientAgent(), EndpointPort(), EpisodeLoop()
-    first = play(loop_on(policy, port), agent, count=2, on=kept)
-    second = play(loop_on(policy, port), agent, count=1, on=kept)
+    """Batches as a runner plays them: on its kept event loop, each serving the endpoint anew on the same port, the
+    agents on the runner's agent thread."""
+    agent, port, kept, threads = OneClientAgent(), EndpointPort(), EpisodeLoop(), AgentThreads()
+    first = play(loop_on(policy, port, threads), agent, count=2, on=kept)
+    second = play(loop_on(policy, port, threads), agent, count=1, on=kept)
     kept.close()
+    threads.close()
     urls, keys = {url for url, _ in agent.seen}, [key for _, key in agent.seen]
     assert len(urls) == 1 and len(set(keys)) == 3  # one base URL for the run, a key per episode
     assert urls == {f"http://127.0.0.1:{port.port}/v1"}
@@ -92,10 +96,11 @@ def test_a_runs_episodes_share_one_client_and_base_url_and_differ_only_in_their_
 
 def test_the_example_agent_keeps_one_client_for_a_runs_batches(policy):
     example = load_agent(f"{ROOT / 'examples' / 'openai_agent' / 'agent.py'}:run")
-    clients, port, kept = example.__globals__["CLIENTS"], EndpointPort(), EpisodeLoop()
-    episodes = [play(loop_on(policy, port), example, count=2, on=kept) for _ in range(2)]
+    clients, port, kept, threads = example.__globals__["CLIENTS"], EndpointPort(), EpisodeLoop(), AgentThreads()
+    episodes = [play(loop_on(policy, port, threads), example, count=2, on=kept) for _ in range(2)]
     assert len(clients) == 1 and [t.finish for batch in episodes for t in batch] == ["done"] * 4
     kept.close()
+    threads.close()
 
 
 def test_one_client_reaches_each_session_by_its_key_and_a_wrong_or_ended_key_is_a_401(served):
