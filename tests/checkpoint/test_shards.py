@@ -7,9 +7,11 @@ import json
 import os
 import pickle
 import types
+import warnings
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from unipg.checkpoint.files import MANIFEST_FILE, load_checkpoint, read_manifest, verify_checkpoint
@@ -17,7 +19,7 @@ from unipg.checkpoint.lm import LMCheckpointer
 from unipg.checkpoint.shards import consolidated_tensors, weight_shapes
 from unipg.checkpoint.store import CheckpointStore
 from unipg.config.lm import CheckpointConfig
-from unipg.learn.distributed import SHARD_INDEX, load_sharded, read_shard_index, save_sharded
+from unipg.learn.distributed import SHARD_INDEX, load_sharded, read_shard_index, read_shards, save_sharded
 from unipg.learn.precision import Float32Masters
 
 
@@ -105,15 +107,33 @@ def test_an_index_naming_a_file_the_manifest_does_not_checksum_is_refused(tmp_pa
         load_checkpoint(path)
 
 
-class RunsCode:
+class MakesAFolder:
+    """Unpickled, it makes a folder: a stand-in for code a crafted file would run."""
+
+    def __init__(self, folder):
+        self.folder = str(folder)
+
     def __reduce__(self):
-        return (os.system, ("echo crafted",))
+        return (os.mkdir, (self.folder,))
 
 
 def test_a_crafted_index_is_refused_without_running_its_code(tmp_path):
-    (tmp_path / SHARD_INDEX).write_bytes(pickle.dumps(RunsCode()))
-    with pytest.raises(pickle.UnpicklingError, match=r"names (posix|nt)\.system"):
+    (tmp_path / SHARD_INDEX).write_bytes(pickle.dumps(MakesAFolder(tmp_path / "ran")))
+    with pytest.raises(pickle.UnpicklingError, match=r"names (posix|nt)\.mkdir"):
         read_shard_index(tmp_path)
+    assert not (tmp_path / "ran").exists()
+
+
+def test_a_crafted_value_among_the_shards_is_refused_without_running_its_code(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # saving without a process group
+        dcp.save({"lr": MakesAFolder(tmp_path / "ran")}, storage_writer=dcp.FileSystemWriter(tmp_path / "shards"))
+    with pytest.raises(
+        RuntimeError,
+        match=r"loading the shards in .* failed on rank 0: UnpicklingError: the shards' value lr is not plain data \(.*GLOBAL (posix|nt)\.mkdir",
+    ):
+        read_shards({"lr": 0.1}, tmp_path / "shards")
+    assert not (tmp_path / "ran").exists()
 
 
 def test_a_sharded_checkpoint_of_another_model_is_refused_naming_the_first_differing_tensor(tmp_path, tiny_policy):

@@ -14,12 +14,11 @@ weights).
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import torch
 
-from unipg.learn.distributed import read_shard_index, shard_reader
+from unipg.learn.distributed import read_shard_index, read_shards
 
 WEIGHTS_PREFIX = "model."  # the policy's weights among a sharded checkpoint's tensors
 
@@ -45,13 +44,9 @@ def weight_shapes(path: str | Path) -> dict[str, torch.Tensor]:
 def consolidated_tensors(path: str | Path) -> dict[str, torch.Tensor]:
     """Every tensor of a sharded checkpoint, whole and on the CPU, by its name (see the module's docstring),
     whatever the number of ranks that wrote it. Checksums are not verified here: ``load_checkpoint`` does."""
-    import torch.distributed.checkpoint as dcp
-
     path = Path(path)
     tensors = {
         name: torch.empty(entry.size, dtype=entry.properties.dtype) for name, entry in _tensor_entries(path).items()
     }
-    with warnings.catch_warnings():  # reading in one process is what no_dist asks for
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(tensors, storage_reader=shard_reader(path), no_dist=True)
+    read_shards(tensors, path)
     return tensors

@@ -12,6 +12,7 @@ layer, the bytes a rank holds, and the full weights gathered for an inference en
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import pickle
@@ -187,15 +188,38 @@ def read_shard_index(directory: str | os.PathLike):
         return _IndexUnpickler(file).load()
 
 
-def shard_reader(directory: str | os.PathLike):
-    """A ``torch.distributed.checkpoint`` reader of a ``save_sharded`` folder that reads its index with
-    ``read_shard_index``; the tensors themselves DCP reads with ``torch.load(weights_only=True)``."""
-    return _shard_reader_class()(directory)
+def read_shards(state: dict, directory: str | os.PathLike) -> None:
+    """Load a ``save_sharded`` folder into ``state`` (a state dict of this rank's tensors, or whole ones in one
+    process) with ``dcp.load``, in place, without running code a crafted folder holds: the index is read with
+    ``read_shard_index``, the tensors with ``torch.load(weights_only=True)`` (as DCP does), and the other values
+    (the optimizer's hyperparameters) are checked to load with ``weights_only=True`` before DCP loads them."""
+    import torch.distributed.checkpoint as dcp
+
+    reader_class, planner_class = _safe_loading_classes()
+    with warnings.catch_warnings(), _plain_failures(f"loading the shards in {directory}"):
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # as no_dist asks
+        dcp.load(state, storage_reader=reader_class(directory), planner=planner_class(), no_dist=process_rank()[1] == 1)
+
+
+@contextlib.contextmanager
+def _plain_failures(doing: str):
+    """DCP's ``CheckpointException``, a ``BaseException`` that escapes ``except Exception``, as a ``RuntimeError``
+    naming what failed and why on the first rank that failed."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except CheckpointException as error:
+        rank, (failure, _) = next(iter(error.failures.items()))
+        reason = str(failure).strip().splitlines() or [""]
+        raise RuntimeError(f"{doing} failed on rank {rank}: {type(failure).__name__}: {reason[0]}") from None
 
 
 @functools.cache
-def _shard_reader_class() -> type:
-    from torch.distributed.checkpoint import FileSystemReader
+def _safe_loading_classes() -> tuple[type, type]:
+    """A ``FileSystemReader`` that reads the index with ``read_shard_index``, and a ``DefaultLoadPlanner`` whose
+    non-tensor values must load with ``weights_only=True`` (DCP's own loads them with ``weights_only=False``)."""
+    from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
 
     class ShardReader(FileSystemReader):
@@ -205,7 +229,19 @@ def _shard_reader_class() -> type:
             metadata.storage_meta.load_id = self.load_id
             return metadata
 
-    return ShardReader
+    class ShardLoadPlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item, value):
+            try:
+                torch.load(value, weights_only=True)
+            except pickle.UnpicklingError as error:
+                found = [line for line in str(error).splitlines() if "GLOBAL" in line] or [""]
+                raise pickle.UnpicklingError(
+                    f"the shards' value {read_item.dest_index.fqn} is not plain data ({found[0].strip()})"
+                ) from None
+            value.seek(0)
+            super().load_bytes(read_item, value)
+
+    return ShardReader, ShardLoadPlanner
 
 
 def _optimized_view(model: nn.Module, masters: Float32Masters) -> nn.Module:
@@ -279,8 +315,8 @@ def save_sharded(
 
     state = _sharded_state(model, optimizer, masters)
     writer = dcp.FileSystemWriter(directory, sync_files=True)
-    with warnings.catch_warnings():  # saving in one process is what no_dist asks for
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+    with warnings.catch_warnings(), _plain_failures(f"writing shards into {directory}"):
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # as no_dist asks
         dcp.save(state, storage_writer=writer, no_dist=process_rank()[1] == 1)
 
 
@@ -290,16 +326,12 @@ def load_sharded(
     """Load a ``save_sharded`` folder into ``model``, ``optimizer`` and ``masters``, each rank reading its own shards
     whatever the number of ranks that wrote them (collective: all ranks call). A folder without masters (written
     from float32 weights) starts them from the loaded weights."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
     state = _sharded_state(model, optimizer, masters)
-    reader = shard_reader(directory)
     saved = read_shard_index(directory).state_dict_metadata
     state["masters"] = {name: master for name, master in state["masters"].items() if f"masters.{name}" in saved}
-    with warnings.catch_warnings():  # loading in one process is what no_dist asks for
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, storage_reader=reader, no_dist=process_rank()[1] == 1)  # the masters load in place
+    read_shards(state, directory)  # the masters load in place
     set_model_state_dict(model, state["model"], options=_shard_options())
     keep_implementation(state["optimizer"]["param_groups"], optimizer)
     set_optimizer_state_dict(_optimized_view(model, masters), optimizer, state["optimizer"], options=_shard_options())
