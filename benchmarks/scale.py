@@ -28,6 +28,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -70,6 +71,7 @@ from unipg.tasks.base import Example  # noqa: E402
 MIB = 2**20
 RESULT_PREFIX = "RESULT "  # a phase process's last line: its measurements as JSON
 LOGITS_CHUNK_TOKENS = 512
+ERROR_LINE = re.compile(r"[\w.]*(Error|Exception): ")  # an exception's line with a message
 ESCAPED_BAR = "\\|"  # a "|" inside a figure (|Δ log-prob|), which would otherwise end its table cell
 # agent episodes of the vllm-episode phase: concurrent episodes of two turns, the tool answering in ~10 ms
 EPISODES = Namespace(episodes=4, turns=2, turn_tokens=16, latency=0.01, sigma=0.5, seed=0)
@@ -254,6 +256,14 @@ def run_phase(name: str, model: str) -> None:
     print(RESULT_PREFIX + json.dumps(result), flush=True)
 
 
+def failure_reason(output: str, returncode: int) -> str:
+    """The last error line of a failed phase's output (``RuntimeError: ...``; a rank's error comes before the
+    phase process's own, often an EOFError from the pipe of the dead rank), else its last line."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    errors = [line for line in lines if ERROR_LINE.match(line)]
+    return ((errors or lines or [f"exit status {returncode}"])[-1])[:300]
+
+
 def phase_row(name: str, model: str, timeout: int) -> tuple[str, bool]:
     """Phase ``name`` in a process of its own: its table row, and whether it passed (or was skipped)."""
     missing = [package for package in PHASES[name].needs if importlib.util.find_spec(package) is None]
@@ -267,8 +277,7 @@ def phase_row(name: str, model: str, timeout: int) -> tuple[str, bool]:
     results = [line for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
     if done.returncode != 0 or not results:
         sys.stderr.write(done.stdout[-3000:] + done.stderr[-6000:])
-        lines = [line for line in (done.stdout + done.stderr).strip().splitlines() if line.strip()]
-        reason = (lines or [f"exit status {done.returncode}"])[-1].strip()[:300]
+        reason = failure_reason(done.stdout + done.stderr, done.returncode)
         return f"| {name} | - | - | - | - | FAIL (exit {done.returncode}): {reason} |", False
     result = json.loads(results[-1][len(RESULT_PREFIX) :])
     moved = "-" if result["bytes_moved"] is None else f"{result['bytes_moved']:,}"

@@ -150,3 +150,22 @@ def test_the_scale_rehearsal_prints_a_row_with_figures_for_every_phase():
         assert any(character.isdigit() for character in figure), (name, figure)
     assert int(rows["checkpoint-resume"][4].replace(",", "")) > 0
     assert "restored weights equal the saved ones" in rows["checkpoint-resume"][5]
+
+
+def test_a_failed_scale_phase_is_reported_by_its_last_error_line(monkeypatch):
+    """A rank that died shows in its peer's error, before the phase process's own EOFError and later warnings."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from scale import failure_reason
+
+    output = (
+        "Traceback (most recent call last):\n"
+        "RuntimeError: [pair.cc:537] Read error [127.0.0.1]:18821: Connection reset by peer.\n"
+        "EOFError\n"
+        "  warnings.warn('resource_tracker: There appear to be %d '\n"
+    )
+    assert (
+        failure_reason(output, 1)
+        == "RuntimeError: [pair.cc:537] Read error [127.0.0.1]:18821: Connection reset by peer."
+    )
+    assert failure_reason("loading\nkilled\n", -9) == "killed"
+    assert failure_reason("", -9) == "exit status -9"
