@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import selectors
 import sys
 import threading
 import time
@@ -142,8 +143,8 @@ class AgentThread:
     def _watch(self) -> None:
         while not self._closed.wait(self.block_seconds / BEATS_PER_BLOCK):
             blocked = time.monotonic() - self._beat
-            if blocked < self.block_seconds:
-                continue
+            if blocked < self.block_seconds or waiting_for_events(self.thread.ident):
+                continue  # a loop waiting in its selector is idle: a late beat there is a process short of CPU
             self.blocker = asyncio.current_task(self.loop)
             logger.warning(
                 "the agent's event loop was blocked for %.1f s in %s; use an async client or run blocking calls in "
@@ -159,6 +160,12 @@ class AgentThread:
                 callback()
             self.close()
             return
+
+
+def waiting_for_events(thread_id: int | None) -> bool:
+    """Whether the thread ``thread_id`` is waiting in its event loop's selector (the loop is idle, not blocked)."""
+    frame = sys._current_frames().get(thread_id)
+    return frame is not None and frame.f_code.co_filename == selectors.__file__
 
 
 def blocking_function(thread_id: int | None) -> str:

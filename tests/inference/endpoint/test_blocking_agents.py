@@ -9,6 +9,7 @@ from tests.helpers.endpoint import make_loop
 from tests.inference.endpoint import agents_for_tests as agents
 from unipg.sample.agent_thread import AgentThreads
 from unipg.sample.endpoint_agents import ExternalAgent
+from unipg.sample.event_loop import run_abandoning
 from unipg.tasks.base import Example
 from unipg.tasks.rewards.rules import build_rewards
 
@@ -76,9 +77,10 @@ def test_a_blocking_agent_is_named_and_the_other_episode_finishes_while_it_block
 def test_the_timeout_of_an_agent_that_blocks_for_ever_fires(policy):
     released, warnings = threading.Event(), Warnings()
     loop = blocking_loop(policy, warnings, agent_timeout=2 * BLOCK_SECONDS, agent_retries=0)
-    try:
-        [episode] = asyncio.run(loop.run_episodes([ExternalAgent(blocks_until(released), REWARDS)], [EXAMPLE]))
-        assert warnings.logged.is_set() or warnings.logged.wait()  # the watchdog names it too
+    left = []
+    try:  # as a runner's batch ends: its mirror of the blocked agent, which cannot take its cancellation, is left
+        episodes = loop.run_episodes([ExternalAgent(blocks_until(released), REWARDS)], [EXAMPLE])
+        [episode] = run_abandoning(episodes, grace=0.05, on_left=left.append)
     finally:
         released.set()
         logging.getLogger("unipg.sample.agent_thread").removeHandler(warnings)
