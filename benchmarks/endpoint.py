@@ -5,12 +5,18 @@ One process, one policy (the warm start of ``configs/calculator_agent.yaml``), o
 - per request: the same greedy 16-token generation, one request at a time, called on the engine directly
   and through ``POST /v1/chat/completions`` with the ``openai`` client; the difference is the endpoint's
   overhead (HTTP, JSON, rendering, session bookkeeping);
-- per episode: ``--episodes`` calculator episodes, ``--concurrency`` at once (one session each), played by
-  the built-in agent loop, by the same agent written with the ``openai`` client, and by the OpenAI Agents
-  SDK agent of ``examples/openai_agent/agent.py``.
+- per episode: ``--episodes`` greedy calculator episodes, ``--concurrency`` at once (one session each), played
+  by the built-in agent loop, by the same agent written with the ``openai`` client, and by the agents of
+  ``examples/``: OpenAI Agents SDK, LangChain and litellm.
+
+``--generation-ms`` adds that many milliseconds to every generate call of the engine (an ``asyncio.sleep``
+before it): a stand-in for a model whose generation costs more than the small one's, so that the rows compare
+the agents' own cost against a realistic one of the model. ``--embedded`` skips the warm start (the untrained
+embedded model: no SFT to run first; its completion rate is about 0).
 
     python benchmarks/endpoint.py                    # 128 episodes, 64 concurrent sessions
     python benchmarks/endpoint.py --episodes 64 --requests 20
+    python benchmarks/endpoint.py --embedded --generation-ms 50
 """
 
 from __future__ import annotations
@@ -86,8 +92,9 @@ def episodes_per_second(config, task, policy, agent: str | None, examples) -> tu
     config = config.model_copy(deep=True)
     config.task.agent = agent
     runner = EpisodeRunner(policy, task, config, build_rewards(config.task.rewards or task.rewards))
+    greedy = runner.sampling(greedy=True)
     start = time.perf_counter()
-    trajectories = runner.run(examples, generator=torch.Generator().manual_seed(0)).trajectories
+    trajectories = runner.run(examples, generator=torch.Generator().manual_seed(0), params=greedy).trajectories
     seconds = time.perf_counter() - start
     runner.close()
     return len(examples) / seconds, statistics.fmean(t.correct for t in trajectories)
@@ -128,12 +135,27 @@ async def request_overhead(policy, runner_engine, requests: int) -> tuple[float,
     return direct * 1000, served * 1000
 
 
+def add_generation_cost(milliseconds: float) -> None:
+    """Every generate call of the hf engine waits ``milliseconds`` first (module docstring)."""
+    from unipg.inference import HFService
+
+    generate = HFService.generate
+
+    async def costly_generate(self, context_ids, **options):
+        await asyncio.sleep(milliseconds / 1000)
+        return await generate(self, context_ids, **options)
+
+    HFService.generate = costly_generate
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--episodes", type=int, default=128, help="episodes per row")
     parser.add_argument("--concurrency", type=int, default=64, help="episodes (sessions) at once")
     parser.add_argument("--requests", type=int, default=40, help="sequential requests of the overhead rows")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, no warm start: checks the script runs")
+    parser.add_argument("--embedded", action="store_true", help="the untrained embedded model (no warm start)")
+    parser.add_argument("--generation-ms", type=float, default=0.0, help="added cost of every generate call (ms)")
     args = parser.parse_args()
     from unipg.config import load_config
     from unipg.inference import SamplingParams
@@ -143,7 +165,8 @@ def main() -> None:
     from unipg.tasks.base import make_task
 
     episodes, concurrency, requests = (8, 4, 3) if args.smoke else (args.episodes, args.concurrency, args.requests)
-    config = load_config(CONFIG, [*(SMOKE if args.smoke else []), f"agent.concurrency={concurrency}"])
+    overrides = [*(SMOKE if args.smoke else []), *(["model.warm_start=false"] if args.embedded else [])]
+    config = load_config(CONFIG, [*overrides, f"agent.concurrency={concurrency}"])
     task = make_task(config.task.name, **config.task.options)
     config = resolve_warm_start(config, task, log=lambda line: None)
     policy = policy_from_config(config)
@@ -154,13 +177,18 @@ def main() -> None:
         f"per request ({requests} sequential greedy 16-token calls): engine {direct:.1f} ms, "
         f"endpoint {served:.1f} ms, overhead {served - direct:.1f} ms"
     )
-    print(f"\n{episodes} calculator episodes, {concurrency} at once\n")
+    if args.generation_ms:
+        add_generation_cost(args.generation_ms)
+    cost = f", every generate call {args.generation_ms:g} ms slower (--generation-ms)" if args.generation_ms else ""
+    print(f"\n{episodes} greedy calculator episodes, {concurrency} at once{cost}\n")
     print("| agent | episodes/s | vs built-in | completion rate |")
     print("|---|---|---|---|")
     rows = [
         ("built-in agent loop", None),
         ("openai client agent", f"{__file__}:openai_agent"),
         ("OpenAI Agents SDK agent", f"{ROOT / 'examples' / 'openai_agent' / 'agent.py'}:run"),
+        ("LangChain agent", f"{ROOT / 'examples' / 'langchain_agent' / 'agent.py'}:run"),
+        ("litellm agent", f"{ROOT / 'examples' / 'litellm_agent' / 'agent.py'}:run"),
     ]
     baseline = None
     for name, agent in rows:
