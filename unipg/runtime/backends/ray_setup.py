@@ -61,7 +61,7 @@ def connect(settings) -> bool:
     # would be looked for where nothing answers. Only with clusters disabled (Ray's macOS/Windows mode,
     # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before Ray is imported) does a loopback address stay one. The flag is
     # private and read when ray.init picks the node address, so it is switched for this call only;
-    # tests/runtime/test_exposure.py and test_ray_cluster.py notice if a Ray release stops honouring it.
+    # tests/runtime/test_exposure.py and ray_cluster_cases.py notice if a Ray release stops honouring it.
     try:
         from ray._private import ray_constants
     except ImportError:
