@@ -43,6 +43,8 @@ def read_only_paths() -> tuple[str, ...]:
         paths.update(scheme_paths[name] for name in ("stdlib", "platstdlib", "purelib", "platlib"))
     paths.update((sys.executable, os.path.realpath(sys.executable)))
     paths.update(_SHARED_LIBRARIES)
+    # the time zone database for zoneinfo (the tzdata package is only its fallback, and not always installed)
+    paths.update((sysconfig.get_config_var("TZPATH") or "/usr/share/zoneinfo").split(os.pathsep))
     existing = {path for path in paths if os.path.lexists(path)}
     # a path inside another bound path is already visible
     kept = [
