@@ -20,7 +20,6 @@ from unipg.learn.sft import (
 from unipg.learn.sft_eval import greedy_completions, sft_accuracy
 from unipg.policy.chat import render_prompt
 from unipg.policy.embedded import build_model, build_tokenizer
-from unipg.policy.token_logprobs import IDENTITY_HEAD
 
 PAD = 0
 
@@ -55,7 +54,7 @@ def test_prompt_and_completion_are_tokenised_apart_and_the_eos_is_appended(token
 def test_completion_loss_matches_a_hand_computation():
     logits = torch.tensor([[[2.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 3.0], [1.0, 1.0, 1.0]]])
     labels = torch.tensor([[IGNORE_INDEX, IGNORE_INDEX, 2, 0]])
-    loss, token_accuracy = completion_loss(logits, IDENTITY_HEAD, labels)  # the logits stand in for the states
+    loss, token_accuracy = completion_loss(logits, labels)
     # Position 1 predicts token 2 and position 2 predicts token 0; position 0's target is ignored.
     expected = (-F.log_softmax(logits[0, 1], -1)[2] - F.log_softmax(logits[0, 2], -1)[0]) / 2
     torch.testing.assert_close(loss, expected)

@@ -2,11 +2,8 @@
 whole logits, with their gradients (the policy padded and packed, the reference, SFT; temperature ≠ 1); a critic
 computes no logits; and the memory held during a forward and backward pass stays below the whole logits'."""
 
-import copy
-
 import pytest
 import torch
-import torch.nn.functional as F
 from transformers import (
     CohereConfig,
     CohereForCausalLM,
@@ -20,10 +17,8 @@ from transformers import (
 
 from tests.helpers.batches import skewed_batch
 from tests.helpers.memory import PeakTensorBytes
-from unipg.learn.sft import IGNORE_INDEX, build_sft_batch, sft_step, tokenize_pairs
 from unipg.policy import lm as policy_module
-from unipg.policy.chat import render_prompt
-from unipg.policy.embedded import build_model, build_tokenizer
+from unipg.policy.embedded import build_tokenizer
 from unipg.policy.forward import positions
 from unipg.policy.lm import CriticModel, LMPolicy
 from unipg.policy.loading import load_causal_lm
@@ -159,27 +154,6 @@ def test_a_model_without_a_logit_head_falls_back_to_its_own_logits(policy, monke
             policy.logits_chunk_tokens = None
     torch.testing.assert_close(got.logprobs[real], expected.logprobs[real], **TOLERANCE)
     torch.testing.assert_close(got.entropy[real], expected.entropy[real], **TOLERANCE)
-
-
-def test_sft_loss_and_gradient_equal_the_whole_logits():
-    tokenizer = build_tokenizer()
-    pairs = [(render_prompt(tokenizer, f"{i}+{i}="), str(2 * i) * (i % 4 + 1)) for i in range(5)]
-    batch = build_sft_batch(tokenize_pairs(tokenizer, pairs), pad_token_id=tokenizer.pad_token_id)
-    model = build_model(tokenizer, seed=0)
-    whole = copy.deepcopy(model)
-    logits = whole(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
-    targets = batch.labels[:, 1:]
-    expected_loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
-    expected_loss.backward()
-    counted = targets != IGNORE_INDEX
-    expected_accuracy = (logits.argmax(-1) == targets)[counted].float().mean()
-
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    loss, accuracy = sft_step(model, optimizer, batch, max_grad_norm=1e9, logits_chunk_tokens=CHUNK)
-    torch.testing.assert_close(loss, expected_loss.detach(), **TOLERANCE)
-    torch.testing.assert_close(accuracy, expected_accuracy)
-    for (name, parameter), expected_parameter in zip(model.named_parameters(), whole.parameters()):
-        torch.testing.assert_close(parameter.grad, expected_parameter.grad, **TOLERANCE, msg=name)
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])

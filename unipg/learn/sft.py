@@ -20,12 +20,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from unipg.policy.chat import completion_suffix
-from unipg.policy.forward import final_states
 from unipg.policy.lm import context_length
-from unipg.policy.token_logprobs import IDENTITY_HEAD, LogitHead, logit_head, token_statistics
 
 IGNORE_INDEX = -100  # label of positions that do not enter the loss (prompt and padding)
 
@@ -112,23 +111,18 @@ def build_sft_batch(examples: list[tuple], pad_token_id: int) -> SFTBatch:
     return SFTBatch(input_ids, attention_mask, labels)
 
 
-def completion_loss(
-    hidden: torch.Tensor, head: LogitHead, labels: torch.Tensor, *, chunk_tokens: int | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
+def completion_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Token-mean cross-entropy −(1/N) Σ log π(y_t | y_<t) over labelled tokens, and next-token accuracy.
 
-    hidden: (B, T, H) the last hidden state at each position, which ``head`` turns into the scores of the token
-    after it (or (B, T, V) scores with ``IDENTITY_HEAD``); labels: (B, T) with IGNORE_INDEX where the token does
-    not count. Position t predicts token t+1, hence the shift by one. Only labelled positions get logits, and
-    those ``chunk_tokens`` at a time (``unipg.policy.token_logprobs``; None: all at once).
+    logits: (B, T, V) scores for the token after each position; labels: (B, T) with IGNORE_INDEX where the
+    token does not count. Position t predicts token t+1, hence the shift by one.
     """
+    predicted = logits[:, :-1].float()  # (B, T-1, V)
     targets = labels[:, 1:]  # (B, T-1)
+    loss = F.cross_entropy(predicted.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
     counted = targets != IGNORE_INDEX
-    statistics = token_statistics(
-        hidden[:, :-1][counted], head, targets[counted], chunk_tokens=chunk_tokens, with_mode=True
-    )
-    loss = -statistics.logprobs.mean()
-    token_accuracy = (statistics.mode == targets[counted]).sum() / counted.sum().clamp(min=1)
+    correct = (predicted.argmax(dim=-1) == targets) & counted
+    token_accuracy = correct.sum() / counted.sum().clamp(min=1)
     return loss, token_accuracy
 
 
@@ -258,7 +252,6 @@ def sft_train(
     on_log: Callable[[int, dict], None] | None = None,
     stop_every: int = 0,
     should_stop: Callable[[int], bool] | None = None,
-    logits_chunk_tokens: int | None = None,
 ) -> dict:
     """Fine-tune `model` in place on (rendered prompt, completion) pairs; return the final metrics.
 
@@ -269,7 +262,7 @@ def sft_train(
     end (`loss`, `token_accuracy`), the number of `steps` and the wall-clock `seconds` spent training (time
     inside `on_log` excluded). With `should_stop`, it is asked every `stop_every` steps (`should_stop(step)`,
     its time excluded too) and training ends when it says so; `steps` (and the learning-rate schedule) is then
-    a cap, and the returned `steps` those taken. `logits_chunk_tokens`: see `sft_step`. Leaves the model in eval mode.
+    a cap, and the returned `steps` those taken. The model is left in eval mode.
     """
     if not pairs:
         raise ValueError("sft_train needs at least one (prompt, completion) pair")
@@ -284,10 +277,7 @@ def sft_train(
     for step in range(steps):
         for group in optimizer.param_groups:
             group["lr"] = sft_learning_rate(step, peak=learning_rate, warmup_steps=warmup_steps, total_steps=steps)
-        batch = dataset.rows(next(batches)).to(device)
-        recent.add(
-            *sft_step(model, optimizer, batch, max_grad_norm, tokens_per_batch, logits_chunk_tokens=logits_chunk_tokens)
-        )
+        recent.add(*sft_step(model, optimizer, dataset.rows(next(batches)).to(device), max_grad_norm, tokens_per_batch))
         if on_log is not None and (step + 1) % log_every == 0:
             with clock.paused():
                 metrics = {**recent.metrics(), "learning_rate": optimizer.param_groups[0]["lr"]}
@@ -334,28 +324,14 @@ def sft_step(
     batch: SFTBatch,
     max_grad_norm: float,
     tokens_per_batch: float | None = None,
-    *,
-    logits_chunk_tokens: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One gradient step on the completion loss; returns the (detached) token-mean loss and token accuracy.
 
     With `tokens_per_batch` the step minimises the token sum divided by that constant instead of by the
-    batch's own token count, so that each token weighs the same whatever else shares its batch. The logits of
-    the labelled tokens are computed `logits_chunk_tokens` at a time (None: all at once; `completion_loss`).
+    batch's own token count, so that each token weighs the same whatever else shares its batch.
     """
-    head = logit_head(model)
-    logits, hidden = final_states(
-        model,
-        batch.input_ids.shape[1],
-        logits=head is None,
-        hidden=head is not None,
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        use_cache=False,
-    )
-    loss, token_accuracy = completion_loss(
-        logits if head is None else hidden, head or IDENTITY_HEAD, batch.labels, chunk_tokens=logits_chunk_tokens
-    )
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
+    loss, token_accuracy = completion_loss(logits, batch.labels)
     objective = loss
     if tokens_per_batch is not None:
         objective = loss * (batch.labels[:, 1:] != IGNORE_INDEX).sum() / tokens_per_batch

@@ -186,7 +186,6 @@ def fine_tune_on_demonstrations(
             on_log=lambda step, m, name=name, steps=steps: log(f"{name}step {step}/{steps} loss {m['loss']:.4f}"),
             stop_every=sft.evidence_every,
             should_stop=check,
-            logits_chunk_tokens=config.model.logits_chunk_tokens,
         )
         evidence += check.history if check is not None else []
     return {**metrics, "evidence": evidence} if evidence else metrics
