@@ -93,7 +93,6 @@ class TokenStatistics:
     logprobs: torch.Tensor  # (...) log π(target_t | s_t), differentiable
     entropy: torch.Tensor | None = None  # (...) H[π(·|s_t)], differentiable only with entropy_grad
     sum_pi_squared: torch.Tensor | None = None  # (...) Σ_v π(v|s_t)², no gradient
-    mode: torch.Tensor | None = None  # (...) long, argmax_v π(v|s_t)
 
 
 def token_statistics(
@@ -106,7 +105,6 @@ def token_statistics(
     with_entropy: bool = False,
     entropy_grad: bool = False,
     with_sum_pi_squared: bool = False,
-    with_mode: bool = False,
 ) -> TokenStatistics:
     """Statistics of π = softmax(head(hidden) / temperature) at each position of ``hidden`` (..., H), read
     ``chunk_tokens`` positions at a time (None: all at once); ``targets`` (...) the tokens whose log-probs are
@@ -117,7 +115,7 @@ def token_statistics(
     recomputed in the backward pass, so no more than one chunk's logits are held at any time. Gradients reach
     ``hidden`` and the head's weights as those of the whole (N, V) computation do.
     """
-    wanted = (with_entropy, entropy_grad, with_sum_pi_squared, with_mode)
+    wanted = (with_entropy, entropy_grad, with_sum_pi_squared)
     flat_hidden, flat_targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
     step = chunk_tokens or max(len(flat_targets), 1)
     pieces = []
@@ -127,13 +125,12 @@ def token_statistics(
             pieces.append(checkpoint(_chunk, *chunk, head, temperature, *wanted, use_reentrant=False))
         else:
             pieces.append(_chunk(*chunk, head, temperature, *wanted))
-    logprobs, entropy, sum_pi_squared, mode = (torch.cat(column) for column in zip(*pieces))
+    logprobs, entropy, sum_pi_squared = (torch.cat(column) for column in zip(*pieces))
     shaped = lambda statistic, asked: statistic.view(targets.shape) if asked else None
     return TokenStatistics(
         logprobs=logprobs.view(targets.shape),
         entropy=shaped(entropy, with_entropy),
         sum_pi_squared=shaped(sum_pi_squared, with_sum_pi_squared),
-        mode=shaped(mode, with_mode),
     )
 
 
@@ -145,14 +142,12 @@ def _chunk(
     with_entropy: bool,
     entropy_grad: bool,
     with_sum_pi_squared: bool,
-    with_mode: bool,
 ) -> tuple[torch.Tensor, ...]:
-    """(log-probs, entropy, Σπ², mode) of one chunk; a statistic not asked for is an empty tensor."""
+    """(log-probs, entropy, Σπ²) of one chunk; a statistic not asked for is an empty tensor."""
     logits = scaled_logits(head(hidden), temperature)
     logprobs = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
     unasked = logprobs.new_empty(0)
     detached = logits.detach()
     entropy = entropy_from_logits(logits if entropy_grad else detached) if with_entropy else unasked
     sum_pi_squared = sum_of_squared_probabilities(detached) if with_sum_pi_squared else unasked
-    mode = detached.argmax(-1) if with_mode else unasked.long()
-    return logprobs, entropy, sum_pi_squared, mode
+    return logprobs, entropy, sum_pi_squared
