@@ -111,17 +111,19 @@ def token_statistics(
     taken, and the shape of every statistic.
 
     The logits are float32 and divided by the temperature as the sampler divides them (``scaled_logits``); a
-    chunk's logits live only while its statistics are taken, and while gradients are recorded each chunk is
-    recomputed in the backward pass, so no more than one chunk's logits are held at any time. Gradients reach
+    chunk's logits live only while its statistics are taken, and while gradients are recorded and there is more
+    than one chunk, each is recomputed in the backward pass, so no more than one chunk's logits are held at any time. Gradients reach
     ``hidden`` and the head's weights as those of the whole (N, V) computation do.
     """
     wanted = (with_entropy, entropy_grad, with_sum_pi_squared)
     flat_hidden, flat_targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
     step = chunk_tokens or max(len(flat_targets), 1)
+    # one chunk holds no more logits than the whole: recomputing it in the backward pass would save nothing
+    recompute = torch.is_grad_enabled() and len(flat_targets) > step
     pieces = []
     for start in range(0, max(len(flat_targets), 1), step):  # no positions: one empty chunk
         chunk = (flat_hidden[start : start + step], flat_targets[start : start + step])
-        if chunk_tokens is not None and torch.is_grad_enabled():
+        if recompute:
             pieces.append(checkpoint(_chunk, *chunk, head, temperature, *wanted, use_reentrant=False))
         else:
             pieces.append(_chunk(*chunk, head, temperature, *wanted))
