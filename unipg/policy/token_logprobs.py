@@ -112,8 +112,8 @@ def token_statistics(
 
     The logits are float32 and divided by the temperature as the sampler divides them (``scaled_logits``); a
     chunk's logits live only while its statistics are taken, and while gradients are recorded and there is more
-    than one chunk, each is recomputed in the backward pass, so no more than one chunk's logits are held at any time. Gradients reach
-    ``hidden`` and the head's weights as those of the whole (N, V) computation do.
+    than one chunk, each is recomputed in the backward pass, so no more than one chunk's logits are held at any
+    time. Gradients reach ``hidden`` and the head's weights as those of the whole (N, V) computation do.
     """
     wanted = (with_entropy, entropy_grad, with_sum_pi_squared)
     flat_hidden, flat_targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
