@@ -172,13 +172,14 @@ def run_in_parallel(configs: list[Config], threshold: float | None, jobs: int) -
 
 def _train_in_child(config: Config, threshold: float | None):
     """One seed of ``run_in_parallel``: the result, or the message of the error that stopped it."""
+    from unipg.config.timeouts import WaitTimeout
     from unipg.observe.metrics import quiet_libraries
     from unipg.registry import RegistryError
 
     quiet_libraries()
     try:
         return run(config, return_threshold=threshold)
-    except (ValueError, RegistryError) as error:
+    except (ValueError, RegistryError, WaitTimeout) as error:
         return str(error)
 
 

@@ -203,12 +203,12 @@ def resolve_resumed(run_dir: Path, overrides: List[str], trust_code: bool = Fals
 
 
 def run_guarded(config: Config, threshold: Optional[float], resume: Optional[Path] = None):
-    """Run one training job; bad input (a model path, an environment id) ends with its message, not a traceback."""
+    """Run one training job; bad input (a model path, an environment id) or a hang ends with a message alone."""
     from unipg.runtime.lm import TrainingStopped
 
     try:
         return api.run(config, resume=resume, return_threshold=threshold)
-    # An unknown task or reward name is a RegistryError; an OSError, a folder that cannot be written.
+    # RegistryError: an unknown task or reward name; OSError: a folder that cannot be written, or a hang (WaitTimeout).
     except (ValueError, RegistryError, OSError) as error:
         print_error(str(error))
         raise typer.Exit(2) from None

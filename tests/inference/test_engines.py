@@ -250,7 +250,7 @@ def test_a_sleeping_vllm_engine_hands_torchs_cached_gpu_memory_back_before_it_wa
     engine = SimpleNamespace(
         _serving=0,
         _sleeping=True,
-        loop=SimpleNamespace(call=call),
+        loop=SimpleNamespace(call=call, wait=lambda future, waiting: asyncio.wrap_future(future)),
         llm=SimpleNamespace(wake_up=lambda: calls.append("wake_up")),
     )
     asyncio.run(VLLMEngine.wake(engine))

@@ -282,6 +282,10 @@ class SampleConfig(Section):
     take it back before the next generation; unused on CPU."""
     cpu_kv_cache_gb: float = Field(0.5, gt=0.0)
     """vllm on CPU: GiB of memory for the KV cache."""
+    engine_timeout: float = Field(600.0, gt=0.0, json_schema_extra=read_in("lm"))
+    """vllm: seconds the engine's stepping thread may go without progress (a step, a weight load, a sleep or a
+    wake) while a turn or a weight sync waits on it; past it that wait fails (``WaitTimeout``), which stops the run
+    with a checkpoint of the last finished update."""
 
     @field_validator(*SAMPLING_CHECKS)
     @classmethod

@@ -54,6 +54,10 @@ class RuntimeConfig(Section):
     """Per-version weight of the ``weighted`` sampling preference."""
     eviction: Literal["oldest", "probabilistic"] = "oldest"
     """What makes room in a full buffer: the oldest group, or a random one with probability ∝ age + 1."""
+    rollout_timeout: float = Field(1800.0, gt=0.0)
+    """concurrent schedule: seconds the learner waits for the rollout thread to write a group while it waits for a
+    step's batch (the wait starts again with every group written); past it the run stops with an error (lm runs:
+    and a checkpoint of the last finished update), leaving the stuck rollout thread behind."""
 
 
 # Resources Ray gives every node, which a role asks for with a setting of its own rather than as a custom resource.

@@ -221,6 +221,11 @@ class TrainConfig(Section):
     """lm runs: ranks the learner is sharded over with FSDP2 (gloo on CPU, NCCL on GPU): local processes with
     backend=inprocess, Ray actors in a placement group with backend=ray (``ray.learner_*``); the driver's process
     keeps an unsharded copy for rollout and evaluation, refreshed after every update."""
+    learner_timeout: float = Field(1800.0, gt=0.0, json_schema_extra=read_in("lm"))
+    """lm runs with learner_processes > 1: seconds a rank may wait for its peers in the process group's rendezvous
+    or in one collective (torch.distributed's timeout, gloo and NCCL), and, with backend=inprocess, seconds the
+    driver waits for every rank to answer one call (starting, an update, a checkpoint; with backend=ray that is
+    ``ray.call_timeout``). Past it the run stops with an error naming the ranks; its newest checkpoint is kept."""
     logprob_chunk_tokens: int | None = Field(None, ge=1, json_schema_extra=read_in())
     """replaced by model.logits_chunk_tokens, which chunks the logits themselves, not only their log-softmax."""
     weight_decay: float = Field(0.0, ge=0.0, json_schema_extra=read_in("lm"))

@@ -12,6 +12,9 @@
   moves: it is saved in PEFT format and requests then carry a ``LoRARequest`` with a new id per version.
 - No process: the engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``); ``close`` stops the
   stepping thread, shuts the engine down and deletes its folder.
+- Waits: a turn, a weight load, a sleep or a wake waits on the stepping thread while that thread makes progress;
+  ``sample.engine_timeout`` seconds without any fail the wait with ``WaitTimeout`` (``vllm_core.StepLoop.wait``).
+  Starting the engine waits on no other thread or process: it runs on the caller's.
 - Settings: vLLM's import, its engine arguments and each request's sampling parameters are in ``vllm_setup``.
 """
 
@@ -31,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from unipg.config.timeouts import WaitTimeout
 from unipg.inference.base import ENGINES, SamplingParams, TurnOutput
 from unipg.inference.vllm_setup import engine_args, import_vllm, vllm_sampling
 from unipg.policy.adapters import base_state_dict, has_adapter, save_adapter, save_base_model
@@ -96,7 +100,7 @@ class VLLMEngine:
             torch.set_rng_state(random_states[2])
         if self.lora:
             self._save_adapter(0)
-        self.loop = StepLoop(self.llm)
+        self.loop = StepLoop(self.llm, timeout=self.sample.engine_timeout)
         self.load_seconds = time.perf_counter() - start  # start-up: model saved, loaded and warmed up
 
     async def load(self, version: int, model) -> None:
@@ -109,7 +113,7 @@ class VLLMEngine:
             with torch.no_grad():
                 state = {name: tensor.detach().clone() for name, tensor in base_state_dict(model).items()}
             job = lambda: self._reload(version, state)  # noqa: E731
-        await asyncio.wrap_future(self.loop.call(job))
+        await self.loop.wait(self.loop.call(job), f"loading the weights of version {version}")
         self._counters["engine/weight_sync_seconds"] += time.perf_counter() - start
         self._counters["engine/weight_syncs"] += 1
 
@@ -150,7 +154,7 @@ class VLLMEngine:
         self._serving += 1
         if self._sleeping:
             release_cached_gpu_memory()
-            await asyncio.wrap_future(self.loop.call(lambda: self.llm.wake_up()))
+            await self.loop.wait(self.loop.call(lambda: self.llm.wake_up()), "waking the engine")
             self._sleeping = False
 
     async def sleep(self) -> None:
@@ -158,7 +162,7 @@ class VLLMEngine:
         engine is running (a run's evaluation may end while its rollout goes on)."""
         self._serving -= 1
         if self._serving == 0 and self.sample.engine_sleep and torch.cuda.is_available() and not self._sleeping:
-            await asyncio.wrap_future(self.loop.call(lambda: self.llm.sleep(level=1)))
+            await self.loop.wait(self.loop.call(lambda: self.llm.sleep(level=1)), "putting the engine to sleep")
             self._sleeping = True
 
     def metrics(self) -> dict[str, float]:
@@ -273,8 +277,8 @@ class VLLMService:
             list(context_ids), sampling, done, lora=self.engine.current_adapter if self.engine.lora else None
         )
         try:
-            output, version = await answer
-        except asyncio.CancelledError:
+            output, version = await self.engine.loop.wait(answer, "a turn")
+        except (asyncio.CancelledError, WaitTimeout):
             self.engine.loop.abort(request_id)
             raise
         return self._turn(output, version, params)

@@ -7,10 +7,15 @@ it), keeps the model in this process, where new weights load by reference, and l
 Every use of the engine happens on this thread: ``submit`` and ``abort`` queue a request change, ``call`` queues
 a function (loading weights, sleeping) that runs once no request is in flight, so a turn is always sampled by
 one weights version, and requests submitted after it wait until it ran.
+
+A caller waits on the thread with ``wait``, for as long as the thread makes progress (a step, a command applied):
+``timeout`` seconds without any (``sample.engine_timeout``) end the wait with ``WaitTimeout``, so an engine step or
+a weight load that never returns fails the turn or the sync waiting on it instead of hanging the run.
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import itertools
 import queue
@@ -21,14 +26,18 @@ from collections.abc import Callable
 
 import torch
 
+from unipg.config.timeouts import WaitTimeout
+
 _STOP = ("stop",)
 
 
 class StepLoop:
     """Steps ``llm`` (a vLLM ``LLMEngine``) on its own thread (module docstring)."""
 
-    def __init__(self, llm):
-        self.llm = llm
+    def __init__(self, llm, timeout: float = 600.0):
+        """``timeout``: seconds without progress after which ``wait`` gives up (``sample.engine_timeout``)."""
+        self.llm, self.timeout = llm, timeout
+        self._progress = time.monotonic()  # when the thread last took a step or applied a command
         self.step_sizes: list[int] = []  # requests that advanced in each step, since the last pop
         self.step_seconds = 0.0  # wall time inside steps, since the last pop
         self._commands: queue.Queue = queue.Queue()
@@ -55,6 +64,29 @@ class StepLoop:
         future: concurrent.futures.Future = concurrent.futures.Future()
         self._put(("call", fn, future))
         return future
+
+    async def wait(self, future: asyncio.Future | concurrent.futures.Future, waiting: str):
+        """``future``'s result (a ``call``'s, or a request's answer) while this loop's thread makes progress: once it
+        went ``timeout`` seconds without any while ``waiting`` (who waits, for the message) waited, the future is
+        cancelled and ``WaitTimeout`` raised."""
+        if isinstance(future, concurrent.futures.Future):
+            future = asyncio.wrap_future(future)
+        start = time.monotonic()
+        try:
+            while not future.done():
+                remaining = max(start, self._progress) + self.timeout - time.monotonic()
+                if remaining <= 0:
+                    raise WaitTimeout.after(
+                        f"the vllm engine's thread ({self._thread.name}) made no progress while {waiting} waited on it",
+                        self.timeout,
+                        "sample.engine_timeout",
+                        "an engine step, or a weight load, sleep or wake on the engine, does not return",
+                    )
+                await asyncio.wait({future}, timeout=remaining)
+        except BaseException:  # given up (timed out, or the waiting task cancelled): a call not yet run never runs
+            future.cancel()
+            raise
+        return future.result()
 
     def pop_steps(self) -> tuple[list[int], float]:
         with self._lock:
@@ -93,8 +125,10 @@ class StepLoop:
             if not self._admit(waiting):
                 self._fail_all(RuntimeError("the vllm engine was closed while this request ran"))
                 return
+            self._progress = time.monotonic()
             if self._in_flight:
                 self._step()
+                self._progress = time.monotonic()
 
     def _admit(self, waiting: deque) -> bool:
         """Apply queued commands in order; a ``call`` waits for the requests in flight. False on stop."""

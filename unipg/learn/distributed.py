@@ -13,6 +13,7 @@ layer, the bytes a rank holds, and the full weights gathered for an inference en
 from __future__ import annotations
 
 import contextlib
+import datetime
 import functools
 import os
 import pickle
@@ -69,15 +70,24 @@ def group_backend(device: str) -> str:
     return "cpu:gloo,cuda:nccl" if device.startswith("cuda") else "gloo"
 
 
-def init_group(rank: int, world_size: int, host: str, port: int, *, device: str = "cpu") -> None:
+def init_group(
+    rank: int, world_size: int, host: str, port: int, *, device: str = "cpu", timeout: float | None = None
+) -> None:
     """Join the process group of ``world_size`` ranks whose rank 0 listens at ``host:port``, with the backend
-    ``group_backend(device)``."""
+    ``group_backend(device)``. ``timeout``: seconds a rank waits for its peers in the rendezvous and in each
+    collective before it fails (gloo raises; NCCL's watchdog ends the process); None: torch's default."""
     import torch.distributed as dist
 
     os.environ.setdefault("MASTER_ADDR", host)
     backend = group_backend(device)
     address = f"[{host}]" if ":" in host else host
-    dist.init_process_group(backend, init_method=f"tcp://{address}:{port}", rank=rank, world_size=world_size)
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://{address}:{port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout) if timeout is not None else None,
+    )
 
 
 def init_local_group(rank: int, world_size: int, port: int, *, device: str = "cpu") -> None:

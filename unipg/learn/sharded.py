@@ -19,10 +19,16 @@ places Ray actors in a placement group (``backend: ray``). Both run ``LearnerRan
 
 Local ranks are started with the ``spawn`` method: a script that calls ``unipg.train`` with learner processes
 must do so under ``if __name__ == "__main__":`` (the command line does).
+
+No wait is unbounded (``train.learner_timeout``): a rank waits that long for its peers in the rendezvous and in
+each collective, and ``LocalRanks`` waits that long for every rank's answer to a call. Either way the driver raises
+``WaitTimeout`` naming the ranks that did not answer, and closing the ranks then ends their processes without
+asking them (the ``Ranks`` on Ray wait ``ray.call_timeout``).
 """
 
 from __future__ import annotations
 
+import time
 import types
 from collections.abc import Callable
 from multiprocessing.connection import wait
@@ -34,6 +40,7 @@ from torch import nn
 
 from unipg.config import Config
 from unipg.config.devices import resolve_device
+from unipg.config.timeouts import WaitTimeout
 from unipg.learn.distributed import (
     free_port,
     full_state_dict,
@@ -51,6 +58,10 @@ from unipg.policy.lm import LMPolicy
 PREPARED = ("proximal_logprobs", "reference_logprobs", "values", "advantages", "returns")
 # The optimizer's entry in a sharded learner's JSON state: its state is in the shards (``save_shards``).
 IN_SHARDS = {"in_shards": True}
+STUCK_HINT = (
+    "a rank may be stuck, or waiting in a collective for a peer that is (a peer that never joins one); raise "
+    "train.learner_timeout if a step of this model needs longer"
+)
 
 
 class Ranks(Protocol):
@@ -59,7 +70,7 @@ class Ranks(Protocol):
 
     def call(self, name: str, *args):
         """Run ``LearnerRank.call(name, args)`` on every rank at once and return rank 0's value; a rank that
-        fails or ends is a ``RuntimeError`` naming the call."""
+        fails or ends is a ``RuntimeError`` naming the call, one that does not answer in time a ``WaitTimeout``."""
 
     def close(self) -> None:
         """Stop the ranks and release what they hold (processes, actors, reserved resources)."""
@@ -153,7 +164,7 @@ class LearnerRank:
         if device.startswith("cuda"):
             torch.cuda.set_device(device)  # NCCL binds a rank to the current device
         self.config = self.config.model_copy(update={"device": device})
-        init_group(self.rank, self.world_size, host, port, device=device)
+        init_group(self.rank, self.world_size, host, port, device=device, timeout=self.config.train.learner_timeout)
         policy = policy_from_config(self.config)
         policy.load_state_dict(self.weights)
         self.weights = None
@@ -173,10 +184,28 @@ class LearnerRank:
         self.learner = LMLearner(policy, self.config)
 
     def call(self, name: str, args: tuple = ()):
-        result = _run(self.learner, name, args)
+        try:
+            result = _run(self.learner, name, args)
+        except RuntimeError as error:
+            if not _collective_timed_out(error):
+                raise
+            raise WaitTimeout.after(
+                f"learner rank {self.rank} of {self.world_size} waited in a collective of '{name}' for a peer that did "
+                "not join it",
+                self.config.train.learner_timeout,
+                "train.learner_timeout",
+                STUCK_HINT,
+            ) from error
         if name == "stop":
             torch.distributed.destroy_process_group()
         return result if self.rank == 0 else None
+
+
+def _collective_timed_out(error: RuntimeError) -> bool:
+    """Whether ``error`` is a collective that waited past the process group's timeout: gloo raises a RuntimeError
+    "[.../gloo/...] Timed out waiting 1800000ms for recv operation to complete", torch's own code a ``DistError``."""
+    text = str(error).lower()
+    return "timed out" in text and (isinstance(error, torch.distributed.DistError) or "gloo" in text)
 
 
 def rank_device(device: str, rank: int) -> str:
@@ -191,14 +220,18 @@ def rank_device(device: str, rank: int) -> str:
 
 
 class LocalRanks:
-    """``Ranks`` as ``world_size`` spawned processes on this machine, each serving its ``LearnerRank`` over its
-    own pipe, with the rendezvous on the loopback address."""
+    """``Ranks`` as ``world_size`` spawned processes on this machine, each serving its ``rank_type`` (a
+    ``LearnerRank``) over its own pipe, with the rendezvous on the loopback address; every call waits at most
+    ``timeout`` seconds (``train.learner_timeout``) for the answers."""
 
-    def __init__(self, config: Config, world_size: int, weights: dict[str, torch.Tensor]):
+    def __init__(
+        self, config: Config, world_size: int, weights: dict[str, torch.Tensor], rank_type: type = LearnerRank
+    ):
         import torch.multiprocessing as mp
 
         context, port = mp.get_context("spawn"), free_port()
         self._pipes, self._processes = [], []
+        self.timeout, self._stuck = config.train.learner_timeout, False  # stuck: a call timed out, ranks hang
         for rank in range(world_size):
             mine, theirs = context.Pipe()
             self._pipes.append(mine)
@@ -206,7 +239,7 @@ class LocalRanks:
                 context.Process(
                     target=_serve,
                     daemon=True,
-                    args=(LearnerRank(rank, world_size, config, weights), "127.0.0.1", port, theirs),
+                    args=(rank_type(rank, world_size, config, weights), "127.0.0.1", port, theirs),
                 )
             )
         for process in self._processes:
@@ -218,28 +251,47 @@ class LocalRanks:
             raise
 
     def call(self, name: str, *args):
+        """Rank 0's value once every rank has answered, at most ``timeout`` seconds: a ``WaitTimeout`` naming the
+        ranks that did not answer in time (or the rank whose collective timed out), a ``RuntimeError`` naming the
+        call when a rank failed or ended."""
         for pipe in self._pipes:
             pipe.send((name, args))
         replies, waiting = {}, list(self._pipes)
+        deadline = time.monotonic() + self.timeout
         while waiting:
-            for pipe in wait(waiting, timeout=1.0):
+            for pipe in wait(waiting, timeout=min(1.0, max(deadline - time.monotonic(), 0.0))):
                 kind, value = pipe.recv()
                 if kind == "error":
                     raise RuntimeError(f"the sharded learner failed in '{name}': {value}")
+                if kind == "timeout":  # the rank's collective timed out: a peer is stuck
+                    self._stuck = True
+                    raise WaitTimeout(value)
                 replies[self._pipes.index(pipe)] = value
                 waiting.remove(pipe)
             if waiting and any(not process.is_alive() for process in self._processes):
                 raise RuntimeError(f"a learner process ended during '{name}'; see its traceback above")
+            if waiting and time.monotonic() >= deadline:
+                self._stuck = True
+                late = [str(self._pipes.index(pipe)) for pipe in waiting]
+                ranks = f"learner rank{'s' if len(late) > 1 else ''} {', '.join(late)} of {len(self._pipes)}"
+                what = "start (join the process group, load the model)" if name == "ready" else f"answer '{name}'"
+                raise WaitTimeout.after(
+                    f"{ranks} did not {what}",
+                    self.timeout,
+                    "train.learner_timeout",
+                    STUCK_HINT,
+                )
         return replies[0]
 
     def close(self) -> None:
-        if self._processes and all(process.is_alive() for process in self._processes):
+        """Stop the ranks: ask them to, unless a call timed out (they would not answer), then end any still running."""
+        if self._processes and not self._stuck and all(process.is_alive() for process in self._processes):
             try:
                 self.call("stop")
-            except RuntimeError:
-                pass  # a rank failed and said so; the others are ended below
+            except (RuntimeError, WaitTimeout):
+                pass  # a rank failed and said so, or does not answer; all are ended below
         for process in self._processes:
-            process.join(timeout=30)
+            process.join(timeout=0 if self._stuck else 30)
             if process.is_alive():
                 process.terminate()
                 process.join()
@@ -256,6 +308,8 @@ def _serve(rank: LearnerRank, host: str, port: int, pipe) -> None:
             pipe.send(("ok", result))
             if name == "stop":
                 return
+    except WaitTimeout as error:  # reported to the driver, which raises it; the rank has nothing more to say
+        pipe.send(("timeout", str(error)))
     except Exception as error:  # noqa: BLE001 — reported to the driver, which raises it
         pipe.send(("error", f"{type(error).__name__}: {error}"))
         raise

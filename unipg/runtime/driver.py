@@ -24,10 +24,14 @@ Two schedules (``runtime.schedule``):
 
 ``auto`` is ``sequential`` when ``max_staleness = 0`` (the schedules do the same thing then) or when
 ``deterministic`` is set, else ``concurrent``.
+
+The concurrent schedule's learner waits at most ``runtime.rollout_timeout`` seconds without a group written
+(``rollout_stuck``); ``close`` then leaves the stuck rollout thread behind, a daemon.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -44,6 +48,7 @@ from unipg.runtime.replay import (
     ReplayBuffer,
     StalenessGate,
     rollout_failure,
+    rollout_stuck,
 )
 
 
@@ -261,11 +266,13 @@ class Runtime:
         on_settled: Callable[[list[Group]], None] | None = None,
         keep: Callable[[Group], bool] | None = None,
         filter_budget: int = 0,
+        rollout_timeout: float | None = None,
     ):
         """``on_settled`` is told of the groups that will not be trained on later: those each step takes, and
         those the buffer drops (the prompt sampler's bookkeeping for exact resumes). ``keep`` and
         ``filter_budget``: the buffer's test on written groups and its bound per step (dynamic sampling;
-        ``ReplayBuffer``)."""
+        ``ReplayBuffer``). ``rollout_timeout``: seconds the learner waits for a group of the concurrent schedule's
+        rollout (None: for ever; module docstring)."""
         if schedule not in ("sequential", "concurrent"):
             raise ValueError(f"runtime schedule '{schedule}' is not known; use sequential or concurrent")
         per_step = groups_per_step * group_size
@@ -275,7 +282,7 @@ class Runtime:
                 f"trajectories; set it to at least {(max_staleness + 1) * per_step} "
                 "((runtime.max_staleness + 1) batches, so that nothing admitted is evicted)"
             )
-        self.rollout, self.schedule = rollout, schedule
+        self.rollout, self.schedule, self.rollout_timeout = rollout, schedule, rollout_timeout
         self.groups_per_step, self.group_size, self.max_staleness = groups_per_step, group_size, max_staleness
         self.on_settled = on_settled or (lambda groups: None)
         self.buffer = ReplayBuffer(
@@ -293,6 +300,7 @@ class Runtime:
         self.buffer.on_drop = self.gate.release
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._stuck = False  # the rollout thread wrote no group within rollout_timeout
         self._since = time.perf_counter()  # start of the current learner period (wait + train)
 
     @property
@@ -339,7 +347,10 @@ class Runtime:
                     break
             produced = time.perf_counter() - wait_start
         occupancy = len(self.buffer)
-        groups = self.buffer.take(wanted, version)
+        groups = self.buffer.take(wanted, version, timeout=self.rollout_timeout if self.concurrent else None)
+        if groups is None:
+            self._stuck = True
+            raise rollout_stuck(self._thread.name, version, self.rollout_timeout)
         self.on_settled(groups)
         now = time.perf_counter()
         waited, period = now - wait_start, max(now - self._since, 1e-9)
@@ -373,10 +384,13 @@ class Runtime:
         self.start()
 
     def close(self) -> None:
+        """Stop the rollout thread; wait for it at most ``rollout_timeout`` (not once it is stuck), then leave it."""
         self._stop.set()
         self.gate.close()
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(0.0 if self._stuck else self.rollout_timeout)
+            if self._thread.is_alive():
+                print(f"warning: the rollout thread ({self._thread.name}) did not stop; left behind", file=sys.stderr)
             self._thread = None
 
     def __enter__(self) -> Runtime:

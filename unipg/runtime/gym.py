@@ -25,11 +25,13 @@ from pathlib import Path
 from unipg.checkpoint.files import Checkpoint
 from unipg.checkpoint.lm import latest_checkpoint
 from unipg.config import Config
+from unipg.config.timeouts import WaitTimeout
 from unipg.learn.gym import prepare_segment
 from unipg.observe.gym_metrics import rollout_metrics
 from unipg.observe.metrics import Progress
 from unipg.policy.mlp import MLPActorCritic
 from unipg.runtime.gym_run import GymRun, GymTrainResult, finished_run, open_gym_run
+from unipg.runtime.replay import ProducerFailed
 from unipg.runtime.setup import locked_run_dir, run_dir_for
 from unipg.sample.gym_rollout import evaluate_policy
 
@@ -103,7 +105,12 @@ def train_update(g: GymRun, update: int) -> None:
     version = update - 1  # learner steps published so far
     lr = g.learner.set_lr_fraction(1.0 - (update - 1) / g.num_updates if config.train.lr_schedule == "linear" else 1.0)
     with timer("rollout"):  # collecting (sequential) or waiting for a segment (concurrent)
-        (group,), step = g.runtime.next_groups(version)
+        try:
+            (group,), step = g.runtime.next_groups(version)
+        except ProducerFailed as failure:
+            if isinstance(failure.__cause__, WaitTimeout):  # the rollout thread is stuck: one line, no traceback
+                raise failure.__cause__ from None
+            raise
     batch = group.items[0]
     run.add_rollout(batch)
     with timer("advantage"):

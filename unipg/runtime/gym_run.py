@@ -227,4 +227,5 @@ def make_runtime(config: Config, rollout: GymRollout, policy: MLPActorCritic) ->
         eviction=settings.eviction,
         freshness_decay=settings.freshness_decay,
         seed=config.seed,
+        rollout_timeout=settings.rollout_timeout,
     )

@@ -40,6 +40,7 @@ from pathlib import Path
 
 from unipg.checkpoint.lm import latest_checkpoint
 from unipg.config import Config
+from unipg.config.timeouts import WaitTimeout
 from unipg.estimate import needs_greedy_baseline
 from unipg.learn.lm import LMBatch, LMLearner
 from unipg.observe.episodes import EpisodeLog
@@ -59,6 +60,7 @@ from unipg.runtime.stopping import (  # TrainingStopped: where callers catch it
     roll_back,
     rollout_failed,
     update_abandoned,
+    waited_too_long,
 )
 from unipg.sample.episodes import EpisodeRunner, PromptEncoder, held_out  # noqa: F401  (PromptEncoder: re-exported)
 from unipg.sample.transcripts import transcript
@@ -237,7 +239,8 @@ def train_updates(run: LMRun, stop: StopRequest) -> None:
         except UpdateAbandoned:  # a stop was asked for and rollout did not end within its grace
             raise update_abandoned(run, update - 1, stop.signal_number, position=position) from None
         except ProducerFailed as failure:  # rollout cannot go on: keep what is trained, say how to go on
-            raise ValueError(rollout_failed(failure, run, update - 1)) from failure
+            timed_out = isinstance(failure.__cause__, WaitTimeout)
+            raise (WaitTimeout if timed_out else ValueError)(rollout_failed(failure, run, update - 1)) from failure
         run.episode_counts = step.rollout.episodes.state() if step.rollout.episodes is not None else None
         run.train_seconds += record["timing/step"]
         run.samples += size
@@ -302,7 +305,10 @@ def train_lm(
                     )  # no episode has run yet
             run.runtime.reset(run.first - 1)  # rollout starts from the weights (and prompt order) training starts from
             run.saved = run.first - 1 if checkpoint is not None or config.rollback.enabled else None
-            train_updates(run, stop)
+            try:
+                train_updates(run, stop)
+            except WaitTimeout as timeout:  # the learner's ranks, or an evaluation's engine, did not answer
+                raise waited_too_long(timeout, run) from timeout.__cause__
             run.policy.save(run.run_dir / "policy")
         finally:
             run.close()  # within the stop's bound: a run that hangs while closing still ends on a signal

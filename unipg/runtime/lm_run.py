@@ -83,6 +83,7 @@ def build_runtime(
             on_settled=sampler.settle,
             keep=mixed_returns if config.sample.dynamic_sampling else None,
             filter_budget=math.ceil(config.sample.dynamic_sampling_budget * config.prompts_per_step),
+            rollout_timeout=settings.rollout_timeout,
         )
     except ValueError:
         rollout.close()

@@ -44,6 +44,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from unipg.config.timeouts import WaitTimeout
+
 SAMPLING = ("fifo", "fresh", "weighted")
 EVICTION = ("oldest", "probabilistic")
 
@@ -66,11 +68,26 @@ class ProducerFailed(RuntimeError):
 
 
 def rollout_failure(error: BaseException) -> str:
-    """The one-line message of a rollout that died of ``error``."""
-    if isinstance(error, ProducerFailed):
+    """The one-line message of a rollout that died of ``error`` (a wait past its timeout says what and where itself)."""
+    if isinstance(error, (ProducerFailed, WaitTimeout)):
         return str(error)
     first = str(error).splitlines()[0] if str(error) else ""
     return f"rollout failed: {type(error).__name__}: {first}" if first else f"rollout failed: {type(error).__name__}"
+
+
+def rollout_stuck(thread: str, version: int, seconds: float) -> ProducerFailed:
+    """The failure of a concurrent rollout whose ``thread`` wrote no group of the step from ``version`` for
+    ``seconds`` (``runtime.rollout_timeout``), raised from a ``WaitTimeout``: the run ends as after a rollout error."""
+    timeout = WaitTimeout.after(
+        f"the rollout thread ({thread}) wrote no group of the step from version {version}",
+        seconds,
+        "runtime.rollout_timeout",
+        "an episode or the inference engine may be stuck (sample.engine_timeout bounds the vllm engine's waits, "
+        "agent.tool_timeout a tool's); raise runtime.rollout_timeout if a group of episodes needs longer",
+    )
+    failure = ProducerFailed(str(timeout))
+    failure.__cause__ = timeout
+    return failure
 
 
 class StalenessGate:
@@ -201,6 +218,7 @@ class ReplayBuffer:
         self._condition = threading.Condition()
         self._failure: BaseException | None = None
         self._version = 0  # the newest version seen, for ages at eviction time
+        self._written = time.perf_counter()  # when a group was last written or forgotten: what a wait restarts at
 
     def __len__(self) -> int:
         """Trajectories held."""
@@ -217,6 +235,7 @@ class ReplayBuffer:
         """A group admitted at ``version`` will never be written (it failed for good)."""
         with self._condition:
             self._unexpect(version)
+            self._written = time.perf_counter()
             self._condition.notify_all()
 
     def _unexpect(self, version: int) -> None:
@@ -234,6 +253,7 @@ class ReplayBuffer:
         victims = []
         with self._condition:
             self._unexpect(group.version)
+            self._written = time.perf_counter()
             if self.keep is not None and self._filter_left > 0 and not self.keep(group):
                 self._filter_left -= 1
                 self.stats.filtered += group.size
@@ -267,7 +287,8 @@ class ReplayBuffer:
     def take(self, count: int, version: int, timeout: float | None = None) -> list[Group] | None:
         """Remove and return ``count`` groups for the learner at ``version``: the oldest groups the staleness
         bound requires (module docstring), then the preferred ones. Waits until ``count`` groups are held and the
-        required ones have finished. Returns None if ``timeout`` passed."""
+        required ones have finished. Returns None once ``timeout`` seconds passed with no group written (or
+        forgotten) meanwhile: a slow but moving rollout keeps the wait going, a stuck one ends it."""
         start = time.perf_counter()
         stale: list[Group] = []
         with self._condition:
@@ -279,7 +300,7 @@ class ReplayBuffer:
                 required = self._required(count, version) if len(self.groups) >= count else None
                 if required is not None:
                     break
-                remaining = None if timeout is None else timeout - (time.perf_counter() - start)
+                remaining = None if timeout is None else timeout - (time.perf_counter() - max(start, self._written))
                 if remaining is not None and remaining <= 0:
                     self.stats.wait_seconds += time.perf_counter() - start
                     chosen = None

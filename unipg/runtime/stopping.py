@@ -18,6 +18,7 @@ from typing import Any
 from unipg.checkpoint.lm import LMCheckpointer
 from unipg.checkpoint.store import load_checkpoint
 from unipg.config import RollbackConfig
+from unipg.config.timeouts import WaitTimeout
 from unipg.learn.state import generator_state, restore_generator, restore_rng, rng_state
 from unipg.observe.metrics import MetricsLogger
 from unipg.runtime.driver import EpisodeAccount, Runtime
@@ -278,6 +279,21 @@ def rollout_failed(failure: ProducerFailed, run: Any, update: int) -> str:
         else f"no update had finished; the metrics so far are in {run_dir}"
     )
     return f"{failure}; {where} (traceback: {trace})"
+
+
+def waited_too_long(timeout: WaitTimeout, run: Any) -> WaitTimeout:
+    """After a wait of the run's learning, saving or evaluating outlived its setting: the error to raise, saying
+    which checkpoint the run continues from (the newest one: learner ranks that do not answer can write none). One
+    that ``rollout_failed`` already placed after a checkpoint it saved comes back as it is."""
+    if isinstance(timeout.__cause__, ProducerFailed):
+        return timeout
+    where = (
+        f"the newest checkpoint, of update {run.saved}, is in {run.run_dir}; continue with: unipg train --resume "
+        f"{run.run_dir}"
+        if run.saved is not None
+        else f"no checkpoint was saved yet; the metrics so far are in {run.run_dir}"
+    )
+    return WaitTimeout(f"{timeout}; {where}")
 
 
 def roll_back(update: int, checkpointer: LMCheckpointer, runtime: Runtime, trips: TripCounter) -> tuple[int, int, list]:
