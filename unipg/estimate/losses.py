@@ -167,11 +167,14 @@ def _ratio_metrics(
 ) -> dict[str, torch.Tensor]:
     ratio = ratio.detach()
     valid = mask.bool()
+    # Schulman's k3 estimator of KL(μ‖π) from samples of μ: (ρ − 1) − log ρ ≥ 0. The three means are taken in one
+    # masked reduction: a PPO step on a small network spends more on each reduction's overhead than on its arithmetic.
+    stacked = torch.stack([clipped.to(ratio.dtype), (ratio - 1.0) - torch.log(ratio), ratio])  # (3, B, T)
+    clip_fraction, approx_kl, ratio_mean = masked_mean(stacked, mask.expand_as(stacked), dim=(1, 2)).unbind()
     metrics = {
-        "clip_fraction": masked_mean(clipped.to(ratio.dtype), mask),
-        # Schulman's k3 estimator of KL(μ‖π) from samples of μ: (ρ − 1) − log ρ ≥ 0.
-        "approx_kl": masked_mean((ratio - 1.0) - torch.log(ratio), mask),
-        "ratio_mean": masked_mean(ratio, mask),
+        "clip_fraction": clip_fraction,
+        "approx_kl": approx_kl,
+        "ratio_mean": ratio_mean,
         "ratio_max": torch.where(valid, ratio, torch.zeros_like(ratio)).max(),  # ρ > 0, so 0 = none valid
     }
     if dual:

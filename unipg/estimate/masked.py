@@ -18,7 +18,8 @@ def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None)
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """Σ m·x / max(Σ m, 1): the mean of the valid entries (0 when there are none)."""
-    count = mask.to(values.dtype).sum() if dim is None else mask.to(values.dtype).sum(dim=dim)
+    mask = mask.to(values.dtype)
+    count = mask.sum() if dim is None else mask.sum(dim=dim)
     return masked_sum(values, mask, dim) / count.clamp(min=1.0)
 
 

@@ -26,7 +26,6 @@ from unipg.config import Config
 from unipg.config.schema import EstimatorConfig
 from unipg.estimate import ADVANTAGES, needs_critic
 from unipg.estimate.losses import reads_proximal_logprobs, value_loss
-from unipg.estimate.masked import masked_whiten
 from unipg.estimate.trpo import TRUST_REGION_STEPS
 from unipg.learn import objective
 from unipg.learn.common import clip_grad_norm, shuffled_minibatches
@@ -115,9 +114,11 @@ def prepare_segment(
 
 
 def normalized(advantages: torch.Tensor, estimator: EstimatorConfig) -> torch.Tensor:
-    """Advantages whitened over the (mini-)batch when ``estimator.normalize_advantages`` is on."""
+    """Advantages whitened over the (mini-)batch when ``estimator.normalize_advantages`` is on: (A − mean) / (std + ε),
+    ``masked_whiten`` with every sample valid, in the three operations it then comes down to."""
     if estimator.normalize_advantages and advantages.numel() > 1:
-        return masked_whiten(advantages, torch.ones_like(advantages))
+        std, mean = torch.std_mean(advantages)  # std Bessel-corrected, as masked_whiten's
+        return (advantages - mean) / (std + 1e-8)
     return advantages
 
 
@@ -164,13 +165,16 @@ class GradientLearner(LearnerState):
 
     def update(self, samples: dict[str, torch.Tensor]) -> dict[str, float]:
         train = self.config.train
-        samples = dict(samples, proximal_logprobs=self.proximal_logprobs(samples))
-        valid = samples["mask"].nonzero().squeeze(-1)
+        samples = dict(samples)
+        valid = samples.pop("mask").nonzero().squeeze(-1)  # mini-batches draw valid samples only: no mask after
+        proximal = self.proximal_logprobs(samples)
+        if proximal is not samples["behaviour_logprobs"]:  # else π_prox = μ, which the objective reads as None
+            samples["proximal_logprobs"] = proximal
         history: dict[str, list[float]] = {}
         for index in shuffled_minibatches(
             valid, train.mini_batch_transitions, epochs=train.num_epochs, generator=self.generator
         ):
-            metrics = self._step({key: value[index] for key, value in samples.items()})
+            metrics = self._step({key: value.index_select(0, index) for key, value in samples.items()})
             for key, value in metrics.items():
                 history.setdefault(key, []).append(value)
         return {key: sum(values) / len(values) for key, values in history.items()}
@@ -197,7 +201,7 @@ class GradientLearner(LearnerState):
         batch = ObjectiveBatch.from_steps(
             logprobs=logprobs,
             behaviour_logprobs=mini["behaviour_logprobs"],
-            proximal_logprobs=mini["proximal_logprobs"],
+            proximal_logprobs=mini.get("proximal_logprobs"),
             advantages=normalized(mini["advantages"], self.config.estimator),
             age=mini.get("age"),
             entropy=entropy,
@@ -206,7 +210,8 @@ class GradientLearner(LearnerState):
             returns=mini["returns"] if critic else None,
         )
         out = objective.unified_objective(batch, self.config.estimator)
-        self.optimizer.zero_grad(set_to_none=True)
+        for parameter in self.parameters:  # zero_grad(set_to_none=True) without its per-call profiling hooks
+            parameter.grad = None
         out.loss.backward()
         grad_norm = clip_grad_norm(self.parameters, self.config.train.max_grad_norm)
         self.optimizer.step()

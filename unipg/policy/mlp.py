@@ -88,11 +88,15 @@ class MLPActorCritic(nn.Module):
 
     @torch.no_grad()
     def act(self, observations: torch.Tensor, *, deterministic: bool = False) -> ActionSample:
+        if self.discrete:  # once per environment step: Categorical's arithmetic without building the object
+            logits = self.actor(observations)
+            logits = logits - logits.logsumexp(-1, keepdim=True)  # log π(·|s)
+            probs = torch.softmax(logits, dim=-1)
+            actions = probs.argmax(-1) if deterministic else torch.multinomial(probs, 1, True).squeeze(-1)
+            logprobs = logits.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+            return ActionSample(actions, logprobs, self.value(observations))
         dist = self.distribution(observations)
-        if deterministic:
-            actions = dist.probs.argmax(-1) if self.discrete else dist.mean
-        else:
-            actions = dist.sample()
+        actions = dist.mean if deterministic else dist.sample()
         return ActionSample(actions, dist.log_prob(actions), self.value(observations))
 
     def evaluate(self, observations: torch.Tensor, actions: torch.Tensor):
