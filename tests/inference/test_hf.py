@@ -75,3 +75,47 @@ def test_a_seeded_request_samples_the_same_tokens_whatever_it_is_batched_with(po
     assert service.batches == [3, 1]  # the unseeded requests batched together, the seeded one alone
     [other], _ = batched(policy, [(context, SamplingParams(temperature=1.0, seed=12))])
     assert other.token_ids != alone.token_ids
+
+
+def test_requests_that_keep_arriving_join_one_batch(policy):
+    """While the episodes' requests keep arriving (each window of ``batch_wait`` brings one), the engine waits for
+    more, so external agents, whose requests come one HTTP request at a time, are not split into many calls; the
+    first window that brings none ends the wait, though an episode still has not asked."""
+    service = HFService(policy, SamplingParams(temperature=0.0), batch_wait=0.01)
+    late: list = []
+    windows = []
+
+    async def window(seconds):  # one window of batch_wait: the next late request arrives in it, if one is left
+        windows.append(seconds)
+        if late:
+            late.pop(0).set()
+            await asyncio.sleep(0)  # its episode queues its request
+            await asyncio.sleep(0)
+        return False
+
+    service._all_waiting_within = window
+
+    async def one(arrive: asyncio.Event | None):
+        async with service.episode():
+            if arrive is not None:
+                await arrive.wait()
+            return await service.generate([4, 5, 6], max_new_tokens=2)
+
+    async def never_asks(done: asyncio.Event):
+        async with service.episode():
+            await done.wait()
+
+    async def all_of_them():
+        done = asyncio.Event()
+        late.extend(asyncio.Event() for _ in range(3))
+        async with service.running():
+            idle = asyncio.ensure_future(never_asks(done))
+            turns = await asyncio.gather(one(None), *(one(event) for event in list(late)))
+            done.set()
+            await idle
+        return turns
+
+    turns = asyncio.run(all_of_them())
+    assert len(turns) == 4 and all(turn.token_ids for turn in turns)
+    assert service.batches == [4]  # one call: the first request and the three that came one window after another
+    assert len(windows) == 4  # three windows that brought a request, then one that brought none

@@ -116,7 +116,8 @@ class AgentConfig(Section):
     concurrency: int = Field(256, ge=1)
     """episodes in flight at once; their generation requests are batched together."""
     batch_wait_ms: float = Field(5.0, ge=0.0)
-    """how long the inference batcher waits for more requests while some episodes are busy with tools."""
+    """while some episodes are busy (tools, an external agent's own code), the inference batcher waits for their
+    requests until none has come for this long (and at most as long as its last generate call took)."""
     tool_timeout: float = Field(10.0, gt=0.0)
     """seconds one tool call may take before it counts as failed."""
     tool_retries: int = Field(2, ge=0)

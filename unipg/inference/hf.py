@@ -2,9 +2,12 @@
 
 Agents that wait on tools must not turn into batch-size-1 generate calls. Each episode ``await``s
 ``engine.generate(context_ids)``; the engine collects pending requests and runs them as one batched
-``LMPolicy.sample`` call as soon as every running episode is waiting for generation, or ``batch_wait``
-seconds after the first request arrived while other episodes are still busy with tools. Generation runs
-on a worker thread (torch releases the GIL), so tool calls proceed while the model samples.
+``LMPolicy.sample`` call as soon as every running episode is waiting for generation. While other episodes are
+still busy (with tools, or an external agent with its own code and HTTP), it waits for their requests as long as
+they keep arriving: until none has come for ``batch_wait`` seconds, and at most as long as the last generate call
+took (waiting longer would cost more than a second call does). Requests that arrive one after another, as an
+external agent's HTTP requests do, so join one batch instead of splitting it into several calls. Generation runs on
+a worker thread (torch releases the GIL), so tool calls proceed while the model samples.
 
 With ``batch_wait=None`` the engine only generates when every running episode is waiting: batches are then
 a function of the episodes alone, not of tool timing, which makes seeded runs reproducible.
@@ -40,6 +43,8 @@ from unipg.inference.structured import RowGrammars
 from unipg.policy.generation import cut_at_stop
 from unipg.policy.lm import LMPolicy
 
+FIRST_CALL_WAIT = 0.25  # seconds a first generate call waits for the other episodes' requests at most
+
 
 class HFService:
     """Batches ``generate`` requests of concurrent episodes into ``LMPolicy.sample`` calls."""
@@ -59,6 +64,7 @@ class HFService:
         self.policy_version = 0  # bumped by the driver whenever the weights change
         self.batches: list[int] = []  # size of every generate call, for the batching metrics
         self.generate_seconds = 0.0  # wall time inside generate calls
+        self.last_call_seconds = 0.0  # wall time of the latest generate call
         self.turns = 0  # generate requests answered
         self.prefill_tokens = 0  # context tokens the model ran before sampling (all of each context: no reuse)
         self._pending: list[tuple[int, list[int], int, asyncio.Future, SamplingParams | None]] = []
@@ -117,10 +123,7 @@ class HFService:
             if len(self._pending) < min(self._active, self.max_batch):
                 if self.batch_wait is None:
                     continue  # wait until every running episode asks
-                try:
-                    await asyncio.wait_for(self._all_waiting(), self.batch_wait)
-                except (asyncio.TimeoutError, TimeoutError):
-                    pass
+                await self._gather()
             batch = sorted(self._pending, key=lambda request: request[0])[: self.max_batch]
             taken = {id(request) for request in batch}
             self._pending = [request for request in self._pending if id(request) not in taken]
@@ -137,6 +140,27 @@ class HFService:
                     request[3].set_result(output)
             if self._pending:
                 self._wakeup.set()
+
+    async def _gather(self) -> None:
+        """Wait for more requests while they keep arriving: until every running episode waits, or no request
+        came for ``batch_wait`` seconds, or as long as the last generate call took has passed since the first
+        (waiting longer would cost more than a second call does; before the first call, ``FIRST_CALL_WAIT``)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(self.batch_wait, self.last_call_seconds or FIRST_CALL_WAIT)
+        while True:
+            arrived = len(self._pending)
+            if await self._all_waiting_within(min(self.batch_wait, max(deadline - loop.time(), 0))):
+                return
+            if len(self._pending) == arrived or loop.time() >= deadline:
+                return
+
+    async def _all_waiting_within(self, seconds: float) -> bool:
+        """Whether every running episode asked within ``seconds``."""
+        try:
+            await asyncio.wait_for(self._all_waiting(), seconds)
+        except (asyncio.TimeoutError, TimeoutError):
+            return False
+        return True
 
     async def _all_waiting(self) -> None:
         while len(self._pending) < min(self._active, self.max_batch):
@@ -223,7 +247,8 @@ class HFService:
                     self.policy_version,
                 )
             )
-        self.generate_seconds += time.perf_counter() - start
+        self.last_call_seconds = time.perf_counter() - start
+        self.generate_seconds += self.last_call_seconds
         return outputs
 
     def _grammars(self, schemas: list[str | None]) -> RowGrammars | None:
