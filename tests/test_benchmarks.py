@@ -28,7 +28,7 @@ REPORTS = {
     "gpu_check.py": ("PASS hf-generate", "summary: 1 PASS, 0 FAIL, 0 SKIP on cpu"),
     "gpu_paths.py": ("PASS hf-generate",),
     "estimators.py": ("| preset | pass@1 before → after |", "| grpo | ", "| gspo | ", "2 runs, one at a time,"),
-    "endpoint.py": ("| agent | episodes/s | vs built-in | completion rate |",),
+    "endpoint.py": ("| agent | episodes/s | / built-in | completion rate |",),
     "logits_memory.py": ("| logits_chunk_tokens | peak MB | peak / float32 logits |", "| 16 | "),
     "learner.py": (
         "exponent of seconds per packed micro-batch against budget:",
