@@ -27,7 +27,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from unipg.sample.event_loop import _left_behind, _LoopThreads
+from unipg.sample.event_loop import LEFTOVER_GRACE_SECONDS, _end_leftovers, _LoopThreads
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,8 @@ class AgentThread:
     def __init__(self, *, block_seconds: float = BLOCK_SECONDS):
         self.block_seconds = block_seconds
         self.loop = asyncio.new_event_loop()
-        self.loop.set_default_executor(_LoopThreads())  # calls to threads that never return keep no exit waiting
+        self.threads = _LoopThreads()  # calls to threads that never return keep no exit waiting
+        self.loop.set_default_executor(self.threads)
         self.stalled = threading.Event()  # set once a block was noticed: no new attempt comes here
         self.blocker: asyncio.Task | None = None  # the task that was running when the block was noticed
         self.playing: dict[asyncio.Task, Played] = {}
@@ -131,9 +132,9 @@ class AgentThread:
         try:
             self.loop.run_forever()
         finally:
-            for task in asyncio.all_tasks(self.loop):  # what the agents left running (they ignored cancellation)
-                task._log_destroy_pending = False
-                _left_behind.append(task)
+            # what the agents' libraries left running (a client's background worker) is cancelled and given
+            # LEFTOVER_GRACE_SECONDS to end before the loop closes; what ignores that is left behind
+            _end_leftovers(self.loop, self.threads, LEFTOVER_GRACE_SECONDS, keep=False)
             self.loop.close()
 
     def _heartbeat(self) -> None:

@@ -86,3 +86,27 @@ def test_the_timeout_of_an_agent_that_blocks_for_ever_fires(policy):
         logging.getLogger("unipg.sample.agent_thread").removeHandler(warnings)
     assert episode.finish == "failed" and "ran past" in episode.infos[-1].agent_error
     assert loop.stats.timeouts == 1
+
+
+def test_a_background_task_an_agent_left_on_its_loop_is_cancelled_when_the_loop_ends():
+    """A client library's background worker (litellm's logging worker, say) started on the agents' loop is
+    cancelled and awaited when that loop ends, instead of being collected later on a closed loop."""
+    threads = AgentThreads(block_seconds=BLOCK_SECONDS)
+    thread = threads.current()
+    stopped = threading.Event()
+
+    async def worker(queue: asyncio.Queue):
+        try:
+            await queue.get()
+        except asyncio.CancelledError:
+            stopped.set()
+            raise
+
+    async def agent_with_a_worker():
+        asyncio.get_running_loop().create_task(worker(asyncio.Queue()))
+        return "done"
+
+    assert thread.submit(agent_with_a_worker()).outcome.result(timeout=60) == "done"
+    threads.close()
+    thread.thread.join(timeout=60)
+    assert stopped.is_set() and thread.loop.is_closed()
