@@ -70,6 +70,11 @@ def test_config_and_algorithms_commands():
     assert listed.exit_code == 0 and all(name in listed.output for name in ("ppo", "trpo", "a2c", "reinforce"))
 
 
+def test_config_command_prints_secrets_redacted_as_a_run_saves_them():
+    shown = runner.invoke(app, ["config", "ray.runtime_env={env_vars: {WANDB_API_KEY: abc123secret}}"])
+    assert shown.exit_code == 0 and "WANDB_API_KEY" in shown.output and "abc123secret" not in shown.output
+
+
 def test_algorithms_lists_every_registry_entry_with_its_hyperparameters():
     from unipg.config.presets import ALGORITHMS
     from unipg.estimate import (

@@ -285,8 +285,8 @@ def show_config(
             print_error(str(error))
             raise typer.Exit(2) from None
         return
-    config = resolve(config_path, list(overrides or []))
-    console.print(yaml.safe_dump(config.to_dict(), sort_keys=False), highlight=False)
+    config = resolve(config_path, list(overrides or []))  # printed as a run saves it: its secrets redacted
+    console.print(yaml.safe_dump(config.to_dict(redacted=True), sort_keys=False), highlight=False)
 
 
 @app.command()

@@ -27,7 +27,7 @@ from unipg.config.lm import (
     TaskConfig,
 )
 from unipg.config.run import DataConfig, EvalConfig, LogConfig, MixSchedule, OfflineConfig, RayConfig, RuntimeConfig
-from unipg.config.secrets import restore_secrets
+from unipg.config.secrets import redact_secrets, restore_secrets
 from unipg.config.section import (  # ConfigError: the error callers catch
     ConfigError,
     Section,
@@ -317,8 +317,10 @@ class Config(Section):
         """Environment steps each environment takes per learner update."""
         return self.train.batch_transitions // self.env.num_envs
 
-    def to_dict(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
+    def to_dict(self, *, redacted: bool = False) -> dict[str, Any]:
+        """The config as plain data; ``redacted``: its secrets replaced, as a run's saved config.yaml holds them."""
+        data = self.model_dump(mode="json")
+        return redact_secrets(data) if redacted else data
 
     @classmethod
     def model_validate(cls, obj: Any, **options: Any) -> Config:
