@@ -119,3 +119,37 @@ def test_requests_that_keep_arriving_join_one_batch(policy):
     assert len(turns) == 4 and all(turn.token_ids for turn in turns)
     assert service.batches == [4]  # one call: the first request and the three that came one window after another
     assert len(windows) == 4  # three windows that brought a request, then one that brought none
+
+
+def test_a_busy_endpoint_keeps_the_batch_waiting_though_no_request_arrived(policy):
+    """An HTTP request of the endpoint beginning or ending (``note_activity``) counts as a request arriving: an
+    external agent is between its calls, so the engine waits on for it."""
+    service = HFService(policy, SamplingParams(temperature=0.0), batch_wait=0.01)
+    busy_windows = 2
+    arrive = asyncio.Event()
+    windows = []
+
+    async def window(seconds):  # the endpoint is busy in two windows, and the late request comes in the third
+        windows.append(seconds)
+        if len(windows) <= busy_windows:
+            service.note_activity()
+        elif not arrive.is_set():
+            arrive.set()
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+        return False
+
+    service._all_waiting_within = window
+
+    async def one(wait: bool):
+        async with service.episode():
+            if wait:
+                await arrive.wait()
+            return await service.generate([4, 5, 6], max_new_tokens=2)
+
+    async def both():
+        async with service.running():
+            return await asyncio.gather(one(False), one(True))
+
+    turns = asyncio.run(both())
+    assert all(turn.token_ids for turn in turns) and service.batches == [2]

@@ -5,8 +5,9 @@ Agents that wait on tools must not turn into batch-size-1 generate calls. Each e
 ``LMPolicy.sample`` call as soon as every running episode is waiting for generation. While other episodes are
 still busy (with tools, or an external agent with its own code and HTTP), it waits for their requests as long as
 they keep arriving: until none has come for ``batch_wait`` seconds, and at most as long as the last generate call
-took (waiting longer would cost more than a second call does). Requests that arrive one after another, as an
-external agent's HTTP requests do, so join one batch instead of splitting it into several calls. Generation runs on
+took (waiting longer would cost more than a second call does). An HTTP request of the endpoint beginning or ending
+counts as an arrival (``note_activity``): external agents' requests, which come one after another, each after the
+agent's own code, so join one batch instead of splitting it into several calls. Generation runs on
 a worker thread (torch releases the GIL), so tool calls proceed while the model samples.
 
 With ``batch_wait=None`` the engine only generates when every running episode is waiting: batches are then
@@ -65,6 +66,7 @@ class HFService:
         self.batches: list[int] = []  # size of every generate call, for the batching metrics
         self.generate_seconds = 0.0  # wall time inside generate calls
         self.last_call_seconds = 0.0  # wall time of the latest generate call
+        self.activity = 0  # requests of the OpenAI-compatible endpoint begun or ended (``note_activity``)
         self.turns = 0  # generate requests answered
         self.prefill_tokens = 0  # context tokens the model ran before sampling (all of each context: no reuse)
         self._pending: list[tuple[int, list[int], int, asyncio.Future, SamplingParams | None]] = []
@@ -148,11 +150,16 @@ class HFService:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(self.batch_wait, self.last_call_seconds or FIRST_CALL_WAIT)
         while True:
-            arrived = len(self._pending)
+            arrived = (len(self._pending), self.activity)
             if await self._all_waiting_within(min(self.batch_wait, max(deadline - loop.time(), 0))):
                 return
-            if len(self._pending) == arrived or loop.time() >= deadline:
+            if (len(self._pending), self.activity) == arrived or loop.time() >= deadline:
                 return
+
+    def note_activity(self) -> None:
+        """An HTTP request of the endpoint began or ended: an external agent is busy, and its next request is on
+        its way, so a wait for more requests goes on as it does when a request arrives."""
+        self.activity += 1
 
     async def _all_waiting_within(self, seconds: float) -> bool:
         """Whether every running episode asked within ``seconds``."""

@@ -51,14 +51,22 @@ async def _unrouted(request, error):
 
 
 class BodyLimit:
-    """ASGI middleware: a request whose body passes ``limit`` bytes is answered 413 and never parsed."""
+    """ASGI middleware: a request whose body passes ``limit`` bytes is answered 413 and never parsed;
+    ``on_activity`` (if any) is called as each request begins and ends."""
 
-    def __init__(self, app, limit: int):
-        self.app, self.limit = app, limit
+    def __init__(self, app, limit: int, on_activity=None):
+        self.app, self.limit, self.on_activity = app, limit, on_activity or (lambda: None)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        self.on_activity()
+        try:
+            return await self._limited(scope, receive, send)
+        finally:
+            self.on_activity()
+
+    async def _limited(self, scope, receive, send):
         messages, size = [], 0
         while True:
             message = await receive()
@@ -158,7 +166,8 @@ def build_app(completions: Completions, sessions: Sessions, token: str, *, max_b
         ):
             app.add_route(f"{prefix}/{path}", _route(answer, method, body), methods=[verb])
     app.add_exception_handler(StarletteHTTPException, _unrouted)
-    return BodyLimit(app, max_body_bytes)
+    # the engine's batching waits for more requests while the endpoint is busy (``HFService.note_activity``)
+    return BodyLimit(app, max_body_bytes, getattr(completions.engine, "note_activity", None))
 
 
 def _model_object(name: str) -> dict:
