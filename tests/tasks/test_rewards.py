@@ -85,6 +85,24 @@ def test_sympy_decides_where_math_verify_cannot_parse(monkeypatch):
     assert not symbolic_module.symbolic_equal("__import__('os')", "0", 1e-6)  # never handed to sympy's evaluator
 
 
+def test_numbers_are_scored_on_the_event_loop_and_expressions_on_a_thread(monkeypatch):
+    """Answers the fast path decides (integers, decimals) cost no thread per call; a LaTeX answer still waits on one."""
+    from unipg.tasks.rewards import rules
+
+    threaded = []
+
+    async def in_thread(function, /, *args, **kwargs):
+        threaded.append(args[1])
+        return function(*args, **kwargs)
+
+    monkeypatch.setattr(rules, "in_daemon_thread", in_thread)
+    reward = REWARDS.get("math")()
+    numbers = asyncio.run(reward.acall(["", ""], ["12", "0.50"], answer=["12", "0.5"]))
+    latex = asyncio.run(reward.acall([""], [r"\boxed{\frac{1}{2}}"], answer=["0.5"]))
+    assert (numbers, latex) == ([1.0, 1.0], [1.0])
+    assert threaded == [[r"\boxed{\frac{1}{2}}"]]
+
+
 def test_expressions_and_refusals():
     assert answers_equivalent("sqrt(4)", "2")
     assert answers_equivalent("(1+2)*3", "9")

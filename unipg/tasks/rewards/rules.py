@@ -117,9 +117,14 @@ def answers_equivalent_all(
 async def answers_equivalent_async(predicted: str, reference: str, *, tolerance: float = 1e-6) -> bool:
     """``answers_equivalent`` for a coroutine: a pair that needs a symbolic library waits on a worker thread,
     not on the event loop."""
-    if (verdict := _quick_verdict(normalize_answer(predicted), normalize_answer(reference), tolerance)) is not None:
+    if (verdict := quick_verdict(predicted, reference, tolerance)) is not None:
         return verdict
     return await in_daemon_thread(answers_equivalent, predicted, reference, tolerance=tolerance)
+
+
+def quick_verdict(predicted: str, reference: str, tolerance: float) -> bool | None:
+    """The verdict on two answers without a symbolic library; None when one must decide."""
+    return _quick_verdict(normalize_answer(predicted), normalize_answer(reference), tolerance)
 
 
 def _quick_verdict(predicted: str, reference: str, tolerance: float) -> bool | None:
@@ -185,16 +190,22 @@ def math_reward(
             f"reward 'math': timeout and batch_timeout must be > 0 seconds, got {timeout}, {batch_timeout}"
         )
 
-    def math_equivalence_reward(prompts: list, completions: list, **columns) -> list[float | None]:
+    def answer_pairs(completions: list, columns: dict) -> list[tuple[str, str]]:
         references = _reference_answers("math", completions, columns)
         predicted = [extract_final_answer(text_of(completion, "assistant")) for completion in completions]
-        pairs = [(p, str(r)) for p, r in zip(predicted, references) if p is not None and r is not None]
+        return [(p, str(r)) for p, r in zip(predicted, references) if p is not None and r is not None]
+
+    def math_equivalence_reward(prompts: list, completions: list, **columns) -> list[float | None]:
+        pairs = answer_pairs(completions, columns)
         verdicts = answers_equivalent_all(pairs, tolerance=tolerance, timeout=timeout, batch_timeout=batch_timeout)
         shown = dict(zip(pairs, verdicts))
         return _score_final_answers("math", completions, columns, lambda p, r: shown[(p, r)])
 
     async def acall(prompts: list, completions: list, **columns) -> list[float | None]:
-        """The same scores for ``CombinedReward.acall``, waited for on a worker thread: the event loop runs on."""
+        """The same scores for ``CombinedReward.acall``: on the event loop when every answer is decided without a
+        symbolic library (microseconds, e.g. integers), else waited for on a worker thread while the loop runs on."""
+        if all(quick_verdict(p, r, tolerance) is not None for p, r in answer_pairs(completions, columns)):
+            return math_equivalence_reward(prompts, completions, **columns)
         return await in_daemon_thread(math_equivalence_reward, prompts, completions, **columns)
 
     math_equivalence_reward.acall = acall
