@@ -16,15 +16,23 @@ PROMPT_LENGTHS = (0, 9, 3, 7, 1)  # an empty prompt: its first completion token 
 COMPLETION_LENGTHS = (12, 1, 30, 4, 6)  # length-skewed, with a one-token completion
 
 
-def edge_batch(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(input_ids, attention_mask, completion_length) of left-padded prompts and right-padded completions."""
+# Rows repeating three prompts, a group's rows apart as a token-balanced micro-batch may leave them (prompt of each row)
+GROUPS = (1, 0, 1, 2, 0, 1, 2)
+GROUP_COMPLETION_LENGTHS = (5, 1, 9, 3, 12, 1, 7)
+
+
+def edge_batch(
+    seed: int = 0, prompt_lengths=PROMPT_LENGTHS, completion_lengths=COMPLETION_LENGTHS, groups=None
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(input_ids, attention_mask, completion_length) of left-padded prompts and right-padded completions; with
+    ``groups``, row r repeats prompt ``groups[r]``."""
     generator = torch.Generator().manual_seed(seed)
-    prompts = [torch.randint(8, 90, (n,), generator=generator).tolist() for n in PROMPT_LENGTHS]
-    prompt_ids, prompt_mask = left_pad(prompts, 0)
-    width = max(COMPLETION_LENGTHS)
-    ids = torch.zeros((len(prompts), width), dtype=torch.long)
-    real = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, length in enumerate(COMPLETION_LENGTHS):
+    prompts = [torch.randint(8, 90, (n,), generator=generator).tolist() for n in prompt_lengths]
+    prompt_ids, prompt_mask = left_pad(prompts if groups is None else [prompts[g] for g in groups], 0)
+    width = max(completion_lengths)
+    ids = torch.zeros((len(prompt_ids), width), dtype=torch.long)
+    real = torch.zeros((len(prompt_ids), width), dtype=torch.long)
+    for row, length in enumerate(completion_lengths):
         ids[row, :length] = torch.randint(8, 90, (length,), generator=generator)
         real[row, :length] = 1
     return torch.cat([prompt_ids, ids], 1), torch.cat([prompt_mask, real], 1), width
@@ -37,23 +45,24 @@ def predicted(attention_mask: torch.Tensor, width: int) -> torch.Tensor:
     return real
 
 
-def loss_and_outputs(policy: LMPolicy, packed: bool) -> tuple[dict, dict]:
-    """Log-probs, entropy and values of ``edge_batch`` and the gradient of a loss on them, per parameter."""
-    input_ids, attention_mask, width = edge_batch()
+def loss_and_outputs(policy: LMPolicy, packed: bool, batch=None) -> tuple[dict, dict]:
+    """Log-probs, entropy and values of ``batch`` (``edge_batch``'s) and the gradient of a loss on them, per
+    parameter."""
+    input_ids, attention_mask, width = batch or edge_batch()
     policy.packed = packed
     policy.zero_grad(set_to_none=True)
     out = policy.evaluate(input_ids, attention_mask, width, with_entropy=True, entropy_grad=True, with_values=True)
     weights = torch.randn((3, *out.logprobs.shape), generator=torch.Generator().manual_seed(1))
-    weights = weights * predicted(attention_mask, width)
+    weights = weights * (predicted(attention_mask, width) if batch is None else attention_mask[:, -width:].bool())
     (weights[0] * out.logprobs + weights[1] * out.entropy + weights[2] * out.values).sum().backward()
     grads = {name: p.grad.clone() for name, p in policy.named_parameters() if p.grad is not None}
     return {"logprobs": out.logprobs, "entropy": out.entropy, "values": out.values}, grads
 
 
-def assert_packed_equals_padded(policy: LMPolicy) -> None:
-    padded, padded_grads = loss_and_outputs(policy, packed=False)
-    packed, packed_grads = loss_and_outputs(policy, packed=True)
-    real = predicted(*edge_batch()[1:])
+def assert_packed_equals_padded(policy: LMPolicy, batch=None) -> None:
+    padded, padded_grads = loss_and_outputs(policy, packed=False, batch=batch)
+    packed, packed_grads = loss_and_outputs(policy, packed=True, batch=batch)
+    real = predicted(*edge_batch()[1:]) if batch is None else batch[1][:, -batch[2] :].bool()
     for name, value in padded.items():
         assert torch.allclose(packed[name][real], value[real], atol=1e-5), name
     assert padded_grads.keys() == packed_grads.keys() and len(padded_grads) > 4
@@ -72,6 +81,25 @@ def test_packed_outputs_and_every_gradient_equal_padded(tiny_policy, options):
     policy = tiny_policy(**options)
     assert_packed_equals_padded(policy)
     assert policy.model.config.get_text_config()._attn_implementation == SEGMENT_ATTENTION
+
+
+@pytest.mark.parametrize("options", [{"value_head": True}, {"value_head": True, "gradient_checkpointing": True}])
+def test_rows_that_repeat_a_prompt_share_it_in_the_packed_row_with_the_padded_results(tiny_policy, options):
+    batch = edge_batch(2, (6, 2, 4), GROUP_COMPLETION_LENGTHS, GROUPS)
+    packing = pack_rows(*batch, share_prompts=True)
+    # one segment per prompt: 6 + (1 + 12), 2 + (5 + 9 + 1), 4 + (3 + 7) tokens, the repeats' prompts left out
+    assert sorted(packing.boundaries.diff().tolist()) == [14, 17, 19]
+    assert packing.input_ids.shape[1] == int(batch[1].sum()) - (6 + 2 * 2 + 4) == 50
+    assert_packed_equals_padded(tiny_policy(**options), batch)
+
+
+def test_a_shared_prompt_segment_attends_to_its_prompt_and_its_own_completion_within_the_window():
+    branches = torch.tensor([0, 0, 1, 1, 2, 2, 2])
+    mask = segment_attention.branch_mask(branches)
+    assert mask[4].tolist() == [True, True, False, False, True, False, False]  # prompt, then itself
+    assert mask[3].tolist() == [True, True, True, True, False, False, False]
+    # positions 0 1 | 2 3 | 2 3 4: a window of 2 keeps the last two positions
+    assert segment_attention.branch_mask(branches, 2)[6].tolist() == [False] * 5 + [True, True]
 
 
 def test_packed_critic_values_and_gradients_equal_padded(tiny_policy, embedded_path):

@@ -264,13 +264,15 @@ class LMLearner:
     def micro_batches(self, batch: LMBatch, rows: torch.Tensor) -> list[torch.Tensor]:
         """``rows`` of ``batch`` split into micro-batches, padded or packed per ``train.max_tokens_per_micro_batch``
         (``unipg.learn.micro_batches``); sets whether the policy's passes over them pack."""
+        max_tokens = self.config.train.max_tokens_per_micro_batch
         plan = plan_micro_batches(
             batch.input_ids,
             batch.attention_mask,
             batch.completion_length,
             rows,
             micro_batch_size=self.config.train.micro_batch_size,
-            max_tokens=self.config.train.max_tokens_per_micro_batch,
+            max_tokens=max_tokens,
+            share_prompts=max_tokens is not None and self.policy.share_prompts and self.policy.shares_packed_prompts(),
         )
         self.policy.packed = plan.packed
         return plan.groups

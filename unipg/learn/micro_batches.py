@@ -13,6 +13,11 @@ packed into padding-free rows of at most a token budget (``unipg.policy.packed``
   positions' logits, the masked attention, the gathered prompt cache), so packing stays as fast while it
   computes up to ``PACKED_TOKENS_PER_PADDED_TOKEN`` times the padded path's tokens. Packed attention is linear in
   the sequences (``unipg.policy.segment_attention``), so the budget does not change the time per token.
+
+With ``share_prompts`` (a model on segment attention), a packed row holds each distinct prompt once
+(``unipg.policy.packed``), so packing computes fewer tokens than padding whatever the batch: ``auto`` always packs,
+and the rows of one prompt stay in one micro-batch where the budget allows (a prompt with its completions is the
+unit the budget splits), so that their prompt runs once.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from unipg.policy.packed import prompt_index
 
 AUTO = "auto"
 # Packed tokens as fast as one padded-path token: on shared-prompt batches the two paths took the same time where
@@ -42,6 +49,7 @@ def plan_micro_batches(
     *,
     micro_batch_size: int,
     max_tokens: int | str | None,
+    share_prompts: bool = False,
 ) -> MicroBatches:
     """``rows`` of a (B, P + C) batch (left-padded prompts, right-padded completions) split into micro-batches
     under ``max_tokens`` (module docstring)."""
@@ -49,8 +57,18 @@ def plan_micro_batches(
     padded = [rows[group] for group in torch.arange(len(rows)).split(micro_batch_size)]
     if max_tokens is None:
         return MicroBatches(padded, packed=False)
+    prompt_width = input_ids.shape[1] - completion_length
+    if share_prompts:
+        budget = micro_batch_size * int(lengths.max()) if max_tokens == AUTO else max_tokens
+        prompt_of = prompt_index(input_ids[rows], attention_mask[rows], prompt_width)
+        prompt_lengths = attention_mask[rows, :prompt_width].sum(1)
+        units = prompt_units(prompt_of, prompt_lengths, lengths - prompt_lengths, budget)
+        unit_lengths = torch.tensor([int(prompt_lengths[u[0]] + (lengths[u] - prompt_lengths[u]).sum()) for u in units])
+        batches = [
+            torch.cat([units[i] for i in group.tolist()]) for group in token_budget_micro_batches(unit_lengths, budget)
+        ]
+        return MicroBatches([rows[batch.sort().values] for batch in batches], packed=True)
     if max_tokens == AUTO:
-        prompt_width = input_ids.shape[1] - completion_length
         padded_tokens = sum(
             padded_pass_tokens(input_ids[group, :prompt_width], attention_mask[group], prompt_width) for group in padded
         )
@@ -58,6 +76,23 @@ def plan_micro_batches(
             return MicroBatches(padded, packed=False)
         max_tokens = micro_batch_size * int(lengths.max())
     return MicroBatches([rows[group] for group in token_budget_micro_batches(lengths, max_tokens)], packed=True)
+
+
+def prompt_units(prompt_of: torch.Tensor, prompt_lengths: torch.Tensor, completion_lengths: torch.Tensor, budget: int):
+    """The rows of each distinct prompt (``prompt_of``, (B,)), in runs whose prompt and completions fit ``budget``
+    tokens (a run of one row may not): the units a shared-prompt plan keeps together."""
+    units = []
+    for prompt in torch.unique(prompt_of).tolist():
+        rows = (prompt_of == prompt).nonzero().flatten().tolist()
+        tokens, run = int(prompt_lengths[rows[0]]), []
+        for row in rows:
+            if run and tokens + int(completion_lengths[row]) > budget:
+                units.append(torch.tensor(run))
+                tokens, run = int(prompt_lengths[row]), []
+            run.append(row)
+            tokens += int(completion_lengths[row])
+        units.append(torch.tensor(run))
+    return units
 
 
 def padded_pass_tokens(prompt_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int) -> int:

@@ -49,6 +49,7 @@ from unipg.policy.generation import (  # noqa: F401  (cut_at_stop re-exported)
     generate,
 )
 from unipg.policy.packed import pack_rows, packed_forward, packed_hidden
+from unipg.policy.segment_attention import use_segment_attention
 from unipg.policy.token_logprobs import IDENTITY_HEAD, LogitHead, TokenStatistics, logit_head, token_statistics
 
 VALUE_HEAD_FILE = "value_head.pt"
@@ -131,6 +132,12 @@ class LMPolicy(nn.Module):
     @property
     def has_critic(self) -> bool:
         return self.value_head is not None or self.critic is not None
+
+    def shares_packed_prompts(self) -> bool:
+        """Whether packed passes can run each distinct prompt once (``unipg.policy.packed``): the model, and a
+        separate critic, attend segment by segment."""
+        models = [self.model] + ([self.critic.backbone] if self.critic is not None else [])
+        return all(use_segment_attention(model) for model in models)
 
     @property
     def has_reference(self) -> bool:
@@ -238,7 +245,8 @@ class LMPolicy(nn.Module):
         head = logit_head(model)
         with recomputing(model) as recomputed:
             if self.packed:
-                packing = pack_rows(input_ids, attention_mask, completion_length)
+                share = self.share_prompts and use_segment_attention(model)
+                packing = pack_rows(input_ids, attention_mask, completion_length, share_prompts=share)
                 out = packed_forward(model, packing, logits=head is None, hidden=hidden or head is not None)
                 targets, layout = packing.targets, packing.unpack
             else:
@@ -358,7 +366,8 @@ class CriticModel(nn.Module):
         runs: a value needs no logits."""
         decoder = self.backbone.get_decoder()
         if packed:
-            packing = pack_rows(input_ids, attention_mask, completion_length)
+            share = self.share_prompts and use_segment_attention(decoder)
+            packing = pack_rows(input_ids, attention_mask, completion_length, share_prompts=share)
             return packing.unpack(self.head(packed_hidden(decoder, packing)))
         out = completion_forward(
             decoder, input_ids, attention_mask, completion_length, share_prompts=self.share_prompts

@@ -11,6 +11,12 @@ Only the positions that predict a completion token are kept (``logits_to_keep`` 
 policy takes their hidden states, not logits (``unipg.policy.token_logprobs``). Per-token results come back flat, (M,) for the M completion tokens, and ``Packing.unpack`` lays
 them out in the (B, C) grid the objective reads, with 0 where a row has no real token.
 
+With ``share_prompts``, rows that repeat a prompt (a GRPO group) share it: the row holds each distinct prompt once,
+followed by the completions of its rows, every completion attending to the prompt and to itself
+(``unipg.policy.segment_attention``: one segment per distinct prompt, each token's branch telling which completion it
+belongs to, 0 for the prompt). A group of 8 completions of a 7-token prompt then computes 7 + Σ completions tokens
+instead of 8 × 7 + Σ completions; the gradient reaching the prompt is the sum over its completions, as unshared.
+
 Rows must be left-padded prompts followed by right-padded completions, real tokens contiguous (the
 ``LMBatch`` layout). A completion token without a token before it in its row (an empty prompt) has no
 prediction and is left at 0.
@@ -40,14 +46,18 @@ class Packing:
     shape: tuple[int, int]  # (B, C)
     boundaries: torch.Tensor  # (S + 1,) int32, where each of the S non-empty sequences starts in the row, then N
     longest: int  # tokens of the longest sequence
+    branches: torch.Tensor | None = None  # (N,) with shared prompts: 0 on a prompt, a completion's own id on it
 
     def segments(self) -> dict:
-        """The segments as Hugging Face's variable-length attention keywords."""
+        """The segments as Hugging Face's variable-length attention keywords (and, with shared prompts, the
+        branches that segment attention reads)."""
+        shared = {} if self.branches is None else {"segment_branches": self.branches}
         return {
             "cu_seq_lens_q": self.boundaries,
             "cu_seq_lens_k": self.boundaries,
             "max_length_q": self.longest,
             "max_length_k": self.longest,
+            **shared,
         }
 
     def unpack(self, values: torch.Tensor) -> torch.Tensor:
@@ -56,8 +66,19 @@ class Packing:
         return grid.index_put((self.rows, self.columns), values)
 
 
-def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_length: int) -> Packing:
-    """Pack the real tokens of (B, P + C) left-padded prompts + right-padded completions into one row."""
+def prompt_index(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int) -> torch.Tensor:
+    """(B,) each row's index among the batch's distinct prompts (same tokens, same padding)."""
+    key = torch.cat([input_ids[:, :prompt_width], attention_mask[:, :prompt_width]], 1)
+    return torch.unique(key, dim=0, return_inverse=True)[1]
+
+
+def pack_rows(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_length: int, *, share_prompts: bool = False
+) -> Packing:
+    """Pack the real tokens of (B, P + C) left-padded prompts + right-padded completions into one row; with
+    ``share_prompts`` each distinct prompt once, when some prompt repeats (module docstring)."""
+    if share_prompts and (shared := _pack_shared_prompts(input_ids, attention_mask, completion_length)) is not None:
+        return shared
     real = attention_mask.bool()
     flat_index = (real.flatten().cumsum(0) - 1).view_as(real)  # (B, L) packed index of each real token
     position = positions(attention_mask)
@@ -79,6 +100,49 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_
     )
 
 
+def _pack_shared_prompts(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_length: int
+) -> Packing | None:
+    """The shared-prompt layout; None where nothing repeats or a prompt is empty (nothing to share then)."""
+    width = input_ids.shape[1] - completion_length
+    real = attention_mask.bool()
+    if width == 0 or not bool(real[:, :width].any(1).all()):
+        return None
+    group = prompt_index(input_ids, attention_mask, width)
+    count = int(group.max()) + 1
+    if count == len(group):
+        return None
+    order = torch.argsort(group, stable=True)  # rows of a prompt together, in their own order
+    group, real, ids = group[order], real[order], input_ids[order]
+    position = positions(attention_mask[order])
+    first = torch.ones_like(group, dtype=torch.bool)
+    first[1:] = group[1:] != group[:-1]  # the row that carries its group's prompt
+    keep = real.clone()
+    keep[:, :width] &= first[:, None]
+    packed_index = (keep.flatten().cumsum(0) - 1).view_as(keep)
+    leader = torch.cummax(
+        torch.where(first, torch.arange(len(group), device=group.device), 0), 0
+    ).values  # each row's first row
+    packed_index[:, :width] = packed_index[leader, :width]  # a shared prompt's tokens, as the first row has them
+    rows, columns = real[:, width:].nonzero(as_tuple=True)
+    branch = torch.zeros_like(ids)
+    branch[:, width:] = torch.arange(1, len(group) + 1, device=ids.device)[:, None]
+    lengths = torch.zeros(count, dtype=torch.long, device=ids.device).index_add_(0, group, keep.sum(1))
+    lengths = lengths[lengths > 0]
+    return Packing(
+        input_ids=ids[keep][None],
+        position_ids=position[keep][None],
+        predictors=packed_index[rows, width + columns - 1],
+        targets=ids[rows, width + columns],
+        rows=order[rows],
+        columns=columns,
+        shape=(input_ids.shape[0], completion_length),
+        boundaries=torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32),
+        longest=int(lengths.max()),
+        branches=branch[keep],
+    )
+
+
 @dataclass
 class PackedForward:
     logits: torch.Tensor | None  # (M, V) the logits that predict each target; None unless asked for
@@ -89,6 +153,8 @@ def packed_forward(model: nn.Module, packing: Packing, *, logits: bool = True, h
     """One forward pass over the packed row; the lm_head runs only at the predicting positions, and only with
     ``logits`` (``unipg.policy.forward.final_states``)."""
     segments = packing.segments() if use_segment_attention(model) else {}
+    if packing.branches is not None and not segments:
+        raise ValueError("shared-prompt packing needs segment attention; pack without share_prompts for this model")
     with packed_pass():
         all_logits, states = final_states(
             model,

@@ -53,6 +53,8 @@ def segment_attention(
         return ALL_ATTENTION_FUNCTIONS[BASE_ATTENTION](module, query, key, value, attention_mask, **kwargs)
     _check_packed_call(query, key, attention_mask, kwargs)
     lengths = boundaries.diff().tolist()
+    branches, window = kwargs.get("segment_branches"), kwargs.get("sliding_window")
+    masks = [None] * len(lengths) if branches is None else [branch_mask(b, window) for b in branches.split(lengths)]
     outputs = [
         causal_attention(
             q,
@@ -62,10 +64,26 @@ def segment_attention(
             dropout=kwargs.get("dropout", 0.0),
             sliding_window=kwargs.get("sliding_window"),
             enable_gqa=getattr(module, "num_key_value_groups", 1) > 1,
+            mask=mask,
         )
-        for q, k, v in zip(query.split(lengths, 2), key.split(lengths, 2), value.split(lengths, 2))
+        for q, k, v, mask in zip(query.split(lengths, 2), key.split(lengths, 2), value.split(lengths, 2), masks)
     ]
     return torch.cat(outputs, 2).transpose(1, 2).contiguous(), None
+
+
+def branch_mask(branches: torch.Tensor, sliding_window: int | None = None) -> torch.Tensor:
+    """(L, L) who attends to whom in a shared-prompt segment (``unipg.policy.packed``): a token sees the tokens
+    before it that are the prompt's (branch 0) or its own completion's; with a sliding window W, only those fewer
+    than W positions back (a completion's positions continue its prompt's)."""
+    index = torch.arange(len(branches), device=branches.device)
+    mask = (index[None, :] <= index[:, None]) & ((branches[None, :] == 0) | (branches[None, :] == branches[:, None]))
+    if sliding_window is not None and len(branches) > sliding_window:
+        change = torch.ones_like(branches, dtype=torch.bool)
+        change[1:] = branches[1:] != branches[:-1]
+        start = torch.cummax(torch.where(change, index, 0), 0).values  # where each token's branch begins
+        position = torch.where(branches == 0, index, int((branches == 0).sum()) + index - start)
+        mask &= position[:, None] - position[None, :] < sliding_window
+    return mask
 
 
 def causal_attention(
@@ -77,12 +95,14 @@ def causal_attention(
     dropout: float,
     sliding_window: int | None,
     enable_gqa: bool,
+    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """softmax(q kᵀ · scaling + causal mask) v for one sequence, (1, H, L, D); with a sliding window W, token i
-    attends to tokens j with i − W < j ≤ i (Hugging Face's ``sliding_window_overlay``)."""
+    attends to tokens j with i − W < j ≤ i (Hugging Face's ``sliding_window_overlay``); ``mask`` (L, L), when
+    given, says who attends to whom instead."""
     length = query.shape[2]
-    band = None
-    if sliding_window is not None and length > sliding_window:
+    band = mask
+    if mask is None and sliding_window is not None and length > sliding_window:
         index = torch.arange(length, device=query.device)
         distance = index[:, None] - index[None, :]
         band = (distance >= 0) & (distance < sliding_window)
