@@ -15,8 +15,8 @@ per-rank memory of FSDP2 sharding. Each figure of a section is the fastest of it
 2. Spread: the same update on batches whose completion lengths spread further and further (the padded path's
    padding fraction from ~10 % to ~70 %; the same real tokens), padded against the default configuration; the
    hf engine's ``generate`` on completions of the same lengths (the context fixes each row's length, EOS is off);
-   and, at 10 % padding, longer and longer shared prompts (which the padded path runs once per group): where
-   ``auto``'s break-even between the two paths lies.
+   and, at 10 % padding, longer and longer shared prompts, which both paths run once per group (packing lays each
+   distinct prompt once in its row, ``unipg.policy.packed``): what sharing saves each path, and ``auto``'s choice.
 3. The packed learner step against a bare step of the same model on the same packed micro-batches: forward,
    −Σ log-prob of the completion tokens, backward, AdamW. What the learner adds (the objective, its metrics,
    gradient clipping, batch layout) is the difference.
@@ -46,7 +46,7 @@ from unipg.config import load_config  # noqa: E402
 from unipg.learn.distributed import init_local_group, resident_bytes, shard_model, spawn_local  # noqa: E402
 from unipg.learn.lm import LMLearner  # noqa: E402
 from unipg.learn.lm_batch import LMBatch  # noqa: E402
-from unipg.learn.micro_batches import PACKED_TOKENS_PER_PADDED_TOKEN, padded_pass_tokens  # noqa: E402
+from unipg.learn.micro_batches import padded_pass_tokens  # noqa: E402
 from unipg.policy.embedded import resolve_model_name  # noqa: E402
 from unipg.policy.forward import left_pad  # noqa: E402
 from unipg.policy.generation import generate  # noqa: E402
@@ -235,11 +235,17 @@ def sharing_sweep(model_name: str, count: int, micro: int, shapes, repeats: int)
         )
         auto = learner(model_name, count, f"train.micro_batch_size={micro}")
         auto.micro_batches(batch, every)
+        packed_tokens = sum(
+            pack_rows(
+                batch.input_ids[g], batch.attention_mask[g], batch.completion_length, share_prompts=True
+            ).input_ids.shape[1]
+            for g in packed.micro_batches(batch, every)
+        )
         rows.append(
             {
                 "prompt": prompt,
                 "mean": mean,
-                "token_ratio": int(batch.attention_mask.sum()) / padded_tokens,
+                "token_ratio": packed_tokens / padded_tokens,
                 "auto": "packed" if auto.policy.packed else "padded",
                 "padded_s": lambda padded=padded, batch=batch: padded.update(batch),
                 "packed_s": lambda packed=packed, batch=batch: packed.update(batch),
@@ -276,7 +282,10 @@ def step_overhead(model_name: str, batch: LMBatch, budget: int, repeats: int) ->
     rows = packed.micro_batches(batch, torch.arange(count))
     model = load_causal_lm(model_name)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
-    packings = [pack_rows(sub.input_ids, sub.attention_mask, sub.completion_length) for sub in map(batch.rows, rows)]
+    packings = [
+        pack_rows(sub.input_ids, sub.attention_mask, sub.completion_length, share_prompts=True)
+        for sub in map(batch.rows, rows)
+    ]
     step = {
         "micro_batches": len(rows),
         "packed_s": lambda: packed.update(batch),
@@ -387,9 +396,7 @@ def main() -> None:
     print_budgets(budget_sweep(model_name, batch, budgets, args.repeats), tokens)
     print(f"\n{args.trajectories} trajectories, completions {args.mean} tokens on average, padded {args.micro} a row")
     print_spreads(spread_sweep(model_name, args.trajectories, args.mean, args.micro, args.repeats))
-    print(
-        f"\nshared prompts, 10 % padding; auto packs up to {PACKED_TOKENS_PER_PADDED_TOKEN}× the padded path's tokens"
-    )
+    print("\nshared prompts, 10 % padding; both paths run each distinct prompt once, auto packs")
     print_sharing(sharing_sweep(model_name, args.trajectories, args.micro, shapes, args.repeats))
     step = step_overhead(model_name, batch, budgets[0], args.repeats)
     print("\n| step | micro-batches | seconds | tokens/s |\n|---|---:|---:|---:|")

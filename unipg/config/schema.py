@@ -214,9 +214,10 @@ class TrainConfig(Section):
     )
     """lm runs: micro-batches by token count, each packed into one row without padding (at most this many prompt +
     completion tokens each, balanced; a longer sequence is a micro-batch of its own); None = micro_batch_size
-    sequences padded to the longest; auto = packed at micro_batch_size × the mini-batch's longest sequence tokens,
-    unless padding is faster (it runs a GRPO group's shared prompt once: long shared prompts before even
-    completions), padded then (``unipg.learn.micro_batches``)."""
+    sequences padded to the longest; auto = packed at micro_batch_size × the mini-batch's longest sequence tokens
+    (on sdpa models a packed row holds each GRPO group's prompt once, its completions attending to it); on other
+    attention implementations padded instead where that is faster (it runs a group's shared prompt once: long
+    shared prompts before even completions) (``unipg.learn.micro_batches``)."""
     learner_processes: int = Field(1, ge=1)
     """lm runs: ranks the learner is sharded over with FSDP2 (gloo on CPU, NCCL on GPU): local processes with
     backend=inprocess, Ray actors in a placement group with backend=ray (``ray.learner_*``); the driver's process
