@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -84,26 +85,17 @@ class LMBatch:
         prompt_ids, prompt_mask = left_pad([t.prompt_ids for t in trajectories], pad_id)
         width = max(max(len(t.token_ids) for t in trajectories), 1)
         turns = max(max(t.turns for t in trajectories), 1)
-        batch = len(trajectories)
-        ids = torch.full((batch, width), pad_id, dtype=torch.long)
-        real, loss_mask, behaviour = (
-            torch.zeros((batch, width), dtype=dtype) for dtype in (torch.long, torch.float32, torch.float32)
-        )
-        token_turns = torch.full((batch, width), -1, dtype=torch.long)
-        turn_rewards, turn_mask = torch.zeros((batch, turns)), torch.zeros((batch, turns))
-        ages = torch.zeros((batch, width)) if version is not None else None
-        for row, t in enumerate(trajectories):
-            n = len(t.token_ids)
-            ids[row, :n] = torch.tensor(t.token_ids, dtype=torch.long)
-            real[row, :n] = 1
-            loss_mask[row, :n] = torch.tensor(t.loss_mask, dtype=torch.float32)
-            behaviour[row, :n] = torch.tensor(t.behaviour_logprobs, dtype=torch.float32)
-            token_turns[row, :n] = torch.tensor(t.turn_of_token, dtype=torch.long)
-            turn_rewards[row, : t.turns] = torch.tensor(t.step_rewards, dtype=torch.float32)
-            turn_mask[row, : t.turns] = 1
-            if ages is not None and t.turns:
-                turn_ages = torch.tensor([version - v for v in t.policy_versions], dtype=torch.float32)
-                ages[row, :n] = turn_ages[token_turns[row, :n].clamp(min=0)] * loss_mask[row, :n]
+        ids = left_aligned([t.token_ids for t in trajectories], torch.long, pad_id, width)
+        real = (torch.arange(width) < torch.tensor([len(t.token_ids) for t in trajectories])[:, None]).long()
+        loss_mask = left_aligned([t.loss_mask for t in trajectories], torch.float32, 0, width)
+        behaviour = left_aligned([t.behaviour_logprobs for t in trajectories], torch.float32, 0, width)
+        token_turns = left_aligned([t.turn_of_token for t in trajectories], torch.long, -1, width)
+        turn_rewards = left_aligned([t.step_rewards for t in trajectories], torch.float32, 0, turns)
+        turn_mask = (torch.arange(turns) < torch.tensor([t.turns for t in trajectories])[:, None]).float()
+        ages = None
+        if version is not None:  # each sampled token's age: the version of its turn's weights, behind ``version``
+            sampled_by = left_aligned([t.policy_versions if t.turns else [] for t in trajectories], torch.long, 0)
+            ages = (version - sampled_by.gather(1, token_turns.clamp(min=0))) * loss_mask * turn_mask[:, :1]
         return cls(
             input_ids=torch.cat([prompt_ids, ids], dim=1),
             attention_mask=torch.cat([prompt_mask, real], dim=1),
@@ -177,6 +169,16 @@ class LMBatch:
                     setattr(sub, name, value[:, :keep])
         assert sub.input_ids.shape[1] == prompt_width - first_real + sub.completion_length
         return sub
+
+
+def left_aligned(rows: list[list], dtype: torch.dtype, fill: float, width: int | None = None) -> torch.Tensor:
+    """(B, width) row r's values in its first len(rows[r]) places, ``fill`` after them (width: the longest row's,
+    at least 1); one conversion of every value, not one per row."""
+    lengths = torch.tensor([len(row) for row in rows])
+    width = width if width is not None else max(int(lengths.max()), 1)
+    grid = torch.full((len(rows), width), fill, dtype=dtype)
+    grid[torch.arange(width) < lengths[:, None]] = torch.tensor(list(itertools.chain.from_iterable(rows)), dtype=dtype)
+    return grid
 
 
 def split_across_ranks(
