@@ -11,6 +11,7 @@ both alike; torch uses ``--threads`` threads for both.
     python benchmarks/vs_trl.py --quick                      # smoke run, about a minute after the warm start
     python benchmarks/vs_trl.py --updates 30 --seeds 0,1,2   # the figures to quote
     python benchmarks/vs_trl.py --updates 30 estimator.kl_coef=0.04   # the config with dotted overrides
+    py-spy record -f raw -o trl.txt -- python benchmarks/vs_trl.py --updates 10 --only trl   # one, profiled
 
 On a machine busy with other jobs pass ``--threads 1``: two torch threads on two shared cores spend most of
 their time waiting for each other, which slows both frameworks down about tenfold alike and hides the
@@ -120,6 +121,9 @@ def parse_args() -> argparse.Namespace:
         help="dotted overrides of the config for both runs, e.g. train.learning_rate=3e-5 estimator.kl_coef=0.04",
     )
     parser.add_argument("--quick", action="store_true", help="tiny batches and 2 updates: a smoke run")
+    parser.add_argument(
+        "--only", choices=["trl", "unipg"], help="run one framework alone (e.g. under a profiler); no ratio then"
+    )
     parser.add_argument(
         "--smoke",
         action="store_true",
@@ -399,13 +403,15 @@ def print_table(results: list[RunResult], seeds: list[int]) -> None:
             )
         )
     runs = {name: [r for r in ordered if r.framework == name] for name in ("trl", "unipg")}
-    if len(seeds) > 1:
+    if len(seeds) > 1 and all(runs.values()):
         for name, mine in runs.items():
             means = [
                 statistics.fmean(getattr(r, field) for r in mine)
                 for field in ("samples_per_second", "train_reward", "pass_before", "pass_after")
             ]
             print(table_row(name, "mean", (None, None, *means)))
+    if not all(runs.values()):  # one framework alone (--only): nothing to compare
+        return
     ratios = [u.samples_per_second / t.samples_per_second for t, u in zip(runs["trl"], runs["unipg"])]
     per_seed = ", ".join(f"seed {t.seed}: {ratio:.2f}" for t, ratio in zip(runs["trl"], ratios))
     print(
@@ -430,7 +436,7 @@ def main() -> None:
     quiet_libraries()
     if importlib.util.find_spec("trl") is None:
         raise SystemExit("TRL is not installed: pip install -e '.[test]' (or '.[bench]') brings it")
-    frameworks = ["trl", "unipg"]
+    frameworks = [args.only] if args.only else ["trl", "unipg"]
     from unipg.learn.warm_start import resolve_warm_start
     from unipg.tasks.base import make_task
 
