@@ -6,6 +6,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.masking_utils import AttentionMaskInterface
 
+from unipg.policy import packed as packed_module
 from unipg.policy import segment_attention
 from unipg.policy.forward import left_pad
 from unipg.policy.lm import LMPolicy
@@ -83,14 +84,33 @@ def test_packed_outputs_and_every_gradient_equal_padded(tiny_policy, options):
     assert policy.model.config.get_text_config()._attn_implementation == SEGMENT_ATTENTION
 
 
-@pytest.mark.parametrize("options", [{"value_head": True}, {"value_head": True, "gradient_checkpointing": True}])
-def test_rows_that_repeat_a_prompt_share_it_in_the_packed_row_with_the_padded_results(tiny_policy, options):
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"value_head": True},
+        {"value_head": True, "lora_rank": 4},
+        {"value_head": True, "gradient_checkpointing": True},
+        {"critic": "embedded"},
+    ],
+    ids=["plain", "lora", "checkpointed", "critic"],
+)
+def test_rows_that_repeat_a_prompt_share_it_in_the_packed_row_with_the_padded_results(
+    tiny_policy, embedded_path, options, monkeypatch
+):
+    if options.get("lora_rank"):
+        pytest.importorskip("peft")
+    if "critic" in options:
+        options = {"critic": embedded_path}
     batch = edge_batch(2, (6, 2, 4), GROUP_COMPLETION_LENGTHS, GROUPS)
     packing = pack_rows(*batch, share_prompts=True)
     # one segment per prompt: 6 + (1 + 12), 2 + (5 + 9 + 1), 4 + (3 + 7) tokens, the repeats' prompts left out
     assert sorted(packing.boundaries.diff().tolist()) == [14, 17, 19]
     assert packing.input_ids.shape[1] == int(batch[1].sum()) - (6 + 2 * 2 + 4) == 50
+    shared = []
+    layout = packed_module._pack_shared_prompts
+    monkeypatch.setattr(packed_module, "_pack_shared_prompts", lambda *args: shared.append(layout(*args)) or shared[-1])
     assert_packed_equals_padded(tiny_policy(**options), batch)
+    assert shared and all(packing is not None for packing in shared)  # every packed pass shared the prompts
 
 
 def test_a_shared_prompt_segment_attends_to_its_prompt_and_its_own_completion_within_the_window():
