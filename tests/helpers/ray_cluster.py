@@ -41,12 +41,14 @@ POLL_SECONDS = 0.2  # between two looks at the cluster while waiting for it
 @dataclass
 class Node:
     """One `ray start` of the cluster: its CPUs, its custom resources, and (once started) its temporary folder and
-    the id of the process group its own processes share (the workers its raylet starts have groups of their own)."""
+    the id of the process group its own processes share (the workers its raylet starts have groups of their own);
+    its Ray node id once ``wait_for_nodes`` has seen it."""
 
     num_cpus: float
     resources: dict[str, float] = field(default_factory=dict)
     temp_dir: Path | None = None
     process_group: int | None = None
+    node_id: str | None = None
 
 
 class LoopbackCluster:
@@ -108,15 +110,32 @@ class LoopbackCluster:
 
     def wait_for_nodes(self, nodes) -> dict[str, str]:
         """Poll ``nodes`` (``ray.nodes`` of a driver connected to the cluster) until every node of the cluster is
-        alive, at most ``start_timeout`` seconds; the node id of each custom resource's node."""
+        alive, at most ``start_timeout`` seconds, and note each node's id (``Node.node_id``: the node whose object
+        store's socket is in its temporary folder); the node id of each custom resource's node."""
         deadline = time.monotonic() + self.start_timeout
         while True:
             alive = [node for node in nodes() if node["Alive"]]
             if len(alive) == len(self.nodes):
+                for node in self.nodes:
+                    node.node_id = next(
+                        entry["NodeID"]
+                        for entry in alive
+                        if entry["ObjectStoreSocketName"].startswith(f"{node.temp_dir}{os.sep}")
+                    )
                 return {name: node["NodeID"] for node in alive for name in node["Resources"] if not _builtin(name)}
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{len(alive)} of the cluster's {len(self.nodes)} nodes alive after the deadline")
             time.sleep(POLL_SECONDS)
+
+    def kill(self, index: int) -> list[int]:
+        """Lose node ``index`` as a machine is lost: SIGKILL every process of it (its raylet, the workers the raylet
+        started, the actors on it), no `ray stop`, and wait up to ``start_timeout`` seconds for them to end; the pids
+        killed. The rest of the cluster learns of it as of a lost machine, by its health checks."""
+        node = self.nodes[index]
+        killed = _kill(node_processes(node.process_group)) if node.process_group is not None else []
+        node.process_group = None
+        _wait_until_ended(killed, self.start_timeout)
+        return killed
 
     def stop(self) -> list[int]:
         """What `ray stop --force` does, for this cluster's processes only: kill every process of each node (its
@@ -125,20 +144,12 @@ class LoopbackCluster:
         killed = []
         for node in self.nodes:
             if node.process_group is not None:
-                for pid in node_processes(node.process_group):
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                        killed.append(pid)
-                    except ProcessLookupError:
-                        pass  # it ended meanwhile
+                killed += _kill(node_processes(node.process_group))
                 node.process_group = None
             if node.temp_dir is not None:
                 shutil.rmtree(node.temp_dir, ignore_errors=True)
                 node.temp_dir = None
-        deadline = time.monotonic() + self.start_timeout
-        while (alive := [pid for pid in killed if _alive(pid)]) and time.monotonic() < deadline:
-            time.sleep(POLL_SECONDS)
-        return alive
+        return _wait_until_ended(killed, self.start_timeout)
 
 
 class StubRank:
@@ -162,6 +173,26 @@ def free_loopback_port() -> int:
     with socket.socket() as probe:
         probe.bind((LOOPBACK, 0))
         return probe.getsockname()[1]
+
+
+def _kill(pids: list[int]) -> list[int]:
+    """SIGKILL each of ``pids``; those it reached (the others ended meanwhile)."""
+    killed = []
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except ProcessLookupError:
+            pass
+    return killed
+
+
+def _wait_until_ended(pids: list[int], timeout: float) -> list[int]:
+    """Wait up to ``timeout`` seconds for ``pids`` to end; those still alive."""
+    deadline = time.monotonic() + timeout
+    while (alive := [pid for pid in pids if _alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(POLL_SECONDS)
+    return alive
 
 
 def _alive(pid: int) -> bool:

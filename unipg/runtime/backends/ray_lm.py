@@ -84,6 +84,7 @@ class RayRollout(WorkerFaults, CountedEpisodes):
         self.group_size = config.sample.samples_per_prompt
         self.account = EpisodeAccount()
         self.worker_restarts = 0
+        self.lost_on: dict[int, dict] = {}
         self.service = ServiceStats()
         self.agent = AgentStats() if runner.external is not None else None  # an external agent's counters
         self.env_restarts = 0
