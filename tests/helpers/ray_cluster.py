@@ -53,20 +53,32 @@ class Node:
 
 class LoopbackCluster:
     """A head node and worker nodes, started together by ``start`` (within ``start_timeout`` seconds: a worker
-    node waits for the head); ``address`` is the head's GCS address, which ``ray.init`` and ``ray.address`` join."""
+    node waits for the head); ``address`` is the head's GCS address, which ``ray.init`` and ``ray.address`` join.
+    With ``dashboard`` the head also serves Ray's dashboard and job server (`ray job submit --address`) at
+    ``dashboard_url`` on 127.0.0.1 (it needs the packages of ``ray[default]``). Its processes join the cluster
+    with ``ray.init`` (the dashboard's agent, a job's driver), which on Linux replaces a loopback address by the
+    machine's own unless clusters are disabled (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``), so the head runs with them
+    disabled: only a `ray start` that joins a head refuses to run so, and worker nodes run without it."""
 
-    def __init__(self, head: Node, *workers: Node, start_timeout: float = 120.0):
+    def __init__(self, head: Node, *workers: Node, start_timeout: float = 120.0, dashboard: bool = False):
         self.nodes = [head, *workers]
         self.start_timeout = start_timeout
+        self.dashboard = dashboard
         self.address: str | None = None
+        self.dashboard_url: str | None = None
 
     def start(self) -> str:
         """Start every node; the head's address."""
         self.address = f"{LOOPBACK}:{free_loopback_port()}"
         head, *workers = self.nodes
-        roles = [["--head", f"--port={self.address.rpartition(':')[2]}", "--include-dashboard=false"]]
+        head_role = ["--head", f"--port={self.address.rpartition(':')[2]}", "--include-dashboard=false"]
+        if self.dashboard:
+            port = free_loopback_port()
+            self.dashboard_url = f"http://{LOOPBACK}:{port}"
+            head_role[2:] = ["--include-dashboard=true", f"--dashboard-host={LOOPBACK}", f"--dashboard-port={port}"]
+        roles = [head_role]
         roles += [[f"--address={self.address}"] for _ in workers]
-        launchers = [self._launch(node, role) for node, role in zip(self.nodes, roles)]
+        launchers = [self._launch(node, role, head=role is head_role) for node, role in zip(self.nodes, roles)]
         deadline = time.monotonic() + self.start_timeout
         for role, launcher in zip(roles, launchers):
             try:
@@ -79,7 +91,7 @@ class LoopbackCluster:
                 raise RuntimeError(f"`ray start {role[0]}` failed:\n{output[-3000:]}")
         return self.address
 
-    def _launch(self, node: Node, role: list[str]) -> subprocess.Popen:
+    def _launch(self, node: Node, role: list[str], *, head: bool) -> subprocess.Popen:
         node.temp_dir = Path(tempfile.mkdtemp(prefix="unipg-ray-"))  # short: Ray's sockets live under it
         command = [
             sys.executable,
@@ -97,6 +109,8 @@ class LoopbackCluster:
         # token authentication off on every node: a worker node does not read the token a head may have picked up,
         # and every server of the cluster listens on loopback only
         environment = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+        if head and self.dashboard:
+            environment["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
         launcher = subprocess.Popen(
             command,
             stdout=subprocess.PIPE,
