@@ -123,3 +123,29 @@ def test_automatic_run_names_do_not_collide(tmp_path):
         ],
     )
     assert train_gym(config).run_dir != train_gym(config).run_dir
+
+
+GYM_RUN_IMPORTS = """
+import sys
+from unipg.config import load_config
+from unipg.runtime.gym import train_gym
+
+config = load_config(None, [
+    "log.output_dir=" + sys.argv[1], "log.progress=false", "log.tensorboard=false", "eval.episodes=2",
+    "env.total_steps=512", "algorithm=ppo",
+])
+train_gym(config)
+print(sorted(name for name in ("transformers", "peft", "vllm") if name in sys.modules))
+"""
+
+
+def test_a_gymnasium_run_never_imports_the_language_model_stack(tmp_path):
+    """transformers alone takes seconds to import, most of a short gym run's start; the gym path needs none of it."""
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-c", GYM_RUN_IMPORTS, str(tmp_path)], capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip().splitlines()[-1] == "[]"

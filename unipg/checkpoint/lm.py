@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import warnings
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -15,8 +15,6 @@ from unipg.checkpoint.shards import weight_shapes
 from unipg.checkpoint.store import CheckpointStore
 from unipg.config.lm import CheckpointConfig
 from unipg.learn.distributed import frozen_parameter_names, load_sharded
-from unipg.learn.lm import LMLearner
-from unipg.learn.sharded import ShardedLMLearner
 from unipg.learn.state import generator_state, restore_generator, restore_rng, rng_state
 from unipg.observe.metrics import read_metrics
 from unipg.policy.adapters import (
@@ -27,7 +25,10 @@ from unipg.policy.adapters import (
     has_adapter,
     load_adapter_tensors,
 )
-from unipg.policy.lm import LMPolicy
+
+if TYPE_CHECKING:  # the language-model stack (transformers) is imported by the lm runs that use these
+    from unipg.learn.lm import LMLearner
+    from unipg.policy.lm import LMPolicy
 
 
 class Resumable(Protocol):
@@ -90,6 +91,8 @@ class LMCheckpointer:
     ) -> Path:
         """A checkpoint of the run after ``update``; ``metrics`` (this update's evaluation, if any) rank it;
         ``episodes``: the rollout's episode counts, which a resumed run continues (None: the rollout keeps none)."""
+        from unipg.learn.sharded import ShardedLMLearner  # here: a gym run finds its checkpoints without transformers
+
         tensors, extra_files, shards = {}, None, None
         if isinstance(self.learner, ShardedLMLearner):  # the ranks write every tensor, each its own shards
             learner_state, shards = self.learner.state(), self.learner.save_shards
@@ -190,6 +193,8 @@ class LMCheckpointer:
         """A sharded checkpoint into the learner, its shapes checked against the policy's first: on ranks, each
         loads its shards and the driver's policy gets the trained weights; in one process, this process loads them
         all into the policy and the learner."""
+        from unipg.learn.sharded import ShardedLMLearner
+
         frozen = frozen_parameter_names(self.policy)
         expected = {name: tensor for name, tensor in self.policy.state_dict().items() if name not in frozen}
         problem = tensor_mismatch(weight_shapes(path), expected)

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
+from typing import TYPE_CHECKING
 
 import torch
 
-from unipg.learn.lm_batch import LMBatch
-from unipg.sample.agent import Trajectory
+if TYPE_CHECKING:  # annotations only: the gym driver reads this module without the language-model stack
+    from unipg.learn.lm_batch import LMBatch
+    from unipg.sample.agent import Trajectory
 
 
 def rollout_metrics(

@@ -15,12 +15,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from unipg.config import Config
-from unipg.learn.lm import LMLearner
-from unipg.learn.sharded import ShardedLMLearner
-from unipg.policy.lm import LMPolicy
 from unipg.registry import Registry
 
-if TYPE_CHECKING:  # the classes the factories return, imported when built (Ray is optional)
+if TYPE_CHECKING:  # imported when built: Ray is optional, and a gymnasium run needs no language-model stack
+    from unipg.learn.lm import LMLearner
+    from unipg.learn.sharded import ShardedLMLearner
+    from unipg.policy.lm import LMPolicy
     from unipg.runtime.backends.local_lm import LMRollout
     from unipg.runtime.backends.ray_lm import RayRollout
 
@@ -83,6 +83,9 @@ def ray_ranks():
 def make_learner(policy: LMPolicy, config: Config) -> LMLearner | ShardedLMLearner:
     """The run's learner: in this process, or sharded over ``train.learner_processes`` ranks that the run's
     backend places."""
+    from unipg.learn.lm import LMLearner
+    from unipg.learn.sharded import ShardedLMLearner
+
     processes = config.train.learner_processes
     if processes == 1:
         return LMLearner(policy, config)
