@@ -84,7 +84,8 @@ def engine_args(folder: Path, policy: LMPolicy, sample, *, dtype: str, seed: int
 def vllm_sampling(params: SamplingParams, *, max_tokens: int, seed: int | None, eos_ids: list[int]):
     """Our ``SamplingParams`` as vLLM's: same temperature, top-p/top-k, stop strings, end tokens (none: a turn
     ends at a stop string or ``max_tokens``), JSON schema (vLLM's structured outputs); the sampled token's
-    log-prob."""
+    log-prob. vLLM detokenizes only where stop strings need it: the engine decodes the sampled ids itself, and
+    vLLM's text and decoded log-prob tokens are per-step work on the engine's thread that nothing reads."""
     from vllm import SamplingParams as VLLMSamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
@@ -102,4 +103,5 @@ def vllm_sampling(params: SamplingParams, *, max_tokens: int, seed: int | None, 
         skip_special_tokens=True,
         ignore_eos=not eos_ids,
         structured_outputs=structured,
+        detokenize=bool(params.stop),
     )
