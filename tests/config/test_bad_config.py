@@ -162,6 +162,14 @@ def test_text_field_overrides_keep_the_text_as_written():
             "sample.replay_buffer_size (1) cannot hold one learner step's batch of 64 trajectories",
         ),
         ([*TEXT, "algorithm=ppo", "model.value_head=false"], "needs a critic; set model.value_head=true"),
+        (
+            [*TEXT, "runtime.max_staleness=2", "runtime.partial_rollouts=true"],
+            "next turn: set sample.engine=vllm, or runtime.partial_rollouts=false",
+        ),
+        (
+            [*TEXT, "sample.engine=vllm", "runtime.partial_rollouts=true"],
+            "while episodes run: set runtime.max_staleness > 0, or runtime.partial_rollouts=false",
+        ),
         (["env.total_steps=100"], "train.batch_transitions (256) exceeds env.total_steps (100)"),
         (["estimator.clip_range_high=0.1"], "clip-higher needs ε_high ≥ ε_low"),
         (["estimator.kl_control=adaptive"], "set target_kl (e.g. 0.02)"),

@@ -7,6 +7,7 @@ One engine serves the whole module (starting vLLM takes tens of seconds); a seco
 import asyncio
 import json
 import os
+import threading
 from pathlib import Path
 
 import jsonschema
@@ -167,6 +168,58 @@ def test_a_weight_update_changes_the_next_generation_and_its_version(runner, pol
         assert runner.pop_engine_metrics()["engine/weight_syncs"] >= 1
     finally:
         policy.model.load_state_dict(saved)
+
+
+def test_a_weight_load_with_partial_rollouts_interrupts_a_turn_that_goes_on_under_the_new_weights(
+    runner, policy, monkeypatch
+):
+    core = runner.engine.core
+    monkeypatch.setattr(core, "partial", True)
+    monkeypatch.setattr(policy, "eos_ids", [])  # the turn runs to its budget: the load always lands inside it
+    reached, release, steps = threading.Event(), threading.Event(), []
+    step = core.llm.step
+
+    def gated_step():  # the engine's own step; after its fourth, the test queues the load before the fifth
+        outputs = step()
+        steps.append(len(outputs))
+        if len(steps) == 4:
+            reached.set()
+            release.wait(120)
+        return outputs
+
+    monkeypatch.setattr(core.llm, "step", gated_step)
+    context = prompts(policy, 1)[0]
+    saved = {name: tensor.clone() for name, tensor in policy.model.state_dict().items()}
+    service = runner.inference_service(torch.Generator().manual_seed(3), params=SamplingParams(temperature=1.0))
+    service.policy_version = core.version + 1  # the policy's own weights, loaded when the service starts
+    old = service.policy_version
+
+    async def go():
+        async with service.running():
+            turn = asyncio.create_task(service.generate(context, max_new_tokens=20))
+            await asyncio.to_thread(reached.wait, 120)
+            with torch.no_grad():
+                for name, parameter in policy.model.named_parameters():
+                    if "mlp" in name:
+                        parameter.mul_(1.5)
+            load = asyncio.create_task(core.load(old + 1, policy.model))
+            await asyncio.sleep(0)  # the load's call is queued behind the gated step
+            release.set()
+            await load
+            return await turn
+
+    try:
+        out = asyncio.run(go())
+        assert len(out.token_ids) == len(out.behaviour_logprobs) == 20
+        assert out.policy_version == old and out.version_changes == ((4, old + 1),)
+        new = trainer_logprobs(policy, context, out.token_ids, 1.0)
+    finally:
+        policy.model.load_state_dict(saved)
+    before = trainer_logprobs(policy, context, out.token_ids, 1.0)
+    logprobs = torch.tensor(out.behaviour_logprobs)
+    torch.testing.assert_close(logprobs[:4], before[:4], atol=1e-3, rtol=0)  # sampled by the old weights
+    torch.testing.assert_close(logprobs[4:], new[4:], atol=1e-3, rtol=0)  # and the rest by the new ones
+    assert not torch.allclose(before[4:], new[4:], atol=1e-3)
 
 
 def test_an_episode_that_raises_leaves_the_engine_serving(runner, policy):

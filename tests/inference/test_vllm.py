@@ -17,3 +17,14 @@ def test_a_request_seed_is_drawn_on_the_generators_device_not_the_default_one():
     finally:
         torch.set_default_device(previous)
     assert seed == expected and 0 <= seed < 2**31 - 1
+
+
+def test_turn_versions_say_which_version_sampled_which_tokens_of_an_interrupted_turn():
+    from unipg.inference.vllm_core import turn_versions
+
+    assert turn_versions((), 3, 5) == (3, ())  # never interrupted
+    assert turn_versions([(4, 2)], 3, 10) == (2, ((4, 3),))  # 4 tokens by version 2, the rest by 3
+    assert turn_versions([(0, 2)], 3, 10) == (3, ())  # interrupted before its first token
+    assert turn_versions([(4, 2), (4, 3)], 5, 10) == (2, ((4, 5),))  # nothing sampled between two loads
+    assert turn_versions([(4, 2), (7, 3)], 4, 7) == (2, ((4, 3),))  # the last load came after its last token
+    assert turn_versions([(4, 2)], 2, 9) == (2, ())  # a load of the same version changes nothing

@@ -127,3 +127,16 @@ def test_a_kept_stop_string_reaches_the_environment(policy):
     kept = turn(SamplingParams(stop=[stop], keep_stop=(stop,)))
     assert cut.text == free.text[: free.text.index(stop)]
     assert kept.text == cut.text + stop and kept.finish_reason == "stop"
+
+
+def test_a_turn_a_weight_load_interrupted_gives_each_token_the_age_of_the_version_that_sampled_it():
+    from unipg.inference.base import TurnOutput
+    from unipg.sample.agent import Trajectory
+
+    trajectory = Trajectory(Example("1+1", "2", "2"), [5, 6])
+    trajectory.add_turn(TurnOutput([7, 8, 9], [-1.0] * 3, "a", "stop", False, 2))
+    trajectory.add_inserted([10, 11])
+    trajectory.add_turn(TurnOutput([12, 13, 14, 15], [-1.0] * 4, "b", "stop", True, 3, version_changes=((1, 5),)))
+    assert trajectory.version_changes == [(6, 5)] and trajectory.policy_versions == [2, 3]
+    batch = LMBatch.from_trajectories([trajectory], pad_id=0, version=6)
+    assert batch.ages[0].tolist() == [4, 4, 4, 0, 0, 3, 1, 1, 1]  # inserted tokens have none

@@ -205,6 +205,17 @@ def lm_batch_problems(config: Config) -> list[str]:
             f"{per_step} trajectories; set it to at least {(config.runtime.max_staleness + 1) * per_step} "
             "((runtime.max_staleness + 1) batches, so that nothing admitted is evicted)"
         )
+    if config.runtime.partial_rollouts and sample.engine != "vllm":
+        problems.append(
+            "runtime.partial_rollouts interrupts the vllm engine's turns in flight when new weights load; the "
+            f"'{sample.engine}' engine loads weights between generate calls, so its episodes already continue under "
+            "new weights at their next turn: set sample.engine=vllm, or runtime.partial_rollouts=false"
+        )
+    if config.runtime.partial_rollouts and config.runtime.max_staleness == 0:
+        problems.append(
+            "runtime.partial_rollouts continues turns across weight loads, and with runtime.max_staleness=0 no "
+            "weights load while episodes run: set runtime.max_staleness > 0, or runtime.partial_rollouts=false"
+        )
     return problems
 
 

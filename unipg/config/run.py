@@ -54,6 +54,11 @@ class RuntimeConfig(Section):
     """Per-version weight of the ``weighted`` sampling preference."""
     eviction: Literal["oldest", "probabilistic"] = "oldest"
     """What makes room in a full buffer: the oldest group, or a random one with probability ∝ age + 1."""
+    partial_rollouts: bool = Field(False, json_schema_extra=read_in("lm"))
+    """vllm engine, max_staleness > 0: a weight load interrupts the turns in flight, which continue under the new
+    weights from the tokens they have (each token keeps the version that sampled it, and the objective's age
+    weights and behaviour log-probs are per token); off: a load waits for the turns in flight to finish. With either,
+    an episode's next turn is sampled by the newest weights."""
     rollout_timeout: float = Field(1800.0, gt=0.0)
     """concurrent schedule: seconds the learner waits for the rollout thread to write a group while it waits for a
     step's batch (the wait starts again with every group written); past it the run stops with an error (lm runs:

@@ -37,8 +37,11 @@ class TurnOutput:
     text: str  # decoded turn, special tokens removed, cut before a stop string (after one of `keep_stop`)
     finish_reason: str  # "stop" (EOS or stop string) or "length"
     ended_with_eos: bool
-    policy_version: int  # the weights version that sampled this turn
+    policy_version: int  # the weights version that sampled this turn (its first token, when it changed)
     engine: str = "hf"  # the engine that sampled it: "hf" computes log μ with the trainer's own code, others not
+    # (token offset in the turn, version): a weight load interrupted the turn and this newer version sampled its
+    # tokens from that offset on (``runtime.partial_rollouts``, vllm engine); empty: one version sampled it all
+    version_changes: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass

@@ -9,7 +9,10 @@
   correction sees the difference (``TurnOutput.engine`` names the engine).
 - Weights: vLLM loads the model from a folder this engine writes (``save_base_model``). A new version is
   loaded in place (``reload_weights``) once the requests in flight have finished; with LoRA only the adapter
-  moves: it is saved in PEFT format and requests then carry a ``LoRARequest`` with a new id per version.
+  moves: it is saved in PEFT format and requests then carry a ``LoRARequest`` with a new id per version. With
+  ``runtime.partial_rollouts`` a load does not wait: the turns in flight are interrupted, and continue under the
+  new weights from the tokens they had (``vllm_core``); each turn says which of its tokens which version sampled
+  (``TurnOutput.version_changes``).
 - No process: the engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``); ``close`` stops the
   stepping thread, shuts the engine down and deletes its folder.
 - Waits: a turn, a weight load, a sleep or a wake waits on the stepping thread while that thread makes progress;
@@ -36,6 +39,7 @@ import torch
 
 from unipg.config.timeouts import WaitTimeout
 from unipg.inference.base import ENGINES, SamplingParams, TurnOutput
+from unipg.inference.vllm_core import StepLoop, turn_versions
 from unipg.inference.vllm_setup import engine_args, import_vllm, vllm_sampling
 from unipg.policy.adapters import base_state_dict, has_adapter, save_adapter, save_base_model
 from unipg.policy.generation import cut_at_stop
@@ -59,14 +63,13 @@ class VLLMEngine:
     name = "vllm"
 
     def __init__(self, policy: LMPolicy, config):
-        from unipg.inference.vllm_core import StepLoop
-
         start = time.perf_counter()
         import_vllm()
         from vllm.v1.engine.llm_engine import LLMEngine
 
         self.policy, self.sample = policy, config.sample
         self.lora = has_adapter(policy.model)
+        self.partial = config.runtime.partial_rollouts  # a weight load interrupts the turns in flight
         self.version = 0  # the weights version vLLM holds
         self._adapter, self._adapters = None, []  # the LoRA request of the version, and the adapters on disk
         self._saved = self._adapter_ids = 0  # adapters saved (their folders' names), and adapter ids given
@@ -113,7 +116,8 @@ class VLLMEngine:
             with torch.no_grad():
                 state = {name: tensor.detach().clone() for name, tensor in base_state_dict(model).items()}
             job = lambda: self._reload(version, state)  # noqa: E731
-        await self.loop.wait(self.loop.call(job), f"loading the weights of version {version}")
+        call = self.loop.call(job, interrupt=self.partial, tag=self.version)
+        await self.loop.wait(call, f"loading the weights of version {version}")
         self._counters["engine/weight_sync_seconds"] += time.perf_counter() - start
         self._counters["engine/weight_syncs"] += 1
 
@@ -292,9 +296,9 @@ class VLLMService:
         policy = self.policy
         text = cut_at_stop(policy.decode(ids), params.stop, params.keep_stop)
         finish = "length" if completion.finish_reason == "length" else "stop"
-        return TurnOutput(
-            ids, logprobs, text, finish, bool(ids) and ids[-1] in set(policy.eos_ids), version, engine="vllm"
-        )
+        first, changes = turn_versions(getattr(output, "pauses", ()), version, len(ids))
+        ended_with_eos = bool(ids) and ids[-1] in set(policy.eos_ids)
+        return TurnOutput(ids, logprobs, text, finish, ended_with_eos, first, engine="vllm", version_changes=changes)
 
     async def _pull(self) -> None:
         """Take newer weights from ``sync`` (they load once the requests in flight have finished)."""

@@ -8,6 +8,14 @@ Every use of the engine happens on this thread: ``submit`` and ``abort`` queue a
 a function (loading weights, sleeping) that runs once no request is in flight, so a turn is always sampled by
 one weights version, and requests submitted after it wait until it ran.
 
+An interrupting ``call`` (``interrupt=True``: a weight load with ``runtime.partial_rollouts``) does not wait for the
+requests in flight: it takes each one's tokens so far (the engine reports every running request's cumulative
+output after each step), aborts it, runs, and submits it again with those tokens appended to its prompt and its
+token budget reduced by them. Its caller gets one output for the whole turn (``ResumedOutput``), whose ``pauses``
+say how many of its tokens were sampled before each interruption, and the ``tag`` of that call (the weights
+version the tokens before it were sampled by). A resumed request's prompt is computed again under the new weights
+(the prefix cache is reset at a load), which is the price of not waiting for the longest turn in flight.
+
 A caller waits on the thread with ``wait``, for as long as the thread makes progress (a step, a command applied):
 ``timeout`` seconds without any (``sample.engine_timeout``) end the wait with ``WaitTimeout``, so an engine step or
 a weight load that never returns fails the turn or the sync waiting on it instead of hanging the run.
@@ -23,12 +31,45 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
 from unipg.config.timeouts import WaitTimeout
 
 _STOP = ("stop",)
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    params: object  # vLLM's SamplingParams
+    done: Callable
+    lora: Callable | None
+    engine_id: str  # the id vLLM knows it by now (a new one each time it is submitted again)
+    token_ids: list[int] = field(default_factory=list)  # sampled before its interruptions
+    logprobs: list = field(default_factory=list)  # their log-prob entries, as vLLM gave them
+    pauses: list[tuple[int, object]] = field(default_factory=list)  # (tokens sampled before, the call's tag)
+    latest: object = None  # its newest unfinished output since it was last submitted
+
+
+@dataclass
+class ResumedCompletion:
+    token_ids: list[int]
+    logprobs: list
+    finish_reason: str | None
+
+
+@dataclass
+class ResumedOutput:
+    """The output of a request interrupted by weight loads: its turn's tokens from every submission."""
+
+    request_id: str
+    prompt_token_ids: list[int]  # the last submission's prompt (the one whose prefill was computed last)
+    num_cached_tokens: int
+    outputs: list[ResumedCompletion]
+    pauses: list[tuple[int, object]]  # (tokens of the turn sampled before the interruption, its call's tag)
+    finished: bool = True
 
 
 class StepLoop:
@@ -41,7 +82,8 @@ class StepLoop:
         self.step_sizes: list[int] = []  # requests that advanced in each step, since the last pop
         self.step_seconds = 0.0  # wall time inside steps, since the last pop
         self._commands: queue.Queue = queue.Queue()
-        self._in_flight: dict[str, Callable] = {}  # request id → callback(output, error)
+        self._in_flight: dict[str, _Request] = {}  # request id → its request (callback(output, error) and all)
+        self._outer: dict[str, str] = {}  # the id vLLM knows a request by → its request id
         self._ids = (f"unipg-{n}" for n in itertools.count())
         self._lock = threading.Lock()
         self._closed = False
@@ -59,10 +101,12 @@ class StepLoop:
     def abort(self, request_id: str) -> None:
         self._put(("abort", request_id))
 
-    def call(self, fn: Callable) -> concurrent.futures.Future:
-        """Run ``fn()`` on the loop once no request is in flight; its result or exception in the future."""
+    def call(self, fn: Callable, *, interrupt: bool = False, tag=None) -> concurrent.futures.Future:
+        """Run ``fn()`` on the loop once no request is in flight (``interrupt``: at once, the requests in flight
+        interrupted around it and continued after it; ``tag`` is recorded in their pauses); its result or exception
+        in the future."""
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self._put(("call", fn, future))
+        self._put(("call", fn, future, interrupt, tag))
         return future
 
     async def wait(self, future: asyncio.Future | concurrent.futures.Future, waiting: str):
@@ -134,7 +178,7 @@ class StepLoop:
         """Apply queued commands in order; a ``call`` waits for the requests in flight. False on stop."""
         while waiting:
             command = waiting[0]
-            if command[0] == "call" and self._in_flight:
+            if command[0] == "call" and self._in_flight and not (command[3] and self._interruptible()):
                 return True
             waiting.popleft()
             if command is _STOP:
@@ -144,26 +188,58 @@ class StepLoop:
                 return False
             if command[0] == "add":
                 _, request_id, prompt_ids, params, done, lora = command
-                try:
-                    self.llm.add_request(
-                        request_id,
-                        {"prompt_token_ids": prompt_ids},
-                        params,
-                        lora_request=lora() if lora is not None else None,
-                    )
-                except Exception as error:  # noqa: BLE001 — a bad request fails its caller, not the loop
-                    done(None, error)
-                else:
-                    self._in_flight[request_id] = done
+                self._add(request_id, _Request(prompt_ids, params, done, lora, request_id))
             elif command[0] == "abort":
-                if self._in_flight.pop(command[1], None) is not None:
-                    self.llm.abort_request([command[1]])
+                request = self._in_flight.pop(command[1], None)
+                if request is not None:
+                    del self._outer[request.engine_id]
+                    self.llm.abort_request([request.engine_id])
             elif command[0] == "call" and command[2].set_running_or_notify_cancel():
+                paused = self._pause(command[4]) if command[3] else []
                 try:
                     command[2].set_result(command[1]())
                 except Exception as error:  # noqa: BLE001 — handed to the caller
                     command[2].set_exception(error)
+                for request_id, request in paused:
+                    self._add(request_id, request)
         return True
+
+    def _add(self, request_id: str, request: _Request) -> None:
+        done = len(request.token_ids)
+        params = request.params if not done else _remaining(request.params, done)
+        try:
+            self.llm.add_request(
+                request.engine_id,
+                {"prompt_token_ids": request.prompt_ids + request.token_ids},
+                params,
+                lora_request=request.lora() if request.lora is not None else None,
+            )
+        except Exception as error:  # noqa: BLE001 — a bad request fails its caller, not the loop
+            request.done(None, error)
+        else:
+            self._in_flight[request_id] = request
+            self._outer[request.engine_id] = request_id
+
+    def _interruptible(self) -> bool:
+        """No request in flight follows a grammar (a continuation's would start again from its beginning)."""
+        return all(getattr(r.params, "structured_outputs", None) is None for r in self._in_flight.values())
+
+    def _pause(self, tag) -> list[tuple[str, _Request]]:
+        """Abort every request in flight, keeping the tokens each sampled so far; returns them to submit again."""
+        paused = list(self._in_flight.items())
+        if paused:
+            self.llm.abort_request([request.engine_id for _, request in paused])
+        self._in_flight.clear()
+        self._outer.clear()
+        for request_id, request in paused:
+            if request.latest is not None:
+                completion = request.latest.outputs[0]
+                request.token_ids += list(completion.token_ids)
+                request.logprobs += list(completion.logprobs or [])
+            request.pauses.append((len(request.token_ids), tag))
+            request.latest = None
+            request.engine_id = f"{request_id}.{len(request.pauses)}"
+        return paused
 
     def _step(self) -> None:
         start = time.perf_counter()
@@ -176,15 +252,72 @@ class StepLoop:
             self.step_seconds += time.perf_counter() - start
             self.step_sizes.append(len(outputs))
         for output in outputs:
-            if output.finished and output.request_id in self._in_flight:
-                self._in_flight.pop(output.request_id)(output, None)
+            request_id = self._outer.get(output.request_id)
+            if request_id is None:
+                continue
+            request = self._in_flight[request_id]
+            if not output.finished:
+                request.latest = output
+                continue
+            del self._in_flight[request_id], self._outer[output.request_id]
+            request.done(_whole(request, output) if request.pauses else output, None)
 
     def _fail_all(self, error: BaseException) -> None:
         if self._in_flight:
             try:
-                self.llm.abort_request(list(self._in_flight))
+                self.llm.abort_request([request.engine_id for request in self._in_flight.values()])
             except Exception:  # noqa: BLE001 — the engine may be the thing that failed
                 pass
-        for done in self._in_flight.values():
-            done(None, error)
+        for request in self._in_flight.values():
+            request.done(None, error)
         self._in_flight.clear()
+        self._outer.clear()
+
+
+def _remaining(params, done: int):
+    """vLLM sampling parameters for the rest of a turn of which ``done`` tokens were sampled."""
+    rest = params.clone()
+    rest.max_tokens -= done
+    rest.min_tokens = max(rest.min_tokens - done, 0)
+    if rest.seed is not None:  # the continuation's draws must not repeat the first part's
+        rest.seed = (rest.seed + done) % (2**31 - 1)
+    return rest
+
+
+def _whole(request: _Request, output) -> ResumedOutput:
+    """The output of an interrupted request: the tokens of its earlier submissions, then the last one's."""
+    completion = output.outputs[0]
+    return ResumedOutput(
+        request_id=output.request_id,
+        prompt_token_ids=list(output.prompt_token_ids),
+        num_cached_tokens=output.num_cached_tokens or 0,
+        outputs=[
+            ResumedCompletion(
+                request.token_ids + list(completion.token_ids),
+                request.logprobs + list(completion.logprobs or []),
+                completion.finish_reason,
+            )
+        ],
+        pauses=request.pauses,
+    )
+
+
+def turn_versions(pauses, final: int, length: int) -> tuple[int, tuple[tuple[int, int], ...]]:
+    """The version of a turn's first token and where later versions took over, from the ``pauses`` of a turn that
+    weight loads interrupted (``(tokens sampled before, the version they were sampled by)``, ``vllm_core``) and the
+    ``final`` version, which sampled the rest of its ``length`` tokens."""
+    starts = [0] + [count for count, _ in pauses]
+    versions = [version for _, version in pauses] + [final]
+    by_start: dict[int, int] = {}
+    for start, end, version in zip(starts, starts[1:] + [length], versions):
+        if end > start:  # the versions that sampled at least one token
+            by_start[start] = version
+    if not by_start:
+        return final, ()
+    first, *later = sorted(by_start.items())
+    changes, current = [], first[1]
+    for start, version in later:
+        if version != current:
+            changes.append((start, version))
+            current = version
+    return first[1], tuple(changes)

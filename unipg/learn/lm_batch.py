@@ -95,7 +95,12 @@ class LMBatch:
         ages = None
         if version is not None:  # each sampled token's age: the version of its turn's weights, behind ``version``
             sampled_by = left_aligned([t.policy_versions if t.turns else [] for t in trajectories], torch.long, 0)
-            ages = (version - sampled_by.gather(1, token_turns.clamp(min=0))) * loss_mask * turn_mask[:, :1]
+            token_versions = sampled_by.gather(1, token_turns.clamp(min=0))
+            for row, trajectory in enumerate(trajectories):
+                for index, later in trajectory.version_changes:  # a newer version took over inside the turn
+                    rest = token_turns[row, index:] == token_turns[row, index]
+                    token_versions[row, index:][rest] = later
+            ages = (version - token_versions) * loss_mask * turn_mask[:, :1]
         return cls(
             input_ids=torch.cat([prompt_ids, ids], dim=1),
             attention_mask=torch.cat([prompt_mask, real], dim=1),

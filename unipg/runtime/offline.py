@@ -105,6 +105,7 @@ class OfflineData:
             if self.settings.age is not None:
                 for trajectory in (t for episode in items for t in episode.rows):
                     trajectory.policy_versions = [version - self.settings.age] * len(trajectory.policy_versions)
+                    trajectory.version_changes = []
             groups.append(Group(items, -1, self.group_size))
         return groups
 

@@ -20,6 +20,7 @@ from typing import TypeVar
 
 from unipg.envs.base import Env, TurnInfo
 from unipg.inference import HFService
+from unipg.inference.base import TurnOutput
 from unipg.policy.chat import TurnTemplate
 from unipg.tasks.base import Example
 
@@ -38,6 +39,9 @@ class Trajectory:
     turn_of_token: list[int] = field(default_factory=list)  # policy turn a sampled token belongs to; -1 inserted
     step_rewards: list[float] = field(default_factory=list)  # reward of each policy turn (final one included)
     policy_versions: list[int] = field(default_factory=list)  # weights version that sampled each turn
+    # (token index, version): from that sampled token to the end of its turn a newer version sampled (a weight
+    # load interrupted the turn, ``runtime.partial_rollouts``); empty when every turn had one version
+    version_changes: list[tuple[int, int]] = field(default_factory=list)
     turn_texts: list[str] = field(default_factory=list)
     infos: list[TurnInfo] = field(default_factory=list)  # what the environment reported of each turn
     finish: str = "running"  # "done", "max_turns", "max_tokens"
@@ -80,6 +84,14 @@ class Trajectory:
         self.loss_mask += [1] * len(token_ids)
         self.behaviour_logprobs += logprobs
         self.turn_of_token += [turn] * len(token_ids)
+
+    def add_turn(self, out: TurnOutput) -> None:
+        """A policy turn: its sampled tokens, its text and the weights version(s) that sampled it."""
+        start = len(self.token_ids)
+        self.add_sampled(out.token_ids, out.behaviour_logprobs, self.turns)
+        self.turn_texts.append(out.text)
+        self.policy_versions.append(out.policy_version)
+        self.version_changes += [(start + offset, version) for offset, version in out.version_changes]
 
     def add_inserted(self, token_ids: list[int]) -> None:
         self.token_ids += token_ids
@@ -128,9 +140,7 @@ class AgentLoop:
                 out = await self.engine.generate(
                     trajectory.prompt_ids + trajectory.token_ids, max_new_tokens=budget, order=order
                 )
-                trajectory.add_sampled(out.token_ids, out.behaviour_logprobs, turn)
-                trajectory.turn_texts.append(out.text)
-                trajectory.policy_versions.append(out.policy_version)
+                trajectory.add_turn(out)
                 trajectory.cut = out.finish_reason == "length"
                 observation, reward, done, info = await env.step(out.text)
                 trajectory.step_rewards.append(float(reward))

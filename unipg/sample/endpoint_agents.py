@@ -365,6 +365,7 @@ def episode_trajectory(example: Example, recorded: SessionTrajectory, reward: fl
         turn_of_token=list(recorded.turn_of_token),
         step_rewards=[0.0] * (turns - 1) + [reward],
         policy_versions=list(recorded.policy_versions),
+        version_changes=list(recorded.version_changes),
         turn_texts=list(recorded.turn_texts),
         infos=[turn_info(observations) for observations in added] + [info],
         finish="done",

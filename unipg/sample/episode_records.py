@@ -12,6 +12,10 @@ One JSON object per line, one line per episode and role::
      "prompt_ids": [...], "token_ids": [...], "loss_mask": [...],     # optional: the exact tokens
      "behaviour_logprobs": [...], "turn_of_token": [...], "policy_versions": [0, 0]}   # optional
 
+``version_changes`` ([[token index, version], ...]) is written for an episode a weight load interrupted inside a
+turn (``runtime.partial_rollouts``); like ``policy_versions``, it is not read back (versions count another run's
+updates).
+
 An episode of an external agent that rewrote its history has further trajectories beside the main one
 (``Trajectory.side``); its record lists them under ``"side"``, each a record of the same form. Offline data reads
 them back as such, so each is trained as a row beside its main trajectory, as it was when it was sampled.
@@ -62,6 +66,8 @@ def episode_record(trajectory: Trajectory, *, update: int) -> dict:
         "turn_of_token": list(trajectory.turn_of_token),
         "policy_versions": list(trajectory.policy_versions),
     }
+    if trajectory.version_changes:  # turns a weight load interrupted (runtime.partial_rollouts)
+        record["version_changes"] = [list(change) for change in trajectory.version_changes]
     if trajectory.side:  # the trajectories an external agent's rewritten history left beside this one
         record["side"] = [episode_record(side, update=update) for side in trajectory.side]
     return record

@@ -68,9 +68,7 @@ class RoleLoop:
                     finish = "max_tokens" if budget <= 0 else "max_turns"
                     break
                 out = await self.engine.generate(mine.prompt_ids + mine.token_ids, max_new_tokens=budget, order=order)
-                mine.add_sampled(out.token_ids, out.behaviour_logprobs, mine.turns)
-                mine.turn_texts.append(out.text)
-                mine.policy_versions.append(out.policy_version)
+                mine.add_turn(out)
                 observation, reward, done, info = await env.step(out.text)
                 info = TurnInfo.of(info)
                 mine.step_rewards.append(float(reward))

@@ -63,6 +63,7 @@ class SessionTrajectory:
     behaviour_logprobs: list[float] = field(default_factory=list)  # log μ on sampled tokens, 0 elsewhere
     turn_of_token: list[int] = field(default_factory=list)  # call a sampled token belongs to; -1 inserted
     policy_versions: list[int] = field(default_factory=list)  # weights version of each call
+    version_changes: list[tuple[int, int]] = field(default_factory=list)  # as ``Trajectory.version_changes``
     turn_texts: list[str] = field(default_factory=list)  # each call's reply text as returned
     finish_reasons: list[str] = field(default_factory=list)
     observations: dict[int, list[Observation]] = field(default_factory=dict)  # call → what the agent added
@@ -84,6 +85,7 @@ class SessionTrajectory:
 
     def add_reply(self, output: TurnOutput, raw_text: str) -> None:
         turn = self.turns
+        self.version_changes += [(len(self.token_ids) + offset, version) for offset, version in output.version_changes]
         self.token_ids += output.token_ids
         self.loss_mask += [1] * len(output.token_ids)
         self.behaviour_logprobs += output.behaviour_logprobs
