@@ -8,7 +8,9 @@ percentile 16× above the median), and take the same number of learner steps. Th
   its slowest episode;
 - async: ``runtime.max_staleness=η``, concurrent schedule — rollout runs on a background thread on a synced
   copy of the weights while the learner trains; the objective corrects for the stale samples
-  (``--objective``, decoupled PPO by default).
+  (``--objective``, decoupled PPO by default);
+- partial: async with ``runtime.partial_rollouts`` (``--engine vllm``): a weight load interrupts the turns in
+  flight, which go on under the new weights, instead of waiting for them to finish.
 
 Printed per run: wall-clock of the learner steps (evaluation excluded), trajectories per second, the mean
 learner idle fraction, the mean trajectory staleness, and the held-out greedy completion rate at the end.
@@ -16,6 +18,7 @@ The two runs go one after the other in one process, on the same machine.
 
     python benchmarks/async_vs_sync.py                       # 30 steps, η = 8
     python benchmarks/async_vs_sync.py --updates 10 --eta 2 --objective ppo
+    python benchmarks/async_vs_sync.py --engine vllm --modes async partial
 """
 
 from __future__ import annotations
@@ -68,9 +71,12 @@ def run(mode: str, args, output_dir: str) -> dict[str, float]:
         "agent.tool_timeout=60",
         f"seed={args.seed}",
         f"agent.batch_wait_ms={args.batch_wait_ms}",
+        f"sample.engine={args.engine}",
     ]
-    if mode == "async":
+    if mode != "sync":
         overrides += [f"runtime.max_staleness={args.eta}", "runtime.schedule=concurrent", *OBJECTIVES[args.objective]]
+    if mode == "partial":
+        overrides.append("runtime.partial_rollouts=true")
     config = load_config(CONFIG, overrides + (SMOKE if args.smoke else []))
     result = train_lm(config)
     steps = [r for r in read_metrics(result.run_dir) if "train/loss" in r]
@@ -80,6 +86,7 @@ def run(mode: str, args, output_dir: str) -> dict[str, float]:
         "learner_idle": statistics.fmean(r["timing/learner_idle_fraction"] for r in steps),
         "staleness": statistics.fmean(r["async/staleness_trajectory_mean"] for r in steps),
         "tool_calls": statistics.fmean(r.get("rollout/tool_calls", 0.0) for r in steps),
+        "interrupted": sum(r.get("engine/turns_interrupted", 0.0) for r in steps),
         "initial": result.initial_eval["eval/pass@1"],
         "final": result.final_eval["eval/pass@1"],
     }
@@ -94,7 +101,8 @@ def main() -> None:
     parser.add_argument("--sigma", type=float, default=1.2, help="log-space σ of the tool delay")
     parser.add_argument("--eval-examples", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--modes", nargs="+", default=["sync", "async"], choices=["sync", "async"])
+    parser.add_argument("--modes", nargs="+", default=["sync", "async"], choices=["sync", "async", "partial"])
+    parser.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="the inference engine of every run")
     parser.add_argument(
         "--batch-wait-ms",
         type=float,
@@ -122,19 +130,23 @@ def main() -> None:
             results = {mode: run(mode, args, output_dir) for mode in args.modes}
     print(
         "\n| run | steps wall-clock (s) | trajectories/s | learner idle | staleness | tool calls/episode "
-        "| completion before → after |"
+        "| completion before → after | turns interrupted |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for mode, r in results.items():
-        label = mode if mode == "sync" else f"async (η={args.eta}, {args.objective})"
+        label = mode if mode == "sync" else f"{mode} (η={args.eta}, {args.objective}, {args.engine})"
         print(
             f"| {label} | {r['seconds']:.0f} | {r['trajectories_per_second']:.2f} | {r['learner_idle']:.1%} "
-            f"| {r['staleness']:.2f} | {r['tool_calls']:.2f} | {r['initial']:.3f} → {r['final']:.3f} |"
+            f"| {r['staleness']:.2f} | {r['tool_calls']:.2f} | {r['initial']:.3f} → {r['final']:.3f} "
+            f"| {r['interrupted']:.0f} |"
         )
     if len(results) == 2:
-        speedup = results["async"]["trajectories_per_second"] / results["sync"]["trajectories_per_second"]
-        gap = 100 * (results["async"]["final"] - results["sync"]["final"])
-        print(f"\nasync / sync throughput: {speedup:.2f}×; final completion async − sync: {gap:+.1f} points")
+        (first, a), (second, b) = results.items()
+        speedup = b["trajectories_per_second"] / a["trajectories_per_second"]
+        gap = 100 * (b["final"] - a["final"])
+        print(
+            f"\n{second} / {first} throughput: {speedup:.2f}×; final completion {second} − {first}: {gap:+.1f} points"
+        )
 
 
 if __name__ == "__main__":

@@ -212,6 +212,7 @@ def test_a_weight_load_with_partial_rollouts_interrupts_a_turn_that_goes_on_unde
         out = asyncio.run(go())
         assert len(out.token_ids) == len(out.behaviour_logprobs) == 20
         assert out.policy_version == old and out.version_changes == ((4, old + 1),)
+        assert core.metrics()["engine/turns_interrupted"] == 1
         new = trainer_logprobs(policy, context, out.token_ids, 1.0)
     finally:
         policy.model.load_state_dict(saved)

@@ -172,6 +172,7 @@ class VLLMEngine:
     def metrics(self) -> dict[str, float]:
         metrics = dict(self._counters)
         self._counters = dict.fromkeys(self._counters, 0.0)
+        metrics["engine/turns_interrupted"], self.loop.interrupted = float(self.loop.interrupted), 0
         return metrics
 
     def close(self) -> None:

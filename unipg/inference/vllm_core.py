@@ -81,6 +81,7 @@ class StepLoop:
         self._progress = time.monotonic()  # when the thread last took a step or applied a command
         self.step_sizes: list[int] = []  # requests that advanced in each step, since the last pop
         self.step_seconds = 0.0  # wall time inside steps, since the last pop
+        self.interrupted = 0  # requests an interrupting call paused and submitted again
         self._commands: queue.Queue = queue.Queue()
         self._in_flight: dict[str, _Request] = {}  # request id → its request (callback(output, error) and all)
         self._outer: dict[str, str] = {}  # the id vLLM knows a request by → its request id
@@ -227,6 +228,7 @@ class StepLoop:
     def _pause(self, tag) -> list[tuple[str, _Request]]:
         """Abort every request in flight, keeping the tokens each sampled so far; returns them to submit again."""
         paused = list(self._in_flight.items())
+        self.interrupted += len(paused)
         if paused:
             self.llm.abort_request([request.engine_id for _, request in paused])
         self._in_flight.clear()
