@@ -67,6 +67,7 @@ class AgentThread:
         self._lock = threading.Lock()
         self._on_stall: set[Callable[[], None]] = set()
         self._closed = threading.Event()
+        self._stopped = False  # the loop was told to stop (on its own thread)
         self._beat = time.monotonic()
         self.thread = threading.Thread(target=self._serve, name="unipg-agents", daemon=True)
         self.thread.start()
@@ -123,7 +124,10 @@ class AgentThread:
             self._stop_when_idle()
 
     def _stop_when_idle(self) -> None:
-        if not self.playing:
+        # once only: a second stop left queued (by ``close`` when an attempt's end stopped the loop first) would
+        # otherwise run inside the cleanup's run_until_complete and stop it before it completes
+        if not self.playing and not self._stopped:
+            self._stopped = True
             self.loop.stop()
 
     def _serve(self) -> None:

@@ -110,3 +110,19 @@ def test_a_background_task_an_agent_left_on_its_loop_is_cancelled_when_the_loop_
     threads.close()
     thread.thread.join(timeout=60)
     assert stopped.is_set() and thread.loop.is_closed()
+
+
+def test_a_second_stop_left_queued_when_the_loop_stopped_does_not_break_its_cleanup():
+    """``close`` queues a stop; when the end of the last attempt stopped the loop first, that stop is still queued
+    as the loop's cleanup runs it to completion: it must not stop the cleanup, which then closes the loop."""
+    threads = AgentThreads(block_seconds=BLOCK_SECONDS)
+    thread = threads.current()
+
+    def stop_twice():  # the first stop ends run_forever; the second lands in the loop's next iteration
+        thread._stop_when_idle()
+        thread.loop.call_soon(thread._stop_when_idle)
+
+    thread.loop.call_soon_threadsafe(stop_twice)
+    thread.thread.join(60)
+    assert not thread.thread.is_alive() and thread.loop.is_closed()
+    threads.close()
