@@ -126,8 +126,8 @@ def nan_gradient_at(backward_call: int, monkeypatch) -> None:
     """Make the gradient of the policy's first parameter NaN in the ``backward_call``-th backward pass."""
     original, calls = text.policy_from_config, []
 
-    def poisoned(config):
-        policy = original(config)
+    def poisoned(config, *roles):
+        policy = original(config, *roles)
 
         def hook(gradient):
             calls.append(1)

@@ -77,8 +77,8 @@ def test_nothing_accepted_within_the_rounds_ends_the_episode_unrewarded():
     assert final.done and final.info.role_rewards == {"solver": 0.0, "checker": 0.0}
 
 
-def test_role_policies_other_than_shared_and_unknown_roles_are_config_errors(embedded_path):
-    with pytest.raises(ConfigError, match="not supported yet"):
+def test_adapters_without_lora_and_unknown_roles_are_config_errors(embedded_path):
+    with pytest.raises(ConfigError, match=r"agent.role_policy=adapters .* set model.lora_rank \(e.g. 8\)"):
         load_config(None, TINY + ["agent.role_policy=adapters"])
     config = load_config(None, TINY + ["agent.roles={judge: {shaping: 1.0}}", f"model.name={embedded_path}"])
     task = make_task("solver_checker", digits=2, num_train=30, num_test=4)

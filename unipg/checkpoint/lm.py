@@ -24,6 +24,7 @@ from unipg.policy.adapters import (
     adapter_tensors,
     has_adapter,
     load_adapter_tensors,
+    role_adapter_names,
 )
 
 if TYPE_CHECKING:  # the language-model stack (transformers) is imported by the lm runs that use these
@@ -52,7 +53,9 @@ class LMCheckpointer:
     moves the reference towards the policy it is no longer that model, and its weights are saved (``reference``)
     and restored over the rebuilt one. With LoRA the policy's base
     weights are that model too: only the adapter is saved, in the PEFT format (``adapter_model.safetensors``
-    and ``adapter_config.json``), so the checkpoint folder loads with ``PeftModel.from_pretrained``.
+    and ``adapter_config.json``), so the checkpoint folder loads with ``PeftModel.from_pretrained``. With an
+    adapter per role (``agent.role_policy: adapters``) each role's is saved as ``adapter_model.<role>.safetensors``
+    and ``adapter_config.<role>.json``, and the optimizer's state holds every role's.
 
     With a sharded learner (``train.learner_processes`` > 1) the ranks write the weights and the optimizer's state
     as shards (``unipg.checkpoint.files``: a sharded checkpoint); such a checkpoint resumes with any number of
@@ -123,8 +126,12 @@ class LMCheckpointer:
         optimizer, learner_state = self.learner.checkpoint()
         model, extra_files = self.policy.model, None
         if has_adapter(model):
-            tensors = {ADAPTER_WEIGHTS: adapter_tensors(model), "optimizer": optimizer}
-            extra_files = {ADAPTER_CONFIG: adapter_config_json(model)}
+            adapters = adapter_groups(model)
+            tensors = {group: adapter_tensors(model, name) for group, name in adapters.items()}
+            tensors["optimizer"] = optimizer
+            extra_files = {
+                adapter_config_file(group): adapter_config_json(model, name) for group, name in adapters.items()
+            }
         else:
             tensors = {"policy": model.state_dict(), "optimizer": optimizer}
         if self.policy.value_head is not None:
@@ -171,10 +178,14 @@ class LMCheckpointer:
     def _restore_tensors(self, tensors: dict[str, dict[str, torch.Tensor]], learner_state: dict) -> None:
         """A one-process checkpoint's tensor groups into the policy, then into the learner with its JSON state."""
         lora = has_adapter(self.policy.model)
-        if lora != (ADAPTER_WEIGHTS in tensors):
+        if lora != any(group.startswith(ADAPTER_WEIGHTS) for group in tensors):
             raise ValueError("the run's model.lora_rank setting changed since the checkpoint was saved")
         if lora:  # the base weights are the configured model, loaded already
-            load_adapter_tensors(self.policy.model, tensors[ADAPTER_WEIGHTS])
+            adapters = adapter_groups(self.policy.model)
+            if not adapters.keys() <= tensors.keys():
+                raise ValueError("the run's agent.role_policy setting changed since the checkpoint was saved")
+            for group, name in adapters.items():
+                load_adapter_tensors(self.policy.model, tensors[group], name)
         for group in ("value_head", "critic") if lora else ("policy", "value_head", "critic"):
             module = self.policy.model if group == "policy" else getattr(self.policy, group)
             if (module is None) != (group not in tensors):
@@ -217,6 +228,18 @@ class LMCheckpointer:
         if problem:
             raise ValueError(f"reference: {problem}")
         reference.load_state_dict(tensors)
+
+
+def adapter_groups(model) -> dict[str, str]:
+    """The checkpoint's tensor group of each adapter of a LoRA ``model``: ``adapter_model`` for its one adapter,
+    ``adapter_model.<role>`` for each role's (``agent.role_policy: adapters``)."""
+    roles = role_adapter_names(model)
+    return {f"{ADAPTER_WEIGHTS}.{role}": role for role in roles} if roles else {ADAPTER_WEIGHTS: "default"}
+
+
+def adapter_config_file(group: str) -> str:
+    """The ``adapter_config.json`` beside an adapter's tensor group (``adapter_config.<role>.json`` for a role's)."""
+    return ADAPTER_CONFIG.replace(".json", group.removeprefix(ADAPTER_WEIGHTS) + ".json")
 
 
 def latest_checkpoint(run_dir: Path) -> Checkpoint:

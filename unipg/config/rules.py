@@ -305,11 +305,8 @@ def lm_problems(config: Config) -> list[str]:
         problems.append(
             "estimator.policy_loss 'trpo' is implemented for MLP policies only; use ppo for language models"
         )
-    if config.agent.role_policy != "shared":
-        problems.append(
-            f"agent.role_policy '{config.agent.role_policy}' (a LoRA adapter per role) is not supported "
-            "yet; use agent.role_policy=shared (one model, a system prompt per role)"
-        )
+    if config.agent.role_policy == "adapters":
+        problems += role_adapter_problems(config)
     if config.data.offline is not None and config.prompts_per_step < 2:
         problems.append(
             "data.offline mixes recorded prompt groups into each batch and keeps at least one fresh; "
@@ -317,3 +314,27 @@ def lm_problems(config: Config) -> list[str]:
             f"{2 * sample.samples_per_prompt} (2 × sample.samples_per_prompt)"
         )
     return problems
+
+
+def role_adapter_problems(config: Config) -> list[str]:
+    """``agent.role_policy: adapters`` (a LoRA adapter per role): what it needs, and what this version does not run
+    it with."""
+    fix = "or agent.role_policy=shared (one model, a system prompt per role)"
+    unsupported = {  # what is set → what to set instead
+        "model.lora_rank=0 (no adapter)": (config.model.lora_rank == 0, "model.lora_rank (e.g. 8)"),
+        f"sample.engine={config.sample.engine}": (config.sample.engine != "hf", "sample.engine=hf"),
+        f"train.learner_processes={config.train.learner_processes}": (
+            config.train.learner_processes > 1,
+            "train.learner_processes=1",
+        ),
+        "a value head or critic model (shared by the roles)": (
+            config.model.value_head or config.model.critic is not None,
+            "model.value_head=false and no model.critic (e.g. algorithm=grpo)",
+        ),
+    }
+    return [
+        f"agent.role_policy=adapters (a LoRA adapter per role) does not run with {setting} in this version; set "
+        f"{instead}, {fix}"
+        for setting, (used, instead) in unsupported.items()
+        if used
+    ]

@@ -26,6 +26,9 @@ Its turn is then the same whatever else is pending, at the cost of a generate ca
 A request whose reply must match a JSON schema (``SamplingParams.json_schema``) is batched with the others of its
 parameters: its grammar masks the logits of its own row alone (``unipg.inference.structured.RowGrammars``).
 
+With one LoRA adapter per role (``agent.role_policy: adapters``) a request names its ``role``, and the requests
+of a batch are sampled role by role, each with its role's adapter active, as they are by sampling parameters.
+
 The sampler is the trainer's own model code (``LMPolicy.sample``), so its behaviour log-probs are the trainer's.
 """
 
@@ -41,6 +44,7 @@ import torch
 
 from unipg.inference.base import ENGINES, SamplingParams, TurnOutput
 from unipg.inference.structured import RowGrammars
+from unipg.policy.adapters import role_adapter
 from unipg.policy.generation import cut_at_stop
 from unipg.policy.lm import LMPolicy
 
@@ -69,7 +73,8 @@ class HFService:
         self.activity = 0  # requests of the OpenAI-compatible endpoint begun or ended (``note_activity``)
         self.turns = 0  # generate requests answered
         self.prefill_tokens = 0  # context tokens the model ran before sampling (all of each context: no reuse)
-        self._pending: list[tuple[int, list[int], int, asyncio.Future, SamplingParams | None]] = []
+        # (order, context, budget, future, params or None, role or None)
+        self._pending: list[tuple[int, list[int], int, asyncio.Future, SamplingParams | None, str | None]] = []
         self._active = 0
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
@@ -106,12 +111,19 @@ class HFService:
             self._wakeup.set()
 
     async def generate(
-        self, context_ids: list[int], *, max_new_tokens: int, order: int = 0, params: SamplingParams | None = None
+        self,
+        context_ids: list[int],
+        *,
+        max_new_tokens: int,
+        order: int = 0,
+        params: SamplingParams | None = None,
+        role: str | None = None,
     ) -> TurnOutput:
         """Sample one turn continuing ``context_ids``; ``order`` fixes the row order inside a batch; ``params``
-        (optional) replaces the engine's sampling parameters for this request."""
+        (optional) replaces the engine's sampling parameters for this request; ``role``: sample with that role's
+        adapter (``agent.role_policy: adapters``; None: the model as it is)."""
         future = asyncio.get_running_loop().create_future()
-        self._pending.append((order, context_ids, max_new_tokens, future, params))
+        self._pending.append((order, context_ids, max_new_tokens, future, params, role))
         self._wakeup.set()
         return await future
 
@@ -175,8 +187,8 @@ class HFService:
             await self._wakeup.wait()
 
     def _sample_by_params(self, batch: list[tuple]) -> list[TurnOutput | Exception]:
-        """One sampling call per distinct set of parameters in ``batch`` (one call when no request overrides), and
-        one per request with a seed of its own; a request whose sampling fails gets its error in place of its turn,
+        """One sampling call per distinct set of parameters and role in ``batch`` (one call when no request
+        overrides and none names a role), and one per request with a seed of its own; a request whose sampling fails gets its error in place of its turn,
         and the others their turns."""
         if self.sync is not None:  # between generate calls: take the learner's newest weights (once per batch)
             version = self.sync()
@@ -186,30 +198,33 @@ class HFService:
         chosen = [request[4] or self.params for request in batch]
         # a grammar masks its own row alone: requests that differ only in their schema share a call
         shared = [params if params.json_schema is None else replace(params, json_schema=None) for params in chosen]
-        kinds: list[SamplingParams] = []
-        for params in shared:
-            if params not in kinds:
-                kinds.append(params)
-        for params in kinds:
-            rows = [row for row, own in enumerate(shared) if own == params]
+        keys = [(params, request[5]) for params, request in zip(shared, batch)]
+        kinds: list[tuple[SamplingParams, str | None]] = []
+        for key in keys:
+            if key not in kinds:
+                kinds.append(key)
+        for params, role in kinds:
+            rows = [row for row, own in enumerate(keys) if own == (params, role)]
             for group in [rows] if params.seed is None else [[row] for row in rows]:  # a seeded request alone
                 requests = [(batch[row][1], batch[row][2], chosen[row].json_schema) for row in group]
-                for row, output in zip(group, self._sample_apart(requests, params)):
+                for row, output in zip(group, self._sample_apart(requests, params, role)):
                     outputs[row] = output
         return outputs
 
-    def _sample_apart(self, requests: list[tuple], params: SamplingParams) -> list[TurnOutput | Exception]:
+    def _sample_apart(
+        self, requests: list[tuple], params: SamplingParams, role: str | None = None
+    ) -> list[TurnOutput | Exception]:
         """``_sample`` of (context, budget, JSON schema or None) requests, and where that fails, each half of them
         apart (down to single requests): a request the sampler cannot serve fails alone, whoever it is batched
         with, and a failure of the engine itself reaches every request (after about two calls per request)."""
         contexts, budgets, schemas = (list(column) for column in zip(*requests))
         try:
-            return self._sample(contexts, budgets, schemas, params)
+            return self._sample(contexts, budgets, schemas, params, role)
         except Exception as error:  # noqa: BLE001 — handed to the request it belongs to
             if len(requests) == 1:
                 return [error]
         half = len(requests) // 2
-        return self._sample_apart(requests[:half], params) + self._sample_apart(requests[half:], params)
+        return self._sample_apart(requests[:half], params, role) + self._sample_apart(requests[half:], params, role)
 
     def _sample(
         self,
@@ -217,21 +232,23 @@ class HFService:
         budgets: list[int],
         schemas: list[str | None] | None = None,
         params: SamplingParams | None = None,
+        role: str | None = None,
     ) -> list[TurnOutput]:
         start = time.perf_counter()
         params = params or self.params
         generator = self.generator if params.seed is None else torch.Generator().manual_seed(params.seed)
-        generation = self.policy.sample(
-            contexts,
-            max_new_tokens=max(budgets),
-            temperature=params.temperature,
-            top_p=params.top_p,
-            top_k=params.top_k,
-            stop=params.stop,
-            keep_stop=params.keep_stop,
-            generator=generator,
-            constraint=self._grammars(schemas or []),
-        )
+        with role_adapter(self.policy.model, role):
+            generation = self.policy.sample(
+                contexts,
+                max_new_tokens=max(budgets),
+                temperature=params.temperature,
+                top_p=params.top_p,
+                top_k=params.top_k,
+                stop=params.stop,
+                keep_stop=params.keep_stop,
+                generator=generator,
+                constraint=self._grammars(schemas or []),
+            )
         self.batches.append(len(contexts))
         self.turns += len(contexts)
         self.prefill_tokens += sum(len(context) for context in contexts)

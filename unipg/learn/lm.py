@@ -19,7 +19,9 @@ The batch layout and the advantages live in ``unipg.learn.lm_batch``; every piec
   (TR-DPO's soft update, ``unipg.estimate.reference_sync``);
 - with ``rollback.enabled``, an optimizer step whose loss or gradient norm is not finite is skipped, and with
   ``estimator.target_kl`` also set, an update whose approx KL exceeds ``rollback.kl_multiple × target_kl`` is
-  undone; ``unipg.runtime.lm`` counts such tripped updates and rolls back to a checkpoint when they persist.
+  undone; ``unipg.runtime.lm`` counts such tripped updates and rolls back to a checkpoint when they persist;
+- with an adapter per role (``agent.role_policy: adapters``), ``prepare`` and ``update`` take each row's role and
+  run each micro-batch (of one role) with its role's adapter, stepped and clipped apart (``unipg.learn.role_adapters``).
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ from unipg.estimate.kl_control import make_kl_controller
 from unipg.estimate.losses import explained_variance, reads_proximal_logprobs
 from unipg.estimate.masked import masked_mean, masked_var
 from unipg.estimate.reference_sync import soft_update_reference
-from unipg.estimate.weights import engine_mismatch_weights
 from unipg.learn import objective
 from unipg.learn.common import clip_grad_norm, shuffled_minibatches
 from unipg.learn.distributed import process_rank, sum_across_ranks
@@ -49,8 +50,9 @@ from unipg.learn.lm_batch import (  # noqa: F401  (LMBatch and the advantage hel
     turn_table,
 )
 from unipg.learn.micro_batches import plan_micro_batches
-from unipg.learn.objective import ObjectiveBatch, micro_batch_share
+from unipg.learn.objective import ObjectiveBatch, micro_batch_share, mismatch_metrics  # noqa: F401  (re-exported)
 from unipg.learn.precision import Float32Masters
+from unipg.learn.role_adapters import RoleAdapters
 from unipg.learn.state import (
     generator_state,
     load_optimizer,
@@ -58,21 +60,6 @@ from unipg.learn.state import (
     restore_generator,
 )
 from unipg.policy.lm import LMPolicy
-
-
-def mismatch_metrics(batch: LMBatch, cap: float) -> dict[str, float]:
-    """The gap between the trainer's log-probs before the update (``proximal_logprobs``) and the engine's
-    (``behaviour_logprobs``) on the batch's tokens of the current version: ``mismatch/k3`` (KL(μ_engine‖π_trainer)),
-    ``mismatch/max_ratio``, ``mismatch/fraction_capped`` (share above ``cap``) and ``mismatch/tokens``, how many
-    tokens were compared (only this when every token is stale)."""
-    fresh = objective.fresh_tokens(batch.completion_mask, batch.ages)
-    metrics = {"mismatch/tokens": float(fresh.sum())}
-    if metrics["mismatch/tokens"] > 0:
-        gap = engine_mismatch_weights(batch.proximal_logprobs, batch.behaviour_logprobs, fresh, cap=cap)
-        metrics.update(
-            {f"mismatch/{name}": float(gap.metrics[name]) for name in ("k3", "max_ratio", "fraction_capped")}
-        )
-    return metrics
 
 
 class LMLearner:
@@ -90,12 +77,10 @@ class LMLearner:
         critic_lr = train.critic_learning_rate or train.learning_rate
         # low-precision (bfloat16) weights are stepped through float32 masters (unipg.learn.precision)
         self.masters = Float32Masters(policy.actor_parameters() + policy.critic_parameters())
-        groups = [
-            {
-                "params": self.masters.optimized(policy.actor_parameters()),
-                "lr": train.learning_rate,
-                "base_lr": train.learning_rate,
-            }
+        self.roles = RoleAdapters(policy.model)  # with an adapter per role: a parameter group each
+        lr = train.learning_rate
+        groups = self.roles.parameter_groups(self.masters.optimized, lr) or [
+            {"params": self.masters.optimized(policy.actor_parameters()), "lr": lr, "base_lr": lr}
         ]
         if policy.critic_parameters():
             groups.append(
@@ -128,12 +113,15 @@ class LMLearner:
         return float(self.kl_controller.coef)
 
     @torch.no_grad()
-    def prepare(self, batch: LMBatch) -> dict[str, float]:
+    def prepare(self, batch: LMBatch, roles: list[str] | None = None) -> dict[str, float]:
         """Reference log-probs and values under no_grad, then advantages; returns rollout metrics (with tis, the
-        engine gap's under their ``mismatch/`` names). Moves ``batch`` to the policy's device."""
+        engine gap's under their ``mismatch/`` names). Moves ``batch`` to the policy's device. ``roles``: each
+        row's role, with an adapter per role."""
         batch.move_to(self.policy.device)
+        self.roles.assign(roles)
         groups = self.micro_batches(batch, torch.arange(len(batch.scores)))
         chunks = [batch.rows(index) for index in groups]
+        each = lambda pass_of: [self.roles.run(index, pass_of, c) for index, c in zip(groups, chunks)]  # adapter on
         width = batch.completion_length
         # packed micro-batches take rows out of order (balanced by tokens): results go back to their own rows
         order = torch.cat(groups).argsort().to(self.policy.device)
@@ -148,28 +136,25 @@ class LMLearner:
         if proximal:
             # π_prox = π_trainer_old, the weights this update starts from; without tis, on fresh data it is taken
             # to be μ, whose log-probs the batch has. The same pass gives the values (a value head's, or the critic's)
-            evaluations = [
-                self.policy.evaluate(
+            evaluations = each(
+                lambda c: self.policy.evaluate(
                     c.input_ids,
                     c.attention_mask,
                     c.completion_length,
                     temperature=temperature,
                     with_values=self.policy.has_critic,
                 )
-                for c in chunks
-            ]
+            )
             batch.proximal_logprobs = padded([e.logprobs for e in evaluations]) * batch.completion_mask
             if self.policy.has_critic:
                 batch.values = padded([e.values for e in evaluations]) * batch.completion_mask
         if self.policy.has_reference:
-            batch.reference_logprobs = padded(
-                [self._chunk_statistic(self.policy.reference_logprobs, c) for c in chunks]
-            )
+            batch.reference_logprobs = padded(each(lambda c: self._chunk_statistic(self.policy.reference_logprobs, c)))
         if "sum_pi_squared" in ADVANTAGES.entry(self.config.estimator.advantage).inputs:
-            batch.sum_pi_squared = padded([self._chunk_statistic(self.policy.sum_pi_squared, c) for c in chunks])
+            batch.sum_pi_squared = padded(each(lambda c: self._chunk_statistic(self.policy.sum_pi_squared, c)))
         if self.policy.has_critic and not proximal:
             batch.values = (
-                padded([self.policy.values(c.input_ids, c.attention_mask, c.completion_length) for c in chunks])
+                padded(each(lambda c: self.policy.values(c.input_ids, c.attention_mask, c.completion_length)))
                 * batch.completion_mask
             )
         batch.advantages, batch.returns = lm_advantages(
@@ -197,17 +182,19 @@ class LMLearner:
             temperature=self.config.sample.temperature,
         )
 
-    def update(self, batch: LMBatch) -> dict[str, float]:
+    def update(self, batch: LMBatch, roles: list[str] | None = None) -> dict[str, float]:
         """num_epochs passes of shuffled mini-batches; each optimizer step accumulates micro-batches.
 
         With ``rollback.enabled`` the metrics hold ``skipped_steps``, the optimizer steps skipped for a
         non-finite loss or gradient norm; with target_kl also set, ``reverted`` is 1 when the update's approx KL
         (the mean over its optimizer steps, each measured before the step) was above ``rollback.kl_multiple ×
         target_kl`` or not finite, and the parameters and optimizer state were set back to where the update
-        began. A tripped update (a step skipped, or reverted) does not move the KL controller.
+        began. A tripped update (a step skipped, or reverted) does not move the KL controller. ``roles``: each
+        row's role, with an adapter per role (``role/<role>/grad_norm`` is then each role's).
         """
         train = self.config.train
         batch.move_to(self.policy.device)
+        self.roles.assign(roles)
         start = self._snapshot() if self.kl_spike is not None else None
         history: dict[str, list[float]] = {}
         skipped = 0
@@ -264,16 +251,22 @@ class LMLearner:
     def micro_batches(self, batch: LMBatch, rows: torch.Tensor) -> list[torch.Tensor]:
         """``rows`` of ``batch`` split into micro-batches, padded or packed per ``train.max_tokens_per_micro_batch``
         (``unipg.learn.micro_batches``); sets whether the policy's passes over them pack."""
-        max_tokens = self.config.train.max_tokens_per_micro_batch
-        plan = plan_micro_batches(
-            batch.input_ids,
-            batch.attention_mask,
-            batch.completion_length,
-            rows,
-            micro_batch_size=self.config.train.micro_batch_size,
-            max_tokens=max_tokens,
-            share_prompts=max_tokens is not None and self.policy.share_prompts and self.policy.shares_packed_prompts(),
-        )
+        configured = self.config.train.max_tokens_per_micro_batch
+        share = self.policy.share_prompts and self.policy.shares_packed_prompts()
+
+        def plan_of(rows: torch.Tensor, padded: bool = False):
+            max_tokens = None if padded else configured
+            return plan_micro_batches(
+                batch.input_ids,
+                batch.attention_mask,
+                batch.completion_length,
+                rows,
+                micro_batch_size=self.config.train.micro_batch_size,
+                max_tokens=max_tokens,
+                share_prompts=max_tokens is not None and share,
+            )
+
+        plan = self.roles.plan(rows, plan_of)  # with an adapter per role, none mixes roles
         self.policy.packed = plan.packed
         return plan.groups
 
@@ -298,7 +291,8 @@ class LMLearner:
                 if micro_rows is not None
                 else 0.0
             )
-            loss, metrics = self._loss(micro)
+            with self.roles.active(micro_rows if micro_rows is not None else shortest):
+                loss, metrics = self._loss(micro)
             (loss * share * self.world_size).backward()  # FSDP averages the gradients of the ranks
             for key, value in metrics.items():
                 totals[key] = totals.get(key, 0.0) + value * share
@@ -310,7 +304,13 @@ class LMLearner:
         self.optimizer.zero_grad(set_to_none=True)
         totals = self.accumulate_gradients(batch, mini_rows)
         self.masters.move_gradients()
-        totals["grad_norm"] = clip_grad_norm(self.parameters, self.config.train.max_grad_norm)
+        if self.roles:  # each role's adapter stepped and clipped apart
+            mask = batch.loss_mask(self.config.estimator.mask_truncated_completions)
+            totals.update(
+                self.roles.clip(self.optimizer.param_groups, mini_rows, mask, self.config.train.max_grad_norm)
+            )
+        else:
+            totals["grad_norm"] = clip_grad_norm(self.parameters, self.config.train.max_grad_norm)
         finite = math.isfinite(totals["loss"]) and math.isfinite(totals["grad_norm"])
         if self.config.rollback.enabled and not finite:
             self.optimizer.zero_grad(set_to_none=True)

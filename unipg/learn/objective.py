@@ -63,6 +63,7 @@ from unipg.estimate.weights import OffPolicyWeights, engine_mismatch_weights, we
 
 if TYPE_CHECKING:
     from unipg.config.schema import EstimatorConfig
+    from unipg.learn.lm_batch import LMBatch
 
 
 def as_tokens(x: torch.Tensor) -> torch.Tensor:
@@ -243,6 +244,21 @@ def engine_correction(batch: ObjectiveBatch, tis_cap: float | None) -> tuple[Obj
     weights = torch.where(fresh, tis, torch.ones_like(tis)) * batch.mask.to(tis.dtype)
     behaviour = torch.where(fresh, batch.proximal_logprobs, batch.behaviour_logprobs)
     return replace(batch, behaviour_logprobs=behaviour), weights
+
+
+def mismatch_metrics(batch: "LMBatch", cap: float) -> dict[str, float]:
+    """The gap between the trainer's log-probs before the update (``proximal_logprobs``) and the engine's
+    (``behaviour_logprobs``) on the batch's tokens of the current version: ``mismatch/k3`` (KL(μ_engine‖π_trainer)),
+    ``mismatch/max_ratio``, ``mismatch/fraction_capped`` (share above ``cap``) and ``mismatch/tokens``, how many
+    tokens were compared (only this when every token is stale)."""
+    fresh = fresh_tokens(batch.completion_mask, batch.ages)
+    metrics = {"mismatch/tokens": float(fresh.sum())}
+    if metrics["mismatch/tokens"] > 0:
+        gap = engine_mismatch_weights(batch.proximal_logprobs, batch.behaviour_logprobs, fresh, cap=cap)
+        metrics.update(
+            {f"mismatch/{name}": float(gap.metrics[name]) for name in ("k3", "max_ratio", "fraction_capped")}
+        )
+    return metrics
 
 
 def micro_batch_share(mask: torch.Tensor, batch_mask: torch.Tensor, *, mode: str, norm_length: int | None) -> float:

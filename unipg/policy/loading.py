@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from unipg.config import ConfigError
 from unipg.config.devices import resolve_device, torch_dtype
 from unipg.policy.chat import check_tokenizer
 from unipg.policy.embedded import resolve_model_name
@@ -94,7 +95,9 @@ def first_line(error: Exception) -> str:
     return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
 
 
-def apply_lora(model, *, rank: int, alpha: float, target_modules):
+def apply_lora(model, *, rank: int, alpha: float, target_modules, roles: list[str] = ()):
+    """``model`` wrapped with a LoRA adapter (PEFT's ``default``), or with ``roles``, one adapter per role named after
+    it (``agent.role_policy: adapters``), the first one active; every adapter is trainable."""
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError:
@@ -102,7 +105,15 @@ def apply_lora(model, *, rank: int, alpha: float, target_modules):
     config = LoraConfig(
         r=rank, lora_alpha=alpha, target_modules=target_modules, lora_dropout=0.0, bias="none", task_type="CAUSAL_LM"
     )
-    return get_peft_model(model, config)
+    if not roles:
+        return get_peft_model(model, config)
+    model = get_peft_model(model, config, adapter_name=roles[0])
+    for role in roles[1:]:
+        model.add_adapter(role, config)
+    model.set_adapter(roles[0])
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad_("lora_" in name)
+    return model
 
 
 def reference_mode(requested: str, *, needs_reference: bool, lora: bool) -> str:
@@ -127,9 +138,11 @@ def load_lm_policy(
     trust_remote_code: bool = False,
     device: torch.device | str | None = None,
     chat_template: str | None = None,
+    roles: list[str] = (),
 ) -> LMPolicy:
     """Assemble an ``LMPolicy`` on ``device`` (None: the CPU): the LM, critic and reference in ``dtype``, a value
-    head in float32; a value head saved beside the model (``LMPolicy.save``) is loaded back."""
+    head in float32; a value head saved beside the model (``LMPolicy.save``) is loaded back. ``roles``: one LoRA
+    adapter per role instead of one (``agent.role_policy: adapters``; needs ``lora_rank`` > 0)."""
     tokenizer = load_tokenizer(name, trust_remote_code=trust_remote_code, chat_template=chat_template)
     model = load_causal_lm(name, dtype=dtype, trust_remote_code=trust_remote_code)
     if model.config.vocab_size < len(tokenizer):
@@ -140,7 +153,7 @@ def load_lm_policy(
     if gradient_checkpointing:
         model.gradient_checkpointing_enable()
     if lora_rank > 0:
-        model = apply_lora(model, rank=lora_rank, alpha=lora_alpha, target_modules=lora_target_modules)
+        model = apply_lora(model, rank=lora_rank, alpha=lora_alpha, target_modules=lora_target_modules, roles=roles)
     critic_model = None
     if critic is not None:
         critic_model = CriticModel(load_causal_lm(critic, dtype=dtype, trust_remote_code=trust_remote_code))
@@ -169,9 +182,17 @@ def _load_head(head: torch.nn.Module, folder: Path) -> None:
             ) from None
 
 
-def policy_from_config(config) -> LMPolicy:
-    """The policy a text-task ``Config`` asks for (after any warm start has resolved ``model.name``)."""
+def policy_from_config(config, roles: list[str] = ()) -> LMPolicy:
+    """The policy a text-task ``Config`` asks for (after any warm start has resolved ``model.name``); ``roles``: the
+    task's, which get an adapter each with ``agent.role_policy: adapters``."""
     model, est = config.model, config.estimator
+    adapters = config.agent.role_policy == "adapters"
+    if adapters and not roles:
+        raise ConfigError(
+            f"agent.role_policy=adapters trains a LoRA adapter per role of a multi-role task, and task "
+            f"'{config.task.name}' has one role; set agent.role_policy=shared, or task.name to a multi-role task "
+            "(e.g. solver_checker)"
+        )
     needs_reference = est.kl_coef > 0 or est.kl_control == "adaptive"
     policy = load_lm_policy(
         model.name,
@@ -187,6 +208,7 @@ def policy_from_config(config) -> LMPolicy:
         trust_remote_code=model.trust_remote_code,
         device=resolve_device(config.device),
         chat_template=model.chat_template,
+        roles=list(roles) if adapters else [],
     )
     check_policy_fits(policy, config)
     return policy

@@ -83,6 +83,14 @@ def rollout_batch(groups: list[Group], version: int, *, pad_id: int, offline: li
     )
 
 
+def row_roles(config, groups: list[Group]) -> dict[str, list[str]]:
+    """With an adapter per role (``agent.role_policy: adapters``), the learner's ``roles`` argument: the role of each
+    row of the batch of ``groups`` (laid out as ``rollout_batch`` does); else nothing to pass."""
+    if config.agent.role_policy != "adapters":
+        return {}
+    return {"roles": [t.role for g in groups for t in g.items for _ in t.rows]}
+
+
 def train_step(
     runtime: Runtime,
     learner: LMLearner,
@@ -109,6 +117,7 @@ def train_step(
         groups, step = runtime.next_groups(update - 1, runtime.groups_per_step - recorded)
     extra = offline.take(recorded, update - 1) if recorded else []
     batch = rollout_batch(groups, update - 1, pad_id=learner.policy.pad_id, offline=extra)
+    roles = row_roles(learner.config, [*groups, *extra])
     fresh = [t for g in groups for t in g.items]
     record = step_record(step, fresh, batch, group_size=group_size, tools=tools)
     if greedy is not None:
@@ -119,13 +128,16 @@ def train_step(
         episodes.write(fresh, update=update)
     with timer("logprob"):
         # keys with a namespace of their own (mismatch/...) are logged as they are
-        record.update({k if "/" in k else f"train/{k}": v for k, v in learner.prepare(batch).items()})
+        record.update({k if "/" in k else f"train/{k}": v for k, v in learner.prepare(batch, **roles).items()})
         if offline is not None:
             record.update(
                 offline_metrics(batch, sum(len(t.rows) for g in extra for t in g.items), learner.policy, learner.config)
             )
     with timer("update"):
-        record.update({f"train/{k}": v for k, v in learner.update(batch).items()})
+        # each role's adapter's metrics (agent.role_policy: adapters) are role/<role>/...
+        record.update(
+            {k if k.startswith("role/") else f"train/{k}": v for k, v in learner.update(batch, **roles).items()}
+        )
     runtime.publish(update)
     seconds = time.time() - start
     record.update(timer.pop())

@@ -169,7 +169,7 @@ def open_run(
     task = build_task(config, task)
     config = resolve_warm_start(config, task)
     reward_fn = build_rewards(config.task.rewards or task.rewards, defaults=reward_defaults(config))
-    policy = policy_from_config(config)
+    policy = policy_from_config(config, list(task.roles))
     runner = EpisodeRunner(policy, task, config, reward_fn)
     test = held_out(task, config)
     learner = make_learner(policy, config)

@@ -1,8 +1,9 @@
 """Multi-role episodes: several roles (a solver and a checker, say) take turns in one episode.
 
-Each role is a policy; in this version every role is the run's one model, told apart by its role's system
-prompt (``agent.role_policy: shared``). The environment (a ``RoleEnv``) says who acts next. Each role keeps
-its own conversation: its first observation is its prompt, rendered with its system prompt; what another role
+Each role is a policy: the run's one model, told apart by its role's system prompt (``agent.role_policy: shared``),
+or with ``agent.role_policy: adapters`` that model under the role's own LoRA adapter (the engine samples a role's
+turns with its adapter active; each role's rows train its adapter only, ``unipg.learn.role_adapters``). The
+environment (a ``RoleEnv``) says who acts next. Each role keeps its own conversation: its first observation is its prompt, rendered with its system prompt; what another role
 said reaches it as a ``user`` message, a tool's output as a ``tool`` message. So each role's side of the
 episode is an ordinary ``Trajectory`` — its sampled tokens with their behaviour log-probs and versions, the
 inserted ones masked out — tagged with its role, and the learner trains one row per role per episode.
@@ -15,6 +16,7 @@ empty trajectory (no sampled token, no gradient) so that every episode gives one
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +39,7 @@ class RoleLoop:
     max_new_tokens: int  # per policy turn
     max_total_tokens: int  # per role's trajectory, after its prompt
     context_length: int | None = None
+    role_adapters: bool = False  # sample each role's turns with its own adapter (``agent.role_policy: adapters``)
 
     def __post_init__(self):
         self.budget = AgentLoop(
@@ -48,6 +51,13 @@ class RoleLoop:
             max_total_tokens=self.max_total_tokens,
             context_length=self.context_length,
         )  # its room and tokenize, per trajectory
+
+    @contextlib.asynccontextmanager
+    async def running(self):
+        """What episodes need running around them (the concurrent schedule's rollout too): the engine's batching
+        worker."""
+        async with self.engine.running():
+            yield self
 
     def _start(self, example: Example, role: str, observation: str) -> Trajectory:
         return Trajectory(
@@ -67,7 +77,10 @@ class RoleLoop:
                 if budget <= 0 or mine.turns >= self.max_turns:
                     finish = "max_tokens" if budget <= 0 else "max_turns"
                     break
-                out = await self.engine.generate(mine.prompt_ids + mine.token_ids, max_new_tokens=budget, order=order)
+                adapter = {"role": role} if self.role_adapters else {}  # engines without adapters take no role
+                out = await self.engine.generate(
+                    mine.prompt_ids + mine.token_ids, max_new_tokens=budget, order=order, **adapter
+                )
                 mine.add_turn(out)
                 observation, reward, done, info = await env.step(out.text)
                 info = TurnInfo.of(info)
@@ -106,7 +119,7 @@ class RoleLoop:
         self, envs: list[RoleEnv], examples: list[Example], *, concurrency: int | None = None
     ) -> list[list[Trajectory]]:
         """One episode per (env, example) concurrently; each episode's trajectories, in input order."""
-        async with self.engine.running():
+        async with self.running():
             return await run_concurrently(
                 lambda i: self.run_episode(envs[i], examples[i], order=i), len(examples), concurrency
             )

@@ -1,0 +1,100 @@
+"""Runs of a multi-role task with a LoRA adapter per role (``agent.role_policy: adapters``): both adapters train,
+checkpoints hold both with their optimizer state, and a resumed run continues exactly."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from unipg.checkpoint.files import load_checkpoint
+from unipg.checkpoint.store import CheckpointStore
+from unipg.config import ConfigError, load_config
+from unipg.observe.metrics import read_metrics
+from unipg.runtime.lm import train_lm
+
+pytestmark = pytest.mark.e2e
+pytest.importorskip("peft")
+
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "solver_checker.yaml"
+ROLES = ("solver", "checker")
+# one verdict per episode, so every episode ends within its budget; the entropy bonus gives every row with a
+# sampled token a gradient, whatever its advantage
+TINY = [
+    "task.options={digits: 2, num_train: 30, num_test: 4, max_rounds: 1}",
+    "model.warm_start=false",
+    "model.lora_rank=4",
+    "agent.role_policy=adapters",
+    "sample.samples_per_prompt=2",
+    "sample.max_new_tokens=12",
+    "agent.max_total_tokens=48",
+    "train.batch_size=4",
+    "train.mini_batch_size=4",
+    "train.micro_batch_size=4",
+    "estimator.entropy_coef=0.01",
+    "eval.every_updates=2",
+    "eval.max_examples=2",
+    "checkpoint.every_updates=1",
+    "deterministic=true",
+    "log.progress=false",
+    "log.tensorboard=false",
+]
+
+
+def adapters_config(output_dir, name: str, updates: int, *extra: str):
+    return load_config(
+        CONFIG, TINY + [f"log.output_dir={output_dir}", f"log.run_name={name}", f"train.updates={updates}", *extra]
+    )
+
+
+def latest_tensors(run_dir) -> dict:
+    return load_checkpoint(CheckpointStore(run_dir / "checkpoints").latest()).tensors
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_both_adapters_train_and_are_saved_with_their_grad_norms(tmp_path, staleness):
+    config = adapters_config(tmp_path, "team", 2, f"runtime.max_staleness={staleness}")
+    result = train_lm(config, log=lambda text: None)
+    steps = [record for record in read_metrics(result.run_dir) if "train/loss" in record]
+    assert len(steps) == 2
+    for role in ROLES:
+        assert all(record[f"role/{role}/grad_norm"] > 0 for record in steps), role
+        assert f"rollout/{role}/reward_mean" in steps[0]
+    tensors = latest_tensors(result.run_dir)
+    assert set(tensors) == {"adapter_model.solver", "adapter_model.checker", "optimizer"}
+    for role in ROLES:  # LoRA's B starts at zero: a non-zero B was trained
+        assert any(t.abs().sum() > 0 for name, t in tensors[f"adapter_model.{role}"].items() if "lora_B" in name)
+    assert tensors["adapter_model.solver"].keys() == tensors["adapter_model.checker"].keys()
+    for role in ROLES:  # the final model: PEFT's folder per adapter
+        assert (result.run_dir / "policy" / role / "adapter_model.safetensors").is_file()
+
+
+def test_a_resumed_adapters_run_equals_the_uninterrupted_one(tmp_path):
+    full = train_lm(adapters_config(tmp_path, "full", 2), log=lambda text: None)
+    first = train_lm(adapters_config(tmp_path, "split", 1), log=lambda text: None)
+    resumed = train_lm(adapters_config(tmp_path, "split", 2), resume=first.run_dir, log=lambda text: None)
+    assert resumed.resumed_from == 1 and resumed.samples == full.samples
+    expected, got = latest_tensors(full.run_dir), latest_tensors(resumed.run_dir)
+    assert expected.keys() == got.keys()
+    for group in expected:
+        assert expected[group].keys() == got[group].keys()
+        for name in expected[group]:
+            assert torch.equal(expected[group][name], got[group][name]), (group, name)
+
+
+def test_adapters_need_a_multi_role_task_and_lora(tmp_path, embedded_path):
+    one_role = load_config(
+        None,
+        [
+            "task.name=arithmetic",
+            "algorithm=grpo",
+            f"model.name={embedded_path}",
+            "model.lora_rank=4",
+            "agent.role_policy=adapters",
+            f"log.output_dir={tmp_path}",
+            "log.progress=false",
+        ],
+    )
+    with pytest.raises(ConfigError, match="task 'arithmetic' has one role; set agent.role_policy=shared"):
+        train_lm(one_role, log=lambda text: None)
+    with pytest.raises(ConfigError, match=r"set model.lora_rank \(e.g. 8\)"):
+        load_config(CONFIG, [item for item in TINY if item != "model.lora_rank=4"])
