@@ -41,6 +41,7 @@ REPORTS = {
     "scale_model.py": ("scale model: ",),
     "soak.py": ("RSS trend over the second half:",),
     "staleness_ablation.py": ("runs, 1 at a time,",),
+    "team_vs_solo.py": ("| seed | solo pass@1 | team pass@1 |", "| 0 | ", "2 runs, one at a time,"),
     "threads.py": ("threads, batch",),
     "vs_trl.py": ("seed 0: training with trl ...", "samples/s ratio unipg / TRL:"),
 }
@@ -56,6 +57,7 @@ TRAINS = {
     "same_metrics.py",
     "soak.py",
     "staleness_ablation.py",
+    "team_vs_solo.py",
     "vs_trl.py",
 }
 
