@@ -15,6 +15,7 @@ from unipg.sample.agent import Trajectory
 from unipg.sample.episodes import EpisodeRunner, demonstration_pairs
 from unipg.tasks.base import Example, make_task
 from unipg.tasks.rewards.rules import build_rewards
+from unipg.tasks.solver_checker import checker_observation
 from unipg.tools.base import format_tool_call
 
 PROBLEM = Example("What is 12*34?", "408", "", {"answer": "408"})
@@ -111,7 +112,7 @@ def test_each_role_gets_an_ordinary_masked_trajectory_of_its_own_conversation(em
         proposals = [text for text, info in zip(solver.turn_texts, solver.infos) if "proposal_correct" in info.extras]
         assert bool(judge.turns) == bool(proposals)  # the checker acts once the solver proposed something
         if proposals:  # the checker's prompt is its first observation: the problem and the first proposal
-            assert judge.prompt_ids == checker(f"{solver.example.prompt} Proposed: {proposals[0].strip()}")
+            assert judge.prompt_ids == checker(checker_observation(solver.example, proposals[0]))
 
 
 def test_groups_lay_out_roles_so_that_group_advantages_compare_one_role_on_one_prompt():

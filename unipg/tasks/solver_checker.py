@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 import re
 
+from unipg.tasks.answers import extract_final_answer
 from unipg.tasks.base import TASKS, Example, Task
 from unipg.tasks.calculator import calculator_task
 from unipg.tools.base import format_tool_call
@@ -24,8 +25,17 @@ ACCEPT = "ACCEPT"
 
 
 def checker_observation(example: Example, proposal: str) -> str:
-    """What the checker is asked: the problem and the solver's proposal."""
-    return f"{example.prompt} Proposed: {proposal.strip()}"
+    """What the checker is asked: the problem and the answer the solver proposed.
+
+    The proposal's final answer, not its words: the solver answers in a sentence when it guesses ("The answer is
+    299114.") and with the bare result after a calculator call, while the checker's demonstrations show the bare
+    number; a sentence would put the checker's input outside everything it was warm-started on.
+
+    >>> checker_observation(Example("What is 12*34?", "408", ""), "The answer is 418.")
+    'What is 12*34? Proposed: 418'
+    """
+    answer = extract_final_answer(proposal)
+    return f"{example.prompt} Proposed: {proposal.strip() if answer is None else answer}"
 
 
 ROLE_PROMPTS = {SOLVER: "solve", CHECKER: "check"}  # short: the embedded model reads one character per token
