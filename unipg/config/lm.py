@@ -137,8 +137,8 @@ class AgentConfig(Section):
     role_policy: Literal["shared", "adapters"] = "shared"
     """how the roles of a multi-role task are parameterised: shared = one model, told apart by role prompts;
     adapters = one LoRA adapter per role on one base model (needs model.lora_rank > 0), each role's turns sampled
-    and its rows trained with its own adapter, which has its own optimizer state (sample.engine=hf, one learner
-    process, no value head or critic)."""
+    and its rows trained with its own adapter, which has its own optimizer state (one learner process, no value
+    head or critic)."""
     tool_prompt: bool = True
     """describe the tools to the model: through the chat template's tools argument when it has one, else in
     the system message."""

@@ -322,7 +322,6 @@ def role_adapter_problems(config: Config) -> list[str]:
     fix = "or agent.role_policy=shared (one model, a system prompt per role)"
     unsupported = {  # what is set → what to set instead
         "model.lora_rank=0 (no adapter)": (config.model.lora_rank == 0, "model.lora_rank (e.g. 8)"),
-        f"sample.engine={config.sample.engine}": (config.sample.engine != "hf", "sample.engine=hf"),
         f"train.learner_processes={config.train.learner_processes}": (
             config.train.learner_processes > 1,
             "train.learner_processes=1",

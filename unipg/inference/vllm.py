@@ -9,7 +9,8 @@
   correction sees the difference (``TurnOutput.engine`` names the engine).
 - Weights: vLLM loads the model from a folder this engine writes (``save_base_model``). A new version is
   loaded in place (``reload_weights``) once the requests in flight have finished; with LoRA only the adapter
-  moves: it is saved in PEFT format and requests then carry a ``LoRARequest`` with a new id per version. With
+  moves: it is saved in PEFT format and requests then carry a ``LoRARequest`` with a new id per version; with one
+  adapter per role (``agent.role_policy: adapters``) a request of a role carries its role's (``vllm_adapters``). With
   ``runtime.partial_rollouts`` a load does not wait: the turns in flight are interrupted, and continue under the
   new weights from the tokens they had (``vllm_core``); each turn says which of its tokens which version sampled
   (``TurnOutput.version_changes``).
@@ -39,9 +40,10 @@ import torch
 
 from unipg.config.timeouts import WaitTimeout
 from unipg.inference.base import ENGINES, SamplingParams, TurnOutput
+from unipg.inference.vllm_adapters import AdapterVersions
 from unipg.inference.vllm_core import StepLoop, turn_versions
 from unipg.inference.vllm_setup import engine_args, import_vllm, vllm_sampling
-from unipg.policy.adapters import base_state_dict, has_adapter, save_adapter, save_base_model
+from unipg.policy.adapters import base_state_dict, has_adapter, role_adapter_names, save_base_model
 from unipg.policy.generation import cut_at_stop
 from unipg.policy.lm import LMPolicy
 
@@ -71,8 +73,6 @@ class VLLMEngine:
         self.lora = has_adapter(policy.model)
         self.partial = config.runtime.partial_rollouts  # a weight load interrupts the turns in flight
         self.version = 0  # the weights version vLLM holds
-        self._adapter, self._adapters = None, []  # the LoRA request of the version, and the adapters on disk
-        self._saved = self._adapter_ids = 0  # adapters saved (their folders' names), and adapter ids given
         self._folder = Path(tempfile.mkdtemp(prefix="unipg-vllm-"))
         self._sleeping, self._serving = False, 0  # asleep; services running on the engine
         self._counters = {"engine/weight_sync_seconds": 0.0, "engine/weight_syncs": 0.0}
@@ -87,6 +87,7 @@ class VLLMEngine:
                 dtype=config.model.dtype,
                 seed=config.seed,
                 lora_rank=config.model.lora_rank if self.lora else 0,
+                adapters=len(role_adapter_names(policy.model)),
             )
             self.llm = LLMEngine.from_engine_args(args)
         except BaseException:
@@ -101,8 +102,9 @@ class VLLMEngine:
             random.setstate(random_states[0])
             np.random.set_state(random_states[1])
             torch.set_rng_state(random_states[2])
+        self.adapters = AdapterVersions.of(self.llm, self._folder, policy.model)  # unused without LoRA
         if self.lora:
-            self._save_adapter(0)
+            self._use_adapter(0, self.adapters.save(policy.model))
         self.loop = StepLoop(self.llm, timeout=self.sample.engine_timeout)
         self.load_seconds = time.perf_counter() - start  # start-up: model saved, loaded and warmed up
 
@@ -110,7 +112,7 @@ class VLLMEngine:
         """Load ``model``'s current weights (its adapter, with LoRA) as ``version``, between requests."""
         start = time.perf_counter()
         if self.lora:
-            folder = await asyncio.to_thread(save_adapter, model, self._adapter_folder())
+            folder = await asyncio.to_thread(self.adapters.save, model)
             job = lambda: self._use_adapter(version, folder)  # noqa: E731
         else:
             with torch.no_grad():
@@ -128,28 +130,13 @@ class VLLMEngine:
         self.llm.reset_prefix_cache()  # cached KV blocks were computed by the old weights
         self.version = version
 
-    def _save_adapter(self, version: int) -> None:
-        self._use_adapter(version, save_adapter(self.policy.model, self._adapter_folder()))
-
-    def _adapter_folder(self) -> Path:
-        self._saved += 1
-        return self._folder / f"adapter-{self._saved}"
-
     def _use_adapter(self, version: int, folder: Path) -> None:
-        from vllm.lora.request import LoRARequest
-
-        self._adapter_ids += 1
-        serial = self._adapter_ids  # a new id per version: vLLM caches adapters by id
-        self._adapter = LoRARequest(f"unipg-v{version}-{serial}", serial, str(folder))
-        self._adapters.append((serial, folder))
-        for old, old_folder in self._adapters[:-1]:  # no request in flight uses an older adapter
-            self.llm.remove_lora(old)
-            shutil.rmtree(old_folder, ignore_errors=True)
-        self._adapters = self._adapters[-1:]
+        self.adapters.use(version, folder)
         self.version = version
 
-    def current_adapter(self):
-        return self._adapter
+    def current_adapter(self, role: str | None = None):
+        """The ``LoRARequest`` a request of ``role`` carries now (None: the model's one adapter)."""
+        return self.adapters.request(role)
 
     async def wake(self) -> None:
         """Take back vLLM's GPU memory before a batch. The learner's freed blocks stay in torch's caching allocator
@@ -250,10 +237,17 @@ class VLLMService:
         yield  # vLLM batches continuously: nothing waits for the set of running episodes
 
     async def generate(
-        self, context_ids: list[int], *, max_new_tokens: int, order: int = 0, params: SamplingParams | None = None
+        self,
+        context_ids: list[int],
+        *,
+        max_new_tokens: int,
+        order: int = 0,
+        params: SamplingParams | None = None,
+        role: str | None = None,
     ) -> TurnOutput:
         """Sample one turn continuing ``context_ids`` (``order`` is the hf engine's row order; unused here);
-        ``params`` (optional) replaces the service's sampling parameters for this request."""
+        ``params`` (optional) replaces the service's sampling parameters for this request; ``role``: sample with
+        that role's adapter (``agent.role_policy: adapters``; None: the model's one adapter, if any)."""
         await self._pull()
         policy, params = self.policy, params or self.params
         budget = max_new_tokens
@@ -278,9 +272,8 @@ class VLLMService:
             except RuntimeError:  # the episodes' event loop has closed: no one waits for this answer
                 pass
 
-        request_id = self.engine.loop.submit(
-            list(context_ids), sampling, done, lora=self.engine.current_adapter if self.engine.lora else None
-        )
+        lora = (lambda: self.engine.current_adapter(role)) if self.engine.lora else None  # the version's when it joins
+        request_id = self.engine.loop.submit(list(context_ids), sampling, done, lora=lora)
         try:
             output, version = await self.engine.loop.wait(answer, "a turn")
         except (asyncio.CancelledError, WaitTimeout):

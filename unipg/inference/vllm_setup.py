@@ -43,8 +43,9 @@ def import_vllm():
     return vllm
 
 
-def engine_args(folder: Path, policy: LMPolicy, sample, *, dtype: str, seed: int, lora_rank: int):
-    """vLLM's ``EngineArgs`` for the model saved in ``folder``."""
+def engine_args(folder: Path, policy: LMPolicy, sample, *, dtype: str, seed: int, lora_rank: int, adapters: int = 1):
+    """vLLM's ``EngineArgs`` for the model saved in ``folder``; ``adapters``: how many LoRA adapters one batch may
+    use (one per role with ``agent.role_policy: adapters``)."""
     from vllm import EngineArgs
     from vllm.config import StructuredOutputsConfig
 
@@ -63,7 +64,7 @@ def engine_args(folder: Path, policy: LMPolicy, sample, *, dtype: str, seed: int
     lora = {}
     if lora_rank > 0:
         rank = min(r for r in VLLM_LORA_RANKS if r >= lora_rank)
-        lora = {"enable_lora": True, "max_lora_rank": rank, "max_loras": 2}
+        lora = {"enable_lora": True, "max_lora_rank": rank, "max_loras": max(2, adapters)}
     return EngineArgs(
         model=str(folder),
         tokenizer=str(folder),
