@@ -125,8 +125,8 @@ class Chaos:
             self.runtimes.append(self._original_build(*a, **k))
             return self.runtimes[-1]
 
-        def policy_from_config(config):
-            policy = self._original_policy(config)
+        def policy_from_config(config, roles=()):
+            policy = self._original_policy(config, roles)
             backward = {"calls": 0}
             per_update = config.train.batch_size // config.train.micro_batch_size * config.train.num_epochs
 
