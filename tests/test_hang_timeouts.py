@@ -169,7 +169,9 @@ def test_a_turn_whose_engine_step_never_returns_fails_with_the_engine_timeout():
 
 def test_a_weight_sync_whose_reload_never_returns_fails_with_the_engine_timeout():
     llm = StuckEngine()
-    engine = SimpleNamespace(lora=False, llm=llm, loop=StepLoop(llm, timeout=0.5), _counters={}, version=0)
+    engine = SimpleNamespace(
+        lora=False, partial=False, llm=llm, loop=StepLoop(llm, timeout=0.5), _counters={}, version=0
+    )
     engine._reload = functools.partial(VLLMEngine._reload, engine)
     with pytest.raises(WaitTimeout, match="while loading the weights of version 3 waited on it within sample"):
         asyncio.run(VLLMEngine.load(engine, 3, torch.nn.Linear(2, 2)))
