@@ -1,5 +1,6 @@
-"""The vLLM service's request seeds are drawn on the device of the generator it was handed."""
+"""The vLLM service: request seeds drawn on the device of the generator it was handed; what vLLM reports per step."""
 
+import pytest
 import torch
 
 from unipg.inference.vllm import request_seed
@@ -28,3 +29,21 @@ def test_turn_versions_say_which_version_sampled_which_tokens_of_an_interrupted_
     assert turn_versions([(4, 2), (4, 3)], 5, 10) == (2, ((4, 5),))  # nothing sampled between two loads
     assert turn_versions([(4, 2), (7, 3)], 4, 7) == (2, ((4, 3),))  # the last load came after its last token
     assert turn_versions([(4, 2)], 2, 9) == (2, ())  # a load of the same version changes nothing
+
+
+def test_only_requests_a_weight_load_may_interrupt_report_their_tokens_after_every_step():
+    # An interrupted request continues from the tokens it had, which vLLM reports only for cumulative outputs;
+    # any other request is reported once it finishes, so no output is copied per step for it.
+    pytest.importorskip("vllm")
+    from vllm.sampling_params import RequestOutputKind
+
+    from unipg.inference.base import SamplingParams
+    from unipg.inference.vllm_setup import vllm_sampling
+
+    def kind(interruptible: bool):
+        return vllm_sampling(
+            SamplingParams(temperature=1.0), max_tokens=8, seed=0, eos_ids=[1], interruptible=interruptible
+        ).output_kind
+
+    assert kind(True) == RequestOutputKind.CUMULATIVE
+    assert kind(False) == RequestOutputKind.FINAL_ONLY

@@ -262,7 +262,9 @@ class VLLMService:
         seed = params.seed
         if seed is None and self.generator is not None:
             seed = request_seed(self.generator)
-        sampling = vllm_sampling(params, max_tokens=budget, seed=seed, eos_ids=policy.eos_ids)
+        sampling = vllm_sampling(
+            params, max_tokens=budget, seed=seed, eos_ids=policy.eos_ids, interruptible=self.engine.partial
+        )
         loop = asyncio.get_running_loop()
         answer = loop.create_future()
 

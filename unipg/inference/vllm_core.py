@@ -9,9 +9,10 @@ a function (loading weights, sleeping) that runs once no request is in flight, s
 one weights version, and requests submitted after it wait until it ran.
 
 An interrupting ``call`` (``interrupt=True``: a weight load with ``runtime.partial_rollouts``) does not wait for the
-requests in flight: it takes each one's tokens so far (the engine reports every running request's cumulative
-output after each step), aborts it, runs, and submits it again with those tokens appended to its prompt and its
-token budget reduced by them. Its caller gets one output for the whole turn (``ResumedOutput``), whose ``pauses``
+requests in flight: it takes each one's tokens so far (the engine reports the cumulative output of every running
+request submitted with ``RequestOutputKind.CUMULATIVE`` after each step; one reported only when it finishes starts
+its turn again), aborts it, runs, and submits it again with those tokens appended to its prompt and its token budget
+reduced by them. Its caller gets one output for the whole turn (``ResumedOutput``), whose ``pauses``
 say how many of its tokens were sampled before each interruption, and the ``tag`` of that call (the weights
 version the tokens before it were sampled by). A resumed request's prompt is computed again under the new weights
 (the prefix cache is reset at a load), which is the price of not waiting for the longest turn in flight.

@@ -82,13 +82,19 @@ def engine_args(folder: Path, policy: LMPolicy, sample, *, dtype: str, seed: int
     )
 
 
-def vllm_sampling(params: SamplingParams, *, max_tokens: int, seed: int | None, eos_ids: list[int]):
+def vllm_sampling(
+    params: SamplingParams, *, max_tokens: int, seed: int | None, eos_ids: list[int], interruptible: bool = False
+):
     """Our ``SamplingParams`` as vLLM's: same temperature, top-p/top-k, stop strings, end tokens (none: a turn
     ends at a stop string or ``max_tokens``), JSON schema (vLLM's structured outputs); the sampled token's
     log-prob. vLLM detokenizes only where stop strings need it: the engine decodes the sampled ids itself, and
-    vLLM's text and decoded log-prob tokens are per-step work on the engine's thread that nothing reads."""
+    vLLM's text and decoded log-prob tokens are per-step work on the engine's thread that nothing reads.
+
+    ``interruptible``: a weight load may interrupt the request (``runtime.partial_rollouts``), which then needs
+    its tokens so far after every step (``vllm_core``); any other request is reported once, when it finishes,
+    sparing vLLM a copy of every running request's output at each step."""
     from vllm import SamplingParams as VLLMSamplingParams
-    from vllm.sampling_params import StructuredOutputsParams
+    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
     structured = None if params.json_schema is None else StructuredOutputsParams(json=params.json_schema)
     return VLLMSamplingParams(
@@ -105,4 +111,5 @@ def vllm_sampling(params: SamplingParams, *, max_tokens: int, seed: int | None, 
         ignore_eos=not eos_ids,
         structured_outputs=structured,
         detokenize=bool(params.stop),
+        output_kind=RequestOutputKind.CUMULATIVE if interruptible else RequestOutputKind.FINAL_ONLY,
     )
