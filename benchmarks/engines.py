@@ -1,5 +1,6 @@
 """Inference engines side by side: unipg on ``hf``, unipg on ``vllm``, and vLLM alone (the same requests sent
-straight to vLLM, without unipg), on the embedded model, one process, one after the other.
+straight to vLLM, without unipg), on the embedded model, in one process: the two unipg engines take turns pass by
+pass (hf's requests, then vllm's), vLLM alone runs last (one vLLM engine per process).
 
 Printed per engine:
 
@@ -99,20 +100,38 @@ def multi_turn(service, policy, args) -> tuple[float, float]:
     return args.episodes / seconds, service.prefill_tokens / max(service.turns, 1)
 
 
-def unipg_engine(name: str, policy, config, args) -> dict[str, float]:
+def start_engine(name: str, policy, config, args):
+    """The engine and its load seconds (hf: the policy's; vllm: its start-up on the policy's model)."""
     start = time.perf_counter()
     engine = ENGINES.get(name)(policy, config)
-    load = time.perf_counter() - start + args.policy_load
+    return engine, time.perf_counter() - start + args.policy_load
+
+
+def unipg_engines(policy, config, args) -> dict[str, dict[str, float]]:
+    """``hf`` and ``vllm`` side by side: each pass runs every engine's single-turn requests, then every engine's
+    episodes, so a change of the machine's load between passes moves both rows, not their ratio."""
+    engines, rows = {}, {}
     try:
-        params, generator = SamplingParams(temperature=1.0), torch.Generator().manual_seed(args.seed)
-        make = lambda: engine.service(params, generator, batch_wait=0.005, max_batch=1024)  # noqa: E731
+        for name in ("hf", "vllm"):
+            engines[name], load = start_engine(name, policy, config, args)
+            rows[name] = {"load s": load}
+        params = SamplingParams(temperature=1.0)
+        generators = {name: torch.Generator().manual_seed(args.seed) for name in engines}
+
+        def service(name: str):  # the same sampling and batching settings for both engines
+            return engines[name].service(params, generators[name], batch_wait=0.005, max_batch=1024)
+
         for _ in range(2):  # the first pass warms up (vLLM on CPU prepares its kernels per batch shape)
-            tokens = single_turn(make(), prompt_ids(policy, args.prompts), args.new_tokens)
-            episodes, prefill = multi_turn(make(), policy, args)
-        sync = weight_sync(name, engine, policy)
+            for name in engines:
+                rows[name]["tokens/s"] = single_turn(service(name), prompt_ids(policy, args.prompts), args.new_tokens)
+            for name in engines:
+                rows[name]["episodes/s"], rows[name]["prefill/turn"] = multi_turn(service(name), policy, args)
+        for name, engine in engines.items():
+            rows[name]["sync s"] = weight_sync(name, engine, policy)
     finally:
-        engine.close()
-    return {"tokens/s": tokens, "episodes/s": episodes, "prefill/turn": prefill, "load s": load, "sync s": sync}
+        for engine in engines.values():
+            engine.close()
+    return {f"unipg {name}": row for name, row in rows.items()}
 
 
 def weight_sync(name: str, engine, policy) -> float:
@@ -202,11 +221,7 @@ def main() -> None:
     policy = load_lm_policy(args.model)
     args.policy_load = time.perf_counter() - start
     policy.eos_ids = []  # every engine samples exactly --new-tokens / --turn-tokens tokens
-    results = {
-        "unipg hf": unipg_engine("hf", policy, config, args),
-        "unipg vllm": unipg_engine("vllm", policy, config, args),
-        "vLLM alone": vllm_alone(policy, config, args),
-    }
+    results = {**unipg_engines(policy, config, args), "vLLM alone": vllm_alone(policy, config, args)}
     columns = ["tokens/s", "episodes/s", "prefill/turn", "load s", "sync s"]
     print(f"\n{'engine':<12}" + "".join(f"{c:>14}" for c in columns))
     for name, row in results.items():
