@@ -110,51 +110,64 @@ def unified_objective(
     kl_coef: float = 0.0,
     report_importance_ess: bool = False,
     tis_cap: float | None = None,
+    tensor_metrics: bool = False,
 ) -> ObjectiveOutput:
     """policy loss + kl_coef·KL + value_loss_coef·value loss − entropy_coef·entropy of ``batch``.
 
     ``settings`` is the ``estimator`` config section. ``kl_coef`` scales the KL to the reference in the loss
     (0: only report it). ``tis_cap``: correct the engine gap of age-0 tokens (module docstring); None: no
     correction. Metrics: policy_loss and the policy loss's own, approx_kl, kl_to_reference, value_loss, entropy,
-    weights_* (off-policy weight statistics), importance_ess (when asked) and loss.
+    weights_* (off-policy weight statistics), importance_ess (when asked) and loss. With ``tensor_metrics`` the
+    metrics are detached 0-d tensors, not floats: a caller that only reports their mean over many steps reads
+    them once then, instead of each one after every step.
     """
     batch, engine_weights = engine_correction(batch, tis_cap)
     weights = off_policy_weights(settings, batch.logprobs.detach(), batch.behaviour_logprobs, batch.mask, age=batch.age)
     combined = weights.weights if weights is not None else None
     if engine_weights is not None:
         combined = engine_weights if combined is None else combined * engine_weights
-    loss, metrics = policy_term(batch, settings, combined)
+    loss, metrics = policy_term(batch, settings, combined, tensor_metrics=tensor_metrics)
+    read = _tensor_metric if tensor_metrics else _float_metric
     if batch.reference_logprobs is not None:
         kl = KL_ESTIMATORS.call(
             settings.kl_estimator, {"logprobs": batch.logprobs, "ref_logprobs": batch.reference_logprobs}
         )
         if kl_coef > 0:
             loss = loss + kl_coef * aggregate(kl, batch.mask, mode=settings.loss_agg_mode)
-        metrics["kl_to_reference"] = float(masked_mean(kl.detach(), batch.mask))
+        metrics["kl_to_reference"] = read(masked_mean(kl.detach(), batch.mask))
     if batch.values is not None:
         critic = value_loss(
             batch.values, batch.returns, batch.mask, old_values=batch.old_values, clip_range=settings.value_clip_range
         )
         loss = loss + settings.value_loss_coef * critic.loss
-        metrics["value_loss"] = critic.loss.item()
+        metrics["value_loss"] = read(critic.loss)
     if batch.entropy is not None:
         entropy = aggregate(batch.entropy, batch.mask, mode="token-mean")
         if settings.entropy_coef > 0:
             loss = loss - settings.entropy_coef * entropy
-        metrics["entropy"] = entropy.item()
+        metrics["entropy"] = read(entropy)
     if weights is not None:
-        metrics.update({f"weights_{k}": float(v) for k, v in weights.metrics.items()})
+        metrics.update({f"weights_{k}": read(v) for k, v in weights.metrics.items()})
     if report_importance_ess:
-        metrics["importance_ess"] = importance_ess(batch, combined)
-    metrics["loss"] = loss.item()
+        metrics["importance_ess"] = read(importance_ess(batch, combined))
+    metrics["loss"] = read(loss)
     return ObjectiveOutput(loss, metrics)
 
 
+def _float_metric(value: torch.Tensor | float) -> float:
+    return value.item() if isinstance(value, torch.Tensor) else float(value)
+
+
+def _tensor_metric(value: torch.Tensor | float) -> torch.Tensor:
+    """A metric as a detached 0-d tensor (``unified_objective``'s ``tensor_metrics``)."""
+    return value.detach() if isinstance(value, torch.Tensor) else torch.tensor(float(value))
+
+
 def policy_term(
-    batch: ObjectiveBatch, settings: EstimatorConfig, weights: torch.Tensor | None
+    batch: ObjectiveBatch, settings: EstimatorConfig, weights: torch.Tensor | None, *, tensor_metrics: bool = False
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The configured policy loss weighted by ``weights`` (B, T) w (None: 1), its metrics, and approx_kl (k3 of
-    KL(μ‖π)) where the loss does not report it."""
+    KL(μ‖π)) where the loss does not report it; metrics as detached tensors with ``tensor_metrics``."""
     proximal = batch.behaviour_logprobs if batch.proximal_logprobs is None else batch.proximal_logprobs
     data = {
         "logprobs": batch.logprobs,
@@ -165,11 +178,12 @@ def policy_term(
         "weights": weights,
     }
     out = POLICY_LOSSES.call(settings.policy_loss, data, settings)
-    metrics = {"policy_loss": out.loss.item(), **{k: float(v) for k, v in out.metrics.items()}}
+    read = _tensor_metric if tensor_metrics else _float_metric
+    metrics = {"policy_loss": read(out.loss), **{k: read(v) for k, v in out.metrics.items()}}
     if "approx_kl" not in metrics:
         with torch.no_grad():
             log_ratio = batch.logprobs.detach() - batch.behaviour_logprobs
-            metrics["approx_kl"] = float(masked_mean((log_ratio.exp() - 1) - log_ratio, batch.mask))
+            metrics["approx_kl"] = read(masked_mean((log_ratio.exp() - 1) - log_ratio, batch.mask))
     return out.loss, metrics
 
 
