@@ -54,6 +54,19 @@ def test_ppo_objective_sums_its_terms_as_computed_by_hand():
     assert torch.allclose(batch.logprobs.grad, torch.tensor([[1 / 6, 1 / 2], [1 / 6, 0.0]]))
 
 
+def test_tensor_metrics_are_the_float_metrics_as_detached_tensors():
+    settings = EstimatorConfig(
+        policy_loss="ppo", off_policy_weight="truncated_is", kl_estimator="k1", entropy_coef=0.01, value_loss_coef=0.5
+    )
+    floats = unified_objective(token_batch(), settings, kl_coef=0.5, report_importance_ess=True).metrics
+    tensors = unified_objective(
+        token_batch(), settings, kl_coef=0.5, report_importance_ess=True, tensor_metrics=True
+    ).metrics
+    assert list(tensors) == list(floats)
+    assert all(value.dim() == 0 and not value.requires_grad for value in tensors.values())
+    assert {key: value.item() for key, value in tensors.items()} == floats
+
+
 def test_kl_is_only_reported_at_zero_coefficient():
     settings = EstimatorConfig(policy_loss="ppo", kl_estimator="k1", entropy_coef=0.01, value_loss_coef=0.5)
     full = unified_objective(token_batch(), settings, kl_coef=0.5)
@@ -117,7 +130,8 @@ def test_a_gym_update_goes_through_the_objective(calls):
     rollout.close()
     metrics = GradientLearner(policy, config).update(prepare_segment(policy, batch, config.estimator).samples)
     assert len(calls) == 4  # 2 epochs × 2 mini-batches of 16 steps
-    assert all(call == {} for call in calls)  # no reference policy: no KL coefficient
+    # no reference policy: no KL coefficient; metrics kept as tensors, read once per update
+    assert all(call == {"tensor_metrics": True} for call in calls)
     assert {"policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm", "loss"} <= set(metrics)
 
 

@@ -29,6 +29,7 @@ from unipg.estimate.losses import reads_proximal_logprobs, value_loss
 from unipg.estimate.trpo import TRUST_REGION_STEPS
 from unipg.learn import objective
 from unipg.learn.common import clip_grad_norm, shuffled_minibatches
+from unipg.learn.flat_adam import FlatAdam, merge_per_parameter_state
 from unipg.learn.objective import ObjectiveBatch, as_tokens
 from unipg.learn.state import (
     generator_state,
@@ -122,6 +123,17 @@ def normalized(advantages: torch.Tensor, estimator: EstimatorConfig) -> torch.Te
     return advantages
 
 
+def read_fields(samples: dict[str, torch.Tensor], estimator: EstimatorConfig) -> dict[str, torch.Tensor]:
+    """The sample fields the objective reads under ``estimator``: the age only for an off-policy weight (the
+    gymnasium learner has no engine gap to correct), V at rollout time only for value clipping."""
+    unread = set()
+    if estimator.off_policy_weight == "none":
+        unread.add("age")
+    if estimator.value_clip_range is None:
+        unread.add("values")
+    return {key: value for key, value in samples.items() if key not in unread}
+
+
 class LearnerState:
     """What a gym learner's checkpoint holds: its optimizer (``_optimizer``) and its mini-batch generator."""
 
@@ -147,20 +159,13 @@ class GradientLearner(LearnerState):
 
     def __init__(self, policy: MLPActorCritic, config: Config):
         self.policy, self.config = policy, config
-        self.parameters = list(policy.parameters())
         critic_lr = config.train.critic_learning_rate or config.train.learning_rate
-        self.optimizer = torch.optim.Adam(
-            [
-                {
-                    "params": policy.actor_parameters(),
-                    "lr": config.train.learning_rate,
-                    "base_lr": config.train.learning_rate,
-                },
-                {"params": policy.critic_parameters(), "lr": critic_lr, "base_lr": critic_lr},
-            ],
+        # the actor's and the critic's parameters each become views of one flat tensor (unipg.learn.flat_adam)
+        self.adam = FlatAdam(
+            [(policy.actor_parameters(), config.train.learning_rate), (policy.critic_parameters(), critic_lr)],
             eps=config.train.adam_eps,
-            fused=True,
         )
+        self.optimizer = self.adam.optimizer
         self.generator = torch.Generator().manual_seed(config.seed)
 
     def update(self, samples: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -170,14 +175,19 @@ class GradientLearner(LearnerState):
         proximal = self.proximal_logprobs(samples)
         if proximal is not samples["behaviour_logprobs"]:  # else π_prox = μ, which the objective reads as None
             samples["proximal_logprobs"] = proximal
-        history: dict[str, list[float]] = {}
+        samples = read_fields(samples, self.config.estimator)
+        history: dict[str, list[torch.Tensor]] = {}
         for index in shuffled_minibatches(
             valid, train.mini_batch_transitions, epochs=train.num_epochs, generator=self.generator
         ):
             metrics = self._step({key: value.index_select(0, index) for key, value in samples.items()})
             for key, value in metrics.items():
                 history.setdefault(key, []).append(value)
-        return {key: sum(values) / len(values) for key, values in history.items()}
+        if not history:  # no valid sample: no step was taken
+            return {}
+        # each metric's mean over the mini-batch steps, read once per update rather than once per step
+        means = torch.stack([torch.stack(values) for values in history.values()]).double().mean(dim=1)
+        return dict(zip(history, means.tolist()))
 
     def proximal_logprobs(self, samples: dict[str, torch.Tensor]) -> torch.Tensor:
         """log π_prox(a|s) of every sample, the anchor of ``decoupled_ppo``'s trust region.
@@ -194,8 +204,9 @@ class GradientLearner(LearnerState):
             current, _, _ = self.policy.evaluate(samples["observations"], samples["actions"])
         return torch.where(stale, current, behaviour)
 
-    def _step(self, mini: dict[str, torch.Tensor]) -> dict[str, float]:
-        """One gradient step on a mini-batch of flat samples: the unified objective, viewed as (M, 1) tokens."""
+    def _step(self, mini: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """One gradient step on a mini-batch of flat samples: the unified objective, viewed as (M, 1) tokens.
+        Returns its metrics and the gradient norm before clipping, each a detached 0-d tensor."""
         logprobs, entropy, values = self.policy.evaluate(mini["observations"], mini["actions"])
         critic = uses_critic(self.config.estimator)
         batch = ObjectiveBatch.from_steps(
@@ -206,20 +217,24 @@ class GradientLearner(LearnerState):
             age=mini.get("age"),
             entropy=entropy,
             values=values if critic else None,
-            old_values=mini["values"] if critic else None,
+            old_values=mini.get("values") if critic else None,
             returns=mini["returns"] if critic else None,
         )
-        out = objective.unified_objective(batch, self.config.estimator)
-        for parameter in self.parameters:  # zero_grad(set_to_none=True) without its per-call profiling hooks
-            parameter.grad = None
+        out = objective.unified_objective(batch, self.config.estimator, tensor_metrics=True)
+        self.adam.zero_grad()
         out.loss.backward()
-        grad_norm = clip_grad_norm(self.parameters, self.config.train.max_grad_norm)
-        self.optimizer.step()
+        grad_norm = self.adam.clip_grad_norm(self.config.train.max_grad_norm)
+        self.adam.step()
         return {**out.metrics, "grad_norm": grad_norm}
 
     @property
     def _optimizer(self) -> torch.optim.Optimizer:
         return self.optimizer
+
+    def restore(self, tensors: dict[str, torch.Tensor], state: dict) -> None:
+        """``LearnerState.restore``, also from checkpoints written with one Adam state per parameter tensor."""
+        tensors, optimizer = merge_per_parameter_state(tensors, state["optimizer"])
+        super().restore(tensors, {**state, "optimizer": optimizer})
 
     def set_lr_fraction(self, fraction: float) -> float:
         for group in self.optimizer.param_groups:
