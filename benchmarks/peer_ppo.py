@@ -86,6 +86,9 @@ def main() -> None:
     if importlib.util.find_spec("stable_baselines3") is None:
         raise SystemExit("stable-baselines3 is not installed: pip install -e '.[test]' (or '.[bench]') brings it")
     torch.set_num_threads(1)
+    # torch.optim's first optimizer imports torch._dynamo (about a second): imported here, outside both timers
+    # like every other import, rather than by whichever library builds the process's first optimizer
+    importlib.import_module("torch._dynamo")
     peers = ["unipg", "sb3"]
     if args.smoke:
         args.steps, args.repeats = 2_048, 1
