@@ -21,7 +21,7 @@ import time
 import torch
 
 
-def run_unipg(steps: int, seed: int, output_dir: str) -> tuple[float, float]:
+def run_unipg(steps: int, seed: int, output_dir: str) -> tuple[float, float, float]:
     from unipg.config import load_config
     from unipg.runtime.gym import train_gym
 
@@ -36,12 +36,12 @@ def run_unipg(steps: int, seed: int, output_dir: str) -> tuple[float, float]:
             "log.tensorboard=false",
         ],
     )
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     result = train_gym(config)
-    return time.perf_counter() - start, result.final_train_return or float("nan")
+    return time.perf_counter() - start, time.process_time() - start_cpu, result.final_train_return or float("nan")
 
 
-def run_sb3(steps: int, seed: int) -> tuple[float, float]:
+def run_sb3(steps: int, seed: int) -> tuple[float, float, float]:
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_vec_env
 
@@ -66,11 +66,11 @@ def run_sb3(steps: int, seed: int) -> tuple[float, float]:
         device="cpu",
         verbose=0,
     )
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     model.learn(total_timesteps=steps)
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - start_cpu
     returns = [info["r"] for info in model.ep_info_buffer]
-    return elapsed, statistics.fmean(returns) if returns else float("nan")
+    return elapsed, cpu, statistics.fmean(returns) if returns else float("nan")
 
 
 def main() -> None:
@@ -93,20 +93,26 @@ def main() -> None:
     if args.smoke:
         args.steps, args.repeats = 2_048, 1
     times: dict[str, list[float]] = {name: [] for name in peers}
+    cpu_times: dict[str, list[float]] = {name: [] for name in peers}
     with tempfile.TemporaryDirectory() as output_dir:
         for repeat in range(args.repeats):
             for name in peers if repeat % 2 == 0 else peers[::-1]:
-                seconds, final_return = (
+                seconds, cpu_seconds, final_return = (
                     run_unipg(args.steps, repeat, output_dir) if name == "unipg" else run_sb3(args.steps, repeat)
                 )
                 times[name].append(seconds)
+                cpu_times[name].append(cpu_seconds)
                 print(
-                    f"{name:6s} seed {repeat}: {seconds:6.1f} s, {args.steps / seconds:7,.0f} steps/s, "
+                    f"{name:6s} seed {repeat}: {seconds:6.1f} s ({cpu_seconds:5.1f} s CPU), "
+                    f"{args.steps / seconds:7,.0f} steps/s, "
                     f"train return (last 100 episodes) {final_return:.1f}",
                     flush=True,
                 )
     unipg, sb3 = statistics.fmean(times["unipg"]), statistics.fmean(times["sb3"])
     print(f"mean wall time: unipg {unipg:.1f} s, sb3 {sb3:.1f} s; unipg/sb3 = {unipg / sb3:.2f}")
+    # CPU time of the process: less moved than wall time by other jobs on a shared machine
+    unipg_cpu, sb3_cpu = statistics.fmean(cpu_times["unipg"]), statistics.fmean(cpu_times["sb3"])
+    print(f"mean CPU time: unipg {unipg_cpu:.1f} s, sb3 {sb3_cpu:.1f} s; unipg/sb3 = {unipg_cpu / sb3_cpu:.2f}")
 
 
 if __name__ == "__main__":
