@@ -101,15 +101,19 @@ def call_tool(tool, arguments: str) -> str:
         return f"error: {error}"
 
 
-def episodes_per_second(config, task, policy, agent: str | None, examples) -> tuple[float, float]:
-    """(episodes/s, completion rate) of one wave of episodes played by ``agent`` (None: the built-in loop)."""
+def episodes_per_second(config, task, policy, agent: str | None, examples, processes: int) -> tuple[float, float]:
+    """(episodes/s, completion rate) of one wave of episodes played by ``agent`` (None: the built-in loop) in
+    ``processes`` worker processes (0: on the agents' thread). Two episodes first, untimed, for every row: a
+    runner's workers start (and import the agent) once for a whole run, so their start is no cost per episode."""
     from unipg.sample.episodes import EpisodeRunner
     from unipg.tasks.rewards.rules import build_rewards
 
     config = config.model_copy(deep=True)
     config.task.agent = agent
+    config.endpoint.agent_processes = processes
     runner = EpisodeRunner(policy, task, config, build_rewards(config.task.rewards or task.rewards))
     greedy = runner.sampling(greedy=True)
+    runner.run(examples[:2], generator=torch.Generator().manual_seed(0), params=greedy)
     start = time.perf_counter()
     trajectories = runner.run(examples, generator=torch.Generator().manual_seed(0), params=greedy).trajectories
     seconds = time.perf_counter() - start
@@ -179,6 +183,9 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, no warm start: checks the script runs")
     parser.add_argument("--embedded", action="store_true", help="the untrained embedded model (no warm start)")
     parser.add_argument("--generation-ms", type=float, default=0.0, help="added cost of every generate call (ms)")
+    parser.add_argument(
+        "--agent-processes", type=int, default=1, help="endpoint.agent_processes of the external agents (0: a thread)"
+    )
     args = parser.parse_args()
     from unipg.config import load_config
     from unipg.inference import SamplingParams
@@ -208,7 +215,11 @@ def main() -> None:
     if args.generation_ms:
         add_generation_cost(args.generation_ms)
     cost = f", every generate call {args.generation_ms:g} ms slower (--generation-ms)" if args.generation_ms else ""
-    print(f"\n{episodes} greedy calculator episodes, {concurrency} at once{cost}, best of {args.rounds} rounds\n")
+    where = f"in {args.agent_processes} worker process(es)" if args.agent_processes else "on the agents' thread"
+    print(
+        f"\n{episodes} greedy calculator episodes, {concurrency} at once{cost}, external agents {where} "
+        f"(endpoint.agent_processes), best of {args.rounds} rounds\n"
+    )
     print("| agent | episodes/s | / built-in | completion rate |")
     print("|---|---|---|---|")
     rows = [
@@ -221,7 +232,8 @@ def main() -> None:
     best: dict[str, tuple[float, float]] = {}
     for _ in range(args.rounds):  # every row once a round, so that the machine's load reaches each alike
         for name, agent in rows:
-            rate, completion = episodes_per_second(config, task, policy, agent, examples)
+            processes = args.agent_processes if agent is not None else 0
+            rate, completion = episodes_per_second(config, task, policy, agent, examples, processes)
             best[name] = max(best.get(name, (0.0, 0.0)), (rate, completion))
     baseline = best[rows[0][0]][0]
     for name, _ in rows:

@@ -163,6 +163,10 @@ class EndpointConfig(Section):
     """largest request body accepted (larger: HTTP 413)."""
     max_n: int = Field(16, ge=1)
     """most choices (``n``) one request may ask for."""
+    agent_processes: int = Field(0, ge=0)
+    """worker processes the external agent (task.agent) runs in, each with one event loop kept for the run, so
+    that the agents' Python (client, framework) runs off the GIL of the engine and the endpoint; 0 = on an event
+    loop of a thread in this process. The agent's arguments and what it returns must pickle."""
     any_model_name: bool = False
     """answer requests whatever their ``model`` names (for an agent that cannot be told the name); by default only
     the served name, unipg, is answered and another is a 404 model_not_found, as OpenAI answers."""

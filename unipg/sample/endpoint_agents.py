@@ -313,6 +313,8 @@ class ExternalAgentLoop:
             raise AgentFailed("the agent's task was cancelled")
         if task.exception() is not None:
             error = task.exception()
+            if isinstance(error, Stranded):  # the agents' worker process died under it (``agent_processes``)
+                raise error
             raise AgentFailed(f"the agent raised {type(error).__name__}: {str(error)[:200]}")
         return task.result()
 

@@ -24,7 +24,7 @@ from unipg.policy.chat import TurnTemplate, render_agent_prompt
 from unipg.policy.lm import LMPolicy
 from unipg.policy.tool_calls import TOOL_PARSERS, parser_for_template, rewrite_calls
 from unipg.sample.agent import AgentLoop, Trajectory
-from unipg.sample.agent_thread import AgentThreads
+from unipg.sample.agent_processes import agent_threads, played_by
 from unipg.sample.endpoint_agents import AgentStats, EndpointPort, ExternalAgent, ExternalAgentLoop, load_agent
 from unipg.sample.event_loop import EpisodeLoop
 from unipg.sample.roles import RoleLoop
@@ -164,7 +164,7 @@ class EpisodeRunner:
         self.external = load_agent(config.task.agent) if config.task.agent else None  # the user's own agent
         self.agent_stats = AgentStats()
         # kept across batches: where an external agent's endpoint serves, and the thread its agents run on
-        self.endpoint_port, self.agent_threads = EndpointPort(), AgentThreads()
+        self.endpoint_port, self.agent_threads = EndpointPort(), agent_threads(config.task.agent, config.endpoint)
         self.episode_loop = EpisodeLoop()  # the event loop of ``run``'s batches, kept across them
         self.tasks_left_running = 0  # tasks ``run`` left running when its episodes ended, since the last pop
         specs = tool_specs(config, task) if self.external is None else None  # an external agent has its own tools
@@ -233,7 +233,7 @@ class EpisodeRunner:
         leaves unset come from the run: the call format (``tool_parser``) and the process-reward weight
         (``agent.process_weight``, else the task's); a multi-role task's environment gets the roles' shaping."""
         if self.external is not None:
-            return ExternalAgent(self.external, self.reward_fn)
+            return ExternalAgent(played_by(self.agent_threads, self.external), self.reward_fn)
         name, options = self.task.env, dict(self.task.env_options)
         chosen = self.config.task
         if chosen.env is not None:
