@@ -27,6 +27,9 @@ from unipg.policy.token_logprobs import LogitHead, logit_head, token_statistics
 TEMPERATURE = 0.7
 CHUNK = 5  # tokens per chunk: several chunks in every batch below, the last one short
 TOLERANCE = {"atol": 1e-5, "rtol": 1e-5}
+# a parameter's gradient sums over every token of the batch, chunk by chunk here and at once in the whole-logits
+# pass: float32 sums in another order, whose rounding depends on the CPU's vector width (1.1e-5 seen on one machine)
+GRADIENT_TOLERANCE = {"atol": 5e-5, "rtol": 1e-4}
 
 
 def whole_logits_statistics(logits: torch.Tensor, targets: torch.Tensor, temperature: float = TEMPERATURE):
@@ -86,7 +89,7 @@ def test_chunked_statistics_equal_the_whole_logits_with_their_gradients(head):
     torch.testing.assert_close(got.entropy, entropy.detach(), **TOLERANCE)
     torch.testing.assert_close(got.sum_pi_squared, sum_pi_squared.detach(), **TOLERANCE)
     for expected_gradient, gradient in zip(expected, gradients):
-        torch.testing.assert_close(gradient, expected_gradient, **TOLERANCE)
+        torch.testing.assert_close(gradient, expected_gradient, **GRADIENT_TOLERANCE)
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
@@ -116,7 +119,7 @@ def test_policy_logprobs_and_entropy_equal_the_whole_logits_with_their_gradients
     torch.testing.assert_close(out.logprobs[real], logprobs[real].detach(), **TOLERANCE)
     torch.testing.assert_close(out.entropy[real], entropy[real].detach(), **TOLERANCE)
     for expected_gradient, gradient in zip(expected, gradients):
-        torch.testing.assert_close(gradient, expected_gradient, **TOLERANCE)
+        torch.testing.assert_close(gradient, expected_gradient, **GRADIENT_TOLERANCE)
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])

@@ -80,7 +80,9 @@ def test_eval_show_prints_episodes_with_their_calls_and_results(short_run):
     result = CliRunner().invoke(app, ["eval", "--run", str(short_run), "--show", "2"])
     assert result.exit_code == 0, result.output
     assert result.output.count("--- episode") == 2 and result.output.count("prompt:    What is") == 2
-    assert result.output.count("call:      calculator(expression=") >= 2
+    # the 100-step fine-tune writes a well-formed call in most greedy episodes, not in every one on every CPU
+    # (float32 rounding differs by vector width); a malformed call is shown too, with its status
+    assert result.output.count("call:      ") >= 2 and result.output.count("call:      calculator(expression=") >= 1
     assert result.output.count("result:") >= 2 and result.output.count("reward:") == 2
     assert "greedy" in result.output  # the metrics table follows
 
