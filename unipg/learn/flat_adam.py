@@ -19,6 +19,8 @@ import math
 import torch
 from torch import nn
 
+from unipg.learn.common import clip_plain_grads
+
 
 def flatten_group(parameters: list[nn.Parameter]) -> tuple[nn.Parameter, torch.Tensor]:
     """(flat parameter, flat gradient) of ``parameters``, which become views of the two, values kept.
@@ -66,18 +68,11 @@ class FlatAdam:
         for grad in self.grads:
             grad.zero_()
 
-    @torch.no_grad()
     def clip_grad_norm(self, max_norm: float | None) -> torch.Tensor:
         """Scale the gradients so that their global L2 norm is at most ``max_norm`` (None: only measure it), as
-        ``torch.nn.utils.clip_grad_norm_`` does (factor min(1, max_norm / (norm + 1e-6))); returns the pre-clip
-        norm as a 0-d tensor, so that the caller decides when to read it."""
-        norms = [torch.linalg.vector_norm(grad) for grad in self.grads]
-        norm = norms[0] if len(norms) == 1 else torch.linalg.vector_norm(torch.stack(norms))
-        if max_norm is not None and max_norm < math.inf:
-            scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-            for grad in self.grads:
-                grad.mul_(scale)
-        return norm
+        ``torch.nn.utils.clip_grad_norm_`` does; returns the pre-clip norm as a 0-d tensor, so that the caller
+        decides when to read it."""
+        return clip_plain_grads(self.grads, math.inf if max_norm is None else max_norm)
 
     @torch.no_grad()
     def step(self) -> None:
