@@ -47,3 +47,24 @@ def test_only_requests_a_weight_load_may_interrupt_report_their_tokens_after_eve
 
     assert kind(True) == RequestOutputKind.CUMULATIVE
     assert kind(False) == RequestOutputKind.FINAL_ONLY
+
+
+def test_vllms_cpu_norm_kernels_give_the_native_norms_results_and_leave_it_the_arguments_they_do_not_take():
+    pytest.importorskip("vllm")
+    if torch.cuda.is_available():
+        pytest.skip("the CPU kernels are registered on a CPU only")
+    from unipg.inference.vllm_setup import CPU_KERNELS, cpu_kernel_priority, import_vllm
+
+    import_vllm()
+    from vllm import ir
+
+    assert cpu_kernel_priority() == {"rms_norm": [CPU_KERNELS], "fused_add_rms_norm": [CPU_KERNELS]}
+    generator = torch.Generator().manual_seed(0)
+    x, residual, weight = (torch.randn(shape, generator=generator) for shape in ((5, 128), (5, 128), (128,)))
+    norm, native_norm = (ir.ops.rms_norm.impls[p] for p in (CPU_KERNELS, "native"))
+    torch.testing.assert_close(norm.impl_fn(x, weight, 1e-6), native_norm.impl_fn(x, weight, 1e-6))
+    fused, native_fused = (ir.ops.fused_add_rms_norm.impls[p] for p in (CPU_KERNELS, "native"))
+    expected = native_fused.impl_fn(x.clone(), residual.clone(), weight, 1e-6)
+    torch.testing.assert_close(fused.impl_fn(x.clone(), residual.clone(), weight, 1e-6), expected)
+    assert not norm.supports_args(x, weight, 1e-6, variance_size=64)  # a variance over part of the channels
+    assert not fused.supports_args(x.t(), residual.t(), weight, 1e-6)  # strided input

