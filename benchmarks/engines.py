@@ -13,7 +13,11 @@ Printed per engine:
 - every figure the best of ``--passes`` passes after a first, unmeasured one (vLLM on CPU prepares kernels per
   batch shape on first use); the machine's load moves single passes by tens of percent;
 - model load (hf: the policy; vllm: start-up of the engine on it; vLLM alone: its ``LLM``) and weight sync
-  (one new version into the engine: hf ``load_state_dict`` into the sampling copy, vllm ``reload_weights``).
+  (one new version into the engine: hf ``load_state_dict`` into the sampling copy, vllm ``reload_weights``);
+- multi-turn CPU time per episode (this process's, all its threads; the least of the measured passes): what an
+  engine costs whatever share of the cores the machine's other work leaves it;
+- the thread settings each engine's passes ran under (torch's threads, the process's CPU affinity, OpenMP's
+  environment), so a setting vLLM's start-up changed would show as a difference between the two rows.
 
     python benchmarks/engines.py                                   # 256 × 128 single-turn, 64 × 4-turn episodes
     python benchmarks/engines.py --prompts 16 --new-tokens 16 --episodes 8 --turns 2   # a quick check
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
+import os
 import random
 import time
 
@@ -76,8 +81,8 @@ def single_turn(service, prompts: list[list[int]], new_tokens: int) -> float:
     return asyncio.run(run())
 
 
-def multi_turn(service, policy, args) -> tuple[float, float]:
-    """Episodes per second and prefill tokens per turn."""
+def multi_turn(service, policy, args) -> tuple[float, float, float]:
+    """Episodes per second, prefill tokens per turn and this process's CPU milliseconds per episode."""
     rng = random.Random(args.seed)
     delays = [
         [args.latency * rng.lognormvariate(0.0, args.sigma) for _ in range(args.turns)] for _ in range(args.episodes)
@@ -94,10 +99,20 @@ def multi_turn(service, policy, args) -> tuple[float, float]:
         max_total_tokens=400,
         context_length=policy.context_length,
     )
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     asyncio.run(loop.run_episodes(envs, examples))
-    seconds = time.perf_counter() - start
-    return args.episodes / seconds, service.prefill_tokens / max(service.turns, 1)
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return args.episodes / seconds, service.prefill_tokens / max(service.turns, 1), 1000 * cpu / args.episodes
+
+
+def thread_settings() -> str:
+    """What decides how this process's engines use the cores: torch's intra-op and inter-op threads, the CPU
+    affinity, and the OpenMP variables (vLLM sets them for the worker processes it spawns)."""
+    openmp = {k: v for k, v in sorted(os.environ.items()) if k.startswith(("OMP_", "KMP_", "GOMP_"))}
+    return (
+        f"torch threads {torch.get_num_threads()} (inter-op {torch.get_num_interop_threads()}), "
+        f"CPUs {sorted(os.sched_getaffinity(0))}, OpenMP environment {openmp or 'unset'}"
+    )
 
 
 def start_engine(name: str, policy, config, args):
@@ -111,6 +126,7 @@ def unipg_engines(policy, config, args) -> dict[str, dict[str, float]]:
     """``hf`` and ``vllm`` side by side: each pass runs every engine's single-turn requests, then every engine's
     episodes, so a change of the machine's load between passes moves both rows, not their ratio."""
     engines, rows = {}, {}
+    settings = {"hf": set(), "vllm": set()}
     try:
         for name in ("hf", "vllm"):
             engines[name], load = start_engine(name, policy, config, args)
@@ -126,19 +142,22 @@ def unipg_engines(policy, config, args) -> dict[str, dict[str, float]]:
                 tokens = single_turn(service(name), prompt_ids(policy, args.prompts), args.new_tokens)
                 keep_best(rows[name], "tokens/s", tokens, measured)
             for name in engines:
-                episodes, rows[name]["prefill/turn"] = multi_turn(service(name), policy, args)
+                settings[name].add(thread_settings())
+                episodes, rows[name]["prefill/turn"], cpu = multi_turn(service(name), policy, args)
                 keep_best(rows[name], "episodes/s", episodes, measured)
+                keep_best(rows[name], "cpu ms/ep", cpu, measured, best=min)
         for name, engine in engines.items():
             rows[name]["sync s"] = weight_sync(name, engine, policy)
+            print(f"unipg {name} ran its passes under: {'; '.join(sorted(settings[name]))}")
     finally:
         for engine in engines.values():
             engine.close()
     return {f"unipg {name}": row for name, row in rows.items()}
 
 
-def keep_best(row: dict[str, float], column: str, value: float, measured: bool) -> None:
+def keep_best(row: dict[str, float], column: str, value: float, measured: bool, best=max) -> None:
     if measured:
-        row[column] = max(row.get(column, 0.0), value)
+        row[column] = best(row[column], value) if column in row else value
 
 
 def weight_sync(name: str, engine, policy) -> float:
@@ -228,13 +247,14 @@ def main() -> None:
         args.prompts, args.new_tokens, args.episodes, args.turns, args.turn_tokens, args.latency = 8, 8, 4, 2, 8, 0.001
         args.passes = 1
     torch.set_num_threads(args.threads)
+    print(f"before the engines start: {thread_settings()}")
     config = load_config(overrides=[f"model.name={args.model}", "sample.cpu_kv_cache_gb=0.5", f"seed={args.seed}"])
     start = time.perf_counter()
     policy = load_lm_policy(args.model)
     args.policy_load = time.perf_counter() - start
     policy.eos_ids = []  # every engine samples exactly --new-tokens / --turn-tokens tokens
     results = {**unipg_engines(policy, config, args), "vLLM alone": vllm_alone(policy, config, args)}
-    columns = ["tokens/s", "episodes/s", "prefill/turn", "load s", "sync s"]
+    columns = ["tokens/s", "episodes/s", "cpu ms/ep", "prefill/turn", "load s", "sync s"]
     print(f"\n{'engine':<12}" + "".join(f"{c:>14}" for c in columns))
     for name, row in results.items():
         print(f"{name:<12}" + "".join(f"{row[c]:>14.3f}" if c in row else f"{'-':>14}" for c in columns))
