@@ -104,6 +104,9 @@ class RoleConfig(Section):
     """the role's system prompt (None = the task's prompt for the role)."""
     shaping: float = 0.0
     """weight of the environment's own term for this role, added to the team reward (0 = the team reward only)."""
+    model: str | None = None
+    """with agent.role_policy=separate, the role's own model (a hub id, a local folder or embedded:<size>); it must
+    share the run's tokenizer. None = a model of its own loaded from model.name."""
 
 
 class AgentConfig(Section):
@@ -134,10 +137,12 @@ class AgentConfig(Section):
     None = the task's own (0.1 unless the task sets it, e.g. the units task's process_reward option)."""
     roles: dict[str, RoleConfig] = Field(default_factory=dict)
     """per-role settings of a multi-role task, e.g. {checker: {shaping: 0.2}}; roles not named keep the task's."""
-    role_policy: Literal["shared", "adapters"] = "shared"
+    role_policy: Literal["shared", "adapters", "separate"] = "shared"
     """how the roles of a multi-role task are parameterised: shared = one model, told apart by role prompts;
     adapters = one LoRA adapter per role on one base model (needs model.lora_rank > 0), each role's turns sampled
     and its rows trained with its own adapter, which has its own optimizer state (one learner process, no value
+    head or critic); separate = a model per role (agent.roles.<role>.model, else model.name), each with its own
+    learner, optimizer state and reference (hf engine, in-process backend, one learner process, no LoRA, value
     head or critic)."""
     tool_prompt: bool = True
     """describe the tools to the model: through the chat template's tools argument when it has one, else in

@@ -305,8 +305,7 @@ def lm_problems(config: Config) -> list[str]:
         problems.append(
             "estimator.policy_loss 'trpo' is implemented for MLP policies only; use ppo for language models"
         )
-    if config.agent.role_policy == "adapters":
-        problems += role_adapter_problems(config)
+    problems += role_policy_problems(config)
     if config.data.offline is not None and config.prompts_per_step < 2:
         problems.append(
             "data.offline mixes recorded prompt groups into each batch and keeps at least one fresh; "
@@ -314,6 +313,23 @@ def lm_problems(config: Config) -> list[str]:
             f"{2 * sample.samples_per_prompt} (2 × sample.samples_per_prompt)"
         )
     return problems
+
+
+def role_policy_problems(config: Config) -> list[str]:
+    """What ``agent.role_policy`` (with ``adapters`` or ``separate``) does not run with, and a role's own model
+    (``agent.roles.<role>.model``) named where no role has a model of its own."""
+    if config.agent.role_policy == "adapters":
+        problems = role_adapter_problems(config)
+    elif config.agent.role_policy == "separate":
+        return separate_role_problems(config)
+    else:
+        problems = []
+    return problems + [
+        f"agent.roles.{role}.model is read with agent.role_policy=separate only; set agent.role_policy=separate "
+        f"(a model per role), or remove agent.roles.{role}.model"
+        for role, settings in config.agent.roles.items()
+        if settings.model is not None
+    ]
 
 
 def role_adapter_problems(config: Config) -> list[str]:
@@ -333,6 +349,34 @@ def role_adapter_problems(config: Config) -> list[str]:
     }
     return [
         f"agent.role_policy=adapters (a LoRA adapter per role) does not run with {setting} in this version; set "
+        f"{instead}, {fix}"
+        for setting, (used, instead) in unsupported.items()
+        if used
+    ]
+
+
+def separate_role_problems(config: Config) -> list[str]:
+    """``agent.role_policy: separate`` (a model and a learner per role): what this version does not run it with."""
+    fix = "or agent.role_policy=shared (one model, a system prompt per role)"
+    unsupported = {  # what is set → what to set instead
+        f"sample.engine={config.sample.engine}": (config.sample.engine != "hf", "sample.engine=hf"),
+        f"backend={config.backend}": (config.backend != "inprocess", "backend=inprocess"),
+        f"train.learner_processes={config.train.learner_processes}": (
+            config.train.learner_processes > 1,
+            "train.learner_processes=1",
+        ),
+        "a value head or critic model": (
+            config.model.value_head or config.model.critic is not None,
+            "model.value_head=false and no model.critic (e.g. algorithm=grpo)",
+        ),
+        f"model.lora_rank={config.model.lora_rank} (LoRA on each role's model)": (
+            config.model.lora_rank > 0,
+            "model.lora_rank=0, or agent.role_policy=adapters for one base model with an adapter per role",
+        ),
+        "data.offline (recorded episodes of one policy)": (config.data.offline is not None, "no data.offline"),
+    }
+    return [
+        f"agent.role_policy=separate (a model per role) does not run with {setting} in this version; set "
         f"{instead}, {fix}"
         for setting, (used, instead) in unsupported.items()
         if used

@@ -27,7 +27,8 @@ A request whose reply must match a JSON schema (``SamplingParams.json_schema``) 
 parameters: its grammar masks the logits of its own row alone (``unipg.inference.structured.RowGrammars``).
 
 With one LoRA adapter per role (``agent.role_policy: adapters``) a request names its ``role``, and the requests
-of a batch are sampled role by role, each with its role's adapter active, as they are by sampling parameters.
+of a batch are sampled role by role, each with its role's adapter active, as they are by sampling parameters; with a
+model per role (``agent.role_policy: separate``, the policy a ``RolePolicies``) each role's with its role's model.
 
 The sampler is the trainer's own model code (``LMPolicy.sample``), so its behaviour log-probs are the trainer's.
 """
@@ -47,6 +48,7 @@ from unipg.inference.structured import RowGrammars
 from unipg.policy.adapters import role_adapter
 from unipg.policy.generation import cut_at_stop
 from unipg.policy.lm import LMPolicy
+from unipg.policy.role_policies import RolePolicies, policy_for_role
 
 FIRST_CALL_WAIT = 0.25  # seconds a first generate call waits for the other episodes' requests at most
 
@@ -237,8 +239,9 @@ class HFService:
         start = time.perf_counter()
         params = params or self.params
         generator = self.generator if params.seed is None else torch.Generator().manual_seed(params.seed)
-        with role_adapter(self.policy.model, role):
-            generation = self.policy.sample(
+        policy = policy_for_role(self.policy, role)  # with a model per role, the role's; else the one policy
+        with role_adapter(policy.model, None if isinstance(self.policy, RolePolicies) else role):
+            generation = policy.sample(
                 contexts,
                 max_new_tokens=max(budgets),
                 temperature=params.temperature,
@@ -247,7 +250,7 @@ class HFService:
                 stop=params.stop,
                 keep_stop=params.keep_stop,
                 generator=generator,
-                constraint=self._grammars(schemas or []),
+                constraint=self._grammars(schemas or [], policy),
             )
         self.batches.append(len(contexts))
         self.turns += len(contexts)
@@ -275,11 +278,12 @@ class HFService:
         self.generate_seconds += self.last_call_seconds
         return outputs
 
-    def _grammars(self, schemas: list[str | None]) -> RowGrammars | None:
-        """The grammars of a call's rows that must match a JSON schema (None when no row must)."""
+    def _grammars(self, schemas: list[str | None], policy: LMPolicy) -> RowGrammars | None:
+        """The grammars of a call's rows that must match a JSON schema (None when no row must), for ``policy``'s
+        vocabulary."""
         if not any(schemas):
             return None
-        vocab_size = self.policy.model.get_output_embeddings().weight.shape[0]
+        vocab_size = policy.model.get_output_embeddings().weight.shape[0]
         return RowGrammars(self.policy.tokenizer, vocab_size, self.policy.eos_ids, schemas)
 
 

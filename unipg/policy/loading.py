@@ -19,6 +19,7 @@ from unipg.config.devices import resolve_device, torch_dtype
 from unipg.policy.chat import check_tokenizer
 from unipg.policy.embedded import resolve_model_name
 from unipg.policy.lm import VALUE_HEAD_FILE, CriticModel, LMPolicy
+from unipg.policy.role_policies import RolePolicies
 from unipg.policy.templates import prepare_chat_template
 
 
@@ -182,20 +183,21 @@ def _load_head(head: torch.nn.Module, folder: Path) -> None:
             ) from None
 
 
-def policy_from_config(config, roles: list[str] = ()) -> LMPolicy:
+def policy_from_config(config, roles: list[str] = ()) -> LMPolicy | RolePolicies:
     """The policy a text-task ``Config`` asks for (after any warm start has resolved ``model.name``); ``roles``: the
-    task's, which get an adapter each with ``agent.role_policy: adapters``."""
+    task's, which get an adapter each with ``agent.role_policy: adapters``, and a model each (``RolePolicies``)
+    with ``agent.role_policy: separate``."""
     model, est = config.model, config.estimator
-    adapters = config.agent.role_policy == "adapters"
-    if adapters and not roles:
+    role_policy = config.agent.role_policy
+    if role_policy != "shared" and not roles:
+        what = "a LoRA adapter" if role_policy == "adapters" else "a model"
         raise ConfigError(
-            f"agent.role_policy=adapters trains a LoRA adapter per role of a multi-role task, and task "
+            f"agent.role_policy={role_policy} trains {what} per role of a multi-role task, and task "
             f"'{config.task.name}' has one role; set agent.role_policy=shared, or task.name to a multi-role task "
             "(e.g. solver_checker)"
         )
     needs_reference = est.kl_coef > 0 or est.kl_control == "adaptive"
-    policy = load_lm_policy(
-        model.name,
+    options = dict(
         dtype=model.dtype,
         value_head=model.value_head,
         critic=model.critic,
@@ -208,10 +210,19 @@ def policy_from_config(config, roles: list[str] = ()) -> LMPolicy:
         trust_remote_code=model.trust_remote_code,
         device=resolve_device(config.device),
         chat_template=model.chat_template,
-        roles=list(roles) if adapters else [],
     )
+    if role_policy == "separate":
+        policy = RolePolicies({role: load_lm_policy(role_model_name(config, role), **options) for role in roles})
+    else:
+        policy = load_lm_policy(model.name, **options, roles=list(roles) if role_policy == "adapters" else [])
     check_policy_fits(policy, config)
     return policy
+
+
+def role_model_name(config, role: str) -> str:
+    """The model of ``role`` with ``agent.role_policy: separate``: ``agent.roles.<role>.model``, else ``model.name``."""
+    settings = config.agent.roles.get(role)
+    return settings.model if settings is not None and settings.model is not None else config.model.name
 
 
 def check_policy_fits(policy: LMPolicy, config) -> None:

@@ -84,9 +84,9 @@ def rollout_batch(groups: list[Group], version: int, *, pad_id: int, offline: li
 
 
 def row_roles(config, groups: list[Group]) -> dict[str, list[str]]:
-    """With an adapter per role (``agent.role_policy: adapters``), the learner's ``roles`` argument: the role of each
-    row of the batch of ``groups`` (laid out as ``rollout_batch`` does); else nothing to pass."""
-    if config.agent.role_policy != "adapters":
+    """With an adapter or a model per role (``agent.role_policy: adapters`` or ``separate``), the learner's ``roles``
+    argument: the role of each row of the batch of ``groups`` (laid out as ``rollout_batch`` does); else nothing."""
+    if config.agent.role_policy == "shared":
         return {}
     return {"roles": [t.role for g in groups for t in g.items for _ in t.rows]}
 

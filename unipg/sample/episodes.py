@@ -305,7 +305,7 @@ class EpisodeRunner:
                 max_new_tokens=self.config.sample.max_new_tokens,
                 max_total_tokens=self.config.agent.max_total_tokens,
                 context_length=self.policy.context_length,
-                role_adapters=self.config.agent.role_policy == "adapters",
+                role_adapters=self.config.agent.role_policy != "shared",  # adapters or separate: requests name roles
             )
         return AgentLoop(
             engine,

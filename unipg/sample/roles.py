@@ -2,7 +2,8 @@
 
 Each role is a policy: the run's one model, told apart by its role's system prompt (``agent.role_policy: shared``),
 or with ``agent.role_policy: adapters`` that model under the role's own LoRA adapter (the engine samples a role's
-turns with its adapter active; each role's rows train its adapter only, ``unipg.learn.role_adapters``). The
+turns with its adapter active; each role's rows train its adapter only, ``unipg.learn.role_adapters``), or with
+``agent.role_policy: separate`` a model of its own (``unipg.learn.role_learners``). The
 environment (a ``RoleEnv``) says who acts next. Each role keeps its own conversation: its first observation is its prompt, rendered with its system prompt; what another role
 said reaches it as a ``user`` message, a tool's output as a ``tool`` message. So each role's side of the
 episode is an ordinary ``Trajectory`` — its sampled tokens with their behaviour log-probs and versions, the
@@ -39,7 +40,8 @@ class RoleLoop:
     max_new_tokens: int  # per policy turn
     max_total_tokens: int  # per role's trajectory, after its prompt
     context_length: int | None = None
-    role_adapters: bool = False  # sample each role's turns with its own adapter (``agent.role_policy: adapters``)
+    role_adapters: bool = False  # requests name their role: its own adapter or model samples its turns
+    # (``agent.role_policy: adapters`` or ``separate``)
 
     def __post_init__(self):
         self.budget = AgentLoop(

@@ -19,6 +19,7 @@ from unipg.registry import Registry
 
 if TYPE_CHECKING:  # imported when built: Ray is optional, and a gymnasium run needs no language-model stack
     from unipg.learn.lm import LMLearner
+    from unipg.learn.role_learners import RoleLearners
     from unipg.learn.sharded import ShardedLMLearner
     from unipg.policy.lm import LMPolicy
     from unipg.runtime.backends.local_lm import LMRollout
@@ -37,6 +38,7 @@ BACKEND_INPUTS = ("runner", "sampler", "generator", "config", "task", "reward_fn
 def inprocess_rollout(runner, sampler, generator, config, task, reward_fn, schedule, log) -> LMRollout:
     """Episodes in this process: on the learner's own weights (sequential schedule), or on a copy synced by
     version, with its own episode runner and environment service, in a background thread (concurrent)."""
+    from unipg.policy.role_policies import RolePolicies
     from unipg.runtime.backends.local_lm import LMRollout, inference_copy
     from unipg.runtime.driver import WeightSync
     from unipg.sample.episodes import EpisodeRunner
@@ -44,7 +46,8 @@ def inprocess_rollout(runner, sampler, generator, config, task, reward_fn, sched
     shape = {"group_size": config.sample.samples_per_prompt, "concurrency": config.agent.concurrency}
     if schedule != "concurrent":
         return LMRollout(runner, sampler, generator, **shape)
-    copy = inference_copy(runner.policy)
+    # with a model per role (RolePolicies) a copy of each, synced together as one ModuleDict
+    copy = runner.policy.inference_copy() if isinstance(runner.policy, RolePolicies) else inference_copy(runner.policy)
     return LMRollout(
         EpisodeRunner(copy, task, config, reward_fn),
         sampler,
@@ -80,13 +83,16 @@ def ray_ranks():
     return RayRanks
 
 
-def make_learner(policy: LMPolicy, config: Config) -> LMLearner | ShardedLMLearner:
+def make_learner(policy: LMPolicy, config: Config) -> LMLearner | ShardedLMLearner | RoleLearners:
     """The run's learner: in this process, or sharded over ``train.learner_processes`` ranks that the run's
     backend places."""
     from unipg.learn.lm import LMLearner
+    from unipg.learn.role_learners import RoleLearners
     from unipg.learn.sharded import ShardedLMLearner
 
     processes = config.train.learner_processes
+    if config.agent.role_policy == "separate":  # a model per role, each with its own learner (one process)
+        return RoleLearners(policy, config)
     if processes == 1:
         return LMLearner(policy, config)
     return ShardedLMLearner(policy, config, processes, LEARNER_RANKS.get(config.backend)())
