@@ -95,3 +95,21 @@ def test_a_learner_continues_a_checkpoint_written_with_one_adam_state_per_parame
     learner.adam.step()
     for name, value in reference.state_dict().items():
         torch.testing.assert_close(resumed.state_dict()[name], value, rtol=1e-5, atol=1e-6)
+
+
+def test_a_step_moves_the_parameters_version_counters():
+    """The parameters are views of the flat tensors through ``.data``, with counters of their own: a step must
+    move them, or a cache of the weights (acting) would not see the update."""
+    policy = _policy()
+    adam = FlatAdam([(policy.actor_parameters(), 1e-2), (policy.critic_parameters(), 1e-2)], eps=1e-5)
+    observations = torch.randn(8, 4)
+    before = policy.act(observations).values
+    for _ in range(2):  # the first step creates Adam's state, the second takes the fused path
+        versions = [p._version for p in policy.parameters()]
+        adam.zero_grad()
+        _loss(policy, observations).backward()
+        adam.step()
+        assert all(p._version > version for p, version in zip(policy.parameters(), versions))
+    after = policy.act(observations).values
+    assert not torch.equal(after, before)
+    torch.testing.assert_close(after, policy.value(observations))

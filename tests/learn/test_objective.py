@@ -168,3 +168,35 @@ def test_top_entropy_quantile_needs_the_entropy():
     )
     with pytest.raises(ValueError, match="top_entropy_quantile"):
         unified_objective(batch, settings)
+
+
+@pytest.mark.parametrize("policy_loss", ["vanilla", "ppo", "decoupled_ppo"])
+def test_step_batches_take_plain_means_with_the_numbers_of_the_masked_ones(policy_loss):
+    """A batch of environment steps (every step valid) reduces with plain means: loss, gradients and metrics are
+    those of the same batch reduced over its all-ones mask."""
+    settings = EstimatorConfig(policy_loss=policy_loss, value_clip_range=0.2, entropy_coef=0.01)
+    generator = torch.Generator().manual_seed(0)
+
+    def outputs(every_token_valid: bool):
+        logprobs = torch.randn(8, generator=torch.Generator().manual_seed(1)).requires_grad_()
+        values = torch.randn(8, generator=torch.Generator().manual_seed(2)).requires_grad_()
+        batch = ObjectiveBatch.from_steps(
+            logprobs=logprobs,
+            behaviour_logprobs=logprobs.detach() + 0.3 * torch.randn(8, generator=generator.manual_seed(3)),
+            proximal_logprobs=logprobs.detach() + 0.1,
+            advantages=torch.randn(8, generator=generator.manual_seed(4)),
+            entropy=torch.rand(8, generator=generator.manual_seed(5)),
+            values=values,
+            old_values=values.detach() + 0.5,
+            returns=torch.randn(8, generator=generator.manual_seed(6)),
+        )
+        batch.every_token_valid = every_token_valid
+        out = unified_objective(batch, settings)
+        out.loss.backward()
+        return out, logprobs.grad, values.grad
+
+    plain, masked = outputs(True), outputs(False)
+    torch.testing.assert_close(plain[0].loss, masked[0].loss)
+    assert plain[0].metrics == pytest.approx(masked[0].metrics)
+    torch.testing.assert_close(plain[1], masked[1])
+    torch.testing.assert_close(plain[2], masked[2])

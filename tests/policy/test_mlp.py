@@ -50,3 +50,26 @@ def test_fast_discrete_evaluation_matches_the_distribution():
     dist = policy.distribution(observations)
     torch.testing.assert_close(logprobs, dist.log_prob(actions))
     torch.testing.assert_close(entropy, dist.entropy())
+
+
+def test_acting_reads_actor_and_critic_as_one_network_and_follows_their_updates():
+    policy = MLPActorCritic(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(3), hidden_sizes=[16, 8])
+    observations = torch.randn(6, 4)
+    torch.testing.assert_close(policy.act(observations).values, policy.value(observations))
+    with torch.no_grad():  # written in place, as an optimizer step or a weight load does
+        for parameter in (*policy.actor_parameters(), *policy.critic_parameters()):
+            parameter.add_(0.1 * torch.randn_like(parameter))
+    sample = policy.act(observations)
+    logprobs, _, values = policy.evaluate(observations, sample.actions)
+    torch.testing.assert_close(sample.logprobs, logprobs)
+    torch.testing.assert_close(sample.values, values)
+    assert not sample.values.requires_grad and not sample.logprobs.requires_grad
+
+
+def test_entropy_without_gradient_has_the_same_value():
+    policy = MLPActorCritic(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(3), hidden_sizes=[16])
+    observations, actions = torch.randn(5, 4), torch.randint(0, 3, (5,))
+    _, entropy, _ = policy.evaluate(observations, actions)
+    _, detached, _ = policy.evaluate(observations, actions, entropy_grad=False)
+    assert entropy.requires_grad and not detached.requires_grad
+    torch.testing.assert_close(detached, entropy)

@@ -1,7 +1,8 @@
 """Policy losses, value loss, entropy and loss aggregation.
 
 Shape convention: batch first, time last; every per-token tensor is (B, T) and ``mask`` (B, T) is 1 on the
-tokens the policy sampled, 0 on prompt, tool output and padding (bool or float).
+tokens the policy sampled, 0 on prompt, tool output and padding (bool or float). The losses named in
+``ALL_VALID_LOSSES`` and ``value_loss`` also take ``mask`` None for a batch without padding (environment steps).
 
 All policy losses are instances of the unified objective J(θ) = E_{(s,a)~μ}[ρ · A · w], with
 ρ = π_θ(a|s) / μ(a|s): ``advantages`` and ``weights`` are treated as constants (detached), and
@@ -18,6 +19,8 @@ from unipg.estimate.masked import masked_mean, masked_sum, masked_var
 from unipg.registry import Registry
 
 POLICY_LOSSES = Registry("policy loss")
+# The policy losses that take ``mask`` None (every token valid) and then reduce with plain means.
+ALL_VALID_LOSSES = frozenset({"vanilla", "ppo", "decoupled_ppo"})
 # What every policy loss reads, and the settings of the clipped ones ({config field: keyword}).
 _PG_INPUTS = ("logprobs", "advantages", "mask", "weights")
 _CLIP_OPTIONS = {
@@ -78,8 +81,10 @@ _AGGREGATIONS = {
 LOSS_AGGREGATIONS: tuple[str, ...] = tuple(_AGGREGATIONS)
 
 
-def aggregate(values: torch.Tensor, mask: torch.Tensor, *, mode: str, norm_length: int | None = None) -> torch.Tensor:
-    """Reduce a per-token loss (B, T) to a scalar over the valid tokens.
+def aggregate(
+    values: torch.Tensor, mask: torch.Tensor | None, *, mode: str, norm_length: int | None = None
+) -> torch.Tensor:
+    """Reduce a per-token loss (B, T) to a scalar over the valid tokens (``mask`` None: every token valid).
 
     - "token-mean": Σ m·x / Σ m over the whole batch; every token weighs the same (Yu et al. 2025, DAPO).
     - "seq-mean-token-mean": mean over sequences of each sequence's token mean; every sequence weighs
@@ -94,6 +99,8 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, *, mode: str, norm_lengt
     if mode not in _AGGREGATIONS:
         valid = ", ".join(LOSS_AGGREGATIONS)
         raise ValueError(f"unknown loss aggregation mode '{mode}'; valid modes: {valid}")
+    if mask is None and mode.startswith("seq-mean"):  # they count the sequences that have a valid token
+        mask = torch.ones_like(values)
     return _AGGREGATIONS[mode](values, mask, norm_length)
 
 
@@ -109,7 +116,7 @@ def _apply_weights(per_token: torch.Tensor, weights: torch.Tensor | None) -> tor
 def policy_gradient_loss(
     logprobs: torch.Tensor,
     advantages: torch.Tensor,
-    mask: torch.Tensor,
+    mask: torch.Tensor | None,
     *,
     agg_mode: str = "token-mean",
     weights: torch.Tensor | None = None,
@@ -163,19 +170,22 @@ def _clipped_surrogate(
 
 
 def _ratio_metrics(
-    ratio: torch.Tensor, clipped: torch.Tensor, dual_clipped: torch.Tensor, mask: torch.Tensor, dual: bool
+    ratio: torch.Tensor, clipped: torch.Tensor, dual_clipped: torch.Tensor, mask: torch.Tensor | None, dual: bool
 ) -> dict[str, torch.Tensor]:
+    """clip_fraction, approx_kl, ratio_mean, ratio_max (and dual_clip_fraction) over the valid tokens of ``mask``
+    (None: every token valid)."""
     ratio = ratio.detach()
-    valid = mask.bool()
     # Schulman's k3 estimator of KL(μ‖π) from samples of μ: (ρ − 1) − log ρ ≥ 0. The three means are taken in one
     # masked reduction: a PPO step on a small network spends more on each reduction's overhead than on its arithmetic.
     stacked = torch.stack([clipped.to(ratio.dtype), (ratio - 1.0) - torch.log(ratio), ratio])  # (3, B, T)
-    clip_fraction, approx_kl, ratio_mean = masked_mean(stacked, mask.expand_as(stacked), dim=(1, 2)).unbind()
+    stacked_mask = None if mask is None else mask.expand_as(stacked)
+    clip_fraction, approx_kl, ratio_mean = masked_mean(stacked, stacked_mask, dim=(1, 2)).unbind()
+    valid_ratio = ratio if mask is None else torch.where(mask.bool(), ratio, torch.zeros_like(ratio))
     metrics = {
         "clip_fraction": clip_fraction,
         "approx_kl": approx_kl,
         "ratio_mean": ratio_mean,
-        "ratio_max": torch.where(valid, ratio, torch.zeros_like(ratio)).max(),  # ρ > 0, so 0 = none valid
+        "ratio_max": valid_ratio.max(),  # ρ > 0, so 0 = none valid
     }
     if dual:
         metrics["dual_clip_fraction"] = masked_mean(dual_clipped.to(ratio.dtype), mask)
@@ -187,7 +197,7 @@ def ppo_clip_loss(
     logprobs: torch.Tensor,
     behaviour_logprobs: torch.Tensor,
     advantages: torch.Tensor,
-    mask: torch.Tensor,
+    mask: torch.Tensor | None,
     *,
     clip_low: float = 0.2,
     clip_high: float | None = None,
@@ -228,7 +238,7 @@ def decoupled_ppo_loss(
     proximal_logprobs: torch.Tensor,
     behaviour_logprobs: torch.Tensor,
     advantages: torch.Tensor,
-    mask: torch.Tensor,
+    mask: torch.Tensor | None,
     *,
     clip_low: float = 0.2,
     clip_high: float | None = None,
@@ -267,7 +277,9 @@ def decoupled_ppo_loss(
     per_token = _apply_weights(-objective * used_weight, weights)
     metrics = _ratio_metrics(ratio, clipped, dual_clipped, mask, dual_clip is not None)
     metrics["behaviour_weight_mean"] = masked_mean(behaviour_weight, mask)
-    metrics["behaviour_weight_max"] = torch.where(mask.bool(), behaviour_weight, 0.0).max()
+    metrics["behaviour_weight_max"] = (
+        behaviour_weight if mask is None else torch.where(mask.bool(), behaviour_weight, 0.0)
+    ).max()
     if behaviour_weight_cap is not None:
         metrics["behaviour_weight_capped"] = masked_mean((behaviour_weight > behaviour_weight_cap).float(), mask)
     return LossOutput(loss=aggregate(per_token, mask, mode=agg_mode), metrics=metrics)
@@ -280,7 +292,7 @@ def decoupled_ppo_loss(
 def value_loss(
     values: torch.Tensor,
     returns: torch.Tensor,
-    mask: torch.Tensor,
+    mask: torch.Tensor | None,
     *,
     old_values: torch.Tensor | None = None,
     clip_range: float | None = None,

@@ -36,6 +36,9 @@ def clip_plain_grads(grads: list[torch.Tensor], max_norm: float) -> torch.Tensor
     dtype: the same result without its per-call grouping by device and dtype, which costs more than the arithmetic
     on a small network (each PPO mini-batch step of a classic-control MLP). Returns the pre-clip norm as a 0-d
     tensor, for callers that read it later (``math.inf``: only measure it)."""
-    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0)
+    if len(grads) == 1:  # the norm of the one norm is that norm, exactly (√(x²) = |x| in IEEE arithmetic)
+        norm = torch.linalg.vector_norm(grads[0], 2.0)
+    else:
+        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0)
     torch._foreach_mul_(grads, torch.clamp(max_norm / (norm + 1e-6), max=1.0))
     return norm

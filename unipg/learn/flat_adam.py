@@ -22,14 +22,14 @@ from torch import nn
 from unipg.learn.common import clip_plain_grads
 
 
-def flatten_group(parameters: list[nn.Parameter]) -> tuple[nn.Parameter, torch.Tensor]:
-    """(flat parameter, flat gradient) of ``parameters``, which become views of the two, values kept.
+def flatten_group(parameters: list[nn.Parameter], grad: torch.Tensor) -> nn.Parameter:
+    """The flat parameter of ``parameters``, which become views of it, values kept, and their gradients views of
+    ``grad`` (zeros of their total size, which becomes the flat parameter's gradient).
 
     The flat parameter is what the optimizer steps; it never enters a forward pass, so its ``grad`` is set here
     once and is the same tensor for the whole run.
     """
     flat = torch.cat([p.detach().reshape(-1) for p in parameters])
-    grad = torch.zeros_like(flat)
     offset = 0
     for parameter in parameters:
         size = parameter.numel()
@@ -38,7 +38,7 @@ def flatten_group(parameters: list[nn.Parameter]) -> tuple[nn.Parameter, torch.T
         offset += size
     flat_parameter = nn.Parameter(flat)
     flat_parameter.grad = grad
-    return flat_parameter, grad
+    return flat_parameter
 
 
 class FlatAdam:
@@ -53,30 +53,39 @@ class FlatAdam:
     """
 
     def __init__(self, groups: list[tuple[list[nn.Parameter], float]], *, eps: float):
-        flats, self.grads = [], []
-        for parameters, _ in groups:
-            flat, grad = flatten_group(parameters)
-            flats.append(flat)
-            self.grads.append(grad)
+        first = groups[0][0][0]
+        sizes = [sum(parameter.numel() for parameter in parameters) for parameters, _ in groups]
+        # every group's gradient, one after the other: zeroing and the norm clip are one operation each
+        self.grad = torch.zeros(sum(sizes), dtype=first.dtype, device=first.device)
+        self.grads = list(self.grad.split(sizes))  # each group's flat gradient, a view of ``grad``
+        flats = [flatten_group(parameters, grad) for (parameters, _), grad in zip(groups, self.grads)]
         self.flats = flats
+        self.parameters = [parameter for parameters, _ in groups for parameter in parameters]
         self.optimizer = torch.optim.Adam(
             [{"params": [flat], "lr": lr, "base_lr": lr} for flat, (_, lr) in zip(flats, groups)], eps=eps, fused=True
         )
 
     def zero_grad(self) -> None:
         """Zero the gradients in place: backward then adds into the views that the parameters' ``grad`` are."""
-        for grad in self.grads:
-            grad.zero_()
+        self.grad.zero_()
 
     def clip_grad_norm(self, max_norm: float | None) -> torch.Tensor:
         """Scale the gradients so that their global L2 norm is at most ``max_norm`` (None: only measure it), as
         ``torch.nn.utils.clip_grad_norm_`` does; returns the pre-clip norm as a 0-d tensor, so that the caller
         decides when to read it."""
-        return clip_plain_grads(self.grads, math.inf if max_norm is None else max_norm)
+        return clip_plain_grads([self.grad], math.inf if max_norm is None else max_norm)
 
     @torch.no_grad()
     def step(self) -> None:
-        """One Adam step of every group, as ``self.optimizer.step()`` would take it."""
+        """One Adam step of every group, as ``self.optimizer.step()`` would take it.
+
+        The parameters' version counters move as if they had been written in place: they are views of the flat
+        tensors through ``.data``, which does not share the flat tensor's counter. Autograd then refuses a graph
+        that saved their old values, and caches of the weights (``MLPActorCritic.act``) see the change."""
+        self._adam_step()
+        torch.autograd.graph.increment_version(self.parameters)
+
+    def _adam_step(self) -> None:
         states = [self.optimizer.state.get(flat) for flat in self.flats]
         if any(state is None for state in states):
             self.optimizer.step()  # creates the state (step, exp_avg, exp_avg_sq), as Adam does lazily

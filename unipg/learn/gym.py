@@ -207,7 +207,9 @@ class GradientLearner(LearnerState):
     def _step(self, mini: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """One gradient step on a mini-batch of flat samples: the unified objective, viewed as (M, 1) tokens.
         Returns its metrics and the gradient norm before clipping, each a detached 0-d tensor."""
-        logprobs, entropy, values = self.policy.evaluate(mini["observations"], mini["actions"])
+        logprobs, entropy, values = self.policy.evaluate(
+            mini["observations"], mini["actions"], entropy_grad=self.config.estimator.entropy_coef > 0
+        )
         critic = uses_critic(self.config.estimator)
         batch = ObjectiveBatch.from_steps(
             logprobs=logprobs,

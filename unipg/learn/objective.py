@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from unipg.estimate import KL_ESTIMATORS, OFF_POLICY_WEIGHTS, POLICY_LOSSES
-from unipg.estimate.losses import aggregate, value_loss
+from unipg.estimate.losses import ALL_VALID_LOSSES, aggregate, value_loss
 from unipg.estimate.masked import masked_mean, top_fraction_mask
 from unipg.estimate.weights import OffPolicyWeights, engine_mismatch_weights, weight_metrics
 
@@ -87,12 +87,19 @@ class ObjectiveBatch:
     old_values: torch.Tensor | None = None  # (B, T) V(s_t) when the advantages were computed
     returns: torch.Tensor | None = None  # (B, T) value-regression targets
     reference_logprobs: torch.Tensor | None = None  # (B, T) log π_ref(a_t|s_t); None: no KL term
+    every_token_valid: bool = False  # ``mask`` is all ones: the policy, value and entropy terms take plain means
+
+    @property
+    def reduction_mask(self) -> torch.Tensor | None:
+        """The mask the policy, value and entropy terms reduce over; None when every token is valid, for the
+        plain means that cost a small batch of environment steps a fraction of the masked ones."""
+        return None if self.every_token_valid else self.mask
 
     @classmethod
     def from_steps(cls, **steps: torch.Tensor | None) -> ObjectiveBatch:
         """M flat environment steps, each (M,), as M one-step sequences (M, 1), every step valid."""
         tokens = {name: None if value is None else as_tokens(value) for name, value in steps.items()}
-        return cls(mask=torch.ones_like(tokens["logprobs"]), **tokens)
+        return cls(mask=torch.ones_like(tokens["logprobs"]), every_token_valid=True, **tokens)
 
 
 @dataclass
@@ -137,12 +144,16 @@ def unified_objective(
         metrics["kl_to_reference"] = read(masked_mean(kl.detach(), batch.mask))
     if batch.values is not None:
         critic = value_loss(
-            batch.values, batch.returns, batch.mask, old_values=batch.old_values, clip_range=settings.value_clip_range
+            batch.values,
+            batch.returns,
+            batch.reduction_mask,
+            old_values=batch.old_values,
+            clip_range=settings.value_clip_range,
         )
         loss = loss + settings.value_loss_coef * critic.loss
         metrics["value_loss"] = read(critic.loss)
     if batch.entropy is not None:
-        entropy = aggregate(batch.entropy, batch.mask, mode="token-mean")
+        entropy = aggregate(batch.entropy, batch.reduction_mask, mode="token-mean")
         if settings.entropy_coef > 0:
             loss = loss - settings.entropy_coef * entropy
         metrics["entropy"] = read(entropy)
@@ -160,7 +171,9 @@ def _float_metric(value: torch.Tensor | float) -> float:
 
 def _tensor_metric(value: torch.Tensor | float) -> torch.Tensor:
     """A metric as a detached 0-d tensor (``unified_objective``'s ``tensor_metrics``)."""
-    return value.detach() if isinstance(value, torch.Tensor) else torch.tensor(float(value))
+    if isinstance(value, torch.Tensor):
+        return value.detach() if value.requires_grad else value
+    return torch.tensor(float(value))
 
 
 def policy_term(
@@ -174,7 +187,7 @@ def policy_term(
         "behaviour_logprobs": batch.behaviour_logprobs,
         "proximal_logprobs": proximal,
         "advantages": batch.advantages,
-        "mask": policy_gradient_tokens(batch, settings.top_entropy_quantile),
+        "mask": policy_gradient_tokens(batch, settings.top_entropy_quantile, settings.policy_loss),
         "weights": weights,
     }
     out = POLICY_LOSSES.call(settings.policy_loss, data, settings)
@@ -183,16 +196,19 @@ def policy_term(
     if "approx_kl" not in metrics:
         with torch.no_grad():
             log_ratio = batch.logprobs.detach() - batch.behaviour_logprobs
-            metrics["approx_kl"] = read(masked_mean((log_ratio.exp() - 1) - log_ratio, batch.mask))
+            metrics["approx_kl"] = read(masked_mean((log_ratio.exp() - 1) - log_ratio, batch.reduction_mask))
     return out.loss, metrics
 
 
-def policy_gradient_tokens(batch: ObjectiveBatch, top_entropy_quantile: float) -> torch.Tensor:
+def policy_gradient_tokens(
+    batch: ObjectiveBatch, top_entropy_quantile: float, policy_loss: str | None = None
+) -> torch.Tensor | None:
     """(B, T) the tokens the policy loss reads: every valid one, or with ``top_entropy_quantile`` ρ < 1 the share ρ
     of highest entropy among the valid tokens of this (micro-)batch (Wang et al. 2025: ρ = 0.2); the loss then
-    averages over those. The KL, value and entropy terms keep every valid token."""
+    averages over those. The KL, value and entropy terms keep every valid token. None (every token) when every
+    token is valid and ``policy_loss`` is one of the losses that then take plain means (``ALL_VALID_LOSSES``)."""
     if top_entropy_quantile >= 1.0:
-        return batch.mask
+        return batch.reduction_mask if policy_loss in ALL_VALID_LOSSES else batch.mask
     if batch.entropy is None:
         raise ValueError(
             f"estimator.top_entropy_quantile ({top_entropy_quantile}) selects tokens by entropy, which this learner "

@@ -45,6 +45,21 @@ def run_mlp(network: nn.Sequential, inputs: torch.Tensor) -> torch.Tensor:
     return inputs
 
 
+def joint_layers(actor: nn.Sequential, critic: nn.Sequential) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Two networks built by ``mlp`` with the same hidden sizes as one network of twice the width, whose output is
+    the actor's output followed by the critic's: [(weightᵀ, bias)] per layer, detached copies. The first layer
+    stacks both input weights, the others are block-diagonal, so each unit only reads its own network's units.
+    Acting then takes one matrix product per layer instead of two (``MLPActorCritic.act``)."""
+    layers = []
+    for index, (actor_layer, critic_layer) in enumerate(
+        (a, c) for a, c in zip(actor, critic, strict=True) if isinstance(a, nn.Linear)
+    ):
+        stack = torch.cat if index == 0 else lambda weights: torch.block_diag(*weights)
+        weight = stack([actor_layer.weight.detach(), critic_layer.weight.detach()])
+        layers.append((weight.t().contiguous(), torch.cat([actor_layer.bias.detach(), critic_layer.bias.detach()])))
+    return layers
+
+
 @dataclass
 class ActionSample:
     actions: torch.Tensor  # (N,) int64 for discrete, (N, A) float for continuous
@@ -81,6 +96,10 @@ class MLPActorCritic(nn.Module):
             raise ValueError(f"MLP policies support Discrete or flat Box action spaces, got {action_space}")
         self.actor = mlp([obs_dim, *hidden_sizes, out_dim], activation, output_gain=0.01)
         self.critic = mlp([obs_dim, *hidden_sizes, 1], activation, output_gain=1.0)
+        self._activation = _ACTIVATION_FUNCTIONS[ACTIVATIONS[activation]]
+        # (the parameters' versions and addresses, ``joint_layers``) as of the last ``act``
+        self._joint: tuple[tuple, list[tuple[torch.Tensor, torch.Tensor]]] | None = None
+        self._parameters_in_order = tuple(self.actor.parameters()) + tuple(self.critic.parameters())
 
     def actor_parameters(self) -> list[nn.Parameter]:
         params = list(self.actor.parameters())
@@ -100,25 +119,49 @@ class MLPActorCritic(nn.Module):
         """V_φ(s), shape (N,)."""
         return run_mlp(self.critic, observations).squeeze(-1)
 
-    @torch.no_grad()
     def act(self, observations: torch.Tensor, *, deterministic: bool = False) -> ActionSample:
-        if self.discrete:  # once per environment step: Categorical's arithmetic without building the object
-            logits = run_mlp(self.actor, observations)
-            logits = logits - logits.logsumexp(-1, keepdim=True)  # log π(·|s)
-            probs = torch.softmax(logits, dim=-1)
-            actions = probs.argmax(-1) if deterministic else torch.multinomial(probs, 1, True).squeeze(-1)
-            logprobs = logits.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
-            return ActionSample(actions, logprobs, self.value(observations))
+        """An action for each observation, with its log-probability and V(s); no gradient."""
+        if not self.discrete:
+            return self._act_continuous(observations, deterministic=deterministic)
+        # once per environment step: actor and critic as one network of detached weights (no graph is recorded,
+        # without a no_grad context), and Categorical's arithmetic without building the object
+        out = observations
+        layers = self._joint_layers()
+        for index, (weight_t, bias) in enumerate(layers):
+            out = torch.addmm(bias, out, weight_t)
+            if index < len(layers) - 1:
+                out = self._activation(out)
+        logits, values = torch.log_softmax(out[:, :-1], dim=-1), out[:, -1]  # log π(·|s), V(s)
+        probs = logits.exp()
+        actions = probs.argmax(-1) if deterministic else torch.multinomial(probs, 1, True).squeeze(-1)
+        logprobs = logits.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+        return ActionSample(actions, logprobs, values)
+
+    def _joint_layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """``joint_layers`` of the current parameters, rebuilt when one has changed since the last call: an
+        optimizer step or a weight load writes them in place, which moves their version counter; a
+        re-assigned ``.data`` moves their address."""
+        key = tuple((p._version, p.data_ptr()) for p in self._parameters_in_order)
+        if self._joint is None or self._joint[0] != key:
+            with torch.no_grad():
+                self._joint = key, joint_layers(self.actor, self.critic)
+        return self._joint[1]
+
+    @torch.no_grad()
+    def _act_continuous(self, observations: torch.Tensor, *, deterministic: bool) -> ActionSample:
         dist = self.distribution(observations)
         actions = dist.mean if deterministic else dist.sample()
         return ActionSample(actions, dist.log_prob(actions), self.value(observations))
 
-    def evaluate(self, observations: torch.Tensor, actions: torch.Tensor):
-        """(log π_θ(a|s), entropy of π_θ(·|s), V_φ(s)), each (N,), differentiable."""
+    def evaluate(self, observations: torch.Tensor, actions: torch.Tensor, *, entropy_grad: bool = True):
+        """(log π_θ(a|s), entropy of π_θ(·|s), V_φ(s)), each (N,), differentiable; the entropy only with
+        ``entropy_grad`` (else detached: a learner without entropy bonus only reports it, and the graph is smaller)."""
         if self.discrete:  # the learner's hot path: log-softmax once, without a Distribution object
             logprobs_all = torch.log_softmax(run_mlp(self.actor, observations), dim=-1)  # (N, n_actions)
             logprobs = logprobs_all.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
-            entropy = -(logprobs_all.exp() * logprobs_all).sum(-1)
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                entropy = -(logprobs_all.exp() * logprobs_all).sum(-1)
             return logprobs, entropy, self.value(observations)
         dist = self.distribution(observations)
-        return dist.log_prob(actions), dist.entropy(), self.value(observations)
+        entropy = dist.entropy() if entropy_grad else dist.entropy().detach()
+        return dist.log_prob(actions), entropy, self.value(observations)
