@@ -98,3 +98,22 @@ def test_adapters_need_a_multi_role_task_and_lora(tmp_path, embedded_path):
         train_lm(one_role, log=lambda text: None)
     with pytest.raises(ConfigError, match=r"set model.lora_rank \(e.g. 8\)"):
         load_config(CONFIG, [item for item in TINY if item != "model.lora_rank=4"])
+
+
+def test_an_adapter_per_role_run_is_evaluated_with_each_roles_trained_adapter(tmp_path):
+    from safetensors.torch import load_file
+
+    from unipg.api import evaluate_episodes, evaluation_config
+    from unipg.policy.adapters import adapter_tensors
+    from unipg.runtime.evaluation import evaluated_policy
+
+    result = train_lm(adapters_config(tmp_path, "team", 1), log=lambda text: None)
+    config = evaluation_config(result.run_dir, notify=lambda text: None)
+    policy = evaluated_policy(config, list(ROLES), {})
+    for role in ROLES:  # the adapter `unipg eval RUN` samples a role with is the one the run saved for it
+        saved = load_file(result.run_dir / "policy" / role / "adapter_model.safetensors")
+        loaded = adapter_tensors(policy.model, role)
+        assert saved.keys() == loaded.keys() and any(t.abs().sum() > 0 for t in saved.values())
+        assert all(torch.equal(saved[name], loaded[name]) for name in saved), role
+    metrics, shown = evaluate_episodes(config, show=1)
+    assert "eval/pass@1" in metrics and len(shown) == 1

@@ -12,6 +12,8 @@ from unipg.checkpoint.store import CheckpointStore
 from unipg.config import load_config
 from unipg.observe.metrics import read_metrics
 from unipg.policy.loading import load_causal_lm
+from unipg.api import evaluate_episodes
+from unipg.runtime.evaluation import run_config
 from unipg.runtime.lm import train_lm
 
 pytestmark = pytest.mark.e2e
@@ -118,6 +120,14 @@ def test_two_models_of_different_sizes_train_in_one_run(tmp_path, role_models, s
         assert (result.run_dir / "policy" / role / "config.json").is_file()
     hidden = {role: tensors["policy"][f"{role}.model.embed_tokens.weight"].shape[1] for role in ROLES}
     assert hidden == {"solver": 64, "checker": 32}
+    evaluated = run_config(
+        result.run_dir, [], notify=lambda text: None
+    )  # `unipg eval RUN` reads each role's saved model
+    assert {role: evaluated.agent.roles[role].model for role in ROLES} == {
+        role: str(result.run_dir / "policy" / role) for role in ROLES
+    }
+    metrics, shown = evaluate_episodes(evaluated, show=1)
+    assert "eval/pass@1" in metrics and len(shown) == 1
 
 
 def test_a_resumed_two_model_run_equals_the_uninterrupted_one(tmp_path, role_models):

@@ -8,6 +8,7 @@ validation split are the ``val/…`` ones, which decisions read (``checkpoint.be
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 from collections.abc import Callable
@@ -46,12 +47,24 @@ def run_config(
     unread = tuple(name for name in Config.model_fields if name not in EVALUATION_SECTIONS)
     return read_run_folder(
         run_dir,
-        [f"model.name={run_dir / 'policy'}", "model.warm_start=false", *overrides],
+        [*saved_policy_overrides(run_dir / "policy"), "model.warm_start=false", *overrides],
         unread=unread,
         trust_code=trust_code,
         notify=notify,
         check=check_sample_options,
     )
+
+
+def saved_policy_overrides(policy_dir: Path) -> list[str]:
+    """The settings that point a run's configuration at the policy it saved: ``model.name`` at ``policy/``, or, with
+    a model per role (``agent.role_policy: separate``, saved as ``policy/<role>/``), each role's
+    ``agent.roles.<role>.model`` at its own folder (and ``model.name`` at the first, for the shared tokenizer)."""
+    if (policy_dir / "config.json").is_file():
+        return [f"model.name={policy_dir}"]
+    roles = sorted(folder.name for folder in policy_dir.iterdir() if (folder / "config.json").is_file())
+    if not roles:
+        return [f"model.name={policy_dir}"]  # not a saved model: loading it says what is missing
+    return [f"model.name={policy_dir / roles[0]}", *(f"agent.roles.{role}.model={policy_dir / role}" for role in roles)]
 
 
 def evaluate_episodes(
@@ -99,7 +112,6 @@ def evaluate_model_episodes(config: Config, *, show: int) -> tuple[dict[str, flo
     """``evaluate_model``, and the transcripts (``unipg.sample.transcripts``) of its first ``show`` greedy
     episodes."""
     from unipg.config.devices import resolve_device
-    from unipg.policy.loading import load_lm_policy
     from unipg.runtime.setup import seed_everything, set_threads
     from unipg.sample.episodes import EpisodeRunner, build_task, held_out
     from unipg.sample.transcripts import transcript
@@ -118,13 +130,13 @@ def evaluate_model_episodes(config: Config, *, show: int) -> tuple[dict[str, flo
 
         config = resolve_warm_start(config, task)
     device = resolve_device(config.device)
-    policy = load_lm_policy(
-        config.model.name,
+    options = dict(
         dtype=config.model.dtype,
         trust_remote_code=config.model.trust_remote_code,
         device=device,
         chat_template=config.model.chat_template,
     )
+    policy = evaluated_policy(config, list(task.roles), options)
     rewards = build_rewards(config.task.rewards or task.rewards, defaults=reward_defaults(config))
     runner = EpisodeRunner(policy, task, config, rewards)
     test = held_out(task, config)
@@ -133,3 +145,36 @@ def evaluate_model_episodes(config: Config, *, show: int) -> tuple[dict[str, flo
         return metrics, [transcript(trajectory) for trajectory in greedy[:show]]
     finally:
         runner.close()
+
+
+def evaluated_policy(config: Config, roles: list[str], options: dict):
+    """The policy ``config`` names, as its run trained it: one model; a model per role (``agent.role_policy:
+    separate``); or, for a run with an adapter per role (``agent.role_policy: adapters``, saved as
+    ``policy/<role>/adapter_model.safetensors`` beside no whole model), the base model the adapters were trained on
+    with each role's adapter loaded under its role's name."""
+    from unipg.policy.loading import load_lm_policy, role_model_name
+    from unipg.policy.role_policies import RolePolicies
+
+    if config.agent.role_policy == "separate":
+        return RolePolicies({role: load_lm_policy(role_model_name(config, role), **options) for role in roles})
+    folder = Path(config.model.name)
+    saved = {role: folder / role for role in roles if (folder / role / "adapter_config.json").is_file()}
+    if config.agent.role_policy != "adapters" or not saved:
+        return load_lm_policy(config.model.name, **options)
+    from safetensors.torch import load_file
+
+    from unipg.policy.adapters import load_adapter_tensors
+
+    base = json.loads((next(iter(saved.values())) / "adapter_config.json").read_text())["base_model_name_or_path"]
+    model = config.model
+    policy = load_lm_policy(
+        base,
+        **options,
+        lora_rank=model.lora_rank,
+        lora_alpha=model.lora_alpha,
+        lora_target_modules=model.lora_target_modules,
+        roles=roles,
+    )
+    for role, adapter in saved.items():
+        load_adapter_tensors(policy.model, load_file(adapter / "adapter_model.safetensors"), name=role)
+    return policy
