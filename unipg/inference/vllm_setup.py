@@ -51,10 +51,15 @@ def register_cpu_kernels() -> None:
     the PyTorch-native norm, six small ops per call (0.2 ms against 0.03-0.06 ms at 64 tokens × 128 channels; 9 calls
     a step on a 4-layer model). ``engine_args`` puts them first on CPU; the native norm stays the fallback for
     arguments they do not take (a variance over part of the channels, mixed dtypes, strided input)."""
-    from vllm import ir
+    if torch.cuda.is_available():
+        return
+    try:
+        from vllm import ir  # vLLM's IR ops (0.32); a build without them keeps its own norm
+    except ImportError:
+        return
     from vllm.platforms import current_platform
 
-    if torch.cuda.is_available() or not current_platform.is_cpu():
+    if not current_platform.is_cpu():
         return
     current_platform.import_ir_kernels()  # the native implementations and vLLM's own, registered first
     if CPU_KERNELS in ir.ops.rms_norm.impls or not hasattr(torch.ops._C, "fused_add_rms_norm"):
@@ -98,8 +103,10 @@ def register_cpu_kernels() -> None:
 def cpu_kernel_priority() -> dict[str, list[str]]:
     """vLLM's ``ir_op_priority`` that prefers ``register_cpu_kernels``' kernels (vLLM appends its native fallback);
     empty where they are not registered."""
-    from vllm import ir
-
+    try:
+        from vllm import ir
+    except ImportError:
+        return {}
     ops = ("rms_norm", "fused_add_rms_norm")
     return {op: [CPU_KERNELS] for op in ops if CPU_KERNELS in getattr(ir.ops, op).impls}
 
