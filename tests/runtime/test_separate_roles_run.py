@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from unipg.api import evaluate_episodes
 from unipg.checkpoint.files import load_checkpoint
 from unipg.checkpoint.store import CheckpointStore
 from unipg.config import load_config
 from unipg.observe.metrics import read_metrics
 from unipg.policy.loading import load_causal_lm
-from unipg.api import evaluate_episodes
 from unipg.runtime.evaluation import run_config
 from unipg.runtime.lm import train_lm
 
