@@ -133,3 +133,27 @@ EXTERNAL_AGENT_RUN = [
     "rollback.enabled=false",
     "train.updates=2",
 ]
+
+
+def tiny_team_overrides(*changes: str) -> list[str]:
+    """Overrides of a short run of the solver–checker task (one verdict per episode, so every episode ends within its
+    budget; the entropy bonus gives every row with a sampled token a gradient, whatever its advantage; a checkpoint
+    every update), with ``changes`` (e.g. the role policy) after them."""
+    return [
+        "task.options={digits: 2, num_train: 30, num_test: 4, max_rounds: 1}",
+        "model.warm_start=false",
+        "sample.samples_per_prompt=2",
+        "sample.max_new_tokens=12",
+        "agent.max_total_tokens=48",
+        "train.batch_size=4",
+        "train.mini_batch_size=4",
+        "train.micro_batch_size=4",
+        "estimator.entropy_coef=0.01",
+        "eval.every_updates=2",
+        "eval.max_examples=2",
+        "checkpoint.every_updates=1",
+        "deterministic=true",
+        "log.progress=false",
+        "log.tensorboard=false",
+        *changes,
+    ]

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers.configs import tiny_team_overrides
 from unipg.api import evaluate_episodes
 from unipg.checkpoint.files import load_checkpoint
 from unipg.checkpoint.store import CheckpointStore
@@ -20,26 +21,7 @@ pytestmark = pytest.mark.e2e
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "solver_checker.yaml"
 ROLES = ("solver", "checker")
-# one verdict per episode, so every episode ends within its budget; the entropy bonus gives every row with a
-# sampled token a gradient, whatever its advantage
-TINY = [
-    "task.options={digits: 2, num_train: 30, num_test: 4, max_rounds: 1}",
-    "model.warm_start=false",
-    "agent.role_policy=separate",
-    "sample.samples_per_prompt=2",
-    "sample.max_new_tokens=12",
-    "agent.max_total_tokens=48",
-    "train.batch_size=4",
-    "train.mini_batch_size=4",
-    "train.micro_batch_size=4",
-    "estimator.entropy_coef=0.01",
-    "eval.every_updates=2",
-    "eval.max_examples=2",
-    "checkpoint.every_updates=1",
-    "deterministic=true",
-    "log.progress=false",
-    "log.tensorboard=false",
-]
+TINY = tiny_team_overrides("agent.role_policy=separate")
 
 
 def tiny_llama(folder: Path, hidden_size: int, seed: int) -> str:

@@ -318,12 +318,9 @@ def lm_problems(config: Config) -> list[str]:
 def role_policy_problems(config: Config) -> list[str]:
     """What ``agent.role_policy`` (with ``adapters`` or ``separate``) does not run with, and a role's own model
     (``agent.roles.<role>.model``) named where no role has a model of its own."""
-    if config.agent.role_policy == "adapters":
-        problems = role_adapter_problems(config)
-    elif config.agent.role_policy == "separate":
+    if config.agent.role_policy == "separate":
         return separate_role_problems(config)
-    else:
-        problems = []
+    problems = role_adapter_problems(config) if config.agent.role_policy == "adapters" else []
     return problems + [
         f"agent.roles.{role}.model is read with agent.role_policy=separate only; set agent.role_policy=separate "
         f"(a model per role), or remove agent.roles.{role}.model"
@@ -335,7 +332,6 @@ def role_policy_problems(config: Config) -> list[str]:
 def role_adapter_problems(config: Config) -> list[str]:
     """``agent.role_policy: adapters`` (a LoRA adapter per role): what it needs, and what this version does not run
     it with."""
-    fix = "or agent.role_policy=shared (one model, a system prompt per role)"
     unsupported = {  # what is set → what to set instead
         "model.lora_rank=0 (no adapter)": (config.model.lora_rank == 0, "model.lora_rank (e.g. 8)"),
         f"train.learner_processes={config.train.learner_processes}": (
@@ -347,17 +343,11 @@ def role_adapter_problems(config: Config) -> list[str]:
             "model.value_head=false and no model.critic (e.g. algorithm=grpo)",
         ),
     }
-    return [
-        f"agent.role_policy=adapters (a LoRA adapter per role) does not run with {setting} in this version; set "
-        f"{instead}, {fix}"
-        for setting, (used, instead) in unsupported.items()
-        if used
-    ]
+    return role_policy_refusals("adapters (a LoRA adapter per role)", unsupported)
 
 
 def separate_role_problems(config: Config) -> list[str]:
     """``agent.role_policy: separate`` (a model and a learner per role): what this version does not run it with."""
-    fix = "or agent.role_policy=shared (one model, a system prompt per role)"
     unsupported = {  # what is set → what to set instead
         f"sample.engine={config.sample.engine}": (config.sample.engine != "hf", "sample.engine=hf"),
         f"backend={config.backend}": (config.backend != "inprocess", "backend=inprocess"),
@@ -375,9 +365,15 @@ def separate_role_problems(config: Config) -> list[str]:
         ),
         "data.offline (recorded episodes of one policy)": (config.data.offline is not None, "no data.offline"),
     }
+    return role_policy_refusals("separate (a model per role)", unsupported)
+
+
+def role_policy_refusals(role_policy: str, unsupported: dict[str, tuple[bool, str]]) -> list[str]:
+    """One problem per setting of ``unsupported`` (what is set → whether it is, what to set instead) that is in use
+    with ``agent.role_policy=<role_policy>``."""
     return [
-        f"agent.role_policy=separate (a model per role) does not run with {setting} in this version; set "
-        f"{instead}, {fix}"
+        f"agent.role_policy={role_policy} does not run with {setting} in this version; set {instead}, or "
+        "agent.role_policy=shared (one model, a system prompt per role)"
         for setting, (used, instead) in unsupported.items()
         if used
     ]
