@@ -22,7 +22,6 @@ def test_a_model_per_role_loads_with_a_role_naming_its_own_model():
     ("setting", "refused", "instead"),
     [
         ("sample.engine=vllm", "sample.engine=vllm", "set sample.engine=hf"),
-        ("backend=ray", "backend=ray", "set backend=inprocess"),
         ("train.learner_processes=2", "train.learner_processes=2", "set train.learner_processes=1"),
         ("model.value_head=true", "a value head or critic model", "set model.value_head=false"),
         ("model.lora_rank=4", "model.lora_rank=4", "agent.role_policy=adapters"),
@@ -34,6 +33,11 @@ def test_what_does_not_run_with_a_model_per_role_is_refused_with_the_fix(setting
     message = str(error.value)
     assert f"agent.role_policy=separate (a model per role) does not run with {refused}" in message
     assert instead in message and "or agent.role_policy=shared" in message
+
+
+def test_a_model_per_role_loads_on_ray():
+    config = load_config(CONFIG, [*SEPARATE, "backend=ray"])
+    assert config.backend == "ray" and config.agent.role_policy == "separate"
 
 
 def test_a_roles_model_without_separate_is_refused():

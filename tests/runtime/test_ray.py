@@ -409,3 +409,105 @@ def test_an_external_agent_trains_on_ray_workers_with_their_own_endpoints(
         assert sum(t.turns for t in rows) == 3 and sent  # the agent's three calls, each in a row
         assert episode.reward == pytest.approx(sum(sent), rel=1e-9, abs=1e-9)
     assert unipg_actors() == []
+
+
+def same_multi_role_runs_on_ray_and_in_process(overrides: list[str]) -> dict:
+    """Train the solver–checker config with ``overrides`` in-process and on one Ray worker; check that both give the
+    same per-role gradient norms and losses and the same checkpoint, bit for bit; returns the Ray run's checkpoint
+    tensors by group."""
+    from tests.runtime.test_separate_roles_run import CONFIG, latest_tensors
+
+    runs = {
+        backend: train_lm(
+            load_config(CONFIG, [*overrides, f"backend={backend}", f"log.run_name={backend}"]), log=lambda t: None
+        )
+        for backend in ("inprocess", "ray")
+    }
+    steps = {
+        backend: [
+            (r["train/loss"], r["role/solver/grad_norm"], r["role/checker/grad_norm"])
+            for r in read_metrics(run.run_dir)
+            if "train/loss" in r
+        ]
+        for backend, run in runs.items()
+    }
+    assert len(steps["ray"]) == 2 and steps["ray"] == steps["inprocess"]
+    groups = {backend: latest_tensors(run.run_dir) for backend, run in runs.items()}  # weights, optimizer state, ...
+    assert groups["ray"].keys() == groups["inprocess"].keys()
+    for group, tensors in groups["inprocess"].items():
+        assert groups["ray"][group].keys() == tensors.keys(), group
+        assert all(torch.equal(groups["ray"][group][name], value) for name, value in tensors.items()), group
+    assert unipg_actors() == []
+    return groups["ray"]
+
+
+@pytest.mark.e2e
+def test_a_model_per_role_trains_on_ray_workers_as_in_process(local_ray, tmp_path):
+    """``agent.role_policy: separate`` on Ray: the worker builds every role's model (a larger solver, a smaller
+    checker) and samples each role's turns with its own; at η = 0 with one worker the losses and both roles' trained
+    weights are the in-process run's, bit for bit, and both moved from their initial weights."""
+    from tests.helpers.configs import tiny_team_overrides
+    from tests.runtime.test_separate_roles_run import ROLES, tiny_llama
+    from unipg.policy.loading import load_causal_lm
+
+    models = {"solver": tiny_llama(tmp_path / "solver", 64, seed=1), "checker": tiny_llama(tmp_path / "checker", 32, 2)}
+    base = tiny_team_overrides(
+        "agent.role_policy=separate",
+        f"model.name={models['solver']}",
+        f"agent.roles.checker.model={models['checker']}",
+        f"log.output_dir={tmp_path}",
+        "train.updates=2",
+        "runtime.max_staleness=0",
+        "ray.rollout_workers=1",
+    )
+    tensors = same_multi_role_runs_on_ray_and_in_process(base)["policy"]
+    for role in ROLES:  # each role's model trained away from its initial weights
+        initial = load_causal_lm(models[role]).state_dict()
+        assert any(not torch.equal(tensors[f"{role}.{name}"], value) for name, value in initial.items()), role
+    assert tensors["checker.model.embed_tokens.weight"].shape[1] == 32
+
+
+@pytest.mark.e2e
+def test_an_adapter_per_role_trains_on_ray_workers_as_in_process(local_ray, embedded_path, tmp_path):
+    """``agent.role_policy: adapters`` on Ray: the worker receives every role's adapter and samples each role's
+    turns with its own, as in-process."""
+    from tests.helpers.configs import tiny_team_overrides
+
+    overrides = tiny_team_overrides(
+        "agent.role_policy=adapters",
+        "model.lora_rank=4",
+        f"model.name={embedded_path}",
+        f"log.output_dir={tmp_path}",
+        "train.updates=2",
+        "runtime.max_staleness=0",
+        "ray.rollout_workers=1",
+    )
+    assert "optimizer" in same_multi_role_runs_on_ray_and_in_process(overrides)  # each role's AdamW state, equal
+
+
+@pytest.mark.e2e
+def test_a_model_per_role_trains_on_two_ray_workers_with_staleness(local_ray, tmp_path):
+    """The concurrent schedule on two workers: each worker holds every role's model, receives both roles' weights
+    by version, and the learner trains both roles from their own rows."""
+    from tests.helpers.configs import tiny_team_overrides
+    from tests.runtime.test_separate_roles_run import CONFIG, ROLES, tiny_llama
+
+    models = {"solver": tiny_llama(tmp_path / "solver", 64, seed=1), "checker": tiny_llama(tmp_path / "checker", 32, 2)}
+    overrides = tiny_team_overrides(
+        "agent.role_policy=separate",
+        f"model.name={models['solver']}",
+        f"agent.roles.checker.model={models['checker']}",
+        f"log.output_dir={tmp_path}",
+        "train.updates=3",
+        "runtime.max_staleness=1",
+        "deterministic=false",
+        "backend=ray",
+        "ray.rollout_workers=2",
+        "ray.rollout_num_cpus=0.5",
+    )
+    result = train_lm(load_config(CONFIG, overrides), log=lambda t: None)
+    steps = [record for record in read_metrics(result.run_dir) if "train/loss" in record]
+    assert len(steps) == 3
+    for role in ROLES:
+        assert all(record[f"role/{role}/grad_norm"] > 0 for record in steps), role
+    assert unipg_actors() == []

@@ -350,7 +350,6 @@ def separate_role_problems(config: Config) -> list[str]:
     """``agent.role_policy: separate`` (a model and a learner per role): what this version does not run it with."""
     unsupported = {  # what is set → what to set instead
         f"sample.engine={config.sample.engine}": (config.sample.engine != "hf", "sample.engine=hf"),
-        f"backend={config.backend}": (config.backend != "inprocess", "backend=inprocess"),
         f"train.learner_processes={config.train.learner_processes}": (
             config.train.learner_processes > 1,
             "train.learner_processes=1",

@@ -86,10 +86,10 @@ def check_roles(config: Config, task: Task) -> None:
         raise ConfigError(
             f"agent.roles names {', '.join(unknown)}, not a role of task '{task.name}' (its roles: {valid})"
         )
-    if task.roles and config.backend != "inprocess":
+    if task.roles and config.backend not in ("inprocess", "ray"):
         raise ConfigError(
             f"task '{task.name}' has roles ({', '.join(task.roles)}); multi-role episodes run on "
-            f"backend=inprocess only in this version, not '{config.backend}'"
+            f"backend=inprocess or backend=ray only in this version, not '{config.backend}'"
         )
 
 

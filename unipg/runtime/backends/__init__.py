@@ -38,7 +38,6 @@ BACKEND_INPUTS = ("runner", "sampler", "generator", "config", "task", "reward_fn
 def inprocess_rollout(runner, sampler, generator, config, task, reward_fn, schedule, log) -> LMRollout:
     """Episodes in this process: on the learner's own weights (sequential schedule), or on a copy synced by
     version, with its own episode runner and environment service, in a background thread (concurrent)."""
-    from unipg.policy.role_policies import RolePolicies
     from unipg.runtime.backends.local_lm import LMRollout, inference_copy
     from unipg.runtime.driver import WeightSync
     from unipg.sample.episodes import EpisodeRunner
@@ -46,8 +45,7 @@ def inprocess_rollout(runner, sampler, generator, config, task, reward_fn, sched
     shape = {"group_size": config.sample.samples_per_prompt, "concurrency": config.agent.concurrency}
     if schedule != "concurrent":
         return LMRollout(runner, sampler, generator, **shape)
-    # with a model per role (RolePolicies) a copy of each, synced together as one ModuleDict
-    copy = runner.policy.inference_copy() if isinstance(runner.policy, RolePolicies) else inference_copy(runner.policy)
+    copy = inference_copy(runner.policy)  # with a model per role, a copy of each role's (synced as one)
     return LMRollout(
         EpisodeRunner(copy, task, config, reward_fn),
         sampler,

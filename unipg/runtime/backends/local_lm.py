@@ -24,6 +24,7 @@ import time
 import torch
 
 from unipg.policy.lm import LMPolicy
+from unipg.policy.role_policies import RolePolicies
 from unipg.runtime.driver import CountedEpisodes, EpisodeAccount, RolloutReport, WeightSync
 from unipg.runtime.replay import Group, ReplayBuffer, StalenessGate
 from unipg.sample.episodes import EpisodeRunner
@@ -33,13 +34,18 @@ from unipg.sample.roles import role_major
 MAX_CANCELLATIONS = 5  # a group cancelled this often from inside its episodes has a bug, not bad luck
 
 
-def inference_copy(policy: LMPolicy, device: torch.device | str | None = None) -> LMPolicy:
+def inference_copy(
+    policy: LMPolicy | RolePolicies, device: torch.device | str | None = None
+) -> LMPolicy | RolePolicies:
     """A sampling-only copy of ``policy``'s language model (no reference, no critic) for the rollout side, on
-    ``device`` (None: the policy's own).
+    ``device`` (None: the policy's own); with a model per role (``RolePolicies``) a copy of each role's, whose
+    ``model`` (one ``ModuleDict``) is synced as one.
 
     Its parameters keep ``requires_grad`` as they are: sampling runs under ``no_grad`` anyway, and CPU kernels
     take another path for weights that do not require grad, which changes results in the last bits — the
     copy samples exactly as the learner's model would."""
+    if isinstance(policy, RolePolicies):
+        return policy.inference_copy(device)
     model = copy.deepcopy(policy.model)
     return LMPolicy(model if device is None else model.to(device), policy.tokenizer)
 

@@ -19,6 +19,7 @@ from unipg.envs.service import run_tool
 from unipg.learn.state import generator_state, restore_generator
 from unipg.policy.adapters import load_synced_state
 from unipg.sample.episodes import EpisodeRunner
+from unipg.sample.roles import role_major
 from unipg.tools.base import Tool, ToolError, current_attempt, set_attempt
 
 try:
@@ -207,14 +208,14 @@ class RolloutWorker:
 
     async def run_batch(self, examples: list, version: int, weights, state: str) -> tuple[list, str, dict]:
         """The sequential schedule: run ``examples`` (one episode each) with the generator in ``state``, as
-        the in-process backend does; returns the trajectories, the generator's new state and a report."""
+        the in-process backend does; returns the trajectories (a multi-role task's: every role's, episode by episode), the generator's new state and a report."""
         await self._receive(weights)
         self._load()
         generator = returned = restore_generator(torch.Generator(), state)
         if self.runner.policy.device.type != "cpu":  # sample with a device generator seeded from the state
             seed = int(torch.randint(2**62, (1,), generator=returned))
             generator = torch.Generator(self.runner.policy.device).manual_seed(seed)
-        episodes = await self.runner.arun(examples, generator=generator, policy_version=version)
+        episodes = await self.runner.arun(examples, generator=generator, policy_version=version, all_roles=True)
         report = self._report(episodes.batch_sizes, episodes.generate_seconds)
         return episodes.trajectories, generator_state(returned), report
 
@@ -232,7 +233,8 @@ class RolloutWorker:
             self.loop.run_episode(self.runner.make_env(), example, order=order * self.group_size + i)
             for i in range(self.group_size)
         ]
-        trajectories = list(await asyncio.gather(*episodes))
+        finished = list(await asyncio.gather(*episodes))
+        trajectories = role_major(finished) if self.runner.roles else finished  # a multi-role task's, role after role
         return trajectories, self._report(*self.engine.pop_batches())
 
     async def close(self) -> None:

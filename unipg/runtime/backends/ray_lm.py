@@ -82,6 +82,7 @@ class RayRollout(WorkerFaults, CountedEpisodes):
         self.source = runner.policy.model
         self.uses_tools = runner.service is not None
         self.group_size = config.sample.samples_per_prompt
+        self.roles = max(len(runner.roles), 1)  # trajectories per episode
         self.account = EpisodeAccount()
         self.worker_restarts = 0
         self.lost_on: dict[int, dict] = {}
@@ -192,7 +193,8 @@ class RayRollout(WorkerFaults, CountedEpisodes):
                 self._time_out(inflight)
         finally:
             self._cancel(inflight)
-        return split_groups([t for order in range(shards) for t in results[order]], version, self.group_size)
+        trajectories = [t for order in range(shards) for t in results[order]]
+        return split_groups(trajectories, version, self.group_size, self.roles)
 
     def serve(self, gate: StalenessGate, buffer: ReplayBuffer, stop: threading.Event) -> None:
         """Keep every worker busy with the groups the gate admits; write each finished group to the buffer."""
