@@ -1,8 +1,10 @@
 """Does a checker help? The solver–checker team against the solver alone, at the same sample budget.
 
-The solver alone is ``configs/calculator_agent.yaml``; the team is ``configs/solver_checker.yaml`` (the same
-calculator problems, model, warm-start stages, learning rate and temperature, plus a checker that sees the
-solver's proposal, may call the calculator itself, and accepts it or sends the solver back with a critique).
+``--pair calculator`` (the default): the solver alone is ``configs/calculator_agent.yaml``; the team is
+``configs/solver_checker.yaml`` (the same calculator problems, model, warm-start stages, learning rate and
+temperature, plus a checker that sees the solver's proposal, may call the calculator itself, and accepts it or
+sends the solver back with a critique). ``--pair checker-tool``: only the checker holds the calculator
+(``configs/solver_checker_tool_checker.yaml``) and the solver alone has no tool (``configs/solver_no_tool.yaml``).
 Both train for the same number of updates × episodes per update with the same seeds, one run at a time, each in
 a fresh process. Reported per seed, from each run's metrics.jsonl and episodes.jsonl:
 
@@ -14,6 +16,7 @@ a fresh process. Reported per seed, from each run's metrics.jsonl and episodes.j
 
     python benchmarks/team_vs_solo.py --seeds 0 1 2 --updates 30      # the configs' budget: 30 × 128 episodes
     python benchmarks/team_vs_solo.py --seeds 0 --updates 10 --eval-examples 100
+    python benchmarks/team_vs_solo.py --pair checker-tool --seeds 0 1 2   # only the checker holds the calculator
     python benchmarks/team_vs_solo.py --smoke                          # tiny, seconds: checks the script runs
 """
 
@@ -28,10 +31,18 @@ import time
 from pathlib import Path
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-RUNS = {"solo": CONFIGS / "calculator_agent.yaml", "team": CONFIGS / "solver_checker.yaml"}
+# --pair: which team against which solver alone. "calculator": both roles hold the calculator; "checker-tool":
+# only the checker does, and the solver alone has no tool
+PAIRS = {
+    "calculator": {"solo": CONFIGS / "calculator_agent.yaml", "team": CONFIGS / "solver_checker.yaml"},
+    "checker-tool": {"solo": CONFIGS / "solver_no_tool.yaml", "team": CONFIGS / "solver_checker_tool_checker.yaml"},
+}
+SIDES = ("solo", "team")
 # --smoke: the same code path at tiny sizes, to check that the script still runs (its figures mean nothing)
 SMOKE = [
-    "task.options={digits: 2, num_train: 16, num_test: 4}",
+    "task.options.digits=2",
+    "task.options.num_train=16",
+    "task.options.num_test=4",
     "model.warm_start=false",
     "sample.max_new_tokens=8",
     "sample.dynamic_sampling=false",
@@ -101,7 +112,7 @@ def run_one(job: tuple[str, int, dict]) -> dict:
         ]
         start = time.time()
         try:
-            result = unipg.train(RUNS[side], overrides=overrides)
+            result = unipg.train(PAIRS[options["pair"]][side], overrides=overrides)
         except Exception as error:  # report it and run the other side
             return {"side": side, "seed": seed, "error": f"{type(error).__name__}: {error}"[:300]}
         records = read_metrics(result.run_dir)
@@ -180,7 +191,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=128, help="episodes per update (both sides)")
     parser.add_argument("--eval-examples", type=int, default=200, help="held-out problems of each evaluation")
     parser.add_argument("--pass-k", type=int, default=0, help="sampled episodes per held-out problem (0: none)")
-    parser.add_argument("--sides", nargs="+", choices=sorted(RUNS), default=["solo", "team"])
+    parser.add_argument("--pair", choices=sorted(PAIRS), default="calculator", help="which team and solo (PAIRS)")
+    parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
     parser.add_argument("--out", type=Path, help="also write every run's figures to this JSON file")
     parser.add_argument("--smoke", action="store_true", help="one seed, two tiny updates: checks the script runs")
     args = parser.parse_args()
@@ -193,6 +205,7 @@ def main() -> None:
         "batch_size": args.batch_size,
         "eval_examples": args.eval_examples,
         "pass_k": args.pass_k,
+        "pair": args.pair,
         "extra": extra,
     }
     jobs = [(side, seed, options) for seed in args.seeds for side in args.sides]

@@ -4,6 +4,8 @@ with beside the solver alone."""
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from unipg.config import load_config
 from unipg.envs import EnvironmentService
 from unipg.envs.service import build_tools
@@ -53,6 +55,59 @@ def test_the_team_trains_with_the_solver_alones_model_warm_start_and_sampling():
     solo = load_config(CONFIGS / "calculator_agent.yaml")
     assert team.model.name == solo.model.name
     assert team.sft.stages == solo.sft.stages
+    assert team.train.learning_rate == solo.train.learning_rate
+    assert team.sample.temperature == solo.sample.temperature
+    assert (team.train.batch_size, team.train.updates) == (solo.train.batch_size, solo.train.updates)
+    assert team.sample.samples_per_prompt == solo.sample.samples_per_prompt
+
+
+def run_turns(env: SolverCheckerEnv, turns: list[str]) -> list:
+    async def episode():
+        await env.reset(PROBLEM)
+        return [await env.step(turn) for turn in turns]
+
+    return asyncio.run(episode())
+
+
+def test_without_the_solver_tool_no_solver_demonstration_calls_the_calculator_and_every_checker_one_does():
+    task = make_task("solver_checker", digits=3, num_train=20, num_test=4, solver_tool=False, tool_demonstrations=0.0)
+    assert task.env_options["solver_tool"] is False
+    for example in task.train:
+        for role, _, solution in task.role_demonstrations(example):
+            turns = [solution] if isinstance(solution, str) else [m["content"] for m in solution]
+            calls = any("<tool_call>" in turn for turn in turns)
+            assert calls == (role == CHECKER), (role, solution)
+
+
+def test_a_solver_without_the_tool_cannot_call_it_and_the_checkers_call_still_runs():
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "12*34"}}</tool_call>'
+    service = EnvironmentService(build_tools([{"name": "calculator"}]), timeout=5.0)
+    try:
+        env = SolverCheckerEnv(build_rewards([{"name": "math"}]), service, solver_tool=False)
+        proposal, checked, critique, answer = run_turns(env, [call, call, "REJECT: 408", "408"])
+        assert proposal.info.next_role == CHECKER  # the solver's call was its proposal, not run
+        assert proposal.info.extras["proposal_correct"] is False
+        assert checked.info.next_role == CHECKER and checked.observation.strip() == "408"  # the checker's ran
+        assert critique.observation == "REJECT: 408" and not critique.done
+        assert answer.info.next_role == CHECKER and answer.info.extras["proposal_correct"] is True
+        with_tool = SolverCheckerEnv(build_rewards([{"name": "math"}]), service)
+        (solver_call,) = run_turns(with_tool, [call])
+        assert solver_call.observation.strip() == "408" and solver_call.info.next_role == "solver"
+    finally:
+        service.close()
+
+
+def test_solver_tool_false_needs_no_solver_tool_demonstrations():
+    with pytest.raises(ValueError, match="tool_demonstrations to 0"):
+        make_task("solver_checker", digits=3, num_train=4, num_test=2, solver_tool=False, tool_demonstrations=0.1)
+
+
+def test_the_checker_tool_team_trains_with_the_tool_less_solvers_model_warm_start_and_sampling():
+    team = load_config(CONFIGS / "solver_checker_tool_checker.yaml")
+    solo = load_config(CONFIGS / "solver_no_tool.yaml")
+    assert team.task.options["solver_tool"] is False and solo.task.tools == []
+    assert team.model.name == solo.model.name
+    assert team.sft.stages == solo.sft.stages and team.sft.steps == solo.sft.steps
     assert team.train.learning_rate == solo.train.learning_rate
     assert team.sample.temperature == solo.sample.temperature
     assert (team.train.batch_size, team.train.updates) == (solo.train.batch_size, solo.train.updates)

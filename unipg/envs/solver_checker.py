@@ -2,7 +2,8 @@
 
 Turns: the solver works on the problem (it may call tools, whose outputs come back to it) until it writes an
 answer without a call: its proposal. The checker then sees the problem and the proposal (it may call tools
-too) and replies. A reply starting with ``ACCEPT`` ends the episode; any other reply is a critique, shown to
+too; with ``solver_tool=False`` only the checker's calls run, and a call the solver writes is its proposal as
+it stands) and replies. A reply starting with ``ACCEPT`` ends the episode; any other reply is a critique, shown to
 the solver, who answers again. After ``max_rounds`` critiques the episode ends unaccepted.
 
 Team reward, given to both roles: the task's reward of the proposal when an accepted proposal is correct,
@@ -39,6 +40,7 @@ class SolverCheckerEnv:
         process_weight: float = 0.1,
         shaping: dict | None = None,
         tool_parser: str = "hermes",
+        solver_tool: bool = True,
     ):
         if max_rounds < 1:
             raise ValueError(f"solver_checker: max_rounds ({max_rounds}) must be ≥ 1 (checker verdicts per episode)")
@@ -46,6 +48,7 @@ class SolverCheckerEnv:
         self.wrong_accept_penalty, self.process_weight = wrong_accept_penalty, process_weight
         self.shaping = {role: float(weight) for role, weight in (shaping or {}).items()}
         self.parser = TOOL_PARSERS.get(tool_parser)()
+        self.solver_tool = solver_tool
         self.example: Example | None = None
 
     async def reset(self, example: Example) -> tuple[str, str]:
@@ -56,7 +59,8 @@ class SolverCheckerEnv:
     async def step(self, action: str) -> StepResult:
         if self.example is None:
             raise RuntimeError("call reset() before step()")
-        turn = parse_turn(action, self.service, self.parser) if self.service is not None else None
+        may_call = self.service is not None and (self.acting == CHECKER or self.solver_tool)
+        turn = parse_turn(action, self.service, self.parser) if may_call else None
         if turn is not None and turn.kind != "answer":
             return await self._tool_step(turn)
         if self.acting == SOLVER:
@@ -109,8 +113,10 @@ def solver_checker_env(
     process_weight: float = 0.1,
     shaping: dict | None = None,
     tool_parser: str = "hermes",
+    solver_tool: bool = True,
 ) -> SolverCheckerEnv:
-    """``tool_parser``: the format calls are written in (``unipg.policy.tool_calls``)."""
+    """``tool_parser``: the format calls are written in (``unipg.policy.tool_calls``); ``solver_tool``: whether
+    the solver's calls run (False: only the checker's)."""
     return SolverCheckerEnv(
         reward_fn,
         service,
@@ -119,4 +125,5 @@ def solver_checker_env(
         process_weight=process_weight,
         shaping=shaping,
         tool_parser=tool_parser,
+        solver_tool=solver_tool,
     )

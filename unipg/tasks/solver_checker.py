@@ -8,6 +8,11 @@ the proposal, may check it with the calculator, and replies ``ACCEPT`` or a crit
     checker: "What is 347*862? Proposed: 299114"  → <tool_call>…</tool_call> / 299114 / ACCEPT
     checker: "What is 347*862? Proposed: 299124"  → <tool_call>…</tool_call> / 299114 / REJECT: 299114
     solver:  "What is 347*862?"                   → 299124 / (user) REJECT: 299114 / 299114   (a share)
+
+With ``solver_tool=False`` only the checker holds the calculator: the solver's demonstrations all answer at once
+(a guess, in a sentence), and the environment runs no call the solver writes (its text is its proposal). The
+solver alone then cannot get beyond guessing; in the team the checker's critique carries the calculator's result,
+which the solver has to learn to copy, so the second role adds information the first one lacks.
 """
 
 from __future__ import annotations
@@ -94,6 +99,7 @@ def solver_checker_task(
     critique_demonstrations: float = 0.3,
     max_rounds: int = 2,
     wrong_accept_penalty: float = 0.1,
+    solver_tool: bool = True,
     data_seed: int = 1234,
 ) -> Task:
     """The calculator problems of ``calculator`` (same options and splits) for a solver and a checker.
@@ -101,11 +107,19 @@ def solver_checker_task(
     ``tool_demonstrations``: share of solver demonstrations that call the calculator (the rest answer at once);
     ``critique_demonstrations``: share of examples with a demonstration of the solver answering a critique;
     ``max_rounds``: checker verdicts per episode; ``wrong_accept_penalty``: the team's cost of accepting a
-    wrong answer.
+    wrong answer; ``solver_tool``: whether the solver may call the calculator (False: only the checker may, and
+    ``tool_demonstrations`` must be 0, as no solver demonstration calls it).
     """
     if not 0.0 <= critique_demonstrations <= 1.0:
         raise ValueError(
             f"solver_checker: critique_demonstrations must be a fraction in [0, 1], got {critique_demonstrations}"
+        )
+    if not isinstance(solver_tool, bool):
+        raise ValueError(f"solver_checker: solver_tool must be true or false, got {solver_tool!r}")
+    if not solver_tool and tool_demonstrations:
+        raise ValueError(
+            "solver_checker: with solver_tool false no solver demonstration calls the calculator; set "
+            f"tool_demonstrations to 0 (got {tool_demonstrations})"
         )
     base = calculator_task(
         digits=digits,
@@ -125,7 +139,11 @@ def solver_checker_task(
         max_turns=2 * max_rounds + 1,
         roles=dict(ROLE_PROMPTS),
         env="solver_checker",
-        env_options={"max_rounds": max_rounds, "wrong_accept_penalty": wrong_accept_penalty},
+        env_options={
+            "max_rounds": max_rounds,
+            "wrong_accept_penalty": wrong_accept_penalty,
+            "solver_tool": solver_tool,
+        },
         role_demonstrations=lambda example: role_demonstrations(
             example, critique_demonstrations=critique_demonstrations, seed=data_seed
         ),
