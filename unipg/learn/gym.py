@@ -27,7 +27,7 @@ from unipg.config.schema import EstimatorConfig
 from unipg.estimate import ADVANTAGES, needs_critic
 from unipg.estimate.losses import reads_proximal_logprobs, value_loss
 from unipg.estimate.trpo import TRUST_REGION_STEPS
-from unipg.learn import objective
+from unipg.learn import mlp_gradient, objective
 from unipg.learn.common import clip_grad_norm, shuffled_minibatches
 from unipg.learn.flat_adam import FlatAdam, merge_per_parameter_state
 from unipg.learn.objective import ObjectiveBatch, as_tokens
@@ -134,6 +134,18 @@ def read_fields(samples: dict[str, torch.Tensor], estimator: EstimatorConfig) ->
     return {key: value for key, value in samples.items() if key not in unread}
 
 
+def epoch_minibatches(
+    samples: dict[str, torch.Tensor], valid: torch.Tensor, size: int, epochs: int, generator: torch.Generator
+):
+    """The mini-batches of ``shuffled_minibatches`` over ``samples``' fields: each field is gathered in the epoch's
+    order once per epoch and then sliced, rather than gathered once per mini-batch (same samples, same order)."""
+    for _ in range(epochs if len(valid) else 0):
+        (order,) = shuffled_minibatches(valid, len(valid), epochs=1, generator=generator)
+        shuffled = {key: value.index_select(0, order) for key, value in samples.items()}
+        parts = {key: value.split(size) for key, value in shuffled.items()}
+        yield from (dict(zip(parts, mini)) for mini in zip(*parts.values()))
+
+
 class LearnerState:
     """What a gym learner's checkpoint holds: its optimizer (``_optimizer``) and its mini-batch generator."""
 
@@ -167,6 +179,8 @@ class GradientLearner(LearnerState):
         )
         self.optimizer = self.adam.optimizer
         self.generator = torch.Generator().manual_seed(config.seed)
+        # the network's gradient written by hand where it applies (unipg.learn.mlp_gradient), else autograd's
+        self.hand_gradient = mlp_gradient.applies(policy, config.estimator)
 
     def update(self, samples: dict[str, torch.Tensor]) -> dict[str, float]:
         train = self.config.train
@@ -177,10 +191,8 @@ class GradientLearner(LearnerState):
             samples["proximal_logprobs"] = proximal
         samples = read_fields(samples, self.config.estimator)
         history: dict[str, list[torch.Tensor]] = {}
-        for index in shuffled_minibatches(
-            valid, train.mini_batch_transitions, epochs=train.num_epochs, generator=self.generator
-        ):
-            metrics = self._step({key: value.index_select(0, index) for key, value in samples.items()})
+        for mini in epoch_minibatches(samples, valid, train.mini_batch_transitions, train.num_epochs, self.generator):
+            metrics = self._step(mini)
             for key, value in metrics.items():
                 history.setdefault(key, []).append(value)
         if not history:  # no valid sample: no step was taken
@@ -207,9 +219,12 @@ class GradientLearner(LearnerState):
     def _step(self, mini: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """One gradient step on a mini-batch of flat samples: the unified objective, viewed as (M, 1) tokens.
         Returns its metrics and the gradient norm before clipping, each a detached 0-d tensor."""
-        logprobs, entropy, values = self.policy.evaluate(
-            mini["observations"], mini["actions"], entropy_grad=self.config.estimator.entropy_coef > 0
-        )
+        if self.hand_gradient:
+            logprobs, entropy, values, saved = mlp_gradient.evaluate(self.policy, mini["observations"], mini["actions"])
+        else:
+            logprobs, entropy, values = self.policy.evaluate(
+                mini["observations"], mini["actions"], entropy_grad=self.config.estimator.entropy_coef > 0
+            )
         critic = uses_critic(self.config.estimator)
         batch = ObjectiveBatch.from_steps(
             logprobs=logprobs,
@@ -223,8 +238,11 @@ class GradientLearner(LearnerState):
             returns=mini["returns"] if critic else None,
         )
         out = objective.unified_objective(batch, self.config.estimator, tensor_metrics=True)
-        self.adam.zero_grad()
-        out.loss.backward()
+        if self.hand_gradient:
+            mlp_gradient.backward(self.policy, saved, out.loss)
+        else:
+            self.adam.zero_grad()
+            out.loss.backward()
         grad_norm = self.adam.clip_grad_norm(self.config.train.max_grad_norm)
         self.adam.step()
         return {**out.metrics, "grad_norm": grad_norm}
