@@ -21,7 +21,12 @@ def test_a_model_per_role_loads_with_a_role_naming_its_own_model():
 @pytest.mark.parametrize(
     ("setting", "refused", "instead"),
     [
-        ("sample.engine=vllm", "sample.engine=vllm", "set sample.engine=hf"),
+        (
+            "sample.engine=vllm runtime.max_staleness=1",
+            "sample.engine=vllm and runtime.max_staleness=1",
+            "set runtime.max_staleness=0",
+        ),
+        ("sample.engine=vllm backend=ray", "sample.engine=vllm on backend=ray", "set sample.engine=hf on Ray"),
         ("train.learner_processes=2", "train.learner_processes=2", "set train.learner_processes=1"),
         ("model.value_head=true", "a value head or critic model", "set model.value_head=false"),
         ("model.lora_rank=4", "model.lora_rank=4", "agent.role_policy=adapters"),
@@ -29,15 +34,15 @@ def test_a_model_per_role_loads_with_a_role_naming_its_own_model():
 )
 def test_what_does_not_run_with_a_model_per_role_is_refused_with_the_fix(setting, refused, instead):
     with pytest.raises(ConfigError) as error:
-        load_config(CONFIG, [*SEPARATE, setting])
+        load_config(CONFIG, [*SEPARATE, *setting.split()])
     message = str(error.value)
     assert f"agent.role_policy=separate (a model per role) does not run with {refused}" in message
     assert instead in message and "or agent.role_policy=shared" in message
 
 
-def test_a_model_per_role_loads_on_ray():
-    config = load_config(CONFIG, [*SEPARATE, "backend=ray"])
-    assert config.backend == "ray" and config.agent.role_policy == "separate"
+@pytest.mark.parametrize("setting", ["backend=ray", "sample.engine=vllm runtime.max_staleness=0"])
+def test_a_model_per_role_loads_on_ray_and_on_vllm(setting):
+    assert load_config(CONFIG, [*SEPARATE, *setting.split()]).agent.role_policy == "separate"
 
 
 def test_a_roles_model_without_separate_is_refused():

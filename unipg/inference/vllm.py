@@ -323,19 +323,21 @@ def _settle(future: asyncio.Future, result, error) -> None:
 
 
 class SharedVLLM:
-    """A runner's handle on the process's vLLM engine for its model: vLLM holds one engine per process well, so
-    runners of one run (rollout, evaluation) share it, each loading its own policy's weights by version (versions
-    only grow; a turn is stamped with the version vLLM held). The engine closes with its last handle."""
+    """A runner's handle on the process's vLLM engine for its model: runners of one run (rollout, evaluation) share
+    it, each loading its own policy's weights by version (versions only grow; a turn is stamped with the version vLLM
+    held). The engine closes with its last handle. The engines in a process are one run's: one, or with a model per
+    role one per ``role`` (``vllm_roles``)."""
 
     name = "vllm"
     _engines: dict[tuple, list] = {}  # key → [engine, handles]
     _lock = threading.Lock()
 
-    def __init__(self, policy: LMPolicy, config):
+    def __init__(self, policy: LMPolicy, config, role: str | None = None):
         self.policy = policy
-        self._key = (config.model.name, config.model.dtype, config.model.lora_rank, config.seed)
+        run = (config.model.name, config.model.dtype, config.model.lora_rank, config.seed)
+        self._key = (*run, role)
         with self._lock:
-            if self._engines and self._key not in self._engines:
+            if any(key[:-1] != run for key in self._engines):
                 raise ValueError(
                     "a vllm engine for another model is running in this process; close its runs "
                     "first (one vllm engine per process)"
@@ -377,8 +379,15 @@ class SharedVLLM:
 
 
 @ENGINES.register("vllm")
-def vllm_engine(policy: LMPolicy, config) -> SharedVLLM:
-    """vLLM in this process: continuous batching and prefix caching; log-probs of vLLM's own kernels."""
+def vllm_engine(policy, config):
+    """vLLM in this process: continuous batching and prefix caching; log-probs of vLLM's own kernels. With a model
+    per role (a ``RolePolicies``), an engine per role's model (``vllm_roles``)."""
+    from unipg.policy.role_policies import RolePolicies
+
+    if isinstance(policy, RolePolicies):
+        from unipg.inference.vllm_roles import RoleVLLM
+
+        return RoleVLLM(policy, config)
     return SharedVLLM(policy, config)
 
 
