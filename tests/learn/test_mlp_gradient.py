@@ -34,7 +34,10 @@ def _objective(policy, estimator, observations, actions, behaviour, advantages, 
     )
     out = unified_objective(batch, estimator, tensor_metrics=True)
     if hand:
-        mlp_gradient.backward(policy, saved, out.loss)
+        assert mlp_gradient.objective_by_hand(estimator, batch) == (
+            estimator.policy_loss == "ppo" and not estimator.dual_clip
+        )
+        mlp_gradient.backward(policy, saved, out.loss, batch, estimator)
     else:
         for parameter in policy.parameters():
             parameter.grad = None
@@ -46,7 +49,12 @@ def _objective(policy, estimator, observations, actions, behaviour, advantages, 
 @pytest.mark.parametrize("activation", ["tanh", "relu"])
 @pytest.mark.parametrize(
     "overrides",
-    [[], ["estimator.advantage=reward_to_go", "estimator.policy_loss=vanilla"], ["estimator.value_loss_coef=2.0"]],
+    [
+        [],  # PPO's gradient from the clip rule (mlp_gradient.objective_gradient)
+        ["estimator.clip_range_high=0.3", "estimator.value_loss_coef=2.0"],
+        ["estimator.dual_clip=3.0"],  # the objective's gradient by autograd
+        ["estimator.advantage=reward_to_go", "estimator.policy_loss=vanilla"],
+    ],
 )
 def test_hand_written_gradient_is_autograds(activation, overrides):
     estimator = load_config(None, overrides).estimator

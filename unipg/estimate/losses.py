@@ -169,6 +169,18 @@ def _clipped_surrogate(
     return objective, ratio, clipped, dual_clipped
 
 
+def ppo_clip_coefficient(
+    log_ratio: torch.Tensor, advantages: torch.Tensor, *, clip_low: float, clip_high: float
+) -> torch.Tensor:
+    """∂/∂ log π_θ of the per-token PPO-clip objective min(ρA, clip(ρ, 1 − ε_low, 1 + ε_high) A) (no dual clip):
+    ρ·A where the unclipped term is the minimum, 0 where the clip holds, by ``_clipped_surrogate``'s rule.
+    For a learner that writes its gradient by hand (``unipg.learn.mlp_gradient``); constants, no graph."""
+    ratio = torch.exp(log_ratio)
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages < unclipped
+    return torch.where(clipped, 0.0, unclipped)
+
+
 def _ratio_metrics(
     ratio: torch.Tensor, clipped: torch.Tensor, dual_clipped: torch.Tensor, mask: torch.Tensor | None, dual: bool
 ) -> dict[str, torch.Tensor]:

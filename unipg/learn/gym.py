@@ -239,7 +239,7 @@ class GradientLearner(LearnerState):
         )
         out = objective.unified_objective(batch, self.config.estimator, tensor_metrics=True)
         if self.hand_gradient:
-            mlp_gradient.backward(self.policy, saved, out.loss)
+            mlp_gradient.backward(self.policy, saved, out.loss, batch, self.config.estimator)
         else:
             self.adam.zero_grad()
             out.loss.backward()

@@ -6,8 +6,10 @@ entropy carries no gradient) the network's part of the gradient is a handful of 
 
 - ``evaluate`` runs actor and critic without recording a graph, keeping each linear layer's input, and returns
   log π(a|s) and V(s) as leaf tensors that require a gradient (the entropy detached);
-- the objective (``unipg.learn.objective``, unchanged) is computed on those leaves as usual, and autograd only
-  differentiates that small graph: ∂loss/∂log π(a|s) and ∂loss/∂V(s), whatever the configured losses;
+- the objective (``unipg.learn.objective``, unchanged) is computed on those leaves as usual, for its loss and
+  metrics; ∂loss/∂log π(a|s) and ∂loss/∂V(s) come from ``objective_gradient`` for plain PPO-clip with the value
+  loss (the per-sample coefficient from the clip rule in ``unipg.estimate.losses.ppo_clip_coefficient``), and
+  from autograd on that small graph for any other configured loss;
 - ``backward`` carries these through the two networks by hand and writes each parameter's ``grad`` in place:
   ∂/∂logits = g · (onehot(a) − softmax), then per layer ∂W = δᵀ·input, ∂b = Σδ, δ ← (δ·W) ⊙ act'(output).
 
@@ -23,6 +25,8 @@ import torch
 from torch import nn
 
 from unipg.config.schema import EstimatorConfig
+from unipg.estimate.losses import ppo_clip_coefficient
+from unipg.learn.objective import ObjectiveBatch
 from unipg.policy.mlp import MLPActorCritic
 
 # each activation's derivative from its output y = act(x)
@@ -82,10 +86,50 @@ def evaluate(
     return logprobs, entropy, values, SavedForward(logprobs, values, actor_inputs, critic_inputs, probs, index)
 
 
-def backward(policy: MLPActorCritic, saved: SavedForward, loss: torch.Tensor) -> None:
+def objective_by_hand(estimator: EstimatorConfig, batch: ObjectiveBatch) -> bool:
+    """Whether ``objective_gradient`` gives the objective's gradient: plain PPO-clip (token mean, every sample
+    valid, no dual clip, no off-policy weight, no entropy selection) plus the unclipped value loss, nothing else."""
+    return (
+        estimator.policy_loss == "ppo"
+        and estimator.off_policy_weight == "none"
+        and estimator.dual_clip is None
+        and estimator.loss_agg_mode == "token-mean"
+        and estimator.top_entropy_quantile >= 1.0
+        and estimator.value_clip_range is None
+        and estimator.entropy_coef == 0
+        and batch.every_token_valid
+        and batch.values is not None
+        and batch.reference_logprobs is None
+        and batch.proximal_logprobs is None
+    )
+
+
+def objective_gradient(estimator: EstimatorConfig, batch: ObjectiveBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(∂loss/∂log π, ∂loss/∂V), each (M,), of the loss ``objective_by_hand`` accepts: −coefficient/M from the PPO
+    clip rule (``ppo_clip_coefficient``) and value_loss_coef·(V − R)/M from ½ (V − R)²."""
+    count = batch.logprobs.numel()
+    clip_high = estimator.clip_range if estimator.clip_range_high is None else estimator.clip_range_high
+    with torch.no_grad():
+        coefficient = ppo_clip_coefficient(
+            batch.logprobs - batch.behaviour_logprobs,
+            batch.advantages,
+            clip_low=estimator.clip_range,
+            clip_high=clip_high,
+        )
+        grad_values = (batch.values - batch.returns) * (estimator.value_loss_coef / count)
+    return (coefficient * (-1.0 / count)).reshape(-1), grad_values.reshape(-1)
+
+
+def backward(
+    policy: MLPActorCritic, saved: SavedForward, loss: torch.Tensor, batch: ObjectiveBatch, estimator: EstimatorConfig
+) -> None:
     """Write ∂loss/∂θ into every parameter's ``grad`` (overwritten, not accumulated); a network the loss does
-    not read (the critic of a loss without value term) gets a zero gradient."""
-    grad_logprobs, grad_values = torch.autograd.grad(loss, [saved.logprobs, saved.values], allow_unused=True)
+    not read (the critic of a loss without value term) gets a zero gradient. ``loss`` is ``unified_objective``'s
+    on ``batch``: its gradient at log π and V is ``objective_gradient``'s where that applies, else autograd's."""
+    if objective_by_hand(estimator, batch):
+        grad_logprobs, grad_values = objective_gradient(estimator, batch)
+    else:
+        grad_logprobs, grad_values = torch.autograd.grad(loss, [saved.logprobs, saved.values], allow_unused=True)
     with torch.no_grad():
         if grad_logprobs is None:
             _zero(policy.actor)
