@@ -4,7 +4,8 @@ import torch
 
 from unipg.config import load_config
 from unipg.learn import mlp_gradient
-from unipg.learn.gym import GradientLearner, normalized, uses_critic
+from unipg.learn.common import shuffled_minibatches
+from unipg.learn.gym import GradientLearner, epoch_minibatches, normalized, uses_critic
 from unipg.learn.objective import ObjectiveBatch, unified_objective
 from unipg.policy.mlp import MLPActorCritic
 
@@ -109,3 +110,18 @@ def test_an_update_on_the_hand_written_path_takes_autograds_steps():
         assert metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-6)
     for name, value in reference.policy.state_dict().items():
         torch.testing.assert_close(hand.policy.state_dict()[name], value, rtol=1e-4, atol=1e-6)
+
+
+def test_epoch_minibatches_are_the_shuffled_minibatches_gathered_per_epoch():
+    samples = {"x": torch.arange(40.0).reshape(20, 2), "y": torch.arange(20)}
+    valid = torch.arange(0, 20, 2)  # masked samples are never drawn; the last mini-batch may be smaller
+    got = list(epoch_minibatches(samples, valid, 4, 3, torch.Generator().manual_seed(5)))
+    expected = [
+        {key: value.index_select(0, index) for key, value in samples.items()}
+        for index in shuffled_minibatches(valid, 4, epochs=3, generator=torch.Generator().manual_seed(5))
+    ]
+    assert len(got) == len(expected) == 9
+    for mini, reference in zip(got, expected, strict=True):
+        for key in samples:
+            assert torch.equal(mini[key], reference[key])
+    assert list(epoch_minibatches(samples, valid[:0], 4, 3, torch.Generator())) == []
