@@ -114,7 +114,12 @@ def run_one(job: tuple[str, int, dict]) -> dict:
         try:
             result = unipg.train(PAIRS[options["pair"]][side], overrides=overrides)
         except Exception as error:  # report it and run the other side
-            return {"side": side, "seed": seed, "error": f"{type(error).__name__}: {error}"[:300]}
+            return {
+                "side": side,
+                "seed": seed,
+                "pair": options["pair"],
+                "error": f"{type(error).__name__}: {error}"[:300],
+            }
         records = read_metrics(result.run_dir)
         episodes = read_episode_records(result.run_dir / "episodes.jsonl")
     evaluations = [r for r in records if "eval/pass@1" in r]
@@ -122,6 +127,7 @@ def run_one(job: tuple[str, int, dict]) -> dict:
     return {
         "side": side,
         "seed": seed,
+        "pair": options["pair"],
         "before": first["eval/pass@1"],
         "after": last["eval/pass@1"],
         "sampled_before": first.get("eval/sampled_completion"),
@@ -194,7 +200,9 @@ def main() -> None:
     parser.add_argument("--pair", choices=sorted(PAIRS), default="calculator", help="which team and solo (PAIRS)")
     parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
     parser.add_argument("--out", type=Path, help="also write every run's figures to this JSON file")
-    parser.add_argument("--smoke", action="store_true", help="one seed, two tiny updates: checks the script runs")
+    parser.add_argument(
+        "--smoke", action="store_true", help="one seed, two tiny updates, every pair: checks the script runs"
+    )
     args = parser.parse_args()
     extra = []
     if args.smoke:
@@ -205,10 +213,10 @@ def main() -> None:
         "batch_size": args.batch_size,
         "eval_examples": args.eval_examples,
         "pass_k": args.pass_k,
-        "pair": args.pair,
         "extra": extra,
     }
-    jobs = [(side, seed, options) for seed in args.seeds for side in args.sides]
+    pairs = sorted(PAIRS) if args.smoke else [args.pair]  # the smoke run checks every pair
+    jobs = [(side, seed, {**options, "pair": pair}) for pair in pairs for seed in args.seeds for side in args.sides]
     print(f"{len(jobs)} runs: {args.updates} updates × {args.batch_size} episodes each, seeds {args.seeds}", flush=True)
     start, results = time.time(), []
     # one run at a time, each in a fresh process: no state carries over from one run to the next
@@ -224,7 +232,10 @@ def main() -> None:
     if args.out:
         args.out.write_text(json.dumps(results, indent=1))
     print()
-    print(markdown(results, args.seeds))
+    for pair in pairs:
+        if len(pairs) > 1:
+            print(f"--pair {pair}:")
+        print(markdown([r for r in results if r["pair"] == pair], args.seeds))
     print(f"\n{len(jobs)} runs, one at a time, {time.time() - start:.0f}s wall")
     if any("error" in r for r in results):
         raise SystemExit(1)
