@@ -39,6 +39,9 @@ import torch
 from unipg.config.timeouts import WaitTimeout
 
 _STOP = ("stop",)
+# vLLM's CPU kernels share state between the engines of one process (a model per role runs one engine each):
+# two stepping threads in vLLM at once corrupt the heap, so the engines of a process take turns
+_IN_VLLM = threading.Lock()
 
 
 @dataclass
@@ -168,13 +171,14 @@ class StepLoop:
                     waiting.append(self._commands.get_nowait())
             except queue.Empty:
                 pass
-            if not self._admit(waiting):
-                self._fail_all(RuntimeError("the vllm engine was closed while this request ran"))
-                return
-            self._progress = time.monotonic()
-            if self._in_flight:
-                self._step()
+            with _IN_VLLM:
+                if not self._admit(waiting):
+                    self._fail_all(RuntimeError("the vllm engine was closed while this request ran"))
+                    return
                 self._progress = time.monotonic()
+                if self._in_flight:
+                    self._step()
+                    self._progress = time.monotonic()
 
     def _admit(self, waiting: deque) -> bool:
         """Apply queued commands in order; a ``call`` waits for the requests in flight. False on stop."""
