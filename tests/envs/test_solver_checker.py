@@ -112,3 +112,66 @@ def test_the_checker_tool_team_trains_with_the_tool_less_solvers_model_warm_star
     assert team.sample.temperature == solo.sample.temperature
     assert (team.train.batch_size, team.train.updates) == (solo.train.batch_size, solo.train.updates)
     assert team.sample.samples_per_prompt == solo.sample.samples_per_prompt
+
+
+def test_one_roles_side_of_the_team_task_is_a_one_role_task_of_that_roles_demonstrations():
+    from unipg.tasks.base import role_task
+
+    team = make_task("solver_checker", digits=3, num_train=6, num_test=2, solver_tool=False, tool_demonstrations=0.0)
+    team.validation = team.train[:2]
+    checker = role_task(team, CHECKER, "check")
+    assert len(checker.train) == 2 * len(team.train) and len(checker.validation) == 4  # accept and reject, each
+    assert all(
+        example.prompt.startswith(original.prompt + " Proposed: ")
+        for example, original in zip(checker.train[::2], team.train)
+    )
+    assert all("<tool_call>" in example.solution[0]["content"] for example in checker.train)
+    assert checker.system_prompt == "check" and checker.roles == {} and checker.test == []
+    solver = role_task(team, "solver", "solve")
+    assert {example.prompt for example in solver.train} == {example.prompt for example in team.train}
+    assert not any("<tool_call>" in str(example.solution) for example in solver.train)
+    with pytest.raises(ValueError, match="has no role 'judge'"):
+        role_task(team, "judge", None)
+
+
+def test_with_a_model_per_role_each_roles_model_is_warm_started_on_its_own_demonstrations(tmp_path, monkeypatch):
+    import json
+
+    import unipg.learn.warm_start as warm_start
+
+    shown, real_sft_train = {}, warm_start.sft_train
+
+    def sft_train(model, tokenizer, pairs, **kwargs):
+        shown[model] = [prompt for prompt, _ in pairs]
+        return real_sft_train(model, tokenizer, pairs, **kwargs)
+
+    monkeypatch.setattr(warm_start, "sft_train", sft_train)
+    overrides = [
+        "task.options.num_train=8",
+        "task.options.num_test=2",
+        "sft.stages=[]",
+        "sft.evidence_stop=off",
+        "sft.steps=1",
+        "sft.batch_size=2",
+    ]
+    config = load_config(CONFIGS / "solver_checker_tool_checker.yaml", overrides)
+    task = make_task("solver_checker", **config.task.options)
+    resolved = warm_start.resolve_warm_start(config, task, root=tmp_path, log=lambda text: None)
+    folders = {role: resolved.agent.roles[role].model for role in ("solver", "checker")}
+    assert len(set(folders.values())) == 2 and not resolved.model.warm_start
+    assert resolved.model.name == config.model.name  # the run's tokenizer
+    assert resolved.agent.roles["checker"].shaping == config.agent.roles["checker"].shaping
+    for role, folder in folders.items():
+        assert json.loads((Path(folder) / warm_start.MARKER).read_text())["role"] == role
+    solver_prompts, checker_prompts = shown.values()  # in the order of task.roles: the solver's model first
+    assert all("Proposed:" in prompt for prompt in checker_prompts)
+    assert not any("Proposed:" in prompt for prompt in solver_prompts)
+    again = warm_start.resolve_warm_start(config, task, root=tmp_path, log=lambda text: None)
+    assert again == resolved and len(shown) == 2  # found in the cache, not trained again
+
+
+def test_a_warm_start_of_a_roles_model_that_is_not_the_embedded_model_is_refused():
+    from unipg.config import ConfigError
+
+    with pytest.raises(ConfigError, match="agent.roles.checker.model is '/models/checker': run `unipg sft`"):
+        load_config(CONFIGS / "solver_checker_tool_checker.yaml", ["agent.roles.checker.model=/models/checker"])

@@ -19,12 +19,13 @@ from pathlib import Path
 
 from unipg.config import Config
 from unipg.config.devices import STARTUP_THREADS, cpu_threads, resolve_device
+from unipg.config.lm import RoleConfig
 from unipg.learn.evidence import evidence_check
 from unipg.learn.sft import sft_train
 from unipg.policy.embedded import BUILDER_VERSION, cache_dir
-from unipg.policy.loading import load_causal_lm, load_tokenizer
-from unipg.sample.episodes import build_task, demonstration_pairs, greedy_completion_rate, held_out
-from unipg.tasks.base import Task
+from unipg.policy.loading import load_causal_lm, load_tokenizer, role_model_name
+from unipg.sample.episodes import build_task, demonstration_pairs, greedy_completion_rate, held_out, role_system_prompt
+from unipg.tasks.base import Task, role_task
 
 WARM_START_VERSION = 4  # 3: direct answers are sentences (tasks.base.direct_answer); 4: trained without the
 # validation split, which the evidence stop reads instead of the test split
@@ -53,10 +54,11 @@ EVIDENCE_KEYS = (
 )
 
 
-def warm_start_key(config: Config) -> dict:
+def warm_start_key(config: Config, role: str | None = None) -> dict:
     """What determines a warm start; the evidence-stop settings only when the stop is on, so that warm starts
     cached before it existed are still found. A warm start that stops on evidence also depends on what
-    the evidence reads: the sampling length of its greedy turns."""
+    the evidence reads: the sampling length of its greedy turns. ``role``: the warm start of one role's own
+    model (``agent.role_policy: separate``), on that role's demonstrations only."""
     tools = [demonstration_spec(spec) for spec in config.task.tools] if config.task.tools is not None else None
     sft = config.sft.model_dump()
     if config.sft.evidence_stop == "off":
@@ -65,7 +67,7 @@ def warm_start_key(config: Config) -> dict:
         sft["evidence_max_new_tokens"] = config.sample.max_new_tokens
     key = {
         "version": WARM_START_VERSION,
-        "model": config.model.name,
+        "model": config.model.name if role is None else role_model_name(config, role),
         "embedded_builder": BUILDER_VERSION,
         "task": config.task.name,
         "options": config.task.options,
@@ -86,20 +88,41 @@ def warm_start_key(config: Config) -> dict:
     prompts = {role: settings.system_prompt for role, settings in config.agent.roles.items() if settings.system_prompt}
     if prompts:  # role prompts are rendered into multi-role demonstrations
         key["role_prompts"] = prompts
+    if role is not None:
+        key["role"] = role
     return key
 
 
-def warm_start_folder(config: Config, root: Path | None = None) -> Path:
-    key = json.dumps(warm_start_key(config), sort_keys=True, default=str)
+def warm_start_folder(config: Config, root: Path | None = None, role: str | None = None) -> Path:
+    key = json.dumps(warm_start_key(config, role), sort_keys=True, default=str)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return (root or cache_dir()) / "warm-start" / f"{config.task.name}-{digest}"
+    name = config.task.name if role is None else f"{config.task.name}-{role}"
+    return (root or cache_dir()) / "warm-start" / f"{name}-{digest}"
 
 
 def resolve_warm_start(config: Config, task: Task, *, root: Path | None = None, log=print) -> Config:
-    """The config with ``model.name`` pointing at the warm-started model (built now if not cached)."""
+    """The config with ``model.name`` pointing at the warm-started model (built now if not cached). With
+    ``agent.role_policy: separate`` each role's model is warm-started on its own role's demonstrations
+    (``tasks.base.role_task``), and ``agent.roles.<role>.model`` points at it instead."""
     if not config.model.warm_start:
         return config
-    folder = warm_start_folder(config, root)
+    model = config.model.model_copy(update={"warm_start": False})
+    if config.agent.role_policy == "separate" and task.roles:
+        roles = {
+            role: config.agent.roles.get(role, RoleConfig()).model_copy(
+                update={"model": str(warm_started(config, task, root, log, role))}
+            )
+            for role in task.roles
+        }
+        agent = config.agent.model_copy(update={"roles": {**config.agent.roles, **roles}})
+        return config.model_copy(update={"model": model, "agent": agent})
+    model = model.model_copy(update={"name": str(warm_started(config, task, root, log))})
+    return config.model_copy(update={"model": model})
+
+
+def warm_started(config: Config, task: Task, root: Path | None, log, role: str | None = None) -> Path:
+    """The folder of the warm start of ``model.name`` (or of ``role``'s own model), built now if not cached."""
+    folder = warm_start_folder(config, root, role)
     if not (folder / MARKER).is_file():
         steps = config.sft.steps + sum(stage.steps for stage in config.sft.stages)
         threads, count = "", warm_start_threads(config)
@@ -109,28 +132,29 @@ def resolve_warm_start(config: Config, task: Task, *, root: Path | None = None, 
                 if count > 1
                 else " on 1 CPU thread"
             )
+        name = config.model.name if role is None else role_model_name(config, role)
+        whose = "" if role is None else f" of role {role}"
         log(
-            f"warm start: fine-tuning {config.model.name} on {task.name} demonstrations "
+            f"warm start: fine-tuning {name} on {task.name} demonstrations{whose} "
             f"({steps} steps{threads}); cached in {folder}"
         )
-        build_warm_start(config, task, folder, log=log)
-    model = config.model.model_copy(update={"name": str(folder), "warm_start": False})
-    return config.model_copy(update={"model": model})
+        build_warm_start(config, task, folder, log=log, role=role)
+    return folder
 
 
-def build_warm_start(config: Config, task: Task, folder: Path, *, log=print) -> None:
-    from unipg.policy.loading import load_causal_lm, load_tokenizer
-
+def build_warm_start(config: Config, task: Task, folder: Path, *, log=print, role: str | None = None) -> None:
+    name = config.model.name if role is None else role_model_name(config, role)
     tokenizer = load_tokenizer(config.model.name, chat_template=config.model.chat_template)
-    model = load_causal_lm(config.model.name, dtype=config.model.dtype, device=resolve_device(config.device))
+    model = load_causal_lm(name, dtype=config.model.dtype, device=resolve_device(config.device))
+    prefix = "warm start: " if role is None else f"warm start ({role}): "
     with cpu_threads(warm_start_threads(config)):
         metrics = fine_tune_on_demonstrations(
-            model, tokenizer, task, config, seed=0, log_every=250, log=lambda text: log(f"warm start: {text}")
+            model, tokenizer, task, config, seed=0, log_every=250, log=lambda text: log(f"{prefix}{text}"), role=role
         )
     scratch = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
     model.save_pretrained(scratch)
     tokenizer.save_pretrained(scratch)
-    (scratch / MARKER).write_text(json.dumps({**warm_start_key(config), "final": metrics}, default=str))
+    (scratch / MARKER).write_text(json.dumps({**warm_start_key(config, role), "final": metrics}, default=str))
     try:
         os.replace(scratch, folder)
     except OSError:  # another process finished the same warm start first; keep theirs
@@ -149,16 +173,21 @@ def warm_start_threads(config: Config) -> int:
 
 
 def fine_tune_on_demonstrations(
-    model, tokenizer, task: Task, config: Config, *, seed: int, log_every: int, log=print
+    model, tokenizer, task: Task, config: Config, *, seed: int, log_every: int, log=print, role: str | None = None
 ) -> dict:
     """Fine-tune on the task's demonstrations: each of ``sft.stages`` in order (the task rebuilt with the
     stage's options), then ``sft.steps`` on the task itself; returns the last stage's final metrics, with the
     ``evidence`` measured on the way (``unipg.learn.evidence``) when ``sft.evidence_stop`` is on. Every stage
-    trains on its task's train split, without the validation split the evidence reads (``build_task``)."""
-    sft, task = config.sft, build_task(config, task)
+    trains on its task's train split, without the validation split the evidence reads (``build_task``). ``role``:
+    only that role's demonstrations of a multi-role task (``tasks.base.role_task``), for a model of its own."""
+
+    def demonstrated(built: Task) -> Task:
+        return built if role is None else role_task(built, role, role_system_prompt(config, built, role))
+
+    sft, task = config.sft, demonstrated(build_task(config, task))
     stages = [
         (
-            build_task(config, **stage.options),
+            demonstrated(build_task(config, **stage.options)),
             stage.steps,
             stage.learning_rate or sft.learning_rate,
             stage.batch_size or sft.batch_size,

@@ -75,6 +75,36 @@ def direct_answer(answer: str) -> list[dict]:
     return [{"role": "assistant", "content": f"The answer is {answer}."}]
 
 
+def role_task(task: Task, role: str, system_prompt: str | None) -> Task:
+    """One role's side of a multi-role task as a one-role task: every demonstration of ``role``
+    (``task.role_demonstrations``) becomes an example of its own, the role's first observation its prompt. A model
+    that plays only that role (``agent.role_policy: separate``) is warm-started on it, and the evidence of its
+    warm start is measured on it, as for any one-role task; it has no test split (reports read the team's)."""
+
+    def own(examples: list[Example]) -> list[Example]:
+        return [
+            Example(observation, example.answer, solution, example.columns)
+            for example in examples
+            for shown_role, observation, solution in task.role_demonstrations(example)
+            if shown_role == role
+        ]
+
+    if role not in task.roles:
+        raise ValueError(f"task '{task.name}' has no role '{role}' (its roles: {', '.join(task.roles) or 'none'})")
+    return replace(
+        task,
+        name=f"{task.name} ({role})",
+        train=own(task.train),
+        validation=own(task.validation) if task.validation is not None else None,
+        test=[],
+        system_prompt=system_prompt,
+        roles={},
+        env=None,
+        env_options={},
+        role_demonstrations=None,
+    )
+
+
 TASKS = FactoryRegistry("task")  # a factory's keyword parameters are the task's options
 
 VALIDATION_EXAMPLES = 128
