@@ -1,27 +1,30 @@
 """A model per role (``agent.role_policy: separate``) on the vllm engine, for real (vLLM on CPU): one engine per
 role's model in one process, each request sampled by its role's engine, each role's weights loaded into its own
-engine by version.
+engine by version, with the sequential schedule and the concurrent one.
 
-The run has a spawned process of its own: the suite's other vLLM engines (tests/inference) live on in the test
+Each run has a spawned process of its own: the suite's other vLLM engines (tests/inference) live on in the test
 process, and a process holds engines of one run only."""
 
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 
 import pytest
+import torch
 
 from tests.helpers.configs import tiny_team_overrides
-from tests.runtime.test_separate_roles_run import CONFIG, ROLES, tiny_llama
+from tests.runtime.test_separate_roles_run import CONFIG, ROLES, latest_tensors, tiny_llama
 from unipg.config import load_config
 from unipg.observe.metrics import read_metrics
+from unipg.policy.loading import load_causal_lm
 from unipg.runtime.lm import train_lm
 
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.e2e
 
 
-def train_two_models(tmp_path) -> list[dict]:
-    """Two updates of the two-role run on vllm; the metrics of its training steps."""
+def train_two_models(tmp_path, max_staleness: int) -> tuple[list[dict], dict[str, bool]]:
+    """Two updates of the two-role run on vllm: the metrics of its training steps, and per role whether its saved
+    weights differ from its initial ones."""
     models = {
         "solver": tiny_llama(tmp_path / "solver", 128, seed=1),
         "checker": tiny_llama(tmp_path / "checker", 64, 2),
@@ -32,20 +35,46 @@ def train_two_models(tmp_path) -> list[dict]:
         f"agent.roles.checker.model={models['checker']}",
         f"log.output_dir={tmp_path}",
         "train.updates=2",
-        "runtime.max_staleness=0",
+        f"runtime.max_staleness={max_staleness}",
         "sample.engine=vllm",
     )
     result = train_lm(load_config(CONFIG, overrides), log=lambda text: None)
-    return [record for record in read_metrics(result.run_dir) if "train/loss" in record]
+    policy = latest_tensors(result.run_dir)["policy"]
+    moved = {}
+    for role in ROLES:
+        initial = load_causal_lm(models[role]).state_dict()
+        moved[role] = any(not torch.equal(policy[f"{role}.{name}"], tensor) for name, tensor in initial.items())
+    return [record for record in read_metrics(result.run_dir) if "train/loss" in record], moved
+
+
+def train_in_own_process(tmp_path, max_staleness: int) -> tuple[list[dict], dict[str, bool]]:
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(train_two_models, tmp_path, max_staleness).result()
 
 
 def test_two_models_of_different_sizes_train_on_the_vllm_engine(tmp_path):
     """vLLM's CPU attention needs a head size of at least 32: hidden sizes 128 and 64 with two heads."""
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        steps = pool.submit(train_two_models, tmp_path).result()
+    steps, moved = train_in_own_process(tmp_path, max_staleness=0)
     assert len(steps) == 2
+    assert moved == dict.fromkeys(ROLES, True)
     for role in ROLES:
         assert all(record[f"role/{role}/grad_norm"] > 0 for record in steps), role
         # the engine's log-probs are the trainer's for the role's model: each role's turns were sampled by its own
         assert all(record[f"role/{role}/mismatch/k3"] < 1e-4 for record in steps), role
     assert steps[-1]["engine/weight_syncs"] == 2  # version 1 loaded into each role's engine
+
+
+def test_two_models_train_on_the_vllm_engine_with_the_concurrent_schedule(tmp_path):
+    """The rollout samples from both roles' engines while the learner steps; each role's engine pulls its role's
+    newer weights. Engines of one process that stepped at once gave the checker's engine NaN log-probs here
+    (``vllm_core``: they take turns)."""
+    steps, moved = train_in_own_process(tmp_path, max_staleness=1)
+    assert len(steps) == 2
+    assert moved == dict.fromkeys(ROLES, True)
+    for role in ROLES:
+        for record in steps:
+            assert torch.isfinite(torch.tensor(record[f"role/{role}/loss"])), (role, record["step"])
+            assert record[f"role/{role}/grad_norm"] > 0, (role, record["step"])
+        # the first update's rows were sampled by version 0, the trainer's weights then: the engines agree with it
+        assert steps[0][f"role/{role}/mismatch/k3"] < 1e-4, role
+    assert sum(record["engine/weight_syncs"] for record in steps) >= 2  # a newer version in each role's engine

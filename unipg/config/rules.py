@@ -357,10 +357,6 @@ def role_adapter_problems(config: Config) -> list[str]:
 def separate_role_problems(config: Config) -> list[str]:
     """``agent.role_policy: separate`` (a model and a learner per role): what this version does not run it with."""
     unsupported = {  # what is set → what to set instead
-        f"sample.engine=vllm and runtime.max_staleness={config.runtime.max_staleness} (the concurrent schedule)": (
-            config.sample.engine == "vllm" and config.runtime.max_staleness > 0,
-            "runtime.max_staleness=0 (the sequential schedule runs on vllm), or sample.engine=hf",
-        ),
         "sample.engine=vllm on backend=ray (an engine per role on each worker is not tested yet)": (
             config.sample.engine == "vllm" and config.backend == "ray",
             "sample.engine=hf on Ray, or backend=inprocess with vllm",
