@@ -107,7 +107,9 @@ def test_the_checker_tool_team_trains_with_the_tool_less_solvers_model_warm_star
     solo = load_config(CONFIGS / "solver_no_tool.yaml")
     assert team.task.options["solver_tool"] is False and solo.task.tools == []
     assert team.model.name == solo.model.name
-    assert team.sft.stages == solo.sft.stages and team.sft.steps == solo.sft.steps
+    schedule = [(stage.steps, stage.learning_rate, stage.batch_size) for stage in team.sft.stages]
+    assert schedule == [(stage.steps, stage.learning_rate, stage.batch_size) for stage in solo.sft.stages]
+    assert team.sft.steps == solo.sft.steps
     assert team.train.learning_rate == solo.train.learning_rate
     assert team.sample.temperature == solo.sample.temperature
     assert (team.train.batch_size, team.train.updates) == (solo.train.batch_size, solo.train.updates)
@@ -175,3 +177,26 @@ def test_a_warm_start_of_a_roles_model_that_is_not_the_embedded_model_is_refused
 
     with pytest.raises(ConfigError, match="agent.roles.checker.model is '/models/checker': run `unipg sft`"):
         load_config(CONFIGS / "solver_checker_tool_checker.yaml", ["agent.roles.checker.model=/models/checker"])
+
+
+def test_the_solver_repeats_its_proposal_in_a_share_of_its_critique_demonstrations():
+    from unipg.tasks.solver_checker import SOLVER
+
+    options = dict(digits=3, num_train=200, num_test=2, solver_tool=False, tool_demonstrations=0.0)
+    task = make_task("solver_checker", critique_demonstrations=1.0, critique_copies=0.25, **options)
+    critiques = [
+        solution
+        for example in task.train
+        for role, _, solution in task.role_demonstrations(example)
+        if role == SOLVER and len(solution) == 3
+    ]
+    assert len(critiques) == len(task.train)  # one per example
+    copied = [solution[2]["content"] == solution[1]["content"].removeprefix("REJECT: ") for solution in critiques]
+    assert 0.15 < sum(copied) / len(copied) < 0.35
+    assert all(  # the rest repeat the proposal, a sentence as the solver's first answers are
+        solution[2]["content"] == solution[0]["content"] and solution[0]["content"].startswith("The answer is ")
+        for solution, copy in zip(critiques, copied)
+        if not copy
+    )
+    with pytest.raises(ValueError, match="critique_copies must be a fraction"):
+        make_task("solver_checker", critique_copies=1.5, **options)

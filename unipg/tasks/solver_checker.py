@@ -21,7 +21,7 @@ import random
 import re
 
 from unipg.tasks.answers import extract_final_answer
-from unipg.tasks.base import TASKS, Example, Task
+from unipg.tasks.base import TASKS, Example, Task, direct_answer
 from unipg.tasks.calculator import calculator_task
 from unipg.tools.base import format_tool_call
 
@@ -55,8 +55,17 @@ def wrong_answer(answer: str, rng: random.Random) -> str:
     return answer[:index] + replacement + answer[index + 1 :]
 
 
-def role_demonstrations(example: Example, *, critique_demonstrations: float, seed: int) -> list[tuple]:
-    """(role, first observation, solution) demonstrations of ``example`` for both roles (module docstring)."""
+def role_demonstrations(
+    example: Example,
+    *,
+    critique_demonstrations: float,
+    seed: int,
+    critique_copies: float = 1.0,
+    solver_tool: bool = True,
+) -> list[tuple]:
+    """(role, first observation, solution) demonstrations of ``example`` for both roles (module docstring). In a
+    share ``1 - critique_copies`` of the solver's critique demonstrations it repeats its proposal instead of copying
+    the critique's result; a solver without the tool proposes in a sentence, as all its demonstrations answer."""
     rng = random.Random(f"{seed}:{example.prompt}")
     expression = re.fullmatch(r"What is (.*)\?", example.prompt).group(1)
     call = format_tool_call("calculator", {"expression": expression})
@@ -75,14 +84,16 @@ def role_demonstrations(example: Example, *, critique_demonstrations: float, see
         (CHECKER, checker_observation(example, wrong), check(wrong, f"REJECT: {example.answer}")),
     ]
     if rng.random() < critique_demonstrations:
+        guess = wrong if solver_tool else direct_answer(wrong)[0]["content"]
+        second = example.answer if critique_copies == 1.0 or rng.random() < critique_copies else guess
         demonstrations.append(
             (
                 SOLVER,
                 example.prompt,
                 [
-                    {"role": "assistant", "content": wrong},
+                    {"role": "assistant", "content": guess},
                     {"role": "user", "content": f"REJECT: {example.answer}"},
-                    {"role": "assistant", "content": example.answer},
+                    {"role": "assistant", "content": second},
                 ],
             )
         )
@@ -97,6 +108,7 @@ def solver_checker_task(
     num_test: int = 200,
     tool_demonstrations: float = 0.3,
     critique_demonstrations: float = 0.3,
+    critique_copies: float = 1.0,
     max_rounds: int = 2,
     wrong_accept_penalty: float = 0.1,
     solver_tool: bool = True,
@@ -106,14 +118,15 @@ def solver_checker_task(
 
     ``tool_demonstrations``: share of solver demonstrations that call the calculator (the rest answer at once);
     ``critique_demonstrations``: share of examples with a demonstration of the solver answering a critique;
+    ``critique_copies``: share of those in which the solver copies the critique's result (in the rest it repeats
+    its wrong proposal, so that a warm start can leave copying rare for RL to make common);
     ``max_rounds``: checker verdicts per episode; ``wrong_accept_penalty``: the team's cost of accepting a
     wrong answer; ``solver_tool``: whether the solver may call the calculator (False: only the checker may, and
     ``tool_demonstrations`` must be 0, as no solver demonstration calls it).
     """
-    if not 0.0 <= critique_demonstrations <= 1.0:
-        raise ValueError(
-            f"solver_checker: critique_demonstrations must be a fraction in [0, 1], got {critique_demonstrations}"
-        )
+    for name, share in (("critique_demonstrations", critique_demonstrations), ("critique_copies", critique_copies)):
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"solver_checker: {name} must be a fraction in [0, 1], got {share}")
     if not isinstance(solver_tool, bool):
         raise ValueError(f"solver_checker: solver_tool must be true or false, got {solver_tool!r}")
     if not solver_tool and tool_demonstrations:
@@ -145,6 +158,10 @@ def solver_checker_task(
             "solver_tool": solver_tool,
         },
         role_demonstrations=lambda example: role_demonstrations(
-            example, critique_demonstrations=critique_demonstrations, seed=data_seed
+            example,
+            critique_demonstrations=critique_demonstrations,
+            seed=data_seed,
+            critique_copies=critique_copies,
+            solver_tool=solver_tool,
         ),
     )
