@@ -21,7 +21,6 @@ def test_a_model_per_role_loads_with_a_role_naming_its_own_model():
 @pytest.mark.parametrize(
     ("setting", "refused", "instead"),
     [
-        ("sample.engine=vllm backend=ray", "sample.engine=vllm on backend=ray", "set sample.engine=hf on Ray"),
         ("train.learner_processes=2", "train.learner_processes=2", "set train.learner_processes=1"),
         ("model.value_head=true", "a value head or critic model", "set model.value_head=false"),
         ("model.lora_rank=4", "model.lora_rank=4", "agent.role_policy=adapters"),
@@ -37,7 +36,12 @@ def test_what_does_not_run_with_a_model_per_role_is_refused_with_the_fix(setting
 
 @pytest.mark.parametrize(
     "setting",
-    ["backend=ray", "sample.engine=vllm runtime.max_staleness=0", "sample.engine=vllm runtime.max_staleness=1"],
+    [
+        "backend=ray",
+        "sample.engine=vllm runtime.max_staleness=0",
+        "sample.engine=vllm runtime.max_staleness=1",
+        "sample.engine=vllm backend=ray runtime.max_staleness=1",
+    ],
 )
 def test_a_model_per_role_loads_on_ray_and_on_vllm(setting):
     assert load_config(CONFIG, [*SEPARATE, *setting.split()]).agent.role_policy == "separate"

@@ -1,6 +1,6 @@
 """A model per role (``agent.role_policy: separate``) on the vllm engine, for real (vLLM on CPU): one engine per
 role's model in one process, each request sampled by its role's engine, each role's weights loaded into its own
-engine by version, with the sequential schedule and the concurrent one.
+engine by version, with the sequential schedule and the concurrent one, in this process and on a Ray rollout worker.
 
 Each run has a spawned process of its own: the suite's other vLLM engines (tests/inference) live on in the test
 process, and a process holds engines of one run only."""
@@ -22,9 +22,9 @@ pytest.importorskip("vllm")
 pytestmark = pytest.mark.e2e
 
 
-def train_two_models(tmp_path, max_staleness: int) -> tuple[list[dict], dict[str, bool]]:
-    """Two updates of the two-role run on vllm: the metrics of its training steps, and per role whether its saved
-    weights differ from its initial ones."""
+def train_two_models(tmp_path, *changes: str) -> tuple[list[dict], dict[str, bool]]:
+    """Two updates of the two-role run on vllm with ``changes``: the metrics of its training steps, and per role
+    whether its saved weights differ from its initial ones."""
     models = {
         "solver": tiny_llama(tmp_path / "solver", 128, seed=1),
         "checker": tiny_llama(tmp_path / "checker", 64, 2),
@@ -35,8 +35,8 @@ def train_two_models(tmp_path, max_staleness: int) -> tuple[list[dict], dict[str
         f"agent.roles.checker.model={models['checker']}",
         f"log.output_dir={tmp_path}",
         "train.updates=2",
-        f"runtime.max_staleness={max_staleness}",
         "sample.engine=vllm",
+        *changes,
     )
     result = train_lm(load_config(CONFIG, overrides), log=lambda text: None)
     policy = latest_tensors(result.run_dir)["policy"]
@@ -47,14 +47,14 @@ def train_two_models(tmp_path, max_staleness: int) -> tuple[list[dict], dict[str
     return [record for record in read_metrics(result.run_dir) if "train/loss" in record], moved
 
 
-def train_in_own_process(tmp_path, max_staleness: int) -> tuple[list[dict], dict[str, bool]]:
+def train_in_own_process(tmp_path, *changes: str) -> tuple[list[dict], dict[str, bool]]:
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(train_two_models, tmp_path, max_staleness).result()
+        return pool.submit(train_two_models, tmp_path, *changes).result()
 
 
 def test_two_models_of_different_sizes_train_on_the_vllm_engine(tmp_path):
     """vLLM's CPU attention needs a head size of at least 32: hidden sizes 128 and 64 with two heads."""
-    steps, moved = train_in_own_process(tmp_path, max_staleness=0)
+    steps, moved = train_in_own_process(tmp_path, "runtime.max_staleness=0")
     assert len(steps) == 2
     assert moved == dict.fromkeys(ROLES, True)
     for role in ROLES:
@@ -66,9 +66,9 @@ def test_two_models_of_different_sizes_train_on_the_vllm_engine(tmp_path):
 
 def test_two_models_train_on_the_vllm_engine_with_the_concurrent_schedule(tmp_path):
     """The rollout samples from both roles' engines while the learner steps; each role's engine pulls its role's
-    newer weights. Engines of one process that stepped at once gave the checker's engine NaN log-probs here
-    (``vllm_core``: they take turns)."""
-    steps, moved = train_in_own_process(tmp_path, max_staleness=1)
+    newer weights. Engines of one process that stepped at once gave NaN log-probs here (``vllm_core``: they take
+    turns)."""
+    steps, moved = train_in_own_process(tmp_path, "runtime.max_staleness=1", "runtime.schedule=concurrent")
     assert len(steps) == 2
     assert moved == dict.fromkeys(ROLES, True)
     for role in ROLES:
@@ -78,3 +78,31 @@ def test_two_models_train_on_the_vllm_engine_with_the_concurrent_schedule(tmp_pa
         # the first update's rows were sampled by version 0, the trainer's weights then: the engines agree with it
         assert steps[0][f"role/{role}/mismatch/k3"] < 1e-4, role
     assert sum(record["engine/weight_syncs"] for record in steps) >= 2  # a newer version in each role's engine
+
+
+def train_on_ray(tmp_path, *changes: str) -> tuple[list[dict], dict[str, bool]]:
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    try:
+        return train_two_models(tmp_path, "backend=ray", "ray.rollout_workers=1", *changes)
+    finally:
+        ray.shutdown()
+
+
+def test_two_models_train_on_a_vllm_rollout_worker_with_the_concurrent_schedule(tmp_path):
+    """On Ray the rollout worker starts an engine per role's model and loads each role's weights of a published
+    version into its role's engine."""
+    pytest.importorskip("ray")
+    changes = ("sample.cpu_kv_cache_gb=0.125", "runtime.max_staleness=1", "runtime.schedule=concurrent")
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        steps, moved = pool.submit(train_on_ray, tmp_path, *changes).result()
+    assert len(steps) == 2
+    assert moved == dict.fromkeys(ROLES, True)
+    for role in ROLES:
+        assert all(record[f"role/{role}/grad_norm"] > 0 for record in steps), role
+        # the worker's engines hold each role's model of the version its rows say: the trainer's log-probs agree on
+        # every row of the learner's version (all of the first update's; a later one's where its rollout caught up)
+        assert f"role/{role}/mismatch/k3" in steps[0], role
+        assert all(record.get(f"role/{role}/mismatch/k3", 0.0) < 1e-4 for record in steps), role
+    assert all(record["async/staleness_token_max"] <= 1 for record in steps)

@@ -142,8 +142,7 @@ class AgentConfig(Section):
     adapters = one LoRA adapter per role on one base model (needs model.lora_rank > 0), each role's turns sampled
     and its rows trained with its own adapter, which has its own optimizer state (one learner process, no value
     head or critic); separate = a model per role (agent.roles.<role>.model, else model.name), each with its own
-    learner, optimizer state and reference (the vllm engine in-process only, one learner process, no LoRA, value
-    head or critic)."""
+    learner, optimizer state and reference (one learner process, no LoRA, value head or critic)."""
     tool_prompt: bool = True
     """describe the tools to the model: through the chat template's tools argument when it has one, else in
     the system message."""

@@ -357,10 +357,6 @@ def role_adapter_problems(config: Config) -> list[str]:
 def separate_role_problems(config: Config) -> list[str]:
     """``agent.role_policy: separate`` (a model and a learner per role): what this version does not run it with."""
     unsupported = {  # what is set → what to set instead
-        "sample.engine=vllm on backend=ray (an engine per role on each worker is not tested yet)": (
-            config.sample.engine == "vllm" and config.backend == "ray",
-            "sample.engine=hf on Ray, or backend=inprocess with vllm",
-        ),
         f"train.learner_processes={config.train.learner_processes}": (
             config.train.learner_processes > 1,
             "train.learner_processes=1",
