@@ -5,6 +5,7 @@ engine by version, with the sequential schedule and the concurrent one, in this 
 Each run has a spawned process of its own: the suite's other vLLM engines (tests/inference) live on in the test
 process, and a process holds engines of one run only."""
 
+import math
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 
@@ -23,8 +24,8 @@ pytestmark = pytest.mark.e2e
 
 
 def train_two_models(tmp_path, *changes: str) -> tuple[list[dict], dict[str, bool]]:
-    """Two updates of the two-role run on vllm with ``changes``: the metrics of its training steps, and per role
-    whether its saved weights differ from its initial ones."""
+    """The two-role run on vllm (two updates unless ``changes`` say otherwise): the metrics of its training steps,
+    and per role whether its saved weights differ from its initial ones."""
     models = {
         "solver": tiny_llama(tmp_path / "solver", 128, seed=1),
         "checker": tiny_llama(tmp_path / "checker", 64, 2),
@@ -64,20 +65,29 @@ def test_two_models_of_different_sizes_train_on_the_vllm_engine(tmp_path):
     assert steps[-1]["engine/weight_syncs"] == 2  # version 1 loaded into each role's engine
 
 
+# three updates at η = 1: the third trains on rows sampled by version 1 or later, so each role's engine must have
+# loaded its role's newer weights (a turn carries the version its engine held)
+CONCURRENT = ("runtime.max_staleness=1", "runtime.schedule=concurrent", "train.updates=3")
+
+
+def assert_both_roles_trained_concurrently(steps: list[dict], moved: dict[str, bool]) -> None:
+    assert len(steps) == 3
+    assert moved == dict.fromkeys(ROLES, True)
+    for role in ROLES:
+        assert all(math.isfinite(record[f"role/{role}/loss"]) for record in steps), role
+        assert all(record[f"role/{role}/grad_norm"] > 0 for record in steps), role
+        # the engines' log-probs are the trainer's on every row of the learner's version: all of the first update's
+        # (version 0), a later update's where the rollout had caught up with the learner
+        assert f"role/{role}/mismatch/k3" in steps[0], role
+        assert all(record.get(f"role/{role}/mismatch/k3", 0.0) < 1e-4 for record in steps), role
+    assert all(record["async/staleness_token_max"] <= 1 for record in steps)
+
+
 def test_two_models_train_on_the_vllm_engine_with_the_concurrent_schedule(tmp_path):
     """The rollout samples from both roles' engines while the learner steps; each role's engine pulls its role's
     newer weights. Engines of one process that stepped at once gave NaN log-probs here (``vllm_core``: they take
     turns)."""
-    steps, moved = train_in_own_process(tmp_path, "runtime.max_staleness=1", "runtime.schedule=concurrent")
-    assert len(steps) == 2
-    assert moved == dict.fromkeys(ROLES, True)
-    for role in ROLES:
-        for record in steps:
-            assert torch.isfinite(torch.tensor(record[f"role/{role}/loss"])), (role, record["step"])
-            assert record[f"role/{role}/grad_norm"] > 0, (role, record["step"])
-        # the first update's rows were sampled by version 0, the trainer's weights then: the engines agree with it
-        assert steps[0][f"role/{role}/mismatch/k3"] < 1e-4, role
-    assert sum(record["engine/weight_syncs"] for record in steps) >= 2  # a newer version in each role's engine
+    assert_both_roles_trained_concurrently(*train_in_own_process(tmp_path, *CONCURRENT))
 
 
 def train_on_ray(tmp_path, *changes: str) -> tuple[list[dict], dict[str, bool]]:
@@ -94,15 +104,6 @@ def test_two_models_train_on_a_vllm_rollout_worker_with_the_concurrent_schedule(
     """On Ray the rollout worker starts an engine per role's model and loads each role's weights of a published
     version into its role's engine."""
     pytest.importorskip("ray")
-    changes = ("sample.cpu_kv_cache_gb=0.125", "runtime.max_staleness=1", "runtime.schedule=concurrent")
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        steps, moved = pool.submit(train_on_ray, tmp_path, *changes).result()
-    assert len(steps) == 2
-    assert moved == dict.fromkeys(ROLES, True)
-    for role in ROLES:
-        assert all(record[f"role/{role}/grad_norm"] > 0 for record in steps), role
-        # the worker's engines hold each role's model of the version its rows say: the trainer's log-probs agree on
-        # every row of the learner's version (all of the first update's; a later one's where its rollout caught up)
-        assert f"role/{role}/mismatch/k3" in steps[0], role
-        assert all(record.get(f"role/{role}/mismatch/k3", 0.0) < 1e-4 for record in steps), role
-    assert all(record["async/staleness_token_max"] <= 1 for record in steps)
+        run = pool.submit(train_on_ray, tmp_path, "sample.cpu_kv_cache_gb=0.125", *CONCURRENT)
+        assert_both_roles_trained_concurrently(*run.result())
