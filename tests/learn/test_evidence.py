@@ -141,3 +141,21 @@ def test_the_answer_is_asked_for_after_the_demonstrated_call_and_the_tools_resul
         assert prompt.endswith(f"<|tool|>{result}<|end|><|assistant|>")  # the embedded chat template
     evidence = answer_evidence(policy.model, policy.tokenizer, task, config, task.test)
     assert 0.0 <= evidence["answer_accuracy"] <= 1.0
+
+
+def test_demonstrations_without_a_call_are_judged_on_the_turn_after_the_message_they_answer(embedded_path):
+    from unipg.learn.evidence import evidence_check
+    from unipg.tasks.base import role_task
+
+    options = {"digits": 2, "num_train": 12, "num_test": 2, "solver_tool": False, "tool_demonstrations": 0.0}
+    team = make_task("solver_checker", critique_demonstrations=1.0, **options)
+    team.validation = team.train[:3]
+    solver = role_task(team, "solver", "solve")  # per problem: a guess, and a critique answered by a copy
+    config = load_config(None, ["task.name=solver_checker", "sft.evidence_examples=8", "sample.max_new_tokens=8"])
+    policy, logged = load_lm_policy(embedded_path), []
+    check = evidence_check(policy.model, policy.tokenizer, solver, config, stage="stage 1 ", log=logged.append)
+    assert check(100) is False  # an untrained model does not copy
+    assert set(check.history[0]) == {"stage", "step", "answer_accuracy"}  # no call to judge
+    assert logged[0].startswith("stage 1 step 100 evidence: no call, answer accuracy 0.00")
+    pairs = answer_turns(policy.model, policy.tokenizer, solver, config, solver.validation)
+    assert [answer for _, answer in pairs] == [example.answer for example in team.validation]  # the copies

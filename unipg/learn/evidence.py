@@ -11,6 +11,9 @@ test split: stopping a stage is a decision, and the test split only reports (``u
   that copied that one argument (which of them the policy fails to copy);
 - ``answer_accuracy``: with the demonstration's earlier turns (its calls and the tools' results) in the context,
   the last turn equals the demonstration's exactly: for a tool that computes the answer, the copy of its result.
+  A demonstration of several turns without a call counts too: e.g. a solver's answer to a checker's critique,
+  which carries the result it has to copy (``solver_checker``); a warm start whose demonstrations make no call
+  is judged on this alone.
 
 With ``sft.evidence_stop`` on, a stage of the warm start ends as soon as all pass their thresholds
 (``sft.min_call_validity``, ``sft.min_argument_accuracy``, ``sft.min_answer_accuracy``), checked every
@@ -55,11 +58,16 @@ def call_evidence(model, tokenizer, task: Task, config: Config, examples: list[E
         service.close()
 
 
+def goes_on(example: Example) -> bool:
+    """Whether a demonstration has turns after its first: after a call, or after a message the policy answers."""
+    return not isinstance(example.solution, str) and len(example.solution) > 1
+
+
 def answer_turns(model, tokenizer, task: Task, config: Config, examples: list[Example]) -> list[tuple[str, str]]:
-    """(greedy last turn, demonstrated last turn) for each example of ``examples`` whose demonstration starts with
-    a call and goes on after it: the policy answers with the demonstration's earlier turns (its calls and the
-    tools' results) in the context, rendered as rollouts render them."""
-    examples = [example for example in examples if first_call(example) is not None and len(example.solution) > 1]
+    """(greedy last turn, demonstrated last turn) for each example of ``examples`` whose demonstration goes on
+    after its first turn: the policy answers with the demonstration's earlier turns (its calls and the tools'
+    results, or the messages it was sent) in the context, rendered as rollouts render them."""
+    examples = [example for example in examples if goes_on(example)]
     if not examples:
         return []
     prompts, answers = [], []
@@ -99,7 +107,8 @@ def call_scores(turns: list[str], demonstrated: list[str], service: EnvironmentS
 
 def evidence_examples(task: Task, count: int) -> list[Example]:
     """The demonstrations the evidence is measured on: the first ``count`` of ``task``'s validation split that start
-    with a call (in a mixture of demonstrations, those that answer at once have no call to measure). A ValueError
+    with a call or go on after their first turn (in a mixture of demonstrations, those that answer at once have
+    nothing to measure). A ValueError
     when the split is empty, so that no stage runs to its cap while seeming to wait for evidence."""
     if not task.validation:
         raise ValueError(
@@ -107,7 +116,7 @@ def evidence_examples(task: Task, count: int) -> list[Example]:
             "give it examples (eval.validation_examples, at least 1 with two training examples or more) or set "
             "sft.evidence_stop=off"
         )
-    return [example for example in task.validation if first_call(example) is not None][:count]
+    return [example for example in task.validation if first_call(example) is not None or goes_on(example)][:count]
 
 
 def evidence_check(
@@ -122,21 +131,24 @@ def evidence_check(
 
     def check(step: int) -> bool:
         evidence = call_evidence(model, tokenizer, task, config, examples)
+        evidence |= answer_evidence(model, tokenizer, task, config, examples)
         if not evidence:
             return False
-        evidence |= answer_evidence(model, tokenizer, task, config, examples)
         check.history.append({"stage": stage, "step": step, **evidence})
         passed = (
-            evidence["call_validity"] >= sft.min_call_validity
-            and evidence["argument_accuracy"] >= sft.min_argument_accuracy
+            evidence.get("call_validity", 1.0) >= sft.min_call_validity
+            and evidence.get("argument_accuracy", 1.0) >= sft.min_argument_accuracy
             and evidence.get("answer_accuracy", 1.0) >= sft.min_answer_accuracy
         )
         each = ", ".join(f"{key.split('/', 1)[1]} {value:.2f}" for key, value in evidence.items() if "/" in key)
-        answer = f", answer accuracy {evidence['answer_accuracy']:.2f}" if "answer_accuracy" in evidence else ""
-        log(
-            f"{stage}step {step} evidence: call validity {evidence['call_validity']:.2f}, argument accuracy "
-            f"{evidence['argument_accuracy']:.2f} ({each}){answer}{' - passed, stage ends' if passed else ''}"
+        calls = (
+            f"call validity {evidence['call_validity']:.2f}, argument accuracy {evidence['argument_accuracy']:.2f} "
+            f"({each})"
+            if "call_validity" in evidence
+            else "no call"
         )
+        answer = f", answer accuracy {evidence['answer_accuracy']:.2f}" if "answer_accuracy" in evidence else ""
+        log(f"{stage}step {step} evidence: {calls}{answer}{' - passed, stage ends' if passed else ''}")
         return passed
 
     check.history = []
