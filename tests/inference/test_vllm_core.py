@@ -55,3 +55,9 @@ def test_two_engines_of_one_process_never_step_at_once():
         second.close()
     assert overlapped == [False]  # the second engine stepped only once the first had left its step
     assert second_in.is_set() and answered == [None, None]
+
+
+def test_aborting_a_request_after_the_engine_closed_does_nothing():
+    loop = StepLoop(OneStepEngine(threading.Event()))
+    loop.close()
+    loop.abort("0")  # a cancelled episode's request, after the run closed its engine: no error

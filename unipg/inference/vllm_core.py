@@ -104,7 +104,10 @@ class StepLoop:
         return request_id
 
     def abort(self, request_id: str) -> None:
-        self._put(("abort", request_id))
+        """Stop a request; nothing to do once the loop is closed (closing failed every request in flight)."""
+        with self._lock:
+            if not self._closed:
+                self._commands.put(("abort", request_id))
 
     def call(self, fn: Callable, *, interrupt: bool = False, tag=None) -> concurrent.futures.Future:
         """Run ``fn()`` on the loop once no request is in flight (``interrupt``: at once, the requests in flight

@@ -100,6 +100,22 @@ def role_demonstrations(
     return demonstrations
 
 
+def check_options(
+    tool_demonstrations: float, critique_demonstrations: float, critique_copies: float, solver_tool: bool
+) -> None:
+    """A ValueError that names the option to fix, for options of ``solver_checker`` that do not fit together."""
+    for name, share in (("critique_demonstrations", critique_demonstrations), ("critique_copies", critique_copies)):
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"solver_checker: {name} must be a fraction in [0, 1], got {share}")
+    if not isinstance(solver_tool, bool):
+        raise ValueError(f"solver_checker: solver_tool must be true or false, got {solver_tool!r}")
+    if not solver_tool and tool_demonstrations:
+        raise ValueError(
+            "solver_checker: with solver_tool false no solver demonstration calls the calculator; set "
+            f"tool_demonstrations to 0 (got {tool_demonstrations})"
+        )
+
+
 @TASKS.register("solver_checker")
 def solver_checker_task(
     digits: int = 3,
@@ -124,16 +140,7 @@ def solver_checker_task(
     wrong answer; ``solver_tool``: whether the solver may call the calculator (False: only the checker may, and
     ``tool_demonstrations`` must be 0, as no solver demonstration calls it).
     """
-    for name, share in (("critique_demonstrations", critique_demonstrations), ("critique_copies", critique_copies)):
-        if not 0.0 <= share <= 1.0:
-            raise ValueError(f"solver_checker: {name} must be a fraction in [0, 1], got {share}")
-    if not isinstance(solver_tool, bool):
-        raise ValueError(f"solver_checker: solver_tool must be true or false, got {solver_tool!r}")
-    if not solver_tool and tool_demonstrations:
-        raise ValueError(
-            "solver_checker: with solver_tool false no solver demonstration calls the calculator; set "
-            f"tool_demonstrations to 0 (got {tool_demonstrations})"
-        )
+    check_options(tool_demonstrations, critique_demonstrations, critique_copies, solver_tool)
     base = calculator_task(
         digits=digits,
         operations=operations,
