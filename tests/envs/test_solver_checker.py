@@ -155,6 +155,7 @@ def test_with_a_model_per_role_each_roles_model_is_warm_started_on_its_own_demon
         "sft.evidence_stop=off",
         "sft.steps=1",
         "sft.batch_size=2",
+        "agent.roles.solver.sft_stages=[{steps: 1, options: {critique_copies: 1.0}}]",
     ]
     config = load_config(CONFIGS / "solver_checker_tool_checker.yaml", overrides)
     task = make_task("solver_checker", **config.task.options)
@@ -165,6 +166,14 @@ def test_with_a_model_per_role_each_roles_model_is_warm_started_on_its_own_demon
     assert resolved.agent.roles["checker"].shaping == config.agent.roles["checker"].shaping
     for role, folder in folders.items():
         assert json.loads((Path(folder) / warm_start.MARKER).read_text())["role"] == role
+    stages = {
+        role: json.loads((Path(folder) / warm_start.MARKER).read_text())["sft"]["stages"]
+        for role, folder in folders.items()
+    }
+    assert stages == {
+        "solver": [{"steps": 1, "options": {"critique_copies": 1.0}, "learning_rate": None, "batch_size": None}],
+        "checker": [],
+    }  # the solver's own stages
     solver_prompts, checker_prompts = shown.values()  # in the order of task.roles: the solver's model first
     assert all("Proposed:" in prompt for prompt in checker_prompts)
     assert not any("Proposed:" in prompt for prompt in solver_prompts)
@@ -200,3 +209,10 @@ def test_the_solver_repeats_its_proposal_in_a_share_of_its_critique_demonstratio
     )
     with pytest.raises(ValueError, match="critique_copies must be a fraction"):
         make_task("solver_checker", critique_copies=1.5, **options)
+
+
+def test_a_roles_own_warm_start_stages_without_a_model_per_role_are_refused():
+    from unipg.config import ConfigError
+
+    with pytest.raises(ConfigError, match="agent.roles.solver.sft_stages is read with agent.role_policy=separate"):
+        load_config(CONFIGS / "solver_checker.yaml", ["agent.roles.solver.sft_stages=[{steps: 5}]"])

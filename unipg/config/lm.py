@@ -107,6 +107,9 @@ class RoleConfig(Section):
     model: str | None = None
     """with agent.role_policy=separate, the role's own model (a hub id, a local folder or embedded:<size>); it must
     share the run's tokenizer. None = a model of its own loaded from model.name."""
+    sft_stages: list[SFTStage] | None = None
+    """with agent.role_policy=separate and model.warm_start, the stages of this role's own warm start in place of
+    sft.stages (a role's model may need another schedule, e.g. a longer cap for a skill it learns late)."""
 
 
 class AgentConfig(Section):

@@ -324,16 +324,17 @@ def lm_problems(config: Config) -> list[str]:
 
 
 def role_policy_problems(config: Config) -> list[str]:
-    """What ``agent.role_policy`` (with ``adapters`` or ``separate``) does not run with, and a role's own model
-    (``agent.roles.<role>.model``) named where no role has a model of its own."""
+    """What ``agent.role_policy`` (with ``adapters`` or ``separate``) does not run with, and a role's own model or
+    warm-start stages (``agent.roles.<role>.model``, ``.sft_stages``) named where no role has a model of its own."""
     if config.agent.role_policy == "separate":
         return separate_role_problems(config)
     problems = role_adapter_problems(config) if config.agent.role_policy == "adapters" else []
     return problems + [
-        f"agent.roles.{role}.model is read with agent.role_policy=separate only; set agent.role_policy=separate "
-        f"(a model per role), or remove agent.roles.{role}.model"
+        f"agent.roles.{role}.{setting} is read with agent.role_policy=separate only; set agent.role_policy=separate "
+        f"(a model per role), or remove agent.roles.{role}.{setting}"
         for role, settings in config.agent.roles.items()
-        if settings.model is not None
+        for setting in ("model", "sft_stages")
+        if getattr(settings, setting) is not None
     ]
 
 

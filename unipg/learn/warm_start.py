@@ -121,7 +121,11 @@ def resolve_warm_start(config: Config, task: Task, *, root: Path | None = None, 
 
 
 def warm_started(config: Config, task: Task, root: Path | None, log, role: str | None = None) -> Path:
-    """The folder of the warm start of ``model.name`` (or of ``role``'s own model), built now if not cached."""
+    """The folder of the warm start of ``model.name`` (or of ``role``'s own model, with the role's own stages
+    ``agent.roles.<role>.sft_stages`` when it has them), built now if not cached."""
+    settings = config.agent.roles.get(role) if role is not None else None
+    if settings is not None and settings.sft_stages is not None:
+        config = config.model_copy(update={"sft": config.sft.model_copy(update={"stages": settings.sft_stages})})
     folder = warm_start_folder(config, root, role)
     if not (folder / MARKER).is_file():
         steps = config.sft.steps + sum(stage.steps for stage in config.sft.stages)
