@@ -6,7 +6,7 @@ inference service, and the OpenAI-compatible endpoint (``unipg.inference.endpoin
 ``vllm`` engine is built.
 """
 
-from unipg.inference import hf, vllm  # noqa: F401  (register the engines)
+from unipg.inference import hf, vllm_roles  # noqa: F401  (register the engines: hf, and vllm with its roles)
 from unipg.inference.base import ENGINES, Engine, SamplingParams, TurnOutput
 from unipg.inference.hf import HFService
 

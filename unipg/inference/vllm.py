@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from unipg.config.timeouts import WaitTimeout
-from unipg.inference.base import ENGINES, SamplingParams, TurnOutput
+from unipg.inference.base import SamplingParams, TurnOutput
 from unipg.inference.vllm_adapters import AdapterVersions
 from unipg.inference.vllm_core import StepLoop, turn_versions
 from unipg.inference.vllm_setup import engine_args, import_vllm, vllm_sampling
@@ -376,19 +376,6 @@ class SharedVLLM:
             if entry[1] == 0:
                 del self._engines[self._key]
                 entry[0].close()
-
-
-@ENGINES.register("vllm")
-def vllm_engine(policy, config):
-    """vLLM in this process: continuous batching and prefix caching; log-probs of vLLM's own kernels. With a model
-    per role (a ``RolePolicies``), an engine per role's model (``vllm_roles``)."""
-    from unipg.policy.role_policies import RolePolicies
-
-    if isinstance(policy, RolePolicies):
-        from unipg.inference.vllm_roles import RoleVLLM
-
-        return RoleVLLM(policy, config)
-    return SharedVLLM(policy, config)
 
 
 def release_cached_gpu_memory() -> None:

@@ -1,5 +1,6 @@
-"""The ``vllm`` engine with a model per role (``agent.role_policy: separate``): one vLLM engine per role's model,
-all in this process, and a service that sends each request to its role's engine.
+"""The ``vllm`` engine as ``sample.engine`` names it (``vllm_engine``): one vLLM engine for the policy
+(``unipg.inference.vllm``), or with a model per role (``agent.role_policy: separate``) one per role's model, all in
+this process, and a service that sends each request to its role's engine.
 
 vLLM holds one model per engine, so each role's model gets an engine of its own (``SharedVLLM`` keyed by the role).
 The router's service is the one service surface of ``unipg.inference.vllm.VLLMService``: ``generate`` goes to the
@@ -16,7 +17,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 import torch
 
-from unipg.inference.base import SamplingParams, TurnOutput
+from unipg.inference.base import ENGINES, SamplingParams, TurnOutput
 from unipg.inference.vllm import SharedVLLM, VLLMService
 from unipg.policy.role_policies import RolePolicies
 
@@ -141,3 +142,12 @@ class RoleVLLMService:
                 for service in self.services.values():
                     service.policy_version = version
                     await service.engine.load(version, service.policy.model)
+
+
+@ENGINES.register("vllm")
+def vllm_engine(policy, config):
+    """vLLM in this process: continuous batching and prefix caching; log-probs of vLLM's own kernels. With a model
+    per role (a ``RolePolicies``), an engine per role's model."""
+    if isinstance(policy, RolePolicies):
+        return RoleVLLM(policy, config)
+    return SharedVLLM(policy, config)
