@@ -301,14 +301,6 @@ def lm_problems(config: Config) -> list[str]:
             "model.warm_start builds a cached warm start of the embedded model only; for another "
             "model run `unipg sft` and point model.name at its output"
         )
-    if model.warm_start and config.agent.role_policy == "separate":
-        problems += [
-            f"model.warm_start warm-starts each role's model with agent.role_policy=separate, and builds a cached "
-            f"warm start of the embedded model only; agent.roles.{role}.model is '{settings.model}': run `unipg sft` "
-            f"for that model and point agent.roles.{role}.model at its output, with model.warm_start=false"
-            for role, settings in config.agent.roles.items()
-            if settings.model is not None and not settings.model.startswith("embedded")
-        ]
     if est.policy_loss == "trpo":
         problems.append(
             "estimator.policy_loss 'trpo' is implemented for MLP policies only; use ppo for language models"
@@ -372,7 +364,13 @@ def separate_role_problems(config: Config) -> list[str]:
         ),
         "data.offline (recorded episodes of one policy)": (config.data.offline is not None, "no data.offline"),
     }
-    return role_policy_refusals("separate (a model per role)", unsupported)
+    return role_policy_refusals("separate (a model per role)", unsupported) + [
+        f"model.warm_start warm-starts each role's model with agent.role_policy=separate, and builds a cached "
+        f"warm start of the embedded model only; agent.roles.{role}.model is '{settings.model}': run `unipg sft` "
+        f"for that model and point agent.roles.{role}.model at its output, with model.warm_start=false"
+        for role, settings in config.agent.roles.items()
+        if config.model.warm_start and settings.model is not None and not settings.model.startswith("embedded")
+    ]
 
 
 def role_policy_refusals(role_policy: str, unsupported: dict[str, tuple[bool, str]]) -> list[str]:

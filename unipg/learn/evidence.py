@@ -108,8 +108,8 @@ def call_scores(turns: list[str], demonstrated: list[str], service: EnvironmentS
 def evidence_examples(task: Task, count: int) -> list[Example]:
     """The demonstrations the evidence is measured on: the first ``count`` of ``task``'s validation split that start
     with a call or go on after their first turn (in a mixture of demonstrations, those that answer at once have
-    nothing to measure). A ValueError
-    when the split is empty, so that no stage runs to its cap while seeming to wait for evidence."""
+    nothing to measure). A ValueError when the split is empty, so that no stage runs to its cap while seeming to
+    wait for evidence."""
     if not task.validation:
         raise ValueError(
             f"sft.evidence_stop measures the evidence on the validation split of task '{task.name}', which is empty; "

@@ -67,7 +67,7 @@ def warm_start_key(config: Config, role: str | None = None) -> dict:
         sft["evidence_max_new_tokens"] = config.sample.max_new_tokens
     key = {
         "version": WARM_START_VERSION,
-        "model": config.model.name if role is None else role_model_name(config, role),
+        "model": role_model_name(config, role),
         "embedded_builder": BUILDER_VERSION,
         "task": config.task.name,
         "options": config.task.options,
@@ -136,10 +136,9 @@ def warm_started(config: Config, task: Task, root: Path | None, log, role: str |
                 if count > 1
                 else " on 1 CPU thread"
             )
-        name = config.model.name if role is None else role_model_name(config, role)
         whose = "" if role is None else f" of role {role}"
         log(
-            f"warm start: fine-tuning {name} on {task.name} demonstrations{whose} "
+            f"warm start: fine-tuning {role_model_name(config, role)} on {task.name} demonstrations{whose} "
             f"({steps} steps{threads}); cached in {folder}"
         )
         build_warm_start(config, task, folder, log=log, role=role)
@@ -147,9 +146,10 @@ def warm_started(config: Config, task: Task, root: Path | None, log, role: str |
 
 
 def build_warm_start(config: Config, task: Task, folder: Path, *, log=print, role: str | None = None) -> None:
-    name = config.model.name if role is None else role_model_name(config, role)
     tokenizer = load_tokenizer(config.model.name, chat_template=config.model.chat_template)
-    model = load_causal_lm(name, dtype=config.model.dtype, device=resolve_device(config.device))
+    model = load_causal_lm(
+        role_model_name(config, role), dtype=config.model.dtype, device=resolve_device(config.device)
+    )
     prefix = "warm start: " if role is None else f"warm start ({role}): "
     with cpu_threads(warm_start_threads(config)):
         metrics = fine_tune_on_demonstrations(

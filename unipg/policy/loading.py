@@ -219,9 +219,10 @@ def policy_from_config(config, roles: list[str] = ()) -> LMPolicy | RolePolicies
     return policy
 
 
-def role_model_name(config, role: str) -> str:
-    """The model of ``role`` with ``agent.role_policy: separate``: ``agent.roles.<role>.model``, else ``model.name``."""
-    settings = config.agent.roles.get(role)
+def role_model_name(config, role: str | None) -> str:
+    """The model of ``role`` with ``agent.role_policy: separate``: ``agent.roles.<role>.model``, else ``model.name``
+    (also for ``role=None``, the one model of a run without a model per role)."""
+    settings = config.agent.roles.get(role) if role is not None else None
     return settings.model if settings is not None and settings.model is not None else config.model.name
 
 
