@@ -211,6 +211,23 @@ def test_the_solver_repeats_its_proposal_in_a_share_of_its_critique_demonstratio
         make_task("solver_checker", critique_copies=1.5, **options)
 
 
+def test_a_critiqued_proposal_is_context_and_a_stage_can_leave_out_the_solvers_direct_answers():
+    from unipg.tasks.solver_checker import SOLVER
+
+    options = dict(digits=3, num_train=50, num_test=2, solver_tool=False, tool_demonstrations=0.0)
+    task = make_task("solver_checker", critique_demonstrations=1.0, answer_demonstrations=0.0, **options)
+    solver = [
+        solution for example in task.train for role, _, solution in task.role_demonstrations(example) if role == SOLVER
+    ]
+    assert len(solver) == len(task.train) and all(len(solution) == 3 for solution in solver)  # critiques only
+    assert all(solution[0]["weight"] == 0 and "weight" not in solution[2] for solution in solver)
+    every = make_task("solver_checker", critique_demonstrations=1.0, **options)
+    counts = [sum(role == SOLVER for role, _, _ in every.role_demonstrations(example)) for example in every.train]
+    assert set(counts) == {2}  # by default each example also has the solver's direct answer
+    with pytest.raises(ValueError, match="answer_demonstrations must be a fraction"):
+        make_task("solver_checker", answer_demonstrations=-0.5, **options)
+
+
 def test_a_roles_own_warm_start_stages_without_a_model_per_role_are_refused():
     from unipg.config import ConfigError
 

@@ -2,7 +2,7 @@ import copy
 
 import pytest
 
-from unipg.policy.chat import check_tokenizer, completion_suffix, render_prompt
+from unipg.policy.chat import TurnTemplate, check_tokenizer, completion_suffix, render_prompt
 from unipg.policy.embedded import build_tokenizer
 
 
@@ -72,3 +72,19 @@ def test_check_tokenizer_without_pad_or_eos_says_how_to_fix(tokenizer):
         ValueError, match="tokenizer of 'my/model' has no pad token and no eos token; set tokenizer.pad_token"
     ):
         check_tokenizer(bare, "my/model")
+
+
+def test_a_demonstration_turn_of_weight_zero_is_laid_out_but_not_trained(tokenizer):
+    template = TurnTemplate(tokenizer, multi_turn=True)
+    messages = [
+        {"role": "assistant", "content": "The answer is 418.", "weight": 0},
+        {"role": "user", "content": "REJECT: 408"},
+        {"role": "assistant", "content": "408"},
+    ]
+    segments = template.demonstration(messages)
+    trained = template.demonstration([{k: v for k, v in m.items() if k != "weight"} for m in messages])
+    assert [text for text, _ in segments] == [text for text, _ in trained]  # the same tokens either way
+    assert [flag for _, flag in segments] == [False, False, True]
+    assert [flag for _, flag in trained] == [True, False, True]
+    with pytest.raises(ValueError, match="weight is 0"):
+        template.demonstration([{"role": "assistant", "content": "408", "weight": 0.5}])

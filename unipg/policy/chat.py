@@ -150,11 +150,18 @@ class TurnTemplate:
 
     def demonstration(self, messages: list[dict]) -> list[tuple[str, bool]]:
         """(text, trained) segments of a multi-turn demonstration, laid out exactly as rollouts lay out turns:
-        assistant turns + EOS are trained, closing text and observations are not."""
+        assistant turns + EOS are trained, closing text and observations are not. An assistant message with
+        ``"weight": 0`` (OpenAI's fine-tuning format) is context only: laid out, not trained, e.g. a wrong
+        proposal that a critique answers."""
         segments: list[tuple[str, bool]] = []
         for index, message in enumerate(messages):
             if message["role"] == "assistant":
-                segments.append((message["content"] + self.eos_text, True))
+                weight = message.get("weight", 1)
+                if weight not in (0, 1):
+                    raise ValueError(
+                        f"an assistant message's weight is 0 (context only) or 1 (trained), got {weight!r}"
+                    )
+                segments.append((message["content"] + self.eos_text, weight == 1))
                 if index + 1 < len(messages):
                     segments.append((self.closing(ended_with_eos=bool(self.eos_text)), False))
             else:

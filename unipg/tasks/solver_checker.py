@@ -9,6 +9,9 @@ the proposal, may check it with the calculator, and replies ``ACCEPT`` or a crit
     checker: "What is 347*862? Proposed: 299124"  → <tool_call>…</tool_call> / 299114 / REJECT: 299114
     solver:  "What is 347*862?"                   → 299124 / (user) REJECT: 299114 / 299114   (a share)
 
+The wrong proposal a critique answers is context, not a target: it is laid out but not trained (``weight: 0``),
+so a demonstration never teaches a wrong answer, and the copy is the only thing a critique demonstration trains.
+
 With ``solver_tool=False`` only the checker holds the calculator: the solver's demonstrations all answer at once
 (a guess, in a sentence), and the environment runs no call the solver writes (its text is its proposal). The
 solver alone then cannot get beyond guessing; in the team the checker's critique carries the calculator's result,
@@ -62,10 +65,12 @@ def role_demonstrations(
     seed: int,
     critique_copies: float = 1.0,
     solver_tool: bool = True,
+    answer_demonstrations: float = 1.0,
 ) -> list[tuple]:
     """(role, first observation, solution) demonstrations of ``example`` for both roles (module docstring). In a
     share ``1 - critique_copies`` of the solver's critique demonstrations it repeats its proposal instead of copying
-    the critique's result; a solver without the tool proposes in a sentence, as all its demonstrations answer."""
+    the critique's result; a solver without the tool proposes in a sentence, as all its demonstrations answer. A
+    share ``answer_demonstrations`` of examples has the solver's demonstration of answering at once."""
     rng = random.Random(f"{seed}:{example.prompt}")
     expression = re.fullmatch(r"What is (.*)\?", example.prompt).group(1)
     call = format_tool_call("calculator", {"expression": expression})
@@ -79,10 +84,11 @@ def role_demonstrations(
         ]
 
     demonstrations = [
-        (SOLVER, example.prompt, example.solution),
         (CHECKER, checker_observation(example, example.answer), check(example.answer, "ACCEPT")),
         (CHECKER, checker_observation(example, wrong), check(wrong, f"REJECT: {example.answer}")),
     ]
+    if answer_demonstrations == 1.0 or rng.random() < answer_demonstrations:
+        demonstrations.insert(0, (SOLVER, example.prompt, example.solution))
     if rng.random() < critique_demonstrations:
         guess = wrong if solver_tool else direct_answer(wrong)[0]["content"]
         second = example.answer if critique_copies == 1.0 or rng.random() < critique_copies else guess
@@ -91,7 +97,7 @@ def role_demonstrations(
                 SOLVER,
                 example.prompt,
                 [
-                    {"role": "assistant", "content": guess},
+                    {"role": "assistant", "content": guess, "weight": 0},
                     {"role": "user", "content": f"REJECT: {example.answer}"},
                     {"role": "assistant", "content": second},
                 ],
@@ -100,11 +106,9 @@ def role_demonstrations(
     return demonstrations
 
 
-def check_options(
-    tool_demonstrations: float, critique_demonstrations: float, critique_copies: float, solver_tool: bool
-) -> None:
+def check_options(tool_demonstrations: float, solver_tool: bool, **shares: float) -> None:
     """A ValueError that names the option to fix, for options of ``solver_checker`` that do not fit together."""
-    for name, share in (("critique_demonstrations", critique_demonstrations), ("critique_copies", critique_copies)):
+    for name, share in shares.items():
         if not 0.0 <= share <= 1.0:
             raise ValueError(f"solver_checker: {name} must be a fraction in [0, 1], got {share}")
     if not isinstance(solver_tool, bool):
@@ -125,6 +129,7 @@ def solver_checker_task(
     tool_demonstrations: float = 0.3,
     critique_demonstrations: float = 0.3,
     critique_copies: float = 1.0,
+    answer_demonstrations: float = 1.0,
     max_rounds: int = 2,
     wrong_accept_penalty: float = 0.1,
     solver_tool: bool = True,
@@ -136,11 +141,18 @@ def solver_checker_task(
     ``critique_demonstrations``: share of examples with a demonstration of the solver answering a critique;
     ``critique_copies``: share of those in which the solver copies the critique's result (in the rest it repeats
     its wrong proposal, so that a warm start can leave copying rare for RL to make common);
+    ``answer_demonstrations``: share of examples with the solver's demonstration of answering at once (0 for a
+    stage that teaches only the answer to a critique);
     ``max_rounds``: checker verdicts per episode; ``wrong_accept_penalty``: the team's cost of accepting a
     wrong answer; ``solver_tool``: whether the solver may call the calculator (False: only the checker may, and
     ``tool_demonstrations`` must be 0, as no solver demonstration calls it).
     """
-    check_options(tool_demonstrations, critique_demonstrations, critique_copies, solver_tool)
+    shares = dict(
+        critique_demonstrations=critique_demonstrations,
+        critique_copies=critique_copies,
+        answer_demonstrations=answer_demonstrations,
+    )
+    check_options(tool_demonstrations, solver_tool, **shares)
     base = calculator_task(
         digits=digits,
         operations=operations,
@@ -165,10 +177,6 @@ def solver_checker_task(
             "solver_tool": solver_tool,
         },
         role_demonstrations=lambda example: role_demonstrations(
-            example,
-            critique_demonstrations=critique_demonstrations,
-            seed=data_seed,
-            critique_copies=critique_copies,
-            solver_tool=solver_tool,
+            example, seed=data_seed, solver_tool=solver_tool, **shares
         ),
     )
