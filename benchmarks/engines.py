@@ -116,8 +116,12 @@ def thread_settings() -> str:
 
 
 def start_engine(name: str, policy, config, args):
-    """The engine and its load seconds (hf: the policy's; vllm: its start-up on the policy's model)."""
+    """The engine and its load seconds (hf: the policy's; vllm: its start-up on the policy's model; "vllm
+    compiled": vllm with ``sample.vllm_enforce_eager: false``)."""
     start = time.perf_counter()
+    if name == "vllm compiled":
+        sample = config.sample.model_copy(update={"vllm_enforce_eager": False})
+        name, config = "vllm", config.model_copy(update={"sample": sample})
     engine = ENGINES.get(name)(policy, config)
     return engine, time.perf_counter() - start + args.policy_load
 
@@ -125,10 +129,11 @@ def start_engine(name: str, policy, config, args):
 def unipg_engines(policy, config, args) -> dict[str, dict[str, float]]:
     """``hf`` and ``vllm`` side by side: each pass runs every engine's single-turn requests, then every engine's
     episodes, so a change of the machine's load between passes moves both rows, not their ratio."""
+    names = ("hf", "vllm", "vllm compiled") if args.compiled else ("hf", "vllm")
     engines, rows = {}, {}
-    settings = {"hf": set(), "vllm": set()}
+    settings = {name: set() for name in names}
     try:
-        for name in ("hf", "vllm"):
+        for name in names:
             engines[name], load = start_engine(name, policy, config, args)
             rows[name] = {"load s": load}
         params = SamplingParams(temperature=1.0)
@@ -241,6 +246,9 @@ def main() -> None:
         default=1,
         help="torch threads (as vLLM serves on CPU; more threads than free cores make every engine spin)",
     )
+    parser.add_argument(
+        "--compiled", action="store_true", help="also vllm compiled (sample.vllm_enforce_eager=false), side by side"
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: check that the script runs")
     args = parser.parse_args()
     if args.smoke:
@@ -255,15 +263,21 @@ def main() -> None:
     policy.eos_ids = []  # every engine samples exactly --new-tokens / --turn-tokens tokens
     results = {**unipg_engines(policy, config, args), "vLLM alone": vllm_alone(policy, config, args)}
     columns = ["tokens/s", "episodes/s", "cpu ms/ep", "prefill/turn", "load s", "sync s"]
-    print(f"\n{'engine':<12}" + "".join(f"{c:>14}" for c in columns))
+    print(f"\n{'engine':<22}" + "".join(f"{c:>14}" for c in columns))
     for name, row in results.items():
-        print(f"{name:<12}" + "".join(f"{row[c]:>14.3f}" if c in row else f"{'-':>14}" for c in columns))
+        print(f"{name:<22}" + "".join(f"{row[c]:>14.3f}" if c in row else f"{'-':>14}" for c in columns))
     hf, vl, alone = results["unipg hf"], results["unipg vllm"], results["vLLM alone"]
     print(
         f"\nvllm / hf tokens/s: {vl['tokens/s'] / hf['tokens/s']:.2f}×   vllm / hf episodes/s: "
         f"{vl['episodes/s'] / hf['episodes/s']:.2f}×   unipg vllm / vLLM alone tokens/s: "
         f"{vl['tokens/s'] / alone['tokens/s']:.0%}"
     )
+    if "unipg vllm compiled" in results:
+        compiled = results["unipg vllm compiled"]
+        print(
+            f"vllm compiled / hf tokens/s: {compiled['tokens/s'] / hf['tokens/s']:.2f}×   vllm compiled / hf "
+            f"episodes/s: {compiled['episodes/s'] / hf['episodes/s']:.2f}×"
+        )
 
 
 if __name__ == "__main__":

@@ -68,3 +68,21 @@ def test_vllms_cpu_norm_kernels_give_the_native_norms_results_and_leave_it_the_a
     torch.testing.assert_close(fused.impl_fn(x.clone(), residual.clone(), weight, 1e-6), expected)
     assert not norm.supports_args(x, weight, 1e-6, variance_size=64)  # a variance over part of the channels
     assert not fused.supports_args(x.t(), residual.t(), weight, 1e-6)  # strided input
+
+
+def test_vllm_runs_eagerly_on_cpu_unless_the_config_asks_for_the_compiled_model(tmp_path):
+    pytest.importorskip("vllm")
+    from types import SimpleNamespace
+
+    from unipg.config import load_config
+    from unipg.inference.vllm_setup import engine_args
+
+    policy = SimpleNamespace(context_length=64)
+
+    def eager(*overrides):
+        sample = load_config(overrides=list(overrides)).sample
+        return engine_args(tmp_path, policy, sample, dtype="float32", seed=0, lora_rank=0).enforce_eager
+
+    assert eager() is True  # unset: eager on CPU (a GPU compiles and captures CUDA graphs)
+    assert eager("sample.vllm_enforce_eager=false") is False
+    assert eager("sample.vllm_enforce_eager=true") is True

@@ -296,6 +296,10 @@ class SampleConfig(Section):
     take it back before the next generation; unused on CPU."""
     cpu_kv_cache_gb: float = Field(0.5, gt=0.0)
     """vllm on CPU: GiB of memory for the KV cache."""
+    vllm_enforce_eager: bool | None = None
+    """vllm: run the model eagerly (true) or compiled (false: torch.compile, and CUDA graphs on a GPU); unset, eager
+    on CPU and compiled on a GPU. On CPU compiling costs a start-up of about a minute the first time (vLLM caches
+    it on disk), pays on small models whose steps are Python overhead, and is turned off by vLLM with LoRA."""
     engine_timeout: float = Field(600.0, gt=0.0, json_schema_extra=read_in("lm"))
     """vllm: seconds the engine's stepping thread may go without progress (a step, a weight load, a sleep or a
     wake) while a turn or a weight sync waits on it; past it that wait fails (``WaitTimeout``), which stops the run

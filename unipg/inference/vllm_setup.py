@@ -142,7 +142,7 @@ def engine_args(folder: Path, policy: LMPolicy, sample, *, dtype: str, seed: int
         max_model_len=policy.context_length,
         enable_prefix_caching=True,
         logprobs_mode="processed_logprobs",
-        enforce_eager=not on_gpu,
+        enforce_eager=not on_gpu if sample.vllm_enforce_eager is None else sample.vllm_enforce_eager,
         disable_log_stats=True,
         # JSON replies (SamplingParams.json_schema) by the grammar library and options the hf engine uses
         structured_outputs_config=StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True),
