@@ -5,6 +5,8 @@
 temperature, plus a checker that sees the solver's proposal, may call the calculator itself, and accepts it or
 sends the solver back with a critique). ``--pair checker-tool``: only the checker holds the calculator
 (``configs/solver_checker_tool_checker.yaml``) and the solver alone has no tool (``configs/solver_no_tool.yaml``).
+``--pair agreement``: the same, with the checker replying with the calculator's result and a proposal equal to it
+accepted (``configs/solver_checker_agreement.yaml``).
 Both train for the same number of updates × episodes per update with the same seeds, one run at a time, each in
 a fresh process. Reported per seed, from each run's metrics.jsonl and episodes.jsonl:
 
@@ -17,6 +19,7 @@ a fresh process. Reported per seed, from each run's metrics.jsonl and episodes.j
     python benchmarks/team_vs_solo.py --seeds 0 1 2 --updates 30      # the configs' budget: 30 × 128 episodes
     python benchmarks/team_vs_solo.py --seeds 0 --updates 10 --eval-examples 100
     python benchmarks/team_vs_solo.py --pair checker-tool --seeds 0 1 2   # only the checker holds the calculator
+    python benchmarks/team_vs_solo.py --pair agreement --seeds 0 1 2      # ... and the team accepts on agreement
     python benchmarks/team_vs_solo.py --smoke                          # tiny, seconds: checks the script runs
 """
 
@@ -32,10 +35,11 @@ from pathlib import Path
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 # --pair: which team against which solver alone. "calculator": both roles hold the calculator; "checker-tool":
-# only the checker does, and the solver alone has no tool
+# only the checker does, and the solver alone has no tool; "agreement": that team accepting on agreement
 PAIRS = {
     "calculator": {"solo": CONFIGS / "calculator_agent.yaml", "team": CONFIGS / "solver_checker.yaml"},
     "checker-tool": {"solo": CONFIGS / "solver_no_tool.yaml", "team": CONFIGS / "solver_checker_tool_checker.yaml"},
+    "agreement": {"solo": CONFIGS / "solver_no_tool.yaml", "team": CONFIGS / "solver_checker_agreement.yaml"},
 }
 SIDES = ("solo", "team")
 # --smoke: the same code path at tiny sizes, to check that the script still runs (its figures mean nothing)
@@ -52,10 +56,11 @@ SMOKE = [
 ]
 
 
-def role_rates(records: list[dict]) -> dict[str, float]:
+def role_rates(records: list[dict], agreement: bool = False) -> dict[str, float]:
     """Each role's own metric over episode records (``unipg.sample.episode_records``) of one update: the share
     of solver sides whose last proposal is correct; for a team, the share of checker sides whose last verdict was
-    right and the share that accepted."""
+    right and the share that accepted (``agreement``: whose last reply's answer equals the proposal's), and the
+    share whose last reply holds the right answer."""
     from unipg.tasks.answers import extract_final_answer
     from unipg.tasks.solver_checker import ACCEPT
 
@@ -71,8 +76,14 @@ def role_rates(records: list[dict]) -> dict[str, float]:
     rates = {"solver_correct": statistics.fmean(bool(said(r)) and right(said(r)[-1], r["answer"]) for r in solvers)}
     checkers = [r for r in records if r.get("role") == "checker" and said(r)]
     if checkers:
-        accepted = [said(r)[-1].strip().upper().startswith(ACCEPT) for r in checkers]
         proposals = [[m["content"] for m in r["messages"] if m["role"] == "user"][-1] for r in checkers]
+        accepted = [
+            extract_final_answer(said(r)[-1]) == extract_final_answer(p.rpartition("Proposed:")[2])
+            if agreement
+            else said(r)[-1].strip().upper().startswith(ACCEPT)
+            for p, r in zip(proposals, checkers)
+        ]
+        rates["checker_answer_right"] = statistics.fmean(right(said(r)[-1], r["answer"]) for r in checkers)
         correct = [right(p.rpartition("Proposed:")[2], r["answer"]) for p, r in zip(proposals, checkers)]
         rates["checker_accepts"] = statistics.fmean(accepted)
         # a checker that never accepts is right on every wrong proposal: its two kinds of verdict apart
@@ -124,6 +135,7 @@ def run_one(job: tuple[str, int, dict]) -> dict:
         episodes = read_episode_records(result.run_dir / "episodes.jsonl")
     evaluations = [r for r in records if "eval/pass@1" in r]
     first, last = evaluations[0], evaluations[-1]
+    agreement = options["pair"] == "agreement"
     return {
         "side": side,
         "seed": seed,
@@ -132,8 +144,8 @@ def run_one(job: tuple[str, int, dict]) -> dict:
         "after": last["eval/pass@1"],
         "sampled_before": first.get("eval/sampled_completion"),
         "sampled_after": last.get("eval/sampled_completion"),
-        "first_update": role_rates([e for e in episodes if e["update"] == 1]),
-        "last_update": role_rates([e for e in episodes if e["update"] == updates]),
+        "first_update": role_rates([e for e in episodes if e["update"] == 1], agreement),
+        "last_update": role_rates([e for e in episodes if e["update"] == updates], agreement),
         "seconds": time.time() - start,
     }
 
@@ -159,8 +171,8 @@ def markdown(results: list[dict], seeds: list[int]) -> str:
     lines = [
         "| seed | solo pass@1 | team pass@1 | solo sampled | team sampled | solo: solver correct "
         "| team: solver correct | team: checker accepts | checker accepts correct | checker rejects wrong "
-        "| solo / team minutes |",
-        "|---:|---|---|---|---|---|---|---|---|---|---|",
+        "| checker's answer right | solo / team minutes |",
+        "|---:|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for seed in seeds:
         solo = next((r for r in results if r["side"] == "solo" and r["seed"] == seed), None)
@@ -170,7 +182,8 @@ def markdown(results: list[dict], seeds: list[int]) -> str:
             f"| {seed} | {cell(solo, 'before', 'after')} | {cell(team, 'before', 'after')} "
             f"| {cell(solo, 'sampled_before', 'sampled_after')} | {cell(team, 'sampled_before', 'sampled_after')} "
             f"| {rate(solo, 'solver_correct')} | {rate(team, 'solver_correct')} | {rate(team, 'checker_accepts')} "
-            f"| {rate(team, 'checker_accepts_correct')} | {rate(team, 'checker_rejects_wrong')} | {minutes} |"
+            f"| {rate(team, 'checker_accepts_correct')} | {rate(team, 'checker_rejects_wrong')} "
+            f"| {rate(team, 'checker_answer_right')} | {minutes} |"
         )
     gains = [
         (team["after"] - solo["after"])

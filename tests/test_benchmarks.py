@@ -41,7 +41,12 @@ REPORTS = {
     "scale_model.py": ("scale model: ",),
     "soak.py": ("RSS trend over the second half:",),
     "staleness_ablation.py": ("runs, 1 at a time,",),
-    "team_vs_solo.py": ("| seed | solo pass@1 | team pass@1 |", "--pair checker-tool:", "4 runs, one at a time,"),
+    "team_vs_solo.py": (
+        "| seed | solo pass@1 | team pass@1 |",
+        "--pair checker-tool:",
+        "--pair agreement:",
+        "6 runs, one at a time,",
+    ),
     "threads.py": ("threads, batch",),
     "vs_trl.py": ("seed 0: training with trl ...", "samples/s ratio unipg / TRL:"),
 }

@@ -233,3 +233,38 @@ def test_a_roles_own_warm_start_stages_without_a_model_per_role_are_refused():
 
     with pytest.raises(ConfigError, match="agent.roles.solver.sft_stages is read with agent.role_policy=separate"):
         load_config(CONFIGS / "solver_checker.yaml", ["agent.roles.solver.sft_stages=[{steps: 5}]"])
+
+
+def test_with_agreement_a_proposal_equal_to_the_checkers_answer_is_accepted_and_a_different_one_sent_back():
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "12*34"}}</tool_call>'
+    service = EnvironmentService(build_tools([{"name": "calculator"}]), timeout=5.0)
+    try:
+        env = SolverCheckerEnv(
+            build_rewards([{"name": "math"}]), service, solver_tool=False, agreement=True, shaping={CHECKER: 0.2}
+        )
+        guess, checked, sent_back, copy, agreed = run_turns(env, ["The answer is 418.", call, "408", "408", "408"])
+        assert checked.observation.strip() == "408"  # the checker's call ran
+        assert sent_back.observation == "408" and not sent_back.done  # the reply disagrees: back to the solver
+        assert copy.info.next_role == CHECKER
+        assert agreed.done and agreed.info.correct and agreed.info.extras["accepted"]
+        assert agreed.info.role_rewards[CHECKER] == pytest.approx(1.0 + 0.2)  # both replies held the result
+        # "ACCEPT" is no answer to agree with, so a wrong proposal is never accepted by it
+        (*_, last) = run_turns(env, ["The answer is 418.", "ACCEPT", "The answer is 418.", "ACCEPT"])
+        assert last.done and not last.info.extras["accepted"] and last.info.role_rewards[CHECKER] == 0.0
+    finally:
+        service.close()
+
+
+def test_with_agreement_the_checkers_demonstrations_reply_with_the_result_in_every_round():
+    options = dict(digits=3, num_train=20, num_test=2, solver_tool=False, tool_demonstrations=0.0)
+    task = make_task("solver_checker", critique_demonstrations=1.0, agreement=True, **options)
+    assert task.env_options["agreement"] is True
+    for example in task.train:
+        demonstrations = task.role_demonstrations(example)
+        checks = [solution for role, _, solution in demonstrations if role == CHECKER]
+        replies = [[m["content"] for m in solution if m["role"] == "assistant"][1:] for solution in checks]
+        assert replies == [[example.answer], [example.answer, example.answer]]  # accepted; sent back, asked again
+        critiques = [
+            solution[1]["content"] for role, _, solution in demonstrations if len(solution) == 3 and role != CHECKER
+        ]
+        assert critiques == [example.answer]  # the solver is sent the result itself

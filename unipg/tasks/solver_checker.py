@@ -66,26 +66,31 @@ def role_demonstrations(
     critique_copies: float = 1.0,
     solver_tool: bool = True,
     answer_demonstrations: float = 1.0,
+    agreement: bool = False,
 ) -> list[tuple]:
     """(role, first observation, solution) demonstrations of ``example`` for both roles (module docstring). In a
     share ``1 - critique_copies`` of the solver's critique demonstrations it repeats its proposal instead of copying
     the critique's result; a solver without the tool proposes in a sentence, as all its demonstrations answer. A
-    share ``answer_demonstrations`` of examples has the solver's demonstration of answering at once."""
+    share ``answer_demonstrations`` of examples has the solver's demonstration of answering at once. With
+    ``agreement`` the checker's reply is the result itself, whatever the proposal, in each round it is asked."""
     rng = random.Random(f"{seed}:{example.prompt}")
     expression = re.fullmatch(r"What is (.*)\?", example.prompt).group(1)
     call = format_tool_call("calculator", {"expression": expression})
     wrong = wrong_answer(example.answer, rng)
 
-    def check(proposal: str, verdict: str) -> list[dict]:
-        return [
-            {"role": "assistant", "content": call},
-            {"role": "tool", "content": example.answer},
-            {"role": "assistant", "content": verdict},
-        ]
-
+    accept, critique = (example.answer, example.answer) if agreement else (ACCEPT, f"REJECT: {example.answer}")
+    check = [{"role": "assistant", "content": call}, {"role": "tool", "content": example.answer}]
+    second_round = [  # with agreement the checker is asked again about the solver's next proposal
+        {"role": "user", "content": checker_observation(example, example.answer)},
+        {"role": "assistant", "content": accept},
+    ]
     demonstrations = [
-        (CHECKER, checker_observation(example, example.answer), check(example.answer, "ACCEPT")),
-        (CHECKER, checker_observation(example, wrong), check(wrong, f"REJECT: {example.answer}")),
+        (CHECKER, checker_observation(example, example.answer), [*check, {"role": "assistant", "content": accept}]),
+        (
+            CHECKER,
+            checker_observation(example, wrong),
+            [*check, {"role": "assistant", "content": critique}, *(second_round if agreement else [])],
+        ),
     ]
     if answer_demonstrations == 1.0 or rng.random() < answer_demonstrations:
         demonstrations.insert(0, (SOLVER, example.prompt, example.solution))
@@ -98,7 +103,7 @@ def role_demonstrations(
                 example.prompt,
                 [
                     {"role": "assistant", "content": guess, "weight": 0},
-                    {"role": "user", "content": f"REJECT: {example.answer}"},
+                    {"role": "user", "content": critique},
                     {"role": "assistant", "content": second},
                 ],
             )
@@ -130,6 +135,7 @@ def solver_checker_task(
     critique_demonstrations: float = 0.3,
     critique_copies: float = 1.0,
     answer_demonstrations: float = 1.0,
+    agreement: bool = False,
     max_rounds: int = 2,
     wrong_accept_penalty: float = 0.1,
     solver_tool: bool = True,
@@ -141,17 +147,13 @@ def solver_checker_task(
     ``critique_demonstrations``: share of examples with a demonstration of the solver answering a critique;
     ``critique_copies``: share of those in which the solver copies the critique's result (in the rest it repeats
     its wrong proposal, so that a warm start can leave copying rare for RL to make common);
-    ``answer_demonstrations``: share of examples with the solver's demonstration of answering at once (0 for a
-    stage that teaches only the answer to a critique);
-    ``max_rounds``: checker verdicts per episode; ``wrong_accept_penalty``: the team's cost of accepting a
-    wrong answer; ``solver_tool``: whether the solver may call the calculator (False: only the checker may, and
-    ``tool_demonstrations`` must be 0, as no solver demonstration calls it).
-    """
-    shares = dict(
-        critique_demonstrations=critique_demonstrations,
-        critique_copies=critique_copies,
-        answer_demonstrations=answer_demonstrations,
-    )
+    ``answer_demonstrations``: share of examples with the solver's demonstration of answering at once (0: a stage
+    of critiques only); ``agreement``: the checker replies with the result, and a proposal equal to it is accepted
+    (``unipg.envs.solver_checker``); ``max_rounds``: checker replies per episode; ``wrong_accept_penalty``: the
+    team's cost of accepting a wrong answer; ``solver_tool``: whether the solver may call the calculator (False:
+    only the checker may, and ``tool_demonstrations`` must be 0, as no solver demonstration calls it)."""
+    shares = dict(critique_demonstrations=critique_demonstrations, critique_copies=critique_copies)
+    shares["answer_demonstrations"] = answer_demonstrations
     check_options(tool_demonstrations, solver_tool, **shares)
     base = calculator_task(
         digits=digits,
@@ -175,8 +177,9 @@ def solver_checker_task(
             "max_rounds": max_rounds,
             "wrong_accept_penalty": wrong_accept_penalty,
             "solver_tool": solver_tool,
+            "agreement": agreement,
         },
         role_demonstrations=lambda example: role_demonstrations(
-            example, seed=data_seed, solver_tool=solver_tool, **shares
+            example, seed=data_seed, solver_tool=solver_tool, agreement=agreement, **shares
         ),
     )
