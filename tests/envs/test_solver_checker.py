@@ -268,3 +268,15 @@ def test_with_agreement_the_checkers_demonstrations_reply_with_the_result_in_eve
             solution[1]["content"] for role, _, solution in demonstrations if len(solution) == 3 and role != CHECKER
         ]
         assert critiques == [example.answer]  # the solver is sent the result itself
+    # asked again, the checker sees the solver's copy or its wrong proposal repeated, and replies with the result
+    again = []
+    for example in task.train:
+        _, first, solution = [demo for demo in task.role_demonstrations(example) if demo[0] == CHECKER][1]
+        proposed = solution[-2]["content"].rpartition("Proposed: ")[2]
+        again.append("copied" if proposed == example.answer else "repeated")
+        assert proposed in (example.answer, first_proposal(first))
+    assert 5 <= again.count("repeated") <= 15  # about half of 20
+
+
+def first_proposal(observation: str) -> str:
+    return observation.rpartition("Proposed: ")[2]

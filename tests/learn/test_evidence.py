@@ -159,3 +159,28 @@ def test_demonstrations_without_a_call_are_judged_on_the_turn_after_the_message_
     assert logged[0].startswith("stage 1 step 100 evidence: no call, answer accuracy 0.00")
     pairs = answer_turns(policy.model, policy.tokenizer, solver, config, solver.validation)
     assert [answer for _, answer in pairs] == [example.answer for example in team.validation]  # the copies
+
+
+def test_every_trained_turn_after_the_first_is_judged_so_a_checker_is_asked_about_a_wrong_proposal(
+    embedded_path, monkeypatch
+):
+    from unipg.tasks.base import role_task
+
+    options = {"digits": 2, "num_train": 12, "num_test": 2, "solver_tool": False, "tool_demonstrations": 0.0}
+    team = make_task("solver_checker", agreement=True, **options)
+    checker = role_task(team, "checker", "check")  # per problem: a right proposal, a wrong one asked about twice
+    config = load_config(None, ["task.name=solver_checker", "sample.max_new_tokens=8"])
+    policy, prompts = load_lm_policy(embedded_path), []
+
+    def recording(model, tokenizer, texts, **kwargs):
+        prompts.extend(texts)
+        return greedy_completions(model, tokenizer, texts, **kwargs)
+
+    monkeypatch.setattr(evidence_module, "greedy_completions", recording)
+    example = team.train[0]
+    pairs = answer_turns(policy.model, policy.tokenizer, checker, config, checker.train[:2])
+    assert [answer for _, answer in pairs] == [example.answer] * 3  # the reply to each of the two, then round 2
+    wrong_first = prompts[1]  # after the call and the tool's result, with the wrong proposal in the context
+    assert "Proposed: " in wrong_first and f"Proposed: {example.answer}" not in wrong_first
+    assert wrong_first.endswith(f"<|tool|>{example.answer}<|end|><|assistant|>")
+    assert prompts[2].startswith(wrong_first) and prompts[2].endswith(f"Proposed: {example.answer}<|end|><|assistant|>")

@@ -248,8 +248,8 @@ class SFTConfig(Section):
     min_argument_accuracy: float = Field(0.9, ge=0.0, le=1.0)
     """fraction of greedy first turns whose call must carry exactly the demonstrated arguments."""
     min_answer_accuracy: float = Field(0.9, ge=0.0, le=1.0)
-    """fraction of greedy last turns, after the demonstration's calls and the tools' results, that must equal the
-    demonstrated answer (the copy of a tool's result)."""
+    """fraction of greedy turns after a demonstration's first (each with the demonstration's earlier turns, calls and
+    the tools' results in the context) that must equal the demonstrated turn (the copy of a tool's result)."""
 
 
 class SampleConfig(Section):

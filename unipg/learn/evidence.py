@@ -10,7 +10,8 @@ test split: stopping a stage is a decision, and the test split only reports (``u
 - ``argument_accuracy``: the call's arguments equal the demonstration's exactly; ``argument/<name>``: the share
   that copied that one argument (which of them the policy fails to copy);
 - ``answer_accuracy``: with the demonstration's earlier turns (its calls and the tools' results) in the context,
-  the last turn equals the demonstration's exactly: for a tool that computes the answer, the copy of its result.
+  each trained turn after the first equals the demonstration's exactly: for a tool that computes the answer, the
+  copy of its result.
   A demonstration of several turns without a call counts too: e.g. a solver's answer to a checker's critique,
   which carries the result it has to copy (``solver_checker``); a warm start whose demonstrations make no call
   is judged on this alone.
@@ -64,17 +65,19 @@ def goes_on(example: Example) -> bool:
 
 
 def answer_turns(model, tokenizer, task: Task, config: Config, examples: list[Example]) -> list[tuple[str, str]]:
-    """(greedy last turn, demonstrated last turn) for each example of ``examples`` whose demonstration goes on
-    after its first turn: the policy answers with the demonstration's earlier turns (its calls and the tools'
-    results, or the messages it was sent) in the context, rendered as rollouts render them."""
-    examples = [example for example in examples if goes_on(example)]
-    if not examples:
-        return []
+    """(greedy turn, demonstrated turn) for each trained turn after the first of each demonstration of
+    ``examples``: the policy answers with the demonstration's earlier turns (its calls and the tools' results, or
+    the messages it was sent) in the context, rendered as rollouts render them. Every such turn, not only the last:
+    a checker that replies in two rounds is judged on both, and its first reply (to a wrong proposal, with the
+    tool's result before it) is the one that shows whether it copies the result or the proposal."""
     prompts, answers = [], []
-    for prompt, segments in demonstration_pairs(tokenizer, task, config, examples):
-        *earlier, (last, _) = segments
-        prompts.append(prompt + "".join(text for text, _ in earlier))
-        answers.append(last.removesuffix(tokenizer.eos_token or "").strip())
+    for prompt, segments in demonstration_pairs(tokenizer, task, config, [e for e in examples if goes_on(e)]):
+        for index, (text, trained) in enumerate(segments[1:], start=1):
+            if trained:
+                prompts.append(prompt + "".join(earlier for earlier, _ in segments[:index]))
+                answers.append(text.removesuffix(tokenizer.eos_token or "").strip())
+    if not prompts:
+        return []
     turns = greedy_completions(model, tokenizer, prompts, max_new_tokens=config.sample.max_new_tokens)
     return list(zip(turns, answers))
 

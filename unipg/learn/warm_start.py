@@ -65,6 +65,7 @@ def warm_start_key(config: Config, role: str | None = None) -> dict:
         sft = {key: value for key, value in sft.items() if key not in EVIDENCE_KEYS}
     else:
         sft["evidence_max_new_tokens"] = config.sample.max_new_tokens
+        sft["evidence_turns"] = "every trained turn after the first"  # was the last turn only
     key = {
         "version": WARM_START_VERSION,
         "model": role_model_name(config, role),

@@ -9,6 +9,12 @@ the proposal, may check it with the calculator, and replies ``ACCEPT`` or a crit
     checker: "What is 347*862? Proposed: 299124"  → <tool_call>…</tool_call> / 299114 / REJECT: 299114
     solver:  "What is 347*862?"                   → 299124 / (user) REJECT: 299114 / 299114   (a share)
 
+With ``agreement`` the checker replies with the result itself (``299114`` for ``ACCEPT`` and for the critique),
+and its demonstration on a wrong proposal goes on to a second round, where the solver has either copied the
+result or repeated its wrong proposal; the checker replies with the result in both. Without the repeated case a
+warm-started checker learns that the second round's reply is the proposal, and echoes a repeated wrong one,
+which the protocol then accepts.
+
 The wrong proposal a critique answers is context, not a target: it is laid out but not trained (``weight: 0``),
 so a demonstration never teaches a wrong answer, and the copy is the only thing a critique demonstration trains.
 
@@ -80,8 +86,12 @@ def role_demonstrations(
 
     accept, critique = (example.answer, example.answer) if agreement else (ACCEPT, f"REJECT: {example.answer}")
     check = [{"role": "assistant", "content": call}, {"role": "tool", "content": example.answer}]
-    second_round = [  # with agreement the checker is asked again about the solver's next proposal
-        {"role": "user", "content": checker_observation(example, example.answer)},
+    # with agreement the checker is asked again about the solver's next proposal: the copy of its reply, or (half
+    # the problems, drawn apart so the other demonstrations stay as they were) the wrong proposal repeated; either
+    # way it replies with the result, so that agreeing is never echoing the proposal
+    repeated = random.Random(f"{seed}:{example.prompt}:second round").random() < 0.5
+    second_round = [
+        {"role": "user", "content": checker_observation(example, wrong if repeated else example.answer)},
         {"role": "assistant", "content": accept},
     ]
     demonstrations = [
