@@ -183,4 +183,5 @@ def test_every_trained_turn_after_the_first_is_judged_so_a_checker_is_asked_abou
     wrong_first = prompts[1]  # after the call and the tool's result, with the wrong proposal in the context
     assert "Proposed: " in wrong_first and f"Proposed: {example.answer}" not in wrong_first
     assert wrong_first.endswith(f"<|tool|>{example.answer}<|end|><|assistant|>")
-    assert prompts[2].startswith(wrong_first) and prompts[2].endswith(f"Proposed: {example.answer}<|end|><|assistant|>")
+    again = checker.train[1].solution[-2]["content"]  # the solver's copy, or its wrong proposal repeated
+    assert prompts[2].startswith(wrong_first) and prompts[2].endswith(f"{again}<|end|><|assistant|>")
