@@ -1,9 +1,11 @@
 """The vLLM service: request seeds drawn on the device of the generator it was handed; what vLLM reports per step."""
 
+import asyncio
+
 import pytest
 import torch
 
-from unipg.inference.vllm import request_seed
+from unipg.inference.vllm import WeightPull, request_seed
 
 
 def test_a_request_seed_is_drawn_on_the_generators_device_not_the_default_one():
@@ -18,6 +20,37 @@ def test_a_request_seed_is_drawn_on_the_generators_device_not_the_default_one():
     finally:
         torch.set_default_device(previous)
     assert seed == expected and 0 <= seed < 2**31 - 1
+
+
+def test_a_weight_load_goes_on_when_the_request_that_started_it_is_cancelled():
+    """``sync`` hands a version once: a request cancelled while that version loads (an interrupted group) must not
+    cancel the load, and a request arriving meanwhile waits for it instead of pulling again."""
+    handed, loaded = [3], []
+
+    def sync():
+        return handed.pop() if handed else None
+
+    async def scenario():
+        loading, release = asyncio.Event(), asyncio.Event()
+
+        async def load(version):
+            loading.set()
+            await release.wait()
+            loaded.append(version)
+
+        pull = WeightPull(sync, load)
+        first = asyncio.ensure_future(pull())
+        await loading.wait()
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        second = asyncio.ensure_future(pull())
+        release.set()
+        await second
+        await pull()  # nothing newer: no load
+
+    asyncio.run(scenario())
+    assert loaded == [3]
 
 
 def test_turn_versions_say_which_version_sampled_which_tokens_of_an_interrupted_turn():

@@ -31,7 +31,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -185,6 +185,29 @@ def _release_distributed() -> None:
     cleanup_dist_env_and_memory()
 
 
+class WeightPull:
+    """Newer weights taken from ``sync`` and loaded by ``load(version)``, once for every request that asks while
+    they load. The load runs as a task of its own, which a request cancelled while it waits (an interrupted group,
+    a closing run) does not cancel: ``sync`` hands each version once, so a cancelled load would leave the engine on
+    the old weights until the next version while every later request found nothing new to pull."""
+
+    def __init__(self, sync: Callable[[], int | None] | None, load: Callable[[int], Awaitable[None]]):
+        self.sync, self.load = sync, load
+        self._task: asyncio.Future | None = None
+
+    async def __call__(self) -> None:
+        if self.sync is None:
+            return
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._pull())
+        await asyncio.shield(self._task)
+
+    async def _pull(self) -> None:
+        version = await asyncio.to_thread(self.sync)
+        if version is not None:
+            await self.load(version)
+
+
 class VLLMService:
     """The service surface (``running``, ``episode``, ``generate``, ``policy_version``, ``pop_batches``) on a
     ``VLLMEngine``."""
@@ -204,7 +227,7 @@ class VLLMService:
         self.generate_seconds = 0.0
         self.turns = 0  # generate requests answered
         self.prefill_tokens = 0  # context tokens the model ran (not found in the prefix cache)
-        self._sync_lock: asyncio.Lock | None = None
+        self._pull = WeightPull(sync, self.load_version)
 
     @property
     def batches_and_seconds(self) -> tuple[list[int], float]:
@@ -222,7 +245,6 @@ class VLLMService:
     @asynccontextmanager
     async def running(self):
         """Serve for the duration of the block: with the weights of ``policy_version`` when there is no ``sync``."""
-        self._sync_lock = asyncio.Lock()
         await self.engine.wake()
         try:
             if self.sync is None and self.policy_version != self.engine.version:
@@ -296,15 +318,10 @@ class VLLMService:
         ended_with_eos = bool(ids) and ids[-1] in set(policy.eos_ids)
         return TurnOutput(ids, logprobs, text, finish, ended_with_eos, first, engine="vllm", version_changes=changes)
 
-    async def _pull(self) -> None:
-        """Take newer weights from ``sync`` (they load once the requests in flight have finished)."""
-        if self.sync is None:
-            return
-        async with self._sync_lock:
-            version = await asyncio.to_thread(self.sync)
-            if version is not None:
-                self.policy_version = version
-                await self.engine.load(version, self.policy.model)
+    async def load_version(self, version: int) -> None:
+        """Load the weights ``sync`` handed as ``version`` (once the requests in flight have finished)."""
+        self.policy_version = version
+        await self.engine.load(version, self.policy.model)
 
 
 def request_seed(generator: torch.Generator) -> int:

@@ -11,14 +11,13 @@ model of that version. The roles' engines step apart (one stepping thread each),
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import torch
 
 from unipg.inference.base import ENGINES, SamplingParams, TurnOutput
-from unipg.inference.vllm import SharedVLLM, VLLMService
+from unipg.inference.vllm import SharedVLLM, VLLMService, WeightPull
 from unipg.policy.role_policies import RolePolicies
 
 
@@ -72,7 +71,7 @@ class RoleVLLMService:
 
     def __init__(self, services: dict[str, VLLMService], sync: Callable[[], int | None] | None):
         self.services, self.sync = services, sync
-        self._sync_lock: asyncio.Lock | None = None
+        self._pull = WeightPull(sync, self.load_version)
 
     @property
     def policy_version(self) -> int:
@@ -102,7 +101,6 @@ class RoleVLLMService:
 
     @asynccontextmanager
     async def running(self):
-        self._sync_lock = asyncio.Lock()
         async with AsyncExitStack() as stack:
             for service in self.services.values():
                 await stack.enter_async_context(service.running())
@@ -132,16 +130,10 @@ class RoleVLLMService:
             context_ids, max_new_tokens=max_new_tokens, order=order, params=params
         )
 
-    async def _pull(self) -> None:
-        """Take newer weights from ``sync`` once for all roles; each role's engine loads its role's model."""
-        if self.sync is None:
-            return
-        async with self._sync_lock:
-            version = await asyncio.to_thread(self.sync)
-            if version is not None:
-                for service in self.services.values():
-                    service.policy_version = version
-                    await service.engine.load(version, service.policy.model)
+    async def load_version(self, version: int) -> None:
+        """The weights ``sync`` handed as ``version``, for all roles: each role's engine loads its role's model."""
+        for service in self.services.values():
+            await service.load_version(version)
 
 
 @ENGINES.register("vllm")
