@@ -186,10 +186,9 @@ def _release_distributed() -> None:
 
 
 class WeightPull:
-    """Newer weights taken from ``sync`` and loaded by ``load(version)``, once for every request that asks while
-    they load. The load runs as a task of its own, which a request cancelled while it waits (an interrupted group,
-    a closing run) does not cancel: ``sync`` hands each version once, so a cancelled load would leave the engine on
-    the old weights until the next version while every later request found nothing new to pull."""
+    """Newer weights from ``sync`` loaded by ``load(version)``, once for all requests asking meanwhile, in a task
+    that a request cancelled while it waits (an interrupted group) does not cancel: ``sync`` hands each version
+    once, so a cancelled load would leave the engine on old weights with nothing new to pull."""
 
     def __init__(self, sync: Callable[[], int | None] | None, load: Callable[[int], Awaitable[None]]):
         self.sync, self.load = sync, load
