@@ -18,11 +18,14 @@ many requests it serves) that many milliseconds longer, a ``time.sleep`` on the 
 releases the GIL as a GPU's kernels do: a stand-in for a model whose generation costs more than the small one's,
 so that the rows compare the agents' own cost against a realistic one of the model. An agent that splits the
 engine's batches into more calls pays it more often. ``--embedded`` skips the warm start (the untrained
-embedded model: no SFT to run first; its completion rate is about 0).
+embedded model: no SFT to run first; its completion rate is about 0). ``--engine vllm`` plays every row on the
+vllm engine (continuous batching: a request joins the running batch at the next step instead of waiting for a
+whole wave); ``--generation-ms`` is the hf engine's only, whose generate calls are whole batches.
 
     python benchmarks/endpoint.py                    # 128 episodes, 64 concurrent sessions
     python benchmarks/endpoint.py --episodes 64 --requests 20
     python benchmarks/endpoint.py --embedded --generation-ms 50
+    python benchmarks/endpoint.py --engine vllm
 """
 
 from __future__ import annotations
@@ -174,6 +177,16 @@ def add_generation_cost(milliseconds: float) -> None:
     HFService._sample = costly_sample
 
 
+def overrides(args: argparse.Namespace) -> list[str]:
+    """The overrides of ``configs/calculator_agent.yaml`` that every row shares."""
+    return [
+        "task.options.tool_demonstrations=1.0",
+        f"sample.engine={args.engine}",
+        *(SMOKE if args.smoke else []),
+        *(["model.warm_start=false"] if args.embedded else []),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--episodes", type=int, default=128, help="episodes per row")
@@ -183,10 +196,13 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, no warm start: checks the script runs")
     parser.add_argument("--embedded", action="store_true", help="the untrained embedded model (no warm start)")
     parser.add_argument("--generation-ms", type=float, default=0.0, help="added cost of every generate call (ms)")
+    parser.add_argument("--engine", choices=("hf", "vllm"), default="hf", help="sample.engine of every row")
     parser.add_argument(
         "--agent-processes", type=int, default=1, help="endpoint.agent_processes of the external agents (0: a thread)"
     )
     args = parser.parse_args()
+    if args.generation_ms and args.engine != "hf":
+        parser.error("--generation-ms adds its cost to the hf engine's generate calls: leave it out with --engine vllm")
     from unipg.config import load_config
     from unipg.inference import SamplingParams
     from unipg.learn.warm_start import resolve_warm_start
@@ -196,12 +212,7 @@ def main() -> None:
 
     episodes, concurrency, requests = (8, 4, 3) if args.smoke else (args.episodes, args.concurrency, args.requests)
     args.rounds = 1 if args.smoke else args.rounds
-    overrides = [
-        "task.options.tool_demonstrations=1.0",
-        *(SMOKE if args.smoke else []),
-        *(["model.warm_start=false"] if args.embedded else []),
-    ]
-    config = load_config(CONFIG, [*overrides, f"agent.concurrency={concurrency}"])
+    config = load_config(CONFIG, [*overrides(args), f"agent.concurrency={concurrency}"])
     task = make_task(config.task.name, **config.task.options)
     config = resolve_warm_start(config, task, log=lambda line: None)
     policy = policy_from_config(config)

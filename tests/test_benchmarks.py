@@ -176,3 +176,20 @@ def test_a_failed_scale_phase_is_reported_by_its_last_error_line(monkeypatch):
     )
     assert failure_reason("loading\nkilled\n", -9) == "killed"
     assert failure_reason("", -9) == "exit status -9"
+
+
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
+def test_the_endpoint_benchmark_plays_every_row_on_the_engine_it_is_given(engine, monkeypatch):
+    """``endpoint.py --engine``: the shared overrides load, and the config's engine is the one named (the smoke run
+    above plays the hf rows; vllm's start-up would add a minute to it)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import argparse
+
+    from endpoint import CONFIG, overrides
+
+    from unipg.config import load_config
+
+    args = argparse.Namespace(engine=engine, smoke=False, embedded=True)
+    config = load_config(CONFIG, overrides(args))
+    assert config.sample.engine == engine and config.model.warm_start is False
+    assert config.task.options["tool_demonstrations"] == 1.0
