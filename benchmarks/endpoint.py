@@ -20,12 +20,15 @@ so that the rows compare the agents' own cost against a realistic one of the mod
 engine's batches into more calls pays it more often. ``--embedded`` skips the warm start (the untrained
 embedded model: no SFT to run first; its completion rate is about 0). ``--engine vllm`` plays every row on the
 vllm engine (continuous batching: a request joins the running batch at the next step instead of waiting for a
-whole wave); ``--generation-ms`` is the hf engine's only, whose generate calls are whole batches.
+whole wave); its stand-in for a larger model is ``--step-ms``, the same sleep added to every engine step (one
+token for every request in flight), since ``--generation-ms`` counts the hf engine's generate calls, which vllm has
+not.
 
     python benchmarks/endpoint.py                    # 128 episodes, 64 concurrent sessions
     python benchmarks/endpoint.py --episodes 64 --requests 20
     python benchmarks/endpoint.py --embedded --generation-ms 50
     python benchmarks/endpoint.py --engine vllm
+    python benchmarks/endpoint.py --engine vllm --step-ms 25
 """
 
 from __future__ import annotations
@@ -177,6 +180,30 @@ def add_generation_cost(milliseconds: float) -> None:
     HFService._sample = costly_sample
 
 
+def add_step_cost(milliseconds: float) -> None:
+    """Every step of the vllm engine takes ``milliseconds`` longer (module docstring)."""
+    from unipg.inference.vllm_core import StepLoop
+
+    step = StepLoop._step
+
+    def costly_step(self):
+        time.sleep(milliseconds / 1000)  # on the stepping thread, the GIL released as while CUDA kernels run
+        return step(self)
+
+    StepLoop._step = costly_step
+
+
+def add_cost(args: argparse.Namespace) -> str:
+    """Adds ``--generation-ms`` or ``--step-ms`` to the engine; what it added, for the table's heading."""
+    if args.generation_ms:
+        add_generation_cost(args.generation_ms)
+        return f", every generate call {args.generation_ms:g} ms slower (--generation-ms)"
+    if args.step_ms:
+        add_step_cost(args.step_ms)
+        return f", every engine step {args.step_ms:g} ms slower (--step-ms)"
+    return ""
+
+
 def overrides(args: argparse.Namespace) -> list[str]:
     """The overrides of ``configs/calculator_agent.yaml`` that every row shares."""
     return [
@@ -197,12 +224,15 @@ def main() -> None:
     parser.add_argument("--embedded", action="store_true", help="the untrained embedded model (no warm start)")
     parser.add_argument("--generation-ms", type=float, default=0.0, help="added cost of every generate call (ms)")
     parser.add_argument("--engine", choices=("hf", "vllm"), default="hf", help="sample.engine of every row")
+    parser.add_argument("--step-ms", type=float, default=0.0, help="added cost of every vllm engine step (ms)")
     parser.add_argument(
         "--agent-processes", type=int, default=1, help="endpoint.agent_processes of the external agents (0: a thread)"
     )
     args = parser.parse_args()
     if args.generation_ms and args.engine != "hf":
-        parser.error("--generation-ms adds its cost to the hf engine's generate calls: leave it out with --engine vllm")
+        parser.error("--generation-ms adds its cost to the hf engine's generate calls: use --step-ms with vllm")
+    if args.step_ms and args.engine != "vllm":
+        parser.error("--step-ms adds its cost to the vllm engine's steps: use --generation-ms with hf")
     from unipg.config import load_config
     from unipg.inference import SamplingParams
     from unipg.learn.warm_start import resolve_warm_start
@@ -223,13 +253,11 @@ def main() -> None:
         f"per request (median of {requests} sequential greedy 16-token calls each): engine {direct:.1f} ms, "
         f"endpoint {served:.1f} ms, overhead {served - direct:.1f} ms"
     )
-    if args.generation_ms:
-        add_generation_cost(args.generation_ms)
-    cost = f", every generate call {args.generation_ms:g} ms slower (--generation-ms)" if args.generation_ms else ""
+    cost = add_cost(args)
     where = f"in {args.agent_processes} worker process(es)" if args.agent_processes else "on the agents' thread"
     print(
-        f"\n{episodes} greedy calculator episodes, {concurrency} at once{cost}, external agents {where} "
-        f"(endpoint.agent_processes), best of {args.rounds} rounds\n"
+        f"\n{episodes} greedy calculator episodes on the {args.engine} engine, {concurrency} at once{cost}, "
+        f"external agents {where} (endpoint.agent_processes), best of {args.rounds} rounds\n"
     )
     print("| agent | episodes/s | / built-in | completion rate |")
     print("|---|---|---|---|")

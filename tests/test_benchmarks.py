@@ -193,3 +193,21 @@ def test_the_endpoint_benchmark_plays_every_row_on_the_engine_it_is_given(engine
     config = load_config(CONFIG, overrides(args))
     assert config.sample.engine == engine and config.model.warm_start is False
     assert config.task.options["tool_demonstrations"] == 1.0
+
+
+def test_the_endpoint_benchmark_adds_its_step_cost_to_every_vllm_step(monkeypatch):
+    """``endpoint.py --step-ms``: a sleep (the GIL released) before each step of the vllm engine's stepping loop."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import argparse
+
+    import endpoint
+
+    from unipg.inference.vllm_core import StepLoop
+
+    steps, sleeps = [], []
+    monkeypatch.setattr(StepLoop, "_step", lambda self: steps.append(self))  # restored after the test
+    monkeypatch.setattr(endpoint.time, "sleep", sleeps.append)
+    heading = endpoint.add_cost(argparse.Namespace(generation_ms=0.0, step_ms=25.0))
+    StepLoop._step("loop")
+    assert steps == ["loop"] and sleeps == [0.025]
+    assert heading == ", every engine step 25 ms slower (--step-ms)"
