@@ -167,39 +167,28 @@ async def request_overhead(policy, runner_engine, requests: int) -> tuple[float,
     return statistics.median(seconds[direct]) * 1000, statistics.median(seconds[served]) * 1000
 
 
-def add_generation_cost(milliseconds: float) -> None:
-    """Every generate call of the hf engine takes ``milliseconds`` longer (module docstring)."""
-    from unipg.inference import HFService
+def slow_down(owner: type, method: str, milliseconds: float) -> None:
+    """``owner.method`` sleeps ``milliseconds`` before it runs: the hf engine's generate call or the vllm engine's
+    step (module docstring)."""
+    run = getattr(owner, method)
 
-    sample = HFService._sample
+    def slower(self, *args, **options):
+        time.sleep(milliseconds / 1000)  # on the engine's own thread, the GIL released as while CUDA kernels run
+        return run(self, *args, **options)
 
-    def costly_sample(self, *args, **options):
-        time.sleep(milliseconds / 1000)  # on the engine's worker thread, the GIL released as while CUDA kernels run
-        return sample(self, *args, **options)
-
-    HFService._sample = costly_sample
-
-
-def add_step_cost(milliseconds: float) -> None:
-    """Every step of the vllm engine takes ``milliseconds`` longer (module docstring)."""
-    from unipg.inference.vllm_core import StepLoop
-
-    step = StepLoop._step
-
-    def costly_step(self):
-        time.sleep(milliseconds / 1000)  # on the stepping thread, the GIL released as while CUDA kernels run
-        return step(self)
-
-    StepLoop._step = costly_step
+    setattr(owner, method, slower)
 
 
 def add_cost(args: argparse.Namespace) -> str:
     """Adds ``--generation-ms`` or ``--step-ms`` to the engine; what it added, for the table's heading."""
+    from unipg.inference import HFService
+    from unipg.inference.vllm_core import StepLoop
+
     if args.generation_ms:
-        add_generation_cost(args.generation_ms)
+        slow_down(HFService, "_sample", args.generation_ms)
         return f", every generate call {args.generation_ms:g} ms slower (--generation-ms)"
     if args.step_ms:
-        add_step_cost(args.step_ms)
+        slow_down(StepLoop, "_step", args.step_ms)
         return f", every engine step {args.step_ms:g} ms slower (--step-ms)"
     return ""
 
